@@ -1,0 +1,70 @@
+"""Built-in task suites, written for kernelrl (no file is copied from elsewhere).
+
+Layout: `builtin/level1` single operators, `builtin/level2` fused chains, `builtin/level3`
+blocks, `builtin/operators` operators taken from papers (counted as level 2). Every file is a
+KernelBench-format task whose module constants are its `full` size; `small` comes from
+`kernelrl.task.shrink_constants` unless `SMALL_PRESETS` below names explicit constants.
+
+Suites: `builtin` (all), `level1`, `level2`, `level3`, `operators`, and `small`: a quick, varied
+subset that the README's main job optimises on a CPU in minutes.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from kernelrl.task import Task, TaskError, load_task_file
+
+BUILTIN_ROOT = Path(__file__).parent / "builtin"
+_FOLDER_LEVEL = {"level1": 1, "level2": 2, "level3": 3, "operators": 2}
+
+# Task names in the quick suite (the README's main job); each is `<folder>/<stem>`.
+SMALL_SUITE: tuple[str, ...] = ()
+
+# Explicit small-size constants, where the automatic shrink is not the right choice.
+SMALL_PRESETS: dict[str, dict[str, int]] = {}
+
+
+def suite_names() -> list[str]:
+    return ["builtin", *_FOLDER_LEVEL, "small"]
+
+
+@cache
+def _builtin() -> tuple[Task, ...]:
+    tasks = []
+    for folder, level in _FOLDER_LEVEL.items():
+        for path in sorted((BUILTIN_ROOT / folder).glob("*.py")):
+            if path.name.startswith("_"):
+                continue
+            name = f"{folder}/{path.stem}"
+            presets = {"small": SMALL_PRESETS[name]} if name in SMALL_PRESETS else {}
+            tasks.append(load_task_file(path, name=name, level=level, suite="builtin", presets=presets))
+    return tuple(tasks)
+
+
+def load_suite(name: str) -> list[Task]:
+    tasks = list(_builtin())
+    if name == "builtin":
+        return tasks
+    if name == "small":
+        by_name = {t.name: t for t in tasks}
+        return [by_name[n] for n in SMALL_SUITE]
+    if name in _FOLDER_LEVEL:
+        return [t for t in tasks if t.name.startswith(name + "/")]
+    raise TaskError(f"unknown suite {name!r}; known: {', '.join(suite_names())}")
+
+
+def builtin_task(name: str) -> Task:
+    """A built-in task by `<folder>/<stem>` or by its bare stem when that is unambiguous."""
+    tasks = _builtin()
+    exact = [t for t in tasks if t.name == name]
+    if exact:
+        return exact[0]
+    by_stem = [t for t in tasks if t.name.split("/", 1)[1] == name]
+    if len(by_stem) == 1:
+        return by_stem[0]
+    if len(by_stem) > 1:
+        raise TaskError(f"task name {name!r} is ambiguous: {', '.join(t.name for t in by_stem)}")
+    raise TaskError(f"unknown task {name!r}: not a built-in task name, a .py file or a folder "
+                    "(see `kernelrl tasks`)")

@@ -1,0 +1,359 @@
+"""Tasks: reference PyTorch programs in KernelBench format.
+
+A task file defines `class Model(nn.Module)`, `get_inputs()` and `get_init_inputs()`, usually with
+module-level integer constants (batch_size, dim, ...) that fix the problem size. This module loads
+one file, a folder of them, a KernelBench checkout (`level1/` ... `level4/`, unchanged) or a
+built-in suite, and instantiates a task at a *size preset* by overriding those constants in a
+fresh module namespace, never by editing the file.
+
+Guarantees:
+- loading never executes a task's module code; only `instantiate` does, each time in a fresh,
+  unregistered module object, so two instantiations never share state;
+- `full` is the file exactly as written; `small` shrinks the file's integer constants until the
+  inputs and parameters fit a CPU budget (shapes are checked on the meta device, so nothing large
+  is ever allocated while shrinking), unless the suite gives explicit small constants;
+- names are stable: `<folder>/<file stem>` relative to the loaded root.
+
+Does not guarantee that a shrunk task keeps every property of the original (a constant used as a
+head count may change divisibility); the shrink only halves constants >= 16, which keeps
+power-of-two structure, and falls back to the file's sizes when the meta check fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+import types
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SIZES = ("small", "full")
+# Small preset budget: elements over all inputs plus parameters. About 4 MiB of fp32 data per
+# input set keeps a reference well under a second on two CPU cores for all but cubic-cost ops.
+SMALL_ELEMENT_BUDGET = 1 << 20
+# Only constants at least this large are halved: small ones are usually structural
+# (kernel sizes, head counts, strides).
+_SHRINK_MIN_CONSTANT = 16
+
+_LEVEL_DIR = re.compile(r"^level(\d+)$")
+
+
+class TaskError(ValueError):
+    """A task cannot be loaded or instantiated; the message says why, for a person."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    """A reference program: its source and where it came from. Cheap to create and compare."""
+
+    name: str
+    source: str
+    level: int | None = None
+    path: Path | None = None
+    suite: str = ""
+    # Explicit constant overrides per size preset, e.g. {"small": {"batch_size": 4}}
+    presets: dict[str, dict[str, int]] = field(default_factory=dict, compare=False)
+
+    @property
+    def source_hash(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+
+    def constants(self) -> dict[str, int]:
+        """Module-level integer constants, read from the syntax tree (no code runs)."""
+        return module_int_constants(self.source)
+
+    def instantiate(self, size: str = "small", overrides: dict[str, int] | None = None) -> TaskModule:
+        """Execute the task's module with the constants of `size` (plus explicit overrides)."""
+        if size not in SIZES:
+            raise TaskError(f"unknown size {size!r}; expected one of {', '.join(SIZES)}")
+        consts = resolve_constants(self, size)
+        if overrides:
+            unknown = set(overrides) - set(self.constants())
+            if unknown:
+                raise TaskError(f"task {self.name} has no integer constant(s) {sorted(unknown)}")
+            consts.update(overrides)
+        return exec_task_module(self, consts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskModule:
+    """A task executed at one size: the three KernelBench entry points plus the constants used."""
+
+    task: Task
+    module: types.ModuleType
+    constants: dict[str, int]
+
+    @property
+    def Model(self) -> type:  # noqa: N802 - KernelBench's name
+        return self.module.Model
+
+    def get_inputs(self) -> list[Any]:
+        return list(self.module.get_inputs())
+
+    def get_init_inputs(self) -> list[Any]:
+        return list(self.module.get_init_inputs())
+
+
+def module_int_constants(source: str) -> dict[str, int]:
+    """`NAME = <int literal>` assignments at module level (bools excluded)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise TaskError(f"task source does not parse: {e}") from e
+    out: dict[str, int] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = _int_literal(node.value)
+            if value is not None:
+                out[node.targets[0].id] = value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            value = _int_literal(node.value)
+            if value is not None:
+                out[node.target.id] = value
+    return out
+
+
+def _int_literal(node: ast.AST) -> int | None:
+    # Accept plain literals and simple arithmetic of literals (e.g. 2 * 1024, 1 << 20)
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Add, ast.Sub, ast.LShift, ast.Pow)):
+            left, right = _int_literal(node.left), _int_literal(node.right)
+            if left is None or right is None:
+                return None
+            try:
+                return int(eval(compile(ast.Expression(node), "<const>", "eval"), {"__builtins__": {}}))
+            except Exception:  # noqa: BLE001 - any failure means "not a constant"
+                return None
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def exec_task_module(task: Task, constants: dict[str, int]) -> TaskModule:
+    """Run the task source in a fresh module, then rebind its integer constants."""
+    digest = hashlib.sha256(task.source.encode()).hexdigest()[:12]
+    mod = types.ModuleType(f"kernelrl_task_{digest}")
+    mod.__file__ = str(task.path) if task.path else f"<task {task.name}>"
+    try:
+        code = compile(task.source, mod.__file__, "exec")
+        exec(code, mod.__dict__)  # noqa: S102 - tasks are trusted reference programs
+    except Exception as e:  # noqa: BLE001
+        raise TaskError(f"task {task.name} failed to execute: {type(e).__name__}: {e}") from e
+    for name in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(mod, name):
+            raise TaskError(f"task {task.name} defines no `{name}` (KernelBench format needs Model, "
+                            "get_inputs and get_init_inputs)")
+    # get_inputs / get_init_inputs read module globals at call time, so rebinding is enough.
+    mod.__dict__.update(constants)
+    return TaskModule(task=task, module=mod, constants=dict(constants))
+
+
+def resolve_constants(task: Task, size: str) -> dict[str, int]:
+    base = task.constants()
+    if size == "full":
+        return dict(base)
+    if size in task.presets:
+        merged = dict(base)
+        merged.update(task.presets[size])
+        return merged
+    return shrink_constants(task, base)
+
+
+def shrink_constants(task: Task, base: dict[str, int], budget: int = SMALL_ELEMENT_BUDGET) -> dict[str, int]:
+    """Halve the largest constants (>= 16) until inputs + parameters fit `budget` elements.
+
+    Shapes are evaluated on the meta device, so a 16k x 16k task costs nothing to inspect.
+    If the shrunk sizes make the reference fail on meta, the last working sizes are kept.
+    """
+    consts = dict(base)
+    size_now = _meta_footprint(task, consts)
+    if size_now is None:
+        return consts  # cannot reason about it; leave it as written
+    for _ in range(64):
+        if size_now <= budget:
+            break
+        candidates = [k for k, v in consts.items() if v >= _SHRINK_MIN_CONSTANT]
+        if not candidates:
+            break
+        biggest = max(candidates, key=lambda k: consts[k])
+        trial = dict(consts)
+        trial[biggest] = consts[biggest] // 2
+        trial_size = _meta_footprint(task, trial)
+        if trial_size is None:
+            # This constant cannot shrink (structural); stop shrinking it by raising its floor.
+            base_floor = {k for k in candidates if k != biggest}
+            if not base_floor:
+                break
+            trial = dict(consts)
+            # try the next biggest constant instead
+            nxt = max(base_floor, key=lambda k: consts[k])
+            trial[nxt] = consts[nxt] // 2
+            trial_size = _meta_footprint(task, trial)
+            if trial_size is None:
+                break
+        consts, size_now = trial, trial_size
+    return consts
+
+
+def _meta_footprint(task: Task, consts: dict[str, int]) -> int | None:
+    """Elements of inputs + parameters + output, or None if the program fails on meta."""
+    import torch
+
+    try:
+        tm = exec_task_module(task, consts)
+        with torch.device("meta"):
+            init = tm.get_init_inputs()
+            model = tm.Model(*init)
+            inputs = tm.get_inputs()
+            out = model(*inputs)
+    except Exception:  # noqa: BLE001 - any failure means "cannot judge this size on meta"
+        return None
+    total = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    for x in _flatten(inputs) + _flatten(out):
+        if isinstance(x, torch.Tensor):
+            total += x.numel()
+    return total
+
+
+def _flatten(x: Any) -> list[Any]:
+    if isinstance(x, (list, tuple)):
+        return [y for item in x for y in _flatten(item)]
+    if isinstance(x, dict):
+        return [y for item in x.values() for y in _flatten(item)]
+    return [x]
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def is_task_source(source: str) -> bool:
+    """True when the source defines Model, get_inputs and get_init_inputs at module level."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return {"Model", "get_inputs", "get_init_inputs"} <= names
+
+
+def load_task_file(path: Path, *, name: str | None = None, level: int | None = None, suite: str = "",
+                   presets: dict[str, dict[str, int]] | None = None) -> Task:
+    path = Path(path)
+    if not path.is_file():
+        raise TaskError(f"no such task file: {path}")
+    source = path.read_text()
+    if not is_task_source(source):
+        raise TaskError(f"{path} is not a KernelBench-format task (needs Model, get_inputs, get_init_inputs)")
+    if level is None:
+        m = _LEVEL_DIR.match(path.parent.name)
+        level = int(m.group(1)) if m else None
+    return Task(name=name or path.stem, source=source, level=level, path=path, suite=suite,
+                presets=presets or {})
+
+
+def load_task_dir(root: Path, *, suite: str = "") -> list[Task]:
+    """Every KernelBench-format .py file below `root`, named `<relative dir>/<stem>`.
+
+    A KernelBench checkout works as it is: `KernelBench/level1/*.py` become `level1/<stem>`
+    with level 1. Files that are not tasks (helpers, __init__) are skipped.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise TaskError(f"no such task folder: {root}")
+    # A KernelBench repository root holds the problems under KernelBench/levelN
+    inner = root / "KernelBench"
+    if inner.is_dir() and any(_LEVEL_DIR.match(p.name) for p in inner.iterdir() if p.is_dir()):
+        root = inner
+    tasks = []
+    for path in sorted(root.rglob("*.py"), key=lambda p: _natural_key(str(p.relative_to(root)))):
+        if path.name.startswith("_") or any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
+        source = path.read_text(errors="replace")
+        if not is_task_source(source):
+            continue
+        rel = path.relative_to(root).with_suffix("")
+        level = None
+        for part in rel.parts[:-1]:
+            m = _LEVEL_DIR.match(part)
+            if m:
+                level = int(m.group(1))
+        tasks.append(Task(name=rel.as_posix(), source=source, level=level, path=path, suite=suite or root.name))
+    return tasks
+
+
+def _natural_key(s: str) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+def load_tasks(specs: str | Iterable[str]) -> list[Task]:
+    """Resolve suite names, built-in task names, files and folders into tasks (order kept).
+
+    `specs` may be a comma-separated string. Raises TaskError naming the first bad spec.
+    """
+    from kernelrl import suites
+
+    if isinstance(specs, str):
+        specs = [s for s in specs.split(",") if s.strip()]
+    out: list[Task] = []
+    seen: set[str] = set()
+    for spec in specs:
+        spec = spec.strip()
+        path = Path(spec)
+        if spec in suites.suite_names():
+            found = suites.load_suite(spec)
+        elif path.is_dir():
+            found = load_task_dir(path)
+            if not found:
+                raise TaskError(f"folder {spec} holds no KernelBench-format task files")
+        elif path.suffix == ".py" or path.is_file():
+            found = [load_task_file(path)]
+        else:
+            found = [suites.builtin_task(spec)]
+        for t in found:
+            if t.name not in seen:
+                seen.add(t.name)
+                out.append(t)
+    return out
+
+
+def load_task(spec: str) -> Task:
+    """One task from a built-in name or a file path."""
+    path = Path(spec)
+    if path.suffix == ".py" or path.is_file():
+        return load_task_file(path)
+    from kernelrl import suites
+
+    return suites.builtin_task(spec)
+
+
+def input_footprint(task: Task, size: str) -> int | None:
+    """Elements of inputs + parameters + outputs at a size (meta device), or None."""
+    return _meta_footprint(task, resolve_constants(task, size))
+
+
+def describe_shapes(tm: TaskModule) -> list[str]:
+    """'float32[16, 1024]'-style descriptions of the inputs (meta device, nothing allocated)."""
+    import torch
+
+    with torch.device("meta"):
+        inputs = tm.get_inputs()
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            out.append(f"{str(x.dtype).removeprefix('torch.')}[{', '.join(map(str, x.shape))}]")
+        else:
+            out.append(f"{type(x).__name__}({x!r})")
+    return out
+
