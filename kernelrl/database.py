@@ -1,0 +1,579 @@
+"""The code database: every task, candidate, answer, verdict and refused hack of every run.
+
+Storage is one SQLite file in WAL mode. One `Database` object is the single writer of a file: its
+methods serialise on a lock, so threads may share it, and every write is one committed
+transaction. A process killed with SIGKILL at any point therefore leaves the file holding every
+write that returned, and no half rows: a candidate is first written as `proposed` (source,
+prompt, raw answer, token counts), and later its result, its findings and its state change to
+`evaluated` land together in one transaction.
+
+Guarantees:
+- results are stored in full (`EvalResult.to_dict` JSON), with status, speedup and times also as
+  columns for queries; `CandidateRecord.result` is the typed `EvalResult`;
+- `find_result` is the dedup lookup: a source already evaluated for a task, on the same device,
+  size and policy, has its stored result reused (`store_reused_result`) instead of a second
+  evaluation;
+- the schema carries a version; a file written by a newer schema is refused with a clear error.
+
+Does not guarantee: safety with two processes writing one file at once (SQLite serialises them,
+but the search loop assumes it is the only writer of its run), nor durability against power loss
+beyond what SQLite's `synchronous=NORMAL` in WAL mode gives (committed transactions survive a
+process crash, the case that matters here).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelrl.result import EvalResult, Severity, Status
+
+SCHEMA_VERSION = 1
+
+# A weaker candidate is shown for contrast only when the best is at least this many times faster:
+# close scores are timing noise, not a lesson.
+CONTRAST_RATIO = 1.2
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    config TEXT NOT NULL,
+    started REAL NOT NULL,
+    finished REAL,
+    status TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    name TEXT PRIMARY KEY,
+    source TEXT NOT NULL,
+    source_hash TEXT NOT NULL,
+    level INTEGER,
+    size TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS baselines (
+    task TEXT NOT NULL,
+    device TEXT NOT NULL,
+    size TEXT NOT NULL,
+    eager_ms REAL NOT NULL,
+    compile_ms REAL,
+    measured REAL NOT NULL,
+    PRIMARY KEY (task, device, size)
+);
+CREATE TABLE IF NOT EXISTS candidates (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER REFERENCES runs(id),
+    task TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    source TEXT NOT NULL,
+    parents TEXT NOT NULL,
+    chain INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    proposer TEXT NOT NULL,
+    prompt TEXT NOT NULL,
+    answer TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    created REAL NOT NULL,
+    state TEXT NOT NULL,
+    meta TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS candidates_task ON candidates (task, hash);
+CREATE INDEX IF NOT EXISTS candidates_run ON candidates (run_id, task, chain, step);
+CREATE TABLE IF NOT EXISTS results (
+    candidate_id INTEGER PRIMARY KEY REFERENCES candidates(id),
+    task TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    status TEXT NOT NULL,
+    speedup REAL,
+    cand_ms REAL,
+    ref_ms REAL,
+    device TEXT NOT NULL,
+    size TEXT NOT NULL,
+    policy TEXT NOT NULL,
+    result TEXT NOT NULL,
+    evaluated REAL NOT NULL,
+    reused_from INTEGER
+);
+CREATE INDEX IF NOT EXISTS results_task ON results (task, status, speedup);
+CREATE INDEX IF NOT EXISTS results_dedup ON results (task, hash, device, size, policy);
+CREATE TABLE IF NOT EXISTS findings (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    candidate_id INTEGER NOT NULL REFERENCES candidates(id),
+    rule TEXT NOT NULL,
+    severity TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS findings_rule ON findings (rule);
+"""
+
+
+class DatabaseError(RuntimeError):
+    """The database file cannot be used; the message says why, for a person."""
+
+
+class CandidateState(str, enum.Enum):
+    PROPOSED = "proposed"  # answer stored, not evaluated yet (a resumed run evaluates it)
+    EVALUATED = "evaluated"  # result stored
+
+
+class RunStatus(str, enum.Enum):
+    RUNNING = "running"  # also what a killed run looks like
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"  # stopped by Ctrl-C
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    id: int
+    config: dict[str, Any]
+    started: float  # seconds since the epoch
+    finished: float | None
+    status: RunStatus
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskRecord:
+    name: str
+    source: str
+    source_hash: str
+    level: int | None
+    size: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselineRecord:
+    task: str
+    device: str
+    size: str
+    eager_ms: float
+    compile_ms: float | None  # None: torch.compile failed or was not measured
+    measured: float  # seconds since the epoch
+
+
+@dataclass(frozen=True, kw_only=True)
+class FindingRecord:
+    candidate_id: int
+    rule: str
+    severity: Severity
+    stage: str
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CandidateRecord:
+    """One proposal for a task, with its evaluation once there is one."""
+
+    id: int
+    run_id: int | None
+    task: str
+    hash: str
+    source: str  # empty when the answer held no complete code block
+    parents: tuple[int, ...]  # candidate ids this one improves on (empty: from the reference)
+    chain: int
+    step: int
+    proposer: str
+    prompt: str
+    answer: str
+    prompt_tokens: int
+    completion_tokens: int
+    created: float  # seconds since the epoch
+    state: CandidateState
+    meta: dict[str, Any] = field(default_factory=dict)
+    result: EvalResult | None = None
+
+    @property
+    def status(self) -> Status | None:
+        return self.result.status if self.result else None
+
+    @property
+    def speedup(self) -> float | None:
+        return self.result.speedup if self.result else None
+
+    @property
+    def is_correct(self) -> bool:
+        return self.result is not None and self.result.status is Status.CORRECT
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewCandidate:
+    """What the search loop knows about a proposal before it is stored."""
+
+    task: str
+    hash: str
+    source: str
+    parents: tuple[int, ...] = ()
+    chain: int = 0
+    step: int = 0
+    proposer: str = ""
+    prompt: str = ""
+    answer: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    run_id: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 0 or self.completion_tokens < 0:
+            raise ValueError("token counts must be >= 0")
+        if self.chain < 0 or self.step < 0:
+            raise ValueError("chain and step must be >= 0")
+
+
+_CAND_COLS = ("c.id, c.run_id, c.task, c.hash, c.source, c.parents, c.chain, c.step, c.proposer, c.prompt, "
+              "c.answer, c.prompt_tokens, c.completion_tokens, c.created, c.state, c.meta, r.result")
+_CAND_FROM = "candidates c LEFT JOIN results r ON r.candidate_id = c.id"
+
+
+class Database:
+    """A kernelrl code database file. Use as a context manager or call `close()`."""
+
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        if readonly and not self.path.exists():
+            raise DatabaseError(f"no database at {self.path}")
+        if not readonly:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if readonly:
+                self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,
+                                             check_same_thread=False, timeout=30.0)
+            else:
+                self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                             timeout=30.0)
+                mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise DatabaseError(f"{self.path}: cannot switch to WAL mode (got {mode})")
+                # NORMAL in WAL mode: a committed transaction survives a process crash; only a power
+                # loss can drop the last ones, which costs a re-evaluation, never a corrupt file.
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+                self._conn.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.DatabaseError as e:
+            raise DatabaseError(f"{self.path}: not a usable SQLite database ({e})") from e
+        self._lock = threading.RLock()
+        self._check_schema()
+
+    # ----------------------------------------------------------------- plumbing
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: all of it is committed, or none of it."""
+        if self.readonly:
+            raise DatabaseError(f"{self.path} is open read-only")
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            else:
+                self._conn.execute("COMMIT")
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def _check_schema(self) -> None:
+        try:
+            have = self._query("SELECT name FROM sqlite_master WHERE type='table' AND name='schema_version'")
+        except sqlite3.DatabaseError as e:
+            raise DatabaseError(f"{self.path}: not a usable SQLite database ({e})") from e
+        version = None
+        if have:
+            row = self._query("SELECT version FROM schema_version")
+            version = row[0][0] if row else None
+        if version is not None and version > SCHEMA_VERSION:
+            raise DatabaseError(f"{self.path} has schema version {version}; this kernelrl reads up to "
+                                f"{SCHEMA_VERSION}; upgrade kernelrl")
+        if version == SCHEMA_VERSION:
+            return
+        if self.readonly:
+            raise DatabaseError(f"{self.path} is not a kernelrl database (no schema version)")
+        with self._lock:
+            # executescript commits on its own; the schema is idempotent (IF NOT EXISTS), so a
+            # crash half-way is repaired by the next open.
+            self._conn.executescript(_SCHEMA)
+            with self._tx() as c:
+                c.execute("DELETE FROM schema_version")
+                c.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._query("SELECT version FROM schema_version")[0][0])
+
+    @property
+    def journal_mode(self) -> str:
+        return str(self._query("PRAGMA journal_mode")[0][0]).lower()
+
+    # ----------------------------------------------------------------- runs
+    def start_run(self, config: dict[str, Any]) -> int:
+        with self._tx() as c:
+            cur = c.execute("INSERT INTO runs (config, started, status) VALUES (?, ?, ?)",
+                            (json.dumps(config, sort_keys=True, default=str), time.time(), RunStatus.RUNNING.value))
+            return int(cur.lastrowid)
+
+    def finish_run(self, run_id: int, status: RunStatus) -> None:
+        with self._tx() as c:
+            c.execute("UPDATE runs SET status = ?, finished = ? WHERE id = ?", (status.value, time.time(), run_id))
+
+    def reopen_run(self, run_id: int, config: dict[str, Any]) -> None:
+        """Mark a run as running again (resume), with the config it now continues under."""
+        with self._tx() as c:
+            c.execute("UPDATE runs SET status = ?, finished = NULL, config = ? WHERE id = ?",
+                      (RunStatus.RUNNING.value, json.dumps(config, sort_keys=True, default=str), run_id))
+
+    def runs(self) -> list[RunRecord]:
+        return [_run(r) for r in self._query("SELECT id, config, started, finished, status FROM runs ORDER BY id")]
+
+    def get_run(self, run_id: int) -> RunRecord | None:
+        rows = self._query("SELECT id, config, started, finished, status FROM runs WHERE id = ?", (run_id,))
+        return _run(rows[0]) if rows else None
+
+    def latest_run(self) -> RunRecord | None:
+        rows = self._query("SELECT id, config, started, finished, status FROM runs ORDER BY id DESC LIMIT 1")
+        return _run(rows[0]) if rows else None
+
+    # ----------------------------------------------------------------- tasks and baselines
+    def upsert_task(self, *, name: str, source: str, source_hash: str, level: int | None, size: str) -> None:
+        with self._tx() as c:
+            c.execute("INSERT INTO tasks (name, source, source_hash, level, size) VALUES (?, ?, ?, ?, ?) "
+                      "ON CONFLICT(name) DO UPDATE SET source=excluded.source, source_hash=excluded.source_hash, "
+                      "level=excluded.level, size=excluded.size", (name, source, source_hash, level, size))
+
+    def tasks(self) -> list[TaskRecord]:
+        return [TaskRecord(name=r[0], source=r[1], source_hash=r[2], level=r[3], size=r[4])
+                for r in self._query("SELECT name, source, source_hash, level, size FROM tasks ORDER BY name")]
+
+    def put_baseline(self, *, task: str, device: str, size: str, eager_ms: float, compile_ms: float | None) -> None:
+        if not eager_ms > 0:
+            raise ValueError(f"eager_ms must be > 0, got {eager_ms}")
+        if compile_ms is not None and not compile_ms > 0:
+            raise ValueError(f"compile_ms must be > 0 or None, got {compile_ms}")
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO baselines (task, device, size, eager_ms, compile_ms, measured) "
+                      "VALUES (?, ?, ?, ?, ?, ?)", (task, device, size, eager_ms, compile_ms, time.time()))
+
+    def get_baseline(self, task: str, device: str, size: str) -> BaselineRecord | None:
+        rows = self._query("SELECT task, device, size, eager_ms, compile_ms, measured FROM baselines "
+                           "WHERE task = ? AND device = ? AND size = ?", (task, device, size))
+        return _baseline(rows[0]) if rows else None
+
+    def baselines(self) -> list[BaselineRecord]:
+        return [_baseline(r) for r in self._query(
+            "SELECT task, device, size, eager_ms, compile_ms, measured FROM baselines ORDER BY task")]
+
+    # ----------------------------------------------------------------- candidates and results
+    def add_candidate(self, new: NewCandidate) -> CandidateRecord:
+        """Store a proposal (state `proposed`) in one transaction and return its record."""
+        created = time.time()
+        with self._tx() as c:
+            cur = c.execute(
+                "INSERT INTO candidates (run_id, task, hash, source, parents, chain, step, proposer, prompt, answer, "
+                "prompt_tokens, completion_tokens, created, state, meta) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (new.run_id, new.task, new.hash, new.source, json.dumps(list(new.parents)), new.chain, new.step,
+                 new.proposer, new.prompt, new.answer, new.prompt_tokens, new.completion_tokens, created,
+                 CandidateState.PROPOSED.value, json.dumps(new.meta, default=str)))
+            cid = int(cur.lastrowid)
+        return CandidateRecord(id=cid, run_id=new.run_id, task=new.task, hash=new.hash, source=new.source,
+                               parents=tuple(new.parents), chain=new.chain, step=new.step, proposer=new.proposer,
+                               prompt=new.prompt, answer=new.answer, prompt_tokens=new.prompt_tokens,
+                               completion_tokens=new.completion_tokens, created=created,
+                               state=CandidateState.PROPOSED, meta=dict(new.meta))
+
+    def store_result(self, candidate_id: int, result: EvalResult, *, reused_from: int | None = None) -> None:
+        """Result, findings and the state change of one candidate, in one transaction."""
+        with self._tx() as c:
+            cand = c.execute("SELECT task, hash, state FROM candidates WHERE id = ?", (candidate_id,)).fetchall()
+            if not cand:
+                raise DatabaseError(f"no candidate {candidate_id}")
+            task, h, state = cand[0]
+            if state == CandidateState.EVALUATED.value:
+                raise DatabaseError(f"candidate {candidate_id} already has a result")
+            c.execute("INSERT INTO results (candidate_id, task, hash, status, speedup, cand_ms, ref_ms, device, size, "
+                      "policy, result, evaluated, reused_from) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                      (candidate_id, task, h, result.status.value, result.speedup,
+                       result.cand_time.median_ms if result.cand_time else None,
+                       result.ref_time.median_ms if result.ref_time else None,
+                       result.device, result.size, result.policy, json.dumps(result.to_dict(), default=str),
+                       time.time(), reused_from))
+            c.executemany("INSERT INTO findings (candidate_id, rule, severity, stage, message) VALUES (?,?,?,?,?)",
+                          [(candidate_id, f.rule, f.severity.value, f.stage, f.message) for f in result.findings])
+            c.execute("UPDATE candidates SET state = ? WHERE id = ?", (CandidateState.EVALUATED.value, candidate_id))
+
+    def find_result(self, task: str, source_hash: str, *, device: str, size: str,
+                    policy: str) -> tuple[int, EvalResult] | None:
+        """The stored evaluation of this source for this task and settings: (candidate id, result)."""
+        rows = self._query("SELECT candidate_id, result FROM results WHERE task = ? AND hash = ? AND device = ? "
+                           "AND size = ? AND policy = ? AND reused_from IS NULL ORDER BY candidate_id LIMIT 1",
+                           (task, source_hash, device, size, policy))
+        if not rows:
+            return None
+        return int(rows[0][0]), EvalResult.from_dict(json.loads(rows[0][1]))
+
+    def store_reused_result(self, candidate_id: int, original_id: int, result: EvalResult) -> None:
+        self.store_result(candidate_id, result, reused_from=original_id)
+
+    def get_candidate(self, candidate_id: int) -> CandidateRecord | None:
+        rows = self._query(f"SELECT {_CAND_COLS} FROM {_CAND_FROM} WHERE c.id = ?", (candidate_id,))
+        return _candidate(rows[0]) if rows else None
+
+    def candidates(self, *, task: str | None = None, run_id: int | None = None,
+                   state: CandidateState | None = None) -> list[CandidateRecord]:
+        """Candidates in creation order, filtered by task, run and state."""
+        where, params = _where(task=task, run_id=run_id, state=state)
+        return [_candidate(r) for r in self._query(f"SELECT {_CAND_COLS} FROM {_CAND_FROM}{where} ORDER BY c.id",
+                                                   params)]
+
+    def pending_candidates(self, run_id: int | None = None) -> list[CandidateRecord]:
+        """Proposed but not evaluated: what a resumed run evaluates before asking the model again."""
+        return self.candidates(run_id=run_id, state=CandidateState.PROPOSED)
+
+    def count_candidates(self, *, task: str | None = None, run_id: int | None = None) -> int:
+        where, params = _where(task=task, run_id=run_id, state=None)
+        return int(self._query(f"SELECT COUNT(*) FROM candidates c{where}", params)[0][0])
+
+    def token_totals(self, run_id: int | None = None) -> tuple[int, int]:
+        """(prompt tokens, completion tokens) over a run, or over the whole file."""
+        where, params = _where(task=None, run_id=run_id, state=None)
+        row = self._query(f"SELECT COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0) "
+                          f"FROM candidates c{where}", params)[0]
+        return int(row[0]), int(row[1])
+
+    def findings(self, *, rule: str | None = None) -> list[FindingRecord]:
+        sql = "SELECT candidate_id, rule, severity, stage, message FROM findings"
+        params: tuple[Any, ...] = ()
+        if rule is not None:
+            sql += " WHERE rule = ?"
+            params = (rule,)
+        return [FindingRecord(candidate_id=r[0], rule=r[1], severity=Severity(r[2]), stage=r[3], message=r[4])
+                for r in self._query(sql + " ORDER BY id", params)]
+
+    # ----------------------------------------------------------------- queries for prompts
+    def top_candidates(self, task: str, k: int) -> list[CandidateRecord]:
+        """The k fastest correct candidates of a task, fastest first, one per distinct source."""
+        if k <= 0:
+            return []
+        return self._correct_distinct(task)[:k]
+
+    def contrast_set(self, task: str, k: int, rng: random.Random | None = None) -> list[CandidateRecord]:
+        """Up to k correct candidates chosen for contrast, fastest first.
+
+        The best one, then candidates clearly weaker than it (at most best/CONTRAST_RATIO), drawn
+        by `rng` one from each of k-1 equal slices of the weaker ones ranked by speed, so the set
+        spans the range of speeds rather than bunching at one end. When there are too few clearly
+        weaker ones, the next fastest fill the set. Refused candidates are not in this set: ask
+        `recent_refused` for them.
+        """
+        if k <= 0:
+            return []
+        rng = rng or random.Random(0)
+        ranked = self._correct_distinct(task)
+        if not ranked:
+            return []
+        best = ranked[0]
+        limit = (best.speedup or 0.0) / CONTRAST_RATIO
+        weaker = [c for c in ranked[1:] if (c.speedup or 0.0) <= limit]
+        picked: list[CandidateRecord] = [best]
+        slots = k - 1
+        if slots > 0 and weaker:
+            n = min(slots, len(weaker))
+            for i in range(n):
+                lo, hi = i * len(weaker) // n, (i + 1) * len(weaker) // n
+                picked.append(weaker[rng.randrange(lo, hi)])
+        if len(picked) < k:
+            chosen = {c.id for c in picked}
+            picked.extend([c for c in ranked if c.id not in chosen][: k - len(picked)])
+        return sorted(picked, key=lambda c: -(c.speedup or 0.0))
+
+    def recent_refused(self, task: str, n: int) -> list[CandidateRecord]:
+        """The n most recent FLAGGED candidates of a task (one per source), newest first.
+
+        Each record's `result.findings` / `result.rejecting_rules` name the rules that refused it.
+        """
+        return self.recent_with_status(task, n, (Status.FLAGGED,))
+
+    def recent_with_status(self, task: str, n: int, statuses: Sequence[Status]) -> list[CandidateRecord]:
+        """The n most recent candidates of a task with one of `statuses`, one per source, newest first."""
+        if n <= 0 or not statuses:
+            return []
+        marks = ",".join("?" * len(statuses))
+        rows = self._query(f"SELECT {_CAND_COLS} FROM {_CAND_FROM} WHERE c.task = ? AND r.status IN ({marks}) "
+                           f"ORDER BY c.id DESC", (task, *[s.value for s in statuses]))
+        out: list[CandidateRecord] = []
+        seen: set[str] = set()
+        for r in rows:
+            rec = _candidate(r)
+            if rec.hash in seen:
+                continue
+            seen.add(rec.hash)
+            out.append(rec)
+            if len(out) == n:
+                break
+        return out
+
+    def _correct_distinct(self, task: str) -> list[CandidateRecord]:
+        rows = self._query(f"SELECT {_CAND_COLS} FROM {_CAND_FROM} WHERE c.task = ? AND r.status = ? "
+                           f"ORDER BY r.speedup DESC, c.id ASC", (task, Status.CORRECT.value))
+        out: list[CandidateRecord] = []
+        seen: set[str] = set()
+        for r in rows:
+            rec = _candidate(r)
+            if rec.hash not in seen:
+                seen.add(rec.hash)
+                out.append(rec)
+        return out
+
+
+def _where(*, task: str | None, run_id: int | None, state: CandidateState | None) -> tuple[str, tuple[Any, ...]]:
+    clauses, params = [], []
+    if task is not None:
+        clauses.append("c.task = ?")
+        params.append(task)
+    if run_id is not None:
+        clauses.append("c.run_id = ?")
+        params.append(run_id)
+    if state is not None:
+        clauses.append("c.state = ?")
+        params.append(state.value)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(params)
+
+
+def _run(r: tuple[Any, ...]) -> RunRecord:
+    return RunRecord(id=r[0], config=json.loads(r[1]), started=r[2], finished=r[3], status=RunStatus(r[4]))
+
+
+def _baseline(r: tuple[Any, ...]) -> BaselineRecord:
+    return BaselineRecord(task=r[0], device=r[1], size=r[2], eager_ms=r[3], compile_ms=r[4], measured=r[5])
+
+
+def _candidate(r: tuple[Any, ...]) -> CandidateRecord:
+    return CandidateRecord(id=r[0], run_id=r[1], task=r[2], hash=r[3], source=r[4], parents=tuple(json.loads(r[5])),
+                           chain=r[6], step=r[7], proposer=r[8], prompt=r[9], answer=r[10], prompt_tokens=r[11],
+                           completion_tokens=r[12], created=r[13], state=CandidateState(r[14]),
+                           meta=json.loads(r[15]),
+                           result=EvalResult.from_dict(json.loads(r[16])) if r[16] is not None else None)
+
+
+def open_database(path: str | Path, *, readonly: bool = False) -> Database:
+    return Database(path, readonly=readonly)
