@@ -15,7 +15,8 @@ inputs got a random offset and scale (the evaluator perturbs inputs the same way
 - `sensitivity`: mean relative L2 change of the output between consecutive input sets
   (||y_i - y_j|| / max(||y_i||, ||y_j||); 0 when both are zero);
 - `perturbed_sensitivity`: the same over the offset/scaled input sets;
-- `zero_passes`: an all-zero answer is within tolerance of every set's output;
+- `zero_passes`: an all-zero answer is within tolerance of every output on the task's own
+  (unperturbed) inputs;
 - `constant_passes`: the output of the first set, reused as a fixed answer, is within tolerance
   of every other set's output (for both families of input sets);
 - `nonfinite`: some output holds NaN or inf on unperturbed inputs.
@@ -122,7 +123,9 @@ def check_degeneracy(task: Task, *, size: str = "small", n_inputs: int = 4, seed
         perturbed = [out for out in perturbed if all(bool(torch.isfinite(t).all()) for t in out)]
 
     mean_abs = _mean_abs(plain)
-    zero_passes = all(_within(out, [torch.zeros_like(t) for t in out], tol) for out in plain + perturbed)
+    # Judged on the task's own inputs: a task whose own distribution lets zeros pass is degenerate
+    # even if the evaluator's offsets would catch a zero answer.
+    zero_passes = all(_within(out, [torch.zeros_like(t) for t in out], tol) for out in plain)
     constant_passes = (all(_within(out, plain[0], tol) for out in plain[1:])
                        or (len(perturbed) >= 2 and all(_within(out, perturbed[0], tol) for out in perturbed[1:])))
     rel_std = _rel_std(plain)
@@ -133,7 +136,8 @@ def check_degeneracy(task: Task, *, size: str = "small", n_inputs: int = 4, seed
         if mean_abs == 0.0:
             reasons.append("the output is all zeros on every input set")
         elif zero_passes:
-            reasons.append(f"an all-zero answer is within tolerance of every output (mean |output| {mean_abs:.3g})")
+            reasons.append("an all-zero answer is within tolerance of every output on the task's own inputs "
+                           f"(mean |output| {mean_abs:.3g})")
         if constant_passes:
             reasons.append("a fixed answer (the output of one input set) is within tolerance on the other sets")
         if sensitivity < min_sensitivity:
