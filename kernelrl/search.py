@@ -86,12 +86,15 @@ class SearchConfig:
     seed: int = 0
     resume: bool = False
     baselines: bool = True  # measure eager and torch.compile times once per task
+    template_dir: Path | None = None  # prompt templates overriding the built-in ones
 
     def __post_init__(self) -> None:
         if isinstance(self.tasks, str):
             object.__setattr__(self, "tasks", (self.tasks,))
         object.__setattr__(self, "tasks", tuple(self.tasks))
         object.__setattr__(self, "db_path", Path(self.db_path))
+        if self.template_dir is not None:
+            object.__setattr__(self, "template_dir", Path(self.template_dir))
         if not self.tasks:
             raise ValueError("no tasks given")
         if self.budget < 1:
@@ -120,6 +123,7 @@ class SearchConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["db_path"] = str(self.db_path)
+        d["template_dir"] = str(self.template_dir) if self.template_dir is not None else None
         d["tasks"] = list(self.tasks)
         # options may hold an API key: the database keeps only their names
         d["proposer_opts"] = sorted(self.proposer_opts)
@@ -334,8 +338,9 @@ class _Search:
     def _start_step(self, ts: _TaskState, chain: _Chain) -> None:
         cfg = self.config
         rng = random.Random(f"{cfg.seed}:{ts.task.name}:{chain.index}:{chain.step}")
+        extra = {"template_dir": cfg.template_dir} if cfg.template_dir is not None else {}
         prompt = self.build_prompt(ts.task, db=self.db, chain_best=chain.best, policy=cfg.policy, device=cfg.device,
-                                   rng=rng, k=cfg.k_shown)
+                                   rng=rng, k=cfg.k_shown, size=cfg.size, **extra)
         request = self.request_type(task=ts.task, prompt=prompt, parent=chain.best, chain=chain.index, step=chain.step)
         chain.busy = True
         ts.in_flight += 1

@@ -99,7 +99,7 @@ def scripted_result(task: Task, cand: Candidate) -> EvalResult:
     return EvalResult(task=task.name, status=Status.CORRECT, speedup=speed, cand_time=t, candidate_hash=cand.hash)
 
 
-def fake_prompt(task: Task, *, db: Database, chain_best, policy: str, device: str, rng, k: int) -> str:
+def fake_prompt(task: Task, *, db: Database, chain_best, policy: str, device: str, rng, k: int, size: str) -> str:
     shown = db.top_candidates(task.name, k)
     best = f"{chain_best.speedup:.2f}x" if chain_best else "reference"
     return f"improve {task.name} from {best}; shown " + ", ".join(f"{c.speedup:.2f}x" for c in shown)

@@ -1,0 +1,437 @@
+"""Reports on a code database: how much faster the search made each task, and how honestly.
+
+`build_report(db_path)` computes a typed `Report`; `render_report` prints it as rich tables and
+`write_html` writes one self-contained HTML file (tables plus matplotlib plots embedded as base64
+PNGs). Computing and rendering are separate so the numbers can be tested and reused.
+
+Definitions (per task, its *best* candidate is its fastest correct one):
+- speedup against eager = the evaluator's speedup (reference median / candidate median, both
+  measured in the same evaluation);
+- speedup against torch.compile = speedup against eager x compile_ms / eager_ms of the task's
+  stored baseline (the same device and size); tasks without a compile baseline have none;
+- fast_p = fraction of all tasks whose best candidate is correct and more than p times faster
+  than eager; fast_0 is the fraction of tasks with any correct candidate;
+- geomean and median speedups are over the tasks that have a best candidate (the count is shown);
+- success rate = correct / evaluated candidates; refused counts = candidates flagged, per
+  rejecting rule.
+
+Does not report roofline distance, and does not re-check any number: it reads what the evaluator
+stored.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from kernelrl.database import CandidateRecord, Database
+from kernelrl.result import Severity, Status
+
+FAST_P = (0.0, 1.0, 1.5, 2.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskReport:
+    task: str
+    level: int | None
+    candidates: int
+    evaluated: int
+    correct: int
+    best_candidate: int | None  # id of the fastest correct candidate
+    speedup_vs_eager: float | None
+    speedup_vs_compile: float | None
+    eager_ms: float | None  # stored baseline
+    compile_ms: float | None
+    best_so_far: tuple[float | None, ...]  # after each evaluated candidate, in order; None: none correct yet
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    db_path: str
+    run_id: int | None  # None: every run in the file
+    tasks: tuple[TaskReport, ...]
+    fast_p: tuple[tuple[float, float], ...]  # (p, fraction of tasks)
+    geomean_vs_eager: float | None
+    median_vs_eager: float | None
+    geomean_vs_compile: float | None
+    median_vs_compile: float | None
+    solved: int  # tasks with a correct candidate
+    with_compile: int  # solved tasks with a compile baseline
+    candidates: int
+    evaluated: int
+    correct: int
+    success_rate: float | None  # correct / evaluated
+    status_counts: tuple[tuple[str, int], ...]  # status value (or "proposed") -> candidates
+    refused_by_rule: tuple[tuple[str, int], ...]  # rule -> flagged candidates, most frequent first
+
+    def fast(self, p: float) -> float:
+        for q, value in self.fast_p:
+            if q == p:
+                return value
+        raise KeyError(f"fast_p not computed for p={p}")
+
+
+def geometric_mean(values: list[float]) -> float | None:
+    """Geometric mean of positive numbers; None for an empty list."""
+    if not values:
+        return None
+    if any(v <= 0 for v in values):
+        raise ValueError("geometric mean of non-positive values")
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
+    """Compute the report over every run in the file, or over one run."""
+    with Database(db_path, readonly=True) as db:
+        cands = db.candidates(run_id=run_id)
+        known = {t.name: t for t in db.tasks()}
+        baselines = {(b.task, b.device, b.size): b for b in db.baselines()}
+        flagged_rules = _refused_by_rule(cands)
+    names = sorted({c.task for c in cands} | (set() if run_id is not None else set(known)))
+    by_task: dict[str, list[CandidateRecord]] = {n: [] for n in names}
+    for c in cands:
+        by_task[c.task].append(c)
+
+    rows: list[TaskReport] = []
+    for name in names:
+        own = by_task[name]
+        evaluated = [c for c in own if c.result is not None]
+        correct = [c for c in evaluated if c.is_correct and c.speedup is not None]
+        best = max(correct, key=lambda c: (c.speedup, -c.id)) if correct else None
+        curve: list[float | None] = []
+        running: float | None = None
+        for c in evaluated:
+            if c.is_correct and c.speedup is not None:
+                running = c.speedup if running is None else max(running, c.speedup)
+            curve.append(running)
+        eager_ms = compile_ms = vs_compile = None
+        if best is not None and best.result is not None:
+            b = baselines.get((name, best.result.device, best.result.size))
+            if b is not None:
+                eager_ms, compile_ms = b.eager_ms, b.compile_ms
+                if compile_ms is not None:
+                    vs_compile = best.speedup * compile_ms / eager_ms
+        task_rec = known.get(name)
+        rows.append(TaskReport(task=name, level=task_rec.level if task_rec else None, candidates=len(own),
+                               evaluated=len(evaluated), correct=len(correct),
+                               best_candidate=best.id if best else None,
+                               speedup_vs_eager=best.speedup if best else None, speedup_vs_compile=vs_compile,
+                               eager_ms=eager_ms, compile_ms=compile_ms, best_so_far=tuple(curve)))
+
+    n = len(rows)
+    eager = [r.speedup_vs_eager for r in rows if r.speedup_vs_eager is not None]
+    comp = [r.speedup_vs_compile for r in rows if r.speedup_vs_compile is not None]
+    fast = tuple((p, (sum(1 for s in eager if s > p) / n) if n else 0.0) for p in FAST_P)
+    evaluated_n = sum(r.evaluated for r in rows)
+    correct_n = sum(r.correct for r in rows)
+    statuses = Counter(c.result.status.value if c.result else "proposed" for c in cands)
+    order = [s.value for s in Status] + ["proposed"]
+    return Report(db_path=str(db_path), run_id=run_id, tasks=tuple(rows), fast_p=fast,
+                  geomean_vs_eager=geometric_mean(eager), median_vs_eager=statistics.median(eager) if eager else None,
+                  geomean_vs_compile=geometric_mean(comp), median_vs_compile=statistics.median(comp) if comp else None,
+                  solved=len(eager), with_compile=len(comp), candidates=len(cands), evaluated=evaluated_n,
+                  correct=correct_n, success_rate=(correct_n / evaluated_n) if evaluated_n else None,
+                  status_counts=tuple((s, statuses[s]) for s in order if statuses[s]),
+                  refused_by_rule=tuple(flagged_rules.most_common()))
+
+
+def _refused_by_rule(cands: list[CandidateRecord]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for c in cands:
+        if c.result is not None and c.result.status is Status.FLAGGED:
+            for rule in {f.rule for f in c.result.findings if f.severity is Severity.REJECT}:
+                counts[rule] += 1
+    return counts
+
+
+# ------------------------------------------------------------------------------------ console
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def render_report(report: Report, console: Console) -> None:
+    scope = f"run {report.run_id}" if report.run_id is not None else "all runs"
+    n = len(report.tasks)
+    head = Table(title=f"kernelrl report: {report.db_path} ({scope})", show_header=False)
+    head.add_column("metric")
+    head.add_column("value", justify="right")
+    head.add_row("tasks (solved)", f"{n} ({report.solved})")
+    head.add_row("geomean / median vs eager", f"{_x(report.geomean_vs_eager)} / {_x(report.median_vs_eager)}"
+                 f"  over {report.solved} tasks")
+    head.add_row("geomean / median vs torch.compile",
+                 f"{_x(report.geomean_vs_compile)} / {_x(report.median_vs_compile)}  over {report.with_compile} tasks")
+    for p, v in report.fast_p:
+        head.add_row(f"fast_{p:g}", _pct(v))
+    head.add_row("success rate (correct / evaluated)",
+                 f"{_pct(report.success_rate)} ({report.correct}/{report.evaluated})")
+    console.print(head)
+
+    t = Table(title="best candidate per task")
+    for col in ("task", "cands", "correct", "vs eager", "vs compile", "eager ms", "compile ms", "best id"):
+        t.add_column(col, justify="left" if col == "task" else "right")
+    for r in sorted(report.tasks, key=lambda r: -(r.speedup_vs_eager or 0.0)):
+        style = None if r.speedup_vs_eager is None or r.speedup_vs_eager >= 1 else "red"
+        t.add_row(r.task, str(r.candidates), f"{r.correct}/{r.evaluated}", _x(r.speedup_vs_eager),
+                  _x(r.speedup_vs_compile), _ms(r.eager_ms), _ms(r.compile_ms),
+                  "-" if r.best_candidate is None else str(r.best_candidate), style=style)
+    console.print(t)
+
+    s = Table(title="candidates per status")
+    s.add_column("status")
+    s.add_column("candidates", justify="right")
+    for status, count in report.status_counts:
+        s.add_row(status, str(count))
+    console.print(s)
+    if report.refused_by_rule:
+        f = Table(title="refused (flagged) candidates per rule")
+        f.add_column("rule")
+        f.add_column("candidates", justify="right")
+        for rule, count in report.refused_by_rule:
+            f.add_row(rule, str(count))
+        console.print(f)
+    else:
+        console.print("no candidate was refused")
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+# ------------------------------------------------------------------------------------ plots
+_GOOD, _BAD, _INK, _GRID = "#2a9d8f", "#e76f51", "#264653", "#d9d9d9"
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _style(ax) -> None:
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.grid(True, which="major", color=_GRID, linewidth=0.8)
+    ax.set_axisbelow(True)
+
+
+_NICE = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0,
+         30.0, 50.0, 75.0, 100.0, 200.0, 500.0, 1000.0)
+
+
+def _speedup_axis(axis, lo: float, hi: float) -> None:
+    """Readable ticks on a log speedup axis: round factors like 0.5x 1x 1.5x 2x 3x, at most about 8."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ticks = [t for t in _NICE if lo <= t <= hi]
+    while len(ticks) > 8:  # thin out, keeping 1x
+        keep = ticks[::2]
+        if 1.0 in ticks and 1.0 not in keep:
+            keep = sorted(set(keep) | {1.0})
+        ticks = keep
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_minor_locator(NullLocator())
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+
+
+def plot_distribution(report: Report) -> str | None:
+    """Histogram of per-task best speedup against eager, log x; base64 PNG (None: nothing solved)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    values = [r.speedup_vs_eager for r in report.tasks if r.speedup_vs_eager is not None]
+    if not values:
+        return None
+    lo, hi = min(min(values), 1.0) / 1.15, max(max(values), 1.0) * 1.15
+    bins = np.geomspace(lo, hi, max(8, min(30, 2 * len(values))))
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    counts, edges, patches = ax.hist(values, bins=bins, edgecolor="white", linewidth=0.8)
+    for left, right, patch in zip(edges[:-1], edges[1:], patches):
+        patch.set_facecolor(_GOOD if math.sqrt(left * right) >= 1.0 else _BAD)
+    ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
+    _speedup_axis(ax.xaxis, lo, hi)
+    ax.axvline(1.0, color=_INK, linewidth=1.2)
+    ax.text(1.0, 1.0, " eager", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=8, color=_INK)
+    if report.geomean_vs_eager is not None:
+        ax.axvline(report.geomean_vs_eager, color=_INK, linestyle="--", linewidth=1.2)
+        ax.text(report.geomean_vs_eager, 0.9, f" geomean {report.geomean_vs_eager:.2f}x",
+                transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=8, color=_INK,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.5})
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("best speedup against eager PyTorch (log scale)")
+    ax.set_ylabel("tasks")
+    faster = sum(v > 1.0 for v in values)
+    ax.set_title(f"Best speedup per task: {faster} of {len(report.tasks)} tasks faster than eager",
+                 loc="left", fontsize=11)
+    _style(ax)
+    return _png(fig)
+
+
+def plot_per_task(report: Report) -> str | None:
+    """Per-task best speedup against eager and torch.compile, sorted; None when nothing is solved."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = sorted((r for r in report.tasks if r.speedup_vs_eager is not None), key=lambda r: r.speedup_vs_eager)
+    if not rows:
+        return None
+    rows = rows[-60:]  # the fastest 60: more bars are not readable
+    y = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(7.5, 0.8 + 0.32 * len(rows)))
+    eager = [r.speedup_vs_eager for r in rows]
+    ax.barh(y, [e - 1 for e in eager], left=1, height=0.6, color=[_GOOD if e >= 1 else _BAD for e in eager],
+            label="against eager")
+    comp = [(i, r.speedup_vs_compile) for i, r in enumerate(rows) if r.speedup_vs_compile is not None]
+    if comp:
+        ax.scatter([c for _, c in comp], [i for i, _ in comp], marker="D", s=22, color=_INK, zorder=3,
+                   label="against torch.compile")
+    ax.set_xscale("log")
+    everything = eager + [c for _, c in comp] + [1.0]
+    lo, hi = min(everything) / 1.1, max(everything) * 1.25
+    ax.set_xlim(lo, hi)
+    _speedup_axis(ax.xaxis, lo, hi)
+    comp_at = dict(comp)
+    for i, e in enumerate(eager):
+        # label past the bar's end and past the compile marker, so neither hides it
+        end = max(e, comp_at.get(i, e)) if e >= 1 else min(e, comp_at.get(i, e))
+        ax.text(end * (1.03 if e >= 1 else 0.97), i, f"{e:.2f}x", va="center", ha="left" if e >= 1 else "right",
+                fontsize=7, color="#444444")
+    ax.axvline(1.0, color=_INK, linewidth=1.0)
+    ax.set_yticks(y, [r.task for r in rows], fontsize=8)
+    ax.set_xlabel("best speedup (log scale)")
+    ax.set_title("Best candidate per task", loc="left", fontsize=11)
+    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False)
+    _style(ax)
+    ax.grid(False, axis="y")
+    return _png(fig)
+
+
+def plot_best_so_far(report: Report) -> str | None:
+    """Best-so-far speedup against candidates evaluated, one line per task; None without data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report.tasks if any(v is not None for v in r.best_so_far)]
+    if not rows:
+        return None
+    # legend order = final standing, fastest first
+    rows.sort(key=lambda r: -max(v for v in r.best_so_far if v is not None))
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    cmap = plt.get_cmap("tab10" if len(rows) <= 10 else "viridis")
+    for i, r in enumerate(rows):
+        xs = [j + 1 for j, v in enumerate(r.best_so_far) if v is not None]
+        ys = [v for v in r.best_so_far if v is not None]
+        color = cmap(i % 10) if len(rows) <= 10 else cmap(i / max(1, len(rows) - 1))
+        ax.step(xs, ys, where="post", color=color, linewidth=1.6 if len(rows) <= 10 else 0.9, alpha=0.9,
+                label=r.task)
+        ax.plot(xs[-1:], ys[-1:], "o", color=color, markersize=4)
+    ax.set_yscale("log")
+    values = [v for r in rows for v in r.best_so_far if v is not None] + [1.0]
+    lo, hi = min(values) / 1.1, max(values) * 1.1
+    ax.set_ylim(lo, hi)
+    _speedup_axis(ax.yaxis, lo, hi)
+    ax.axhline(1.0, color=_INK, linewidth=1.0, linestyle=":")
+    ax.set_xlabel("candidates evaluated for the task")
+    ax.set_ylabel("best correct speedup so far")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_title("Search progress: best speedup so far", loc="left", fontsize=11)
+    if len(rows) <= 12:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    _style(ax)
+    return _png(fig)
+
+
+# ------------------------------------------------------------------------------------ HTML
+_CSS = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; color: #222; max-width: 980px;
+       margin: 2em auto; padding: 0 1em; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 1.8em; }
+.sub { color: #666; margin-top: 0; }
+.cards { display: flex; flex-wrap: wrap; gap: 0.8em; margin: 1em 0; }
+.card { border: 1px solid #ddd; border-radius: 6px; padding: 0.6em 1em; min-width: 9em; }
+.card .v { font-size: 1.5em; font-weight: 600; color: #264653; } .card .k { color: #666; font-size: 0.85em; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
+th, td { padding: 0.25em 0.8em; border-bottom: 1px solid #eee; text-align: right; }
+th { background: #f6f6f6; } td:first-child, th:first-child { text-align: left; }
+td.slow { color: #c0392b; } img { max-width: 100%; display: block; margin: 0.6em 0; }
+"""
+
+
+def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
+    for i, row in enumerate(rows):
+        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
+        out.append("<tr>" + "".join(f"<td{cls}>{html.escape(c)}</td>" for c in row) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def render_html(report: Report) -> str:
+    scope = f"run {report.run_id}" if report.run_id is not None else "all runs"
+    cards = [("geomean vs eager", _x(report.geomean_vs_eager)), ("median vs eager", _x(report.median_vs_eager)),
+             ("geomean vs torch.compile", _x(report.geomean_vs_compile)),
+             ("median vs torch.compile", _x(report.median_vs_compile)),
+             *[(f"fast_{p:g}", _pct(v)) for p, v in report.fast_p],
+             ("success rate", _pct(report.success_rate))]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>kernelrl report</title>"
+             f"<style>{_CSS}</style></head><body>",
+             "<h1>kernelrl report</h1>",
+             f"<p class='sub'>{html.escape(report.db_path)} ({scope}): {len(report.tasks)} tasks, "
+             f"{report.solved} with a correct candidate; {report.candidates} candidates, {report.evaluated} "
+             f"evaluated, {report.correct} correct. Speedups are over the {report.solved} solved tasks "
+             f"({report.with_compile} with a torch.compile baseline).</p>",
+             "<div class='cards'>" + "".join(f"<div class='card'><div class='v'>{html.escape(v)}</div>"
+                                             f"<div class='k'>{html.escape(k)}</div></div>" for k, v in cards)
+             + "</div>"]
+    for title, png in (("Speedup distribution", plot_distribution(report)),
+                       ("Per task", plot_per_task(report)),
+                       ("Best so far against candidates evaluated", plot_best_so_far(report))):
+        if png is not None:
+            parts.append(f"<h2>{title}</h2><img alt='{title}' src='data:image/png;base64,{png}'>")
+    ranked = sorted(report.tasks, key=lambda r: -(r.speedup_vs_eager or 0.0))
+    parts.append("<h2>Best candidate per task</h2>")
+    parts.append(_table(["task", "candidates", "correct / evaluated", "vs eager", "vs torch.compile", "eager ms",
+                         "compile ms", "best candidate"],
+                        [[r.task, str(r.candidates), f"{r.correct}/{r.evaluated}", _x(r.speedup_vs_eager),
+                          _x(r.speedup_vs_compile), _ms(r.eager_ms), _ms(r.compile_ms),
+                          "-" if r.best_candidate is None else str(r.best_candidate)] for r in ranked],
+                        ["slow" if r.speedup_vs_eager is not None and r.speedup_vs_eager < 1 else "" for r in ranked]))
+    parts.append("<h2>Candidates per status</h2>")
+    parts.append(_table(["status", "candidates"], [[s, str(n)] for s, n in report.status_counts]))
+    parts.append("<h2>Refused (flagged) candidates per rule</h2>")
+    parts.append(_table(["rule", "candidates"], [[r, str(n)] for r, n in report.refused_by_rule])
+                 if report.refused_by_rule else "<p>No candidate was refused.</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_html(report: Report, path: str | Path) -> Path:
+    """Write the self-contained HTML report; return its path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(report), encoding="utf-8")
+    return out
