@@ -1,0 +1,426 @@
+"""Contrastive prompts: the task, earlier versions with their measured results, refused hacks,
+the generation protocol and the active policy's rules, in one text for a proposer.
+
+Guarantees:
+- the prompt holds the reference source once, the input shapes and dtypes at the run's size,
+  the device with its peak figures (datasheet values for known GPUs, "unknown" for anything
+  that cannot be known, never an estimate), up to `k` earlier versions sorted from weakest to
+  best with their measured speedups (each source shown once, the chain's current best marked),
+  recently refused programs with the rule that fired, the protocol and the policy's text;
+- the text comes from template files (`string.Template`, `$name` fields, `$$` for a dollar
+  sign). A user overrides them with `template_dir`: a folder whose files replace the built-in
+  files of the same name (`prompt.txt`, `version.txt`, `no_versions.txt`, `refused.txt`,
+  `refused_item.txt`, `protocol.txt`, `restrictions.txt`, `policy_<name>.txt`,
+  `goal_first.txt`, `goal_improve.txt`, `system.txt`; files not given fall back to the
+  built-in ones), or a single file, which replaces `prompt.txt`. A template that names an
+  unknown field raises `PromptError` naming the file and field.
+
+Does not choose which earlier versions to show: the code database's `contrast_set` does that
+(the best and some clearly weaker ones); this module orders, labels and prints them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from kernelrl.candidate import source_hash
+from kernelrl.result import EvalResult, Status
+from kernelrl.task import Task, describe_shapes
+
+BUILTIN_TEMPLATES = Path(__file__).parent / "templates"
+# Lines of a refused program shown around the line its rule points at (or from the top).
+_REFUSED_EXCERPT_LINES = 12
+_LABELS = string.ascii_uppercase
+
+
+class PromptError(ValueError):
+    """A template is missing or names a field the builder does not provide."""
+
+
+class Record(Protocol):
+    """What the prompt needs of a database row: the program and its verdict."""
+
+    source: str
+    result: EvalResult | None
+
+
+class ContrastSource(Protocol):
+    """The part of the code database the prompt builder reads (kernelrl.database implements it)."""
+
+    def contrast_set(self, task_name: str, k: int, rng: random.Random) -> Sequence[Record]: ...
+
+    def recent_refused(self, task_name: str, n: int) -> Sequence[Record]: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Device peak figures
+
+
+@dataclass(frozen=True, kw_only=True)
+class DevicePeaks:
+    """What is known about a device's limits. None means unknown; nothing here is estimated."""
+
+    name: str
+    kind: str  # "cpu" | "cuda"
+    fp32_tflops: float | None = None
+    bf16_tflops: float | None = None  # dense tensor-core figure, no sparsity
+    mem_bandwidth_gbs: float | None = None
+    memory_gib: float | None = None
+    cores: int | None = None  # logical CPUs usable by this process (CPU only)
+    vector_isa: str | None = None  # CPU only: the instruction set torch dispatches to
+    source: str = ""  # where the figures come from
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("cpu", "cuda"):
+            raise ValueError(f"device kind must be 'cpu' or 'cuda', not {self.kind!r}")
+
+    def table(self) -> str:
+        def fmt(value: float | int | str | None, unit: str = "") -> str:
+            if value is None:
+                return "unknown"
+            if isinstance(value, float):
+                value = f"{value:g}"
+            return f"{value}{unit}"
+
+        rows = [("device", self.name)]
+        if self.kind == "cpu":
+            rows += [("logical cores usable", fmt(self.cores)), ("vector ISA", fmt(self.vector_isa))]
+        rows += [
+            ("peak fp32", fmt(self.fp32_tflops, " TFLOP/s")),
+            ("peak bf16 (tensor, dense)", fmt(self.bf16_tflops, " TFLOP/s")),
+            ("peak memory bandwidth", fmt(self.mem_bandwidth_gbs, " GB/s")),
+        ]
+        if self.memory_gib is not None:
+            rows.append(("memory", f"{self.memory_gib:.0f} GiB"))
+        if self.source:
+            rows.append(("figures from", self.source))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"| {k.ljust(width)} | {v} |" for k, v in rows)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _GpuSpec:
+    match: tuple[str, ...]  # all of these substrings of the lower-cased device name
+    label: str
+    fp32_tflops: float
+    bf16_tflops: float
+    mem_bandwidth_gbs: float
+
+
+# Vendor datasheet figures (NVIDIA H100, H200, A100, L40S datasheets; Ada architecture
+# whitepaper for the RTX 4090). Tensor figures are dense (the datasheets' sparsity figures halved).
+# More specific entries come first: the first entry whose substrings all match wins.
+_GPU_SPECS: tuple[_GpuSpec, ...] = (
+    _GpuSpec(match=("h200", "nvl"), label="H200 NVL", fp32_tflops=60.0, bf16_tflops=835.0, mem_bandwidth_gbs=4800.0),
+    _GpuSpec(match=("h200",), label="H200 SXM", fp32_tflops=67.0, bf16_tflops=989.0, mem_bandwidth_gbs=4800.0),
+    _GpuSpec(match=("h100", "nvl"), label="H100 NVL", fp32_tflops=60.0, bf16_tflops=835.0, mem_bandwidth_gbs=3900.0),
+    _GpuSpec(match=("h100", "pcie"), label="H100 PCIe", fp32_tflops=51.0, bf16_tflops=756.0, mem_bandwidth_gbs=2000.0),
+    _GpuSpec(match=("h100",), label="H100 SXM", fp32_tflops=67.0, bf16_tflops=989.0, mem_bandwidth_gbs=3350.0),
+    _GpuSpec(match=("a100", "80gb", "pcie"), label="A100 80GB PCIe", fp32_tflops=19.5, bf16_tflops=312.0,
+             mem_bandwidth_gbs=1935.0),
+    _GpuSpec(match=("a100", "80gb"), label="A100 80GB SXM", fp32_tflops=19.5, bf16_tflops=312.0,
+             mem_bandwidth_gbs=2039.0),
+    _GpuSpec(match=("a100",), label="A100 40GB", fp32_tflops=19.5, bf16_tflops=312.0, mem_bandwidth_gbs=1555.0),
+    _GpuSpec(match=("l40s",), label="L40S", fp32_tflops=91.6, bf16_tflops=362.0, mem_bandwidth_gbs=864.0),
+    # RTX 4090: bf16 tensor figure with fp32 accumulation, as PyTorch computes it.
+    _GpuSpec(match=("4090",), label="GeForce RTX 4090", fp32_tflops=82.6, bf16_tflops=165.2, mem_bandwidth_gbs=1008.0),
+)
+
+
+def gpu_peaks(name: str, memory_gib: float | None = None) -> DevicePeaks:
+    """Peak figures of a CUDA device by its `torch.cuda.get_device_name`; unknown GPUs get None."""
+    low = name.lower()
+    for spec in _GPU_SPECS:
+        if all(m in low for m in spec.match):
+            return DevicePeaks(name=name, kind="cuda", fp32_tflops=spec.fp32_tflops, bf16_tflops=spec.bf16_tflops,
+                               mem_bandwidth_gbs=spec.mem_bandwidth_gbs, memory_gib=memory_gib,
+                               source=f"vendor datasheet ({spec.label})")
+    return DevicePeaks(name=name, kind="cuda", memory_gib=memory_gib,
+                       source="no datasheet figures known for this GPU")
+
+
+def cpu_peaks() -> DevicePeaks:
+    """This machine's CPU: model name, usable cores and vector ISA; peak rates are not knowable here."""
+    import torch
+
+    name = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        import platform
+
+        name = platform.processor() or name
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count()
+    try:
+        isa = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:
+        isa = None
+    return DevicePeaks(name=name, kind="cpu", cores=cores, vector_isa=isa,
+                       source="this machine (peak rates are not measured or estimated)")
+
+
+def device_peaks(device: str) -> DevicePeaks:
+    """Peaks of "cpu" or "cuda[:N]". A CUDA device that is not visible here is named as unknown."""
+    if device == "cpu":
+        return cpu_peaks()
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
+            props = torch.cuda.get_device_properties(index)
+            return gpu_peaks(torch.cuda.get_device_name(index), memory_gib=props.total_memory / 2**30)
+        return DevicePeaks(name="CUDA device (not visible where the prompt was built)", kind="cuda",
+                           source="no figures: device not visible")
+    raise PromptError(f"unknown device {device!r}; expected 'cpu' or 'cuda'")
+
+
+# ---------------------------------------------------------------------------------------------
+# Templates
+
+
+class Templates:
+    """Template files from an override location, falling back to the built-in ones."""
+
+    def __init__(self, override: str | Path | None = None) -> None:
+        self._dir: Path | None = None
+        self._prompt_file: Path | None = None
+        if override is not None:
+            path = Path(override)
+            if path.is_dir():
+                self._dir = path
+            elif path.is_file():
+                self._prompt_file = path
+            else:
+                raise PromptError(f"template override {path} is neither a folder nor a file")
+
+    def path(self, name: str) -> Path:
+        if self._prompt_file is not None and name == "prompt.txt":
+            return self._prompt_file
+        if self._dir is not None and (self._dir / name).is_file():
+            return self._dir / name
+        builtin = BUILTIN_TEMPLATES / name
+        if not builtin.is_file():
+            raise PromptError(f"no template {name} (looked in {self._dir or BUILTIN_TEMPLATES})")
+        return builtin
+
+    def text(self, name: str) -> str:
+        return self.path(name).read_text()
+
+    def render(self, name: str, **fields: Any) -> str:
+        path = self.path(name)
+        try:
+            return string.Template(path.read_text()).substitute(fields)
+        except KeyError as e:
+            raise PromptError(f"template {path} names unknown field ${e.args[0]}; "
+                              f"known fields: {', '.join(sorted(fields))}") from None
+        except ValueError as e:
+            raise PromptError(f"template {path}: {e} (write $$ for a literal dollar sign)") from None
+
+
+def system_message(template_dir: str | Path | None = None) -> str:
+    """The system message proposers send with every prompt (template `system.txt`)."""
+    return Templates(template_dir).text("system.txt").strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+
+
+def verdict(result: EvalResult | None) -> str:
+    """One line: the measured outcome of a version, for a model to compare."""
+    if result is None:
+        return "not evaluated"
+    if result.status is Status.CORRECT and result.speedup is not None:
+        text = f"correct, speedup {result.speedup:.2f}x"
+        if result.ref_time and result.cand_time:
+            text += (f" (reference {result.ref_time.median_ms:.3g} ms, "
+                     f"this version {result.cand_time.median_ms:.3g} ms)")
+        return text
+    if result.status is Status.CORRECT:
+        return "correct, speed not measured"
+    if result.status is Status.FLAGGED:
+        return f"refused by rule {', '.join(result.rejecting_rules) or '?'}"
+    text = result.status.value.replace("_", " ")
+    if result.status is Status.INCORRECT and result.max_abs_err is not None:
+        text += f" (max abs error {result.max_abs_err:.3g})"
+    first = result.message.strip().splitlines()[0] if result.message.strip() else ""
+    return f"{text}: {first[:200]}" if first else text
+
+
+def _rank_key(record: Record) -> tuple[int, float]:
+    r = record.result
+    if r is None or r.status is not Status.CORRECT or r.speedup is None:
+        return (0, 0.0)
+    return (1, r.speedup)
+
+
+def order_versions(records: Sequence[Record], chain_best: Record | None, k: int) -> list[Record]:
+    """Distinct sources (the chain's best kept), at most k (+1 for the chain's best), weakest first."""
+    seen: set[str] = set()
+    out: list[Record] = []
+    if chain_best is not None:
+        seen.add(source_hash(chain_best.source))
+        out.append(chain_best)
+    for rec in records:
+        h = source_hash(rec.source)
+        if h in seen or len(out) >= k + (chain_best is not None):
+            continue
+        seen.add(h)
+        out.append(rec)
+    return sorted(out, key=_rank_key)
+
+
+def _excerpt(source: str, line: int | None) -> str:
+    lines = source.rstrip("\n").splitlines()
+    if line is not None and 1 <= line <= len(lines):
+        start = max(0, line - 1 - _REFUSED_EXCERPT_LINES // 2)
+    else:
+        start = 0
+    chunk = lines[start:start + _REFUSED_EXCERPT_LINES]
+    if start > 0:
+        chunk.insert(0, "# ...")
+    if start + _REFUSED_EXCERPT_LINES < len(lines):
+        chunk.append("# ...")
+    return "\n".join("  " + s for s in chunk)
+
+
+def _refused_section(t: Templates, records: Sequence[Record]) -> str:
+    items = []
+    seen: set[str] = set()
+    for rec in records:
+        r = rec.result
+        h = source_hash(rec.source)
+        if r is None or h in seen:
+            continue
+        seen.add(h)
+        rejecting = [f for f in r.findings if f.severity.value == "reject"] or list(r.findings)
+        rules = ", ".join(dict.fromkeys(f.rule for f in rejecting)) or r.status.value
+        messages = "; ".join(dict.fromkeys(f.message for f in rejecting)) or r.message or "(no message)"
+        line = next((f.line for f in rejecting if f.line is not None), None)
+        items.append(t.render("refused_item.txt", rules=rules, messages=messages,
+                              excerpt=_excerpt(rec.source, line)).rstrip("\n"))
+    if not items:
+        return ""
+    return t.render("refused.txt", items="\n".join(items)).rstrip("\n")
+
+
+def _task_facts(task: Task, size: str) -> tuple[str, str, str]:
+    """(constants, input shapes, init args) at `size`, or a reason they are unavailable."""
+    import torch
+
+    try:
+        tm = task.instantiate(size)
+        shapes = ", ".join(describe_shapes(tm)) or "none"
+        with torch.device("meta"):
+            init = tm.get_init_inputs()
+        init_text = ", ".join(describe_shapes_of(init)) or "none"
+        consts = ", ".join(f"{k}={v}" for k, v in tm.constants.items()) or "none"
+        if size != "full" and tm.constants != task.constants():
+            consts += f" (size preset `{size}`; the source above shows the full size)"
+        return consts, shapes, init_text
+    except Exception as e:  # noqa: BLE001 - a prompt must still be built; say why
+        reason = f"unavailable ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+        return reason, reason, reason
+
+
+def describe_shapes_of(values: Sequence[Any]) -> list[str]:
+    """Tensors as 'dtype[shape]', everything else as its repr (init arguments are usually numbers)."""
+    import torch
+
+    out = []
+    for x in values:
+        if isinstance(x, torch.Tensor):
+            out.append(f"{str(x.dtype).removeprefix('torch.')}[{', '.join(map(str, x.shape))}]")
+        else:
+            out.append(repr(x))
+    return out
+
+
+def _policy_name(policy: Any) -> str:
+    name = policy if isinstance(policy, str) else getattr(policy, "name", None)
+    if not isinstance(name, str) or not name:
+        raise PromptError(f"policy must be a name or an object with .name, not {policy!r}")
+    return name
+
+
+# ---------------------------------------------------------------------------------------------
+# The prompt
+
+
+def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | None, policy: Any,
+                 device: str | DevicePeaks, rng: random.Random, k: int = 4, n_refused: int = 3,
+                 size: str = "small", template_dir: str | Path | None = None) -> str:
+    """The contrastive prompt for one proposal on `task`.
+
+    `db` may be None (first step of a fresh run); `chain_best` is the chain's current best
+    (shown once and marked, even if the database did not pick it); `policy` is "strict", "open"
+    or a policy object with `.name`; `device` is "cpu", "cuda[:N]" or a `DevicePeaks`.
+    """
+    if k < 0 or n_refused < 0:
+        raise PromptError("k and n_refused must be >= 0")
+    t = Templates(template_dir)
+    policy_name = _policy_name(policy)
+    peaks = device if isinstance(device, DevicePeaks) else device_peaks(device)
+
+    shown = list(db.contrast_set(task.name, k, rng)) if db is not None and k > 0 else []
+    refused = list(db.recent_refused(task.name, n_refused)) if db is not None and n_refused > 0 else []
+    versions = order_versions(shown, chain_best, k)
+    best_hash = source_hash(chain_best.source) if chain_best is not None else None
+
+    blocks = []
+    labels: dict[str, str] = {}
+    for i, rec in enumerate(versions):
+        label = _LABELS[i] if i < len(_LABELS) else str(i + 1)
+        h = source_hash(rec.source)
+        labels[h] = label
+        note = " (current best of this chain: improve on it)" if h == best_hash else ""
+        blocks.append(t.render("version.txt", label=label, verdict=verdict(rec.result), note=note,
+                               source=rec.source.rstrip("\n")).rstrip("\n"))
+    versions_text = "\n\n".join(blocks) if blocks else t.text("no_versions.txt").rstrip("\n")
+    # A refused program already shown as a version is not repeated.
+    refused = [r for r in refused if source_hash(r.source) not in labels]
+
+    if chain_best is not None and best_hash is not None:
+        goal = t.render("goal_improve.txt", best_label=labels[best_hash], best_verdict=verdict(chain_best.result))
+    else:
+        goal = t.text("goal_first.txt")
+
+    constants, shapes, init_args = _task_facts(task, size)
+    try:
+        policy_text = t.text(f"policy_{policy_name}.txt")
+    except PromptError:
+        raise PromptError(f"no requirements template for policy {policy_name!r} "
+                          f"(write policy_{policy_name}.txt in the template folder)") from None
+    text = t.render(
+        "prompt.txt",
+        task_name=task.name,
+        reference_source=task.source.rstrip("\n"),
+        constants=constants,
+        input_shapes=shapes,
+        init_args=init_args,
+        device_table=peaks.table(),
+        versions=versions_text,
+        refused=_refused_section(t, refused),
+        policy_name=policy_name,
+        policy_requirements=policy_text.rstrip("\n"),
+        restrictions=t.text("restrictions.txt").rstrip("\n"),
+        protocol=t.text("protocol.txt").rstrip("\n"),
+        goal=goal.rstrip("\n"),
+    )
+    # Empty sections leave blank runs; keep the text compact.
+    while "\n\n\n" in text:
+        text = text.replace("\n\n\n", "\n\n")
+    return text.strip() + "\n"
