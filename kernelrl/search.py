@@ -8,7 +8,7 @@ calls run on `model_concurrency` threads and evaluations on `eval_concurrency` t
 evaluator starts its own processes), so calls and evaluations overlap. Only the calling thread
 touches the database, so each write is one committed transaction from one writer.
 
-Budgets: `budget` is candidates (model answers) per task in this run; `max_tokens` is prompt plus
+Budgets: `budget` is candidates (model answers) per task in this run; `token_budget` is prompt plus
 completion tokens over the whole run (a resumed run counts what it spent before); `wall_time_s`
 is per invocation. When a budget runs out no new model call starts and the calls and evaluations
 already under way finish and are stored.
@@ -46,6 +46,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kernelrl.candidate import Candidate, extract_code, source_hash
 from kernelrl.database import CandidateRecord, CandidateState, Database, NewCandidate, RunStatus
+from kernelrl.proposer import Exhausted, ProposalRequest, ProposerUnavailable, make_proposer
 from kernelrl.result import EvalResult, Status
 from kernelrl.task import Task, load_tasks
 
@@ -73,7 +74,9 @@ class SearchConfig:
     proposer_opts: dict[str, Any] = field(default_factory=dict)
     budget: int = 8  # candidates (model answers) per task in this run
     chains: int = 2  # parallel chains per task
-    max_tokens: int | None = None  # prompt + completion tokens over the run; None: no limit
+    # prompt + completion tokens over the run; None: no limit. (A per-answer limit is a proposer
+    # option: proposer_opts={"max_tokens": N} for openai.)
+    token_budget: int | None = None
     wall_time_s: float | None = None  # per invocation; None: no limit
     exchange_every: int = 2  # steps between a chain's looks at the task's best; 0: never
     policy: str = "open"
@@ -101,8 +104,8 @@ class SearchConfig:
             raise ValueError(f"budget must be >= 1 candidate per task, got {self.budget}")
         if self.chains < 1:
             raise ValueError(f"chains must be >= 1, got {self.chains}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1 or None, got {self.max_tokens}")
+        if self.token_budget is not None and self.token_budget < 1:
+            raise ValueError(f"token_budget must be >= 1 or None, got {self.token_budget}")
         if self.wall_time_s is not None and not self.wall_time_s > 0:
             raise ValueError(f"wall_time_s must be > 0 or None, got {self.wall_time_s}")
         if self.exchange_every < 0:
@@ -198,25 +201,6 @@ def _fmt_speedup(rec: CandidateRecord | None) -> str:
     return f"best {rec.speedup:.2f}x" if rec is not None and rec.speedup is not None else "best -"
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Request:
-    """The proposer's request fields, used only when kernelrl.proposer cannot be imported."""
-
-    task: Task
-    prompt: str
-    parent: CandidateRecord | None
-    chain: int
-    step: int
-
-
-def _request_type() -> type:
-    try:
-        from kernelrl.proposer import ProposalRequest
-    except ImportError:
-        return _Request
-    return ProposalRequest
-
-
 class _Search:
     def __init__(self, config: SearchConfig, *, console: Console, tasks: list[Task], db: Database, proposer: Any,
                  evaluate: EvaluateFn, build_prompt: PromptFn, measure_baseline: BaselineFn | None) -> None:
@@ -245,7 +229,6 @@ class _Search:
         self.resumed = False
         self.prompt_tokens = 0
         self.completion_tokens = 0
-        self.request_type = _request_type()
 
     # ------------------------------------------------------------ setup
     def open_run(self) -> None:
@@ -309,7 +292,7 @@ class _Search:
         cfg = self.config
         if cfg.wall_time_s is not None and time.monotonic() - self.started >= cfg.wall_time_s:
             return StopReason.WALL_TIME
-        if cfg.max_tokens is not None and self.prompt_tokens + self.completion_tokens >= cfg.max_tokens:
+        if cfg.token_budget is not None and self.prompt_tokens + self.completion_tokens >= cfg.token_budget:
             return StopReason.TOKENS
         return None
 
@@ -341,7 +324,8 @@ class _Search:
         extra = {"template_dir": cfg.template_dir} if cfg.template_dir is not None else {}
         prompt = self.build_prompt(ts.task, db=self.db, chain_best=chain.best, policy=cfg.policy, device=cfg.device,
                                    rng=rng, k=cfg.k_shown, size=cfg.size, **extra)
-        request = self.request_type(task=ts.task, prompt=prompt, parent=chain.best, chain=chain.index, step=chain.step)
+        request = ProposalRequest(task=ts.task, prompt=prompt, parent=chain.best.source if chain.best else None,
+                                  chain=chain.index, step=chain.step)
         chain.busy = True
         ts.in_flight += 1
         self._spawn("proposal", self.model_slots, lambda: self.proposer.propose(request),
@@ -363,6 +347,14 @@ class _Search:
         ts = self.state[name]
         chain = ts.chains[index]
         ts.in_flight -= 1
+        if isinstance(out, Exhausted):
+            # a finite proposer has nothing more for this task: its chains end, quietly
+            chain.busy = False
+            chain.step -= 1
+            for c in ts.chains:
+                c.active = False
+            ts.gave_up = ts.gave_up or f"proposer exhausted: {out}"
+            return
         if isinstance(out, BaseException):
             chain.busy = False
             chain.step -= 1  # the step did not happen
@@ -370,7 +362,7 @@ class _Search:
             msg = f"{name}: proposer failed: {type(out).__name__}: {out}"
             self.errors.append(msg)
             self.console.print(f"[yellow]{msg}[/yellow]")
-            if ts.failures >= MAX_PROPOSER_FAILURES:
+            if ts.failures >= MAX_PROPOSER_FAILURES or isinstance(out, ProposerUnavailable):
                 ts.gave_up = f"proposer failed {ts.failures} times in a row"
             return
         ts.failures = 0
@@ -572,10 +564,19 @@ def run_search(config: SearchConfig, *, console: Console | None = None, tasks: l
         from kernelrl.prompt import build_prompt as default_build_prompt
 
         build_prompt = default_build_prompt
+    owned = proposer is None
     if proposer is None:
-        from kernelrl.proposer import make_proposer
+        proposer = make_proposer(config.proposer, policy=config.policy, device=config.device,
+                                 **config.proposer_opts)
+    try:
+        return _run(config, console, tasks, proposer, evaluate, build_prompt, measure_baseline)
+    finally:
+        if owned:
+            proposer.close()
 
-        proposer = make_proposer(config.proposer, **config.proposer_opts)
+
+def _run(config: SearchConfig, console: Console, tasks: list[Task], proposer: Any, evaluate: EvaluateFn,
+         build_prompt: PromptFn, measure_baseline: BaselineFn | None) -> SearchSummary:
     with Database(config.db_path) as db:
         search = _Search(config, console=console, tasks=tasks, db=db, proposer=proposer, evaluate=evaluate,
                          build_prompt=build_prompt, measure_baseline=measure_baseline)

@@ -51,6 +51,14 @@ class Answer:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+def parent_speed(req: Any) -> float:
+    """The scripted speed of the chain's current best (its source), 1.0 for the reference."""
+    if req.parent is None:
+        return 1.0
+    assert isinstance(req.parent, str)
+    return float(re.search(r"SPEED = (\S+)", req.parent).group(1))
+
+
 def _code(speed: float, tag: str) -> str:
     return f"# {tag}\nSPEED = {speed!r}\nclass ModelNew:\n    pass\n"
 
@@ -61,7 +69,7 @@ class ScriptedProposer:
     def __init__(self, speed_fn=None, tokens: int = 10) -> None:
         self.requests: list[Any] = []
         self.lock = threading.Lock()
-        self.speed_fn = speed_fn or (lambda req: (req.parent.speedup if req.parent else 1.0) + 0.5)
+        self.speed_fn = speed_fn or (lambda req: parent_speed(req) + 0.5)
         self.tokens = tokens
 
     def propose(self, req: Any) -> Answer:
@@ -154,7 +162,7 @@ def test_exchange_lets_a_weak_chain_adopt_the_best(tmp_path: Path) -> None:
     def speed(req):
         if req.chain == 1 and req.parent is None:
             return -1.0
-        return (req.parent.speedup if req.parent else 1.0) + 1.0
+        return parent_speed(req) + 1.0
 
     for every, adopts in ((1, True), (0, False)):
         proposer = ScriptedProposer(speed)
@@ -188,7 +196,7 @@ def test_same_source_is_evaluated_once(tmp_path: Path) -> None:
 
 def test_token_budget_stops_new_calls(tmp_path: Path) -> None:
     proposer = ScriptedProposer(tokens=50)  # 100 tokens per answer
-    summary, cfg = _run(tmp_path, _tasks("a"), proposer, ScriptedEvaluator(), budget=20, chains=1, max_tokens=250)
+    summary, cfg = _run(tmp_path, _tasks("a"), proposer, ScriptedEvaluator(), budget=20, chains=1, token_budget=250)
     assert summary.stop_reason is StopReason.TOKENS
     assert len(proposer.requests) == 3  # 300 >= 250 after the third answer
     with Database(cfg.db_path) as db:
@@ -362,3 +370,42 @@ def test_ctrl_c_finishes_work_under_way_and_stops(tmp_path: Path) -> None:
         assert db.latest_run().status is RunStatus.INTERRUPTED
     assert 2 <= len(cands) < 80
     assert all(c.state is CandidateState.EVALUATED for c in cands)  # no answer left half done
+
+
+def test_finite_proposer_ends_chains_quietly(tmp_path: Path) -> None:
+    from kernelrl.proposer import Exhausted
+
+    class ThreeOnly(ScriptedProposer):
+        def propose(self, req):
+            with self.lock:
+                if len(self.requests) >= 3:
+                    raise Exhausted("nothing left")
+            return super().propose(req)
+
+    summary, cfg = _run(tmp_path, _tasks("a"), ThreeOnly(), ScriptedEvaluator(), budget=10, chains=2)
+    assert summary.tasks[0].candidates == 3 and summary.errors == ()
+    assert summary.stop_reason is StopReason.BUDGET and "exhausted" in summary.tasks[0].gave_up
+
+
+def test_real_prompt_builder_and_heuristic_proposer(tmp_path: Path) -> None:
+    """The shipped prompt builder and offline proposer, with a scripted verdict per rewrite."""
+    from kernelrl.task import load_task
+
+    task = load_task("level1/softmax")
+
+    def evaluate(t: Task, cand: Candidate) -> EvalResult:
+        speed = 1.0 + int(cand.hash[:4], 16) % 200 / 100  # a fixed, source-dependent score
+        return EvalResult(task=t.name, status=Status.CORRECT, speedup=speed, candidate_hash=cand.hash)
+
+    cfg = SearchConfig(tasks=(task.name,), db_path=tmp_path / "k.db", proposer="heuristic", budget=6, chains=2)
+    summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=[task], evaluate=evaluate)
+    assert summary.tasks[0].candidates >= 2 and summary.errors == ()
+    with Database(cfg.db_path) as db:
+        cands = db.candidates()
+    assert len({c.hash for c in cands}) == len(cands)  # the portfolio never repeats a rewrite
+    later = [c for c in cands if c.parents]
+    assert later, "a chain's second step improves on its best"
+    for c in later:
+        parent = next(p for p in cands if p.id == c.parents[0])
+        # the prompt shows the chain's best with its measured speedup
+        assert f"speedup {parent.speedup:.2f}x" in c.prompt
