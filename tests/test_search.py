@@ -289,9 +289,11 @@ _RUNNER = textwrap.dedent("""
 
 
 def _evaluated_hashes(db_path: Path) -> set[tuple[str, str]]:
-    conn = sqlite3.connect(db_path)
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     try:
         return {(t, h) for t, h in conn.execute("SELECT task, hash FROM results WHERE reused_from IS NULL")}
+    except sqlite3.OperationalError:  # the runner has created the file but not its tables yet
+        return set()
     finally:
         conn.close()
 
