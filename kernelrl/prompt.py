@@ -21,6 +21,7 @@ Does not choose which earlier versions to show: the code database's `contrast_se
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import string
@@ -145,6 +146,7 @@ def gpu_peaks(name: str, memory_gib: float | None = None) -> DevicePeaks:
                        source="no datasheet figures known for this GPU")
 
 
+@functools.cache
 def cpu_peaks() -> DevicePeaks:
     """This machine's CPU: model name, usable cores and vector ISA; peak rates are not knowable here."""
     import torch
@@ -319,7 +321,17 @@ def _refused_section(t: Templates, records: Sequence[Record]) -> str:
 
 def _task_facts(task: Task, size: str) -> tuple[str, str, str]:
     """(constants, input shapes, init args) at `size`, or a reason they are unavailable."""
+    presets = tuple(sorted((k, tuple(sorted(v.items()))) for k, v in task.presets.items()))
+    return _task_facts_cached(task.name, task.source, presets, size)
+
+
+# Instantiating a task (and shrinking it to `small`) runs its module on the meta device several
+# times; a search asks for the same task's facts at every step, so they are computed once.
+@functools.lru_cache(maxsize=256)
+def _task_facts_cached(name: str, source: str, presets: tuple[Any, ...], size: str) -> tuple[str, str, str]:
     import torch
+
+    task = Task(name=name, source=source, presets={k: dict(v) for k, v in presets})
 
     try:
         tm = task.instantiate(size)
