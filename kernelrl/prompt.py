@@ -285,6 +285,26 @@ def order_versions(records: Sequence[Record], chain_best: Record | None, k: int)
     return sorted(out, key=_rank_key)
 
 
+def elide_reference(source: str, task: Task) -> str:
+    """A version's source with a verbatim embedded copy of the reference replaced by one comment.
+
+    Program-level rewrites embed the whole reference (renamed to `_Reference`); the prompt shows
+    the reference once, so repeating it in every version would only cost tokens.
+    """
+    from kernelrl.proposer import embed_reference
+
+    try:
+        embedded = embed_reference(task.source)
+    except SyntaxError:
+        return source
+    n_lines = embedded.count("\n") + 1
+    if n_lines < 5 or embedded not in source:
+        return source
+    note = (f"# [{n_lines} lines elided: the reference program shown above, with `Model` renamed to "
+            "`_Reference` and get_inputs/get_init_inputs removed; a complete answer writes them out]")
+    return source.replace(embedded, note, 1)
+
+
 def _excerpt(source: str, line: int | None) -> str:
     lines = source.rstrip("\n").splitlines()
     if line is not None and 1 <= line <= len(lines):
@@ -400,7 +420,7 @@ def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | 
         labels[h] = label
         note = " (current best of this chain: improve on it)" if h == best_hash else ""
         blocks.append(t.render("version.txt", label=label, verdict=verdict(rec.result), note=note,
-                               source=rec.source.rstrip("\n")).rstrip("\n"))
+                               source=elide_reference(rec.source, task).rstrip("\n")).rstrip("\n"))
     versions_text = "\n\n".join(blocks) if blocks else t.text("no_versions.txt").rstrip("\n")
     # A refused program already shown as a version is not repeated.
     refused = [r for r in refused if source_hash(r.source) not in labels]

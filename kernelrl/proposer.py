@@ -803,6 +803,9 @@ def rewrite_analysis(rewrite: Rewrite, parent_name: str | None) -> str:
             + "\nThe arithmetic is unchanged, so results match the reference within floating-point tolerance.\n")
 
 
+_MARKER_LINE = re.compile(rf"^{re.escape(HEURISTIC_MARKER)}[ \t]*(\S+)[ \t]*$", re.MULTILINE)
+
+
 def heuristic_name(source: str | None) -> str | None:
     """The rewrite a heuristic program applies, read from its marker line."""
     if not source:
@@ -828,8 +831,9 @@ class HeuristicProposer(Proposer):
     """Each call returns the next untried rewrite for the task (shared by all chains).
 
     Parent-aware: when the parent is a heuristic program, untried rewrites that contain all of
-    the parent's components (stacking on it) come first. Raises `Exhausted` when every
-    applicable rewrite has been handed out for the task.
+    the parent's components (stacking on it) come first. Rewrites whose programs appear in the
+    request's prompt (their marker line) count as tried, so a resumed run does not repeat the
+    versions it shows. Raises `Exhausted` when every applicable rewrite has been handed out.
     """
 
     def __init__(self, config: HeuristicConfig | None = None) -> None:
@@ -837,7 +841,7 @@ class HeuristicProposer(Proposer):
         self.spec = "heuristic"
         self._lock = threading.Lock()
         self._tried: dict[str, set[str]] = {}
-        self._traits: dict[str, TaskTraits] = {}
+        self._traits: dict[tuple[str, str], TaskTraits] = {}
 
     def portfolio(self, task: Task) -> list[Rewrite]:
         traits = self._traits_for(task)
@@ -845,12 +849,13 @@ class HeuristicProposer(Proposer):
         return [r for r in full if applicable(r, traits, self.config.device)]
 
     def _traits_for(self, task: Task) -> TaskTraits:
+        key = (task.name, task.source_hash)
         with self._lock:
-            cached = self._traits.get(task.name)
+            cached = self._traits.get(key)
         if cached is None:
             cached = task_traits(task)
             with self._lock:
-                self._traits[task.name] = cached
+                self._traits[key] = cached
         return cached
 
     def propose(self, request: ProposalRequest) -> Proposal:
@@ -858,8 +863,11 @@ class HeuristicProposer(Proposer):
         options = self.portfolio(task)
         parent_name = heuristic_name(request.parent)
         parent_parts = frozenset(parent_name.split("+")) if parent_name else frozenset()
+        # Versions shown in the prompt were measured already (e.g. before a resumed run): skip them.
+        shown = set(_MARKER_LINE.findall(request.prompt))
         with self._lock:
             tried = self._tried.setdefault(task.name, set())
+            tried.update(shown)
             untried = [r for r in options if r.name not in tried and r.name != parent_name]
             if not untried:
                 raise Exhausted(f"heuristic: all {len(options)} rewrites for task {task.name} were proposed")

@@ -270,3 +270,13 @@ def test_prompt_from_the_code_database(tmp_path):
     assert "speedup 3.10x" in text and "speedup 0.80x" in text
     assert text.count("# version best") == 1
     assert "refused by rule `thread-spawn`" in text
+
+
+def test_embedded_reference_is_shown_once():
+    from kernelrl.proposer import Rewrite, render_rewrite
+
+    rewrite = render_rewrite(TASK, Rewrite(inference_mode=True))
+    text = prompt(FakeDB([Rec(rewrite, correct(1.3)), WEAK], []))
+    assert text.count("self.lin = nn.Linear(dim, dim)") == 1  # the reference block only
+    assert "lines elided: the reference program shown above" in text
+    assert "class ModelNew(nn.Module)" in text and "torch.inference_mode()" in text

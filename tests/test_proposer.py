@@ -563,3 +563,11 @@ def test_hf_proposer_missing_folder_is_a_clear_error(tmp_path):
     pytest.importorskip("transformers")
     with pytest.raises(ProposerError, match="no model folder"):
         make_proposer(f"hf:{tmp_path / 'nope'}")
+
+
+def test_heuristic_skips_rewrites_already_shown_in_the_prompt():
+    task = make_task("toy/linear", LINEAR)
+    shown = render_rewrite(task, Rewrite(inference_mode=True))
+    prompt = f"### Version A: correct, speedup 1.10x\n\n```python\n{shown}```\n"
+    p = HeuristicProposer().propose(request(task, prompt=prompt))
+    assert p.meta["rewrite"] != "inference_mode"
