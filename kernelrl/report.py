@@ -239,6 +239,9 @@ def _speedup_axis(axis, lo: float, hi: float) -> None:
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     ticks = [t for t in _NICE if lo <= t <= hi]
+    if len(ticks) < 4:  # a narrow range: finer steps
+        ticks = sorted({round(x * 0.1, 1) for x in range(1, 100)} | set(_NICE))
+        ticks = [t for t in ticks if lo <= t <= hi]
     while len(ticks) > 8:  # thin out, keeping 1x
         keep = ticks[::2]
         if 1.0 in ticks and 1.0 not in keep:

@@ -481,6 +481,8 @@ class _Search:
                                                             best=_fmt_speedup(ts.best))
                 # Proposed but never evaluated (a killed run): evaluate, do not ask again.
                 for rec in self.db.pending_candidates(self.run_id):
+                    if rec.task not in self.state:
+                        continue  # a task this invocation does not run: it stays pending for a later resume
                     self.state[rec.task].chains[rec.chain].busy = True
                     self.dispatch_evaluation(rec)
                 self.start_baselines()
