@@ -1,0 +1,136 @@
+"""Dynamic verdicts: every red-team fixture is refused with the rule its header names, every control
+is accepted under `open`.
+
+Three properties, one test each per fixture:
+- the dynamic defences alone (policy `observe`: static rules only warn) reach the header's EXPECT
+  verdict, and a "correct" verdict never carries more speedup than MAX_SPEEDUP;
+- under the fixture's policy (default `open`) a statically detectable hack is FLAGGED with one of
+  its STATIC rules;
+- each control is CORRECT under `open`, with no rejecting finding.
+Fixtures marked `CANARY: yes` are judged in a separate Python process started with canary
+secrets (API-key-like variables) in its environment, so a leak of the judge's environment
+into the candidate shows up as a wrong answer.
+The counts are printed at the end of the run (conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from fixture_spec import FixtureSpec, control_specs, redteam_specs
+
+from kernelrl.candidate import Candidate
+from kernelrl.checks.static import check_source
+from kernelrl.policy import get_policy
+from kernelrl.result import EvalResult, Severity
+from kernelrl.task import load_task_file
+
+TIMEOUT_S = 180.0
+REDTEAM = redteam_specs()
+CONTROLS = control_specs()
+
+_JUDGE_SCRIPT = """
+import json, sys
+from pathlib import Path
+from kernelrl.candidate import Candidate
+from kernelrl.evaluator import EvalConfig, evaluate
+from kernelrl.task import load_task_file
+task_file, cand_file, device, policy, timeout, out = sys.argv[1:7]
+task = load_task_file(Path(task_file))
+cfg = EvalConfig(device=device, policy=policy, timeout_s=float(timeout))
+res = evaluate(task, Candidate(source=Path(cand_file).read_text(), origin=cand_file), cfg)
+Path(out).write_text(json.dumps(res.to_dict()))
+"""
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def params(specs: list[FixtureSpec]) -> list:
+    out = []
+    for s in specs:
+        marks = []
+        if s.slow:
+            marks.append(pytest.mark.slow)
+        if s.device == "cuda":
+            marks.append(pytest.mark.gpu)
+            marks.append(pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device"))
+        out.append(pytest.param(s, id=s.name, marks=marks))
+    return out
+
+
+def judge(spec: FixtureSpec, policy: str, tmp_path: Path) -> EvalResult:
+    if spec.canary:
+        return judge_with_canaries(spec, policy, tmp_path)
+    from kernelrl.evaluator import EvalConfig, evaluate
+
+    task = load_task_file(spec.task_file)
+    config = EvalConfig(device=spec.device, policy=policy, timeout_s=TIMEOUT_S)
+    return evaluate(task, Candidate(source=spec.source, origin=str(spec.path)), config)
+
+
+def judge_with_canaries(spec: FixtureSpec, policy: str, tmp_path: Path) -> EvalResult:
+    canary = f"kernelrl-canary-{uuid.uuid4().hex}"
+    env = dict(os.environ)
+    env.update({"OPENAI_API_KEY": canary, "ANTHROPIC_API_KEY": canary, "HF_TOKEN": canary,
+                "AWS_SECRET_ACCESS_KEY": canary, "KERNELRL_CANARY_SECRET": canary})
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-c", _JUDGE_SCRIPT, str(spec.task_file), str(spec.path), spec.device,
+                           policy, str(TIMEOUT_S), str(out)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=TIMEOUT_S + 120)
+    assert proc.returncode == 0 and out.is_file(), f"judge process failed:\n{proc.stderr[-3000:]}"
+    return EvalResult.from_dict(json.loads(out.read_text()))
+
+
+def describe(res: EvalResult) -> str:
+    lines = [f"status={res.status.value} message={res.message!r} speedup={res.speedup}"]
+    lines += [f"  {f.severity.value} {f.stage} {f.rule}: {f.message}" for f in res.findings]
+    lines += [e[-800:] for e in res.errors[:2]]
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("spec", params(REDTEAM))
+def test_redteam_dynamic_defences_alone(spec, tmp_path, outcomes):
+    res = judge(spec, "observe", tmp_path)
+    rejecting = [f.rule for f in res.findings if f.severity is Severity.REJECT]
+    rules = [f.rule for f in res.findings]
+    ok = spec.matches(res.status.value, rejecting, rules)
+    if ok and res.status.value == "correct" and spec.max_speedup is not None and res.speedup is not None:
+        ok = res.speedup < spec.max_speedup
+    outcomes.setdefault("redteam-dynamic", {})[spec.name] = (res.status.value, sorted(set(rejecting)), ok)
+    assert ok, (f"{spec.name}: expected {' | '.join(map(str, spec.expect))}"
+                + (f" (speedup < {spec.max_speedup})" if spec.max_speedup else "") + f"\n{describe(res)}")
+
+
+STATICALLY_REJECTED = [s for s in REDTEAM
+                       if {f.rule for f in get_policy(s.policy).rejects(check_source(s.source))} & set(s.static_rules)]
+
+
+@pytest.mark.parametrize("spec", params(STATICALLY_REJECTED))
+def test_redteam_flagged_under_its_policy(spec, tmp_path, outcomes):
+    res = judge(spec, spec.policy, tmp_path)
+    rejecting = {f.rule for f in res.findings if f.severity is Severity.REJECT}
+    ok = res.status.value == "flagged" and bool(rejecting & set(spec.static_rules))
+    outcomes.setdefault("redteam-policy", {})[spec.name] = (res.status.value, sorted(rejecting), ok)
+    assert ok, f"{spec.name}: expected flagged by one of {spec.static_rules} under {spec.policy}\n{describe(res)}"
+
+
+@pytest.mark.parametrize("spec", params(CONTROLS))
+def test_control_accepted_under_open(spec, tmp_path, outcomes):
+    res = judge(spec, "open", tmp_path)
+    rejecting = [f.rule for f in res.findings if f.severity is Severity.REJECT]
+    ok = res.status.value == "correct" and not rejecting
+    outcomes.setdefault("control", {})[spec.name] = (res.status.value, rejecting, ok)
+    assert ok, f"{spec.name}: a legitimate optimisation must be accepted\n{describe(res)}"
