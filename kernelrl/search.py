@@ -8,7 +8,9 @@ calls run on `model_concurrency` threads and evaluations on `eval_concurrency` t
 evaluator starts its own processes), so calls and evaluations overlap. Only the calling thread
 touches the database, so each write is one committed transaction from one writer.
 
-Budgets: `budget` is candidates (model answers) per task in this run; `token_budget` is prompt plus
+Budgets: `budget` is candidates (model answers) per task in this run, split evenly over the
+task's chains (budget 8 with 2 chains: 4 steps each; the remainder goes to the first chains), so
+a run is `chains` x `budget / chains` steps per task; `token_budget` is prompt plus
 completion tokens over the whole run (a resumed run counts what it spent before); `wall_time_s`
 is per invocation. When a budget runs out no new model call starts and the calls and evaluations
 already under way finish and are stored.
@@ -72,7 +74,7 @@ class SearchConfig:
     db_path: Path
     proposer: str = "heuristic"  # spec for kernelrl.proposer.make_proposer
     proposer_opts: dict[str, Any] = field(default_factory=dict)
-    budget: int = 8  # candidates (model answers) per task in this run
+    budget: int = 8  # candidates (model answers) per task in this run, split evenly over its chains
     chains: int = 2  # parallel chains per task
     # prompt + completion tokens over the run; None: no limit. (A per-answer limit is a proposer
     # option: proposer_opts={"max_tokens": N} for openai.)
@@ -312,11 +314,17 @@ class _Search:
                 ts = self.state[name]
                 if ts.gave_up or ts.proposed + ts.in_flight >= self.config.budget:
                     continue
-                chain = next((c for c in ts.chains if c.active and not c.busy), None)
+                chain = next((c for c in ts.chains if c.active and not c.busy and c.step < self._quota(c.index)),
+                             None)
                 if chain is None:
                     continue
                 self._start_step(ts, chain)
                 progressed = True
+
+    def _quota(self, index: int) -> int:
+        """Steps chain `index` may take: the task's budget split evenly, the first chains taking the rest."""
+        per, extra = divmod(self.config.budget, self.config.chains)
+        return per + (1 if index < extra else 0)
 
     def _start_step(self, ts: _TaskState, chain: _Chain) -> None:
         cfg = self.config

@@ -411,3 +411,47 @@ def test_real_prompt_builder_and_heuristic_proposer(tmp_path: Path) -> None:
         parent = next(p for p in cands if p.id == c.parents[0])
         # the prompt shows the chain's best with its measured speedup
         assert f"speedup {parent.speedup:.2f}x" in c.prompt
+
+
+def test_scripted_openai_endpoint_three_tasks_two_chains_four_steps(tmp_path: Path) -> None:
+    """The issue's acceptance run against a real HTTP server speaking the OpenAI chat API."""
+    try:
+        from tests.openai_server import OpenAIServer, Reply
+    except ImportError:
+        from openai_server import OpenAIServer, Reply
+    from kernelrl.task import load_task
+
+    tasks = [load_task(n) for n in ("level1/softmax", "level1/rmsnorm", "level1/scaled_residual_add")]
+
+    def evaluate(t: Task, cand: Candidate) -> EvalResult:
+        speed = 0.5 + int(cand.hash[:4], 16) % 300 / 100  # fixed per source, between 0.5x and 3.5x
+        return EvalResult(task=t.name, status=Status.CORRECT, speedup=speed, candidate_hash=cand.hash)
+
+    with OpenAIServer() as server:
+        # a rate limit and a malformed answer first: retried, and stored as a failed candidate
+        server.add(Reply.error(429, retry_after_s=0.01), Reply.ok("I would rather not write code today."))
+        cfg = SearchConfig(tasks=tuple(t.name for t in tasks), db_path=tmp_path / "k.db",
+                           proposer="openai:scripted-model", budget=8, chains=2, exchange_every=2,
+                           proposer_opts={"base_url": server.base_url, "api_key": "k", "backoff_initial_s": 0.01,
+                                          "timeout_s": 20.0})
+        summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=tasks, evaluate=evaluate)
+        prompts = server.prompts() if callable(server.prompts) else server.prompts
+    assert summary.errors == () and [t.candidates for t in summary.tasks] == [8, 8, 8]
+    with Database(cfg.db_path) as db:
+        cands = db.candidates()
+    assert len(cands) == 24 and all(c.state is CandidateState.EVALUATED for c in cands)
+    assert sum(c.result.status is Status.COMPILE_ERROR for c in cands) == 1  # the malformed answer, kept
+    assert all(c.answer for c in cands) and all(c.prompt in prompts for c in cands)
+    assert summary.prompt_tokens == sum(c.prompt_tokens for c in cands) > 0
+    for t in tasks:
+        own = [c for c in cands if c.task == t.name]
+        for chain in (0, 1):
+            steps = sorted((c for c in own if c.chain == chain), key=lambda c: c.step)
+            assert [c.step for c in steps] == [0, 1, 2, 3]  # the budget of 8 is 4 steps per chain
+            for c in steps[1:]:
+                best = next(p for p in own if p.id == c.parents[0]) if c.parents else None
+                if best is None:  # chain had no correct version yet (the malformed answer)
+                    continue
+                # earlier code is in the prompt, with its measured speedup
+                assert best.source.strip().splitlines()[0] in c.prompt
+                assert f"speedup {best.speedup:.2f}x" in c.prompt
