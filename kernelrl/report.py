@@ -26,6 +26,7 @@ import html
 import io
 import math
 import statistics
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,15 @@ class TaskReport:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunReport:
+    id: int
+    started: float  # seconds since the epoch
+    status: str  # "running" also means killed and not resumed
+    proposer: str
+    candidates: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Report:
     db_path: str
     run_id: int | None  # None: every run in the file
@@ -72,6 +82,7 @@ class Report:
     success_rate: float | None  # correct / evaluated
     status_counts: tuple[tuple[str, int], ...]  # status value (or "proposed") -> candidates
     refused_by_rule: tuple[tuple[str, int], ...]  # rule -> flagged candidates, most frequent first
+    runs: tuple[RunReport, ...] = ()
 
     def fast(self, p: float) -> float:
         for q, value in self.fast_p:
@@ -96,6 +107,10 @@ def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
         known = {t.name: t for t in db.tasks()}
         baselines = {(b.task, b.device, b.size): b for b in db.baselines()}
         flagged_rules = _refused_by_rule(cands)
+        runs = tuple(RunReport(id=r.id, started=r.started, status=r.status.value,
+                               proposer=str(r.config.get("proposer", "")),
+                               candidates=db.count_candidates(run_id=r.id))
+                     for r in db.runs() if run_id is None or r.id == run_id)
     names = sorted({c.task for c in cands} | (set() if run_id is not None else set(known)))
     by_task: dict[str, list[CandidateRecord]] = {n: [] for n in names}
     for c in cands:
@@ -141,7 +156,7 @@ def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
                   solved=len(eager), with_compile=len(comp), candidates=len(cands), evaluated=evaluated_n,
                   correct=correct_n, success_rate=(correct_n / evaluated_n) if evaluated_n else None,
                   status_counts=tuple((s, statuses[s]) for s in order if statuses[s]),
-                  refused_by_rule=tuple(flagged_rules.most_common()))
+                  refused_by_rule=tuple(flagged_rules.most_common()), runs=runs)
 
 
 def _refused_by_rule(cands: list[CandidateRecord]) -> Counter[str]:
@@ -428,6 +443,11 @@ def render_html(report: Report) -> str:
     parts.append("<h2>Refused (flagged) candidates per rule</h2>")
     parts.append(_table(["rule", "candidates"], [[r, str(n)] for r, n in report.refused_by_rule])
                  if report.refused_by_rule else "<p>No candidate was refused.</p>")
+    if report.runs:
+        parts.append("<h2>Runs</h2>")
+        parts.append(_table(["run", "started (UTC)", "status", "proposer", "candidates"],
+                            [[str(r.id), time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.started)), r.status,
+                              r.proposer, str(r.candidates)] for r in report.runs]))
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -74,6 +74,7 @@ def test_numbers(tmp_path: Path) -> None:
     assert a.best_so_far == (0.5, 2.5, 2.5) and a.best_candidate is not None
     d = next(t for t in r.tasks if t.task == "d")
     assert d.best_so_far == (None, None)
+    assert [(run.status, run.candidates) for run in r.runs] == [("running", 12)]
 
 
 def test_run_filter_and_empty(tmp_path: Path) -> None:
