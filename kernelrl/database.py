@@ -10,8 +10,8 @@ prompt, raw answer, token counts), and later its result, its findings and its st
 Guarantees:
 - results are stored in full (`EvalResult.to_dict` JSON), with status, speedup and times also as
   columns for queries; `CandidateRecord.result` is the typed `EvalResult`;
-- `find_result` is the dedup lookup: a source already evaluated for a task, on the same device,
-  size and policy, has its stored result reused (`store_reused_result`) instead of a second
+- `find_result` is the dedup lookup: a source already evaluated for a task (with the same task
+  source), on the same device, size and policy, has its stored result reused (`store_reused_result`) instead of a second
   evaluation;
 - the schema carries a version; a file written by a newer schema is refused with a clear error.
 
@@ -101,7 +101,8 @@ CREATE TABLE IF NOT EXISTS results (
     policy TEXT NOT NULL,
     result TEXT NOT NULL,
     evaluated REAL NOT NULL,
-    reused_from INTEGER
+    reused_from INTEGER,
+    task_hash TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS results_task ON results (task, status, speedup);
 CREATE INDEX IF NOT EXISTS results_dedup ON results (task, hash, device, size, policy);
@@ -410,23 +411,30 @@ class Database:
             task, h, state = cand[0]
             if state == CandidateState.EVALUATED.value:
                 raise DatabaseError(f"candidate {candidate_id} already has a result")
+            # task_hash: the task's source when this was judged; a changed task file is a new task
+            # for dedup purposes
             c.execute("INSERT INTO results (candidate_id, task, hash, status, speedup, cand_ms, ref_ms, device, size, "
-                      "policy, result, evaluated, reused_from) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                      "policy, result, evaluated, reused_from, task_hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,"
+                      "COALESCE((SELECT source_hash FROM tasks WHERE name = ?), ''))",
                       (candidate_id, task, h, result.status.value, result.speedup,
                        result.cand_time.median_ms if result.cand_time else None,
                        result.ref_time.median_ms if result.ref_time else None,
                        result.device, result.size, result.policy, json.dumps(result.to_dict(), default=str),
-                       time.time(), reused_from))
+                       time.time(), reused_from, task))
             c.executemany("INSERT INTO findings (candidate_id, rule, severity, stage, message) VALUES (?,?,?,?,?)",
                           [(candidate_id, f.rule, f.severity.value, f.stage, f.message) for f in result.findings])
             c.execute("UPDATE candidates SET state = ? WHERE id = ?", (CandidateState.EVALUATED.value, candidate_id))
 
     def find_result(self, task: str, source_hash: str, *, device: str, size: str,
                     policy: str) -> tuple[int, EvalResult] | None:
-        """The stored evaluation of this source for this task and settings: (candidate id, result)."""
+        """The stored evaluation of this source for this task and settings: (candidate id, result).
+
+        Only results judged against the task's current source count (see `upsert_task`).
+        """
         rows = self._query("SELECT candidate_id, result FROM results WHERE task = ? AND hash = ? AND device = ? "
-                           "AND size = ? AND policy = ? AND reused_from IS NULL ORDER BY candidate_id LIMIT 1",
-                           (task, source_hash, device, size, policy))
+                           "AND size = ? AND policy = ? AND reused_from IS NULL "
+                           "AND task_hash = COALESCE((SELECT source_hash FROM tasks WHERE name = ?), '') "
+                           "ORDER BY candidate_id LIMIT 1", (task, source_hash, device, size, policy, task))
         if not rows:
             return None
         return int(rows[0][0]), EvalResult.from_dict(json.loads(rows[0][1]))

@@ -106,6 +106,9 @@ def test_dedup_lookup_matches_task_and_settings(tmp_path: Path) -> None:
         db.store_reused_result(again.id, hit[0], hit[1])
         assert db.get_candidate(again.id).result.speedup == 2.0
         assert db.find_result("t", "h-x", device="cpu", size="small", policy="open")[0] == first
+        # the task's file changed: earlier verdicts were about another program
+        db.upsert_task(name="t", source="new", source_hash="new", level=None, size="small")
+        assert db.find_result("t", "h-x", device="cpu", size="small", policy="open") is None
 
 
 def test_top_candidates_distinct_and_ordered(tmp_path: Path) -> None:
