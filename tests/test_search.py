@@ -264,6 +264,7 @@ _RUNNER = textwrap.dedent("""
     import test_search as T
 
     db, markers, resume, budget = sys.argv[2], sys.argv[3], sys.argv[4] == "1", int(sys.argv[5])
+    delay = float(sys.argv[6]) if len(sys.argv) > 6 else 0.25
 
     def mark(kind, text):
         with open(os.path.join(markers, kind), "a") as f:
@@ -278,7 +279,7 @@ _RUNNER = textwrap.dedent("""
 
     def evaluate(task, cand):
         mark("evaluate", f"{task.name} {cand.hash}")
-        time.sleep(0.25)
+        time.sleep(delay)
         return T.scripted_result(task, cand)
 
     cfg = SearchConfig(tasks=("a", "b"), db_path=db, budget=budget, chains=2, resume=resume, eval_concurrency=1,
@@ -455,3 +456,28 @@ def test_scripted_openai_endpoint_three_tasks_two_chains_four_steps(tmp_path: Pa
                 # earlier code is in the prompt, with its measured speedup
                 assert best.source.strip().splitlines()[0] in c.prompt
                 assert f"speedup {best.speedup:.2f}x" in c.prompt
+
+
+def test_second_ctrl_c_leaves_at_once_and_resume_finishes(tmp_path: Path) -> None:
+    db_path = tmp_path / "k.db"
+    (tmp_path / "m").mkdir()
+    script = tmp_path / "runner.py"
+    script.write_text(_RUNNER)
+    args = [sys.executable, str(script), str(Path(__file__)), str(db_path), str(tmp_path / "m")]
+    proc = subprocess.Popen(args + ["0", "4", "30"])  # evaluations of 30 s each
+    deadline = time.time() + 60
+    while time.time() < deadline and not (tmp_path / "m" / "evaluate").exists():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    start = time.time()
+    assert proc.wait(timeout=20) == 0 and time.time() - start < 10
+    with Database(db_path) as db:
+        assert db.latest_run().status is RunStatus.INTERRUPTED
+        pending = db.pending_candidates()
+    assert pending  # answers kept, evaluation left for the resume
+    subprocess.run(args + ["1", "4", "0"], check=True, timeout=120)
+    with Database(db_path) as db:
+        assert all(c.state is CandidateState.EVALUATED for c in db.candidates())
+        assert {c.id for c in pending} <= {c.id for c in db.candidates()}
