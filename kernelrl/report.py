@@ -111,7 +111,12 @@ def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
                                proposer=str(r.config.get("proposer", "")),
                                candidates=db.count_candidates(run_id=r.id))
                      for r in db.runs() if run_id is None or r.id == run_id)
-    names = sorted({c.task for c in cands} | (set() if run_id is not None else set(known)))
+        run = db.get_run(run_id) if run_id is not None else None
+    if run_id is not None and run is None:
+        raise ValueError(f"no run {run_id} in {db_path}")
+    # a run's tasks include those that got no candidate at all (they count against fast_p)
+    in_scope = set(run.config.get("task_names", [])) if run is not None else set(known)
+    names = sorted({c.task for c in cands} | in_scope)
     by_task: dict[str, list[CandidateRecord]] = {n: [] for n in names}
     for c in cands:
         by_task[c.task].append(c)

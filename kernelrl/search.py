@@ -238,11 +238,13 @@ class _Search:
         latest = self.db.latest_run() if cfg.resume else None
         for t in self.tasks.values():
             self.db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level, size=cfg.size)
+        # the task names are stored with the run so a report counts a task that got no candidate
+        stored = {**cfg.to_json(), "task_names": list(self.task_order)}
         if latest is not None:
             self.run_id, self.resumed = latest.id, True
-            self.db.reopen_run(latest.id, cfg.to_json())
+            self.db.reopen_run(latest.id, stored)
         else:
-            self.run_id = self.db.start_run(cfg.to_json())
+            self.run_id = self.db.start_run(stored)
         self.prompt_tokens, self.completion_tokens = self.db.token_totals(self.run_id)
         for name in self.task_order:
             ts = _TaskState(task=self.tasks[name], chains=[_Chain(task=name, index=i) for i in range(cfg.chains)])

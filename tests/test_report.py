@@ -81,12 +81,14 @@ def test_run_filter_and_empty(tmp_path: Path) -> None:
     path = tmp_path / "k.db"
     _fill(path)
     with Database(path) as db:
-        run2 = db.start_run({})
+        run2 = db.start_run({"task_names": ["a", "b"]})  # b got no candidate in this run
         rec = db.add_candidate(NewCandidate(task="a", hash="z", source="z", run_id=run2))
         db.store_result(rec.id, EvalResult(task="a", status=Status.CORRECT, speedup=9.0))
     assert build_report(path).tasks[0].speedup_vs_eager == 9.0
     only2 = build_report(path, run_id=run2)
-    assert [t.task for t in only2.tasks] == ["a"] and only2.fast(2.0) == 1.0
+    assert [t.task for t in only2.tasks] == ["a", "b"] and only2.fast(2.0) == 0.5
+    with pytest.raises(ValueError, match="no run 99"):
+        build_report(path, run_id=99)
     empty = tmp_path / "empty.db"
     Database(empty).close()
     e = build_report(empty)
