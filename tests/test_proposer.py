@@ -571,3 +571,95 @@ def test_heuristic_skips_rewrites_already_shown_in_the_prompt():
     prompt = f"### Version A: correct, speedup 1.10x\n\n```python\n{shown}```\n"
     p = HeuristicProposer().propose(request(task, prompt=prompt))
     assert p.meta["rewrite"] != "inference_mode"
+
+
+# ---------------------------------------------------------------------------------------------
+# The search loop against the scripted server
+
+
+def test_search_against_scripted_server_stores_every_answer(openai_server, tmp_path):
+    """3 tasks x 2 chains x 4 steps through the real prompt builder and the openai proposer."""
+    import io
+
+    from rich.console import Console
+
+    from kernelrl.database import Database
+    from kernelrl.result import EvalResult, Status
+    from kernelrl.search import SearchConfig, run_search
+    from kernelrl.task import load_task
+
+    tasks = [load_task(n) for n in ("level1/softmax", "level1/rmsnorm", "level1/scaled_residual_add")]
+    openai_server.add(Reply.error(429, retry_after_s=0), Reply.error(500))  # first calls retried
+    answers: list[str] = []
+    respond = openai_server.responder
+
+    def recording_responder(body):
+        reply = respond(body)
+        answers.append(reply.content)
+        return reply
+
+    openai_server.responder = recording_responder
+
+    modules = {t.name: t.instantiate("small") for t in tasks}
+
+    def evaluate(task, cand):
+        # Run the program once against the reference (it must really be correct), then give a
+        # fixed, source-dependent speedup so the chains have something to compare.
+        tm = modules[task.name]
+        mod = _load(cand.source)
+        torch.manual_seed(0)
+        ref = tm.Model(*tm.get_init_inputs())
+        torch.manual_seed(0)
+        new = mod.ModelNew(*tm.get_init_inputs())
+        x = tm.get_inputs()
+        torch.testing.assert_close(new(*x), ref(*x))
+        speed = 0.5 + int(cand.hash[:4], 16) % 300 / 100
+        return EvalResult(task=task.name, status=Status.CORRECT, speedup=speed, candidate_hash=cand.hash)
+
+    proposer = openai_proposer(openai_server, concurrency=2)
+    cfg = SearchConfig(tasks=tuple(t.name for t in tasks), db_path=tmp_path / "k.db", proposer=proposer.spec,
+                       budget=8, chains=2, model_concurrency=2)
+    summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=tasks, proposer=proposer, evaluate=evaluate)
+    assert summary.errors == ()
+    assert [t.candidates for t in summary.tasks] == [8, 8, 8]
+    assert len(openai_server.requests) == 24 + 2
+    with Database(cfg.db_path) as db:
+        cands = db.candidates()
+        tokens = db.token_totals()
+    assert len(cands) == 24 and all(c.result is not None and c.result.status is Status.CORRECT for c in cands)
+    assert sorted(c.answer for c in cands) == sorted(answers)  # every answer stored, as sent
+    assert {c.prompt for c in cands} == set(openai_server.prompts())  # and the prompt it answered
+    assert tokens == (proposer.usage.prompt_tokens, proposer.usage.completion_tokens)
+    for c in cands:
+        if c.step == 0:
+            continue
+        parent = next(p for p in cands if p.id == c.parents[0])
+        # every later prompt holds earlier code with its measured speedup, the chain's best marked
+        assert f"speedup {parent.speedup:.2f}x" in c.prompt and "current best of this chain" in c.prompt
+
+
+@pytest.mark.slow
+def test_search_against_scripted_server_with_the_real_evaluator(openai_server, tmp_path):
+    """The same 3 x 2 x 4 run, every answer judged by the evaluator (minutes on two cores)."""
+    import io
+
+    from rich.console import Console
+
+    from kernelrl.database import Database
+    from kernelrl.result import Status
+    from kernelrl.search import SearchConfig, run_search
+
+    names = ("level1/softmax", "level1/rmsnorm", "level1/scaled_residual_add")
+    proposer = openai_proposer(openai_server, concurrency=2)
+    cfg = SearchConfig(tasks=names, db_path=tmp_path / "k.db", proposer=proposer.spec, budget=8, chains=2,
+                       baselines=False)
+    summary = run_search(cfg, console=Console(file=io.StringIO()), proposer=proposer)
+    assert summary.errors == () and [t.candidates for t in summary.tasks] == [8, 8, 8]
+    with Database(cfg.db_path) as db:
+        cands = db.candidates()
+    assert len(cands) == 24 and all(c.result is not None for c in cands)
+    assert all(c.result.status is Status.CORRECT for c in cands), [c.result.message for c in cands]
+    for c in cands:
+        if c.step > 0:
+            parent = next(p for p in cands if p.id == c.parents[0])
+            assert f"speedup {parent.speedup:.2f}x" in c.prompt
