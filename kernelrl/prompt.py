@@ -58,6 +58,9 @@ class ContrastSource(Protocol):
 
     def recent_refused(self, task_name: str, n: int) -> Sequence[Record]: ...
 
+    # Optional: `get_baseline(task, device, size)` -> a record with `eager_ms` and `compile_ms`
+    # (None when not measured); when the database has it, the prompt shows both times.
+
 
 # ---------------------------------------------------------------------------------------------
 # Device peak figures
@@ -381,6 +384,19 @@ def describe_shapes_of(values: Sequence[Any]) -> list[str]:
     return out
 
 
+def _baselines(db: Any, task: Task, device: str, size: str) -> str:
+    get = getattr(db, "get_baseline", None)
+    record = get(task.name, device, size) if callable(get) else None
+    if record is None:
+        return "Baseline times: not measured yet."
+    text = f"Baseline times here: reference (eager) {record.eager_ms:.3g} ms"
+    compile_ms = getattr(record, "compile_ms", None)
+    if compile_ms:
+        text += (f", torch.compile of the reference {compile_ms:.3g} ms "
+                 f"({record.eager_ms / compile_ms:.2f}x over eager)")
+    return text + "."
+
+
 def _policy_name(policy: Any) -> str:
     name = policy if isinstance(policy, str) else getattr(policy, "name", None)
     if not isinstance(name, str) or not name:
@@ -444,6 +460,7 @@ def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | 
         input_shapes=shapes,
         init_args=init_args,
         device_table=peaks.table(),
+        baselines=_baselines(db, task, peaks.kind if isinstance(device, DevicePeaks) else device, size),
         versions=versions_text,
         refused=_refused_section(t, refused),
         policy_name=policy_name,

@@ -266,6 +266,10 @@ def test_prompt_from_the_code_database(tmp_path):
         stored[rec.source] = cand
     best_record = db.get_candidate(stored[BEST.source].id)
     text = build_prompt(TASK, db=db, chain_best=best_record, policy="open", device=CPU, rng=random.Random(1), k=3)
+    assert "Baseline times: not measured yet." in text
+    db.put_baseline(task=TASK.name, device="cpu", size="small", eager_ms=4.0, compile_ms=2.5)
+    text = build_prompt(TASK, db=db, chain_best=best_record, policy="open", device=CPU, rng=random.Random(1), k=3)
+    assert "reference (eager) 4 ms, torch.compile of the reference 2.5 ms (1.60x over eager)" in text
     db.close()
     assert "speedup 3.10x" in text and "speedup 0.80x" in text
     assert text.count("# version best") == 1

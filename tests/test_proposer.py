@@ -13,6 +13,7 @@ import torch
 
 from kernelrl.proposer import (
     Exhausted,
+    HeuristicConfig,
     HeuristicProposer,
     OpenAIProposer,
     Proposal,
@@ -479,8 +480,7 @@ def test_heuristic_gpu_portfolio_renders_cuda_graph_program():
 def test_heuristic_gpu_programs_run_on_cuda():
     task = make_task("toy/conv", CONV)
     tm = task.instantiate("full")
-    proposer = HeuristicProposer(__import__("kernelrl.proposer", fromlist=["HeuristicConfig"]).HeuristicConfig(
-        device="cuda"))
+    proposer = HeuristicProposer(HeuristicConfig(device="cuda"))
     for rewrite in proposer.portfolio(task):
         if rewrite.compile_mode in ("max-autotune", "max-autotune-no-cudagraphs"):
             continue  # minutes of autotuning; the mode itself is torch's
