@@ -25,6 +25,10 @@ Guarantees:
 - Ctrl-C stops new work and lets what is under way finish and be stored; a second Ctrl-C leaves
   at once (unfinished evaluations stay `proposed` and a resume evaluates them).
 
+Baselines (eager and torch.compile times) are measured once per task, device and size, on the
+evaluation threads, and stored; a task's first model call waits for its baseline so the prompt
+can state them (a failed measurement is reported and the task goes on without).
+
 Does not guarantee: that an evaluation running when the process was SIGKILLed is not run again on
 resume (its result never reached the database); fairness between tasks beyond round-robin order.
 """
@@ -188,6 +192,8 @@ class _TaskState:
     failures: int = 0  # consecutive proposer failures
     gave_up: str | None = None
     progress_id: Any = None
+    # a task's first prompts wait for its baseline, so they can state eager and compile times
+    baseline_pending: bool = False
 
 
 def _better(a: CandidateRecord | None, b: CandidateRecord | None) -> bool:
@@ -314,7 +320,7 @@ class _Search:
             progressed = False
             for name in self.task_order:
                 ts = self.state[name]
-                if ts.gave_up or ts.proposed + ts.in_flight >= self.config.budget:
+                if ts.gave_up or ts.baseline_pending or ts.proposed + ts.in_flight >= self.config.budget:
                     continue
                 chain = next((c for c in ts.chains if c.active and not c.busy and c.step < self._quota(c.index)),
                              None)
@@ -348,6 +354,7 @@ class _Search:
         for name in self.task_order:
             if self.db.get_baseline(name, self.config.device, self.config.size) is None:
                 task = self.tasks[name]
+                self.state[name].baseline_pending = True
                 self.baselines_in_flight += 1
                 self._spawn("baseline", self.eval_slots, lambda t=task: self.measure_baseline(t), name)
 
@@ -433,6 +440,7 @@ class _Search:
 
     def on_baseline(self, name: str, out: Any) -> None:
         self.baselines_in_flight -= 1
+        self.state[name].baseline_pending = False
         if isinstance(out, BaseException):
             msg = f"{name}: baseline measurement failed: {type(out).__name__}: {out}"
             self.errors.append(msg)

@@ -243,12 +243,18 @@ def test_baselines_measured_once(tmp_path: Path) -> None:
 
     def baseline(task):
         calls.append(task.name)
+        time.sleep(0.2)
         return B(eager_ms=2.0, compile_ms=1.0)
+
+    def prompt(task, *, db, **kw):
+        # the first prompt of a task is built after its baseline is stored
+        assert db.get_baseline(task.name, "cpu", "small") is not None
+        return fake_prompt(task, db=db, **kw)
 
     cfg = SearchConfig(tasks=("a", "b"), db_path=tmp_path / "k.db", budget=1, chains=1)
     for _ in range(2):
         run_search(cfg, console=Console(file=io.StringIO()), tasks=_tasks("a", "b"), proposer=ScriptedProposer(),
-                   evaluate=ScriptedEvaluator(), build_prompt=fake_prompt, measure_baseline=baseline)
+                   evaluate=ScriptedEvaluator(), build_prompt=prompt, measure_baseline=baseline)
     assert sorted(calls) == ["a", "b"]
     with Database(cfg.db_path) as db:
         assert [(b.task, b.eager_ms, b.compile_ms) for b in db.baselines()] == [("a", 2.0, 1.0), ("b", 2.0, 1.0)]
@@ -481,3 +487,15 @@ def test_second_ctrl_c_leaves_at_once_and_resume_finishes(tmp_path: Path) -> Non
     with Database(db_path) as db:
         assert all(c.state is CandidateState.EVALUATED for c in db.candidates())
         assert {c.id for c in pending} <= {c.id for c in db.candidates()}
+
+
+def test_failed_baseline_is_reported_and_the_task_goes_on(tmp_path: Path) -> None:
+    def baseline(task):
+        raise RuntimeError("reference does not run")
+
+    cfg = SearchConfig(tasks=("a",), db_path=tmp_path / "k.db", budget=2, chains=1)
+    summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=_tasks("a"), proposer=ScriptedProposer(),
+                         evaluate=ScriptedEvaluator(), build_prompt=fake_prompt, measure_baseline=baseline)
+    assert summary.tasks[0].candidates == 2 and "reference does not run" in summary.errors[0]
+    with Database(cfg.db_path) as db:
+        assert db.baselines() == []
