@@ -42,6 +42,7 @@ MANIFEST: tuple[tuple[str, str, str, str], ...] = (
     ("operators/shift_group_quant", "shift_group_quant/cpp_fused.py", "correct", "cpu"),
     ("operators/heat3d_stencil", "heat3d_stencil/cpp_fused.py", "correct", "cpu"),
     ("operators/heat3d_stencil", "heat3d_stencil/build_error.py", "compile_error", "cpu"),
+    ("operators/heat3d_stencil", "heat3d_stencil/cuda_stencil.py", "correct", "cuda"),
     ("operators/l1_norm_layer", "l1_norm_layer/torch_rewrite.py", "correct", "cpu"),
 )
 

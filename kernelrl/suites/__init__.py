@@ -41,6 +41,11 @@ SMALL_SUITE: tuple[str, ...] = (
 # slow on a CPU.
 SMALL_PRESETS: dict[str, dict[str, int]] = {
     "level1/sum_dim": {"batch_size": 16, "reduce_len": 256, "inner": 256},
+    # blocks keep a realistic head_dim (64) and ffn = 4 * hidden instead of halving them away
+    "level3/attention_block": {"batch_size": 2, "seq_len": 256, "hidden": 256, "num_heads": 4},
+    "level3/mlp_block": {"batch_size": 2, "seq_len": 128, "hidden": 256, "ffn": 1024},
+    "level3/transformer_encoder_layer": {"batch_size": 2, "seq_len": 128, "hidden": 256, "num_heads": 4,
+                                         "ffn": 1024},
     "operators/kv_vq_anchor_attention": {"batch_size": 2, "num_heads": 8, "cache_len": 1024, "head_dim": 64,
                                          "codebook_size": 256},
     "operators/block_sparse_decode": {"batch_size": 2, "num_heads": 8, "cache_len": 2048, "head_dim": 64,
