@@ -745,12 +745,18 @@ def _file_access(src: SourceInfo) -> Iterator[Hit]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             if node.func.attr in _PATH_IO_METHODS or node.func.attr == "tofile":
                 yield Hit(_line(node), f".{node.func.attr}() reads or writes a file")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+        elif _is_code_string(src, node) \
                 and re.search(r"/proc/|/dev/(shm|fd|mem)|/sys/", node.value) and "environ" not in node.value:
             yield Hit(_line(node), f"names the system path {node.value[:40]!r}")
         for name in _imported_modules(node):
             if _under(name, _FILE_MODULES):
                 yield Hit(_line(node), f"imports {name}, a file-system module")
+
+
+def _is_code_string(src: SourceInfo, node: ast.AST) -> bool:
+    """A string constant the program uses (not a docstring or a bare string statement)."""
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) \
+        and not isinstance(src.parents.get(node), ast.Expr)
 
 
 def _env_writes(src: SourceInfo) -> Iterator[tuple[ast.AST, str | None, ast.AST]]:
@@ -795,9 +801,8 @@ def _environment_access(src: SourceInfo) -> Iterator[Hit]:
                 continue  # writes: environment_write or a settings rule
             yield Hit(_line(node), f"reads the environment ({q})")
     for node in ast.walk(src.tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "environ" in node.value \
-                and "/" in node.value:
-            yield Hit(_line(node), f"names {node.value[:40]!r}, another process's environment")
+        if _is_code_string(src, node) and (node.value in ("environ", "environb") or "/environ" in node.value):
+            yield Hit(_line(node), f"names {node.value[:40]!r}, a process environment")
 
 
 @register(R.ENVIRONMENT_WRITE)

@@ -39,5 +39,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             tr.write_line(f"{suite}: {ok}/{len(runs)} got their expected verdict; "
                           f"{refused} refused ({summary})")
         for name, (status, rules, good) in sorted(runs.items()):
-            if not good:
-                tr.write_line(f"  unexpected: {name}: {status} {', '.join(rules)}")
+            tr.write_line(f"  {'ok ' if good else 'BAD'} {name}: {status} {', '.join(rules)}")
