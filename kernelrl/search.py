@@ -617,8 +617,11 @@ def render_summary(summary: SearchSummary, console: Console) -> None:
 
     table = Table(title=f"run {summary.run_id}{' (resumed)' if summary.resumed else ''}: "
                         f"stopped by {summary.stop_reason.value}")
-    for col in ("task", "candidates", "evaluated", "correct", "best speedup", "note"):
-        table.add_column(col, justify="right" if col not in ("task", "note") else "left")
+    width = min(30, max((len(t.task) for t in summary.tasks), default=4))
+    table.add_column("task", min_width=width, overflow="fold")
+    for col in ("candidates", "evaluated", "correct", "best speedup"):
+        table.add_column(col, justify="right")
+    table.add_column("note")
     for t in summary.tasks:
         best = f"{t.best_speedup:.2f}x (#{t.best_candidate})" if t.best_speedup is not None else "-"
         table.add_row(t.task, str(t.candidates), str(t.evaluated), str(t.correct), best, t.gave_up or "")
