@@ -30,6 +30,7 @@ import hashlib
 import os
 import platform
 import random
+import re
 import secrets
 import shutil
 import statistics
@@ -248,8 +249,11 @@ class _Judge:
             bdir = build_dir(cfg, source)
             cached = _has_build(bdir)
             common["build_cached"] = cached
-            env_extra = {"TORCH_EXTENSIONS_DIR": str(bdir), "TRITON_CACHE_DIR": str(bdir / "triton")}
-            ref = Worker(role="reference", config=cfg.sandbox, device=cfg.device)
+            # torch.compile's caches persist across evaluations (its first compile of a graph
+            # costs seconds to minutes on a CPU); worker temp folders do not.
+            inductor = {"TORCHINDUCTOR_CACHE_DIR": str(cfg.cache_dir / "inductor")}
+            env_extra = {"TORCH_EXTENSIONS_DIR": str(bdir), "TRITON_CACHE_DIR": str(bdir / "triton"), **inductor}
+            ref = Worker(role="reference", config=cfg.sandbox, device=cfg.device, env_extra=inductor)
             cand = Worker(role="candidate", config=cfg.sandbox, device=cfg.device, env_extra=env_extra)
             evict = _evict_bytes(cfg.device)
             base = {"device": cfg.device, "threads": cfg.sandbox.effective_threads, "init_seed": init_seed,
@@ -271,7 +275,7 @@ class _Judge:
                 phase = cand_msg.header.get("phase")
                 status = Status.COMPILE_ERROR if phase == "compile" else Status.RUNTIME_ERROR
                 what = "does not build" if phase == "compile" else "failed to initialise"
-                raise _Verdict(status, f"candidate {what}: {_first_line(cand_msg.header.get('message', ''))}",
+                raise _Verdict(status, f"candidate {what}: {_error_line(cand_msg.header.get('message', ''))}",
                                [cand_msg.header.get("message", ""), cand_msg.header.get("traceback", ""),
                                 cand.log_tail()])
             common["build_time_s"] = float(cand_msg.header["build_s"])
@@ -436,7 +440,11 @@ class _Judge:
             self.findings.append(Finding(rule="side_work_after_return", message=(
                 f"the candidate used {o.cand_idle_cpu_ms:.1f} ms of CPU while idle between timed calls "
                 f"(timed calls took {cand_busy_ms:.1f} ms in all): work continues after a call returns")))
-        if o.cand_threads_warm is not None and o.cand_threads_max is not None and o.cand_threads_max > o.cand_threads_warm:
+        # Threads the harness itself starts show up in the reference too; only a rise beyond the
+        # reference's counts.
+        ref_rise = (o.ref_threads_max or 0) - (o.ref_threads_warm or 0)
+        if (o.cand_threads_warm is not None and o.cand_threads_max is not None
+                and o.cand_threads_max - o.cand_threads_warm > max(ref_rise, 0)):
             self.findings.append(Finding(rule="thread_count_changed", message=(
                 f"the candidate's thread count rose from {o.cand_threads_warm} to {o.cand_threads_max} "
                 "during timed calls")))
@@ -473,6 +481,14 @@ class _Judge:
 
 def _drop_private(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if not k.startswith("_")}
+
+
+def _error_line(text: str) -> str:
+    """The first compiler or Python error line of a message (compiler commands come first)."""
+    for line in text.splitlines():
+        if re.search(r"\berror\b[:\s]", line, re.IGNORECASE) and not line.lstrip().startswith(("[", "c++ ", "nvcc ")):
+            return line.strip()[:300]
+    return _first_line(text)
 
 
 def _first_line(text: str) -> str:

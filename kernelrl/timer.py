@@ -109,6 +109,7 @@ class TimingOutcome:
     cand_idle_wall_ms: float
     cand_threads_warm: int | None
     cand_threads_max: int | None
+    ref_threads_warm: int | None
     ref_threads_max: int | None
     cand_non_plain_calls: int
     spot_checks: int
@@ -135,6 +136,7 @@ def run_timing(ref: Worker, cand: Worker, config: TimingConfig, *, rng: random.R
     for side in sides.values():
         side.request("warmup", {"calls": config.warmup_calls, "max_s": config.warmup_max_s}, deadline=deadline)
     warm_threads = cand.thread_count()
+    ref_warm_threads = ref.thread_count()
 
     stop_at = min(deadline, time.monotonic() + config.max_timing_s)
     ratios: list[float] = []
@@ -203,7 +205,7 @@ def run_timing(ref: Worker, cand: Worker, config: TimingConfig, *, rng: random.R
         ref_idle_cpu_ms=ref_s.idle_cpu_ns / 1e6, cand_idle_cpu_ms=cand_s.idle_cpu_ns / 1e6,
         cand_idle_wall_ms=cand_s.idle_wall_ns / 1e6,
         cand_threads_warm=warm_threads, cand_threads_max=max(cand_s.threads_after + cand_s.threads_before, default=None),
-        ref_threads_max=max(ref_s.threads_after + ref_s.threads_before, default=None),
+        ref_threads_warm=ref_warm_threads, ref_threads_max=max(ref_s.threads_after + ref_s.threads_before, default=None),
         cand_non_plain_calls=cand_s.non_plain_calls, spot_checks=spot_checks,
         spot_mismatches=spot_mismatches, input_mismatches=input_mismatches,
         wall_s=time.monotonic() - t_start,

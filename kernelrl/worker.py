@@ -106,36 +106,54 @@ def _clone(x: Any) -> Any:
 
 
 class _Build:
-    """Torch's inline loader, with a precompiled torch header for CPU builds."""
+    """Torch's inline loader, with a precompiled torch header for CPU builds.
+
+    Torch keeps one precompiled `torch/extension.h` per install, valid for one set of compiler
+    flags; rebuilding it for every new flag set would cost more than it saves. So the header is
+    built for the first flag set seen under this cache root, and used only by builds with those
+    same flags; other builds compile plainly.
+    """
 
     def __init__(self, cache_root: str | None):
-        self.cache_root = cache_root
+        self.cache_root = cache_root or os.environ.get("TMPDIR", "/tmp")
 
     def install(self) -> None:
         from torch.utils import cpp_extension
 
         original = cpp_extension.load_inline
         prepare = getattr(cpp_extension, "_check_and_build_extension_h_precompiler_headers", None)
-        cache_root = self.cache_root
+        build = self
 
         def load_inline(*args: Any, **kwargs: Any) -> Any:
             cpu_only = not kwargs.get("cuda_sources") and (len(args) < 3 or not args[2])
             if cpu_only and prepare is not None and "use_pch" not in kwargs:
-                try:
-                    # torch keeps one precompiled header per flag set in its include folder;
-                    # building it under a lock keeps parallel builds from reading half a file.
-                    lock_dir = cache_root or os.environ.get("TMPDIR", "/tmp")
-                    os.makedirs(lock_dir, exist_ok=True)
-                    with open(os.path.join(lock_dir, "pch.lock"), "w") as lock:
-                        fcntl.flock(lock, fcntl.LOCK_EX)
-                        prepare(kwargs.get("extra_cflags"), kwargs.get("extra_include_paths"))
-                    kwargs["use_pch"] = True
-                except Exception:  # noqa: BLE001 - no PCH (read-only torch, other compiler): build plainly
-                    kwargs["use_pch"] = False
+                kwargs["use_pch"] = build.prepare_pch(prepare, kwargs.get("extra_cflags"),
+                                                      kwargs.get("extra_include_paths"))
             return original(*args, **kwargs)
 
         load_inline.__wrapped__ = original  # type: ignore[attr-defined]
         cpp_extension.load_inline = load_inline
+
+    def prepare_pch(self, prepare: Any, cflags: Any, include_paths: Any) -> bool:
+        import json
+
+        flags = json.dumps([list(cflags or []), list(include_paths or [])])
+        try:
+            os.makedirs(self.cache_root, exist_ok=True)
+            record = os.path.join(self.cache_root, "pch-flags.json")
+            # Under a lock: parallel builds must never read a half-written header.
+            with open(os.path.join(self.cache_root, "pch.lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                owner = open(record).read() if os.path.exists(record) else None
+                if owner is not None and owner != flags:
+                    return False
+                prepare(cflags, include_paths)  # a no-op when torch's header matches these flags
+                if owner is None:
+                    with open(record, "w") as f:
+                        f.write(flags)
+            return True
+        except Exception:  # noqa: BLE001 - no PCH (read-only torch, another compiler): build plainly
+            return False
 
 
 class WorkerState:
@@ -184,7 +202,10 @@ class WorkerState:
         self.model = model
         evict = int(h.get("evict_bytes") or 0)
         if evict:
-            self.evict_buf = torch.empty(evict // 4, dtype=torch.float32, device=self.device)
+            self.evict_buf = torch.zeros(evict // 4, dtype=torch.float32, device=self.device)
+            # The first parallel op starts the OpenMP pool: do it now, so threads that appear
+            # during timed calls are the program's own.
+            self.evict_buf.add_(1.0)
         reply = {"build_s": build_s, "state_before": self.state_before, "state_after": global_state(),
                  "pid": os.getpid()}
         return "loaded", reply, None
@@ -208,7 +229,8 @@ class WorkerState:
         mod = importlib.util.module_from_spec(spec)
         sys.modules["kernelrl_candidate"] = mod
         try:
-            spec.loader.exec_module(mod)
+            with _exclusive_build_dir():
+                spec.loader.exec_module(mod)
         except SyntaxError as e:
             raise _LoadError(f"SyntaxError: {e}", traceback.format_exc(limit=2)) from e
         except BaseException as e:  # noqa: BLE001 - SystemExit at import is a failed load too
@@ -314,6 +336,34 @@ class WorkerState:
     def _sync(self) -> None:
         if self.device == "cuda":
             _cuda_sync()  # cudaDeviceSynchronize: every stream of the device
+
+
+class _exclusive_build_dir:
+    """Hold an exclusive lock on this program's build folder while it loads.
+
+    Torch's loader guards a build with a `lock` file that stays behind when a build is killed
+    (a timeout), making every later build of the same source wait forever. The kernel drops
+    our lock when its holder dies, so while we hold it any torch `lock` file is stale.
+    """
+
+    def __enter__(self) -> None:
+        root = os.environ.get("TORCH_EXTENSIONS_DIR")
+        self.f = None
+        if not root:
+            return
+        os.makedirs(root, exist_ok=True)
+        self.f = open(root.rstrip("/") + ".lock", "w")  # noqa: SIM115
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        for stale in Path(root).glob("*/lock"):
+            try:
+                stale.unlink()
+            except OSError:
+                pass
+
+    def __exit__(self, *exc: object) -> None:
+        if self.f is not None:
+            fcntl.flock(self.f, fcntl.LOCK_UN)
+            self.f.close()
 
 
 class _LoadError(Exception):

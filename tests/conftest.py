@@ -1,0 +1,78 @@
+"""Shared fixtures: quick evaluator settings, a private build cache, tiny task files, CUDA skip."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+TINY_TASK = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """y = relu(x) * 2 + bias: elementwise, depends on every input value."""
+
+    def __init__(self, features):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        return torch.relu(x) * 2.0 + self.bias
+
+
+batch_size = 64
+features = 256
+
+
+def get_inputs():
+    return [torch.randn(batch_size, features)]
+
+
+def get_init_inputs():
+    return [features]
+'''
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build cache for the session (C++ builds are slow; tests share them)."""
+    env = os.environ.get("KERNELRL_TEST_CACHE")
+    return Path(env) if env else tmp_path_factory.mktemp("kernelrl-cache")
+
+
+@pytest.fixture
+def quick_config(cache_dir: Path):
+    """Evaluator settings that judge a tiny task in a few seconds."""
+    from kernelrl.evaluator import EvalConfig
+    from kernelrl.timer import TimingConfig
+
+    return EvalConfig(cache_dir=cache_dir, timeout_s=120,
+                      timing=TimingConfig(min_rounds=5, max_rounds=40, max_timing_s=2.0, warmup_calls=2,
+                                          min_spot_checks=2))
+
+
+@pytest.fixture
+def tiny_task(tmp_path: Path):
+    from kernelrl.task import load_task_file
+
+    path = tmp_path / "tiny_relu_bias.py"
+    path.write_text(TINY_TASK)
+    return load_task_file(path)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
