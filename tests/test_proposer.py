@@ -494,6 +494,49 @@ def test_heuristic_gpu_programs_run_on_cuda():
             torch.testing.assert_close(new(*x), ref(*x), rtol=1e-3, atol=1e-3, msg=rewrite.name)
 
 
+def _builtin_variants(names: tuple[str, ...] | None, compiled: bool):
+    from kernelrl import suites
+
+    for task in suites.load_suite("builtin"):
+        if names is not None and task.name not in names:
+            continue
+        for rewrite in HeuristicProposer().portfolio(task):
+            if rewrite.compiles == compiled and rewrite.compile_mode != "max-autotune-no-cudagraphs":
+                yield task, rewrite
+
+
+def _check_at_small_size(task: Task, source: str) -> None:
+    tm = task.instantiate("small")
+    mod = _load(source)
+    torch.manual_seed(0)
+    ref = tm.Model(*tm.get_init_inputs())
+    torch.manual_seed(0)
+    new = mod.ModelNew(*tm.get_init_inputs())
+    torch.manual_seed(1)
+    x = tm.get_inputs()
+    torch.testing.assert_close(new(*x), ref(*x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("names", [("level1/softmax", "level2/conv2d_batchnorm_relu", "level3/attention_block")])
+def test_heuristic_builtin_tasks_without_compile(names):
+    checked = [(t.name, r.name) for t, r in _builtin_variants(names, compiled=False)]
+    assert len({n for n, _ in checked}) == 3
+    for task, rewrite in _builtin_variants(names, compiled=False):
+        _check_at_small_size(task, render_rewrite(task, rewrite))
+
+
+@pytest.mark.slow
+def test_heuristic_every_builtin_task_without_compile():
+    for task, rewrite in _builtin_variants(None, compiled=False):
+        _check_at_small_size(task, render_rewrite(task, rewrite))
+
+
+@pytest.mark.slow
+def test_heuristic_compiled_variants_on_builtin_tasks():
+    for task, rewrite in _builtin_variants(("level1/softmax", "level2/conv2d_batchnorm_relu"), compiled=True):
+        _check_at_small_size(task, render_rewrite(task, rewrite))
+
+
 @pytest.mark.slow
 def test_heuristic_every_cpu_variant_runs_and_matches_reference():
     # torch.compile's first call takes ~15-30 s per variant on two cores
