@@ -150,3 +150,25 @@ def test_print_and_run_audit_show_counts_and_flagged_entries(tmp_path):
     assert saved["rule_counts"]["module_patching"] == {"reject": 1, "warn": 0}
     assert run_audit(tmp_path / "missing", console=Console(file=io.StringIO())) == 2
     assert run_audit(path, policy="lenient", console=Console(file=io.StringIO())) == 2
+
+
+MUTATOR = """
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x.mul_(torch.sigmoid(x))
+"""
+
+
+@pytest.mark.slow
+def test_dynamic_audit_reports_what_only_running_shows(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"level1": [{"task_id": 1, "ref_code": REF, "custom_code": MUTATOR}]}))
+    static = audit(path, policy="open")
+    assert not static.records[0].flagged
+    report = audit(path, policy="open", run_dynamic=True)
+    record = report.records[0]
+    assert record.result is not None and record.status == "flagged" and record.flagged
+    assert report.rule_counts()["inputs_mutated"] == (1, 0)
