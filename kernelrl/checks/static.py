@@ -299,8 +299,7 @@ def _pretty(q: str) -> str:
 def _stream_creation(src: SourceInfo) -> Iterator[Hit]:
     exact = {"torch.cuda.stream", "torch.cuda.set_stream", "torch.cuda.StreamContext", "torch.cuda.use_stream",
              "torch.cuda.streams.Stream", "torch.cuda.streams.ExternalStream", "torch.Stream",
-             "torch.cuda.Stream", "torch.cuda.ExternalStream", "torch.cuda.Event.wait",
-             "cupy.cuda.Stream", "numba.cuda.stream"}
+             "torch.cuda.Stream", "torch.cuda.ExternalStream", "cupy.cuda.Stream", "numba.cuda.stream"}
     for node, q in src.calls():
         last = q.rsplit(".", 1)[-1]
         if q in exact or (q.startswith("torch.") and last in ("Stream", "ExternalStream")):
@@ -360,7 +359,7 @@ def _imported_modules(node: ast.AST) -> list[str]:
 @register(R.PROCESS_CONTROL)
 def _process_control(src: SourceInfo) -> Iterator[Hit]:
     fns = ("os._exit", "os.abort", "os.kill", "os.killpg", "sys.exit", "builtins.exit", "builtins.quit",
-           "signal", "atexit", "faulthandler", "os.kill")
+           "signal", "atexit", "faulthandler")
     for node, q in src.calls():
         if _under(q, fns):
             yield Hit(_line(node), f"{_pretty(q)}() exits, signals or hooks the process's exit")
@@ -1064,8 +1063,7 @@ def _rng_seeding(src: SourceInfo) -> Iterator[Hit]:
 # ---------------------------------------------------------------------------------------------
 # Custom kernels (for the strict policy)
 
-_LOADERS = ("torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load",
-            "torch.utils.cpp_extension.load_inline()", "cpp_extension.load_inline")
+_LOADERS = ("torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load")
 _KERNEL_DECORATORS = ("triton.jit", "triton.autotune", "triton.heuristics", "numba.cuda.jit", "numba.njit",
                       "numba.jit", "cuda.jit", "tilelang.jit", "helion.kernel")
 _KERNEL_CALLS = ("cupy.RawKernel", "cupy.RawModule", "cupy.ElementwiseKernel", "cupy.ReductionKernel",
