@@ -709,6 +709,9 @@ def _reduced_precision(src: SourceInfo) -> Iterator[Hit]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("half", "bfloat16") \
                 and not node.args:
             yield Hit(_line(node), f".{node.func.attr}() converts to reduced precision")
+        elif _is_code_string(src, node) and node.value.strip() in ("--use_fast_math", "-use_fast_math",
+                                                                   "-ffast-math", "-Ofast"):
+            yield Hit(_line(node), f"compiles with {node.value.strip()}, which relaxes IEEE float semantics")
 
 
 # ---------------------------------------------------------------------------------------------

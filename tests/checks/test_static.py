@@ -432,3 +432,10 @@ def test_fused_cpp_control_counts_as_a_custom_kernel():
     spec = next(s for s in CONTROLS if s.name == "fused_cpp_silu")
     assert has_custom_kernel(spec.source)
     assert not get_policy("strict").rejects(check_source(spec.source))
+
+
+def test_fast_math_flags_warn_as_reduced_precision():
+    src = 'from torch.utils.cpp_extension import load_inline\next = load_inline(name="k", cpp_sources="", ' \
+          'extra_cuda_cflags=["-O3", "--use_fast_math"])\n'
+    found = [f for f in check_source(src) if f.rule == R.REDUCED_PRECISION_COMPUTE]
+    assert len(found) == 1 and found[0].severity is Severity.WARN and found[0].line == 2
