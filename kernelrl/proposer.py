@@ -3,7 +3,8 @@
 `make_proposer(spec, **opts)` parses a spec:
 - `openai:MODEL` any OpenAI-compatible chat endpoint through the official `openai` client.
   Configured by OPENAI_BASE_URL / OPENAI_API_KEY or the options `base_url`, `api_key`;
-  `temperature`, `max_tokens`, `concurrency` (requests in flight at once, shared by every
+  `temperature`, `max_tokens` (`max_tokens_field="max_completion_tokens"` for models that
+  want the newer name; a 400 asking for it switches once by itself), `concurrency` (requests in flight at once, shared by every
   thread using the proposer), `timeout_s`, and the retry policy (`max_retries`,
   `backoff_initial_s`, `backoff_max_s`, `backoff_jitter`).
 - `hf:PATH` a local Hugging Face causal LM (needs the optional extra `transformers`).
@@ -185,6 +186,9 @@ class OpenAIConfig:
     api_key: str | None = None  # None: OPENAI_API_KEY
     temperature: float = 0.7
     max_tokens: int = 8192
+    # The request field that carries max_tokens. Newer OpenAI models take only
+    # "max_completion_tokens"; a 400 that names it switches to it once, by itself.
+    max_tokens_field: str = "max_tokens"
     concurrency: int = 4
     timeout_s: float = 600.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -197,6 +201,9 @@ class OpenAIConfig:
             raise ProposerError(f"concurrency must be >= 1, not {self.concurrency}")
         if self.max_tokens < 1:
             raise ProposerError(f"max_tokens must be >= 1, not {self.max_tokens}")
+        if self.max_tokens_field not in ("max_tokens", "max_completion_tokens"):
+            raise ProposerError("max_tokens_field must be max_tokens or max_completion_tokens, "
+                                f"not {self.max_tokens_field!r}")
         if not 0 <= self.temperature <= 2:
             raise ProposerError(f"temperature must be in [0, 2], not {self.temperature}")
         if self.timeout_s <= 0:
@@ -224,6 +231,7 @@ class OpenAIProposer(Proposer):
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
+        self._tokens_field = config.max_tokens_field
         self.usage = Usage()
         if config.system is None:
             from kernelrl.prompt import system_message
@@ -238,34 +246,39 @@ class OpenAIProposer(Proposer):
 
     def propose(self, request: ProposalRequest) -> Proposal:
         cfg = self.config
-        attempts = cfg.retry.max_retries + 1
         failures: list[str] = []
         started = time.monotonic()
-        for attempt in range(attempts):
+        retries = 0  # failed attempts that the retry policy has paid for
+        switched = False
+        while True:
             try:
                 # The slot is held only while a request is in flight, not while backing off.
                 with self._slots:
                     response = self._client.chat.completions.create(
                         model=cfg.model, messages=self._messages(request.prompt),
-                        temperature=cfg.temperature, max_tokens=cfg.max_tokens)
+                        temperature=cfg.temperature, **{self._tokens_field: cfg.max_tokens})
             except Exception as e:  # noqa: BLE001 - classified below; anything unknown is re-raised
+                failures.append(f"{type(e).__name__}: {_one_line(e)}")
+                if not switched and self._tokens_field == "max_tokens" and _wants_completion_tokens(e):
+                    # Not a failure of the endpoint: it only wants the newer field name.
+                    self._tokens_field, switched = "max_completion_tokens", True
+                    continue
                 if not RetryPolicy.retryable(e):
                     if _is_openai_error(e):
-                        raise ProposerUnavailable(f"{self.spec}: {type(e).__name__}: {_one_line(e)}") from e
+                        raise ProposerUnavailable(f"{self.spec}: {failures[-1]}") from e
                     raise
-                failures.append(f"{type(e).__name__}: {_one_line(e)}")
-                if attempt == attempts - 1:
-                    raise ProposerUnavailable(f"{self.spec}: gave up after {attempts} attempts; "
+                if retries >= cfg.retry.max_retries:
+                    raise ProposerUnavailable(f"{self.spec}: gave up after {len(failures)} attempts; "
                                               f"last error {failures[-1]}") from e
-                delay = cfg.retry.delay_s(attempt, self._rng, retry_after_s(e))
+                delay = cfg.retry.delay_s(retries, self._rng, retry_after_s(e))
+                retries += 1
                 with self._lock:
                     self.usage.retries += 1
                 self._sleep(delay)
                 continue
-            return self._to_proposal(response, attempt, failures, time.monotonic() - started)
-        raise AssertionError("unreachable")  # the loop returns or raises
+            return self._to_proposal(response, len(failures) + 1, failures, time.monotonic() - started)
 
-    def _to_proposal(self, response: Any, attempt: int, failures: list[str], elapsed_s: float) -> Proposal:
+    def _to_proposal(self, response: Any, requests: int, failures: list[str], elapsed_s: float) -> Proposal:
         choice = response.choices[0] if getattr(response, "choices", None) else None
         content = choice.message.content if choice is not None and choice.message is not None else None
         usage = getattr(response, "usage", None)
@@ -278,7 +291,7 @@ class OpenAIProposer(Proposer):
         meta = {
             "model": getattr(response, "model", None) or self.config.model,
             "finish_reason": getattr(choice, "finish_reason", None),
-            "attempts": attempt + 1,
+            "attempts": requests,
             "errors": failures,
             "latency_s": round(elapsed_s, 3),
             "usage_reported": usage is not None,
@@ -288,6 +301,13 @@ class OpenAIProposer(Proposer):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _wants_completion_tokens(e: BaseException) -> bool:
+    import openai
+
+    return (isinstance(e, openai.BadRequestError)
+            and "max_completion_tokens" in str(e) and "max_tokens" in str(e).replace("max_completion_tokens", ""))
 
 
 def _is_openai_error(e: BaseException) -> bool:
@@ -884,7 +904,7 @@ class HeuristicProposer(Proposer):
 # Specs
 
 
-_OPENAI_OPTS = {"base_url", "api_key", "temperature", "max_tokens", "concurrency", "timeout_s", "max_retries",
+_OPENAI_OPTS = {"base_url", "api_key", "temperature", "max_tokens", "max_tokens_field", "concurrency", "timeout_s", "max_retries",
                 "backoff_initial_s", "backoff_max_s", "backoff_jitter", "system", "sleep", "rng"}
 _HF_OPTS = {"max_new_tokens", "temperature", "device", "system"}
 _HEURISTIC_OPTS = {"device", "policy"}

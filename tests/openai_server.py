@@ -43,15 +43,17 @@ class Reply:
     prompt_tokens: int | None = None  # None: counted as whitespace-separated words of the messages
     completion_tokens: int | None = None  # None: words of the content
     include_usage: bool = True
+    error_message: str | None = None  # the error body's message when status != 200
 
     @classmethod
     def ok(cls, content: str, **kw: Any) -> Reply:
         return cls(content=content, **kw)
 
     @classmethod
-    def error(cls, status: int, *, retry_after_s: float | None = None, delay_s: float = 0.0) -> Reply:
+    def error(cls, status: int, *, retry_after_s: float | None = None, delay_s: float = 0.0,
+              message: str | None = None) -> Reply:
         headers = {"retry-after": f"{retry_after_s:g}"} if retry_after_s is not None else {}
-        return cls(content=None, status=status, headers=headers, delay_s=delay_s)
+        return cls(content=None, status=status, headers=headers, delay_s=delay_s, error_message=message)
 
     @classmethod
     def slow(cls, content: str, delay_s: float) -> Reply:
@@ -200,7 +202,7 @@ class OpenAIServer:
             def _answer(self, body: dict[str, Any], reply: Reply) -> None:
                 if reply.status != 200:
                     kind = "rate_limit_exceeded" if reply.status == 429 else "server_error"
-                    self._send(reply.status, {"error": {"message": f"scripted {reply.status}", "type": kind,
+                    self._send(reply.status, {"error": {"message": reply.error_message or f"scripted {reply.status}", "type": kind,
                                                         "code": kind}}, reply.headers)
                     return
                 content = reply.content

@@ -185,6 +185,20 @@ def test_openai_client_error_is_not_retried(openai_server):
     assert len(openai_server.requests) == 1 and sleep.calls == []
 
 
+def test_openai_switches_to_max_completion_tokens_when_asked(openai_server):
+    message = "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens'."
+    openai_server.add(Reply.error(400, message=message), Reply.ok(GOOD), Reply.ok(GOOD))
+    sleep = RecordingSleep()
+    proposer = openai_proposer(openai_server, sleep=sleep, max_retries=0, max_tokens=99)
+    p = proposer.propose(request())
+    assert p.code is not None and p.meta["attempts"] == 2 and sleep.calls == []
+    first, second = openai_server.requests[:2]
+    assert first["max_tokens"] == 99 and "max_completion_tokens" not in first
+    assert second["max_completion_tokens"] == 99 and "max_tokens" not in second
+    proposer.propose(request())  # remembered: no second 400
+    assert openai_server.requests[2]["max_completion_tokens"] == 99 and len(openai_server.requests) == 3
+
+
 def test_openai_timeout_on_slow_answer_then_retry(openai_server):
     openai_server.add(Reply.slow(GOOD, delay_s=2.0), Reply.ok(GOOD))
     proposer = openai_proposer(openai_server, timeout_s=0.5, max_retries=2)
