@@ -308,6 +308,22 @@ def elide_reference(source: str, task: Task) -> str:
     return source.replace(embedded, note, 1)
 
 
+def _elide_keeping_lines(source: str, task: Task, line: int | None) -> tuple[str, int | None]:
+    """The source with the embedded reference elided, and the flagged line renumbered to match;
+    the source unchanged when the flagged line lies inside the embedded reference."""
+    elided = elide_reference(source, task)
+    if elided == source or line is None:
+        return elided, line
+    from kernelrl.proposer import embed_reference
+
+    embedded = embed_reference(task.source)
+    first = source[:source.index(embedded)].count("\n") + 1
+    last = first + embedded.count("\n")
+    if first <= line <= last:
+        return source, line
+    return elided, (line - (last - first) if line > last else line)
+
+
 def _excerpt(source: str, line: int | None) -> str:
     lines = source.rstrip("\n").splitlines()
     if line is not None and 1 <= line <= len(lines):
@@ -322,7 +338,7 @@ def _excerpt(source: str, line: int | None) -> str:
     return "\n".join("  " + s for s in chunk)
 
 
-def _refused_section(t: Templates, records: Sequence[Record]) -> str:
+def _refused_section(t: Templates, records: Sequence[Record], task: Task) -> str:
     items = []
     seen: set[str] = set()
     for rec in records:
@@ -336,7 +352,7 @@ def _refused_section(t: Templates, records: Sequence[Record]) -> str:
         messages = "; ".join(dict.fromkeys(f.message for f in rejecting)) or r.message or "(no message)"
         line = next((f.line for f in rejecting if f.line is not None), None)
         items.append(t.render("refused_item.txt", rules=rules, messages=messages,
-                              excerpt=_excerpt(rec.source, line)).rstrip("\n"))
+                              excerpt=_excerpt(*_elide_keeping_lines(rec.source, task, line))).rstrip("\n"))
     if not items:
         return ""
     return t.render("refused.txt", items="\n".join(items)).rstrip("\n")
@@ -462,7 +478,7 @@ def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | 
         device_table=peaks.table(),
         baselines=_baselines(db, task, peaks.kind if isinstance(device, DevicePeaks) else device, size),
         versions=versions_text,
-        refused=_refused_section(t, refused),
+        refused=_refused_section(t, refused, task),
         policy_name=policy_name,
         policy_requirements=policy_text.rstrip("\n"),
         restrictions=t.text("restrictions.txt").rstrip("\n"),

@@ -284,3 +284,14 @@ def test_embedded_reference_is_shown_once():
     assert text.count("self.lin = nn.Linear(dim, dim)") == 1  # the reference block only
     assert "lines elided: the reference program shown above" in text
     assert "class ModelNew(nn.Module)" in text and "torch.inference_mode()" in text
+
+
+def test_refused_excerpt_elides_the_reference_and_keeps_the_flagged_line():
+    from kernelrl.proposer import Rewrite, render_rewrite
+
+    source = render_rewrite(TASK, Rewrite(inference_mode=True)) + "\nimport threading\nthreading.Thread(target=print)\n"
+    line = source.rstrip("\n").count("\n") + 1
+    assert source.splitlines()[line - 1] == "threading.Thread(target=print)"
+    text = prompt(FakeDB([], [Rec(source, flagged("thread-spawn", "creates a thread", line=line))]))
+    item = text[text.index("refused by rule `thread-spawn`"):]
+    assert "threading.Thread(target=print)" in item and "self.lin = nn.Linear" not in item
