@@ -476,7 +476,7 @@ def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | 
         input_shapes=shapes,
         init_args=init_args,
         device_table=peaks.table(),
-        baselines=_baselines(db, task, peaks.kind if isinstance(device, DevicePeaks) else device, size),
+        baselines=_baselines(db, task, peaks.kind if isinstance(device, DevicePeaks) else device.split(":")[0], size),
         versions=versions_text,
         refused=_refused_section(t, refused, task),
         policy_name=policy_name,
