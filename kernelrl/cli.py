@@ -274,9 +274,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     values["resume"] = bool(args.resume)
     if "db_path" not in values:
         raise UsageError("--db PATH is required (or db_path in the run config)")
-    if not args.resume and Path(values["db_path"]).exists() and not args.append:
-        raise UsageError(f"{values['db_path']} exists: pass --resume to continue that run, or --append to start "
-                         "a new run in the same database")
+    if not args.resume and Path(values["db_path"]).exists():
+        # A new run in the same database: stored results are reused, never re-evaluated.
+        _console().print(f"{values['db_path']} exists: starting a new run in it (--resume continues the last one)")
     if values.get("device") == "cuda":
         _check_device("cuda")
     try:
@@ -294,7 +294,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if summary.stop_reason is StopReason.INTERRUPTED:
         return 130
     if args.report:
-        return cmd_report(argparse.Namespace(db=str(config.db_path), html=args.html, run=None, json=False))
+        return cmd_report(argparse.Namespace(db=str(config.db_path), html=args.html, run=summary.run_id))
     return 0
 
 
@@ -389,7 +389,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=None, help="SQLite database of the run")
     p.add_argument("--chains", type=int, default=None)
     p.add_argument("--resume", action="store_true", help="continue the last run in --db")
-    p.add_argument("--append", action="store_true", help="start a new run in an existing --db")
     p.add_argument("--policy", choices=("open", "strict"), default=None)
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
     p.add_argument("--size", choices=("small", "full"), default=None)
@@ -397,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wall-time", type=float, default=None, metavar="SECONDS")
     p.add_argument("--token-budget", type=int, default=None)
     p.add_argument("--eval-concurrency", type=int, default=None)
-    p.add_argument("--report", action="store_true", help="print the report when done")
+    p.add_argument("--report", action="store_true", help="print this run's report when done")
     p.add_argument("--html", default=None, help="with --report: also write an HTML report")
     p.set_defaults(func=cmd_optimize)
 
