@@ -269,6 +269,19 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                  "wall_time_s": args.wall_time, "token_budget": args.token_budget,
                  "eval_timeout_s": args.timeout, "eval_concurrency": args.eval_concurrency}
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if args.templates is not None:
+        values["template_dir"] = args.templates
+    if args.model_concurrency is not None:
+        values["model_concurrency"] = args.model_concurrency
+    # Endpoint options go to the proposer; the API key only ever comes from OPENAI_API_KEY.
+    opts = dict(values.get("proposer_opts") or {})
+    for key in ("base_url", "temperature", "max_tokens"):
+        if getattr(args, key) is not None:
+            opts[key] = getattr(args, key)
+    if args.model_concurrency is not None:
+        opts["concurrency"] = args.model_concurrency
+    if opts:
+        values["proposer_opts"] = opts
     if isinstance(values.get("tasks"), str):
         values["tasks"] = tuple(s for s in values["tasks"].split(",") if s)
     values["resume"] = bool(args.resume)
@@ -396,6 +409,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wall-time", type=float, default=None, metavar="SECONDS")
     p.add_argument("--token-budget", type=int, default=None)
     p.add_argument("--eval-concurrency", type=int, default=None)
+    p.add_argument("--templates", default=None, help="folder of prompt templates overriding the built-in ones")
+    p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (default: OPENAI_BASE_URL)")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--max-tokens", type=int, default=None, help="per answer")
+    p.add_argument("--model-concurrency", type=int, default=None, help="model calls at once")
     p.add_argument("--report", action="store_true", help="print this run's report when done")
     p.add_argument("--html", default=None, help="with --report: also write an HTML report")
     p.set_defaults(func=cmd_optimize)

@@ -263,7 +263,7 @@ class _Judge:
             if cand_source is None:
                 cand_setup = {**ref_setup, "compile": True, "compile_mode": None if compile_mode == "default" else compile_mode}
             else:
-                cand_setup = {**base, "role": "candidate", "source": cand_source}
+                cand_setup = {**base, "role": "candidate", "source": cand_source, "constants": tm.constants}
             for w in (ref, cand):
                 w.recv(deadline=deadline)  # hello
             # Both load at once: the reference initialises while the candidate builds.

@@ -184,7 +184,7 @@ class WorkerState:
             if h["role"] == "reference":
                 cls = self._load_reference(h["task_source"], h["task_name"], h["constants"])
             else:
-                cls = self._load_candidate(h["source"])
+                cls = self._load_candidate(h["source"], h.get("constants") or {})
         except _LoadError as e:
             return "error", {"phase": "compile", "message": str(e), "traceback": e.tb}, None
         build_s = time.monotonic() - t0
@@ -221,7 +221,7 @@ class WorkerState:
         mod.__dict__.update(constants)
         return mod.Model
 
-    def _load_candidate(self, source: str) -> Any:
+    def _load_candidate(self, source: str, constants: dict[str, int]) -> Any:
         path = Path.cwd() / "candidate.py"
         path.write_text(source)
         spec = importlib.util.spec_from_file_location("kernelrl_candidate", path)
@@ -235,6 +235,11 @@ class WorkerState:
             raise _LoadError(f"SyntaxError: {e}", traceback.format_exc(limit=2)) from e
         except BaseException as e:  # noqa: BLE001 - SystemExit at import is a failed load too
             raise _LoadError(f"{type(e).__name__}: {e}", traceback.format_exc(limit=8)) from e
+        # A candidate that copied the task's size constants runs at the judged size, as the
+        # reference does: same names, the values of the active size preset.
+        for name, value in constants.items():
+            if isinstance(getattr(mod, name, None), int):
+                setattr(mod, name, value)
         cls = getattr(mod, "ModelNew", None)
         if cls is None:
             raise _LoadError("the program defines no `ModelNew`", "")

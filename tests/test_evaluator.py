@@ -193,3 +193,26 @@ def test_cpp_that_does_not_build_is_compile_error_with_compiler_message(tiny_tas
     assert res.status is Status.COMPILE_ERROR
     assert "undefined_name" in res.message or any("undefined_name" in e for e in res.errors)
     assert "error" in res.message.lower()
+
+
+def test_candidate_copying_size_constants_runs_at_the_judged_size(tmp_path, quick_config):
+    # The candidate's forward reads a module constant it copied from the task's full size;
+    # at the small size it must see the small value, as the reference does.
+    from kernelrl.task import load_task_file
+
+    task_src = (
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x.reshape(rows, -1).sum(dim=1)\n\n"
+        "rows = 4096\ncols = 2048\n\n"
+        "def get_inputs():\n    return [torch.randn(rows, cols)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    path = tmp_path / "rowsum.py"
+    path.write_text(task_src)
+    task = load_task_file(path)
+    assert task.instantiate("small").constants["rows"] < 4096
+    cand = task_src.replace("class Model(", "class ModelNew(")
+    res = evaluate(task, cand, quick_config)
+    assert res.status is Status.CORRECT, res.message
