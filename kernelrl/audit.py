@@ -18,7 +18,7 @@ Guarantees: static checks always run and never execute a candidate; dynamic chec
 asked, through `kernelrl.evaluator.evaluate` (imported lazily), once per entry that has a task;
 findings carry the policy's severities; an entry without code or without a usable task is kept
 in the report with a note, never dropped silently. A file that cannot be read raises
-`AuditError` with a one-line message.
+`AuditInputError` with a one-line message.
 
 Does not deduplicate candidates or judge tasks: a broken reference in a collection is reported as
 that entry's note.
@@ -57,7 +57,7 @@ _LEVEL_KEY = re.compile(r"^(?:level[_ ]?)?(\d+)$", re.IGNORECASE)
 _HEADER_TASK = re.compile(r"^\s*(?:#\s*)?task:\s*(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
 
 
-class AuditError(ValueError):
+class AuditInputError(ValueError):
     """The audit input cannot be read; the message is one line for a person."""
 
 
@@ -145,13 +145,13 @@ def read_entries(path: Path | str, *, default_task: Task | None = None) -> list[
     if path.is_dir():
         return _read_folder(path, default_task)
     if not path.is_file():
-        raise AuditError(f"no such file or folder: {path}")
+        raise AuditInputError(f"no such file or folder: {path}")
     if path.suffix == ".py":
         return [_read_py(path, path.parent, default_task)]
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise AuditError(f"cannot read {path}: {e}") from e
+        raise AuditInputError(f"cannot read {path}: {e}") from e
     if path.suffix == ".jsonl":
         rows = []
         for i, line in enumerate(text.splitlines(), 1):
@@ -160,12 +160,12 @@ def read_entries(path: Path | str, *, default_task: Task | None = None) -> list[
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise AuditError(f"{path}:{i}: not a JSON object: {e.msg}") from e
+                raise AuditInputError(f"{path}:{i}: not a JSON object: {e.msg}") from e
         return [_row_entry(r, f"row {i}", None, default_task) for i, r in enumerate(rows, 1)]
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise AuditError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
+        raise AuditInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
     return _json_entries(data, path, default_task)
 
 
@@ -173,13 +173,13 @@ def _json_entries(data: Any, path: Path, default_task: Task | None) -> list[Audi
     if isinstance(data, list):
         return [_row_entry(r, f"row {i}", None, default_task) for i, r in enumerate(data, 1)]
     if not isinstance(data, dict):
-        raise AuditError(f"{path}: expected a list of rows or a dict, found {type(data).__name__}")
+        raise AuditInputError(f"{path}: expected a list of rows or a dict, found {type(data).__name__}")
     for key in _LIST_KEYS:
         if isinstance(data.get(key), list):
             return [_row_entry(r, f"row {i}", None, default_task) for i, r in enumerate(data[key], 1)]
     levels = {k: v for k, v in data.items() if isinstance(v, list)}
     if not levels:
-        raise AuditError(f"{path}: no list of entries found (expected rows, or a dict of levels of entries)")
+        raise AuditInputError(f"{path}: no list of entries found (expected rows, or a dict of levels of entries)")
     out = []
     for key, entries in levels.items():
         m = _LEVEL_KEY.match(str(key))
@@ -240,7 +240,7 @@ def _read_folder(root: Path, default_task: Task | None) -> list[AuditEntry]:
     files = sorted(p for p in root.rglob("*.py")
                    if not p.name.startswith("_") and not any(part.startswith(".") for part in p.relative_to(root).parts))
     if not files:
-        raise AuditError(f"folder {root} holds no .py candidate files")
+        raise AuditInputError(f"folder {root} holds no .py candidate files")
     return [_read_py(p, root, default_task) for p in files]
 
 
@@ -284,19 +284,20 @@ def _task_spec_of(code: str) -> str | None:
 
 
 def audit(path: Path | str, *, policy: str | Policy = "open", run_dynamic: bool = False,
-          eval_config: EvalConfig | None = None, task: str | None = None, limit: int | None = None,
-          on_record: Callable[[AuditRecord], None] | None = None) -> AuditReport:
+          eval_config: EvalConfig | None = None, task_spec: str | None = None, limit: int | None = None,
+          console: Console | None = None, on_record: Callable[[AuditRecord], None] | None = None) -> AuditReport:
     """Static checks (and, when asked, the evaluator) over every candidate in `path`.
 
-    `task` is a default task spec for entries that name none. `limit` keeps the first N entries.
+    `task_spec` is a default task for entries that name none. `limit` keeps the first N entries.
+    With `console`, dynamic audits print one progress line per evaluated entry.
     """
     pol = get_policy(policy)
     default_task = None
-    if task is not None:
+    if task_spec is not None:
         try:
-            default_task = load_task(task)
+            default_task = load_task(task_spec)
         except (TaskError, OSError) as e:
-            raise AuditError(f"task {task!r}: {e}") from e
+            raise AuditInputError(f"task {task_spec!r}: {e}") from e
     entries = read_entries(path, default_task=default_task)
     if limit is not None:
         entries = entries[: max(0, limit)]
@@ -304,12 +305,15 @@ def audit(path: Path | str, *, policy: str | Policy = "open", run_dynamic: bool 
     config = None
     if run_dynamic:
         config = _dynamic_config(eval_config, pol.name)
-    for entry in entries:
+    for i, entry in enumerate(entries, 1):
         record = AuditRecord(entry=entry)
         if entry.code is not None:
             record.findings = pol.apply(check_source(entry.code))
             if config is not None:
                 _run_dynamic(record, config)
+                if console is not None:
+                    rules = ", ".join(sorted({f.rule for f in record.rejecting}))
+                    console.print(f"[{i}/{len(entries)}] {entry.id}: {record.status}" + (f" ({rules})" if rules else ""))
         report.records.append(record)
         if on_record is not None:
             on_record(record)
@@ -345,7 +349,7 @@ def _run_dynamic(record: AuditRecord, config: EvalConfig) -> None:
 # Printing
 
 
-def print_audit(report: AuditReport, console: Console | None = None, *, max_flagged: int = 50) -> None:
+def render_audit(report: AuditReport, console: Console | None = None, *, max_flagged: int = 50) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -401,11 +405,12 @@ def run_audit(path: Path | str, *, policy: str = "open", run_dynamic: bool = Fal
             from kernelrl.evaluator import EvalConfig
 
             config = EvalConfig(device=device, size=size, policy=get_policy(policy).name)
-        report = audit(path, policy=policy, run_dynamic=run_dynamic, eval_config=config, task=task, limit=limit)
-    except (AuditError, ValueError) as e:
+        report = audit(path, policy=policy, run_dynamic=run_dynamic, eval_config=config, task_spec=task,
+                       limit=limit, console=console)
+    except (AuditInputError, ValueError) as e:
         console.print(f"[red]error:[/red] {e}")
         return 2
-    print_audit(report, console)
+    render_audit(report, console)
     if json_out is not None:
         Path(json_out).write_text(json.dumps(report.to_dict(), indent=1))
         console.print(f"wrote {json_out}")

@@ -9,7 +9,7 @@ import pytest
 from fixture_spec import CONTROL, REDTEAM, TASKS
 from rich.console import Console
 
-from kernelrl.audit import AuditError, audit, print_audit, read_entries, run_audit
+from kernelrl.audit import AuditInputError, audit, render_audit, read_entries, run_audit
 
 REF = (TASKS / "elementwise_silu.py").read_text()
 
@@ -109,7 +109,7 @@ def test_folder_without_task_lines_uses_the_default_task(tmp_path):
     (tmp_path / "_helper.py").write_text("x = 1\n")
     plain = read_entries(tmp_path)
     assert [e.id for e in plain] == ["a.py"] and plain[0].task is None
-    report = audit(tmp_path, task=str(TASKS / "elementwise_silu.py"))
+    report = audit(tmp_path, task_spec=str(TASKS / "elementwise_silu.py"))
     assert report.records[0].entry.task.name == "elementwise_silu"
 
 
@@ -121,16 +121,16 @@ def test_folder_without_task_lines_uses_the_default_task(tmp_path):
 def test_bad_json_is_one_clear_error(tmp_path, content, match):
     path = tmp_path / "bad.json"
     path.write_text(content)
-    with pytest.raises(AuditError, match=match):
+    with pytest.raises(AuditInputError, match=match):
         audit(path)
 
 
 def test_missing_path_and_bad_jsonl_line(tmp_path):
-    with pytest.raises(AuditError, match="no such file or folder"):
+    with pytest.raises(AuditInputError, match="no such file or folder"):
         audit(tmp_path / "nope.json")
     path = tmp_path / "x.jsonl"
     path.write_text('{"code": "x = 1"}\n{oops\n')
-    with pytest.raises(AuditError, match=r"x.jsonl:2"):
+    with pytest.raises(AuditInputError, match=r"x.jsonl:2"):
         audit(path)
 
 
@@ -139,7 +139,7 @@ def test_print_and_run_audit_show_counts_and_flagged_entries(tmp_path):
     path.write_text(json.dumps({"level1": [{"task_id": 1, "ref_code": REF, "custom_code": PATCHER}]}))
     buf = io.StringIO()
     console = Console(file=buf, width=200)
-    print_audit(audit(path), console)
+    render_audit(audit(path), console)
     text = buf.getvalue()
     assert "module_patching" in text and "level1/1#0" in text and "flagged entries (1 of 1)" in text
 
