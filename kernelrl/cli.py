@@ -356,7 +356,14 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", choices=("small", "full"), default="small")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="wall-clock limit for one candidate's whole evaluation (default 300)")
-    p.add_argument("--policy", choices=("open", "strict"), default="open")
+    p.add_argument("--policy", choices=_policy_names(), default="open",
+                   help="strict: needs a custom kernel; open: any PyTorch-level rewrite; observe: static rules only warn")
+
+
+def _policy_names() -> tuple[str, ...]:
+    from kernelrl.policy import POLICY_NAMES
+
+    return tuple(POLICY_NAMES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -402,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=None, help="SQLite database of the run")
     p.add_argument("--chains", type=int, default=None)
     p.add_argument("--resume", action="store_true", help="continue the last run in --db")
-    p.add_argument("--policy", choices=("open", "strict"), default=None)
+    p.add_argument("--policy", choices=_policy_names(), default=None)
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
     p.add_argument("--size", choices=("small", "full"), default=None)
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate evaluation limit")

@@ -85,6 +85,11 @@ class EvalConfig:
             raise ValueError("n_correctness must be >= 2 (one plain set, one perturbed)")
         if self.tol_scale <= 0:
             raise ValueError("tol_scale must be positive")
+        try:
+            from kernelrl.policy import get_policy
+        except ImportError:
+            return
+        get_policy(self.policy)  # raises ValueError naming the known policies
 
 
 class ReferenceFailed(TaskError):
@@ -227,6 +232,7 @@ class _Judge:
         self.findings: list[Finding] = []
         self.env: dict[str, Any] = {}
         self.state_before: dict[str, Any] = {}
+        self.copy_gbps: float | None = None
 
     def _result(self, status: Status, message: str, **kw: Any) -> EvalResult:
         return EvalResult(task=self.task.name, status=status, message=message, device=self.config.device,
@@ -259,7 +265,7 @@ class _Judge:
             base = {"device": cfg.device, "threads": cfg.sandbox.effective_threads, "init_seed": init_seed,
                     "evict_bytes": evict, "cache_root": str(cfg.cache_dir)}
             ref_setup = {**base, "role": "reference", "task_source": self.task.source, "task_name": self.task.name,
-                         "constants": tm.constants}
+                         "constants": tm.constants, "measure_bandwidth": True}
             if cand_source is None:
                 cand_setup = {**ref_setup, "compile": True, "compile_mode": None if compile_mode == "default" else compile_mode}
             else:
@@ -281,7 +287,9 @@ class _Judge:
             common["build_time_s"] = float(cand_msg.header["build_s"])
             self.state_before = cand_msg.header["state_before"]
             self._state_changes("load", self.state_before, cand_msg.header["state_after"])
-            self.env.update({"reference_pid": ref_loaded.header.get("pid"), "threads": cfg.sandbox.effective_threads,
+            self.copy_gbps = ref_loaded.header.get("copy_gbps")
+            self.env.update({"copy_gbps": self.copy_gbps, "proc_isolation": cand.isolated,
+                             "threads": cfg.sandbox.effective_threads,
                              "pinned_allocator": cfg.sandbox.pin_allocator})
 
             # Parameters: same seed already; same names and shapes -> same values.
@@ -306,8 +314,13 @@ class _Judge:
         except _Verdict as v:
             common.pop("_speedup", None)
             common.pop("_ci", None)
-            findings = self.findings if v.status is not Status.FLAGGED else _apply_policy(cfg.policy, self.findings)
-            return self._result(v.status, v.message, errors=v.errors, findings=findings,
+            findings = _apply_policy(cfg.policy, self.findings)
+            status, message = v.status, v.message
+            rejecting = sorted({f.rule for f in findings if f.severity is Severity.REJECT})
+            if status is Status.INCORRECT and rejecting:
+                # Wrong, and a defence saw why: the rule is what teaches the next prompt.
+                status, message = Status.FLAGGED, f"flagged: {', '.join(rejecting)} ({v.message})"
+            return self._result(status, message, errors=v.errors, findings=findings,
                                 eval_time_s=time.monotonic() - t0, **{**common, **v.extra})
         except ChannelTimeout:
             log = cand.log_tail() if cand else ""
@@ -382,6 +395,7 @@ class _Judge:
         self.env["perturbed_sets"] = sum(s.perturbed for s in sets)
 
         cand_run = cand.request("run", {"repeat_first": 2}, [s.values for s in sets], deadline=deadline)
+        self._side_work_census(cand)
         if cand_run.kind == "error":
             raise _Verdict(Status.RUNTIME_ERROR, f"candidate raised: {_first_line(cand_run.header.get('message', ''))}",
                            [cand_run.header.get("message", ""), cand_run.header.get("traceback", ""), cand.log_tail()])
@@ -391,7 +405,14 @@ class _Judge:
         # outs[0] and outs[1] are two runs on set 0; outs[k+1] is set k for k >= 1
         per_set = [outs[0]] + outs[2:]
         inputs_after = [after[0]] + after[2:]
+        for i, (sent, got) in enumerate(zip(sets, inputs_after)):
+            if not exactly_equal(got, sent.values):
+                self.findings.append(Finding(rule="inputs_mutated",
+                                             message=f"the candidate changed its inputs in place (input set {i})"))
+                break
         max_abs = max_rel = 0.0
+        plain_ok = [compare_outputs(c, r, tol_scale=self.config.tol_scale).ok
+                    for c, r, s in zip(per_set, ref_out, sets) if not s.perturbed]
         for i, (c, r) in enumerate(zip(per_set, ref_out)):
             cmp = compare_outputs(c, r, tol_scale=self.config.tol_scale)
             max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
@@ -401,18 +422,38 @@ class _Judge:
                     raise _Verdict(Status.FLAGGED, "flagged: output_not_plain_tensor", [cmp.reason])
                 kind = "plain" if not sets[i].perturbed else (
                     f"scaled x{sets[i].scale:.2f} and shifted {sets[i].offset_frac:+.2f} mean-abs")
+                if sets[i].perturbed and plain_ok and all(plain_ok):
+                    # Right on the task's own input distribution, wrong once it moves: an answer
+                    # that only looks right because the true output is near-constant there.
+                    self.findings.append(Finding(rule="degenerate_under_offset_scale", message=(
+                        f"correct on the task's own inputs but not on inputs {kind}: {cmp.reason}")))
                 raise _Verdict(Status.INCORRECT, f"incorrect on input set {i} ({kind}): {cmp.reason}", [cmp.reason],
                                max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err)
-        for i, (sent, got) in enumerate(zip(sets, inputs_after)):
-            if not exactly_equal(got, sent.values):
-                self.findings.append(Finding(rule="inputs_mutated",
-                                             message=f"the candidate changed its inputs in place (input set {i})"))
-                break
         twice = compare_outputs(outs[1], outs[0], tol_scale=self.config.tol_scale)
         if not twice.ok:
             self.findings.append(Finding(rule="nondeterministic_output",
                                          message=f"two runs on the same input differ: {twice.reason}"))
         return {"max_abs_err": max_abs, "max_rel_err": max_rel}
+
+    def _side_work_census(self, cand: Worker) -> None:
+        """Right after the calls returned, the worker must be idle and alone.
+
+        CPU burnt while it waits for the next command, or a child process still alive, means
+        work was left running past the end of a call, where no timer would see it.
+        """
+        before = cand.cpu_time_ns()
+        time.sleep(0.05)
+        after = cand.cpu_time_ns()
+        children = cand.child_count()
+        busy_ms = (after - before) / 1e6 if before is not None and after is not None else 0.0
+        if busy_ms > 10.0 or children:
+            what = []
+            if busy_ms > 10.0:
+                what.append(f"used {busy_ms:.0f} ms of CPU in the 50 ms after its calls returned")
+            if children:
+                what.append(f"left {children} child process(es) running")
+            self.findings.append(Finding(rule="side_work_after_return",
+                                         message="the candidate " + " and ".join(what)))
 
     def _timing(self, tm: Any, ref: Worker, cand: Worker, deadline: float) -> TimingOutcome:
         cfg = self.config
@@ -469,11 +510,21 @@ class _Judge:
             self.findings.append(Finding(rule="timer_mismatch", message=(
                 f"reported call times disagree with the judge's clock (median excess {excess:.3f} ms over the "
                 f"reference's overhead, {impossible} calls reported longer than they took)")))
+        # Physical floor: the output must at least be written once at the memory roof measured
+        # in this run. Faster than half of that is not a speedup but a trick.
+        floor_ms = None
+        if self.copy_gbps and o.output_bytes:
+            floor_ms = o.output_bytes / (self.copy_gbps * 1e9) * 1e3
+            if cand_med < 0.5 * floor_ms:
+                self.findings.append(Finding(rule="impossible_speedup", message=(
+                    f"median call {cand_med:.4f} ms is below half the time needed just to write the "
+                    f"{o.output_bytes} output bytes at the measured {self.copy_gbps:.1f} GB/s ({floor_ms:.4f} ms)")))
         self.env["timing"] = {
             "rounds": len(o.ratios), "stopped_by": o.stopped_by, "rel_ci_half_width": o.rel_ci_half_width,
             "spot_checks": o.spot_checks, "cand_idle_cpu_ms": round(o.cand_idle_cpu_ms, 3),
             "ref_idle_cpu_ms": round(o.ref_idle_cpu_ms, 3), "clock_excess_ms": round(excess, 4),
             "cand_threads": o.cand_threads_max, "ref_threads": o.ref_threads_max, "wall_s": round(o.wall_s, 3),
+            "output_floor_ms": floor_ms,
         }
         return {"ref_time": TimingStats.from_samples_ms(o.ref_ms), "cand_time": TimingStats.from_samples_ms(o.cand_ms),
                 "_speedup": o.speedup, "_ci": o.speedup_ci}

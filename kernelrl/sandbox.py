@@ -10,16 +10,21 @@ Guarantees:
 - the glibc allocator is pinned (fixed mmap and trim thresholds) so large-tensor timings do not
   swing with glibc's adaptive threshold; OpenMP threads sleep when idle, so idle CPU is a signal;
 - `kill()` ends the whole process group (compiler children included) and never raises;
-- the judge reads the worker's CPU time and thread count from /proc, which the worker cannot
-  forge.
+- where the judge runs as root and `unshare` works (`proc_isolation`), the worker runs in its own
+  PID and mount namespaces with a private /proc and an empty capability bounding set: it sees
+  no other process (so it cannot read the judge's or anyone's environment or memory through
+  /proc) and cannot mount the real /proc back;
+- the judge reads the worker's CPU time and thread count from its own /proc, which the worker
+  cannot forge.
 
-Does not guarantee isolation from a hostile process running as the same user: a candidate can
-still see the file system and the network namespace it was started in. Run the judge in a
-container or as an unprivileged user for untrusted code at scale.
+Does not guarantee isolation from the file system or the network namespace the judge runs in;
+without root (no namespaces), a worker can read the /proc of processes of its own user. Run the
+judge in a container for untrusted code at scale.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import shutil
@@ -51,6 +56,23 @@ PINNED_ALLOCATOR_ENV = {
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
+# Own PID and mount namespace with a fresh /proc; no capabilities, no privilege gain on exec.
+_ISOLATION_PREFIX = ("unshare", "--pid", "--fork", "--mount-proc",
+                     "setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "--no-new-privs")
+
+
+@functools.cache
+def isolation_available() -> bool:
+    """Whether workers can run with a private /proc here (root and working namespaces)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        return False
+    try:
+        done = subprocess.run([*_ISOLATION_PREFIX, "true"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
 class WorkerDied(RuntimeError):
     """The worker exited or was killed while the judge waited for an answer."""
 
@@ -66,6 +88,7 @@ class SandboxConfig:
     threads: int = 0  # intra-op threads for torch/OpenMP; 0 = all cores of this machine
     memory_limit_gib: float | None = 16.0  # address-space cap on CPU; None = no cap
     pin_allocator: bool = True
+    proc_isolation: bool = True  # private /proc and no capabilities, where available
     log_tail_chars: int = 4000
 
     def __post_init__(self) -> None:
@@ -117,9 +140,12 @@ class Worker:
         c2p_r, c2p_w = os.pipe()
         env = worker_env(config, self.workdir, env_extra)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the worker's life
+        self.isolated = config.proc_isolation and isolation_available()
+        prefix = list(_ISOLATION_PREFIX) if self.isolated else []
+        self._inner_pid: int | None = None
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kernelrl.worker", str(p2c_r), str(c2p_w)],
+                [*prefix, sys.executable, "-m", "kernelrl.worker", str(p2c_r), str(c2p_w)],
                 pass_fds=(p2c_r, c2p_w), cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
                 stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
             )
@@ -142,7 +168,19 @@ class Worker:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        """The interpreter's pid as the judge sees it (a child of `unshare` when isolated)."""
+        if not self.isolated:
+            return self.proc.pid
+        if self._inner_pid is None:
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                    kids = f.read().split()
+            except OSError:
+                kids = []
+            if not kids:
+                return self.proc.pid  # not forked yet: the interpreter is not running yet either
+            self._inner_pid = int(kids[0])
+        return self._inner_pid
 
     def request(self, kind: str, header: dict[str, Any] | None = None, payload: Any = None, *,
                 deadline: float | None = None) -> Message:
@@ -199,6 +237,20 @@ class Worker:
         except (FileNotFoundError, ProcessLookupError):
             return None
         return total
+
+    def child_count(self) -> int:
+        """Live child processes of the worker (a build's compiler counts while it runs)."""
+        n = 0
+        try:
+            for tid in os.listdir(f"/proc/{self.pid}/task"):
+                try:
+                    with open(f"/proc/{self.pid}/task/{tid}/children") as f:
+                        n += len(f.read().split())
+                except OSError:
+                    continue
+        except OSError:
+            return 0
+        return n
 
     def thread_count(self) -> int | None:
         try:

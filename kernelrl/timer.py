@@ -113,9 +113,16 @@ class TimingOutcome:
     ref_threads_max: int | None
     cand_non_plain_calls: int
     spot_checks: int
+    output_bytes: int  # bytes of one call's output (from the spot checks)
     spot_mismatches: list[str]
     input_mismatches: int
     wall_s: float
+
+
+def _nbytes(x: object) -> int:
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(v) for v in x)
+    return x.numel() * x.element_size() if hasattr(x, "element_size") else 0
 
 
 def median_ci(ratios: list[float]) -> tuple[float, float, float]:
@@ -141,6 +148,7 @@ def run_timing(ref: Worker, cand: Worker, config: TimingConfig, *, rng: random.R
     stop_at = min(deadline, time.monotonic() + config.max_timing_s)
     ratios: list[float] = []
     spot_checks = 0
+    output_bytes = 0
     spot_mismatches: list[str] = []
     input_mismatches = 0
     stopped_by = "rounds"
@@ -176,6 +184,7 @@ def run_timing(ref: Worker, cand: Worker, config: TimingConfig, *, rng: random.R
             spot_checks += 1
             ref_out = sides["ref"].request("output", deadline=deadline).payload
             cand_out = sides["cand"].request("output", deadline=deadline).payload
+            output_bytes = _nbytes(ref_out["output"])
             cmp = compare_outputs(cand_out["output"], ref_out["output"])
             if not cmp.ok:
                 spot_mismatches.append(f"round {r}: {cmp.reason}")
@@ -206,7 +215,7 @@ def run_timing(ref: Worker, cand: Worker, config: TimingConfig, *, rng: random.R
         cand_idle_wall_ms=cand_s.idle_wall_ns / 1e6,
         cand_threads_warm=warm_threads, cand_threads_max=max(cand_s.threads_after + cand_s.threads_before, default=None),
         ref_threads_warm=ref_warm_threads, ref_threads_max=max(ref_s.threads_after + ref_s.threads_before, default=None),
-        cand_non_plain_calls=cand_s.non_plain_calls, spot_checks=spot_checks,
+        cand_non_plain_calls=cand_s.non_plain_calls, spot_checks=spot_checks, output_bytes=output_bytes,
         spot_mismatches=spot_mismatches, input_mismatches=input_mismatches,
         wall_s=time.monotonic() - t_start,
     )

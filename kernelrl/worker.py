@@ -208,7 +208,24 @@ class WorkerState:
             self.evict_buf.add_(1.0)
         reply = {"build_s": build_s, "state_before": self.state_before, "state_after": global_state(),
                  "pid": os.getpid()}
+        if h.get("measure_bandwidth"):
+            reply["copy_gbps"] = self._copy_bandwidth()
         return "loaded", reply, None
+
+    def _copy_bandwidth(self) -> float:
+        """Best of a few large copies, in GB/s of bytes read plus written: the memory roof."""
+        n = (256 << 20) // 4
+        src = torch.ones(n, dtype=torch.float32, device=self.device)
+        dst = torch.empty_like(src)
+        best = float("inf")
+        for _ in range(5):
+            self._sync()
+            t0 = _perf_ns()
+            dst.copy_(src)
+            self._sync()
+            best = min(best, (_perf_ns() - t0) / 1e9)
+        del src, dst
+        return 2 * n * 4 / best / 1e9
 
     def _load_reference(self, source: str, name: str, constants: dict[str, int]) -> Any:
         import types
