@@ -1,0 +1,85 @@
+"""The command line: JSON shapes, exit codes, one-line errors, timeouts honoured."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_TASK
+
+
+def run_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kernelrl", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def files(tmp_path: Path, cache_dir: Path) -> dict[str, Path]:
+    task = tmp_path / "task.py"
+    task.write_text(TINY_TASK)
+    same = tmp_path / "same.py"
+    same.write_text(TINY_TASK.replace("class Model(", "class ModelNew("))
+    loop = tmp_path / "loop.py"
+    loop.write_text(TINY_TASK.replace("class Model(", "class ModelNew(").replace(
+        "return torch.relu(x)", "while True:\n            pass\n        return torch.relu(x)"))
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\nclass Nothing:\n    pass\n")
+    answer = tmp_path / "answer.md"
+    answer.write_text("Analysis: same program.\n```python\n" + same.read_text() + "```\n")
+    return {"task": task, "same": same, "loop": loop, "broken": broken, "answer": answer}
+
+
+def test_tasks_json_lists_name_and_level():
+    out = run_cli("tasks", "--json")
+    assert out.returncode == 0
+    rows = json.loads(out.stdout)
+    assert len(rows) >= 24 and all({"name", "level"} <= set(r) for r in rows)
+
+
+def test_eval_json_prints_one_object_with_status_and_speedup(files, cache_dir):
+    out = run_cli("eval", str(files["task"]), str(files["same"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
+    assert out.returncode == 0, out.stderr
+    obj = json.loads(out.stdout)
+    assert obj["status"] == "correct" and obj["speedup"] > 0
+
+
+def test_eval_reads_code_from_an_llm_answer(files, cache_dir):
+    out = run_cli("eval", str(files["task"]), str(files["answer"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
+    assert out.returncode == 0 and json.loads(out.stdout)["status"] == "correct"
+
+
+def test_broken_candidate_is_a_compile_error_verdict_exit_zero(files, cache_dir):
+    out = run_cli("eval", str(files["task"]), str(files["broken"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
+    assert out.returncode == 0
+    obj = json.loads(out.stdout)
+    assert obj["status"] == "compile_error" and "ModelNew" in obj["message"] and obj["speedup"] is None
+
+
+@pytest.mark.parametrize("args", [
+    ("eval", "no_such_task", "x.py"),
+    ("eval", "level1/softmax", "/nonexistent/candidate.py"),
+    ("eval", "/nonexistent/task.py", "/nonexistent/candidate.py"),
+    ("tasks", "--suite", "no_such_suite"),
+    ("report", "--db", "/nonexistent.db"),
+])
+def test_bad_invocations_exit_2_with_one_line(args):
+    out = run_cli(*args)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kernelrl: error:")
+
+
+def test_endless_loop_returns_within_timeout(files, cache_dir):
+    t0 = time.monotonic()
+    out = run_cli("eval", str(files["task"]), str(files["loop"]), "--json", "--timeout", "10",
+                  env={"KERNELRL_CACHE": str(cache_dir)})
+    elapsed = time.monotonic() - t0
+    assert out.returncode == 0
+    assert json.loads(out.stdout)["status"] == "timeout"
+    assert elapsed < 10 + 8
