@@ -216,3 +216,20 @@ def test_candidate_copying_size_constants_runs_at_the_judged_size(tmp_path, quic
     cand = task_src.replace("class Model(", "class ModelNew(")
     res = evaluate(task, cand, quick_config)
     assert res.status is Status.CORRECT, res.message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_name", ["level1/scaled_residual_add", "level1/softmax"])
+def test_reference_against_itself_is_within_five_percent_five_times(task_name, cache_dir):
+    """The fairness check: identical programs must measure 1.00 within +-5 %, every time."""
+    from kernelrl.suites import builtin_task
+
+    task = builtin_task(task_name)
+    config = EvalConfig(cache_dir=cache_dir)
+    speedups = []
+    for _ in range(5):
+        res = evaluate(task, task.source + "\n\nModelNew = Model\n", config)
+        assert res.status is Status.CORRECT, res.message
+        speedups.append(res.speedup)
+    print(f"{task_name}: {', '.join(f'{s:.3f}' for s in speedups)}")
+    assert all(0.95 <= s <= 1.05 for s in speedups), speedups
