@@ -49,7 +49,7 @@ torch::Tensor heat3d(torch::Tensor u0, int64_t steps, double alpha) {
 """
 
 _ext = load_inline(name="kernelrl_example_heat3d_cpp", cpp_sources=[_CPP], functions=["heat3d"],
-                   extra_cflags=["-O3"], verbose=False)
+                   extra_cflags=["-O3", "-fopenmp"], verbose=False)
 
 
 class ModelNew(nn.Module):

@@ -26,7 +26,7 @@ torch::Tensor linear_gelu_scale(torch::Tensor x, torch::Tensor weight, torch::Te
 """
 
 _ext = load_inline(name="kernelrl_example_linear_gelu_cpp", cpp_sources=[_CPP], functions=["linear_gelu_scale"],
-                   extra_cflags=["-O3"], verbose=False)
+                   extra_cflags=["-O3", "-fopenmp"], verbose=False)
 
 
 class ModelNew(nn.Module):

@@ -35,7 +35,7 @@ torch::Tensor rmsnorm(torch::Tensor x, torch::Tensor weight, double eps) {
 """
 
 _ext = load_inline(name="kernelrl_example_rmsnorm_cpp", cpp_sources=[_CPP], functions=["rmsnorm"],
-                   extra_cflags=["-O3"], verbose=False)
+                   extra_cflags=["-O3", "-fopenmp"], verbose=False)
 
 
 class ModelNew(nn.Module):
