@@ -40,6 +40,18 @@ SMALL_SUITE: tuple[str, ...] = (
 # block size, head_dim, sparsity) into a shape no real workload has, or leave a cubic-cost task
 # slow on a CPU.
 SMALL_PRESETS: dict[str, dict[str, int]] = {
+    # The quick suite's tasks: larger than the automatic 1M-element shrink, so that each small
+    # reference takes milliseconds (measured 2-50 ms on two idle cores) and timing noise is small
+    # next to the work; still well under a second.
+    "level1/softmax": {"rows": 8192, "cols": 1024},
+    "level1/rmsnorm": {"tokens": 4096, "hidden": 1024},
+    "level1/scaled_residual_add": {"tokens": 4096, "hidden": 1024},
+    "level2/linear_bias_gelu_scale": {"batch_size": 1024, "in_features": 1024, "out_features": 1024},
+    "level2/conv2d_batchnorm_relu": {"batch_size": 16, "in_channels": 32, "out_channels": 32, "height": 56,
+                                     "width": 56},
+    "level2/layernorm_residual": {"batch_size": 8, "seq_len": 512, "hidden": 1024},
+    "operators/l1_norm_layer": {"batch_size": 32, "channels": 64, "height": 56, "width": 56},
+    "operators/shift_group_quant": {"rows": 4096, "cols": 1024},
     "level1/sum_dim": {"batch_size": 16, "reduce_len": 256, "inner": 256},
     # blocks keep a realistic head_dim (64) and ffn = 4 * hidden instead of halving them away
     "level3/attention_block": {"batch_size": 2, "seq_len": 256, "hidden": 256, "num_heads": 4},
