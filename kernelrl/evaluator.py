@@ -402,6 +402,17 @@ class _Judge:
         self._state_changes("run", self.state_before, cand_run.header.get("state_after", {}))
         outs = cand_run.payload["outputs"]
         after = cand_run.payload["inputs_after"]
+        changed = sum(bool(c) for c in cand_run.header.get("changed_after_return", []))
+        # Pools a program starts on its first call (torch.compile, thread pools) stay; threads
+        # that appear on later calls are work started per call.
+        rises = [r for r in cand_run.header.get("thread_rises", [])[1:] if r > 0]
+        if changed or rises:
+            what = []
+            if changed:
+                what.append(f"its output kept changing after {changed} call(s) had returned")
+            if rises:
+                what.append(f"{len(rises)} call(s) returned with new threads still alive")
+            self.findings.append(Finding(rule="side_work_after_return", message="the candidate " + "; ".join(what)))
         # outs[0] and outs[1] are two runs on set 0; outs[k+1] is set k for k >= 1
         per_set = [outs[0]] + outs[2:]
         inputs_after = [after[0]] + after[2:]
@@ -423,10 +434,15 @@ class _Judge:
                 kind = "plain" if not sets[i].perturbed else (
                     f"scaled x{sets[i].scale:.2f} and shifted {sets[i].offset_frac:+.2f} mean-abs")
                 if sets[i].perturbed and plain_ok and all(plain_ok):
-                    # Right on the task's own input distribution, wrong once it moves: an answer
-                    # that only looks right because the true output is near-constant there.
-                    self.findings.append(Finding(rule="degenerate_under_offset_scale", message=(
-                        f"correct on the task's own inputs but not on inputs {kind}: {cmp.reason}")))
+                    if exactly_equal(c, per_set[0]) and not _is_constant(c):
+                        # The input changed and the output did not: a result kept from before.
+                        self.findings.append(Finding(rule="output_cached_across_calls", message=(
+                            f"input set {i} ({kind}) got exactly the output of input set 0: {cmp.reason}")))
+                    else:
+                        # Right on the task's own input distribution, wrong once it moves: an
+                        # answer that only looks right because the true output is near-constant.
+                        self.findings.append(Finding(rule="degenerate_under_offset_scale", message=(
+                            f"correct on the task's own inputs but not on inputs {kind}: {cmp.reason}")))
                 raise _Verdict(Status.INCORRECT, f"incorrect on input set {i} ({kind}): {cmp.reason}", [cmp.reason],
                                max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err)
         twice = compare_outputs(outs[1], outs[0], tol_scale=self.config.tol_scale)
@@ -528,6 +544,16 @@ class _Judge:
         }
         return {"ref_time": TimingStats.from_samples_ms(o.ref_ms), "cand_time": TimingStats.from_samples_ms(o.cand_ms),
                 "_speedup": o.speedup, "_ci": o.speedup_ci}
+
+
+def _is_constant(x: Any) -> bool:
+    """Every element of every tensor output is one and the same value."""
+    import torch
+
+    from kernelrl.compare import flatten
+
+    values = [t for t in flatten(x) if isinstance(t, torch.Tensor) and t.numel()]
+    return bool(values) and all(bool((t == t.reshape(-1)[0]).all()) for t in values)
 
 
 def _drop_private(d: dict[str, Any]) -> dict[str, Any]:

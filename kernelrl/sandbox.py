@@ -118,6 +118,9 @@ def worker_env(config: SandboxConfig, workdir: Path, extra: dict[str, str] | Non
         # sees work left running after a call returned.
         "OMP_WAIT_POLICY": "PASSIVE",
         "GOMP_SPINCOUNT": "0",
+        # torch.compile compiles in this process, not in a pool of workers that would outlive
+        # the call that started them (and look like work left running).
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
     })
     if config.pin_allocator:
         env.update(PINNED_ALLOCATOR_ENV)

@@ -38,11 +38,19 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from kernelrl.channel import Channel, Message  # noqa: E402
+from kernelrl.compare import exactly_equal  # noqa: E402
 
 _Tensor = torch.Tensor
 _cuda_sync = torch.cuda.synchronize
 _no_grad = torch.no_grad
 _manual_seed = torch.manual_seed
+
+
+def _thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
 
 
 def global_state() -> dict[str, Any]:
@@ -285,20 +293,30 @@ class WorkerState:
         sets = msg.payload
         repeat_first = int(msg.header.get("repeat_first", 1))
         outputs, inputs_after, types_ = [], [], []
+        thread_rises, changed_after = [], []
         try:
             for i, inputs in enumerate(sets):
                 for _ in range(repeat_first if i == 0 else 1):
                     args = _to_device(_clone(inputs), self.device)
+                    before = _thread_count()
                     with _no_grad():
                         out = self.model(*args)
                     self._sync()
-                    outputs.append(_to_cpu(out))
+                    thread_rises.append(_thread_count() - before)
+                    snapshot = _to_cpu(out)
+                    # An honest output is final when the call returns; one still being written by
+                    # work the call left running changes in the next moments.
+                    time.sleep(0.005)
+                    self._sync()
+                    changed_after.append(not exactly_equal(snapshot, _to_cpu(out)))
+                    outputs.append(snapshot)
                     types_.append([type(o).__module__ + "." + type(o).__qualname__ for o in _flatten(out)])
                     inputs_after.append(_to_cpu(args))
         except Exception as e:  # noqa: BLE001
             return "error", {"phase": "run", "message": f"{type(e).__name__}: {e}",
                              "traceback": traceback.format_exc(limit=8)}, None
-        return "ran", {"output_types": types_, "state_after": global_state()}, {"outputs": outputs,
+        return "ran", {"output_types": types_, "state_after": global_state(), "thread_rises": thread_rises,
+                       "changed_after_return": changed_after}, {"outputs": outputs,
                                                                                   "inputs_after": inputs_after}
 
     def set_pool(self, msg: Message) -> tuple[str, dict[str, Any], Any]:
