@@ -121,6 +121,9 @@ def worker_env(config: SandboxConfig, workdir: Path, extra: dict[str, str] | Non
         # torch.compile compiles in this process, not in a pool of workers that would outlive
         # the call that started them (and look like work left running).
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        # No network for programs under test: hub libraries fail at once instead of retrying.
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
     })
     if config.pin_allocator:
         env.update(PINNED_ALLOCATOR_ENV)

@@ -8,24 +8,31 @@ fresh module namespace, never by editing the file.
 
 Guarantees:
 - loading never executes a task's module code; only `instantiate` does, each time in a fresh,
-  unregistered module object, so two instantiations never share state;
+  unregistered module object, so two instantiations never share state, with the hub libraries
+  set offline (a task that fetches a model config fails at once instead of retrying);
 - `full` is the file exactly as written; `small` shrinks the file's integer constants until the
   inputs and parameters fit a CPU budget (shapes are checked on the meta device, so nothing large
-  is ever allocated while shrinking), unless the suite gives explicit small constants;
+  is ever allocated while shrinking), unless the suite gives explicit small constants; constants
+  are substituted in the syntax tree before the module runs, so values derived from them follow;
 - names are stable: `<folder>/<file stem>` relative to the loaded root.
 
 Does not guarantee that a shrunk task keeps every property of the original (a constant used as a
 head count may change divisibility); the shrink only halves constants >= 16, which keeps
-power-of-two structure, and falls back to the file's sizes when the meta check fails.
+power-of-two structure. A task whose program cannot run on the meta device (it calls `.item()`,
+say) keeps the file's sizes at `small`, with a warning. Sizes held in tuples or lists, and
+parameters sized by literals inside the model, are not shrunk.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
+import os
 import re
 import types
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,22 +105,37 @@ class TaskModule:
 
 
 def module_int_constants(source: str) -> dict[str, int]:
-    """`NAME = <int literal>` assignments at module level (bools excluded)."""
+    """Module-level integer constants, read from the syntax tree (no code runs).
+
+    Reads `a = 3`, `a: int = 3`, `a = b = 3`, `a, b = 3, 4` and literal arithmetic (`2 * 1024`).
+    """
     try:
         tree = ast.parse(source)
     except SyntaxError as e:
         raise TaskError(f"task source does not parse: {e}") from e
     out: dict[str, int] = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            value = _int_literal(node.value)
-            if value is not None:
-                out[node.targets[0].id] = value
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-            value = _int_literal(node.value)
-            if value is not None:
-                out[node.target.id] = value
+        out.update(_constant_assignments(node))
     return out
+
+
+def _constant_assignments(node: ast.stmt) -> dict[str, int]:
+    """Names bound to integer literals by one module-level statement."""
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+        value = _int_literal(node.value)
+        return {} if value is None else {node.target.id: value}
+    if not isinstance(node, ast.Assign):
+        return {}
+    if len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) and isinstance(node.value, ast.Tuple):
+        names, values = node.targets[0].elts, node.value.elts
+        ints = [_int_literal(v) for v in values]
+        if len(names) == len(values) and all(isinstance(n, ast.Name) for n in names) and None not in ints:
+            return {n.id: v for n, v in zip(names, ints)}  # type: ignore[union-attr]
+        return {}
+    value = _int_literal(node.value)
+    if value is None or not all(isinstance(t, ast.Name) for t in node.targets):
+        return {}
+    return {t.id: value for t in node.targets}  # type: ignore[union-attr]
 
 
 def _int_literal(node: ast.AST) -> int | None:
@@ -121,7 +143,8 @@ def _int_literal(node: ast.AST) -> int | None:
     try:
         value = ast.literal_eval(node)
     except (ValueError, SyntaxError, TypeError):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Add, ast.Sub, ast.LShift, ast.Pow)):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Add, ast.Sub, ast.LShift, ast.Pow,
+                                                                ast.FloorDiv)):
             left, right = _int_literal(node.left), _int_literal(node.right)
             if left is None or right is None:
                 return None
@@ -135,22 +158,62 @@ def _int_literal(node: ast.AST) -> int | None:
     return value
 
 
+def _with_constants(source: str, constants: dict[str, int]) -> ast.Module:
+    """The task's syntax tree with its constant assignments set to `constants`.
+
+    Substituting before the module runs (rather than rebinding after) keeps derived values
+    right: `bias_shape = (out_channels, 1, 1)` follows a shrunk `out_channels`.
+    """
+    tree = ast.parse(source)
+    body: list[ast.stmt] = []
+    for node in tree.body:
+        found = _constant_assignments(node)
+        if found and any(name in constants for name in found):
+            for name, value in found.items():
+                assign = ast.Assign(targets=[ast.Name(name, ast.Store())], value=ast.Constant(constants.get(name, value)))
+                body.append(ast.copy_location(assign, node))
+        else:
+            body.append(node)
+    tree.body = body
+    return ast.fix_missing_locations(tree)
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """Tasks that build models from a hub config must fail fast here, not retry the network."""
+    keys = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: "1" for k in keys})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def compile_task(source: str, constants: dict[str, int], filename: str) -> types.CodeType:
+    """The task's code with its integer constants set: what every process that runs a task runs."""
+    return compile(_with_constants(source, constants), filename, "exec")
+
+
 def exec_task_module(task: Task, constants: dict[str, int]) -> TaskModule:
-    """Run the task source in a fresh module, then rebind its integer constants."""
+    """Run the task source, with its integer constants set, in a fresh module."""
     digest = hashlib.sha256(task.source.encode()).hexdigest()[:12]
     mod = types.ModuleType(f"kernelrl_task_{digest}")
     mod.__file__ = str(task.path) if task.path else f"<task {task.name}>"
     try:
-        code = compile(task.source, mod.__file__, "exec")
-        exec(code, mod.__dict__)  # noqa: S102 - tasks are trusted reference programs
+        code = compile_task(task.source, constants, mod.__file__)
+        with _offline():
+            exec(code, mod.__dict__)  # noqa: S102 - tasks are trusted reference programs
     except Exception as e:  # noqa: BLE001
         raise TaskError(f"task {task.name} failed to execute: {type(e).__name__}: {e}") from e
     for name in ("Model", "get_inputs", "get_init_inputs"):
         if not hasattr(mod, name):
             raise TaskError(f"task {task.name} defines no `{name}` (KernelBench format needs Model, "
                             "get_inputs and get_init_inputs)")
-    # get_inputs / get_init_inputs read module globals at call time, so rebinding is enough.
-    mod.__dict__.update(constants)
     return TaskModule(task=task, module=mod, constants=dict(constants))
 
 
@@ -168,41 +231,47 @@ def resolve_constants(task: Task, size: str) -> dict[str, int]:
 def shrink_constants(task: Task, base: dict[str, int], budget: int = SMALL_ELEMENT_BUDGET) -> dict[str, int]:
     """Halve the largest constants (>= 16) until inputs + parameters fit `budget` elements.
 
-    Shapes are evaluated on the meta device, so a 16k x 16k task costs nothing to inspect.
-    If the shrunk sizes make the reference fail on meta, the last working sizes are kept.
+    Sizes are read on the meta device, so a 16k x 16k task costs nothing to inspect. A constant
+    whose halving breaks the program (a structural size) is frozen and the next one is tried.
+    The fast pass builds the model and its inputs at each step and runs the forward pass once,
+    at the end (a recurrent model's forward on meta can take seconds); only if that fails is
+    the shrink redone with the forward pass checked at every step.
     """
+    if _meta_footprint(task, base, forward=True) is None:
+        warnings.warn(f"{task.name}: shapes cannot be checked on the meta device; its small size keeps "
+                      "the file's constants", stacklevel=2)
+        return dict(base)
+    fast = _shrink(task, base, budget, forward=False)
+    if fast == base or _meta_footprint(task, fast, forward=True) is not None:
+        return fast
+    return _shrink(task, base, budget, forward=True)
+
+
+def _shrink(task: Task, base: dict[str, int], budget: int, *, forward: bool) -> dict[str, int]:
     consts = dict(base)
-    size_now = _meta_footprint(task, consts)
+    size_now = _meta_footprint(task, consts, forward=forward)
     if size_now is None:
-        return consts  # cannot reason about it; leave it as written
-    for _ in range(64):
+        return consts
+    frozen: set[str] = set()
+    for _ in range(256):
         if size_now <= budget:
             break
-        candidates = [k for k, v in consts.items() if v >= _SHRINK_MIN_CONSTANT]
+        candidates = [k for k, v in consts.items() if v >= _SHRINK_MIN_CONSTANT and k not in frozen]
         if not candidates:
             break
         biggest = max(candidates, key=lambda k: consts[k])
-        trial = dict(consts)
-        trial[biggest] = consts[biggest] // 2
-        trial_size = _meta_footprint(task, trial)
+        trial = {**consts, biggest: consts[biggest] // 2}
+        trial_size = _meta_footprint(task, trial, forward=forward)
         if trial_size is None:
-            # This constant cannot shrink (structural); stop shrinking it by raising its floor.
-            base_floor = {k for k in candidates if k != biggest}
-            if not base_floor:
-                break
-            trial = dict(consts)
-            # try the next biggest constant instead
-            nxt = max(base_floor, key=lambda k: consts[k])
-            trial[nxt] = consts[nxt] // 2
-            trial_size = _meta_footprint(task, trial)
-            if trial_size is None:
-                break
+            frozen.add(biggest)
+            continue
         consts, size_now = trial, trial_size
     return consts
 
 
-def _meta_footprint(task: Task, consts: dict[str, int]) -> int | None:
-    """Elements of inputs + parameters + output, or None if the program fails on meta."""
+def _meta_footprint(task: Task, consts: dict[str, int], *, forward: bool = True) -> int | None:
+    """Elements of inputs + parameters (+ outputs when `forward`), or None if the program fails
+    on the meta device."""
     import torch
 
     try:
@@ -211,7 +280,7 @@ def _meta_footprint(task: Task, consts: dict[str, int]) -> int | None:
             init = tm.get_init_inputs()
             model = tm.Model(*init)
             inputs = tm.get_inputs()
-            out = model(*inputs)
+            out = model(*inputs) if forward else None
     except Exception:  # noqa: BLE001 - any failure means "cannot judge this size on meta"
         return None
     total = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())

@@ -238,12 +238,13 @@ class WorkerState:
     def _load_reference(self, source: str, name: str, constants: dict[str, int]) -> Any:
         import types
 
+        from kernelrl.task import compile_task
+
         mod = types.ModuleType("kernelrl_reference")
         try:
-            exec(compile(source, f"<task {name}>", "exec"), mod.__dict__)  # noqa: S102 - trusted task
+            exec(compile_task(source, constants, f"<task {name}>"), mod.__dict__)  # noqa: S102 - trusted task
         except Exception as e:  # noqa: BLE001
             raise _LoadError(f"reference failed to load: {type(e).__name__}: {e}", traceback.format_exc(limit=8)) from e
-        mod.__dict__.update(constants)
         return mod.Model
 
     def _load_candidate(self, source: str, constants: dict[str, int]) -> Any:

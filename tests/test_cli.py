@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_TASK
-
 
 def run_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kernelrl", *args], capture_output=True, text=True,
@@ -20,13 +18,12 @@ def run_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None)
 
 
 @pytest.fixture
-def files(tmp_path: Path, cache_dir: Path) -> dict[str, Path]:
-    task = tmp_path / "task.py"
-    task.write_text(TINY_TASK)
+def files(tmp_path: Path, tiny_task) -> dict[str, Path]:
+    task = tiny_task.path
     same = tmp_path / "same.py"
-    same.write_text(TINY_TASK.replace("class Model(", "class ModelNew("))
+    same.write_text(tiny_task.source.replace("class Model(", "class ModelNew("))
     loop = tmp_path / "loop.py"
-    loop.write_text(TINY_TASK.replace("class Model(", "class ModelNew(").replace(
+    loop.write_text(tiny_task.source.replace("class Model(", "class ModelNew(").replace(
         "return torch.relu(x)", "while True:\n            pass\n        return torch.relu(x)"))
     broken = tmp_path / "broken.py"
     broken.write_text("import torch\nclass Nothing:\n    pass\n")

@@ -183,3 +183,53 @@ def test_load_tasks_mixes_specs(tmp_path):
     names = [t.name for t in tasks]
     assert names[0] == "level1/gelu" and names[1] == "mine"
     assert all(n.startswith("operators/") for n in names[2:]) and len(names) >= 7
+
+
+def test_derived_constants_follow_the_size(tmp_path):
+    """`bias_shape = (out_features, 1)` must follow a shrunk `out_features`."""
+    src = (
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self, bias_shape):\n"
+        "        super().__init__()\n"
+        "        self.bias = nn.Parameter(torch.randn(bias_shape))\n"
+        "    def forward(self, x):\n"
+        "        return x + self.bias\n\n"
+        "rows = cols = 4096\n"
+        "depth, width = 2, 8192\n"
+        "bias_shape = (rows, 1)\n\n"
+        "def get_inputs():\n    return [torch.randn(rows, cols)]\n\n"
+        "def get_init_inputs():\n    return [bias_shape]\n"
+    )
+    path = tmp_path / "derived.py"
+    path.write_text(src)
+    task = load_task_file(path)
+    assert task.constants() == {"rows": 4096, "cols": 4096, "depth": 2, "width": 8192}
+    tm = task.instantiate("small")
+    assert tm.constants["rows"] < 4096
+    assert tm.module.bias_shape == (tm.constants["rows"], 1)
+    import torch
+
+    model = tm.Model(*tm.get_init_inputs())
+    assert model(*tm.get_inputs()).shape == (tm.constants["rows"], tm.constants["cols"])
+    assert torch.Size(tm.get_inputs()[0].shape).numel() <= 1 << 20
+
+
+def test_structural_constant_is_frozen_and_others_still_shrink(tmp_path):
+    """A constant that cannot halve (a reshape needs it exactly) stays; the rest shrink."""
+    src = (
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.w = nn.Parameter(torch.randn(4096))\n"
+        "    def forward(self, x):\n"
+        "        return x * self.w\n\n"
+        "fixed = 4096\nbatch = 8192\n\n"
+        "def get_inputs():\n    return [torch.randn(batch, fixed)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    path = tmp_path / "frozen.py"
+    path.write_text(src)
+    tm = load_task_file(path).instantiate("small")
+    assert tm.constants["fixed"] == 4096 and tm.constants["batch"] < 8192
