@@ -41,7 +41,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelrl.task import Task, TaskError
+from kernelrl.task import Task, TaskError, leaves
 
 # Per dtype (atol, rtol), as in the evaluator's protocol.
 DEFAULT_TOLERANCE = {"float32": (1e-4, 1e-4), "float64": (1e-4, 1e-4), "float16": (1e-2, 1e-2),
@@ -167,7 +167,7 @@ def _run(task: Task, model: Any, inputs: list[Any]) -> list[Any]:
             out = model(*inputs)
     except Exception as e:  # noqa: BLE001
         raise TaskError(f"task {task.name}: reference forward failed: {type(e).__name__}: {e}") from e
-    tensors = [t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in _flatten(out)]
+    tensors = [t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in leaves(out)]
     if not tensors:
         raise TaskError(f"task {task.name}: reference forward returned no tensor")
     return [t.detach() for t in tensors]
@@ -182,14 +182,6 @@ def _offset_scale(x: Any, gen: Any) -> Any:
     s = math.exp((torch.rand((), generator=gen).item() * 2 - 1) * math.log(4.0))
     o = torch.randn((), generator=gen).item()
     return x * s + o
-
-
-def _flatten(x: Any) -> list[Any]:
-    if isinstance(x, (list, tuple)):
-        return [y for item in x for y in _flatten(item)]
-    if isinstance(x, dict):
-        return [y for item in x.values() for y in _flatten(item)]
-    return [x]
 
 
 def _as_float(t: Any) -> Any:

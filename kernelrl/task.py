@@ -284,17 +284,18 @@ def _meta_footprint(task: Task, consts: dict[str, int], *, forward: bool = True)
     except Exception:  # noqa: BLE001 - any failure means "cannot judge this size on meta"
         return None
     total = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
-    for x in _flatten(inputs) + _flatten(out):
+    for x in leaves(inputs) + leaves(out):
         if isinstance(x, torch.Tensor):
             total += x.numel()
     return total
 
 
-def _flatten(x: Any) -> list[Any]:
+def leaves(x: Any) -> list[Any]:
+    """The leaves of nested lists, tuples and dicts (inputs and outputs of a task)."""
     if isinstance(x, (list, tuple)):
-        return [y for item in x for y in _flatten(item)]
+        return [y for item in x for y in leaves(item)]
     if isinstance(x, dict):
-        return [y for item in x.values() for y in _flatten(item)]
+        return [y for item in x.values() for y in leaves(item)]
     return [x]
 
 

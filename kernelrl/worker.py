@@ -38,7 +38,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from kernelrl.channel import Channel, Message  # noqa: E402
-from kernelrl.compare import exactly_equal  # noqa: E402
+from kernelrl.compare import exactly_equal, flatten  # noqa: E402
 
 _Tensor = torch.Tensor
 _cuda_sync = torch.cuda.synchronize
@@ -71,12 +71,6 @@ def global_state() -> dict[str, Any]:
         "cuda_matmul_allow_bf16_reduced_precision": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
     }
     return state
-
-
-def _flatten(x: Any) -> list[Any]:
-    if isinstance(x, (list, tuple)):
-        return [y for item in x for y in _flatten(item)]
-    return [x]
 
 
 def _to_device(x: Any, device: str) -> Any:
@@ -311,7 +305,7 @@ class WorkerState:
                     self._sync()
                     changed_after.append(not exactly_equal(snapshot, _to_cpu(out)))
                     outputs.append(snapshot)
-                    types_.append([type(o).__module__ + "." + type(o).__qualname__ for o in _flatten(out)])
+                    types_.append([type(o).__module__ + "." + type(o).__qualname__ for o in flatten(out)])
                     inputs_after.append(_to_cpu(args))
         except Exception as e:  # noqa: BLE001
             return "error", {"phase": "run", "message": f"{type(e).__name__}: {e}",
@@ -350,7 +344,7 @@ class WorkerState:
         self._sync()
         t1 = _perf_ns()
         self.last_out = out
-        plain = all(type(o) is _Tensor for o in _flatten(out))
+        plain = all(type(o) is _Tensor for o in flatten(out))
         return "called", {"t_ns": t1 - t0, "plain": plain}, None
 
     def output(self, msg: Message) -> tuple[str, dict[str, Any], Any]:
