@@ -234,15 +234,19 @@ def shrink_constants(task: Task, base: dict[str, int], budget: int = SMALL_ELEME
     Sizes are read on the meta device, so a 16k x 16k task costs nothing to inspect. A constant
     whose halving breaks the program (a structural size) is frozen and the next one is tried.
     The fast pass builds the model and its inputs at each step and runs the forward pass once,
-    at the end (a recurrent model's forward on meta can take seconds); only if that fails is
-    the shrink redone with the forward pass checked at every step.
+    at the end (a recurrent model's forward on meta can take seconds); only if that fails, or
+    the outputs turn out to dominate, is the shrink redone with the forward pass (and the
+    outputs) counted at every step.
     """
     if _meta_footprint(task, base, forward=True) is None:
         warnings.warn(f"{task.name}: shapes cannot be checked on the meta device; its small size keeps "
                       "the file's constants", stacklevel=2)
         return dict(base)
     fast = _shrink(task, base, budget, forward=False)
-    if fast == base or _meta_footprint(task, fast, forward=True) is not None:
+    checked = _meta_footprint(task, fast, forward=True)
+    # The fast pass does not see outputs: a tall-skinny matmul has small inputs and a huge
+    # output. Then, or when the shrunk program fails, shrink again with outputs counted.
+    if checked is not None and checked <= 4 * budget:
         return fast
     return _shrink(task, base, budget, forward=True)
 

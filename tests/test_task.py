@@ -233,3 +233,20 @@ def test_structural_constant_is_frozen_and_others_still_shrink(tmp_path):
     path.write_text(src)
     tm = load_task_file(path).instantiate("small")
     assert tm.constants["fixed"] == 4096 and tm.constants["batch"] < 8192
+
+
+def test_output_dominated_task_shrinks_until_the_output_fits(tmp_path):
+    """Tall-skinny matmul: inputs are small, the M x M output is not."""
+    src = (
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n"
+        "    def forward(self, a, b):\n"
+        "        return a @ b\n\n"
+        "M = 32768\nN = 32\n\n"
+        "def get_inputs():\n    return [torch.rand(M, N), torch.rand(N, M)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    path = tmp_path / "tall.py"
+    path.write_text(src)
+    tm = load_task_file(path).instantiate("small")
+    assert tm.constants["M"] ** 2 <= 4 * (1 << 20)
