@@ -225,7 +225,9 @@ def test_reference_against_itself_is_within_five_percent_five_times(task_name, c
     from kernelrl.suites import builtin_task
 
     task = builtin_task(task_name)
-    config = EvalConfig(cache_dir=cache_dir)
+    # The candidate is the reference renamed, which the static rules rightly refuse: only the
+    # measurement is under test here.
+    config = EvalConfig(cache_dir=cache_dir, static_checks=False)
     speedups = []
     for _ in range(5):
         res = evaluate(task, task.source + "\n\nModelNew = Model\n", config)
