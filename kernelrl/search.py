@@ -91,6 +91,7 @@ class SearchConfig:
     model_concurrency: int = 4  # proposer calls at once
     eval_concurrency: int = 1  # evaluations at once (each evaluation starts its own processes)
     eval_timeout_s: float = 300.0
+    timing_cap_s: float = 20.0  # per evaluation: interleaved timing stops here if +-1 % is not reached
     k_shown: int = 4  # earlier candidates shown in a prompt
     seed: int = 0
     resume: bool = False
@@ -124,6 +125,8 @@ class SearchConfig:
             raise ValueError(f"unknown size {self.size!r}; expected one of {', '.join(SIZES)}")
         if self.model_concurrency < 1 or self.eval_concurrency < 1:
             raise ValueError("model_concurrency and eval_concurrency must be >= 1")
+        if not self.timing_cap_s > 0:
+            raise ValueError(f"timing_cap_s must be > 0, got {self.timing_cap_s}")
         if not self.eval_timeout_s > 0:
             raise ValueError(f"eval_timeout_s must be > 0, got {self.eval_timeout_s}")
         if self.k_shown < 0:
@@ -551,8 +554,10 @@ def _default_collaborators(config: SearchConfig) -> tuple[EvaluateFn, BaselineFn
     from kernelrl.baseline import measure_baseline
     from kernelrl.evaluator import EvalConfig, evaluate
 
+    from kernelrl.timer import TimingConfig
+
     eval_config = EvalConfig(device=config.device, size=config.size, policy=config.policy,
-                             timeout_s=config.eval_timeout_s)
+                             timeout_s=config.eval_timeout_s, timing=TimingConfig(max_timing_s=config.timing_cap_s))
     return (lambda task, cand: evaluate(task, cand, eval_config)), (lambda task: measure_baseline(task, eval_config))
 
 
