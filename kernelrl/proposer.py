@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelrl.candidate import extract_code
-from kernelrl.task import Task
+from kernelrl.task import Task, natural_key
 
 
 class ProposerError(RuntimeError):
@@ -459,13 +459,9 @@ def _read_replay_jsonl(path: Path) -> list[ReplayRow]:
     return rows
 
 
-def _natural_key(s: str) -> list[Any]:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
-
-
 def _read_replay_dir(root: Path) -> list[ReplayRow]:
     rows = []
-    for path in sorted(root.rglob("*.py"), key=lambda p: _natural_key(str(p.relative_to(root)))):
+    for path in sorted(root.rglob("*.py"), key=lambda p: natural_key(str(p.relative_to(root)))):
         source = path.read_text(errors="replace")
         head = "\n".join(source.splitlines()[:10])
         m = _TASK_HEADER.search(head)

@@ -351,7 +351,7 @@ def load_task_dir(root: Path, *, suite: str = "") -> list[Task]:
     if inner.is_dir() and any(_LEVEL_DIR.match(p.name) for p in inner.iterdir() if p.is_dir()):
         root = inner
     tasks = []
-    for path in sorted(root.rglob("*.py"), key=lambda p: _natural_key(str(p.relative_to(root)))):
+    for path in sorted(root.rglob("*.py"), key=lambda p: natural_key(str(p.relative_to(root)))):
         if path.name.startswith("_") or any(part.startswith(".") for part in path.relative_to(root).parts):
             continue
         source = path.read_text(errors="replace")
@@ -367,7 +367,8 @@ def load_task_dir(root: Path, *, suite: str = "") -> list[Task]:
     return tasks
 
 
-def _natural_key(s: str) -> list[Any]:
+def natural_key(s: str) -> list[Any]:
+    """Sort key that orders `level1/2_x` before `level1/10_x`."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
