@@ -235,3 +235,17 @@ def test_reference_against_itself_is_within_five_percent_five_times(task_name, c
         speedups.append(res.speedup)
     print(f"{task_name}: {', '.join(f'{s:.3f}' for s in speedups)}")
     assert all(0.95 <= s <= 1.05 for s in speedups), speedups
+
+
+def test_every_rule_the_evaluator_emits_is_a_known_dynamic_rule():
+    """Findings name rules from kernelrl.checks.rules, so policies and prompts can act on them."""
+    import re
+    from pathlib import Path
+
+    import kernelrl.evaluator
+    from kernelrl.checks.rules import RULES
+
+    emitted = set(re.findall(r'rule="([a-z_]+)"', Path(kernelrl.evaluator.__file__).read_text()))
+    assert emitted, "no rules found: the pattern no longer matches the evaluator"
+    assert emitted <= set(RULES), emitted - set(RULES)
+    assert all(RULES[name].stage == "dynamic" for name in emitted)
