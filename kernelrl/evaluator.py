@@ -32,7 +32,6 @@ import platform
 import random
 import re
 import secrets
-import shutil
 import statistics
 import subprocess
 import sys
@@ -307,13 +306,10 @@ class _Judge:
             if rejecting:
                 raise _Verdict(Status.FLAGGED, f"flagged: {', '.join(sorted({f.rule for f in rejecting}))}",
                                [f.message for f in rejecting])
-            speedup = common.pop("_speedup")
-            ci = common.pop("_ci")
-            return self._result(Status.CORRECT, f"correct, {speedup:.3g}x", speedup=speedup, speedup_ci=ci,
+            return self._result(Status.CORRECT, f"correct, {outcome.speedup:.3g}x", speedup=outcome.speedup,
+                                speedup_ci=outcome.speedup_ci,
                                 findings=self.findings, eval_time_s=time.monotonic() - t0, **common)
         except _Verdict as v:
-            common.pop("_speedup", None)
-            common.pop("_ci", None)
             findings = _apply_policy(cfg.policy, self.findings)
             status, message = v.status, v.message
             rejecting = sorted({f.rule for f in findings if f.severity is Severity.REJECT})
@@ -325,18 +321,17 @@ class _Judge:
         except ChannelTimeout:
             log = cand.log_tail() if cand else ""
             return self._result(Status.TIMEOUT, f"candidate did not finish within {cfg.timeout_s:g} s",
-                                errors=[log], findings=self.findings, eval_time_s=time.monotonic() - t0,
-                                **_drop_private(common))
+                                errors=[log], findings=self.findings, eval_time_s=time.monotonic() - t0, **common)
         except WorkerDied as e:
             if e.role == "reference":
                 raise ReferenceFailed(f"reference worker died: {e}\n{e.log_tail}") from e
             return self._result(Status.RUNTIME_ERROR, f"candidate crashed: {e}", errors=[e.log_tail],
-                                findings=self.findings, eval_time_s=time.monotonic() - t0, **_drop_private(common))
+                                findings=self.findings, eval_time_s=time.monotonic() - t0, **common)
         except ChannelProtocolError as e:
             self.findings.append(Finding(rule="result_channel_forged", message=f"malformed message from the worker: {e}"))
             return self._result(Status.FLAGGED, "flagged: result_channel_forged", errors=[str(e)],
                                 findings=_apply_policy(cfg.policy, self.findings),
-                                eval_time_s=time.monotonic() - t0, **_drop_private(common))
+                                eval_time_s=time.monotonic() - t0, **common)
         finally:
             for w in (ref, cand):
                 if w is not None:
@@ -542,8 +537,7 @@ class _Judge:
             "cand_threads": o.cand_threads_max, "ref_threads": o.ref_threads_max, "wall_s": round(o.wall_s, 3),
             "output_floor_ms": floor_ms,
         }
-        return {"ref_time": TimingStats.from_samples_ms(o.ref_ms), "cand_time": TimingStats.from_samples_ms(o.cand_ms),
-                "_speedup": o.speedup, "_ci": o.speedup_ci}
+        return {"ref_time": TimingStats.from_samples_ms(o.ref_ms), "cand_time": TimingStats.from_samples_ms(o.cand_ms)}
 
 
 def _is_constant(x: Any) -> bool:
@@ -554,10 +548,6 @@ def _is_constant(x: Any) -> bool:
 
     values = [t for t in flatten(x) if isinstance(t, torch.Tensor) and t.numel()]
     return bool(values) and all(bool((t == t.reshape(-1)[0]).all()) for t in values)
-
-
-def _drop_private(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if not k.startswith("_")}
 
 
 def _error_line(text: str) -> str:
@@ -595,8 +585,3 @@ def _evict_bytes(device: str) -> int:
     if device == "cuda":
         return 256 << 20  # larger than any current GPU's L2
     return int(_llc_bytes() * 1.5)
-
-
-def clear_build_cache(config: EvalConfig) -> None:
-    shutil.rmtree(config.cache_dir / "extensions", ignore_errors=True)
-
