@@ -26,13 +26,13 @@ from pathlib import Path
 import torch
 
 from kernelrl.candidate import Candidate
-from kernelrl.compare import compare_outputs
-from kernelrl.evaluator import EvalConfig, evaluate, evaluate_many
+from kernelrl.judge.compare import compare_outputs
+from kernelrl.judge.evaluator import EvalConfig, evaluate, evaluate_many
 from kernelrl.examples import list_examples
-from kernelrl.proposer import CPU_PORTFOLIO, applicable, render_rewrite, task_traits
-from kernelrl.sandbox import SandboxConfig
-from kernelrl.suites import builtin_task, load_suite
-from kernelrl.task import Task
+from kernelrl.search.proposers.heuristic import CPU_PORTFOLIO, applicable, render_rewrite, task_traits
+from kernelrl.judge.sandbox import SandboxConfig
+from kernelrl.tasks.suites import builtin_task, load_suite
+from kernelrl.tasks.task import Task
 
 
 def twenty_candidates() -> list[tuple[Task, Candidate]]:

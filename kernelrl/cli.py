@@ -1,5 +1,8 @@
 """The `kernelrl` command line: thin commands over library functions.
 
+Each command parses its flags, calls one library function and prints what it returns (through
+`kernelrl.report.console`, or as JSON with `--json`).
+
 Exit codes: 0 whenever the command did its work (an incorrect or flagged candidate is a
 verdict, not a failure); 2 for a bad invocation (missing file, unknown task, bad option) with a
 one-line message on stderr; 130 when interrupted. Nothing already written (databases, reports)
@@ -11,14 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-CONFIG_DIR = Path(__file__).parent / "configs"
+from kernelrl.checks.policy import PolicyName
+from kernelrl.judge.device import Device
+from kernelrl.tasks.task import Size
 
 
 class UsageError(Exception):
@@ -30,66 +34,50 @@ def _console(json_mode: bool = False) -> Console:
     return Console(stderr=True) if json_mode else Console()
 
 
+def _with_spinner(console: Console, text: str, fn: Callable[[], Any]) -> Any:
+    with console.status(text, spinner="dots"):
+        return fn()
+
+
+def _task_specs(values: Sequence[str] | None) -> list[str]:
+    """Task specs given as several values, comma-separated values, or both."""
+    return [s.strip() for v in values or () for s in v.split(",") if s.strip()]
+
+
 # ---------------------------------------------------------------------------------------------
 # tasks
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from kernelrl.task import TaskError, describe_shapes, load_tasks
+    from kernelrl.report.console import render_degeneracy, render_tasks
+    from kernelrl.tasks.suites import load_tasks
+    from kernelrl.tasks.task import TaskError
 
     try:
         tasks = load_tasks(args.suite)
     except TaskError as e:
         raise UsageError(str(e)) from e
     if args.check_degeneracy:
-        return _degeneracy(tasks, args)
+        from kernelrl.tasks.degeneracy import check_tasks
+
+        reports = list(check_tasks(tasks, size=args.size))
+        if args.json:
+            print(json.dumps([{"task": t.name, "error": str(r)} if isinstance(r, Exception) else
+                              {"task": t.name, "degenerate": r.degenerate, "reasons": list(r.reasons)}
+                              for t, r in zip(tasks, reports)], indent=1))
+        else:
+            render_degeneracy(tasks, reports, _console())
+        return 0
     if args.json:
         print(json.dumps([{"name": t.name, "level": t.level, "suite": t.suite,
                            "path": str(t.path) if t.path else None} for t in tasks], indent=1))
         return 0
-    table = Table(title=f"{len(tasks)} tasks in {args.suite}")
-    for col in ("name", "level", "inputs (small)" if args.shapes else "constants"):
-        table.add_column(col)
-    for t in tasks:
-        if args.shapes:
-            try:
-                detail = ", ".join(describe_shapes(t.instantiate("small")))
-            except Exception as e:  # noqa: BLE001 - a broken task is shown, not fatal
-                detail = f"[red]{type(e).__name__}: {e}[/red]"
-        else:
-            detail = ", ".join(f"{k}={v}" for k, v in t.constants().items())
-        table.add_row(t.name, "" if t.level is None else str(t.level), detail)
-    _console().print(table)
-    return 0
-
-
-def _degeneracy(tasks: list[Any], args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from kernelrl.degeneracy import check_tasks
-
-    rows = []
-    table = Table(title="degeneracy filter")
-    for col in ("task", "verdict", "reasons"):
-        table.add_column(col)
-    for t, rep in zip(tasks, check_tasks(tasks, size=args.size)):
-        if isinstance(rep, Exception):
-            rows.append({"task": t.name, "error": str(rep)})
-            table.add_row(t.name, "[yellow]error[/yellow]", str(rep))
-            continue
-        rows.append({"task": t.name, "degenerate": rep.degenerate, "reasons": list(rep.reasons)})
-        table.add_row(t.name, "[red]degenerate[/red]" if rep.degenerate else "[green]ok[/green]", "; ".join(rep.reasons))
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    else:
-        _console().print(table)
+    render_tasks(tasks, _console(), title=f"{len(tasks)} tasks in {args.suite}", shapes=args.shapes)
     return 0
 
 
 # ---------------------------------------------------------------------------------------------
-# eval
+# eval, baseline
 
 
 def _read_candidate(path_str: str) -> Any:
@@ -108,16 +96,19 @@ def _read_candidate(path_str: str) -> Any:
 
 
 def _eval_config(args: argparse.Namespace) -> Any:
-    from kernelrl.evaluator import EvalConfig
+    from kernelrl.judge.evaluator import EvalConfig
 
     try:
-        return EvalConfig(device=args.device, size=args.size, timeout_s=args.timeout, policy=args.policy)
+        config = EvalConfig(device=args.device, size=args.size, timeout_s=args.timeout, policy=args.policy)
     except ValueError as e:
         raise UsageError(str(e)) from e
+    _check_device(config.device)
+    return config
 
 
 def _load_one_task(spec: str) -> Any:
-    from kernelrl.task import TaskError, load_task
+    from kernelrl.tasks.suites import load_task
+    from kernelrl.tasks.task import TaskError
 
     try:
         return load_task(spec)
@@ -126,25 +117,20 @@ def _load_one_task(spec: str) -> Any:
 
 
 def _check_device(device: str) -> None:
-    if device == "cuda":
+    if device == Device.CUDA:
         import torch
 
         if not torch.cuda.is_available():
             raise UsageError("--device cuda: no CUDA device is available on this machine")
 
 
-def _with_spinner(console: Console, text: str, fn: Callable[[], Any]) -> Any:
-    with console.status(text, spinner="dots"):
-        return fn()
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
-    from kernelrl.evaluator import ReferenceFailed, evaluate
+    from kernelrl.judge.evaluator import ReferenceFailed, evaluate
+    from kernelrl.report.console import render_result
 
     task = _load_one_task(args.task)
     cand = _read_candidate(args.candidate)
     config = _eval_config(args)
-    _check_device(config.device)
     console = _console(args.json)
     try:
         result = _with_spinner(console, f"evaluating {Path(args.candidate).name} on {task.name} ({config.size}, "
@@ -158,61 +144,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_result(result: Any, console: Console) -> None:
-    from rich.panel import Panel
-    from rich.table import Table
-
-    from kernelrl.result import Status
-
-    colour = {Status.CORRECT: "green", Status.INCORRECT: "red", Status.FLAGGED: "magenta"}.get(result.status, "yellow")
-    table = Table.grid(padding=(0, 2))
-    table.add_row("status", f"[bold {colour}]{result.status.value}[/]")
-    table.add_row("message", result.message)
-    if result.speedup is not None:
-        lo, hi = result.speedup_ci or (float("nan"), float("nan"))
-        table.add_row("speedup", f"[bold]{result.speedup:.3f}x[/]  (95% CI {lo:.3f}-{hi:.3f})")
-    for label, t in (("reference", result.ref_time), ("candidate", result.cand_time)):
-        if t is not None:
-            table.add_row(label, f"median {t.median_ms:.4f} ms, IQR {t.iqr_ms:.4f} ms, n={t.n}")
-    if result.max_abs_err is not None:
-        table.add_row("max error", f"abs {result.max_abs_err:.3g}, rel {result.max_rel_err:.3g}")
-    if result.build_time_s is not None:
-        table.add_row("build", f"{result.build_time_s:.2f} s{' (cached)' if result.build_cached else ''}")
-    if result.eval_time_s is not None:
-        table.add_row("evaluation", f"{result.eval_time_s:.1f} s")
-    for f in result.findings:
-        table.add_row(f"[magenta]{f.severity.value}[/]", f"{f.rule}: {f.message}")
-    console.print(Panel(table, title=f"{result.task}", expand=False))
-    if result.status not in (Status.CORRECT,) and result.errors:
-        tail = "\n".join(e.strip() for e in result.errors if e.strip())
-        console.print(tail[-3000:], markup=False, highlight=False)
-
-
-# ---------------------------------------------------------------------------------------------
-# baseline
-
-
 def cmd_baseline(args: argparse.Namespace) -> int:
-    from kernelrl.baseline import measure_baseline
-    from kernelrl.evaluator import ReferenceFailed
+    from kernelrl.judge.baseline import measure_baseline
+    from kernelrl.judge.evaluator import ReferenceFailed
+    from kernelrl.report.console import render_baseline
 
     task = _load_one_task(args.task)
     config = _eval_config(args)
-    _check_device(config.device)
     console = _console(args.json)
     try:
         b = _with_spinner(console, f"timing {task.name} eager and under torch.compile",
                           lambda: measure_baseline(task, config, compile=not args.no_compile))
     except ReferenceFailed as e:
         raise UsageError(f"the task's reference fails: {str(e).splitlines()[0]}") from e
-    data = {"task": b.task, "device": b.device, "size": b.size, "eager_ms": b.eager_ms, "compile_ms": b.compile_ms,
-            "compile_speedup": b.compile_speedup, "compile_error": b.compile_error or None}
     if args.json:
-        print(json.dumps(data))
+        print(json.dumps(b.to_dict()))
     else:
-        console.print(f"[bold]{b.task}[/] ({b.size}, {b.device}): eager {b.eager_ms:.4f} ms"
-                      + (f", torch.compile {b.compile_ms:.4f} ms ({b.compile_speedup:.2f}x)" if b.compile_ms else
-                         f", torch.compile unavailable: {b.compile_error}"))
+        render_baseline(b, console)
     return 0
 
 
@@ -221,7 +169,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from kernelrl import audit
+    from kernelrl.checks import audit
+    from kernelrl.report.console import render_audit
 
     path = Path(args.path)
     if not path.exists():
@@ -236,74 +185,77 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
-        audit.render_audit(report, console)
+        render_audit(report, console)
     return 0
 
 
 # ---------------------------------------------------------------------------------------------
 # optimize / report / export
 
+# Every flag of `optimize` and the field of `SearchConfig` it sets (dotted: nested configs).
+# Flags not listed here are actions, not settings.
+OPTIMIZE_FLAGS: dict[str, str] = {
+    "tasks": "tasks",
+    "proposer": "proposer",
+    "budget": "budget",
+    "db": "db_path",
+    "chains": "chains",
+    "resume": "resume",
+    "policy": "eval.policy",
+    "device": "eval.device",
+    "size": "eval.size",
+    "timeout": "eval.timeout_s",
+    "timing_cap": "eval.timing.max_timing_s",
+    "eval_concurrency": "eval.concurrency",
+    "wall_time": "wall_time_s",
+    "token_budget": "token_budget",
+    "templates": "template_dir",
+    "base_url": "proposer_opts.base_url",
+    "temperature": "proposer_opts.temperature",
+    "max_tokens": "proposer_opts.max_tokens",
+    "model_concurrency": "model_concurrency",
+}
+OPTIMIZE_ACTIONS = ("config", "report", "html")
 
-def _load_run_config(name: str | None) -> dict[str, Any]:
-    if name is None:
-        return {}
-    path = Path(name)
-    if not path.is_file():
-        path = CONFIG_DIR / f"{name}.toml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
-        raise UsageError(f"no run config {name!r} (a .toml file, or one of: {known})")
+
+def search_config(args: argparse.Namespace) -> Any:
+    """The run's `SearchConfig`: the named config file, then the flags given on top."""
+    from kernelrl.config import ConfigError, build, load_toml, with_overrides
+    from kernelrl.search.loop import SearchConfig
+
+    overrides = {field: getattr(args, dest) for dest, field in OPTIMIZE_FLAGS.items()}
+    overrides["tasks"] = _task_specs(args.tasks) or None
+    overrides["resume"] = bool(args.resume) or None
+    if args.model_concurrency is not None:
+        # one limit for the loop's threads and the endpoint's requests in flight
+        overrides["proposer_opts.concurrency"] = args.model_concurrency
     try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"{path}: {e}") from e
+        values = with_overrides(load_toml(args.config) if args.config else {}, overrides)
+        if "db_path" not in values:
+            raise UsageError("--db PATH is required (or db_path in the run config)")
+        return build(SearchConfig, values)
+    except ConfigError as e:
+        raise UsageError(f"bad run configuration: {e}") from e
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    from kernelrl.search import SearchConfig, run_search
-    from kernelrl.task import TaskError
+    from kernelrl.report.console import render_summary
+    from kernelrl.search.database import DatabaseError
+    from kernelrl.search.loop import StopReason, run_search
+    from kernelrl.search.proposers import ProposerError
+    from kernelrl.tasks.task import TaskError
 
-    values = _load_run_config(args.config)
-    overrides = {"tasks": args.tasks, "proposer": args.proposer, "budget": args.budget, "db_path": args.db,
-                 "chains": args.chains, "policy": args.policy, "device": args.device, "size": args.size,
-                 "wall_time_s": args.wall_time, "token_budget": args.token_budget,
-                 "eval_timeout_s": args.timeout, "eval_concurrency": args.eval_concurrency}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    if args.templates is not None:
-        values["template_dir"] = args.templates
-    if args.model_concurrency is not None:
-        values["model_concurrency"] = args.model_concurrency
-    # Endpoint options go to the proposer; the API key only ever comes from OPENAI_API_KEY.
-    opts = dict(values.get("proposer_opts") or {})
-    for key in ("base_url", "temperature", "max_tokens"):
-        if getattr(args, key) is not None:
-            opts[key] = getattr(args, key)
-    if args.model_concurrency is not None:
-        opts["concurrency"] = args.model_concurrency
-    if opts:
-        values["proposer_opts"] = opts
-    if isinstance(values.get("tasks"), str):
-        values["tasks"] = tuple(s for s in values["tasks"].split(",") if s)
-    values["resume"] = bool(args.resume)
-    if "db_path" not in values:
-        raise UsageError("--db PATH is required (or db_path in the run config)")
-    if not args.resume and Path(values["db_path"]).exists():
+    config = search_config(args)
+    _check_device(config.eval.device)
+    console = _console()
+    if not config.resume and config.db_path.exists():
         # A new run in the same database: stored results are reused, never re-evaluated.
-        _console().print(f"{values['db_path']} exists: starting a new run in it (--resume continues the last one)")
-    if values.get("device") == "cuda":
-        _check_device("cuda")
+        console.print(f"{config.db_path} exists: starting a new run in it (--resume continues the last one)")
     try:
-        config = SearchConfig(**values)
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"bad run configuration: {e}") from e
-    from kernelrl.database import DatabaseError
-    from kernelrl.proposer import ProposerError
-    from kernelrl.search import StopReason
-
-    try:
-        summary = run_search(config, console=_console())
+        summary = run_search(config, console=console)
     except (TaskError, DatabaseError, ProposerError) as e:
         raise UsageError(str(e)) from e
+    render_summary(summary, console)
     if summary.stop_reason is StopReason.INTERRUPTED:
         return 130
     if args.report:
@@ -312,12 +264,13 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from kernelrl.report import build_report, render_report, write_html
+    from kernelrl.report.console import render_report
+    from kernelrl.report.html import write_html
+    from kernelrl.report.report import build_report
+    from kernelrl.search.database import DatabaseError
 
     if not Path(args.db).is_file():
         raise UsageError(f"no such database: {args.db}")
-    from kernelrl.database import DatabaseError
-
     try:
         report = build_report(args.db, run_id=args.run)
     except (DatabaseError, ValueError) as e:
@@ -331,12 +284,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from kernelrl.export import export_jsonl
+    from kernelrl.report.export import export_jsonl
+    from kernelrl.search.database import DatabaseError
 
     if not Path(args.db).is_file():
         raise UsageError(f"no such database: {args.db}")
-    from kernelrl.database import DatabaseError
-
     try:
         if args.out:
             n = export_jsonl(args.db, args.out, only_correct=args.only_correct)
@@ -352,18 +304,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _add_eval_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--size", choices=("small", "full"), default="small")
+    p.add_argument("--device", choices=tuple(Device), default=Device.CPU.value)
+    p.add_argument("--size", choices=tuple(Size), default=Size.SMALL.value)
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="wall-clock limit for one candidate's whole evaluation (default 300)")
-    p.add_argument("--policy", choices=_policy_names(), default="open",
+    p.add_argument("--policy", choices=tuple(PolicyName), default=PolicyName.OPEN.value,
                    help="strict: needs a custom kernel; open: any PyTorch-level rewrite; observe: static rules only warn")
-
-
-def _policy_names() -> tuple[str, ...]:
-    from kernelrl.policy import POLICY_NAMES
-
-    return tuple(POLICY_NAMES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -376,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shapes", action="store_true", help="show input shapes at the small size")
     p.add_argument("--check-degeneracy", action="store_true",
                    help="run the degeneracy filter (near-constant or input-independent outputs)")
-    p.add_argument("--size", choices=("small", "full"), default="small")
+    p.add_argument("--size", choices=tuple(Size), default=Size.SMALL.value)
     p.set_defaults(func=cmd_tasks)
 
     p = sub.add_parser("eval", help="judge one candidate against a task's reference")
@@ -403,16 +349,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("optimize", help="search for faster programs with a proposer")
     p.add_argument("--config", default=None, help="named run config (kernelrl/configs/NAME.toml) or a .toml file")
-    p.add_argument("--tasks", default=None, help="suites, task names, files or folders, comma-separated")
+    p.add_argument("--tasks", nargs="+", default=None, metavar="SPEC",
+                   help="suites, task names, files or folders (several values, or comma-separated)")
     p.add_argument("--proposer", default=None, help="heuristic | openai:MODEL | hf:PATH | replay:PATH")
     p.add_argument("--budget", type=int, default=None, help="candidates per task")
     p.add_argument("--db", default=None, help="SQLite database of the run")
     p.add_argument("--chains", type=int, default=None)
     p.add_argument("--resume", action="store_true", help="continue the last run in --db")
-    p.add_argument("--policy", choices=_policy_names(), default=None)
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None)
-    p.add_argument("--size", choices=("small", "full"), default=None)
+    p.add_argument("--policy", choices=tuple(PolicyName), default=None)
+    p.add_argument("--device", choices=tuple(Device), default=None)
+    p.add_argument("--size", choices=tuple(Size), default=None)
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate evaluation limit")
+    p.add_argument("--timing-cap", type=float, default=None, metavar="SECONDS",
+                   help="per candidate: timing stops here when the +-1 %% interval is not reached")
     p.add_argument("--wall-time", type=float, default=None, metavar="SECONDS")
     p.add_argument("--token-budget", type=int, default=None)
     p.add_argument("--eval-concurrency", type=int, default=None)

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# The scripted OpenAI-compatible server (tests/openai_server.py) as a fixture for every test.
+pytest_plugins = ("openai_server",)
+
 TINY_TASK = '''
 import torch
 import torch.nn as nn
@@ -46,8 +49,8 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def quick_config(cache_dir: Path):
     """Evaluator settings that judge a tiny task in a few seconds."""
-    from kernelrl.evaluator import EvalConfig
-    from kernelrl.timer import TimingConfig
+    from kernelrl.judge.evaluator import EvalConfig
+    from kernelrl.judge.timer import TimingConfig
 
     return EvalConfig(cache_dir=cache_dir, timeout_s=120,
                       timing=TimingConfig(min_rounds=5, max_rounds=40, max_timing_s=2.0, warmup_calls=2,
@@ -56,7 +59,7 @@ def quick_config(cache_dir: Path):
 
 @pytest.fixture
 def tiny_task(tmp_path: Path):
-    from kernelrl.task import load_task_file
+    from kernelrl.tasks.task import load_task_file
 
     path = tmp_path / "tiny_relu_bias.py"
     path.write_text(TINY_TASK)

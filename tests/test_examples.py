@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from kernelrl import suites
+from kernelrl.tasks import suites
 from kernelrl.candidate import Candidate, Language, defines_model_new
 from kernelrl.examples import EXAMPLES_ROOT, Example, list_examples
 
@@ -120,7 +120,7 @@ def test_build_error_example_fails_to_build():
 
 
 def _evaluate(example: Example, device: str):
-    from kernelrl.evaluator import EvalConfig, evaluate
+    from kernelrl.judge.evaluator import EvalConfig, evaluate
 
     task = suites.builtin_task(example.task)
     return evaluate(task, Candidate(source=example.source, origin=str(example.path)), EvalConfig(device=device))

@@ -2,7 +2,7 @@
 
 `kernelrl.checks.static.check_source(source)` runs the static rules; `kernelrl.checks.rules`
 lists every rule name (static and dynamic) with a description and a default severity.
-Policies (`kernelrl.policy`) decide which rules reject and which only warn.
+Policies (`kernelrl.checks.policy`) decide which rules reject and which only warn.
 """
 
 from kernelrl.checks.rules import DYNAMIC_RULES, RULES, STATIC_RULES, Rule

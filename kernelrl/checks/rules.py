@@ -6,7 +6,7 @@ each rule has a one-line description saying what it detects and the default seve
 starts from. The evaluator imports the dynamic names from here instead of spelling strings.
 
 Does not implement any check: the static ones live in `kernelrl.checks.static`, the dynamic
-ones in the evaluator. Policies (`kernelrl.policy`) may change a rule's severity.
+ones in the evaluator. Policies (`kernelrl.checks.policy`) may change a rule's severity.
 """
 
 from __future__ import annotations

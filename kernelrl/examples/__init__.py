@@ -20,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelrl.judge.device import Device
 from kernelrl.result import Status
 
 EXAMPLES_ROOT = Path(__file__).parent
-DEVICES = ("cpu", "cuda")
+DEVICES = tuple(Device)
 
 # (task name, file relative to EXAMPLES_ROOT, expected status, device)
 MANIFEST: tuple[tuple[str, str, str, str], ...] = (

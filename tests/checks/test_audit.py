@@ -9,7 +9,9 @@ import pytest
 from fixture_spec import CONTROL, REDTEAM, TASKS
 from rich.console import Console
 
-from kernelrl.audit import AuditInputError, audit, render_audit, read_entries, run_audit
+from kernelrl.checks.audit import AuditInputError, audit, read_entries
+from kernelrl.cli import main
+from kernelrl.report.console import render_audit
 
 REF = (TASKS / "elementwise_silu.py").read_text()
 
@@ -134,7 +136,7 @@ def test_missing_path_and_bad_jsonl_line(tmp_path):
         audit(path)
 
 
-def test_print_and_run_audit_show_counts_and_flagged_entries(tmp_path):
+def test_render_and_cli_audit_show_counts_and_flagged_entries(tmp_path, capsys):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"level1": [{"task_id": 1, "ref_code": REF, "custom_code": PATCHER}]}))
     buf = io.StringIO()
@@ -143,13 +145,12 @@ def test_print_and_run_audit_show_counts_and_flagged_entries(tmp_path):
     text = buf.getvalue()
     assert "module_patching" in text and "level1/1#0" in text and "flagged entries (1 of 1)" in text
 
-    out = tmp_path / "report.json"
-    buf2 = io.StringIO()
-    assert run_audit(path, json_out=out, console=Console(file=buf2, width=200)) == 0
-    saved = json.loads(out.read_text())
+    assert main(["audit", str(path), "--json"]) == 0
+    saved = json.loads(capsys.readouterr().out)
     assert saved["rule_counts"]["module_patching"] == {"reject": 1, "warn": 0}
-    assert run_audit(tmp_path / "missing", console=Console(file=io.StringIO())) == 2
-    assert run_audit(path, policy="lenient", console=Console(file=io.StringIO())) == 2
+    assert main(["audit", str(tmp_path / "missing")]) == 2
+    with pytest.raises(SystemExit):
+        main(["audit", str(path), "--policy", "lenient"])
 
 
 MUTATOR = """

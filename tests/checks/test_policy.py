@@ -6,7 +6,7 @@ import pytest
 
 from kernelrl.checks import rules as R
 from kernelrl.checks.static import check_source
-from kernelrl.policy import POLICY_NAMES, Policy, get_policy
+from kernelrl.checks.policy import POLICY_NAMES, Policy, get_policy
 from kernelrl.result import Finding, Severity
 
 

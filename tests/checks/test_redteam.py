@@ -27,9 +27,9 @@ from fixture_spec import FixtureSpec, control_specs, redteam_specs
 
 from kernelrl.candidate import Candidate
 from kernelrl.checks.static import check_source
-from kernelrl.policy import get_policy
+from kernelrl.checks.policy import get_policy
 from kernelrl.result import EvalResult, Severity
-from kernelrl.task import load_task_file
+from kernelrl.tasks.task import load_task_file
 
 TIMEOUT_S = 180.0
 REDTEAM = redteam_specs()
@@ -39,8 +39,8 @@ _JUDGE_SCRIPT = """
 import json, sys
 from pathlib import Path
 from kernelrl.candidate import Candidate
-from kernelrl.evaluator import EvalConfig, evaluate
-from kernelrl.task import load_task_file
+from kernelrl.judge.evaluator import EvalConfig, evaluate
+from kernelrl.tasks.task import load_task_file
 task_file, cand_file, device, policy, timeout, out = sys.argv[1:7]
 task = load_task_file(Path(task_file))
 cfg = EvalConfig(device=device, policy=policy, timeout_s=float(timeout))
@@ -74,7 +74,7 @@ def params(specs: list[FixtureSpec]) -> list:
 def judge(spec: FixtureSpec, policy: str, tmp_path: Path) -> EvalResult:
     if spec.canary:
         return judge_with_canaries(spec, policy, tmp_path)
-    from kernelrl.evaluator import EvalConfig, evaluate
+    from kernelrl.judge.evaluator import EvalConfig, evaluate
 
     task = load_task_file(spec.task_file)
     config = EvalConfig(device=spec.device, policy=policy, timeout_s=TIMEOUT_S)

@@ -10,7 +10,7 @@ from fixture_spec import control_specs, redteam_specs
 
 from kernelrl.checks import rules as R
 from kernelrl.checks.static import CHECKS, check_source, has_custom_kernel
-from kernelrl.policy import get_policy
+from kernelrl.checks.policy import get_policy
 from kernelrl.result import Severity
 
 REDTEAM = redteam_specs()

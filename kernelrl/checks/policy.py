@@ -1,0 +1,132 @@
+"""Policies: which checks reject a candidate and which only warn.
+
+Guarantees:
+- A `Policy` names every rule it rejects, warns on or ignores; the three sets are disjoint and
+  only hold names from `kernelrl.checks.rules`; any rule a policy does not mention keeps the
+  severity it was emitted with.
+- `Policy.apply(findings)` returns new findings with the policy's severities (ignored rules
+  dropped); it never adds or invents findings.
+- Named policies (`get_policy`):
+  - `strict`: KernelBench-style. The candidate must contain a real custom kernel (load_inline with
+    C++/CUDA code that does more than call ATen, a Triton/numba/cupy kernel) and may not fall back
+    to PyTorch in an except branch. Everything that touches shared state or the outside world
+    rejects.
+  - `open`: any PyTorch-level rewrite is allowed (torch.compile, channels_last, library calls,
+    plain torch ops, a torch fallback in an except branch, cudnn.benchmark). Rebinding torch or
+    timer attributes, reading the environment, side streams, threads, processes, files, changing
+    precision or thread counts, calling or subclassing the reference still reject.
+  - `observe`: every static rule only warns; dynamic rules keep their verdicts. For measuring the
+    dynamic defences on their own (the red-team suite does) and for audits that count without
+    refusing.
+- Dynamic rules (emitted by the evaluator) reject under every named policy.
+
+Does not decide correctness or timing: a policy only sets severities; the evaluator turns a
+rejecting finding into the FLAGGED status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kernelrl.checks import rules as R
+from kernelrl.result import Finding, Severity
+
+
+class PolicyName(enum.StrEnum):
+    STRICT = "strict"
+    OPEN = "open"
+    OBSERVE = "observe"
+
+
+POLICY_NAMES = tuple(PolicyName)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    name: str
+    description: str
+    reject: frozenset[str]
+    warn: frozenset[str]
+    ignore: frozenset[str] = frozenset()
+    requires_custom_kernel: bool = False
+
+    def __post_init__(self) -> None:
+        for label in ("reject", "warn", "ignore"):
+            names = getattr(self, label)
+            if not isinstance(names, frozenset):
+                object.__setattr__(self, label, frozenset(names))
+        unknown = (self.reject | self.warn | self.ignore) - set(R.RULES)
+        if unknown:
+            raise ValueError(f"policy {self.name}: unknown rule(s) {sorted(unknown)}")
+        overlap = (self.reject & self.warn) | (self.reject & self.ignore) | (self.warn & self.ignore)
+        if overlap:
+            raise ValueError(f"policy {self.name}: rule(s) {sorted(overlap)} given more than one severity")
+        if self.requires_custom_kernel != (R.NO_CUSTOM_KERNEL in self.reject):
+            raise ValueError(f"policy {self.name}: requires_custom_kernel must match whether "
+                             f"{R.NO_CUSTOM_KERNEL} rejects")
+
+    def severity(self, rule: str) -> Severity | None:
+        """The policy's severity for a rule; None when the policy ignores it or does not mention it."""
+        if rule in self.reject:
+            return Severity.REJECT
+        if rule in self.warn:
+            return Severity.WARN
+        return None
+
+    def apply(self, findings: Iterable[Finding]) -> list[Finding]:
+        out = []
+        for f in findings:
+            if f.rule in self.ignore:
+                continue
+            sev = self.severity(f.rule)
+            out.append(f if sev is None or sev is f.severity else dataclasses.replace(f, severity=sev))
+        return out
+
+    def rejects(self, findings: Iterable[Finding]) -> list[Finding]:
+        """The findings that make the verdict FLAGGED under this policy."""
+        return [f for f in self.apply(findings) if f.severity is Severity.REJECT]
+
+
+_ALWAYS_WARN = frozenset({R.OUTPUT_CACHING, R.ENVIRONMENT_WRITE, R.RNG_SEEDING, R.REDUCED_PRECISION_COMPUTE})
+# Allowed under `open` because they are PyTorch-level choices, not hacks: a torch fallback in an
+# except branch still computes the right answer in the candidate's own time, and backend flags are
+# reset by the judge before the reference runs (reported as global_state_changed if they persist).
+_OPEN_WARN = _ALWAYS_WARN | {R.TRY_FALLBACK, R.BACKEND_SETTING_CHANGE}
+_DYNAMIC = frozenset(R.DYNAMIC_RULES)
+_STATIC = frozenset(R.STATIC_RULES)
+
+STRICT = Policy(
+    name="strict",
+    description="KernelBench-style: needs a real custom kernel, no PyTorch fallback",
+    reject=(_STATIC - _ALWAYS_WARN) | _DYNAMIC,
+    warn=_ALWAYS_WARN,
+    requires_custom_kernel=True,
+)
+OPEN = Policy(
+    name="open",
+    description="any PyTorch-level rewrite allowed; shared state, the outside world and the reference are not",
+    reject=(_STATIC - _OPEN_WARN - {R.NO_CUSTOM_KERNEL}) | _DYNAMIC,
+    warn=_OPEN_WARN,
+    ignore=frozenset({R.NO_CUSTOM_KERNEL}),
+)
+OBSERVE = Policy(
+    name="observe",
+    description="static rules only warn; dynamic defences decide (for testing defences and auditing)",
+    reject=_DYNAMIC,
+    warn=_STATIC - {R.NO_CUSTOM_KERNEL},
+    ignore=frozenset({R.NO_CUSTOM_KERNEL}),
+)
+
+_POLICIES = {p.name: p for p in (STRICT, OPEN, OBSERVE)}
+
+
+def get_policy(name: str | Policy) -> Policy:
+    if isinstance(name, Policy):
+        return name
+    try:
+        return _POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}") from None

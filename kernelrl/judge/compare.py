@@ -1,0 +1,119 @@
+"""Output comparison: is a candidate's output the reference's, within a dtype-aware tolerance?
+
+Guarantees: outputs are compared leaf by leaf after flattening tuples and lists; each leaf must
+be a plain `torch.Tensor` (the judge never receives subclasses: see `kernelrl.judge.channel`) with the
+reference's shape and dtype; values must satisfy |c - r| <= atol + rtol * |r| elementwise, with
+NaN equal to NaN only where the reference has NaN. The result reports the largest absolute and
+relative errors even when the comparison passes, so reports can show how close a candidate is.
+
+Does not decide what a mismatch means (incorrect, cached, nondeterministic): the evaluator does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# dtype -> (atol, rtol). fp32 follows the evaluator protocol (1e-4); half types 1e-2.
+DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-8, 1e-8),
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (1e-2, 1e-2),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    ok: bool
+    reason: str  # empty when ok
+    max_abs_err: float
+    max_rel_err: float
+
+
+def tolerance(dtype: torch.dtype, scale: float = 1.0) -> tuple[float, float]:
+    atol, rtol = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))  # integers and bools: exact
+    return atol * scale, rtol * scale
+
+
+def flatten(x: Any) -> list[Any]:
+    if isinstance(x, (list, tuple)):
+        return [y for item in x for y in flatten(item)]
+    return [x]
+
+
+def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0) -> Comparison:
+    c_leaves, r_leaves = flatten(candidate), flatten(reference)
+    if len(c_leaves) != len(r_leaves):
+        return Comparison(ok=False, reason=f"returned {len(c_leaves)} outputs, expected {len(r_leaves)}",
+                          max_abs_err=math.inf, max_rel_err=math.inf)
+    max_abs = max_rel = 0.0
+    for i, (c, r) in enumerate(zip(c_leaves, r_leaves)):
+        where = f"output {i}" if len(r_leaves) > 1 else "output"
+        if isinstance(c, dict):
+            what = c.get("not_plain_tensor") or c.get("unsupported_output")
+            return Comparison(ok=False, reason=f"{where} is a {what}, not a plain torch.Tensor",
+                              max_abs_err=math.inf, max_rel_err=math.inf)
+        if not isinstance(r, torch.Tensor):
+            if c != r:
+                return Comparison(ok=False, reason=f"{where} is {c!r}, expected {r!r}",
+                                  max_abs_err=math.inf, max_rel_err=math.inf)
+            continue
+        if type(c) is not torch.Tensor:
+            return Comparison(ok=False, reason=f"{where} is {type(c).__name__}, not a plain torch.Tensor",
+                              max_abs_err=math.inf, max_rel_err=math.inf)
+        if c.shape != r.shape:
+            return Comparison(ok=False, reason=f"{where} has shape {tuple(c.shape)}, expected {tuple(r.shape)}",
+                              max_abs_err=math.inf, max_rel_err=math.inf)
+        if c.dtype != r.dtype:
+            return Comparison(ok=False, reason=f"{where} has dtype {c.dtype}, expected {r.dtype}",
+                              max_abs_err=math.inf, max_rel_err=math.inf)
+        if r.numel() == 0:
+            continue
+        atol, rtol = tolerance(r.dtype, tol_scale)
+        c64, r64 = c.to(torch.float64), r.to(torch.float64)
+        r_nan, c_nan = torch.isnan(r64), torch.isnan(c64)
+        if bool((r_nan != c_nan).any()):
+            n = int((r_nan != c_nan).sum())
+            return Comparison(ok=False, reason=f"{where}: NaN in {n} places where the reference differs",
+                              max_abs_err=math.inf, max_rel_err=math.inf)
+        finite = ~r_nan
+        diff = (c64 - r64).abs()
+        # inf == inf (same sign) gives nan for the difference: count it as exact
+        diff = torch.where(torch.isnan(diff) & finite & (c64 == r64), torch.zeros_like(diff), diff)
+        diff = torch.where(finite, diff, torch.zeros_like(diff))
+        if bool(torch.isnan(diff).any()):
+            return Comparison(ok=False, reason=f"{where}: infinite values differ from the reference",
+                              max_abs_err=math.inf, max_rel_err=math.inf)
+        denom = r64.abs().clamp_min(1e-12)
+        a = float(diff.max())
+        rel = float((diff / denom).max())
+        max_abs, max_rel = max(max_abs, a), max(max_rel, rel)
+        bad = diff > atol + rtol * r64.abs()
+        if bool(bad.any()):
+            n = int(bad.sum())
+            return Comparison(ok=False, reason=(f"{where}: {n} of {r.numel()} values outside tolerance "
+                                                f"(max abs err {a:.3g}, atol {atol:g}, rtol {rtol:g})"),
+                              max_abs_err=max_abs, max_rel_err=max_rel)
+    return Comparison(ok=True, reason="", max_abs_err=max_abs, max_rel_err=max_rel)
+
+
+def exactly_equal(a: Any, b: Any) -> bool:
+    """Bitwise equality of two nested outputs (NaN equal to NaN in the same places)."""
+    la, lb = flatten(a), flatten(b)
+    if len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(
+                    torch.nan_to_num(x, nan=0.0) if x.is_floating_point() else x,
+                    torch.nan_to_num(y, nan=0.0) if y.is_floating_point() else y):
+                return False
+            if x.is_floating_point() and not torch.equal(torch.isnan(x), torch.isnan(y)):
+                return False
+        elif x != y:
+            return False
+    return True

@@ -1,0 +1,148 @@
+"""Devices: the kinds kernelrl judges on, and what is known about their limits.
+
+Guarantees: `Device` is the one list of device kinds (`cpu`, `cuda`); `device_peaks(device)`
+returns datasheet figures for known GPUs and leaves every figure it cannot know as None (never
+an estimate); `DevicePeaks.table()` prints them for a prompt.
+
+Does not measure anything: measured peaks (the roofline's) are the judge's.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class Device(enum.StrEnum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class DevicePeaks:
+    """What is known about a device's limits. None means unknown; nothing here is estimated."""
+
+    name: str
+    kind: Device
+    fp32_tflops: float | None = None
+    bf16_tflops: float | None = None  # dense tensor-core figure, no sparsity
+    mem_bandwidth_gbs: float | None = None
+    memory_gib: float | None = None
+    cores: int | None = None  # logical CPUs usable by this process (CPU only)
+    vector_isa: str | None = None  # CPU only: the instruction set torch dispatches to
+    source: str = ""  # where the figures come from
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Device(self.kind))
+
+    def table(self) -> str:
+        def fmt(value: float | int | str | None, unit: str = "") -> str:
+            if value is None:
+                return "unknown"
+            if isinstance(value, float):
+                value = f"{value:g}"
+            return f"{value}{unit}"
+
+        rows = [("device", self.name)]
+        if self.kind == "cpu":
+            rows += [("logical cores usable", fmt(self.cores)), ("vector ISA", fmt(self.vector_isa))]
+        rows += [
+            ("peak fp32", fmt(self.fp32_tflops, " TFLOP/s")),
+            ("peak bf16 (tensor, dense)", fmt(self.bf16_tflops, " TFLOP/s")),
+            ("peak memory bandwidth", fmt(self.mem_bandwidth_gbs, " GB/s")),
+        ]
+        if self.memory_gib is not None:
+            rows.append(("memory", f"{self.memory_gib:.0f} GiB"))
+        if self.source:
+            rows.append(("figures from", self.source))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"| {k.ljust(width)} | {v} |" for k, v in rows)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _GpuSpec:
+    match: tuple[str, ...]  # all of these substrings of the lower-cased device name
+    label: str
+    fp32_tflops: float
+    bf16_tflops: float
+    mem_bandwidth_gbs: float
+
+
+# Vendor datasheet figures (NVIDIA H100, H200, A100, L40S datasheets; Ada architecture
+# whitepaper for the RTX 4090). Tensor figures are dense (the datasheets' sparsity figures halved).
+# More specific entries come first: the first entry whose substrings all match wins.
+_GPU_SPECS: tuple[_GpuSpec, ...] = (
+    _GpuSpec(match=("h200", "nvl"), label="H200 NVL", fp32_tflops=60.0, bf16_tflops=835.0, mem_bandwidth_gbs=4800.0),
+    _GpuSpec(match=("h200",), label="H200 SXM", fp32_tflops=67.0, bf16_tflops=989.0, mem_bandwidth_gbs=4800.0),
+    _GpuSpec(match=("h100", "nvl"), label="H100 NVL", fp32_tflops=60.0, bf16_tflops=835.0, mem_bandwidth_gbs=3900.0),
+    _GpuSpec(match=("h100", "pcie"), label="H100 PCIe", fp32_tflops=51.0, bf16_tflops=756.0, mem_bandwidth_gbs=2000.0),
+    _GpuSpec(match=("h100",), label="H100 SXM", fp32_tflops=67.0, bf16_tflops=989.0, mem_bandwidth_gbs=3350.0),
+    _GpuSpec(match=("a100", "80gb", "pcie"), label="A100 80GB PCIe", fp32_tflops=19.5, bf16_tflops=312.0,
+             mem_bandwidth_gbs=1935.0),
+    _GpuSpec(match=("a100", "80gb"), label="A100 80GB SXM", fp32_tflops=19.5, bf16_tflops=312.0,
+             mem_bandwidth_gbs=2039.0),
+    _GpuSpec(match=("a100",), label="A100 40GB", fp32_tflops=19.5, bf16_tflops=312.0, mem_bandwidth_gbs=1555.0),
+    _GpuSpec(match=("l40s",), label="L40S", fp32_tflops=91.6, bf16_tflops=362.0, mem_bandwidth_gbs=864.0),
+    # RTX 4090: bf16 tensor figure with fp32 accumulation, as PyTorch computes it.
+    _GpuSpec(match=("4090",), label="GeForce RTX 4090", fp32_tflops=82.6, bf16_tflops=165.2, mem_bandwidth_gbs=1008.0),
+)
+
+
+def gpu_peaks(name: str, memory_gib: float | None = None) -> DevicePeaks:
+    """Peak figures of a CUDA device by its `torch.cuda.get_device_name`; unknown GPUs get None."""
+    low = name.lower()
+    for spec in _GPU_SPECS:
+        if all(m in low for m in spec.match):
+            return DevicePeaks(name=name, kind="cuda", fp32_tflops=spec.fp32_tflops, bf16_tflops=spec.bf16_tflops,
+                               mem_bandwidth_gbs=spec.mem_bandwidth_gbs, memory_gib=memory_gib,
+                               source=f"vendor datasheet ({spec.label})")
+    return DevicePeaks(name=name, kind="cuda", memory_gib=memory_gib,
+                       source="no datasheet figures known for this GPU")
+
+
+@functools.cache
+def cpu_peaks() -> DevicePeaks:
+    """This machine's CPU: model name, usable cores and vector ISA; peak rates are not knowable here."""
+    import torch
+
+    name = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        import platform
+
+        name = platform.processor() or name
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count()
+    try:
+        isa = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:
+        isa = None
+    return DevicePeaks(name=name, kind="cpu", cores=cores, vector_isa=isa,
+                       source="this machine (peak rates are not measured or estimated)")
+
+
+def device_peaks(device: str) -> DevicePeaks:
+    """Peaks of "cpu" or "cuda[:N]". A CUDA device that is not visible here is named as unknown."""
+    if device == "cpu":
+        return cpu_peaks()
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
+            props = torch.cuda.get_device_properties(index)
+            return gpu_peaks(torch.cuda.get_device_name(index), memory_gib=props.total_memory / 2**30)
+        return DevicePeaks(name="CUDA device (not visible where the prompt was built)", kind="cuda",
+                           source="no figures: device not visible")
+    raise ValueError(f"unknown device {device!r}; expected 'cpu' or 'cuda[:N]'")

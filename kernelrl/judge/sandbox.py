@@ -1,0 +1,292 @@
+"""The sandbox: a spawned worker process with its own interpreter, directory, limits and env.
+
+Guarantees:
+- every worker is a fresh interpreter (`python -m kernelrl.judge.worker`), never a fork of the judge,
+  in its own session (process group), with its own temporary directory as cwd, HOME and TMPDIR;
+- its environment is built from an allow-list (`ENV_ALLOW`) plus the variables the judge sets;
+  API keys, tokens and the judge's secrets never reach it because nothing else is copied;
+- address-space (CPU device only: CUDA reserves huge virtual ranges) and core-dump limits are set
+  with prlimit before the worker is sent any code;
+- the glibc allocator is pinned (fixed mmap and trim thresholds) so large-tensor timings do not
+  swing with glibc's adaptive threshold; OpenMP threads sleep when idle, so idle CPU is a signal;
+- `kill()` ends the whole process group (compiler children included) and never raises;
+- where the judge runs as root and `unshare` works (`proc_isolation`), the worker runs in its own
+  PID and mount namespaces with a private /proc and an empty capability bounding set: it sees
+  no other process (so it cannot read the judge's or anyone's environment or memory through
+  /proc) and cannot mount the real /proc back;
+- the judge reads the worker's CPU time and thread count from its own /proc, which the worker
+  cannot forge.
+
+Does not guarantee isolation from the file system or the network namespace the judge runs in;
+without root (no namespaces), a worker can read the /proc of processes of its own user. Run the
+judge in a container for untrusted code at scale.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kernelrl.judge.channel import Channel, ChannelClosed, Message
+
+# Copied from the judge's environment when present; everything else is dropped.
+ENV_ALLOW = (
+    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ",
+    "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
+    "CC", "CXX", "TORCH_CUDA_ARCH_LIST", "TRITON_INTERPRET",
+)
+# glibc reads these at start-up: a fixed mmap threshold turns off the adaptive threshold that
+# made large-tensor timings swing up to 3x between processes; the trim threshold keeps freed
+# memory in the heap instead of returning it to the OS between calls.
+PINNED_ALLOCATOR_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+    "MALLOC_TOP_PAD_": str(64 << 20),
+}
+_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+
+
+# Own PID and mount namespace with a fresh /proc; no capabilities, no privilege gain on exec.
+_ISOLATION_PREFIX = ("unshare", "--pid", "--fork", "--mount-proc",
+                     "setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "--no-new-privs")
+
+
+@functools.cache
+def isolation_available() -> bool:
+    """Whether workers can run with a private /proc here (root and working namespaces)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        return False
+    try:
+        done = subprocess.run([*_ISOLATION_PREFIX, "true"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+class WorkerDied(RuntimeError):
+    """The worker exited or was killed while the judge waited for an answer."""
+
+    def __init__(self, message: str, *, role: str, returncode: int | None, log_tail: str):
+        super().__init__(message)
+        self.role = role
+        self.returncode = returncode
+        self.log_tail = log_tail
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxConfig:
+    threads: int = 0  # intra-op threads for torch/OpenMP; 0 = all cores of this machine
+    memory_limit_gib: float | None = 16.0  # address-space cap on CPU; None = no cap
+    pin_allocator: bool = True
+    proc_isolation: bool = True  # private /proc and no capabilities, where available
+    log_tail_chars: int = 4000
+
+    def __post_init__(self) -> None:
+        if self.threads < 0:
+            raise ValueError("threads must be >= 0")
+        if self.memory_limit_gib is not None and self.memory_limit_gib <= 0.5:
+            raise ValueError("memory_limit_gib must be > 0.5 GiB (torch alone needs more) or None")
+
+    @property
+    def effective_threads(self) -> int:
+        return self.threads or (os.cpu_count() or 1)
+
+
+def worker_env(config: SandboxConfig, workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    threads = str(config.effective_threads)
+    env.update({
+        "HOME": str(workdir),
+        "TMPDIR": str(workdir),
+        "PYTHONPATH": _PACKAGE_PARENT,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "MAX_JOBS": threads,
+        # Idle OpenMP threads must not spin: CPU used while a worker waits is how the judge
+        # sees work left running after a call returned.
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "GOMP_SPINCOUNT": "0",
+        # torch.compile compiles in this process, not in a pool of workers that would outlive
+        # the call that started them (and look like work left running).
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        # No network for programs under test: hub libraries fail at once instead of retrying.
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    })
+    if config.pin_allocator:
+        env.update(PINNED_ALLOCATOR_ENV)
+    if extra:
+        env.update(extra)
+    return env
+
+
+class Worker:
+    """The judge's handle on one worker process."""
+
+    def __init__(self, *, role: str, config: SandboxConfig, device: str, env_extra: dict[str, str] | None = None,
+                 root: Path | None = None):
+        self.role = role
+        self.config = config
+        self.device = device
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"kernelrl-{role}-", dir=root))
+        self.log_path = self.workdir / "worker.log"
+        p2c_r, p2c_w = os.pipe()
+        c2p_r, c2p_w = os.pipe()
+        env = worker_env(config, self.workdir, env_extra)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the worker's life
+        self.isolated = config.proc_isolation and isolation_available()
+        prefix = list(_ISOLATION_PREFIX) if self.isolated else []
+        self._inner_pid: int | None = None
+        try:
+            self.proc = subprocess.Popen(
+                [*prefix, sys.executable, "-m", "kernelrl.judge.worker", str(p2c_r), str(c2p_w)],
+                pass_fds=(p2c_r, c2p_w), cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
+                stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+            )
+        finally:
+            os.close(p2c_r)
+            os.close(c2p_w)
+        self.channel = Channel(c2p_r, p2c_w)
+        self._apply_limits()
+        self.started = time.monotonic()
+
+    def _apply_limits(self) -> None:
+        pid = self.proc.pid
+        try:
+            resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+            if self.config.memory_limit_gib is not None and self.device == "cpu":
+                cap = int(self.config.memory_limit_gib * (1 << 30))
+                resource.prlimit(pid, resource.RLIMIT_AS, (cap, cap))
+        except (ProcessLookupError, PermissionError, OSError):
+            pass  # the worker already died; the first request reports it
+
+    @property
+    def pid(self) -> int:
+        """The interpreter's pid as the judge sees it (a child of `unshare` when isolated)."""
+        if not self.isolated:
+            return self.proc.pid
+        if self._inner_pid is None:
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                    kids = f.read().split()
+            except OSError:
+                kids = []
+            if not kids:
+                return self.proc.pid  # not forked yet: the interpreter is not running yet either
+            self._inner_pid = int(kids[0])
+        return self._inner_pid
+
+    def request(self, kind: str, header: dict[str, Any] | None = None, payload: Any = None, *,
+                deadline: float | None = None) -> Message:
+        """Send one command and wait for its answer (ChannelTimeout past the deadline)."""
+        try:
+            self.channel.send(kind, header, payload)
+        except (BrokenPipeError, OSError) as e:
+            raise self._died(f"worker stopped accepting commands ({e})") from e
+        return self.recv(deadline=deadline)
+
+    def recv(self, *, deadline: float | None = None) -> Message:
+        try:
+            return self.channel.recv(deadline)
+        except ChannelClosed as e:
+            raise self._died("worker exited without answering") from e
+
+    def _died(self, what: str) -> WorkerDied:
+        try:
+            rc = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rc is not None and rc < 0:
+            try:
+                sig = signal.Signals(-rc).name
+            except ValueError:
+                sig = f"signal {-rc}"
+            reason = f"{what}: killed by {sig}"
+        elif rc is not None:
+            reason = f"{what}: exit status {rc}"
+        else:
+            reason = what
+        return WorkerDied(reason, role=self.role, returncode=rc, log_tail=self.log_tail())
+
+    def log_tail(self) -> str:
+        try:
+            self._log.flush()
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-self.config.log_tail_chars:].decode(errors="replace")
+
+    # -- facts the worker cannot forge --------------------------------------------------------
+
+    def cpu_time_ns(self) -> int | None:
+        """CPU time of all the worker's threads, from the kernel's scheduler statistics."""
+        total = 0
+        try:
+            for tid in os.listdir(f"/proc/{self.pid}/task"):
+                try:
+                    with open(f"/proc/{self.pid}/task/{tid}/schedstat") as f:
+                        total += int(f.read().split()[0])
+                except (FileNotFoundError, ProcessLookupError):
+                    continue  # a thread ended while we read
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        return total
+
+    def child_count(self) -> int:
+        """Live child processes of the worker (a build's compiler counts while it runs)."""
+        n = 0
+        try:
+            for tid in os.listdir(f"/proc/{self.pid}/task"):
+                try:
+                    with open(f"/proc/{self.pid}/task/{tid}/children") as f:
+                        n += len(f.read().split())
+                except OSError:
+                    continue
+        except OSError:
+            return 0
+        return n
+
+    def thread_count(self) -> int | None:
+        try:
+            return len(os.listdir(f"/proc/{self.pid}/task"))
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.channel.close()
+        try:
+            self._log.close()
+        except OSError:
+            pass
+
+    def close(self, *, keep_dir: bool = False) -> None:
+        """Ask the worker to exit, then make sure the whole group is gone and clean up."""
+        if self.proc.poll() is None:
+            try:
+                self.channel.send("exit")
+                self.proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        if not keep_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,254 @@
+"""The HTML report: one self-contained file, tables plus matplotlib plots embedded as PNGs.
+
+Guarantees: `write_html(report, path)` writes a file that needs nothing else to display (no
+scripts, no external images); plots are omitted, not faked, when there is nothing to plot.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import time
+from pathlib import Path
+
+from kernelrl.report.console import percent_text, speedup_text
+from kernelrl.report.report import Report
+
+_GOOD, _BAD, _INK, _GRID = "#2a9d8f", "#e76f51", "#264653", "#d9d9d9"
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _style(ax) -> None:
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.grid(True, which="major", color=_GRID, linewidth=0.8)
+    ax.set_axisbelow(True)
+
+
+_NICE = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0,
+         30.0, 50.0, 75.0, 100.0, 200.0, 500.0, 1000.0)
+
+
+def _speedup_axis(axis, lo: float, hi: float) -> None:
+    """Readable ticks on a log speedup axis: round factors like 0.5x 1x 1.5x 2x 3x, at most about 8."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ticks = [t for t in _NICE if lo <= t <= hi]
+    if len(ticks) < 4:  # a narrow range: finer steps
+        ticks = sorted({round(x * 0.1, 1) for x in range(1, 100)} | set(_NICE))
+        ticks = [t for t in ticks if lo <= t <= hi]
+    while len(ticks) > 8:  # thin out, keeping 1x
+        keep = ticks[::2]
+        if 1.0 in ticks and 1.0 not in keep:
+            keep = sorted(set(keep) | {1.0})
+        ticks = keep
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_minor_locator(NullLocator())
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+
+
+def plot_distribution(report: Report) -> str | None:
+    """Histogram of per-task best speedup against eager, log x; base64 PNG (None: nothing solved)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    values = [r.speedup_vs_eager for r in report.tasks if r.speedup_vs_eager is not None]
+    if not values:
+        return None
+    lo, hi = min(min(values), 1.0) / 1.15, max(max(values), 1.0) * 1.15
+    bins = np.geomspace(lo, hi, max(8, min(30, 2 * len(values))))
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    counts, edges, patches = ax.hist(values, bins=bins, edgecolor="white", linewidth=0.8)
+    for left, right, patch in zip(edges[:-1], edges[1:], patches):
+        patch.set_facecolor(_GOOD if math.sqrt(left * right) >= 1.0 else _BAD)
+    ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
+    _speedup_axis(ax.xaxis, lo, hi)
+    ax.axvline(1.0, color=_INK, linewidth=1.2)
+    ax.text(1.0, 1.0, " eager", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=8, color=_INK)
+    if report.geomean_vs_eager is not None:
+        ax.axvline(report.geomean_vs_eager, color=_INK, linestyle="--", linewidth=1.2)
+        ax.text(report.geomean_vs_eager, 0.9, f" geomean {report.geomean_vs_eager:.2f}x",
+                transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=8, color=_INK,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.5})
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("best speedup against eager PyTorch (log scale)")
+    ax.set_ylabel("tasks")
+    faster = sum(v > 1.0 for v in values)
+    ax.set_title(f"Best speedup per task: {faster} of {len(report.tasks)} tasks faster than eager",
+                 loc="left", fontsize=11)
+    _style(ax)
+    return _png(fig)
+
+
+def plot_per_task(report: Report) -> str | None:
+    """Per-task best speedup against eager and torch.compile, sorted; None when nothing is solved."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = sorted((r for r in report.tasks if r.speedup_vs_eager is not None), key=lambda r: r.speedup_vs_eager)
+    if not rows:
+        return None
+    rows = rows[-60:]  # the fastest 60: more bars are not readable
+    y = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(7.5, 0.8 + 0.32 * len(rows)))
+    eager = [r.speedup_vs_eager for r in rows]
+    ax.barh(y, [e - 1 for e in eager], left=1, height=0.6, color=[_GOOD if e >= 1 else _BAD for e in eager],
+            label="against eager")
+    comp = [(i, r.speedup_vs_compile) for i, r in enumerate(rows) if r.speedup_vs_compile is not None]
+    if comp:
+        ax.scatter([c for _, c in comp], [i for i, _ in comp], marker="D", s=22, color=_INK, zorder=3,
+                   label="against torch.compile")
+    ax.set_xscale("log")
+    everything = eager + [c for _, c in comp] + [1.0]
+    lo, hi = min(everything) / 1.1, max(everything) * 1.25
+    ax.set_xlim(lo, hi)
+    _speedup_axis(ax.xaxis, lo, hi)
+    comp_at = dict(comp)
+    for i, e in enumerate(eager):
+        # label past the bar's end and past the compile marker, so neither hides it
+        end = max(e, comp_at.get(i, e)) if e >= 1 else min(e, comp_at.get(i, e))
+        ax.text(end * (1.03 if e >= 1 else 0.97), i, f"{e:.2f}x", va="center", ha="left" if e >= 1 else "right",
+                fontsize=7, color="#444444")
+    ax.axvline(1.0, color=_INK, linewidth=1.0)
+    ax.set_yticks(y, [r.task for r in rows], fontsize=8)
+    ax.set_xlabel("best speedup (log scale)")
+    ax.set_title("Best candidate per task", loc="left", fontsize=11)
+    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False)
+    _style(ax)
+    ax.grid(False, axis="y")
+    return _png(fig)
+
+
+def plot_best_so_far(report: Report) -> str | None:
+    """Best-so-far speedup against candidates evaluated, one line per task; None without data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report.tasks if any(v is not None for v in r.best_so_far)]
+    if not rows:
+        return None
+    # legend order = final standing, fastest first
+    rows.sort(key=lambda r: -max(v for v in r.best_so_far if v is not None))
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    cmap = plt.get_cmap("tab10" if len(rows) <= 10 else "viridis")
+    for i, r in enumerate(rows):
+        xs = [j + 1 for j, v in enumerate(r.best_so_far) if v is not None]
+        ys = [v for v in r.best_so_far if v is not None]
+        color = cmap(i % 10) if len(rows) <= 10 else cmap(i / max(1, len(rows) - 1))
+        ax.step(xs, ys, where="post", color=color, linewidth=1.6 if len(rows) <= 10 else 0.9, alpha=0.9,
+                label=r.task)
+        ax.plot(xs[-1:], ys[-1:], "o", color=color, markersize=4)
+    ax.set_yscale("log")
+    values = [v for r in rows for v in r.best_so_far if v is not None] + [1.0]
+    lo, hi = min(values) / 1.1, max(values) * 1.1
+    ax.set_ylim(lo, hi)
+    _speedup_axis(ax.yaxis, lo, hi)
+    ax.axhline(1.0, color=_INK, linewidth=1.0, linestyle=":")
+    ax.set_xlabel("candidates evaluated for the task")
+    ax.set_ylabel("best correct speedup so far")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_title("Search progress: best speedup so far", loc="left", fontsize=11)
+    if len(rows) <= 12:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    _style(ax)
+    return _png(fig)
+
+
+# ------------------------------------------------------------------------------------ HTML
+_CSS = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; color: #222; max-width: 980px;
+       margin: 2em auto; padding: 0 1em; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 1.8em; }
+.sub { color: #666; margin-top: 0; }
+.cards { display: flex; flex-wrap: wrap; gap: 0.8em; margin: 1em 0; }
+.card { border: 1px solid #ddd; border-radius: 6px; padding: 0.6em 1em; min-width: 9em; }
+.card .v { font-size: 1.5em; font-weight: 600; color: #264653; } .card .k { color: #666; font-size: 0.85em; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
+th, td { padding: 0.25em 0.8em; border-bottom: 1px solid #eee; text-align: right; }
+th { background: #f6f6f6; } td:first-child, th:first-child { text-align: left; }
+td.slow { color: #c0392b; } img { max-width: 100%; display: block; margin: 0.6em 0; }
+"""
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
+    for i, row in enumerate(rows):
+        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
+        out.append("<tr>" + "".join(f"<td{cls}>{html.escape(c)}</td>" for c in row) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def render_html(report: Report) -> str:
+    scope = f"run {report.run_id}" if report.run_id is not None else "all runs"
+    cards = [("geomean vs eager", speedup_text(report.geomean_vs_eager)), ("median vs eager", speedup_text(report.median_vs_eager)),
+             ("geomean vs torch.compile", speedup_text(report.geomean_vs_compile)),
+             ("median vs torch.compile", speedup_text(report.median_vs_compile)),
+             *[(f"fast_{p:g}", percent_text(v)) for p, v in report.fast_p],
+             ("success rate", percent_text(report.success_rate))]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>kernelrl report</title>"
+             f"<style>{_CSS}</style></head><body>",
+             "<h1>kernelrl report</h1>",
+             f"<p class='sub'>{html.escape(report.db_path)} ({scope}): {len(report.tasks)} tasks, "
+             f"{report.solved} with a correct candidate; {report.candidates} candidates, {report.evaluated} "
+             f"evaluated, {report.correct} correct. Speedups are over the {report.solved} solved tasks "
+             f"({report.with_compile} with a torch.compile baseline).</p>",
+             "<div class='cards'>" + "".join(f"<div class='card'><div class='v'>{html.escape(v)}</div>"
+                                             f"<div class='k'>{html.escape(k)}</div></div>" for k, v in cards)
+             + "</div>"]
+    for title, png in (("Speedup distribution", plot_distribution(report)),
+                       ("Per task", plot_per_task(report)),
+                       ("Best so far against candidates evaluated", plot_best_so_far(report))):
+        if png is not None:
+            parts.append(f"<h2>{title}</h2><img alt='{title}' src='data:image/png;base64,{png}'>")
+    ranked = sorted(report.tasks, key=lambda r: -(r.speedup_vs_eager or 0.0))
+    parts.append("<h2>Best candidate per task</h2>")
+    parts.append(_table(["task", "candidates", "correct / evaluated", "vs eager", "vs torch.compile", "eager ms",
+                         "compile ms", "best candidate"],
+                        [[r.task, str(r.candidates), f"{r.correct}/{r.evaluated}", speedup_text(r.speedup_vs_eager),
+                          speedup_text(r.speedup_vs_compile), _ms(r.eager_ms), _ms(r.compile_ms),
+                          "-" if r.best_candidate is None else str(r.best_candidate)] for r in ranked],
+                        ["slow" if r.speedup_vs_eager is not None and r.speedup_vs_eager < 1 else "" for r in ranked]))
+    parts.append("<h2>Candidates per status</h2>")
+    parts.append(_table(["status", "candidates"], [[s, str(n)] for s, n in report.status_counts]))
+    parts.append("<h2>Refused (flagged) candidates per rule</h2>")
+    parts.append(_table(["rule", "candidates"], [[r, str(n)] for r, n in report.refused_by_rule])
+                 if report.refused_by_rule else "<p>No candidate was refused.</p>")
+    if report.runs:
+        parts.append("<h2>Runs</h2>")
+        parts.append(_table(["run", "started (UTC)", "status", "proposer", "candidates"],
+                            [[str(r.id), time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.started)), r.status,
+                              r.proposer, str(r.candidates)] for r in report.runs]))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_html(report: Report, path: str | Path) -> Path:
+    """Write the self-contained HTML report; return its path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(report), encoding="utf-8")
+    return out

@@ -1,0 +1,612 @@
+"""The search loop: parallel self-improving chains per task over the code database.
+
+Each task gets `chains` chains. A chain's step builds a contrastive prompt around the chain's
+current best (the first step starts from the reference), asks the proposer, stores the answer as
+a candidate, evaluates it and stores the verdict; every `exchange_every` steps a chain adopts the
+task's best of this run when that is better than its own. Chains of all tasks run at once: model
+calls run on `model_concurrency` threads and evaluations on `eval.concurrency` threads (the
+evaluator starts its own processes), so calls and evaluations overlap. Only the calling thread
+touches the database, so each write is one committed transaction from one writer.
+
+Budgets: `budget` is candidates (model answers) per task in this run, split evenly over the
+task's chains (budget 8 with 2 chains: 4 steps each; the remainder goes to the first chains), so
+a run is `chains` x `budget / chains` steps per task; `token_budget` is prompt plus
+completion tokens over the whole run (a resumed run counts what it spent before); `wall_time_s`
+is per invocation. When a budget runs out no new model call starts and the calls and evaluations
+already under way finish and are stored.
+
+Guarantees:
+- a source already evaluated for a task (same device, size and policy) is never evaluated again:
+  the stored result is reused, and two chains proposing the same source at once share one
+  evaluation;
+- `resume=True` continues the database's latest run: candidates stored but not evaluated are
+  evaluated without asking the model again, and chain state (step, current best) is rebuilt from
+  the stored candidates (a chain's best at its last step is that step's parent);
+- Ctrl-C stops new work and lets what is under way finish and be stored; a second Ctrl-C leaves
+  at once (unfinished evaluations stay `proposed` and a resume evaluates them).
+
+Baselines (eager and torch.compile times) are measured once per task, device and size, on the
+evaluation threads, and stored; a task's first model call waits for its baseline so the prompt
+can state them (a failed measurement is reported and the task goes on without).
+
+Does not guarantee: that an evaluation running when the process was SIGKILLed is not run again on
+resume (its result never reached the database); fairness between tasks beyond round-robin order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import queue
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from kernelrl.candidate import Candidate, extract_code, source_hash
+from kernelrl.config import to_dict
+from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.result import EvalResult, Status
+from kernelrl.search.database import (
+    CandidateRecord,
+    CandidateState,
+    Database,
+    NewCandidate,
+    RunStatus,
+)
+from kernelrl.search.proposers import (
+    Exhausted,
+    ProposalRequest,
+    ProposerUnavailable,
+    make_proposer,
+)
+from kernelrl.tasks.suites import load_tasks
+from kernelrl.tasks.task import Task
+
+# A task whose proposer fails this many times in a row is given up for this run: the error is
+# then not transient (bad model name, bad key), and retrying only burns the wall clock.
+MAX_PROPOSER_FAILURES = 3
+_POLL_S = 0.2
+
+
+class StopReason(str, enum.Enum):
+    BUDGET = "budget"  # every task used its candidate budget (or gave up)
+    TOKENS = "tokens"
+    WALL_TIME = "wall_time"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchConfig:
+    tasks: tuple[str, ...]  # task specs for kernelrl.tasks.suites.load_tasks: suites, names, files, folders
+    db_path: Path
+    proposer: str = "heuristic"  # spec for kernelrl.search.proposers.make_proposer
+    proposer_opts: dict[str, Any] = field(default_factory=dict)
+    budget: int = 8  # candidates (model answers) per task in this run, split evenly over its chains
+    chains: int = 2  # parallel chains per task
+    # prompt + completion tokens over the run; None: no limit. (A per-answer limit is a proposer
+    # option: proposer_opts={"max_tokens": N} for openai.)
+    token_budget: int | None = None
+    wall_time_s: float | None = None  # per invocation; None: no limit
+    exchange_every: int = 2  # steps between a chain's looks at the task's best; 0: never
+    model_concurrency: int = 4  # proposer calls at once
+    k_shown: int = 4  # earlier candidates shown in a prompt
+    seed: int = 0
+    resume: bool = False
+    baselines: bool = True  # measure eager and torch.compile times once per task
+    template_dir: Path | None = None  # prompt templates overriding the built-in ones
+    # How candidates are judged: device, size, policy, limits, timing, sandbox.
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        specs = (self.tasks,) if isinstance(self.tasks, str) else self.tasks
+        # "a.py,b.py" and ["a.py", "b.py"] mean the same
+        object.__setattr__(self, "tasks", tuple(s.strip() for v in specs for s in v.split(",") if s.strip()))
+        object.__setattr__(self, "db_path", Path(self.db_path))
+        if self.template_dir is not None:
+            object.__setattr__(self, "template_dir", Path(self.template_dir))
+        if not self.tasks:
+            raise ValueError("no tasks given")
+        if self.budget < 1:
+            raise ValueError(f"budget must be >= 1 candidate per task, got {self.budget}")
+        if self.chains < 1:
+            raise ValueError(f"chains must be >= 1, got {self.chains}")
+        if self.token_budget is not None and self.token_budget < 1:
+            raise ValueError(f"token_budget must be >= 1 or None, got {self.token_budget}")
+        if self.wall_time_s is not None and not self.wall_time_s > 0:
+            raise ValueError(f"wall_time_s must be > 0 or None, got {self.wall_time_s}")
+        if self.exchange_every < 0:
+            raise ValueError(f"exchange_every must be >= 0, got {self.exchange_every}")
+        if self.model_concurrency < 1:
+            raise ValueError("model_concurrency must be >= 1")
+        if self.k_shown < 0:
+            raise ValueError(f"k_shown must be >= 0, got {self.k_shown}")
+
+    def to_json(self) -> dict[str, Any]:
+        d = to_dict(self)
+        # options may hold an API key: the database keeps only their names
+        d["proposer_opts"] = sorted(self.proposer_opts)
+        return d
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSummary:
+    task: str
+    candidates: int  # stored in this run
+    evaluated: int
+    correct: int
+    best_speedup: float | None  # over this run's correct candidates; None: none correct
+    best_candidate: int | None
+    gave_up: str | None = None  # why the task stopped before its budget, if it did
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSummary:
+    run_id: int
+    resumed: bool
+    stop_reason: StopReason
+    tasks: tuple[TaskSummary, ...]
+    prompt_tokens: int  # over the whole run
+    completion_tokens: int
+    evaluations: int  # evaluator calls made by this invocation
+    reused: int  # candidates whose result came from the database or a shared evaluation
+    elapsed_s: float
+    errors: tuple[str, ...] = ()
+
+
+# Injectable collaborators, so the loop can run against fakes and any proposer.
+EvaluateFn = Callable[[Task, Candidate], EvalResult]
+BaselineFn = Callable[[Task], Any]  # returns an object with eager_ms and compile_ms (kernelrl.judge.baseline.Baseline)
+PromptFn = Callable[..., str]
+
+
+@dataclass
+class _Chain:
+    task: str
+    index: int
+    step: int = 0  # next step number
+    best: CandidateRecord | None = None
+    busy: bool = False
+    active: bool = True  # False: a chain beyond `chains` left by an earlier run; finishes its pending work only
+
+
+@dataclass
+class _TaskState:
+    task: Task
+    chains: list[_Chain]
+    proposed: int = 0  # candidates stored in this run
+    in_flight: int = 0  # model calls under way
+    evaluated: int = 0
+    correct: int = 0
+    best: CandidateRecord | None = None
+    failures: int = 0  # consecutive proposer failures
+    gave_up: str | None = None
+    progress_id: Any = None
+    # a task's first prompts wait for its baseline, so they can state eager and compile times
+    baseline_pending: bool = False
+
+
+def _better(a: CandidateRecord | None, b: CandidateRecord | None) -> bool:
+    """Is a strictly faster than b (a correct candidate beats none)?"""
+    if a is None or not a.is_correct:
+        return False
+    if b is None or not b.is_correct:
+        return True
+    return (a.speedup or 0.0) > (b.speedup or 0.0)
+
+
+def _fmt_speedup(rec: CandidateRecord | None) -> str:
+    return f"best {rec.speedup:.2f}x" if rec is not None and rec.speedup is not None else "best -"
+
+
+class _Search:
+    def __init__(self, config: SearchConfig, *, console: Console, tasks: list[Task], db: Database, proposer: Any,
+                 evaluate: EvaluateFn, build_prompt: PromptFn, measure_baseline: BaselineFn | None) -> None:
+        self.config = config
+        self.console = console
+        self.db = db
+        self.proposer = proposer
+        self.evaluate = evaluate
+        self.build_prompt = build_prompt
+        self.measure_baseline = measure_baseline
+        self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
+        self.model_slots = threading.Semaphore(config.model_concurrency)
+        self.eval_slots = threading.Semaphore(config.eval.concurrency)
+        self.state: dict[str, _TaskState] = {}
+        self.task_order = [t.name for t in tasks]
+        self.tasks = {t.name: t for t in tasks}
+        self.evals_in_flight: dict[tuple[str, str], list[CandidateRecord]] = {}  # (task, hash) -> waiting records
+        self.baselines_in_flight = 0
+        self.evaluations = 0
+        self.reused = 0
+        self.errors: list[str] = []
+        self.stop_reason: StopReason | None = None
+        self.abandon = False
+        self.started = time.monotonic()
+        self.run_id = 0
+        self.resumed = False
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    # ------------------------------------------------------------ setup
+    def open_run(self) -> None:
+        cfg = self.config
+        latest = self.db.latest_run() if cfg.resume else None
+        for t in self.tasks.values():
+            self.db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level, size=cfg.eval.size)
+        # the task names are stored with the run so a report counts a task that got no candidate
+        stored = {**cfg.to_json(), "task_names": list(self.task_order)}
+        if latest is not None:
+            self.run_id, self.resumed = latest.id, True
+            self.db.reopen_run(latest.id, stored)
+        else:
+            self.run_id = self.db.start_run(stored)
+        self.prompt_tokens, self.completion_tokens = self.db.token_totals(self.run_id)
+        for name in self.task_order:
+            ts = _TaskState(task=self.tasks[name], chains=[_Chain(task=name, index=i) for i in range(cfg.chains)])
+            self.state[name] = ts
+            if self.resumed:
+                self._rebuild(ts)
+
+    def _rebuild(self, ts: _TaskState) -> None:
+        """Chain state from the run's stored candidates (see the module docstring)."""
+        cands = self.db.candidates(task=ts.task.name, run_id=self.run_id)
+        ts.proposed = len(cands)
+        by_chain: dict[int, list[CandidateRecord]] = {}
+        for c in cands:
+            by_chain.setdefault(c.chain, []).append(c)
+            if c.result is not None:
+                ts.evaluated += 1
+                ts.correct += c.is_correct
+        for index in sorted(by_chain):
+            while index >= len(ts.chains):
+                ts.chains.append(_Chain(task=ts.task.name, index=len(ts.chains), active=False))
+            chain = ts.chains[index]
+            own = sorted(by_chain[index], key=lambda c: (c.step, c.id))
+            chain.step = own[-1].step + 1
+            best: CandidateRecord | None = None
+            if own[-1].parents:
+                best = self.db.get_candidate(own[-1].parents[-1])
+            for c in own:
+                if _better(c, best):
+                    best = c
+            chain.best = best if best is not None and best.is_correct else None
+            if _better(chain.best, ts.best):
+                ts.best = chain.best
+
+    # ------------------------------------------------------------ threads
+    def _spawn(self, kind: str, slots: threading.Semaphore, fn: Callable[[], Any], payload: Any) -> None:
+        def body() -> None:
+            with slots:
+                try:
+                    out: Any = fn()
+                except BaseException as e:  # noqa: BLE001 - reported to the loop, which decides
+                    out = e
+            self.events.put((kind, payload, out))
+
+        # Daemon threads: a second Ctrl-C may leave while a call is still under way.
+        threading.Thread(target=body, name=f"kernelrl-{kind}", daemon=True).start()
+
+    # ------------------------------------------------------------ scheduling
+    def _budget_stop(self) -> StopReason | None:
+        cfg = self.config
+        if cfg.wall_time_s is not None and time.monotonic() - self.started >= cfg.wall_time_s:
+            return StopReason.WALL_TIME
+        if cfg.token_budget is not None and self.prompt_tokens + self.completion_tokens >= cfg.token_budget:
+            return StopReason.TOKENS
+        return None
+
+    def schedule(self) -> None:
+        if self.stop_reason is not None:
+            return
+        reason = self._budget_stop()
+        if reason is not None:
+            self.stop_reason = reason
+            return
+        # Round-robin over tasks, one chain step each per pass, so no task starves the others of
+        # model slots.
+        progressed = True
+        while progressed:
+            progressed = False
+            for name in self.task_order:
+                ts = self.state[name]
+                if ts.gave_up or ts.baseline_pending or ts.proposed + ts.in_flight >= self.config.budget:
+                    continue
+                chain = next((c for c in ts.chains if c.active and not c.busy and c.step < self._quota(c.index)),
+                             None)
+                if chain is None:
+                    continue
+                self._start_step(ts, chain)
+                progressed = True
+
+    def _quota(self, index: int) -> int:
+        """Steps chain `index` may take: the task's budget split evenly, the first chains taking the rest."""
+        per, extra = divmod(self.config.budget, self.config.chains)
+        return per + (1 if index < extra else 0)
+
+    def _start_step(self, ts: _TaskState, chain: _Chain) -> None:
+        cfg = self.config
+        rng = random.Random(f"{cfg.seed}:{ts.task.name}:{chain.index}:{chain.step}")
+        extra = {"template_dir": cfg.template_dir} if cfg.template_dir is not None else {}
+        prompt = self.build_prompt(ts.task, db=self.db, chain_best=chain.best, policy=cfg.eval.policy, device=cfg.eval.device,
+                                   rng=rng, k=cfg.k_shown, size=cfg.eval.size, **extra)
+        request = ProposalRequest(task=ts.task, prompt=prompt, parent=chain.best.source if chain.best else None,
+                                  chain=chain.index, step=chain.step)
+        chain.busy = True
+        ts.in_flight += 1
+        self._spawn("proposal", self.model_slots, lambda: self.proposer.propose(request),
+                    (ts.task.name, chain.index, chain.step, prompt, chain.best))
+        chain.step += 1
+
+    def start_baselines(self) -> None:
+        if self.measure_baseline is None:
+            return
+        for name in self.task_order:
+            if self.db.get_baseline(name, self.config.eval.device, self.config.eval.size) is None:
+                task = self.tasks[name]
+                self.state[name].baseline_pending = True
+                self.baselines_in_flight += 1
+                self._spawn("baseline", self.eval_slots, lambda t=task: self.measure_baseline(t), name)
+
+    # ------------------------------------------------------------ events
+    def on_proposal(self, payload: tuple[str, int, int, str, CandidateRecord | None], out: Any) -> None:
+        name, index, step, prompt, parent = payload
+        ts = self.state[name]
+        chain = ts.chains[index]
+        ts.in_flight -= 1
+        if isinstance(out, Exhausted):
+            # a finite proposer has nothing more for this task: its chains end, quietly
+            chain.busy = False
+            chain.step -= 1
+            for c in ts.chains:
+                c.active = False
+            ts.gave_up = ts.gave_up or f"proposer exhausted: {out}"
+            return
+        if isinstance(out, BaseException):
+            chain.busy = False
+            chain.step -= 1  # the step did not happen
+            ts.failures += 1
+            msg = f"{name}: proposer failed: {type(out).__name__}: {out}"
+            self.errors.append(msg)
+            self.console.print(f"[yellow]{msg}[/yellow]")
+            if ts.failures >= MAX_PROPOSER_FAILURES or isinstance(out, ProposerUnavailable):
+                ts.gave_up = f"proposer failed {ts.failures} times in a row"
+            return
+        ts.failures = 0
+        code = out.code if out.code is not None else extract_code(out.answer)
+        source = code or ""
+        self.prompt_tokens += int(out.prompt_tokens)
+        self.completion_tokens += int(out.completion_tokens)
+        rec = self.db.add_candidate(NewCandidate(
+            task=name, hash=source_hash(source), source=source, parents=(parent.id,) if parent else (),
+            chain=index, step=step, proposer=self.config.proposer, prompt=prompt, answer=out.answer,
+            prompt_tokens=int(out.prompt_tokens), completion_tokens=int(out.completion_tokens), run_id=self.run_id,
+            meta=dict(getattr(out, "meta", None) or {})))
+        ts.proposed += 1
+        self.dispatch_evaluation(rec)
+
+    def dispatch_evaluation(self, rec: CandidateRecord) -> None:
+        cfg = self.config
+        if not rec.source.strip():
+            result = EvalResult(task=rec.task, status=Status.COMPILE_ERROR,
+                                message="the answer holds no complete code block", device=cfg.eval.device,
+                                size=cfg.eval.size, policy=cfg.eval.policy, candidate_hash=rec.hash)
+            self.db.store_result(rec.id, result)
+            self._on_result(rec, result)
+            return
+        hit = self.db.find_result(rec.task, rec.hash, device=cfg.eval.device, size=cfg.eval.size, policy=cfg.eval.policy)
+        if hit is not None:
+            self.db.store_reused_result(rec.id, hit[0], hit[1])
+            self.reused += 1
+            self._on_result(rec, hit[1])
+            return
+        key = (rec.task, rec.hash)
+        if key in self.evals_in_flight:  # the same source is being evaluated for another chain
+            self.evals_in_flight[key].append(rec)
+            return
+        self.evals_in_flight[key] = [rec]
+        task = self.tasks[rec.task]
+        cand = Candidate(source=rec.source, origin=f"candidate {rec.id}")
+        self._spawn("evaluation", self.eval_slots, lambda: self.evaluate(task, cand), key)
+
+    def on_evaluation(self, key: tuple[str, str], out: Any) -> None:
+        waiting = self.evals_in_flight.pop(key)
+        first, rest = waiting[0], waiting[1:]
+        if isinstance(out, BaseException):
+            # The evaluator itself broke (not the candidate): store nothing, so a resume retries.
+            msg = f"{key[0]}: evaluation of candidate {first.id} failed: {type(out).__name__}: {out}"
+            self.errors.append(msg)
+            self.console.print(f"[red]{msg}[/red]")
+            for rec in waiting:
+                self.state[rec.task].chains[rec.chain].busy = False
+            return
+        self.evaluations += 1
+        self.db.store_result(first.id, out)
+        self._on_result(first, out)
+        for rec in rest:
+            self.db.store_reused_result(rec.id, first.id, out)
+            self.reused += 1
+            self._on_result(rec, out)
+
+    def on_baseline(self, name: str, out: Any) -> None:
+        self.baselines_in_flight -= 1
+        self.state[name].baseline_pending = False
+        if isinstance(out, BaseException):
+            msg = f"{name}: baseline measurement failed: {type(out).__name__}: {out}"
+            self.errors.append(msg)
+            self.console.print(f"[yellow]{msg}[/yellow]")
+            return
+        self.db.put_baseline(task=name, device=self.config.eval.device, size=self.config.eval.size,
+                             eager_ms=float(out.eager_ms), compile_ms=out.compile_ms)
+
+    def _on_result(self, rec: CandidateRecord, result: EvalResult) -> None:
+        rec = dataclasses.replace(rec, result=result, state=CandidateState.EVALUATED)
+        ts = self.state[rec.task]
+        chain = ts.chains[rec.chain]
+        ts.evaluated += 1
+        ts.correct += rec.is_correct
+        if _better(rec, chain.best):
+            chain.best = rec
+        if _better(rec, ts.best):
+            ts.best = rec
+        every = self.config.exchange_every
+        if every and chain.step % every == 0 and _better(ts.best, chain.best):
+            chain.best = ts.best  # exchange: adopt the task's best of this run
+        chain.busy = False
+        self._update_progress(ts)
+
+    # ------------------------------------------------------------ progress
+    def _update_progress(self, ts: _TaskState) -> None:
+        if self.progress is not None and ts.progress_id is not None:
+            self.progress.update(ts.progress_id, completed=ts.evaluated, best=_fmt_speedup(ts.best))
+
+    progress: Progress | None = None
+
+    def busy(self) -> bool:
+        return (any(ts.in_flight for ts in self.state.values()) or bool(self.evals_in_flight)
+                or self.baselines_in_flight > 0)
+
+    # ------------------------------------------------------------ main loop
+    def run(self) -> None:
+        interrupts = [0]
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            interrupts[0] += 1
+
+        old_handler = None
+        if threading.current_thread() is threading.main_thread():
+            # A flag, not an exception: a Ctrl-C must never land in the middle of a write.
+            old_handler = signal.signal(signal.SIGINT, on_sigint)
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[best]}"), TimeElapsedColumn(), console=self.console,
+                                 transient=False)
+        seen_interrupts = 0
+        try:
+            with self.progress:
+                for name in self.task_order:
+                    ts = self.state[name]
+                    ts.progress_id = self.progress.add_task(name, total=self.config.budget, completed=ts.evaluated,
+                                                            best=_fmt_speedup(ts.best))
+                # Proposed but never evaluated (a killed run): evaluate, do not ask again.
+                for rec in self.db.pending_candidates(self.run_id):
+                    if rec.task not in self.state:
+                        continue  # a task this invocation does not run: it stays pending for a later resume
+                    self.state[rec.task].chains[rec.chain].busy = True
+                    self.dispatch_evaluation(rec)
+                self.start_baselines()
+                self.schedule()
+                while self.busy():
+                    if interrupts[0] != seen_interrupts:
+                        seen_interrupts = interrupts[0]
+                        if seen_interrupts == 1:
+                            self.stop_reason = StopReason.INTERRUPTED
+                            self.console.print("[yellow]stopping: finishing the calls and evaluations under way "
+                                               "(Ctrl-C again to leave now; a resume evaluates what is left)"
+                                               "[/yellow]")
+                        else:
+                            self.abandon = True
+                            break
+                    try:
+                        kind, payload, out = self.events.get(timeout=_POLL_S)
+                    except queue.Empty:
+                        self.schedule()
+                        continue
+                    if kind == "proposal":
+                        self.on_proposal(payload, out)
+                    elif kind == "evaluation":
+                        self.on_evaluation(payload, out)
+                    else:
+                        self.on_baseline(payload, out)
+                    self.schedule()
+        finally:
+            if old_handler is not None:
+                signal.signal(signal.SIGINT, old_handler)
+        if self.stop_reason is None:
+            self.stop_reason = StopReason.BUDGET
+
+    def summary(self) -> SearchSummary:
+        tasks = []
+        for name in self.task_order:
+            ts = self.state[name]
+            tasks.append(TaskSummary(task=name, candidates=ts.proposed, evaluated=ts.evaluated, correct=ts.correct,
+                                     best_speedup=ts.best.speedup if ts.best else None,
+                                     best_candidate=ts.best.id if ts.best else None, gave_up=ts.gave_up))
+        return SearchSummary(run_id=self.run_id, resumed=self.resumed, stop_reason=self.stop_reason or StopReason.BUDGET,
+                             tasks=tuple(tasks), prompt_tokens=self.prompt_tokens,
+                             completion_tokens=self.completion_tokens, evaluations=self.evaluations,
+                             reused=self.reused, elapsed_s=time.monotonic() - self.started, errors=tuple(self.errors))
+
+
+def _default_collaborators(config: SearchConfig) -> tuple[EvaluateFn, BaselineFn]:
+    from kernelrl.judge.baseline import measure_baseline
+    from kernelrl.judge.evaluator import evaluate
+
+    return (lambda task, cand: evaluate(task, cand, config.eval)), (lambda task: measure_baseline(task, config.eval))
+
+
+def run_search(config: SearchConfig, *, console: Console | None = None, tasks: list[Task] | None = None,
+               proposer: Any = None, evaluate: EvaluateFn | None = None, build_prompt: PromptFn | None = None,
+               measure_baseline: BaselineFn | None = None) -> SearchSummary:
+    """Run (or with `config.resume`, continue) a search; return what it did.
+
+    `tasks` overrides loading `config.tasks`; `proposer` (an object with `propose(request)`),
+    `evaluate(task, candidate)`, `build_prompt(...)` and `measure_baseline(task)` replace the
+    defaults from kernelrl.search.proposers, kernelrl.judge.evaluator, kernelrl.search.prompt and kernelrl.judge.baseline.
+    With an injected `evaluate` and no `measure_baseline`, baselines are not measured.
+    """
+    console = console or Console()
+    if tasks is None:
+        tasks = load_tasks(list(config.tasks))
+    if not tasks:
+        raise ValueError(f"no tasks found for {', '.join(config.tasks)}")
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate task names: {sorted({n for n in names if names.count(n) > 1})}")
+    if evaluate is None:
+        evaluate, default_baseline = _default_collaborators(config)
+        if measure_baseline is None:
+            measure_baseline = default_baseline
+    if not config.baselines:
+        measure_baseline = None
+    if build_prompt is None:
+        from kernelrl.search.prompt import build_prompt as default_build_prompt
+
+        build_prompt = default_build_prompt
+    owned = proposer is None
+    if proposer is None:
+        proposer = make_proposer(config.proposer, policy=config.eval.policy, device=config.eval.device,
+                                 **config.proposer_opts)
+    try:
+        return _run(config, console, tasks, proposer, evaluate, build_prompt, measure_baseline)
+    finally:
+        if owned:
+            proposer.close()
+
+
+def _run(config: SearchConfig, console: Console, tasks: list[Task], proposer: Any, evaluate: EvaluateFn,
+         build_prompt: PromptFn, measure_baseline: BaselineFn | None) -> SearchSummary:
+    with Database(config.db_path) as db:
+        search = _Search(config, console=console, tasks=tasks, db=db, proposer=proposer, evaluate=evaluate,
+                         build_prompt=build_prompt, measure_baseline=measure_baseline)
+        search.open_run()
+        status = RunStatus.FAILED
+        try:
+            search.run()
+            status = RunStatus.INTERRUPTED if search.stop_reason is StopReason.INTERRUPTED else RunStatus.FINISHED
+        finally:
+            db.finish_run(search.run_id, status)
+        summary = search.summary()
+    return summary

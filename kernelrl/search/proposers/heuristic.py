@@ -1,0 +1,301 @@
+"""The offline, model-free proposer: known program-level rewrites of the reference.
+
+A portfolio of rewrites (inference mode, torch.compile modes, channels_last for convolutions,
+oneDNN freezing on CPU, CUDA graphs on GPU, and combinations), filtered by device and by what
+the task's model is. Its programs embed a renamed copy of the reference and call it, so they
+are for the `open` policy only; asking for it under `strict` is an error.
+
+Guarantees: each call returns the next untried rewrite for the task (shared by all chains),
+stacking on the parent's rewrite when the parent is one; `Exhausted` when every applicable
+rewrite has been handed out. Programs are rendered from the template files in `rewrites/`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import string
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernelrl.search.proposers.base import (
+    Exhausted,
+    Proposal,
+    ProposalRequest,
+    Proposer,
+    ProposerError,
+)
+from kernelrl.tasks.task import Task, embed_reference
+
+HEURISTIC_MARKER = "# kernelrl-heuristic:"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rewrite:
+    """A program-level rewrite of the reference; several flags combine into one program."""
+
+    inference_mode: bool = False
+    compile_mode: str | None = None  # torch.compile mode: "default", "max-autotune-no-cudagraphs", ...
+    compile_freezing: bool = False  # inductor freezing (constant-folds weights; oneDNN on CPU)
+    channels_last: bool = False
+    jit_freeze: bool = False  # TorchScript trace + freeze + optimize_for_inference (oneDNN fusions)
+    cuda_graph: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = []
+        if self.channels_last:
+            parts.append("channels_last")
+        if self.inference_mode:
+            parts.append("inference_mode")
+        if self.compile_mode:
+            parts.append(f"compile-{self.compile_mode}" + ("-freezing" if self.compile_freezing else ""))
+        if self.jit_freeze:
+            parts.append("jit_freeze")
+        if self.cuda_graph:
+            parts.append("cuda_graph")
+        return "+".join(parts)
+
+    @property
+    def components(self) -> frozenset[str]:
+        return frozenset(self.name.split("+"))
+
+    @property
+    def compiles(self) -> bool:
+        return self.compile_mode is not None
+
+
+# Ordered cheapest and most widely useful first; the proposer filters by device and task.
+CPU_PORTFOLIO: tuple[Rewrite, ...] = (
+    Rewrite(inference_mode=True),
+    Rewrite(compile_mode="default"),
+    Rewrite(inference_mode=True, compile_mode="default"),
+    Rewrite(channels_last=True, inference_mode=True),
+    Rewrite(jit_freeze=True),
+    Rewrite(inference_mode=True, compile_mode="default", compile_freezing=True),
+    Rewrite(inference_mode=True, compile_mode="max-autotune-no-cudagraphs"),
+    Rewrite(channels_last=True, inference_mode=True, compile_mode="default"),
+    Rewrite(channels_last=True, jit_freeze=True),
+    Rewrite(channels_last=True, inference_mode=True, compile_mode="default", compile_freezing=True),
+)
+GPU_PORTFOLIO: tuple[Rewrite, ...] = (
+    Rewrite(inference_mode=True),
+    Rewrite(compile_mode="default"),
+    Rewrite(inference_mode=True, compile_mode="default"),
+    Rewrite(inference_mode=True, compile_mode="reduce-overhead"),
+    Rewrite(cuda_graph=True),
+    Rewrite(channels_last=True, inference_mode=True),
+    Rewrite(inference_mode=True, compile_mode="max-autotune-no-cudagraphs"),
+    Rewrite(channels_last=True, inference_mode=True, compile_mode="default"),
+    Rewrite(channels_last=True, cuda_graph=True),
+    Rewrite(inference_mode=True, compile_mode="max-autotune"),
+)
+
+_WHY = {
+    "inference_mode": "runs the forward pass under torch.inference_mode, so no autograd graph is "
+                      "recorded and no version counters are bumped: less per-op overhead",
+    "compile": "compiles the forward pass with torch.compile, fusing elementwise chains and "
+               "reductions into generated kernels that read and write memory fewer times",
+    "freezing": "freezes the weights into the compiled graph, so constant folding and oneDNN "
+                "weight prepacking happen once instead of every call",
+    "channels_last": "keeps convolution weights and activations in channels_last (NHWC) layout, "
+                     "which the convolution kernels read contiguously",
+    "jit_freeze": "traces and freezes the module with TorchScript and applies optimize_for_inference, "
+                  "which folds batch-free constants and fuses conv/linear with their activations (oneDNN)",
+    "cuda_graph": "captures the whole forward pass in a CUDA graph and replays it, removing the "
+                  "per-kernel launch overhead that dominates small problems",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskTraits:
+    """What the portfolio needs to know about a reference program."""
+
+    conv2d: bool = False
+    conv3d: bool = False
+    training_dependent: bool = True  # behaves differently under .eval() (batch norm, dropout)
+    tensor_inputs_only: bool = False
+
+    @property
+    def conv(self) -> bool:
+        return self.conv2d or self.conv3d
+
+
+def task_traits(task: Task) -> TaskTraits:
+    """Inspect the reference on the meta device (nothing allocated); fall back to its source text."""
+    import torch
+    from torch import nn
+
+    src = task.source
+    text_train = bool(re.search(r"dropout|batch_?norm|\.training\b|instance_?norm|rrelu", src, re.IGNORECASE))
+    try:
+        tm = task.instantiate("small")
+        with torch.device("meta"):
+            model = tm.Model(*tm.get_init_inputs())
+            inputs = tm.get_inputs()
+        mods = list(model.modules())
+        conv2d = any(isinstance(m, nn.Conv2d | nn.ConvTranspose2d) for m in mods)
+        conv3d = any(isinstance(m, nn.Conv3d | nn.ConvTranspose3d) for m in mods)
+        train_types = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm,
+                       nn.modules.dropout._DropoutNd, nn.RNNBase, nn.MultiheadAttention, nn.RReLU)
+        training_dependent = text_train or any(isinstance(m, train_types) for m in mods)
+        tensors_only = bool(inputs) and all(isinstance(x, torch.Tensor) for x in inputs)
+        return TaskTraits(conv2d=conv2d, conv3d=conv3d, training_dependent=training_dependent,
+                          tensor_inputs_only=tensors_only)
+    except Exception:  # noqa: BLE001 - a task that fails on meta is judged from its text
+        return TaskTraits(conv2d=bool(re.search(r"conv(transpose)?2d", src, re.IGNORECASE)),
+                          conv3d=bool(re.search(r"conv(transpose)?3d", src, re.IGNORECASE)),
+                          training_dependent=True, tensor_inputs_only=False)
+
+
+def applicable(rewrite: Rewrite, traits: TaskTraits, device: str) -> bool:
+    if rewrite.channels_last and not traits.conv:
+        return False
+    # Freezing calls .eval() or constant-folds buffers: only sound when eval and train agree.
+    if (rewrite.jit_freeze or rewrite.compile_freezing) and traits.training_dependent:
+        return False
+    if (rewrite.jit_freeze or rewrite.cuda_graph) and not traits.tensor_inputs_only:
+        return False
+    if rewrite.jit_freeze and device != "cpu":
+        return False
+    if rewrite.cuda_graph and not device.startswith("cuda"):
+        return False
+    return True
+
+
+
+
+REWRITES_DIR = Path(__file__).parent / "rewrites"
+_SECTION = re.compile(r"^## (\w+)\n", re.MULTILINE)
+
+
+@functools.cache
+def _component(name: str) -> dict[str, str]:
+    """The named sections of one component template (`rewrites/<name>.txt`)."""
+    text = (REWRITES_DIR / f"{name}.txt").read_text()
+    parts = _SECTION.split(text)
+    return {key: body for key, body in zip(parts[1::2], parts[2::2])}
+
+
+def _fill(text: str, fields: dict[str, str]) -> str:
+    return string.Template(text).substitute(fields)
+
+
+def render_rewrite(task: Task, rewrite: Rewrite, traits: TaskTraits | None = None) -> str:
+    """A complete program defining ModelNew that applies `rewrite` to the task's reference."""
+    traits = traits or task_traits(task)
+    fmt = "torch.channels_last_3d" if traits.conv3d and not traits.conv2d else "torch.channels_last"
+    runner = ("compile" if rewrite.compiles else "jit_freeze" if rewrite.jit_freeze
+              else "cuda_graph" if rewrite.cuda_graph else "eager")
+    fields = {
+        "fmt": fmt,
+        "ndim": "5" if fmt.endswith("3d") else "4",
+        "mode": "" if rewrite.compile_mode in (None, "default") else f", mode={rewrite.compile_mode!r}",
+        "options": ", options={'freezing': True}" if rewrite.compile_freezing else "",
+    }
+    parts = [_component(name) for name in (["channels_last"] if rewrite.channels_last else []) + [runner]]
+    run = _component(runner)
+    wrap = _component("inference_mode" if rewrite.inference_mode else "plain_call")["wrap"]
+
+    def joined(section: str) -> str:
+        return "".join(_fill(p.get(section, ""), fields) for p in parts)
+
+    forward = (joined("forward_pre") + _fill(wrap, {"call": run["call"].strip()}) + joined("forward_post"))
+    program = (REWRITES_DIR / "program.py.tmpl").read_text()
+    return string.Template(program).substitute(
+        marker=HEURISTIC_MARKER, name=rewrite.name, reference=embed_reference(task.source),
+        functions=joined("functions"), init=joined("init").rstrip("\n"), forward=forward.rstrip("\n"),
+        methods=joined("methods"))
+
+
+def rewrite_analysis(rewrite: Rewrite, parent_name: str | None) -> str:
+    reasons = []
+    for part in sorted(rewrite.components):
+        key = "compile" if part.startswith("compile") else part
+        if key in _WHY:
+            reasons.append(f"- {_WHY[key]}.")
+    if rewrite.compile_freezing:
+        reasons.append(f"- {_WHY['freezing']}.")
+    base = (f"The parent version applies `{parent_name}`; this one stacks more on it."
+            if parent_name else "The reference runs eager PyTorch, one kernel per operator, with autograd "
+                                "bookkeeping although only the forward result is used.")
+    return (f"## Performance analysis\n\n{base}\nThis version (`{rewrite.name}`):\n" + "\n".join(reasons)
+            + "\nThe arithmetic is unchanged, so results match the reference within floating-point tolerance.\n")
+
+
+_MARKER_LINE = re.compile(rf"^{re.escape(HEURISTIC_MARKER)}[ \t]*(\S+)[ \t]*$", re.MULTILINE)
+
+
+def heuristic_name(source: str | None) -> str | None:
+    """The rewrite a heuristic program applies, read from its marker line."""
+    if not source:
+        return None
+    first = source.lstrip().splitlines()[0] if source.strip() else ""
+    return first[len(HEURISTIC_MARKER):].strip() if first.startswith(HEURISTIC_MARKER) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeuristicConfig:
+    device: str = "cpu"
+    policy: str = "open"
+
+    def __post_init__(self) -> None:
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ProposerError(f"heuristic proposer: unknown device {self.device!r}")
+        if self.policy == "strict":
+            raise ProposerError("the heuristic proposer writes PyTorch-level rewrites that call a copy of the "
+                                "reference; the strict policy needs custom kernels: use policy open")
+
+
+class HeuristicProposer(Proposer):
+    """Each call returns the next untried rewrite for the task (shared by all chains).
+
+    Parent-aware: when the parent is a heuristic program, untried rewrites that contain all of
+    the parent's components (stacking on it) come first. Rewrites whose programs appear in the
+    request's prompt (their marker line) count as tried, so a resumed run does not repeat the
+    versions it shows. Raises `Exhausted` when every applicable rewrite has been handed out.
+    """
+
+    def __init__(self, config: HeuristicConfig | None = None) -> None:
+        self.config = config or HeuristicConfig()
+        self.spec = "heuristic"
+        self._lock = threading.Lock()
+        self._tried: dict[str, set[str]] = {}
+        self._traits: dict[tuple[str, str], TaskTraits] = {}
+
+    def portfolio(self, task: Task) -> list[Rewrite]:
+        traits = self._traits_for(task)
+        full = GPU_PORTFOLIO if self.config.device.startswith("cuda") else CPU_PORTFOLIO
+        return [r for r in full if applicable(r, traits, self.config.device)]
+
+    def _traits_for(self, task: Task) -> TaskTraits:
+        key = (task.name, task.source_hash)
+        with self._lock:
+            cached = self._traits.get(key)
+        if cached is None:
+            cached = task_traits(task)
+            with self._lock:
+                self._traits[key] = cached
+        return cached
+
+    def propose(self, request: ProposalRequest) -> Proposal:
+        task = request.task
+        options = self.portfolio(task)
+        parent_name = heuristic_name(request.parent)
+        parent_parts = frozenset(parent_name.split("+")) if parent_name else frozenset()
+        # Versions shown in the prompt were measured already (e.g. before a resumed run): skip them.
+        shown = set(_MARKER_LINE.findall(request.prompt))
+        with self._lock:
+            tried = self._tried.setdefault(task.name, set())
+            tried.update(shown)
+            untried = [r for r in options if r.name not in tried and r.name != parent_name]
+            if not untried:
+                raise Exhausted(f"heuristic: all {len(options)} rewrites for task {task.name} were proposed")
+            stacked = [r for r in untried if parent_parts and parent_parts < r.components]
+            chosen = (stacked or untried)[0]
+            tried.add(chosen.name)
+        code = render_rewrite(task, chosen, self._traits_for(task))
+        answer = f"{rewrite_analysis(chosen, parent_name if stacked else None)}\n```python\n{code}```\n"
+        return Proposal(answer=answer, code=code, meta={"rewrite": chosen.name, "stacked_on": parent_name
+                                                        if stacked else None})

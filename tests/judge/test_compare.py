@@ -1,0 +1,48 @@
+"""Output comparison with dtype-aware tolerances."""
+
+from __future__ import annotations
+
+import torch
+
+from kernelrl.judge.compare import compare_outputs, exactly_equal
+
+
+def test_within_fp32_tolerance_passes():
+    r = torch.randn(100)
+    assert compare_outputs(r + 1e-6, r).ok
+
+
+def test_outside_fp32_tolerance_fails_with_errors():
+    r = torch.randn(100)
+    cmp = compare_outputs(r + 1e-2, r)
+    assert not cmp.ok and cmp.max_abs_err > 9e-3 and "outside tolerance" in cmp.reason
+
+
+def test_half_precision_has_looser_tolerance():
+    r = torch.randn(100).half()
+    assert compare_outputs(r * (1 + 4e-3), r).ok
+    assert not compare_outputs(r.float() * (1 + 4e-3), r.float()).ok
+
+
+def test_shape_dtype_and_count_must_match():
+    r = torch.randn(4, 4)
+    assert "shape" in compare_outputs(r.reshape(16), r).reason
+    assert "dtype" in compare_outputs(r.double(), r).reason
+    assert "outputs" in compare_outputs((r, r), r).reason
+
+
+def test_nan_only_where_the_reference_has_nan():
+    r = torch.tensor([1.0, float("nan")])
+    assert compare_outputs(r.clone(), r).ok
+    assert not compare_outputs(torch.tensor([float("nan"), float("nan")]), r).ok
+
+
+def test_subclass_marker_is_not_a_tensor():
+    cmp = compare_outputs({"not_plain_tensor": "evil.Lazy"}, torch.ones(2))
+    assert not cmp.ok and "plain torch.Tensor" in cmp.reason
+
+
+def test_exactly_equal_is_bitwise():
+    x = torch.randn(10)
+    assert exactly_equal([x], [x.clone()])
+    assert not exactly_equal([x], [x + 1e-7])

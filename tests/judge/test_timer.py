@@ -1,0 +1,33 @@
+"""The timing statistics: median of paired ratios and its interval."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kernelrl.judge.timer import TimingConfig, median_ci
+
+
+def test_median_ci_contains_the_true_ratio_and_narrows_with_n():
+    rng = random.Random(0)
+    few = [2.0 * rng.lognormvariate(0, 0.05) for _ in range(20)]
+    many = [2.0 * rng.lognormvariate(0, 0.05) for _ in range(400)]
+    med, lo, hi = median_ci(few)
+    med2, lo2, hi2 = median_ci(many)
+    assert lo <= 2.0 <= hi and lo2 <= 2.0 <= hi2
+    assert (hi2 - lo2) < (hi - lo)
+    assert abs(med2 - 2.0) < 0.02
+
+
+def test_median_ci_ignores_outliers():
+    ratios = [1.0] * 30 + [50.0, 0.01]
+    med, lo, hi = median_ci(ratios)
+    assert med == pytest.approx(1.0) and lo == pytest.approx(1.0) and hi == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("kwargs", [{"min_rounds": 2}, {"max_rounds": 3, "min_rounds": 5}, {"target_rel_ci": 0},
+                                    {"spot_check_prob": 2.0}, {"pool_size": 0}])
+def test_config_validation(kwargs):
+    with pytest.raises(ValueError):
+        TimingConfig(**kwargs)

@@ -1,0 +1,124 @@
+"""Report numbers from a database filled with known verdicts, and the HTML file."""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from kernelrl.search.database import Database, NewCandidate
+from kernelrl.report.console import render_report
+from kernelrl.report.html import write_html
+from kernelrl.report.metrics import geometric_mean
+from kernelrl.report.report import build_report
+from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
+
+# task -> verdicts in order: a float is a correct speedup, a Status is a failure, ("flag", rules) is refused
+VERDICTS = {
+    "a": [0.5, 2.5, ("flag", ["cached_output"])],
+    "b": [1.2, Status.INCORRECT],
+    "c": [0.8],
+    "d": [Status.INCORRECT, Status.COMPILE_ERROR],
+    "e": [4.0, 1.6, ("flag", ["extra_stream", "cached_output"])],
+}
+# task -> (eager_ms, compile_ms); c has none
+BASELINES = {"a": (10.0, 5.0), "b": (4.0, 8.0), "e": (3.0, 1.5), "d": (2.0, 1.0)}
+
+
+def _fill(path: Path, run_id_of=lambda task: None) -> None:
+    with Database(path) as db:
+        run = db.start_run({"x": 1})
+        for task, verdicts in VERDICTS.items():
+            db.upsert_task(name=task, source=f"# {task}", source_hash=task, level=1, size="small")
+            for i, v in enumerate(verdicts):
+                src = f"{task}{i}"
+                rec = db.add_candidate(NewCandidate(task=task, hash=src, source=src, run_id=run))
+                if isinstance(v, float):
+                    t = TimingStats(median_ms=1 / v, mean_ms=1 / v, min_ms=1 / v, iqr_ms=0, n=3)
+                    res = EvalResult(task=task, status=Status.CORRECT, speedup=v, cand_time=t)
+                elif isinstance(v, Status):
+                    res = EvalResult(task=task, status=v)
+                else:
+                    res = EvalResult(task=task, status=Status.FLAGGED,
+                                     findings=[Finding(rule=r, message="m") for r in v[1]]
+                                     + [Finding(rule="style_note", message="m", severity=Severity.WARN)])
+                db.store_result(rec.id, res)
+        db.add_candidate(NewCandidate(task="c", hash="pending", source="p", run_id=run))  # not evaluated
+        for task, (eager, comp) in BASELINES.items():
+            db.put_baseline(task=task, device="cpu", size="small", eager_ms=eager, compile_ms=comp)
+
+
+def test_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    _fill(path)
+    r = build_report(path)
+    assert [t.task for t in r.tasks] == ["a", "b", "c", "d", "e"]
+    best = {t.task: t.speedup_vs_eager for t in r.tasks}
+    assert best == {"a": 2.5, "b": 1.2, "c": 0.8, "d": None, "e": 4.0}
+    # fast_p over all 5 tasks: correct and strictly faster than p
+    assert r.fast(0.0) == 4 / 5 and r.fast(1.0) == 3 / 5 and r.fast(1.5) == 2 / 5 and r.fast(2.0) == 2 / 5
+    assert r.geomean_vs_eager == pytest.approx((2.5 * 1.2 * 0.8 * 4.0) ** 0.25)
+    assert r.median_vs_eager == pytest.approx((1.2 + 2.5) / 2)
+    # against compile: speedup x compile_ms / eager_ms; c has no baseline, d no correct candidate
+    vs_compile = {t.task: t.speedup_vs_compile for t in r.tasks}
+    assert vs_compile["a"] == pytest.approx(1.25) and vs_compile["b"] == pytest.approx(2.4)
+    assert vs_compile["e"] == pytest.approx(2.0) and vs_compile["c"] is None and vs_compile["d"] is None
+    assert r.geomean_vs_compile == pytest.approx(6.0 ** (1 / 3)) and r.median_vs_compile == pytest.approx(2.0)
+    assert (r.solved, r.with_compile) == (4, 3)
+    assert (r.candidates, r.evaluated, r.correct) == (12, 11, 6) and r.success_rate == pytest.approx(6 / 11)
+    assert dict(r.status_counts) == {"correct": 6, "incorrect": 2, "compile_error": 1, "flagged": 2, "proposed": 1}
+    assert r.refused_by_rule == (("cached_output", 2), ("extra_stream", 1))  # warnings are not refusals
+    a = next(t for t in r.tasks if t.task == "a")
+    assert a.best_so_far == (0.5, 2.5, 2.5) and a.best_candidate is not None
+    d = next(t for t in r.tasks if t.task == "d")
+    assert d.best_so_far == (None, None)
+    assert [(run.status, run.candidates) for run in r.runs] == [("running", 12)]
+
+
+def test_run_filter_and_empty(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    _fill(path)
+    with Database(path) as db:
+        run2 = db.start_run({"task_names": ["a", "b"]})  # b got no candidate in this run
+        rec = db.add_candidate(NewCandidate(task="a", hash="z", source="z", run_id=run2))
+        db.store_result(rec.id, EvalResult(task="a", status=Status.CORRECT, speedup=9.0))
+    assert build_report(path).tasks[0].speedup_vs_eager == 9.0
+    only2 = build_report(path, run_id=run2)
+    assert [t.task for t in only2.tasks] == ["a", "b"] and only2.fast(2.0) == 0.5
+    with pytest.raises(ValueError, match="no run 99"):
+        build_report(path, run_id=99)
+    empty = tmp_path / "empty.db"
+    Database(empty).close()
+    e = build_report(empty)
+    assert e.tasks == () and e.geomean_vs_eager is None and e.success_rate is None
+    write_html(e, tmp_path / "empty.html")  # renders without plots
+
+
+def test_geometric_mean() -> None:
+    assert geometric_mean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geometric_mean([]) is None
+    with pytest.raises(ValueError):
+        geometric_mean([1.0, 0.0])
+
+
+def test_console_and_html(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    _fill(path)
+    report = build_report(path)
+    buf = io.StringIO()
+    render_report(report, Console(file=buf, width=140))
+    text = buf.getvalue()
+    assert "fast_1.5" in text and "40%" in text and "cached_output" in text
+    assert f"{math.prod([2.5, 1.2, 0.8, 4.0]) ** 0.25:.2f}x" in text
+    out = write_html(report, tmp_path / "r" / "report.html")
+    page = out.read_text()
+    images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
+    assert len(images) == 3
+    for img in images:
+        assert base64.b64decode(img)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "extra_stream" in page and "http" not in page.replace("http-equiv", "")  # self-contained

@@ -1,0 +1,220 @@
+"""The code database: schema, WAL, typed round-trips, dedup, contrast selection, SIGKILL safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelrl.search.database import (SCHEMA_VERSION, CandidateState, Database, DatabaseError, NewCandidate, RunStatus)
+from kernelrl.report.export import export_jsonl
+from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
+
+
+def _result(task: str, status: Status, speedup: float | None = None, h: str = "", findings=()) -> EvalResult:
+    cand = TimingStats(median_ms=10.0 / speedup, mean_ms=10.0 / speedup, min_ms=9.0 / speedup, iqr_ms=0.1, n=5) \
+        if speedup else None
+    return EvalResult(task=task, status=status, speedup=speedup, candidate_hash=h, cand_time=cand,
+                      ref_time=TimingStats(median_ms=10.0, mean_ms=10.0, min_ms=9.5, iqr_ms=0.2, n=5),
+                      findings=list(findings), message=f"{status.value}")
+
+
+def _add(db: Database, task: str, src: str, status: Status, speedup: float | None = None, findings=(),
+         **kw) -> int:
+    h = f"h-{src}"
+    rec = db.add_candidate(NewCandidate(task=task, hash=h, source=src, prompt=f"prompt {src}",
+                                        answer=f"```python\n{src}\n```", **kw))
+    db.store_result(rec.id, _result(task, status, speedup, h, findings))
+    return rec.id
+
+
+def test_schema_version_and_wal(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    with Database(path) as db:
+        assert db.schema_version == SCHEMA_VERSION
+        assert db.journal_mode == "wal"
+    conn = sqlite3.connect(path)
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"runs", "tasks", "baselines", "candidates", "results", "findings", "schema_version"} <= tables
+    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(DatabaseError, match="schema version"):
+        Database(path)
+
+
+def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_text("this is not sqlite " * 100)
+    with pytest.raises(DatabaseError, match="not a usable SQLite"):
+        Database(bad)
+    with pytest.raises(DatabaseError, match="no database"):
+        Database(tmp_path / "missing.db", readonly=True)
+
+
+def test_candidate_and_result_round_trip(tmp_path: Path) -> None:
+    with Database(tmp_path / "k.db") as db:
+        run = db.start_run({"budget": 3})
+        new = NewCandidate(task="t", hash="abc", source="class ModelNew: pass\n", parents=(4, 7), chain=2, step=3,
+                           proposer="openai:m", prompt="P", answer="A", prompt_tokens=11, completion_tokens=22,
+                           run_id=run, meta={"model": "m"})
+        rec = db.add_candidate(new)
+        assert rec.state is CandidateState.PROPOSED and rec.result is None
+        assert db.pending_candidates(run)[0].id == rec.id
+        res = _result("t", Status.FLAGGED, None, "abc",
+                      [Finding(rule="extra_stream", message="m", severity=Severity.REJECT, stage="static", line=3),
+                       Finding(rule="note", message="w", severity=Severity.WARN)])
+        db.store_result(rec.id, res)
+        got = db.get_candidate(rec.id)
+        assert got is not None
+        assert got.state is CandidateState.EVALUATED
+        assert got.parents == (4, 7) and got.chain == 2 and got.step == 3 and got.proposer == "openai:m"
+        assert (got.prompt_tokens, got.completion_tokens) == (11, 22) and got.meta == {"model": "m"}
+        assert got.result == res  # full EvalResult survives, findings included
+        assert got.result.rejecting_rules == ["extra_stream"]
+        assert db.pending_candidates(run) == []
+        assert [(f.rule, f.severity, f.stage) for f in db.findings()] == [
+            ("extra_stream", Severity.REJECT, "static"), ("note", Severity.WARN, "dynamic")]
+        with pytest.raises(DatabaseError, match="already has a result"):
+            db.store_result(rec.id, res)
+        assert db.token_totals(run) == (11, 22)
+        db.finish_run(run, RunStatus.FINISHED)
+        r = db.get_run(run)
+        assert r is not None and r.status is RunStatus.FINISHED and r.config == {"budget": 3} and r.finished
+
+
+def test_dedup_lookup_matches_task_and_settings(tmp_path: Path) -> None:
+    with Database(tmp_path / "k.db") as db:
+        first = _add(db, "t", "x", Status.CORRECT, 2.0)
+        hit = db.find_result("t", "h-x", device="cpu", size="small", policy="open")
+        assert hit is not None and hit[0] == first and hit[1].speedup == 2.0
+        # other task, device or policy: not the same evaluation
+        assert db.find_result("u", "h-x", device="cpu", size="small", policy="open") is None
+        assert db.find_result("t", "h-x", device="cuda", size="small", policy="open") is None
+        assert db.find_result("t", "h-x", device="cpu", size="small", policy="strict") is None
+        # a reused result points at the original, and lookups keep finding the original
+        again = db.add_candidate(NewCandidate(task="t", hash="h-x", source="x"))
+        db.store_reused_result(again.id, hit[0], hit[1])
+        assert db.get_candidate(again.id).result.speedup == 2.0
+        assert db.find_result("t", "h-x", device="cpu", size="small", policy="open")[0] == first
+        # the task's file changed: earlier verdicts were about another program
+        db.upsert_task(name="t", source="new", source_hash="new", level=None, size="small")
+        assert db.find_result("t", "h-x", device="cpu", size="small", policy="open") is None
+
+
+def test_top_candidates_distinct_and_ordered(tmp_path: Path) -> None:
+    with Database(tmp_path / "k.db") as db:
+        _add(db, "t", "a", Status.CORRECT, 1.5)
+        _add(db, "t", "b", Status.CORRECT, 3.0)
+        _add(db, "t", "c", Status.INCORRECT)
+        _add(db, "t", "b", Status.CORRECT, 3.0)  # same source again
+        _add(db, "u", "z", Status.CORRECT, 9.0)
+        top = db.top_candidates("t", 5)
+        assert [c.source for c in top] == ["b", "a"]
+        assert [c.speedup for c in db.top_candidates("t", 1)] == [3.0]
+
+
+def test_contrast_set_has_best_and_clearly_weaker(tmp_path: Path) -> None:
+    with Database(tmp_path / "k.db") as db:
+        speeds = [4.0, 3.9, 3.8, 2.0, 1.5, 1.0, 0.8, 0.5, 0.3]
+        for i, s in enumerate(speeds):
+            _add(db, "t", f"s{i}", Status.CORRECT, s)
+        for seed in range(5):
+            picked = db.contrast_set("t", 4, random.Random(seed))
+            sp = [c.speedup for c in picked]
+            assert len(sp) == 4 and sp[0] == 4.0 and sp == sorted(sp, reverse=True)
+            # no near-ties with the best: those teach nothing
+            assert all(s <= 4.0 / 1.2 for s in sp[1:])
+            # one from each third of the weaker ones: spans fast to slow
+            assert sp[1] in (2.0, 1.5) and sp[2] in (1.0, 0.8) and sp[3] in (0.5, 0.3)
+        # too few clearly weaker ones: the next fastest fill the set
+        with Database(tmp_path / "k2.db") as db2:
+            for i, s in enumerate([2.0, 1.95, 1.9, 1.0]):
+                _add(db2, "t", f"s{i}", Status.CORRECT, s)
+            assert [c.speedup for c in db2.contrast_set("t", 3, random.Random(0))] == [2.0, 1.95, 1.0]
+        assert db.contrast_set("none", 3, random.Random(0)) == []
+
+
+def test_recent_refused_newest_first_with_rules(tmp_path: Path) -> None:
+    with Database(tmp_path / "k.db") as db:
+        _add(db, "t", "h1", Status.FLAGGED, findings=[Finding(rule="cached_output", message="m")])
+        _add(db, "t", "ok", Status.CORRECT, 2.0)
+        _add(db, "t", "h2", Status.FLAGGED, findings=[Finding(rule="extra_stream", message="m")])
+        _add(db, "t", "h2", Status.FLAGGED, findings=[Finding(rule="extra_stream", message="m")])
+        refused = db.recent_refused("t", 5)
+        assert [c.source for c in refused] == ["h2", "h1"]
+        assert [c.result.rejecting_rules for c in refused] == [["extra_stream"], ["cached_output"]]
+        assert len(db.recent_refused("t", 1)) == 1
+
+
+def test_baselines_and_tasks(tmp_path: Path) -> None:
+    with Database(tmp_path / "k.db") as db:
+        db.upsert_task(name="t", source="src", source_hash="hh", level=1, size="small")
+        db.upsert_task(name="t", source="src2", source_hash="h2", level=1, size="small")
+        assert [(t.name, t.source) for t in db.tasks()] == [("t", "src2")]
+        db.put_baseline(task="t", device="cpu", size="small", eager_ms=2.0, compile_ms=None)
+        b = db.get_baseline("t", "cpu", "small")
+        assert b is not None and b.eager_ms == 2.0 and b.compile_ms is None
+        assert db.get_baseline("t", "cuda", "small") is None
+        with pytest.raises(ValueError):
+            db.put_baseline(task="t", device="cpu", size="small", eager_ms=0.0, compile_ms=1.0)
+
+
+def test_export_jsonl(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    with Database(path) as db:
+        _add(db, "t", "a", Status.CORRECT, 1.5)
+        _add(db, "t", "b", Status.INCORRECT)
+        db.add_candidate(NewCandidate(task="t", hash="p", source="pending"))
+    out = tmp_path / "x.jsonl"
+    assert export_jsonl(path, out) == 2
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert set(rows[0]) == {"task", "prompt", "answer", "code", "result"}
+    assert rows[0]["code"] == "a" and rows[0]["result"]["speedup"] == 1.5 and rows[0]["prompt"] == "prompt a"
+    assert export_jsonl(path, out, only_correct=True) == 1
+
+
+_WRITER = textwrap.dedent("""
+    import sys, time
+    from kernelrl.search.database import Database, NewCandidate
+    from kernelrl.result import EvalResult, Status
+    db = Database(sys.argv[1])
+    i = 0
+    while True:
+        rec = db.add_candidate(NewCandidate(task="t", hash=f"h{i}", source="x" * 5000 + str(i)))
+        db.store_result(rec.id, EvalResult(task="t", status=Status.INCORRECT, message="m" * 2000))
+        print(rec.id, flush=True)  # printed only after both transactions committed
+        i += 1
+""")
+
+
+def test_sigkill_keeps_every_committed_row(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    Database(path).close()
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    acked: list[int] = []
+    assert proc.stdout is not None
+    deadline = time.time() + 60
+    while len(acked) < 40 and time.time() < deadline:
+        acked.append(int(proc.stdout.readline()))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(acked) >= 40
+    with Database(path) as db:
+        assert db.journal_mode == "wal"
+        evaluated = {c.id for c in db.candidates(state=CandidateState.EVALUATED)}
+        assert set(acked) <= evaluated  # every acknowledged write survived
+        # no half rows: an evaluated candidate has its result, a result has its candidate
+        for c in db.candidates():
+            assert (c.result is None) == (c.state is CandidateState.PROPOSED)
+        assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
