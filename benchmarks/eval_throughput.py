@@ -15,6 +15,7 @@ Numbers depend on the machine and its load; compare ratios from one run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import statistics
@@ -27,7 +28,7 @@ import torch
 
 from kernelrl.candidate import Candidate
 from kernelrl.judge.compare import compare_outputs
-from kernelrl.judge.evaluator import EvalConfig, evaluate, evaluate_many
+from kernelrl.judge.evaluator import EvalConfig, Evaluator, evaluate
 from kernelrl.examples import list_examples
 from kernelrl.search.proposers.heuristic import CPU_PORTFOLIO, applicable, render_rewrite, task_traits
 from kernelrl.judge.sandbox import SandboxConfig
@@ -114,7 +115,7 @@ def main() -> int:
         config = EvalConfig(cache_dir=cache)
         for label in ("cold cache", "warm cache"):
             t0 = time.monotonic()
-            results = list(evaluate_many(jobs, config, workers=args.workers))
+            results = Evaluator(dataclasses.replace(config, concurrency=args.workers)).evaluate_batch(jobs)
             wall = time.monotonic() - t0
             counts: dict[str, int] = {}
             for r in results:

@@ -22,6 +22,9 @@ class Status(str, enum.Enum):
     RUNTIME_ERROR = "runtime_error"
     TIMEOUT = "timeout"
     FLAGGED = "flagged"
+    # The task's own reference could not be loaded or run (it hangs, crashes, exhausts memory):
+    # no verdict on the candidate at all, and no reward.
+    TASK_ERROR = "task_error"
 
 
 class Severity(str, enum.Enum):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import json
 import os
 import platform
 import random
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,27 +202,85 @@ def evaluate(task: Task, candidate: Candidate | str, config: EvalConfig | None =
     return _Judge(task, config).judge(cand_source=cand.source, language=cand.language)
 
 
-def evaluate_many(jobs: Iterable[tuple[Task, Candidate]], config: EvalConfig | None = None, *,
-                  workers: int = 1, on_result: Callable[[EvalResult], None] | None = None) -> Iterator[EvalResult]:
-    """Evaluate many candidates; builds overlap across `workers` threads, timing never does.
+def config_fingerprint(config: EvalConfig) -> str:
+    """What makes two evaluations comparable: every setting but the cache folder and concurrency."""
+    from kernelrl.config import to_dict
 
-    Results come back in the order of `jobs`.
+    d = to_dict(config)
+    for key in ("cache_dir", "concurrency"):
+        d.pop(key, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Evaluator:
+    """The one way to judge candidates: a long-lived object with its config and caches.
+
+    `evaluate(task, candidate)` judges one; `evaluate_batch([(task, candidate), ...])` judges many
+    and returns their results in order (builds and correctness of several candidates overlap on
+    `config.concurrency` threads; timing never overlaps on a device). Results are cached by task
+    source, size, device, policy, candidate source and the config's fingerprint, so the same
+    program is judged once per evaluator. A task whose reference cannot run gives a
+    `task_error` result for each of its candidates; the other tasks of the batch go on.
     """
-    config = config or EvalConfig()
-    if workers <= 1:
-        for task, cand in jobs:
-            res = evaluate(task, cand, config)
-            if on_result:
-                on_result(res)
-            yield res
-        return
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(evaluate, task, cand, config) for task, cand in jobs]
-        for fut in futures:
-            res = fut.result()
-            if on_result:
-                on_result(res)
-            yield res
+
+    def __init__(self, config: EvalConfig | None = None) -> None:
+        self.config = config or EvalConfig()
+        self.fingerprint = config_fingerprint(self.config)
+        self._cache: dict[tuple[str, ...], EvalResult] = {}
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release pools and workers (none are held between calls yet)."""
+
+    def cache_key(self, task: Task, candidate: Candidate) -> tuple[str, ...]:
+        cfg = self.config
+        return (task.source_hash, str(cfg.size), str(cfg.device), str(cfg.policy), candidate.hash, self.fingerprint)
+
+    def evaluate(self, task: Task, candidate: Candidate | str) -> EvalResult:
+        return self.evaluate_batch([(task, candidate)])[0]
+
+    def evaluate_batch(self, items: Sequence[tuple[Task, Candidate | str]], *,
+                       on_result: Callable[[int, EvalResult], None] | None = None) -> list[EvalResult]:
+        """Judge every (task, candidate) pair; results in the order given. Never raises for a
+        candidate's or a task's fault."""
+        pairs = [(task, Candidate(source=c) if isinstance(c, str) else c) for task, c in items]
+        results: list[EvalResult | None] = [None] * len(pairs)
+
+        def one(i: int) -> EvalResult:
+            task, cand = pairs[i]
+            key = self.cache_key(task, cand)
+            with self._lock:
+                hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+            try:
+                res = evaluate(task, cand, self.config)
+            except TaskError as e:
+                res = EvalResult(task=task.name, status=Status.TASK_ERROR, message=_first_line(str(e)),
+                                 errors=[str(e)], device=self.config.device, size=self.config.size,
+                                 policy=self.config.policy, candidate_hash=cand.hash)
+            with self._lock:
+                self._cache[key] = res
+            return res
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.config.concurrency, len(pairs)))) as pool:
+            for i, res in zip(range(len(pairs)), pool.map(one, range(len(pairs)))):
+                results[i] = res
+                if on_result is not None:
+                    on_result(i, res)
+        return [r for r in results if r is not None]
+
+    def baseline(self, task: Task, *, compile: bool = True) -> Any:
+        """Eager and torch.compile times of the task's reference (`kernelrl.judge.baseline.Baseline`)."""
+        from kernelrl.judge.baseline import measure_baseline
+
+        return measure_baseline(task, self.config, compile=compile)
 
 
 def compare_reference_compiled(task: Task, config: EvalConfig, *, mode: str | None = None) -> EvalResult:
