@@ -68,6 +68,9 @@ def default_cache_dir() -> Path:
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig:
     device: Device = Device.CPU
+    # Which GPU of the machine (cuda only): workers see only that one, as their cuda:0. None: the
+    # first visible one. One evaluator per GPU gives one timing lane per GPU.
+    device_index: int | None = None
     size: Size = Size.SMALL
     timeout_s: float = 300.0  # wall clock for the whole evaluation of one candidate
     policy: PolicyName = PolicyName.OPEN
@@ -88,6 +91,8 @@ class EvalConfig:
             except ValueError:
                 raise ValueError(f"{name} must be one of {', '.join(kind)}, not {value!r}") from None
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+        if self.device_index is not None and (self.device is not Device.CUDA or self.device_index < 0):
+            raise ValueError("device_index is a GPU number (>= 0) and needs device cuda")
         if self.timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
         if self.n_correctness < 2:
@@ -322,6 +327,8 @@ class _Judge:
             # torch.compile's caches persist across evaluations (its first compile of a graph
             # costs seconds to minutes on a CPU); worker temp folders do not.
             inductor = {"TORCHINDUCTOR_CACHE_DIR": str(cfg.cache_dir / "inductor")}
+            if cfg.device_index is not None:
+                inductor["CUDA_VISIBLE_DEVICES"] = str(cfg.device_index)
             env_extra = {"TORCH_EXTENSIONS_DIR": str(bdir), "TRITON_CACHE_DIR": str(bdir / "triton"), **inductor}
             ref = Worker(role="reference", config=cfg.sandbox, device=cfg.device, env_extra=inductor)
             cand = Worker(role="candidate", config=cfg.sandbox, device=cfg.device, env_extra=env_extra)
