@@ -6,9 +6,12 @@ that zeros fall within tolerance (for example a mean over 10^6 standard-normal v
 about 1e-3, scaled down further). Such a task rewards a kernel that returns a constant, so it
 must not be used for scoring.
 
-`check_degeneracy` runs the task's reference (its own `Model`, `get_init_inputs`, `get_inputs`)
-on `n_inputs` input sets from different seeds, and on as many sets again whose floating-point
-inputs got a random offset and scale (the evaluator perturbs inputs the same way). It reports:
+`outputs_degenerate(outputs)` judges outputs a reference already gave on several input sets (the
+evaluator calls it on its own secret sets, so a degenerate task never pays). `check_degeneracy`
+runs the task's reference (its own `Model`, `get_init_inputs`, `get_inputs`) in a sandboxed
+reference worker of an evaluator, never in this process, on `n_inputs` input sets from different
+seeds and on as many sets again whose floating-point inputs got a random offset and scale. It
+reports:
 
 - `output_rel_std`: per-element standard deviation across input sets, averaged, divided by the
   mean absolute output (0 for an output that never changes);
@@ -78,13 +81,44 @@ class DegeneracyReport:
         return line
 
 
+def outputs_degenerate(outputs: list[Any], tolerance: dict[str, tuple[float, float]] | None = None) -> list[str]:
+    """Reasons a reference's outputs on several input sets do not depend on the inputs ([] if none).
+
+    The evaluator calls this on the outputs it holds for its secret, scaled and shifted input
+    sets: when a fixed answer (the first set's output) or an all-zero answer is within tolerance
+    of every set's output, no candidate of the task can be told from a constant.
+    """
+    import torch
+
+    tol = dict(DEFAULT_TOLERANCE)
+    tol.update(tolerance or {})
+    outs = [_tensors(o) for o in outputs]
+    if len(outs) < 2 or any(o is None for o in outs) or any(not o for o in outs):
+        return []
+    if any(not bool(torch.isfinite(t).all()) for out in outs for t in out if t.is_floating_point()):
+        return []
+    reasons = []
+    if all(_within(out, [torch.zeros_like(t) for t in out], tol) for out in outs):
+        reasons.append(f"an all-zero answer is within tolerance on all {len(outs)} input sets")
+    elif all(_within(out, outs[0], tol) for out in outs[1:]):
+        reasons.append(f"one fixed answer is within tolerance on all {len(outs)} input sets, scaled and shifted "
+                       "ones included")
+    return reasons
+
+
 def check_degeneracy(task: Task, *, size: str = "small", n_inputs: int = 4, seed: int = 0,
                      min_sensitivity: float = MIN_SENSITIVITY,
-                     tolerance: dict[str, tuple[float, float]] | None = None) -> DegeneracyReport:
+                     tolerance: dict[str, tuple[float, float]] | None = None,
+                     evaluator: Any = None) -> DegeneracyReport:
     """Run the task's reference on several input sets and judge whether its output is degenerate.
 
-    Raises TaskError when the task cannot be instantiated or its reference fails to run.
+    The reference runs in a sandboxed reference worker of `evaluator` (a
+    `kernelrl.judge.evaluator.Evaluator`; one is made for the call when None), never in this
+    process. Input sets are reproducible from `seed`. Raises TaskError when the task cannot be
+    loaded or its reference fails to run.
     """
+    import random
+
     import torch
 
     if n_inputs < 2:
@@ -93,25 +127,26 @@ def check_degeneracy(task: Task, *, size: str = "small", n_inputs: int = 4, seed
         raise ValueError(f"min_sensitivity must be in [0, 1), got {min_sensitivity}")
     tol = dict(DEFAULT_TOLERANCE)
     tol.update(tolerance or {})
+    from kernelrl.judge.inputs import perturbed_plan, plain_plan
 
-    tm = task.instantiate(size)
-    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    plans = [plain_plan(rng) for _ in range(n_inputs)]
+    # wider than the evaluator's perturbation: a filter should look where a candidate would not
+    plans += [perturbed_plan(rng, scale_range=(0.25, 4.0), offset_range=2.0) for _ in range(n_inputs)]
+    owned = evaluator is None
+    if owned:
+        from kernelrl.judge.evaluator import EvalConfig, Evaluator
+
+        evaluator = Evaluator(EvalConfig(size=size, roofline=False, concurrency=1))
     try:
-        model = tm.Model(*tm.get_init_inputs())
-    except Exception as e:  # noqa: BLE001 - report any construction failure as a task error
-        raise TaskError(f"task {task.name}: Model(*get_init_inputs()) failed: {type(e).__name__}: {e}") from e
-    if isinstance(model, torch.nn.Module):
-        model.eval()
-
-    plain, perturbed = [], []
-    perturb_rng = torch.Generator().manual_seed(seed + 7919)
-    for i in range(n_inputs):
-        torch.manual_seed(seed + 1 + i)
-        inputs = tm.get_inputs()
-        plain.append(_run(task, model, inputs))
-        torch.manual_seed(seed + 1 + n_inputs + i)
-        inputs = [_offset_scale(x, perturb_rng) for x in tm.get_inputs()]
-        perturbed.append(_run(task, model, inputs))
+        _, outputs = evaluator.reference_outputs(task, plans)
+    finally:
+        if owned:
+            evaluator.close()
+    tensors = [_tensors(o) for o in outputs]
+    if any(t is None or not t for t in tensors):
+        raise TaskError(f"task {task.name}: the reference's output is not a tensor or a list of tensors")
+    plain, perturbed = tensors[:n_inputs], tensors[n_inputs:]
 
     reasons: list[str] = []
     notes: list[str] = []
@@ -150,38 +185,27 @@ def check_degeneracy(task: Task, *, size: str = "small", n_inputs: int = 4, seed
                             notes=notes)
 
 
-def check_tasks(tasks: Iterable[Task], **kwargs: Any) -> Iterator[DegeneracyReport | TaskError]:
-    """`check_degeneracy` over many tasks; a task that cannot run yields its TaskError instead."""
-    for task in tasks:
-        try:
-            yield check_degeneracy(task, **kwargs)
-        except TaskError as e:
-            yield e
+def check_tasks(tasks: Iterable[Task], *, size: str = "small", **kwargs: Any) -> Iterator[DegeneracyReport | TaskError]:
+    """`check_degeneracy` over many tasks (one evaluator for all); a task that cannot run yields its
+    TaskError instead."""
+    from kernelrl.judge.evaluator import EvalConfig, Evaluator
+
+    with Evaluator(EvalConfig(size=size, roofline=False, concurrency=1)) as evaluator:
+        for task in tasks:
+            try:
+                yield check_degeneracy(task, size=size, evaluator=evaluator, **kwargs)
+            except TaskError as e:
+                yield e
 
 
-def _run(task: Task, model: Any, inputs: list[Any]) -> list[Any]:
+def _tensors(out: Any) -> list[Any] | None:
+    """The tensor leaves of an output as received from a worker (None: something else)."""
     import torch
 
-    try:
-        with torch.no_grad():
-            out = model(*inputs)
-    except Exception as e:  # noqa: BLE001
-        raise TaskError(f"task {task.name}: reference forward failed: {type(e).__name__}: {e}") from e
-    tensors = [t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in leaves(out)]
-    if not tensors:
-        raise TaskError(f"task {task.name}: reference forward returned no tensor")
-    return [t.detach() for t in tensors]
-
-
-def _offset_scale(x: Any, gen: Any) -> Any:
-    """Floating tensors become x * s + o with s in [0.25, 4] (log-uniform) and o ~ N(0, 1)."""
-    import torch
-
-    if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
-        return x
-    s = math.exp((torch.rand((), generator=gen).item() * 2 - 1) * math.log(4.0))
-    o = torch.randn((), generator=gen).item()
-    return x * s + o
+    leaves_ = [x for x in leaves(out)]
+    if not leaves_ or not all(isinstance(x, torch.Tensor) for x in leaves_):
+        return None
+    return [x.detach() for x in leaves_]
 
 
 def _as_float(t: Any) -> Any:

@@ -3,7 +3,7 @@
 Layout: `builtin/level1` single operators, `builtin/level2` fused chains, `builtin/level3`
 blocks, `builtin/operators` operators taken from papers (counted as level 2). Every file is a
 KernelBench-format task whose module constants are its `full` size; `small` comes from
-`kernelrl.tasks.task.shrink_constants` unless `SMALL_PRESETS` below names explicit constants.
+`kernelrl.tasks.sizes.shrink_constants` unless `SMALL_PRESETS` below names explicit constants.
 
 Suites: `builtin` (all), `level1`, `level2`, `level3`, `operators`, and `small`: a quick, varied
 subset that the README's main job optimises on a CPU in minutes.

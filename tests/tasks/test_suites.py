@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernelrl.tasks import suites
-from kernelrl.tasks.task import SMALL_ELEMENT_BUDGET, input_footprint
+from kernelrl.tasks.sizes import SMALL_ELEMENT_BUDGET, input_footprint
 
 BUILTIN = suites.load_suite("builtin")
 BY_NAME = {t.name: t for t in BUILTIN}

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
+from kernelrl.tasks.sizes import (
+    SMALL_ELEMENT_BUDGET,
+    SMALL_FLOP_BUDGET,
+    SMALL_TENSOR_BUDGET,
+)
+from kernelrl.tasks.source import compile_task
 from kernelrl.tasks.suites import load_task, load_tasks
-from kernelrl.tasks.task import Task, TaskError, describe_shapes, load_task_dir, load_task_file
+from kernelrl.tasks.task import (
+    Task,
+    TaskError,
+    describe_shapes,
+    load_task_dir,
+    load_task_file,
+)
 
 TINY = textwrap.dedent('''
     import torch
@@ -251,3 +264,289 @@ def test_output_dominated_task_shrinks_until_the_output_fits(tmp_path):
     path.write_text(src)
     tm = load_task_file(path).instantiate("small")
     assert tm.constants["M"] ** 2 <= 4 * (1 << 20)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shrink rules beyond plain constants: tuple elements, equal knobs, data-only constants, FLOP and
+# tensor budgets, layer literals, models whose __init__ reads values.
+
+
+def _task(tmp_path: Path, name: str, src: str) -> Task:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(src))
+    return load_task_file(path)
+
+
+def _forward_cost(tm) -> tuple[int, torch.Tensor]:
+    """FLOPs of one forward at the task's constants, and its output (run for real on the CPU)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = tm.Model(*tm.get_init_inputs())
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        out = model(*tm.get_inputs())
+    return counter.get_total_flops(), out
+
+
+def test_tuple_elements_shrink_and_structural_tuples_stay(tmp_path):
+    task = _task(tmp_path, "pool", '''
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        class Model(nn.Module):
+            def __init__(self, kernel_size):
+                super().__init__()
+                self.kernel_size = kernel_size
+
+            def forward(self, x):
+                return F.avg_pool2d(x, self.kernel_size)
+
+        batch_size = 2
+        input_shape = (4096, 4096)
+        kernel_size = (3, 5)
+
+        def get_inputs():
+            return [torch.rand(batch_size, 1, *input_shape)]
+
+        def get_init_inputs():
+            return [kernel_size]
+    ''')
+    assert task.constants() == {"batch_size": 2, "input_shape[0]": 4096, "input_shape[1]": 4096}
+    tm = task.instantiate("small")
+    h, w = tm.constants["input_shape[0]"], tm.constants["input_shape[1]"]
+    assert h < 4096 and w < 4096 and 2 * h * w <= SMALL_ELEMENT_BUDGET
+    assert tm.module.input_shape == (h, w) and tm.module.kernel_size == (3, 5)
+    assert tm.get_inputs()[0].shape == (tm.constants["batch_size"], 1, h, w)
+    # an element is an override like any constant, and `full` is the file
+    assert task.instantiate("full", overrides={"input_shape[1]": 40}).module.input_shape == (4096, 40)
+    assert task.instantiate("full").module.input_shape == (4096, 4096)
+
+
+def test_equal_constants_that_must_match_shrink_together(tmp_path):
+    """(n, m) * (n,) broadcasts only while m == n: halving either alone breaks the program."""
+    task = _task(tmp_path, "pairwise_scale", '''
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.mean(torch.clamp(1 - a * b, min=0))
+
+        n = 32768
+        shape = (32768,)
+
+        def get_inputs():
+            return [torch.rand(n, *shape), torch.rand(n)]
+
+        def get_init_inputs():
+            return []
+    ''')
+    tm = task.instantiate("small")
+    n, m = tm.constants["n"], tm.constants["shape[0]"]
+    assert n == m < 32768 and n * m <= SMALL_ELEMENT_BUDGET
+    assert tm.Model()(*tm.get_inputs()).shape == ()
+
+
+def test_a_huge_intermediate_is_counted(tmp_path):
+    """Small inputs, a scalar output, and an n x n broadcast in between."""
+    task = _task(tmp_path, "all_pairs", '''
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return (a[:, None] - b[None, :]).abs().mean()
+
+        n = 1 << 16
+
+        def get_inputs():
+            return [torch.rand(n), torch.rand(n)]
+
+        def get_init_inputs():
+            return []
+    ''')
+    n = task.instantiate("small").constants["n"]
+    assert n * n <= SMALL_TENSOR_BUDGET and n >= 1024
+
+
+def test_flop_budget_shrinks_a_forward_that_fits_the_element_budget(tmp_path):
+    """Inputs + parameters fit the element budget; eight 3x3 convolutions at 128 x 96 do not fit
+    the FLOP budget."""
+    task = _task(tmp_path, "conv_loop", '''
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def __init__(self, channels):
+                super().__init__()
+                self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+            def forward(self, x):
+                for _ in range(8):
+                    x = self.conv(x)
+                return x.mean()
+
+        channels = 64
+        height = 128
+        width = 96
+
+        def get_inputs():
+            return [torch.rand(1, channels, height, width)]
+
+        def get_init_inputs():
+            return [channels]
+    ''')
+    full_flops, _ = _forward_cost(task.instantiate("full"))
+    assert full_flops > SMALL_FLOP_BUDGET
+    tm = task.instantiate("small")
+    assert tm.constants != task.constants()
+    flops, out = _forward_cost(tm)
+    assert flops <= SMALL_FLOP_BUDGET and torch.isfinite(out)
+
+
+FIXED_SPATIAL = """
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def __init__(self, kernel_size, num_classes):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, kernel_size, padding=kernel_size // 2)
+            self.fc = nn.Linear({features}, num_classes)
+
+        def forward(self, x):
+            return self.fc({flatten})
+
+    batch_size = 8
+    kernel_size = 3
+    num_classes = 10
+
+    def get_inputs():
+        return [torch.rand(batch_size, 3, 256, 256)]
+
+    def get_init_inputs():
+        return [kernel_size, num_classes]
+"""
+
+
+def test_a_batch_below_16_shrinks_when_the_data_costs_and_model_constants_stay(tmp_path):
+    """Spatial size fixed by a literal: only the batch can shrink, and only while halving it takes
+    a real share off what is over budget. Constants below 16 that reach the model stay."""
+    pooled = _task(tmp_path, "pooled", FIXED_SPATIAL.format(features=4, flatten="self.conv(x).mean((2, 3))"))
+    tm = pooled.instantiate("small")
+    assert tm.constants == {"batch_size": 4, "kernel_size": 3, "num_classes": 10}  # 4 x 3 x 256 x 256 fits
+    assert _forward_cost(tm)[1].shape == (4, 10)
+    # 2.6M parameters and 1.6M input elements: a halved batch takes a fifth off, the parameters stay
+    flat = _task(tmp_path, "flat", FIXED_SPATIAL.format(features="4 * 256 * 256",
+                                                         flatten="torch.flatten(self.conv(x), 1)"))
+    assert flat.instantiate("small").constants == flat.constants()
+
+
+def test_list_elements_that_size_nothing_stay(tmp_path):
+    """`depths = (32,)` counts layers; halving it changes no shape, so the width shrinks instead."""
+    task = _task(tmp_path, "deep", '''
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def __init__(self, width, depths):
+                super().__init__()
+                self.net = nn.Sequential(*[nn.Linear(width, width) for _ in range(depths[0])])
+
+            def forward(self, x):
+                return self.net(x)
+
+        width = 256
+        depths = (32,)
+
+        def get_inputs():
+            return [torch.rand(8, width)]
+
+        def get_init_inputs():
+            return [width, depths]
+    ''')
+    tm = task.instantiate("small")
+    assert tm.constants == {"width": 128, "depths[0]": 32}
+
+
+LITERAL_MLP = '''
+    import torch
+    import torch.nn as nn
+
+    class {name}(nn.Module):
+        def __init__(self, num_classes):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
+                                     nn.Linear(4096, num_classes))
+
+        def forward(self, x):
+            return self.net(x.view(-1, 4096))
+
+    batch_size = 4
+    num_classes = 10
+
+    def get_inputs():
+        return [torch.rand(batch_size, 64, 64)]
+
+    def get_init_inputs():
+        return [num_classes]
+'''
+
+
+def test_layer_literals_shrink_only_past_the_hard_limits(tmp_path):
+    """33.6M parameters sized by literals: past 32x the element budget, so the literal 4096 halves
+    and every 4096 in the code follows (64 x 64 is not a layer literal and stays)."""
+    task = _task(tmp_path, "literal_mlp", LITERAL_MLP.format(name="Model"))
+    tm = task.instantiate("small")
+    width = tm.constants["literal:4096"]
+    assert width < 4096 and set(tm.constants) == {"batch_size", "num_classes", "literal:4096"}
+    model = tm.Model(*tm.get_init_inputs())
+    params = sum(p.numel() for p in model.parameters())
+    assert params <= 32 * SMALL_ELEMENT_BUDGET and model.net[0].in_features == width
+    # The batch stays (parameters are what costs). The inputs keep their literal 64 x 64 = 4096
+    # elements per row: x.view(-1, width) regroups them.
+    assert tm.constants["batch_size"] == 4 and tm.get_inputs()[0].shape == (4, 64, 64)
+    assert _forward_cost(tm)[1].shape == (4 * 4096 // width, 10)
+    # A copy of the program (a candidate's) compiled with the same constants gets the same widths.
+    ns: dict = {}
+    exec(compile_task(textwrap.dedent(LITERAL_MLP.format(name="ModelNew")), tm.constants, "<cand>"), ns)  # noqa: S102
+    assert ns["ModelNew"](10).net[0].weight.shape == model.net[0].weight.shape
+    # a small model keeps its literals
+    small = _task(tmp_path, "small_mlp", LITERAL_MLP.format(name="Model").replace("4096", "256")
+                  .replace("64, 64", "16, 16"))
+    assert small.instantiate("small").constants == {"batch_size": 4, "num_classes": 10}
+
+
+def test_init_that_reads_tensor_values_still_shrinks(tmp_path):
+    """`x.item()` on a tensor built in __init__ cannot run on meta alone (Swin's drop-path rates)."""
+    task = _task(tmp_path, "reads_values", '''
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def __init__(self, dim, depth):
+                super().__init__()
+                self.rates = [x.item() for x in torch.linspace(0, 0.1, depth)]
+                self.layers = nn.ModuleList(nn.Linear(dim, dim) for _ in range(depth))
+
+            def forward(self, x):
+                for layer, rate in zip(self.layers, self.rates):
+                    x = x + (1 - rate) * layer(x)
+                return x
+
+        tokens = 4096
+        dim = 2048
+        depth = 2
+
+        def get_inputs():
+            return [torch.rand(tokens, dim)]
+
+        def get_init_inputs():
+            return [dim, depth]
+    ''')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "cannot be checked on the meta device"
+        tm = task.instantiate("small")
+    assert tm.constants["tokens"] < 4096 and tm.constants["dim"] < 2048 and tm.constants["depth"] == 2
+    assert _forward_cost(tm)[1].shape == (tm.constants["tokens"], tm.constants["dim"])
