@@ -65,7 +65,7 @@ def detect_language(source: str) -> Language:
 def defines_model_new(source: str) -> bool:
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == "ModelNew":

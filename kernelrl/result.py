@@ -99,6 +99,8 @@ class EvalResult:
     cand_time: TimingStats | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
+    roofline_pct: float | None = None  # the candidate's share of the task's roofline on this machine; CORRECT only
+    ref_roofline_pct: float | None = None  # the reference's share, measured in the same run
     build_time_s: float | None = None
     eval_time_s: float | None = None
     findings: list[Finding] = field(default_factory=list)
@@ -111,8 +113,8 @@ class EvalResult:
     build_cached: bool = False
 
     def __post_init__(self) -> None:
-        if self.speedup is not None and self.status is not Status.CORRECT:
-            raise ValueError(f"speedup is only defined for correct candidates, not {self.status.value}")
+        if self.status is not Status.CORRECT and (self.speedup is not None or self.roofline_pct is not None):
+            raise ValueError(f"speedup and roofline are only defined for correct candidates, not {self.status.value}")
 
     @property
     def rejecting_rules(self) -> list[str]:
@@ -129,6 +131,8 @@ class EvalResult:
             "cand_time": self.cand_time.to_dict() if self.cand_time else None,
             "max_abs_err": self.max_abs_err,
             "max_rel_err": self.max_rel_err,
+            "roofline_pct": self.roofline_pct,
+            "ref_roofline_pct": self.ref_roofline_pct,
             "build_time_s": self.build_time_s,
             "eval_time_s": self.eval_time_s,
             "findings": [f.to_dict() for f in self.findings],
@@ -154,6 +158,8 @@ class EvalResult:
             cand_time=TimingStats.from_dict(d.get("cand_time")),
             max_abs_err=d.get("max_abs_err"),
             max_rel_err=d.get("max_rel_err"),
+            roofline_pct=d.get("roofline_pct"),
+            ref_roofline_pct=d.get("ref_roofline_pct"),
             build_time_s=d.get("build_time_s"),
             eval_time_s=d.get("eval_time_s"),
             findings=[Finding.from_dict(f) for f in d.get("findings", [])],

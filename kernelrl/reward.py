@@ -217,6 +217,19 @@ class RewardModel:
         with self._lock:
             return list(self._by_task.get(task, ()))
 
+    def state(self) -> dict[str, Any]:
+        """Every running window as JSON-able values, for a trainer's checkpoints."""
+        with self._lock:
+            return {"tasks": {name: list(w) for name, w in self._by_task.items()},
+                    "levels": [[level, list(w)] for level, w in self._by_level.items()]}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore windows saved by `state()`, so a resumed run clips as the interrupted one would."""
+        with self._lock:
+            self._by_task = {str(name): deque(map(float, w), maxlen=self._size)
+                             for name, w in state.get("tasks", {}).items()}
+            self._by_level = {level: deque(map(float, w), maxlen=self._size) for level, w in state.get("levels", [])}
+
 
 def well_formed(answer: str) -> bool:
     """Exactly one complete fenced block defines `ModelNew`."""

@@ -57,6 +57,15 @@ def quick_config(cache_dir: Path):
                                           min_spot_checks=2))
 
 
+@pytest.fixture(scope="session")
+def reference_runner(cache_dir: Path):
+    """An evaluator for tests that only run references (degeneracy, profiles): workers stay warm."""
+    from kernelrl.judge.evaluator import EvalConfig, Evaluator
+
+    with Evaluator(EvalConfig(cache_dir=cache_dir, roofline=False, concurrency=1)) as ev:
+        yield ev
+
+
 @pytest.fixture
 def tiny_task(tmp_path: Path):
     from kernelrl.tasks.task import load_task_file

@@ -8,7 +8,13 @@ import statistics
 import pytest
 
 from kernelrl.result import EvalResult, Status
-from kernelrl.reward import Penalties, RewardConfig, RewardModel, SmoothingConfig, well_formed
+from kernelrl.reward import (
+    Penalties,
+    RewardConfig,
+    RewardModel,
+    SmoothingConfig,
+    well_formed,
+)
 
 
 def correct(speedup: float, task: str = "t") -> EvalResult:

@@ -1,25 +1,30 @@
-"""Baselines: how fast the task's own reference is, eager and under torch.compile.
+"""Baselines: how fast a task's own reference is, eager and under torch.compile.
 
-Guarantees: both numbers come from one evaluation that times the eager reference against the
-same reference under `torch.compile`, interleaved in one run (`kernelrl.judge.evaluator`), so their
-ratio is as fair as any candidate's speedup. If compilation fails (no compiler, unsupported op)
-`compile_ms` is None and `compile_error` says why; the eager time is then measured alone.
+Guarantees: both numbers come from one interleaved measurement in which the eager reference and
+the same reference under `torch.compile` are members of the same timing group
+(`kernelrl.judge.evaluator.Evaluator.baseline`), so their ratio is as fair as any candidate's
+speedup. If compilation fails (no compiler, unsupported op) `compile_ms` is None and
+`compile_error` says why. An evaluator with `compile_baseline` measures the baseline in the same
+group as a task's candidates, at no extra measurement.
 
-Does not cache: callers (the search loop's database) store baselines.
+Does not store anything: the evaluator keeps baselines for its life; the search loop stores them
+in the code database.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kernelrl.judge.evaluator import EvalConfig, compare_reference_compiled, evaluate
-from kernelrl.result import Status
-from kernelrl.tasks.task import Task
+if TYPE_CHECKING:
+    from kernelrl.judge.evaluator import EvalConfig
+    from kernelrl.tasks.task import Task
 
 
 @dataclass(frozen=True, kw_only=True)
 class Baseline:
+    """How fast a task's own reference is, eager and under torch.compile, measured side by side."""
+
     task: str
     device: str
     size: str
@@ -38,26 +43,9 @@ class Baseline:
                 "compile_error": self.compile_error or None}
 
 
-def _identity_candidate(task: Task) -> str:
-    """The reference itself, renamed: times the eager reference when compile is not wanted."""
-    return task.source + "\n\nModelNew = Model\n"
-
-
 def measure_baseline(task: Task, config: EvalConfig | None = None, *, compile: bool = True) -> Baseline:
-    config = config or EvalConfig()
-    # The reference is trusted and is judged against itself: static checks would only see the
-    # task's own code.
-    cfg = EvalConfig(**{**config.__dict__, "static_checks": False})
-    if compile:
-        res = compare_reference_compiled(task, cfg)
-        if res.status is Status.CORRECT and res.ref_time and res.cand_time:
-            return Baseline(task=task.name, device=cfg.device, size=cfg.size, eager_ms=res.ref_time.median_ms,
-                            compile_ms=res.cand_time.median_ms)
-        error = res.message
-    else:
-        error = ""
-    res = evaluate(task, _identity_candidate(task), cfg)
-    if res.ref_time is None:
-        raise RuntimeError(f"could not time the reference of {task.name}: {res.message}")
-    return Baseline(task=task.name, device=cfg.device, size=cfg.size, eager_ms=res.ref_time.median_ms,
-                    compile_ms=None, compile_error=error)
+    """A one-off measurement (keep an `Evaluator` and call its `baseline` for many tasks)."""
+    from kernelrl.judge.evaluator import Evaluator
+
+    with Evaluator(config) as ev:
+        return ev.baseline(task, compile=compile)

@@ -11,6 +11,7 @@ Does not decide what a mismatch means (incorrect, cached, nondeterministic): the
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +27,26 @@ DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 }
 
 
+class Mismatch(enum.StrEnum):
+    """Why two outputs differ."""
+
+    NOT_PLAIN_TENSOR = "not_plain_tensor"  # a subclass, proxy or non-tensor where a tensor was expected
+    COUNT = "count"  # a different number of outputs
+    VALUE = "value"  # a non-tensor output differs
+    SHAPE = "shape"
+    DTYPE = "dtype"
+    NAN = "nan"  # NaN where the reference has none, or the reverse
+    INF = "inf"  # infinities differ
+    TOLERANCE = "tolerance"  # values outside the tolerance
+
+
 @dataclass(frozen=True, kw_only=True)
 class Comparison:
     ok: bool
     reason: str  # empty when ok
     max_abs_err: float
     max_rel_err: float
+    mismatch: Mismatch | None = None  # None when ok
 
 
 def tolerance(dtype: torch.dtype, scale: float = 1.0) -> tuple[float, float]:
@@ -48,28 +63,28 @@ def flatten(x: Any) -> list[Any]:
 def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0) -> Comparison:
     c_leaves, r_leaves = flatten(candidate), flatten(reference)
     if len(c_leaves) != len(r_leaves):
-        return Comparison(ok=False, reason=f"returned {len(c_leaves)} outputs, expected {len(r_leaves)}",
+        return Comparison(ok=False, reason=f"returned {len(c_leaves)} outputs, expected {len(r_leaves)}", mismatch=Mismatch.COUNT,
                           max_abs_err=math.inf, max_rel_err=math.inf)
     max_abs = max_rel = 0.0
     for i, (c, r) in enumerate(zip(c_leaves, r_leaves)):
         where = f"output {i}" if len(r_leaves) > 1 else "output"
         if isinstance(c, dict):
             what = c.get("not_plain_tensor") or c.get("unsupported_output")
-            return Comparison(ok=False, reason=f"{where} is a {what}, not a plain torch.Tensor",
+            return Comparison(ok=False, reason=f"{where} is a {what}, not a plain torch.Tensor", mismatch=Mismatch.NOT_PLAIN_TENSOR,
                               max_abs_err=math.inf, max_rel_err=math.inf)
         if not isinstance(r, torch.Tensor):
             if c != r:
-                return Comparison(ok=False, reason=f"{where} is {c!r}, expected {r!r}",
+                return Comparison(ok=False, reason=f"{where} is {c!r}, expected {r!r}", mismatch=Mismatch.VALUE,
                                   max_abs_err=math.inf, max_rel_err=math.inf)
             continue
         if type(c) is not torch.Tensor:
-            return Comparison(ok=False, reason=f"{where} is {type(c).__name__}, not a plain torch.Tensor",
+            return Comparison(ok=False, reason=f"{where} is {type(c).__name__}, not a plain torch.Tensor", mismatch=Mismatch.NOT_PLAIN_TENSOR,
                               max_abs_err=math.inf, max_rel_err=math.inf)
         if c.shape != r.shape:
-            return Comparison(ok=False, reason=f"{where} has shape {tuple(c.shape)}, expected {tuple(r.shape)}",
+            return Comparison(ok=False, reason=f"{where} has shape {tuple(c.shape)}, expected {tuple(r.shape)}", mismatch=Mismatch.SHAPE,
                               max_abs_err=math.inf, max_rel_err=math.inf)
         if c.dtype != r.dtype:
-            return Comparison(ok=False, reason=f"{where} has dtype {c.dtype}, expected {r.dtype}",
+            return Comparison(ok=False, reason=f"{where} has dtype {c.dtype}, expected {r.dtype}", mismatch=Mismatch.DTYPE,
                               max_abs_err=math.inf, max_rel_err=math.inf)
         if r.numel() == 0:
             continue
@@ -78,7 +93,7 @@ def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0) -
         r_nan, c_nan = torch.isnan(r64), torch.isnan(c64)
         if bool((r_nan != c_nan).any()):
             n = int((r_nan != c_nan).sum())
-            return Comparison(ok=False, reason=f"{where}: NaN in {n} places where the reference differs",
+            return Comparison(ok=False, reason=f"{where}: NaN in {n} places where the reference differs", mismatch=Mismatch.NAN,
                               max_abs_err=math.inf, max_rel_err=math.inf)
         finite = ~r_nan
         diff = (c64 - r64).abs()
@@ -86,7 +101,7 @@ def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0) -
         diff = torch.where(torch.isnan(diff) & finite & (c64 == r64), torch.zeros_like(diff), diff)
         diff = torch.where(finite, diff, torch.zeros_like(diff))
         if bool(torch.isnan(diff).any()):
-            return Comparison(ok=False, reason=f"{where}: infinite values differ from the reference",
+            return Comparison(ok=False, reason=f"{where}: infinite values differ from the reference", mismatch=Mismatch.INF,
                               max_abs_err=math.inf, max_rel_err=math.inf)
         denom = r64.abs().clamp_min(1e-12)
         a = float(diff.max())
@@ -97,7 +112,7 @@ def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0) -
             n = int(bad.sum())
             return Comparison(ok=False, reason=(f"{where}: {n} of {r.numel()} values outside tolerance "
                                                 f"(max abs err {a:.3g}, atol {atol:g}, rtol {rtol:g})"),
-                              max_abs_err=max_abs, max_rel_err=max_rel)
+                              max_abs_err=max_abs, max_rel_err=max_rel, mismatch=Mismatch.TOLERANCE)
     return Comparison(ok=True, reason="", max_abs_err=max_abs, max_rel_err=max_rel)
 
 

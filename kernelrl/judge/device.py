@@ -146,3 +146,22 @@ def device_peaks(device: str) -> DevicePeaks:
         return DevicePeaks(name="CUDA device (not visible where the prompt was built)", kind="cuda",
                            source="no figures: device not visible")
     raise ValueError(f"unknown device {device!r}; expected 'cpu' or 'cuda[:N]'")
+
+
+@functools.cache
+def _llc_bytes() -> int:
+    best = 0
+    for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            size = (idx / "size").read_text().strip()
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            best = max(best, int(size.rstrip("KMG")) * mult)
+        except (OSError, ValueError):
+            continue
+    return best or (32 << 20)
+
+
+def evict_bytes(device: str) -> int:
+    if device == Device.CUDA:
+        return 256 << 20  # larger than any current GPU's L2
+    return int(_llc_bytes() * 1.5)

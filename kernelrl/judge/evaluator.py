@@ -1,22 +1,27 @@
-"""The evaluator: the reward. Builds a candidate, checks it against the reference, times both.
+"""The evaluator: the reward. One long-lived object that judges candidates, one or a batch at a time.
 
-Process model (see shared design notes, evaluator protocol):
-- the judge (this process) draws the secret seeds, makes every input, holds the reference's
-  outputs and decides the verdict; no program under test runs here;
-- the reference and the candidate each run in their own spawned worker (`kernelrl.judge.sandbox`),
-  so the candidate can neither read the reference's outputs (not even from freed memory) nor
-  change what the reference's timing sees;
-- both workers are built with the same init arguments and init seed; when the candidate's
-  parameters have the reference's names and shapes, it receives the reference's values;
-- correctness: `n_correctness` input sets (the first plain, the others randomly scaled and
-  shifted), the first run twice; outputs compared in the judge with dtype-aware tolerances;
-  inputs compared after each call;
-- timing: `kernelrl.judge.timer` (interleaved, fresh inputs, cache eviction, spot checks, CPU/thread
-  and clock cross-checks from /proc and the judge's clock);
-- every crash, hang, exit or OOM of the candidate is a verdict, never an exception here.
+`Evaluator(config)` holds the configuration, a pool of warm workers, the device's timing lane,
+the machine's measured peaks and its caches. `evaluate_batch([(task, candidate), ...])` judges
+many candidates and returns their results in order; `evaluate(task, candidate)` judges one.
 
-Static checks (`kernelrl.checks.static`) and the policy (`kernelrl.checks.policy`) plug in before the
-candidate is run; dynamic findings are produced here and pass through the same policy.
+Process model (see the design notes, evaluator protocol):
+- the judge (this process) draws the secret seeds, holds the reference's outputs and decides the
+  verdict; no program under test and no task code runs here;
+- each task's reference runs in a worker of its own (`kernelrl.judge.reference`), which also makes
+  every input set from the judge's seeds; each candidate runs in a fresh worker no other program
+  touched (`kernelrl.judge.trial`), so no candidate can read the reference's outputs (not even from
+  freed memory) or another candidate's;
+- candidates of one task are checked in parallel (`concurrency`), then timed together with the
+  reference in one interleaved measurement (`kernelrl.judge.timer`), holding the device's lane
+  exclusively (`kernelrl.judge.lanes`); the reference is timed once per group;
+- a task whose reference always gives the same output flags every candidate `degenerate_task`,
+  with no speedup; a task whose reference cannot load or run gives `task_error` results;
+- measured facts become findings in `kernelrl.checks.dynamic`, the policy decides which reject;
+  every crash, hang, exit or OOM of a candidate is a verdict, never an exception here.
+
+Guarantees: results are cached by (task source, size, device, policy, candidate source, config
+fingerprint): the same program is judged once per evaluator; a batch never raises for a
+candidate's or a task's fault.
 
 Does not guarantee timings are comparable across machines or across runs under other load:
 speedups are ratios measured side by side, which is what it guarantees to be fair.
@@ -24,41 +29,60 @@ speedups are ratios measured side by side, which is what it guarantees to be fai
 
 from __future__ import annotations
 
-import fcntl
-import functools
+import dataclasses
 import hashlib
 import json
 import os
-import platform
 import random
-import re
 import secrets
 import statistics
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kernelrl.candidate import Candidate, Language
-from kernelrl.checks.policy import PolicyName
-from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
-from kernelrl.judge.compare import compare_outputs, exactly_equal
-from kernelrl.judge.device import Device
-from kernelrl.judge.inputs import all_finite, make_input_set
-from kernelrl.judge.sandbox import SandboxConfig, Worker, WorkerDied
-from kernelrl.judge.timer import (
-    TimedCallFailed,
-    TimingConfig,
-    TimingOutcome,
-    run_timing,
+from kernelrl.candidate import Candidate
+from kernelrl.checks import dynamic
+from kernelrl.checks.dynamic import Floors
+from kernelrl.checks.llm_judge import CACHE_FILE as LLM_JUDGE_CACHE
+from kernelrl.checks.llm_judge import JudgeRequest, LLMJudge, LLMJudgeConfig
+from kernelrl.checks.policy import PolicyName, get_policy
+from kernelrl.judge.baseline import Baseline
+from kernelrl.judge.device import Device, evict_bytes
+from kernelrl.judge.group import COMPILED, Group, run_groups
+from kernelrl.judge.lanes import Lane
+from kernelrl.judge.pool import WorkerPool
+from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.reference import (
+    LoadSpec,
+    ReferenceFailed,
+    ReferenceSession,
+    TaskInfo,
 )
+from kernelrl.judge.roofline import (
+    MachinePeaks,
+    demonstrated,
+    floors,
+    machine_peaks,
+    roofline_pct,
+    save_peaks,
+)
+from kernelrl.judge.sandbox import SandboxConfig
+from kernelrl.judge.timer import (
+    GroupTiming,
+    TimingConfig,
+)
+from kernelrl.judge.trial import Trial, Verdict, first_line
 from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
-from kernelrl.tasks.task import Size, Task, TaskError
+from kernelrl.tasks.task import Size, Task
+
+if TYPE_CHECKING:
+    from kernelrl.judge.calibration import Calibration
+
+__all__ = ["EvalConfig", "Evaluator", "ReferenceFailed", "evaluate"]
 
 
 def default_cache_dir() -> Path:
@@ -72,15 +96,19 @@ class EvalConfig:
     # first visible one. One evaluator per GPU gives one timing lane per GPU.
     device_index: int | None = None
     size: Size = Size.SMALL
-    timeout_s: float = 300.0  # wall clock for the whole evaluation of one candidate
+    timeout_s: float = 300.0  # wall clock for loading and checking one candidate (and for loading a task)
     policy: PolicyName = PolicyName.OPEN
     n_correctness: int = 5
     tol_scale: float = 1.0  # multiplies the dtype tolerances (kernelrl.judge.compare)
     static_checks: bool = True
-    concurrency: int = 1  # evaluations at once (builds and correctness overlap; timing never does)
+    concurrency: int = 2  # candidates built and checked at once (timing never overlaps on a device)
+    compile_baseline: bool = False  # also time each task's reference under torch.compile (once per task)
+    roofline: bool = True  # measure this machine's peaks (once, cached) and give every result its roofline %
+    floor_slack: float = dynamic.FLOOR_SLACK  # below this share of the floor: impossible_speedup
     cache_dir: Path = field(default_factory=default_cache_dir)
     timing: TimingConfig = field(default_factory=TimingConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    llm_judge: LLMJudgeConfig = field(default_factory=LLMJudgeConfig)
     constants: dict[str, int] = field(default_factory=dict)  # explicit overrides on top of `size`
 
     def __post_init__(self) -> None:
@@ -101,138 +129,52 @@ class EvalConfig:
             raise ValueError("tol_scale must be positive")
         if self.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
-
-
-class ReferenceFailed(TaskError):
-    """The task's own reference could not be built or run: a task problem, not a verdict."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Build cache
-
-
-@functools.cache
-def toolchain_fingerprint(device: str) -> str:
-    import torch
-
-    parts = [torch.__version__, sys.version.split()[0], platform.machine(), device]
-    for cmd in (["c++", "--version"], ["nvcc", "--version"] if device == "cuda" else None):
-        if cmd is None:
-            continue
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout
-            parts.append(out.strip().splitlines()[0] if out.strip() else "")
-        except (OSError, subprocess.TimeoutExpired):
-            parts.append(f"{cmd[0]}:missing")
-    if device == "cuda" and torch.cuda.is_available():
-        parts.append(torch.cuda.get_device_name())
-    return "|".join(parts)
-
-
-def build_key(source: str, device: str) -> str:
-    """Content hash naming a candidate's build directory: source + toolchain + device."""
-    return hashlib.sha256(f"{toolchain_fingerprint(device)}\n{source}".encode()).hexdigest()[:24]
-
-
-def build_dir(config: EvalConfig, source: str) -> Path:
-    return config.cache_dir / "extensions" / build_key(source, config.device)
-
-
-def _has_build(path: Path) -> bool:
-    return path.is_dir() and any(path.rglob("*.so"))
-
-
-# ---------------------------------------------------------------------------------------------
-# Timing is exclusive: builds and correctness runs of several candidates may overlap, but only
-# one evaluation times at a time on this machine (threads of this process and other processes
-# sharing the cache folder), so measurements do not compete for cores.
-
-_TIMING_THREAD_LOCK = threading.Lock()
-
-
-class _TimingLock:
-    def __init__(self, cache_dir: Path):
-        self.path = cache_dir / "timing.lock"
-
-    def __enter__(self) -> None:
-        _TIMING_THREAD_LOCK.acquire()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(self.path, "w")  # noqa: SIM115
-        fcntl.flock(self.f, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self.f, fcntl.LOCK_UN)
-        self.f.close()
-        _TIMING_THREAD_LOCK.release()
-
-
-# ---------------------------------------------------------------------------------------------
-# Policy and static checks plug in here.
-
-
-def _static_findings(source: str) -> list[Finding]:
-    try:
-        from kernelrl.checks.static import check_source
-    except ImportError:
-        return []
-    return list(check_source(source))
-
-
-def _apply_policy(policy: str, findings: list[Finding]) -> list[Finding]:
-    try:
-        from kernelrl.checks.policy import get_policy
-    except ImportError:
-        return findings
-    return list(get_policy(policy).apply(findings))
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-class _Verdict(Exception):
-    """Internal: ends an evaluation early with a finished result."""
-
-    def __init__(self, status: Status, message: str, errors: Iterable[str] = (), **extra: Any):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.errors = [e for e in errors if e]
-        self.extra = extra
-
-
-def evaluate(task: Task, candidate: Candidate | str, config: EvalConfig | None = None) -> EvalResult:
-    """Judge one candidate for one task. Always returns a result; raises only for bad tasks."""
-    config = config or EvalConfig()
-    cand = Candidate(source=candidate) if isinstance(candidate, str) else candidate
-    return _Judge(task, config).judge(cand_source=cand.source, language=cand.language)
+        if not 0 < self.floor_slack <= 1:
+            raise ValueError("floor_slack must be in (0, 1]")
 
 
 def config_fingerprint(config: EvalConfig) -> str:
-    """What makes two evaluations comparable: every setting but the cache folder and concurrency."""
+    """What makes two evaluations comparable: every setting but where caches live and how many at once."""
     from kernelrl.config import to_dict
 
     d = to_dict(config)
     for key in ("cache_dir", "concurrency"):
         d.pop(key, None)
+    d["llm_judge"].pop("cache_path", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# Task information is cached on disk per task source, size and overrides; bump when what it holds
+# (constants resolution, profile fields, degeneracy rules) changes meaning.
+_TASK_INFO_VERSION = 2  # 2: sizes also shrink tuple elements, literals, and count FLOPs
+
+
 class Evaluator:
-    """The one way to judge candidates: a long-lived object with its config and caches.
+    """See the module docstring. Safe to use from several threads; close it when done."""
 
-    `evaluate(task, candidate)` judges one; `evaluate_batch([(task, candidate), ...])` judges many
-    and returns their results in order (builds and correctness of several candidates overlap on
-    `config.concurrency` threads; timing never overlaps on a device). Results are cached by task
-    source, size, device, policy, candidate source and the config's fingerprint, so the same
-    program is judged once per evaluator. A task whose reference cannot run gives a
-    `task_error` result for each of its candidates; the other tasks of the batch go on.
-    """
-
-    def __init__(self, config: EvalConfig | None = None) -> None:
+    def __init__(self, config: EvalConfig | None = None, *, warm_workers: int | None = None) -> None:
         self.config = config or EvalConfig()
         self.fingerprint = config_fingerprint(self.config)
-        self._cache: dict[tuple[str, ...], EvalResult] = {}
+        cfg = self.config
+        self._results: OrderedDict[tuple[str, ...], EvalResult] = OrderedDict()  # bounded: see _remember
+        self._tasks: dict[str, TaskInfo] = {}
+        self._baselines: dict[str, Baseline] = {}
         self._lock = threading.Lock()
+        self._rng = random.Random(secrets.randbits(128))  # the secret: never leaves this process
+        self._rng_lock = threading.Lock()
+        # Enough started workers for a reference and `concurrency` candidates at once.
+        self.lane = Lane(cfg.cache_dir, cfg.device, cfg.device_index)
+        self.pool = WorkerPool(config=cfg.sandbox, device=cfg.device, device_index=cfg.device_index,
+                               size=cfg.concurrency + 1 if warm_workers is None else warm_workers,
+                               starting=lambda: self.lane.work(uses_device=False))
+        self._peaks: MachinePeaks | None = None
+        self._peaks_error = ""
+        self._peaks_lock = threading.RLock()
+        self._remeasured = False  # peaks are re-measured once, the first time a candidate beats a floor
+        self._llm: LLMJudge | None = None
+        if cfg.llm_judge.enabled:
+            self._llm = LLMJudge(dataclasses.replace(cfg.llm_judge, cache_path=cfg.cache_dir / LLM_JUDGE_CACHE))
+        self.evaluations = 0  # candidates judged (cache hits excluded)
 
     def __enter__(self) -> Evaluator:
         return self
@@ -241,11 +183,9 @@ class Evaluator:
         self.close()
 
     def close(self) -> None:
-        """Release pools and workers (none are held between calls yet)."""
+        self.pool.close()
 
-    def cache_key(self, task: Task, candidate: Candidate) -> tuple[str, ...]:
-        cfg = self.config
-        return (task.source_hash, str(cfg.size), str(cfg.device), str(cfg.policy), candidate.hash, self.fingerprint)
+    # -- public API ---------------------------------------------------------------------------
 
     def evaluate(self, task: Task, candidate: Candidate | str) -> EvalResult:
         return self.evaluate_batch([(task, candidate)])[0]
@@ -256,404 +196,317 @@ class Evaluator:
         candidate's or a task's fault."""
         pairs = [(task, Candidate(source=c) if isinstance(c, str) else c) for task, c in items]
         results: list[EvalResult | None] = [None] * len(pairs)
-
-        def one(i: int) -> EvalResult:
-            task, cand = pairs[i]
-            key = self.cache_key(task, cand)
+        todo: dict[str, dict[str, list[int]]] = {}  # task key -> candidate hash -> positions
+        tasks: dict[str, Task] = {}
+        for i, (task, cand) in enumerate(pairs):
             with self._lock:
-                hit = self._cache.get(key)
+                hit = self._results.get(self._key(task, cand))
             if hit is not None:
-                return hit
-            try:
-                res = evaluate(task, cand, self.config)
-            except TaskError as e:
-                res = EvalResult(task=task.name, status=Status.TASK_ERROR, message=_first_line(str(e)),
-                                 errors=[str(e)], device=self.config.device, size=self.config.size,
-                                 policy=self.config.policy, candidate_hash=cand.hash)
-            with self._lock:
-                self._cache[key] = res
-            return res
+                results[i] = hit
+                if on_result:
+                    on_result(i, hit)
+                continue
+            key = self._task_key(task)
+            tasks[key] = task
+            todo.setdefault(key, {}).setdefault(cand.hash, []).append(i)
 
-        with ThreadPoolExecutor(max_workers=max(1, min(self.config.concurrency, len(pairs)))) as pool:
-            for i, res in zip(range(len(pairs)), pool.map(one, range(len(pairs)))):
+        def done(positions: list[int], res: EvalResult) -> None:
+            task, cand = pairs[positions[0]]
+            with self._lock:
+                self._remember(self._key(task, cand), res)
+                self.evaluations += 1
+            for i in positions:
                 results[i] = res
-                if on_result is not None:
+                if on_result:
                     on_result(i, res)
+
+        groups = [self._group(tasks[k], {h: (pairs[pos[0]][1], pos) for h, pos in by_hash.items()}, done)
+                  for k, by_hash in todo.items()]
+        run_groups(groups, device=self.config.device, width=self.config.concurrency)
         return [r for r in results if r is not None]
 
-    def baseline(self, task: Task, *, compile: bool = True) -> Any:
-        """Eager and torch.compile times of the task's reference (`kernelrl.judge.baseline.Baseline`)."""
-        from kernelrl.judge.baseline import measure_baseline
+    def baseline(self, task: Task, *, compile: bool = True) -> Baseline:
+        """Eager and torch.compile times of the task's reference, interleaved in one measurement."""
+        key = self._task_key(task)
+        with self._lock:
+            known = self._baselines.get(key)
+        if known is not None and (known.compile_ms is not None or known.compile_error or not compile):
+            return known
+        self._run_group(task, {}, lambda positions, res: None, baseline=True, compile=compile)
+        with self._lock:
+            found = self._baselines.get(key)
+        if found is None:
+            raise ReferenceFailed(f"{task.name}: the reference could not be timed")
+        return found
 
-        return measure_baseline(task, self.config, compile=compile)
+    def calibrate(self, task: Task, *, runs: int = 5) -> list[Calibration]:
+        """A/A check (`kernelrl.judge.calibration`): identical code must measure 1.00."""
+        from kernelrl.judge.calibration import calibrate
 
+        return calibrate(self, task, runs=runs)
 
-def compare_reference_compiled(task: Task, config: EvalConfig, *, mode: str | None = None) -> EvalResult:
-    """The task's own reference under torch.compile, judged as a candidate (a baseline)."""
-    return _Judge(task, config).judge(cand_source=None, language=Language.PYTORCH, compile_mode=mode or "default")
-
-
-class _Judge:
-    def __init__(self, task: Task, config: EvalConfig):
-        self.task = task
-        self.config = config
-        self.seed_rng = random.Random(secrets.randbits(128))  # the secret: never leaves this process
-        self.findings: list[Finding] = []
-        self.env: dict[str, Any] = {}
-        self.state_before: dict[str, Any] = {}
-        self.copy_gbps: float | None = None
-
-    def _result(self, status: Status, message: str, **kw: Any) -> EvalResult:
-        return EvalResult(task=self.task.name, status=status, message=message, device=self.config.device,
-                          size=self.config.size, policy=self.config.policy, environment=self.env, **kw)
-
-    def judge(self, *, cand_source: str | None, language: Language, compile_mode: str | None = None) -> EvalResult:
-        t0 = time.monotonic()
-        cfg = self.config
-        deadline = t0 + cfg.timeout_s
-        source = cand_source if cand_source is not None else f"# torch.compile({compile_mode}) of {self.task.name}\n"
-        cand_hash = hashlib.sha256(source.encode()).hexdigest()
-        common: dict[str, Any] = {"candidate_hash": cand_hash}
-        ref = cand = None
-        try:
-            if cand_source is not None:
-                self._pre_checks(cand_source, language)
-            tm = self.task.instantiate(cfg.size, cfg.constants or None)
-            init_inputs = tm.get_init_inputs()
-            init_seed = self.seed_rng.getrandbits(31)
-            bdir = build_dir(cfg, source)
-            cached = _has_build(bdir)
-            common["build_cached"] = cached
-            # torch.compile's caches persist across evaluations (its first compile of a graph
-            # costs seconds to minutes on a CPU); worker temp folders do not.
-            inductor = {"TORCHINDUCTOR_CACHE_DIR": str(cfg.cache_dir / "inductor")}
-            if cfg.device_index is not None:
-                inductor["CUDA_VISIBLE_DEVICES"] = str(cfg.device_index)
-            env_extra = {"TORCH_EXTENSIONS_DIR": str(bdir), "TRITON_CACHE_DIR": str(bdir / "triton"), **inductor}
-            ref = Worker(role="reference", config=cfg.sandbox, device=cfg.device, env_extra=inductor)
-            cand = Worker(role="candidate", config=cfg.sandbox, device=cfg.device, env_extra=env_extra)
-            evict = _evict_bytes(cfg.device)
-            base = {"device": cfg.device, "threads": cfg.sandbox.effective_threads, "init_seed": init_seed,
-                    "evict_bytes": evict, "cache_root": str(cfg.cache_dir)}
-            ref_setup = {**base, "role": "reference", "task_source": self.task.source, "task_name": self.task.name,
-                         "constants": tm.constants, "measure_bandwidth": True}
-            if cand_source is None:
-                cand_setup = {**ref_setup, "compile": True, "compile_mode": None if compile_mode == "default" else compile_mode}
-            else:
-                cand_setup = {**base, "role": "candidate", "source": cand_source, "constants": tm.constants}
-            for w in (ref, cand):
-                w.recv(deadline=deadline)  # hello
-            # Both load at once: the reference initialises while the candidate builds.
-            ref.channel.send("setup", ref_setup, init_inputs)
-            cand.channel.send("setup", cand_setup, init_inputs)
-            ref_loaded = self._expect(ref.recv(deadline=deadline), "loaded", reference=True)
-            cand_msg = cand.recv(deadline=deadline)
-            if cand_msg.kind == "error":
-                phase = cand_msg.header.get("phase")
-                status = Status.COMPILE_ERROR if phase == "compile" else Status.RUNTIME_ERROR
-                what = "does not build" if phase == "compile" else "failed to initialise"
-                raise _Verdict(status, f"candidate {what}: {_error_line(cand_msg.header.get('message', ''))}",
-                               [cand_msg.header.get("message", ""), cand_msg.header.get("traceback", ""),
-                                cand.log_tail()])
-            common["build_time_s"] = float(cand_msg.header["build_s"])
-            self.state_before = cand_msg.header["state_before"]
-            self._state_changes("load", self.state_before, cand_msg.header["state_after"])
-            self.copy_gbps = ref_loaded.header.get("copy_gbps")
-            self.env.update({"copy_gbps": self.copy_gbps, "proc_isolation": cand.isolated,
-                             "threads": cfg.sandbox.effective_threads,
-                             "pinned_allocator": cfg.sandbox.pin_allocator})
-
-            # Parameters: same seed already; same names and shapes -> same values.
-            if cand_source is not None:
-                sd = ref.request("get_state", deadline=deadline).payload
-                if sd:
-                    loaded = cand.request("load_state", payload=sd, deadline=deadline)
-                    self.env["parameters_from_reference"] = bool(loaded.header.get("loaded"))
-
-            common.update(self._correctness(tm, ref, cand, deadline))
-            outcome = self._timing(tm, ref, cand, deadline)
-            common.update(self._timing_fields(outcome))
-            self.findings = _apply_policy(cfg.policy, self.findings)
-            rejecting = [f for f in self.findings if f.severity is Severity.REJECT]
-            if rejecting:
-                raise _Verdict(Status.FLAGGED, f"flagged: {', '.join(sorted({f.rule for f in rejecting}))}",
-                               [f.message for f in rejecting])
-            return self._result(Status.CORRECT, f"correct, {outcome.speedup:.3g}x", speedup=outcome.speedup,
-                                speedup_ci=outcome.speedup_ci,
-                                findings=self.findings, eval_time_s=time.monotonic() - t0, **common)
-        except _Verdict as v:
-            findings = _apply_policy(cfg.policy, self.findings)
-            status, message = v.status, v.message
-            rejecting = sorted({f.rule for f in findings if f.severity is Severity.REJECT})
-            if status is Status.INCORRECT and rejecting:
-                # Wrong, and a defence saw why: the rule is what teaches the next prompt.
-                status, message = Status.FLAGGED, f"flagged: {', '.join(rejecting)} ({v.message})"
-            return self._result(status, message, errors=v.errors, findings=findings,
-                                eval_time_s=time.monotonic() - t0, **{**common, **v.extra})
-        except ChannelTimeout:
-            log = cand.log_tail() if cand else ""
-            return self._result(Status.TIMEOUT, f"candidate did not finish within {cfg.timeout_s:g} s",
-                                errors=[log], findings=self.findings, eval_time_s=time.monotonic() - t0, **common)
-        except WorkerDied as e:
-            if e.role == "reference":
-                raise ReferenceFailed(f"reference worker died: {e}\n{e.log_tail}") from e
-            return self._result(Status.RUNTIME_ERROR, f"candidate crashed: {e}", errors=[e.log_tail],
-                                findings=self.findings, eval_time_s=time.monotonic() - t0, **common)
-        except ChannelProtocolError as e:
-            self.findings.append(Finding(rule="result_channel_forged", message=f"malformed message from the worker: {e}"))
-            return self._result(Status.FLAGGED, "flagged: result_channel_forged", errors=[str(e)],
-                                findings=_apply_policy(cfg.policy, self.findings),
-                                eval_time_s=time.monotonic() - t0, **common)
-        finally:
-            for w in (ref, cand):
-                if w is not None:
-                    w.close()
-
-    # -- phases -------------------------------------------------------------------------------
-
-    def _pre_checks(self, source: str, language: Language) -> None:
-        try:
-            compile(source, "<candidate>", "exec")
-        except SyntaxError as e:
-            raise _Verdict(Status.COMPILE_ERROR, f"candidate does not parse: {e.msg} (line {e.lineno})", [str(e)]) from e
-        if language.needs_gpu and self.config.device != "cuda" and language is Language.CUDA:
-            raise _Verdict(Status.COMPILE_ERROR, "a CUDA candidate needs --device cuda (no CUDA device here)")
-        if self.config.static_checks:
-            found = _apply_policy(self.config.policy, _static_findings(source))
-            self.findings.extend(found)
-            rejecting = [f for f in found if f.severity is Severity.REJECT]
-            if rejecting:
-                raise _Verdict(Status.FLAGGED, f"flagged by static checks: {', '.join(sorted({f.rule for f in rejecting}))}",
-                               [f"line {f.line}: {f.message}" if f.line else f.message for f in rejecting])
-
-    def _expect(self, msg: Any, kind: str, *, reference: bool) -> Any:
-        if msg.kind == kind:
-            return msg
-        text = msg.header.get("message", msg.kind)
-        if reference:
-            raise ReferenceFailed(f"reference of {self.task.name} failed: {text}\n{msg.header.get('traceback', '')}")
-        raise _Verdict(Status.RUNTIME_ERROR, f"candidate failed: {_first_line(text)}",
-                       [text, msg.header.get("traceback", "")])
-
-    def _state_changes(self, phase: str, before: dict[str, Any], after: dict[str, Any]) -> None:
-        changed = {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
-        changed.pop("grad_enabled", None)  # toggled by no_grad around every call
-        if changed and not any(f.rule == "global_state_changed" for f in self.findings):
-            desc = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in sorted(changed.items()))
-            self.findings.append(Finding(rule="global_state_changed",
-                                         message=f"the candidate changed global torch settings ({phase}): {desc}"))
-
-    def _correctness(self, tm: Any, ref: Worker, cand: Worker, deadline: float) -> dict[str, Any]:
-        n = self.config.n_correctness
-        sets = [make_input_set(tm, self.seed_rng.getrandbits(63), perturb=i > 0, rng=self.seed_rng) for i in range(n)]
-        ref_run = ref.request("run", {"repeat_first": 1}, [s.values for s in sets], deadline=deadline)
-        ref_run = self._expect(ref_run, "ran", reference=True)
-        ref_out = ref_run.payload["outputs"]
-        # A perturbed set that makes the reference non-finite (log of a shifted input, say) is
-        # replaced by a plain one: perturbation must never make a task unjudgeable.
-        bad = [i for i in range(1, n) if not all_finite(ref_out[i]) and all_finite(ref_out[0])]
-        if bad:
-            for i in bad:
-                sets[i] = make_input_set(tm, self.seed_rng.getrandbits(63), perturb=False, rng=self.seed_rng)
-            redo = self._expect(ref.request("run", {"repeat_first": 1}, [sets[i].values for i in bad],
-                                            deadline=deadline), "ran", reference=True)
-            for j, i in enumerate(bad):
-                ref_out[i] = redo.payload["outputs"][j]
-        self.env["perturbed_sets"] = sum(s.perturbed for s in sets)
-
-        cand_run = cand.request("run", {"repeat_first": 2}, [s.values for s in sets], deadline=deadline)
-        self._side_work_census(cand)
-        if cand_run.kind == "error":
-            raise _Verdict(Status.RUNTIME_ERROR, f"candidate raised: {_first_line(cand_run.header.get('message', ''))}",
-                           [cand_run.header.get("message", ""), cand_run.header.get("traceback", ""), cand.log_tail()])
-        self._state_changes("run", self.state_before, cand_run.header.get("state_after", {}))
-        outs = cand_run.payload["outputs"]
-        after = cand_run.payload["inputs_after"]
-        changed = sum(bool(c) for c in cand_run.header.get("changed_after_return", []))
-        # Pools a program starts on its first call (torch.compile, thread pools) stay; threads
-        # that appear on later calls are work started per call.
-        rises = [r for r in cand_run.header.get("thread_rises", [])[1:] if r > 0]
-        if changed or rises:
-            what = []
-            if changed:
-                what.append(f"its output kept changing after {changed} call(s) had returned")
-            if rises:
-                what.append(f"{len(rises)} call(s) returned with new threads still alive")
-            self.findings.append(Finding(rule="side_work_after_return", message="the candidate " + "; ".join(what)))
-        # outs[0] and outs[1] are two runs on set 0; outs[k+1] is set k for k >= 1
-        per_set = [outs[0]] + outs[2:]
-        inputs_after = [after[0]] + after[2:]
-        for i, (sent, got) in enumerate(zip(sets, inputs_after)):
-            if not exactly_equal(got, sent.values):
-                self.findings.append(Finding(rule="inputs_mutated",
-                                             message=f"the candidate changed its inputs in place (input set {i})"))
-                break
-        max_abs = max_rel = 0.0
-        plain_ok = [compare_outputs(c, r, tol_scale=self.config.tol_scale).ok
-                    for c, r, s in zip(per_set, ref_out, sets) if not s.perturbed]
-        for i, (c, r) in enumerate(zip(per_set, ref_out)):
-            cmp = compare_outputs(c, r, tol_scale=self.config.tol_scale)
-            max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
-            if not cmp.ok:
-                if "not a plain torch.Tensor" in cmp.reason:
-                    self.findings.append(Finding(rule="output_not_plain_tensor", message=cmp.reason))
-                    raise _Verdict(Status.FLAGGED, "flagged: output_not_plain_tensor", [cmp.reason])
-                kind = "plain" if not sets[i].perturbed else (
-                    f"scaled x{sets[i].scale:.2f} and shifted {sets[i].offset_frac:+.2f} mean-abs")
-                if sets[i].perturbed and plain_ok and all(plain_ok):
-                    if exactly_equal(c, per_set[0]) and not _is_constant(c):
-                        # The input changed and the output did not: a result kept from before.
-                        self.findings.append(Finding(rule="output_cached_across_calls", message=(
-                            f"input set {i} ({kind}) got exactly the output of input set 0: {cmp.reason}")))
-                    else:
-                        # Right on the task's own input distribution, wrong once it moves: an
-                        # answer that only looks right because the true output is near-constant.
-                        self.findings.append(Finding(rule="degenerate_under_offset_scale", message=(
-                            f"correct on the task's own inputs but not on inputs {kind}: {cmp.reason}")))
-                raise _Verdict(Status.INCORRECT, f"incorrect on input set {i} ({kind}): {cmp.reason}", [cmp.reason],
-                               max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err)
-        twice = compare_outputs(outs[1], outs[0], tol_scale=self.config.tol_scale)
-        if not twice.ok:
-            self.findings.append(Finding(rule="nondeterministic_output",
-                                         message=f"two runs on the same input differ: {twice.reason}"))
-        return {"max_abs_err": max_abs, "max_rel_err": max_rel}
-
-    def _side_work_census(self, cand: Worker) -> None:
-        """Right after the calls returned, the worker must be idle and alone.
-
-        CPU burnt while it waits for the next command, or a child process still alive, means
-        work was left running past the end of a call, where no timer would see it.
-        """
-        before = cand.cpu_time_ns()
-        time.sleep(0.05)
-        after = cand.cpu_time_ns()
-        children = cand.child_count()
-        busy_ms = (after - before) / 1e6 if before is not None and after is not None else 0.0
-        if busy_ms > 10.0 or children:
-            what = []
-            if busy_ms > 10.0:
-                what.append(f"used {busy_ms:.0f} ms of CPU in the 50 ms after its calls returned")
-            if children:
-                what.append(f"left {children} child process(es) running")
-            self.findings.append(Finding(rule="side_work_after_return",
-                                         message="the candidate " + " and ".join(what)))
-
-    def _timing(self, tm: Any, ref: Worker, cand: Worker, deadline: float) -> TimingOutcome:
-        cfg = self.config
-        pool = [make_input_set(tm, self.seed_rng.getrandbits(63), perturb=False, rng=self.seed_rng).values
-                for _ in range(cfg.timing.pool_size)]
-        for w in (ref, cand):
-            msg = w.request("pool", payload=pool, deadline=deadline)
-            if w is ref:
-                self._expect(msg, "pooled", reference=True)
-            elif msg.kind == "error":
-                raise _Verdict(Status.RUNTIME_ERROR, f"candidate failed: {_first_line(msg.header.get('message', ''))}")
-        with _TimingLock(cfg.cache_dir):
+    def task_info(self, task: Task) -> TaskInfo:
+        """Constants, profile and degeneracy of the task at the configured size (cached)."""
+        info = self._cached_info(task)
+        if info is None:
+            session = self._session(task)
             try:
-                return run_timing(ref, cand, cfg.timing, rng=self.seed_rng, deadline=deadline)
-            except TimedCallFailed as e:
-                raise _Verdict(Status.RUNTIME_ERROR, f"candidate raised during timing: {_first_line(str(e))}",
-                               [str(e), e.traceback, cand.log_tail()]) from e
+                info = self._load(session, task)
+            finally:
+                session.close()
+        return info
 
-    def _timing_fields(self, o: TimingOutcome) -> dict[str, Any]:
-        """Turn the judge's measurements into findings and result fields."""
-        cand_busy_ms = sum(o.cand_ms)
-        # Work left running after a call returned shows up as CPU time while the worker idles.
-        idle_allow_ms = 20.0 + 0.05 * cand_busy_ms + 2.0 * o.ref_idle_cpu_ms
-        if o.cand_idle_cpu_ms > idle_allow_ms:
-            self.findings.append(Finding(rule="side_work_after_return", message=(
-                f"the candidate used {o.cand_idle_cpu_ms:.1f} ms of CPU while idle between timed calls "
-                f"(timed calls took {cand_busy_ms:.1f} ms in all): work continues after a call returns")))
-        # Threads the harness itself starts show up in the reference too; only a rise beyond the
-        # reference's counts.
-        ref_rise = (o.ref_threads_max or 0) - (o.ref_threads_warm or 0)
-        if (o.cand_threads_warm is not None and o.cand_threads_max is not None
-                and o.cand_threads_max - o.cand_threads_warm > max(ref_rise, 0)):
-            self.findings.append(Finding(rule="thread_count_changed", message=(
-                f"the candidate's thread count rose from {o.cand_threads_warm} to {o.cand_threads_max} "
-                "during timed calls")))
-        if o.cand_non_plain_calls:
-            self.findings.append(Finding(rule="output_not_plain_tensor", message=(
-                f"{o.cand_non_plain_calls} timed calls returned something other than a plain torch.Tensor")))
-        if o.spot_mismatches:
-            self.findings.append(Finding(rule="output_cached_across_calls", message=(
-                f"{len(o.spot_mismatches)} of {o.spot_checks} spot-checked timed calls returned a wrong output "
-                f"(cached or skipped work): {o.spot_mismatches[0]}")))
-        if o.input_mismatches:
-            self.findings.append(Finding(rule="inputs_mutated", message=(
-                f"the candidate changed its inputs during {o.input_mismatches} spot-checked timed calls")))
-        # Clock cross-check: the judge's round trip must exceed the reported time by about what
-        # it does for the reference (pipe and reply overhead), no more.
-        over_cand = [rt - t for rt, t in zip(o.cand_round_trip_ms, o.cand_ms)]
-        over_ref = [rt - t for rt, t in zip(o.ref_round_trip_ms, o.ref_ms)]
-        impossible = sum(1 for x in over_cand if x < -0.05)
-        excess = statistics.median(over_cand) - statistics.median(over_ref)
-        cand_med = statistics.median(o.cand_ms)
-        if impossible or excess > 0.5 + 0.25 * cand_med:
-            self.findings.append(Finding(rule="timer_mismatch", message=(
-                f"reported call times disagree with the judge's clock (median excess {excess:.3f} ms over the "
-                f"reference's overhead, {impossible} calls reported longer than they took)")))
-        # Physical floor: the output must at least be written once at the memory roof measured
-        # in this run. Faster than half of that is not a speedup but a trick.
-        floor_ms = None
-        if self.copy_gbps and o.output_bytes:
-            floor_ms = o.output_bytes / (self.copy_gbps * 1e9) * 1e3
-            if cand_med < 0.5 * floor_ms:
-                self.findings.append(Finding(rule="impossible_speedup", message=(
-                    f"median call {cand_med:.4f} ms is below half the time needed just to write the "
-                    f"{o.output_bytes} output bytes at the measured {self.copy_gbps:.1f} GB/s ({floor_ms:.4f} ms)")))
-        self.env["timing"] = {
-            "rounds": len(o.ratios), "stopped_by": o.stopped_by, "rel_ci_half_width": o.rel_ci_half_width,
-            "spot_checks": o.spot_checks, "cand_idle_cpu_ms": round(o.cand_idle_cpu_ms, 3),
-            "ref_idle_cpu_ms": round(o.ref_idle_cpu_ms, 3), "clock_excess_ms": round(excess, 4),
-            "cand_threads": o.cand_threads_max, "ref_threads": o.ref_threads_max, "wall_s": round(o.wall_s, 3),
-            "output_floor_ms": floor_ms,
-        }
-        return {"ref_time": TimingStats.from_samples_ms(o.ref_ms), "cand_time": TimingStats.from_samples_ms(o.cand_ms)}
+    def profile(self, task: Task) -> TaskProfile | None:
+        return self.task_info(task).profile
 
-
-def _is_constant(x: Any) -> bool:
-    """Every element of every tensor output is one and the same value."""
-    import torch
-
-    from kernelrl.judge.compare import flatten
-
-    values = [t for t in flatten(x) if isinstance(t, torch.Tensor) and t.numel()]
-    return bool(values) and all(bool((t == t.reshape(-1)[0]).all()) for t in values)
-
-
-def _error_line(text: str) -> str:
-    """The first compiler or Python error line of a message (compiler commands come first)."""
-    for line in text.splitlines():
-        if re.search(r"\berror\b[:\s]", line, re.IGNORECASE) and not line.lstrip().startswith(("[", "c++ ", "nvcc ")):
-            return line.strip()[:300]
-    return _first_line(text)
-
-
-def _first_line(text: str) -> str:
-    for line in text.strip().splitlines():
-        if line.strip():
-            return line.strip()[:300]
-    return ""
-
-
-@functools.cache
-def _llc_bytes() -> int:
-    best = 0
-    for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+    def reference_outputs(self, task: Task, plans: Sequence[Any]) -> tuple[list[list[Any]], list[Any]]:
+        """The task's inputs and its reference's outputs for the given input plans (for filters
+        such as `kernelrl.tasks.degeneracy`); task code runs in a reference worker."""
+        session = self._session(task)
         try:
-            size = (idx / "size").read_text().strip()
-        except OSError:
-            continue
-        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            self._load(session, task)
+            values, outputs, _ = session.make(list(plans), run=True)
+            return values, outputs
+        finally:
+            session.close()
+
+    def peaks(self, *, remeasure: bool = False) -> MachinePeaks | None:
+        """This machine's measured peaks (measured once, cached); None when they cannot be measured.
+
+        Measured holding the device's lane, so no evaluation of ours competes with the measurement.
+        """
+        with self._peaks_lock:
+            if self.config.roofline and (remeasure or (self._peaks is None and not self._peaks_error)):
+                try:
+                    with self.lane.timing():
+                        self._peaks = machine_peaks(device=self.config.device, sandbox=self.config.sandbox,
+                                                    cache_dir=self.config.cache_dir,
+                                                    device_index=self.config.device_index, remeasure=remeasure)
+                except Exception as e:  # noqa: BLE001 - no roofline, said so in results
+                    self._peaks_error = f"{type(e).__name__}: {e}"
+            return self._peaks
+
+    def _floors(self, profile: TaskProfile, reference_ms: float) -> tuple[MachinePeaks, Floors] | None:
+        """Floors for a task, from peaks no lower than what its reference was just seen to reach."""
+        peaks = self.peaks()
+        if peaks is None:
+            return None
+        raised = demonstrated(peaks, profile, reference_ms)
+        if raised is not None:
+            with self._peaks_lock:
+                self._peaks = peaks = raised
+            save_peaks(raised, cache_dir=self.config.cache_dir, device_index=self.config.device_index)
+        return peaks, floors(profile, peaks)
+
+    # -- keys and caches ----------------------------------------------------------------------
+
+    # Results kept per evaluator: enough for any batch and its repeats; the oldest go first, so a
+    # long-lived server's memory stays bounded.
+    RESULT_CACHE_SIZE = 8192
+
+    def _remember(self, key: tuple[str, ...], result: EvalResult) -> None:
+        self._results[key] = result
+        self._results.move_to_end(key)
+        while len(self._results) > self.RESULT_CACHE_SIZE:
+            self._results.popitem(last=False)
+
+    def _key(self, task: Task, cand: Candidate) -> tuple[str, ...]:
+        cfg = self.config
+        return (task.source_hash, str(cfg.size), str(cfg.device), str(cfg.policy), cand.hash, self.fingerprint)
+
+    def _task_key(self, task: Task) -> str:
+        presets = json.dumps(task.presets.get(str(self.config.size), {}), sort_keys=True)
+        text = f"{task.source_hash}|{self.config.size}|{presets}|{json.dumps(self.config.constants, sort_keys=True)}"
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def _info_path(self, task: Task) -> Path:
+        return self.config.cache_dir / "tasks" / f"{self._task_key(task)}-v{_TASK_INFO_VERSION}.json"
+
+    def _cached_info(self, task: Task) -> TaskInfo | None:
+        key = self._task_key(task)
+        with self._lock:
+            if key in self._tasks:
+                return self._tasks[key]
+        path = self._info_path(task)
         try:
-            best = max(best, int(size.rstrip("KMG")) * mult)
-        except ValueError:
-            continue
-    return best or (32 << 20)
+            info = TaskInfo.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        with self._lock:
+            self._tasks[key] = info
+        return info
+
+    def _store_info(self, task: Task, info: TaskInfo) -> None:
+        with self._lock:
+            self._tasks[self._task_key(task)] = info
+        path = self._info_path(task)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(info.to_dict()))
+        tmp.replace(path)
+
+    def _secret(self) -> random.Random:
+        """A generator for one group, seeded from the evaluator's secret one."""
+        with self._rng_lock:
+            return random.Random(self._rng.getrandbits(128))
+
+    # -- one task's group ---------------------------------------------------------------------
+
+    def _session(self, task: Task, rng: random.Random | None = None) -> ReferenceSession:
+        cfg = self.config
+        rng = rng or self._secret()
+        spec = LoadSpec(task=task, size=cfg.size, overrides=dict(cfg.constants), device=cfg.device,
+                        threads=cfg.sandbox.effective_threads, init_seed=rng.getrandbits(31),
+                        evict_bytes=evict_bytes(cfg.device), cache_root=str(cfg.cache_dir))
+        return ReferenceSession(spec, pool=self.pool, rng=rng, timeout_s=cfg.timeout_s)
+
+    def _load(self, session: ReferenceSession, task: Task) -> TaskInfo:
+        info = self._cached_info(task)
+        with self.lane.work(uses_device=True):
+            session.load(constants=info.constants if info else None, profile=info is None)
+        if info is None:
+            info = TaskInfo(constants=session.constants, profile=session.profile)
+            self._store_info(task, info)
+        return info
+
+    def _group(self, task: Task, members: dict[str, tuple[Candidate, list[int]]],
+               done: Callable[[list[int], EvalResult], None], *, baseline: bool = False, compile: bool = True,
+               trusted: frozenset[str] = frozenset()) -> Group:
+        return Group(self, task, members, done, baseline=baseline, compile=compile, trusted=trusted)
+
+    def _run_group(self, task: Task, members: dict[str, tuple[Candidate, list[int]]],
+                   done: Callable[[list[int], EvalResult], None], *, baseline: bool = False,
+                   compile: bool = True, trusted: frozenset[str] = frozenset()) -> None:
+        """One task's group from start to end (baselines and calibration use it)."""
+        run_groups([self._group(task, members, done, baseline=baseline, compile=compile, trusted=trusted)],
+                   device=self.config.device, width=1)
+
+    def _record_baseline(self, task: Task, timing: GroupTiming, compiled: Trial | None, known: Baseline | None) -> None:
+        cfg = self.config
+        if not timing.reference_ms:
+            return
+        eager_ms = statistics.median(timing.reference_ms)
+        compile_ms, error = (known.compile_ms, known.compile_error) if known else (None, "")
+        if compiled is not None:
+            ct = timing.candidates.get(COMPILED)
+            if compiled.verdict is not None:
+                error = compiled.verdict.message
+            elif ct is not None and ct.speedup:
+                compile_ms, error = eager_ms / ct.speedup, ""
+            elif ct is not None and ct.failure is not None:
+                error = first_line(ct.failure.message)
+        with self._lock:
+            self._baselines[self._task_key(task)] = Baseline(task=task.name, device=str(cfg.device),
+                                                             size=str(cfg.size), eager_ms=eager_ms,
+                                                             compile_ms=compile_ms, compile_error=error)
+
+    def cached_baseline(self, task: Task) -> Baseline | None:
+        with self._lock:
+            return self._baselines.get(self._task_key(task))
+
+    # -- verdicts -----------------------------------------------------------------------------
+
+    def _finish(self, task: Task, trial: Trial, timing: GroupTiming | None, info: TaskInfo,
+                env: dict[str, Any]) -> EvalResult:
+        if trial.verdict is not None:
+            return self._result(task, trial.candidate, trial.verdict, trial.findings, trial.fields,
+                                {**env, **{k: v for k, v in trial.env.items() if k != "state_before"}}, trial.started)
+        assert timing is not None
+        ct = timing.candidates[trial.candidate.hash]
+        fields = dict(trial.fields)
+        fields["ref_time"] = TimingStats.from_samples_ms(timing.reference_ms) if timing.reference_ms else None
+        run_env = {**env, **{k: v for k, v in trial.env.items() if k != "state_before"},
+                   "timing": {"rounds": timing.rounds, "calls_per_sample": timing.calls_per_sample,
+                              "stopped_by": ct.stopped_by, "group_size": len(timing.candidates),
+                              "rel_ci_half_width": ct.rel_ci_half_width, "wall_s": round(timing.wall_s, 3),
+                              "lane_wait_s": round(self.lane.waited_s, 3)}}
+        if ct.failure is not None:
+            status = Status.TIMEOUT if ct.failure.kind == "timeout" else Status.RUNTIME_ERROR
+            if ct.failure.kind == "protocol":
+                trial.findings.append(dynamic.channel_forged(first_line(ct.failure.message)))
+                status = Status.FLAGGED
+            verdict = Verdict(status=status, message=f"candidate failed during timing: {first_line(ct.failure.message)}",
+                              errors=[ct.failure.message, ct.failure.log_tail])
+            return self._result(task, trial.candidate, verdict, trial.findings, fields, run_env, trial.started)
+        fields["cand_time"] = TimingStats.from_samples_ms(ct.times_ms)
+        found, figures = dynamic.timing_findings(ct.facts)
+        trial.findings.extend(found)
+        run_env["timing"].update(figures, spot_checks=ct.facts.spot_checks)
+        cand_ms = statistics.median(ct.times_ms)
+        ref_ms = statistics.median(timing.reference_ms)
+        got = self._floors(info.profile, ref_ms) if info.profile is not None else None
+        if got is not None:
+            assert info.profile is not None
+            peaks, f = got
+            found = dynamic.impossible_speedup(cand_ms, f, slack=self.config.floor_slack)
+            if found is not None and not self._remeasured:
+                # Before refusing, make sure the floor is not an artefact of a disturbed measurement.
+                self._remeasured = True
+                remeasured = self.peaks(remeasure=True)
+                if remeasured is not None:
+                    peaks, f = remeasured, floors(info.profile, remeasured)
+                    found = dynamic.impossible_speedup(cand_ms, f, slack=self.config.floor_slack)
+            run_env["roofline"] = {"memory_floor_ms": f.memory_ms, "compute_floor_ms": f.compute_ms,
+                                   "bandwidth_gbs": peaks.bandwidth_gbs, "tflops": f.tflops,
+                                   "flops": info.profile.flops, "min_bytes": info.profile.min_bytes,
+                                   "peaks": peaks.source}
+            fields["roofline_pct"] = roofline_pct(cand_ms, f)
+            fields["ref_roofline_pct"] = roofline_pct(ref_ms, f)
+            if found is not None:
+                trial.findings.append(found)
+        elif self._peaks_error:
+            run_env["roofline"] = {"error": self._peaks_error}
+        fields["speedup"], fields["speedup_ci"] = ct.speedup, ct.speedup_ci
+        if self._llm is not None:
+            self._ask_llm(task, trial, fields, run_env)
+        return self._result(task, trial.candidate, None, trial.findings, fields, run_env, trial.started)
+
+    def _ask_llm(self, task: Task, trial: Trial, fields: dict[str, Any], env: dict[str, Any]) -> None:
+        assert self._llm is not None
+        cfg = self.config
+        floor = env.get("roofline", {})
+        known = [v for v in (floor.get("memory_floor_ms"), floor.get("compute_floor_ms")) if v]
+        request = JudgeRequest(task_name=task.name, task_source=task.source, candidate_source=trial.candidate.source,
+                               speedup=fields["speedup"], speedup_ci=fields["speedup_ci"], ref_time=fields["ref_time"],
+                               cand_time=fields["cand_time"], roofline_pct=fields.get("roofline_pct"),
+                               floor_ms=max(known) if known else None, max_abs_err=fields.get("max_abs_err"),
+                               max_rel_err=fields.get("max_rel_err"), device=str(cfg.device), policy=str(cfg.policy),
+                               findings=tuple(trial.findings))
+        verdict = self._llm.review(request)
+        if verdict is not None:
+            env["llm_judge"] = verdict.to_dict()
+            found = self._llm.finding(verdict)
+            if found is not None:
+                trial.findings.append(found)
+
+    def _result(self, task: Task, cand: Candidate, verdict: Verdict | None, findings: list[Finding],
+                fields: dict[str, Any], env: dict[str, Any], started: float | None = None) -> EvalResult:
+        """The result, with the policy applied to every finding once."""
+        cfg = self.config
+        findings = get_policy(cfg.policy).apply(findings)
+        rejecting = sorted({f.rule for f in findings if f.severity is Severity.REJECT})
+        fields = dict(fields)
+        if verdict is None:
+            if rejecting:
+                verdict = Verdict(status=Status.FLAGGED, message=f"flagged: {', '.join(rejecting)}",
+                                  errors=[f.message for f in findings if f.severity is Severity.REJECT])
+            else:
+                verdict = Verdict(status=Status.CORRECT, message=f"correct, {fields['speedup']:.3g}x")
+        elif verdict.status is Status.INCORRECT and rejecting:
+            # Wrong, and a defence saw why: the rule is what teaches the next prompt.
+            verdict = dataclasses.replace(verdict, status=Status.FLAGGED,
+                                          message=f"flagged: {', '.join(rejecting)} ({verdict.message})")
+        if verdict.status is not Status.CORRECT:
+            for key in ("speedup", "speedup_ci", "roofline_pct"):
+                fields.pop(key, None)
+        fields.update(verdict.extra)
+        return EvalResult(task=task.name, status=verdict.status, message=verdict.message,
+                          errors=[e for e in verdict.errors if e], findings=findings, device=cfg.device,
+                          size=cfg.size, policy=cfg.policy, candidate_hash=cand.hash, environment=env,
+                          eval_time_s=round(time.monotonic() - started, 3) if started else None, **fields)
 
 
-def _evict_bytes(device: str) -> int:
-    if device == "cuda":
-        return 256 << 20  # larger than any current GPU's L2
-    return int(_llc_bytes() * 1.5)
+def evaluate(task: Task, candidate: Candidate | str, config: EvalConfig | None = None) -> EvalResult:
+    """Judge one candidate with a short-lived evaluator (for one-off use; keep an `Evaluator` for many)."""
+    with Evaluator(config, warm_workers=2) as ev:  # one reference, one candidate
+        return ev.evaluate(task, candidate)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import resource
+import select
 import shutil
 import signal
 import subprocess
@@ -37,7 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernelrl.judge.channel import Channel, ChannelClosed, Message
+from kernelrl.judge.channel import (
+    Channel,
+    ChannelClosed,
+    ChannelProtocolError,
+    ChannelTimeout,
+)
+from kernelrl.judge.protocol import ANSWERS, Header, Hello, Kind, decode, encode
 
 # Copied from the judge's environment when present; everything else is dropped.
 ENV_ALLOW = (
@@ -53,7 +60,8 @@ PINNED_ALLOCATOR_ENV = {
     "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
     "MALLOC_TOP_PAD_": str(64 << 20),
 }
-_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+# the folder that holds the kernelrl package (this file is kernelrl/judge/sandbox.py)
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
 # Own PID and mount namespace with a fresh /proc; no capabilities, no privilege gain on exec.
@@ -132,23 +140,43 @@ def worker_env(config: SandboxConfig, workdir: Path, extra: dict[str, str] | Non
     return env
 
 
-class Worker:
-    """The judge's handle on one worker process."""
+@dataclass(frozen=True)
+class Answer:
+    """A worker's typed answer to one command (`kernelrl.judge.protocol`)."""
 
-    def __init__(self, *, role: str, config: SandboxConfig, device: str, env_extra: dict[str, str] | None = None,
-                 root: Path | None = None):
+    kind: Kind
+    header: Any
+    payload: Any = None
+
+    @property
+    def failed(self) -> bool:
+        return self.kind is Kind.ERROR
+
+
+class Worker:
+    """The judge's handle on one worker process.
+
+    A worker is started bare (a fresh interpreter that imports torch and says hello) and is given
+    one program: its owner sets `role` ("reference", "candidate", ...) for messages. It is never
+    given a second program.
+    """
+
+    def __init__(self, *, config: SandboxConfig, device: str, device_index: int | None = None,
+                 root: Path | None = None, role: str = "worker"):
         self.role = role
         self.config = config
         self.device = device
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"kernelrl-{role}-", dir=root))
+        self.workdir = Path(tempfile.mkdtemp(prefix="kernelrl-worker-", dir=root))
         self.log_path = self.workdir / "worker.log"
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
-        env = worker_env(config, self.workdir, env_extra)
+        extra = {"CUDA_VISIBLE_DEVICES": str(device_index)} if device_index is not None else None
+        env = worker_env(config, self.workdir, extra)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the worker's life
         self.isolated = config.proc_isolation and isolation_available()
         prefix = list(_ISOLATION_PREFIX) if self.isolated else []
         self._inner_pid: int | None = None
+        self.hello: Hello | None = None
         try:
             self.proc = subprocess.Popen(
                 [*prefix, sys.executable, "-m", "kernelrl.judge.worker", str(p2c_r), str(c2p_w)],
@@ -161,6 +189,28 @@ class Worker:
         self.channel = Channel(c2p_r, p2c_w)
         self._apply_limits()
         self.started = time.monotonic()
+
+    def wait_ready(self, *, deadline: float | None = None) -> Hello:
+        """The worker's hello (interpreter up, torch imported); WorkerDied if it never comes."""
+        if self.hello is None:
+            answer = self._receive(deadline)
+            if answer.kind is not Kind.HELLO:
+                raise ChannelProtocolError(f"expected hello, got {answer.kind.value}")
+            self.hello = answer.header
+        return self.hello
+
+    def ready_now(self) -> bool:
+        """Whether the hello has arrived (without waiting)."""
+        if self.hello is not None:
+            return True
+        ready, _, _ = select.select([self.channel.read_fd], [], [], 0)
+        if not ready:
+            return False
+        try:
+            self.wait_ready(deadline=time.monotonic() + 5)
+        except (WorkerDied, ChannelTimeout, ChannelProtocolError):
+            return False
+        return True
 
     def _apply_limits(self) -> None:
         pid = self.proc.pid
@@ -188,20 +238,37 @@ class Worker:
             self._inner_pid = int(kids[0])
         return self._inner_pid
 
-    def request(self, kind: str, header: dict[str, Any] | None = None, payload: Any = None, *,
-                deadline: float | None = None) -> Message:
-        """Send one command and wait for its answer (ChannelTimeout past the deadline)."""
+    def request(self, header: Header, payload: Any = None, *, deadline: float | None = None) -> Answer:
+        """Send one command and wait for its answer (ChannelTimeout past the deadline).
+
+        The answer must be the kind the command allows, or an error; anything else is a
+        protocol violation (ChannelProtocolError).
+        """
+        return self._exchange(header.KIND, header, payload, deadline)
+
+    def command(self, kind: Kind, payload: Any = None, *, deadline: float | None = None) -> Answer:
+        """A command without fields (get_state, pool, call, output...)."""
+        return self._exchange(kind, None, payload, deadline)
+
+    def _exchange(self, kind: Kind, header: Header | None, payload: Any, deadline: float | None) -> Answer:
+        if self.hello is None:
+            self.wait_ready(deadline=deadline)
         try:
-            self.channel.send(kind, header, payload)
+            self.channel.send(kind.value, encode(kind, header), payload)
         except (BrokenPipeError, OSError) as e:
             raise self._died(f"worker stopped accepting commands ({e})") from e
-        return self.recv(deadline=deadline)
+        answer = self._receive(deadline)
+        if answer.kind is not ANSWERS.get(kind) and answer.kind is not Kind.ERROR:
+            raise ChannelProtocolError(f"{kind.value} answered with {answer.kind.value}")
+        return answer
 
-    def recv(self, *, deadline: float | None = None) -> Message:
+    def _receive(self, deadline: float | None) -> Answer:
         try:
-            return self.channel.recv(deadline)
+            msg = self.channel.recv(deadline)
         except ChannelClosed as e:
             raise self._died("worker exited without answering") from e
+        kind, header = decode(msg.kind, msg.header)
+        return Answer(kind=kind, header=header, payload=msg.payload)
 
     def _died(self, what: str) -> WorkerDied:
         try:
@@ -283,7 +350,7 @@ class Worker:
         """Ask the worker to exit, then make sure the whole group is gone and clean up."""
         if self.proc.poll() is None:
             try:
-                self.channel.send("exit")
+                self.channel.send(Kind.EXIT.value, {})
                 self.proc.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired):
                 pass

@@ -1,18 +1,29 @@
-"""The timing protocol: reference and candidate, call by call, interleaved, checked as they go.
+"""Group timing: the reference and every candidate of a task, in one interleaved measurement.
 
-Both programs run in their own worker processes; the judge drives them alternately (ABBA order
-across rounds), so drift of the machine (frequency, other load) hits both alike, and the speedup
-is the median of per-round ratios ref/candidate, with a distribution-free 95 % interval.
+Every round runs the reference and each surviving candidate once, in a fresh random order, on
+the same fresh inputs (the judge picks a pool set and a scale per call), each call after a cache
+eviction. A candidate's speedup is the median of its per-round ratios against that round's
+reference sample, with a distribution-free 95 % interval; candidates of one group are measured
+under the same conditions, and the reference is timed once for all of them.
+
+Calls much shorter than `min_sample_ms` are timed in batches: a sample is `calls_per_sample`
+calls, each on its own fresh inputs after its own (untimed) eviction, and the sample's time is
+their mean, as triton's `do_bench` does for short kernels, so the +-1 % stop can fire within the
+cap. Every member of a group uses the same number of calls per sample.
 
 Guarantees:
-- each timed call gets fresh inputs (the judge picks a new scale per call) and an evicted cache;
-- timing stops when the interval's relative half-width is below `target_rel_ci` (after
-  `min_rounds`), or at `max_rounds`, or at the `max_timing_s` cap: whichever comes first;
-- spot checks: after randomly chosen rounds (decided after the calls returned) the outputs of
-  both programs for that round's inputs are compared, and the inputs each saw are compared;
+- timing stops when every surviving candidate's interval has a relative half-width below
+  `target_rel_ci` (after `min_rounds`, with `min_spot_checks` spot checks each), or when the
+  group's time cap (`max_timing_s` per candidate, for the group `max_timing_s * (members / 2)`)
+  or `max_rounds` is reached;
+- spot checks: after randomly chosen rounds (decided after the calls returned) the outputs of a
+  candidate and of the reference for that round's inputs are compared, and the inputs each saw;
+- a candidate that fails, hangs (past `call_limit_s`) or breaks the protocol during timing leaves
+  the measurement with its failure recorded; the others go on; a failing reference ends the
+  measurement (`ReferenceTimingFailed`);
 - the judge records, from its own clock and from /proc, facts a worker cannot forge: the round
-  trip of every call, the CPU time each worker used while it was supposed to be idle, and its
-  thread count around each call. `kernelrl.judge.evaluator` turns them into findings.
+  trip of every sample, the CPU time each worker used while it was supposed to be idle, and its
+  thread count around each call (`kernelrl.checks.dynamic.timing_findings` judges them).
 
 Does not interpret anything: it measures and records.
 """
@@ -23,12 +34,16 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from kernelrl.judge.channel import ChannelTimeout
+from kernelrl.checks.dynamic import MemberTiming, TimingFacts
+from kernelrl.judge import protocol as P
+from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.compare import compare_outputs, exactly_equal
 from kernelrl.judge.inputs import timing_scale
-from kernelrl.judge.sandbox import Worker
+from kernelrl.judge.sandbox import Worker, WorkerDied
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,94 +53,116 @@ class TimingConfig:
     min_rounds: int = 15
     max_rounds: int = 400
     target_rel_ci: float = 0.01
-    max_timing_s: float = 20.0
+    max_timing_s: float = 20.0  # per candidate; a group's cap grows with its size
     spot_check_prob: float = 0.1
     min_spot_checks: int = 3
     pool_size: int = 3
+    jitter: float = 0.1  # every timed call's floating inputs: pool values x scale x (1 +- up to this)
+    min_sample_ms: float = 2.0  # shorter calls are timed several per sample
+    max_calls_per_sample: int = 32
+    sample_input_bytes: int = 256 << 20  # fresh inputs of one sample stay under this
+    call_limit_s: float = 60.0  # one sample may not take longer than this (a hang)
 
     def __post_init__(self) -> None:
         if self.min_rounds < 3 or self.max_rounds < self.min_rounds:
             raise ValueError("need 3 <= min_rounds <= max_rounds")
         if not 0 < self.target_rel_ci < 1:
             raise ValueError("target_rel_ci must be in (0, 1)")
-        if self.max_timing_s <= 0 or self.warmup_max_s < 0:
+        if self.max_timing_s <= 0 or self.warmup_max_s < 0 or self.call_limit_s <= 0:
             raise ValueError("time caps must be positive")
         if not 0 <= self.spot_check_prob <= 1 or self.min_spot_checks < 1:
             raise ValueError("spot_check_prob in [0, 1] and min_spot_checks >= 1")
         if self.pool_size < 1:
             raise ValueError("pool_size must be >= 1")
+        if not 0 <= self.jitter < 0.5:
+            raise ValueError("jitter must be in [0, 0.5)")
+        if self.min_sample_ms < 0 or self.max_calls_per_sample < 1 or self.sample_input_bytes < 1:
+            raise ValueError("min_sample_ms >= 0, max_calls_per_sample >= 1, sample_input_bytes >= 1")
 
 
-class TimedCallFailed(RuntimeError):
-    """The candidate raised during a timed call or a spot check."""
-
-    def __init__(self, message: str, traceback: str = ""):
-        super().__init__(message)
-        self.traceback = traceback
+class ReferenceTimingFailed(RuntimeError):
+    """The reference failed during timing: no candidate of the group can be measured."""
 
 
-@dataclass
-class _Side:
-    worker: Worker
-    times_ms: list[float] = field(default_factory=list)
-    round_trips_ms: list[float] = field(default_factory=list)
-    idle_cpu_ns: int = 0
-    idle_wall_ns: int = 0
-    busy_wall_ns: int = 0
-    threads_before: list[int] = field(default_factory=list)
-    threads_after: list[int] = field(default_factory=list)
-    non_plain_calls: int = 0
-    _idle_since_cpu: int | None = None
-    _idle_since_wall: int | None = None
+@dataclass(frozen=True, kw_only=True)
+class Failure:
+    """Why a candidate left the measurement."""
 
-    def request(self, kind: str, header: dict | None = None, *, deadline: float):
-        """A request that also books the worker's CPU time since its last answer as idle."""
-        now_cpu = self.worker.cpu_time_ns()
-        now_wall = time.perf_counter_ns()
-        if self._idle_since_cpu is not None and now_cpu is not None:
-            self.idle_cpu_ns += now_cpu - self._idle_since_cpu
-            self.idle_wall_ns += now_wall - (self._idle_since_wall or now_wall)
-        msg = self.worker.request(kind, header, deadline=deadline)
-        self._idle_since_cpu = self.worker.cpu_time_ns()
-        self._idle_since_wall = time.perf_counter_ns()
-        if msg.kind == "error":
-            raise TimedCallFailed(msg.header.get("message", "error"), msg.header.get("traceback", ""))
-        return msg
+    kind: str  # "timeout", "runtime_error" or "protocol"
+    message: str
+    log_tail: str = ""
 
 
 @dataclass(kw_only=True)
-class TimingOutcome:
-    ref_ms: list[float]
-    cand_ms: list[float]
-    ratios: list[float]
-    speedup: float
-    speedup_ci: tuple[float, float]
+class _Member:
+    key: Any
+    worker: Worker
+    samples_ms: list[float] = field(default_factory=list)  # per sample: mean per call
+    round_trips_ms: list[float] = field(default_factory=list)  # per sample: per call
+    ratios: list[float] = field(default_factory=list)
+    idle_cpu_ns: int = 0
+    threads_warm: int | None = None
+    threads_seen: list[int] = field(default_factory=list)
+    non_plain_calls: int = 0
+    spot_checks: int = 0
+    spot_mismatches: list[str] = field(default_factory=list)
+    input_mismatches: int = 0
+    failure: Failure | None = None
+    warm_ms: float = 0.0
+    last_round_trip_ns: int = 0
+    _idle_since_cpu: int | None = None
+
+    def request(self, header: P.Header | None, kind: P.Kind | None = None, payload: Any = None, *,
+                deadline: float) -> Any:
+        """A command that also books the worker's CPU time since its last answer as idle."""
+        now_cpu = self.worker.cpu_time_ns()
+        if self._idle_since_cpu is not None and now_cpu is not None:
+            self.idle_cpu_ns += max(0, now_cpu - self._idle_since_cpu)
+        t0 = time.perf_counter_ns()
+        if header is not None:
+            answer = self.worker.request(header, payload, deadline=deadline)
+        else:
+            assert kind is not None
+            answer = self.worker.command(kind, payload, deadline=deadline)
+        # the judge's clock around the exchange alone (its own /proc reads stay outside)
+        self.last_round_trip_ns = time.perf_counter_ns() - t0
+        self._idle_since_cpu = self.worker.cpu_time_ns()
+        if answer.failed:
+            raise _CallFailed(answer.header.message, answer.header.traceback)
+        return answer
+
+
+class _CallFailed(RuntimeError):
+    def __init__(self, message: str, tb: str = ""):
+        super().__init__(message)
+        self.tb = tb
+
+
+@dataclass(frozen=True, kw_only=True)
+class CandidateTiming:
+    """One candidate's share of a group measurement."""
+
+    speedup: float | None  # None when it failed or has no rounds
+    speedup_ci: tuple[float, float] | None
     rel_ci_half_width: float
-    stopped_by: str  # "ci", "time" or "rounds"
-    ref_round_trip_ms: list[float]
-    cand_round_trip_ms: list[float]
-    ref_idle_cpu_ms: float
-    cand_idle_cpu_ms: float
-    cand_idle_wall_ms: float
-    cand_threads_warm: int | None
-    cand_threads_max: int | None
-    ref_threads_warm: int | None
-    ref_threads_max: int | None
-    cand_non_plain_calls: int
-    spot_checks: int
-    output_bytes: int  # bytes of one call's output (from the spot checks)
-    spot_mismatches: list[str]
-    input_mismatches: int
+    stopped_by: str  # "ci", "time", "rounds" or "failed"
+    times_ms: list[float]
+    facts: TimingFacts | None
+    failure: Failure | None
+    output_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupTiming:
+    reference_ms: list[float]
+    candidates: dict[Any, CandidateTiming]
+    rounds: int
+    calls_per_sample: int
+    stopped_by: str
     wall_s: float
 
 
-def _nbytes(x: object) -> int:
-    if isinstance(x, (list, tuple)):
-        return sum(_nbytes(v) for v in x)
-    return x.numel() * x.element_size() if hasattr(x, "element_size") else 0
-
-
-def median_ci(ratios: list[float]) -> tuple[float, float, float]:
+def median_ci(ratios: Sequence[float]) -> tuple[float, float, float]:
     """Median of ratios and its distribution-free 95 % interval (order statistics of logs)."""
     logs = sorted(math.log(r) for r in ratios)
     n = len(logs)
@@ -136,86 +173,173 @@ def median_ci(ratios: list[float]) -> tuple[float, float, float]:
     return math.exp(med), math.exp(logs[lo_i]), math.exp(logs[hi_i])
 
 
-def run_timing(ref: Worker, cand: Worker, config: TimingConfig, *, rng: random.Random,
-               deadline: float) -> TimingOutcome:
+def calls_per_sample(fastest_ms: float, input_bytes: int, config: TimingConfig) -> int:
+    """How many calls one sample holds, so that the fastest member's sample lasts min_sample_ms."""
+    if fastest_ms <= 0 or fastest_ms >= config.min_sample_ms:
+        return 1
+    k = math.ceil(config.min_sample_ms / fastest_ms)
+    if input_bytes > 0:
+        k = min(k, max(1, config.sample_input_bytes // input_bytes))
+    return max(1, min(k, config.max_calls_per_sample))
+
+
+def _nbytes(x: object) -> int:
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(v) for v in x)
+    return x.numel() * x.element_size() if hasattr(x, "element_size") else 0
+
+
+def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: list[list[Any]], config: TimingConfig,
+                  *, rng: random.Random, deadline: float, tol_scale: float = 1.0) -> GroupTiming:
+    """Time the reference and the candidates together (see the module docstring)."""
     t_start = time.monotonic()
-    sides = {"ref": _Side(worker=ref), "cand": _Side(worker=cand)}
-    for side in sides.values():
-        side.request("warmup", {"calls": config.warmup_calls, "max_s": config.warmup_max_s}, deadline=deadline)
-    warm_threads = cand.thread_count()
-    ref_warm_threads = ref.thread_count()
+    ref = _Member(key=None, worker=reference)
+    cands = [_Member(key=k, worker=w) for k, w in candidates.items()]
+    members = [ref, *cands]
 
-    stop_at = min(deadline, time.monotonic() + config.max_timing_s)
-    ratios: list[float] = []
-    spot_checks = 0
-    output_bytes = 0
-    spot_mismatches: list[str] = []
-    input_mismatches = 0
+    def call_deadline() -> float:
+        return min(deadline, time.monotonic() + config.call_limit_s)
+
+    def fail(m: _Member, e: BaseException) -> None:
+        if m is ref:
+            raise ReferenceTimingFailed(f"the reference failed during timing: {e}") from e
+        kind = ("timeout" if isinstance(e, ChannelTimeout) else "protocol" if isinstance(e, ChannelProtocolError)
+                else "runtime_error")
+        tail = e.log_tail if isinstance(e, WorkerDied) else m.worker.log_tail()
+        message = str(e) + (f"\n{e.tb}" if isinstance(e, _CallFailed) and e.tb else "")
+        m.failure = Failure(kind=kind, message=message, log_tail=tail)
+        m.worker.kill()  # a hung or broken program must not keep the cores busy
+
+    def alive() -> list[_Member]:
+        return [m for m in members if m.failure is None]
+
+    def guarded(m: _Member, fn: Any) -> Any:
+        try:
+            return fn()
+        except (_CallFailed, ChannelTimeout, ChannelProtocolError, WorkerDied) as e:
+            fail(m, e)
+            return None
+
+    pool_header = P.Pool(noise_seed=rng.getrandbits(31), jitter=config.jitter)
+    for m in members:
+        guarded(m, lambda m=m: m.request(pool_header, None, pool, deadline=call_deadline()))
+    for m in alive():
+        warm = guarded(m, lambda m=m: m.request(P.Warmup(calls=config.warmup_calls, max_s=config.warmup_max_s),
+                                                deadline=call_deadline()))
+        if warm is not None:
+            m.warm_ms = warm.header.call_ms
+            m.threads_warm = m.worker.thread_count()
+    live = [m for m in alive() if m is not ref]
+    k = calls_per_sample(min((m.warm_ms for m in alive()), default=0.0), _nbytes(pool[0]), config)
+    cap_s = config.max_timing_s * max(1.0, len(alive()) / 2)
+    stop_at = min(deadline, time.monotonic() + cap_s)
     stopped_by = "rounds"
-    rel_half = math.inf
+    rounds = 0
+    output_bytes = 0
     for r in range(config.max_rounds):
-        index = rng.randrange(config.pool_size)
-        scale = timing_scale(rng)
-        order = ("ref", "cand") if r % 2 == 0 else ("cand", "ref")
-        round_ms: dict[str, float] = {}
-        for name in order:
-            side = sides[name]
-            side.request("prepare", {"index": index, "scale": scale}, deadline=deadline)
-            th = side.worker.thread_count()
-            t0 = time.perf_counter_ns()
-            msg = side.request("call", deadline=deadline)
-            rt = time.perf_counter_ns() - t0
-            th_after = side.worker.thread_count()
-            side.threads_before.append(th or 0)
-            side.threads_after.append(th_after or 0)
-            t_ms = msg.header["t_ns"] / 1e6
-            side.times_ms.append(t_ms)
-            side.round_trips_ms.append(rt / 1e6)
-            if not msg.header.get("plain", True):
-                side.non_plain_calls += 1
-            round_ms[name] = t_ms
-        ratios.append(max(round_ms["ref"], 1e-6) / max(round_ms["cand"], 1e-6))
+        if cands and not live:
+            stopped_by = "failed"
+            break
+        if not cands and rounds >= config.min_rounds:
+            break  # the reference alone (an eager baseline): its own samples are the measurement
+        index = rng.randrange(len(pool))
+        scales = [timing_scale(rng) for _ in range(k)]
+        shifts = [rng.getrandbits(30) for _ in range(k)]
+        order = alive()
+        rng.shuffle(order)
+        round_ms: dict[int, float] = {}
+        for m in order:
+            def sample(m: _Member = m) -> float:
+                m.request(P.Prepare(index=index, scales=scales, shifts=shifts), deadline=call_deadline())
+                th = m.worker.thread_count()
+                called = m.request(None, P.Kind.CALL, deadline=call_deadline())
+                rt = m.last_round_trip_ns
+                th_after = m.worker.thread_count()
+                m.threads_seen += [x for x in (th, th_after) if x is not None]
+                times = called.header.t_ns
+                if len(times) != k:
+                    raise ChannelProtocolError(f"{len(times)} call times for a sample of {k}")
+                t_ms = sum(times) / len(times) / 1e6
+                m.samples_ms.append(t_ms)
+                m.round_trips_ms.append(rt / 1e6 / k)
+                if not called.header.plain:
+                    m.non_plain_calls += 1
+                return t_ms
 
-        # Which rounds are checked is decided only now, after both calls returned.
+            got = guarded(m, sample)
+            if got is not None:
+                round_ms[id(m)] = got
+        rounds += 1
+        live = [m for m in alive() if m is not ref]
+        ref_ms = round_ms[id(ref)]
+        for m in live:
+            m.ratios.append(max(ref_ms, 1e-9) / max(round_ms[id(m)], 1e-9))
+
+        # Which rounds are checked is decided only now, after the calls returned.
         rounds_left = config.max_rounds - r - 1
-        must_check = spot_checks < config.min_spot_checks and (
-            r + 1 >= config.min_rounds or rounds_left < config.min_spot_checks)
-        if must_check or rng.random() < config.spot_check_prob:
-            spot_checks += 1
-            ref_out = sides["ref"].request("output", deadline=deadline).payload
-            cand_out = sides["cand"].request("output", deadline=deadline).payload
-            output_bytes = _nbytes(ref_out["output"])
-            cmp = compare_outputs(cand_out["output"], ref_out["output"])
+        ref_out: dict[str, Any] | None = None
+        for m in live:
+            must = m.spot_checks < config.min_spot_checks and (
+                r + 1 >= config.min_rounds or rounds_left < config.min_spot_checks)
+            if not (must or rng.random() < config.spot_check_prob):
+                continue
+            if ref_out is None:
+                answer = guarded(ref, lambda: ref.request(None, P.Kind.OUTPUT, deadline=call_deadline()))
+                ref_out = answer.payload
+                output_bytes = _nbytes(ref_out["output"])
+            got = guarded(m, lambda m=m: m.request(None, P.Kind.OUTPUT, deadline=call_deadline()))
+            if got is None:
+                continue
+            m.spot_checks += 1
+            cmp = compare_outputs(got.payload["output"], ref_out["output"], tol_scale=tol_scale)
             if not cmp.ok:
-                spot_mismatches.append(f"round {r}: {cmp.reason}")
-            if not exactly_equal(cand_out["inputs"], ref_out["inputs"]):
-                input_mismatches += 1
+                m.spot_mismatches.append(f"round {r}: {cmp.reason}")
+            if not exactly_equal(got.payload["inputs"], ref_out["inputs"]):
+                m.input_mismatches += 1
+        live = [m for m in alive() if m is not ref]
 
-        n = len(ratios)
-        if n >= config.min_rounds:
-            _, lo, hi = median_ci(ratios)
-            med = statistics.median(ratios)
-            rel_half = (hi - lo) / 2 / med
-            if rel_half <= config.target_rel_ci and spot_checks >= config.min_spot_checks:
+        if rounds >= config.min_rounds and live:
+            done = all(_rel_half(m.ratios) <= config.target_rel_ci and m.spot_checks >= config.min_spot_checks
+                       for m in live)
+            if done:
                 stopped_by = "ci"
                 break
-            if time.monotonic() >= stop_at and spot_checks >= config.min_spot_checks:
+            if time.monotonic() >= stop_at and all(m.spot_checks >= config.min_spot_checks for m in live):
                 stopped_by = "time"
                 break
         if time.monotonic() >= deadline:
-            raise ChannelTimeout("evaluation deadline passed during timing")
+            stopped_by = "deadline"
+            break
 
-    speedup, lo, hi = median_ci(ratios)
-    ref_s, cand_s = sides["ref"], sides["cand"]
-    return TimingOutcome(
-        ref_ms=ref_s.times_ms, cand_ms=cand_s.times_ms, ratios=ratios, speedup=speedup,
-        speedup_ci=(lo, hi), rel_ci_half_width=rel_half, stopped_by=stopped_by,
-        ref_round_trip_ms=ref_s.round_trips_ms, cand_round_trip_ms=cand_s.round_trips_ms,
-        ref_idle_cpu_ms=ref_s.idle_cpu_ns / 1e6, cand_idle_cpu_ms=cand_s.idle_cpu_ns / 1e6,
-        cand_idle_wall_ms=cand_s.idle_wall_ns / 1e6,
-        cand_threads_warm=warm_threads, cand_threads_max=max(cand_s.threads_after + cand_s.threads_before, default=None),
-        ref_threads_warm=ref_warm_threads, ref_threads_max=max(ref_s.threads_after + ref_s.threads_before, default=None),
-        cand_non_plain_calls=cand_s.non_plain_calls, spot_checks=spot_checks, output_bytes=output_bytes,
-        spot_mismatches=spot_mismatches, input_mismatches=input_mismatches,
-        wall_s=time.monotonic() - t_start,
-    )
+    results = {}
+    ref_timing = _member_timing(ref)
+    for m in cands:
+        if m.failure is not None or not m.ratios:
+            results[m.key] = CandidateTiming(speedup=None, speedup_ci=None, rel_ci_half_width=math.inf,
+                                             stopped_by="failed", times_ms=m.samples_ms, facts=None,
+                                             failure=m.failure or Failure(kind="runtime_error",
+                                                                          message="no timed round completed"),
+                                             output_bytes=output_bytes)
+            continue
+        speedup, lo, hi = median_ci(m.ratios)
+        facts = TimingFacts(candidate=_member_timing(m), reference=ref_timing, spot_checks=m.spot_checks,
+                            spot_mismatches=m.spot_mismatches, input_mismatches=m.input_mismatches)
+        results[m.key] = CandidateTiming(speedup=speedup, speedup_ci=(lo, hi), rel_ci_half_width=_rel_half(m.ratios),
+                                         stopped_by=stopped_by, times_ms=m.samples_ms, facts=facts, failure=None,
+                                         output_bytes=output_bytes)
+    return GroupTiming(reference_ms=ref.samples_ms, candidates=results, rounds=rounds, calls_per_sample=k,
+                       stopped_by=stopped_by, wall_s=time.monotonic() - t_start)
+
+
+def _rel_half(ratios: Sequence[float]) -> float:
+    if len(ratios) < 3:
+        return math.inf
+    _, lo, hi = median_ci(ratios)
+    return (hi - lo) / 2 / statistics.median(ratios)
+
+
+def _member_timing(m: _Member) -> MemberTiming:
+    return MemberTiming(times_ms=list(m.samples_ms), round_trips_ms=list(m.round_trips_ms),
+                        idle_cpu_ms=m.idle_cpu_ns / 1e6, busy_ms=sum(m.samples_ms),
+                        threads_warm=m.threads_warm, threads_max=max(m.threads_seen, default=None),
+                        non_plain_calls=m.non_plain_calls)

@@ -1,23 +1,26 @@
-"""The worker: runs one program (the reference or a candidate) on the judge's command.
+"""The worker: runs one program (a task's reference or a candidate) on the judge's command.
 
-Started by `kernelrl.judge.sandbox.Worker` as `python -m kernelrl.judge.worker READ_FD WRITE_FD`. It answers
-one request at a time and does nothing unasked. The judge holds the secrets, the reference
-outputs and the verdict; the worker only builds, initialises, runs and times.
+Started by `kernelrl.judge.sandbox.Worker` as `python -m kernelrl.judge.worker READ_FD WRITE_FD`.
+It imports torch, says hello, and then answers one command at a time (`kernelrl.judge.protocol`),
+doing nothing unasked. The judge holds the secrets' meaning, the reference outputs and the
+verdict; a worker only builds, initialises, makes inputs (a reference, from seeds the judge
+chose), runs and times.
 
 Guarantees (for an honest worker; the judge checks what it can, see `kernelrl.judge.evaluator`):
 - the clock, the synchronisation call and the tensor type used for timing and checking are
-  bound when this module is imported, before any candidate code runs, so rebinding
+  bound when this module is imported, before any program code runs, so rebinding
   `time.perf_counter` or `torch.cuda.synchronize` afterwards changes nothing here;
+- task code (the module body, `get_init_inputs`, `get_inputs`, `Model`) runs only here, in a
+  reference worker: the judge receives tensors and plain data;
 - a timed call is bracketed by a device-wide synchronisation (every stream on CUDA), so work
-  queued on side streams is inside the measurement;
-- each timed call gets freshly made inputs (a new tensor whose values are scaled by a factor
-  the judge picks per call), and the cache is evicted before it (last-level cache on CPU, L2 on
-  GPU);
+  queued on side streams is inside the measurement; each call gets freshly made inputs (a new
+  tensor whose values are scaled by a factor the judge picks per call); every sample starts from
+  an evicted cache (last-level cache on CPU, L2 on GPU), outside the timed region;
 - global torch settings are snapshotted before the program is loaded and reported when they
   change.
 
-C++ and CUDA builds through torch's inline loader go to `TORCH_EXTENSIONS_DIR`, which the judge
-keys by content hash, so a program seen before loads its cached build. On CPU, builds use torch's
+C++ and CUDA builds through torch's inline loader go to the build folder the judge names (keyed
+by content hash), so a program seen before loads its cached build. On CPU, builds use torch's
 precompiled header for `torch/extension.h` (prepared once, under a file lock).
 """
 
@@ -25,25 +28,32 @@ from __future__ import annotations
 
 import time
 
-_perf_ns = time.perf_counter_ns  # bound before any candidate code can rebind it
+_perf_ns = time.perf_counter_ns  # bound before any program code can rebind it
 
 import fcntl  # noqa: E402
 import importlib.util  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
+import types  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from kernelrl.judge.channel import Channel, Message  # noqa: E402
+from kernelrl.judge import protocol as P  # noqa: E402
+from kernelrl.judge.channel import Channel  # noqa: E402
 from kernelrl.judge.compare import exactly_equal, flatten  # noqa: E402
 
 _Tensor = torch.Tensor
 _cuda_sync = torch.cuda.synchronize
 _no_grad = torch.no_grad
 _manual_seed = torch.manual_seed
+_fork_rng = torch.random.fork_rng
+
+Reply = tuple[P.Kind, P.Header, Any]
 
 
 def _thread_count() -> int:
@@ -55,7 +65,7 @@ def _thread_count() -> int:
 
 def global_state() -> dict[str, Any]:
     """Settings a program could flip to change precision or parallelism."""
-    state: dict[str, Any] = {
+    return {
         "num_threads": torch.get_num_threads(),
         "num_interop_threads": torch.get_num_interop_threads(),
         "default_dtype": str(torch.get_default_dtype()),
@@ -70,7 +80,6 @@ def global_state() -> dict[str, Any]:
         "cuda_matmul_allow_fp16_reduced_precision": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
         "cuda_matmul_allow_bf16_reduced_precision": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
     }
-    return state
 
 
 def _to_device(x: Any, device: str) -> Any:
@@ -83,15 +92,33 @@ def _to_device(x: Any, device: str) -> Any:
     return x
 
 
+_detach, _to, _clone_tensor = _Tensor.detach, _Tensor.to, _Tensor.clone  # the class's own, bound now
+_TENSOR_ATTRS = frozenset(dir(_Tensor))
+
+
+def _shadows_tensor(x: Any) -> bool:
+    """A tensor whose own attributes replace Tensor's (a per-object `detach`, say): not plain."""
+    own = getattr(x, "__dict__", None)
+    return bool(own) and any(name in _TENSOR_ATTRS for name in own)
+
+
 def _to_cpu(x: Any) -> Any:
-    """Outputs for the judge: plain tensors become CPU copies; anything else is described."""
-    if type(x) is _Tensor:
-        return x.detach().to("cpu").clone()
+    """Outputs for the judge: plain tensors become CPU copies; anything else is described.
+
+    Copies go through Tensor's own functions, never the object's attributes, so a program cannot
+    run code of its own (deferred work, say) while the judge reads its output.
+    """
+    if type(x) is _Tensor and not _shadows_tensor(x):
+        return _clone_tensor(_to(_detach(x), "cpu"))
     if isinstance(x, (list, tuple)):
         return [_to_cpu(v) for v in x]
     if isinstance(x, _Tensor):
-        # A subclass (a lazy tensor, say) never crosses the channel: the judge gets a marker.
-        return {"not_plain_tensor": type(x).__module__ + "." + type(x).__qualname__}
+        # A subclass (a lazy tensor, say) or a tensor with its own methods never crosses the
+        # channel: the judge gets a marker.
+        what = type(x).__module__ + "." + type(x).__qualname__
+        if type(x) is _Tensor:
+            what += " with its own " + ", ".join(sorted(n for n in x.__dict__ if n in _TENSOR_ATTRS))
+        return {"not_plain_tensor": what}
     if isinstance(x, (int, float, bool)) or x is None:
         return x
     return {"unsupported_output": type(x).__module__ + "." + type(x).__qualname__}
@@ -107,6 +134,26 @@ def _clone(x: Any) -> Any:
     return x
 
 
+def _perturb(values: list[Any], scale: float, offset_frac: float) -> list[Any]:
+    """Floating inputs become x * scale + offset_frac * mean|x|; integers and booleans stay."""
+    out = []
+    for x in values:
+        if isinstance(x, _Tensor) and x.is_floating_point() and x.numel():
+            magnitude = float(x.abs().mean()) or 1.0
+            out.append(x * scale + offset_frac * magnitude)
+        else:
+            out.append(x)
+    return out
+
+
+def _all_finite(x: Any) -> bool:
+    if isinstance(x, _Tensor):
+        return not x.is_floating_point() or bool(torch.isfinite(x).all())
+    if isinstance(x, (list, tuple)):
+        return all(_all_finite(v) for v in x)
+    return True
+
+
 class _Build:
     """Torch's inline loader, with a precompiled torch header for CPU builds.
 
@@ -116,8 +163,8 @@ class _Build:
     same flags; other builds compile plainly.
     """
 
-    def __init__(self, cache_root: str | None):
-        self.cache_root = cache_root or os.environ.get("TMPDIR", "/tmp")
+    def __init__(self, cache_root: str):
+        self.cache_root = cache_root
 
     def install(self) -> None:
         from torch.utils import cpp_extension
@@ -158,91 +205,130 @@ class _Build:
             return False
 
 
+class _LoadError(Exception):
+    def __init__(self, phase: P.Phase, message: str, tb: str = ""):
+        super().__init__(message)
+        self.phase = phase
+        self.tb = tb
+
+
 class WorkerState:
     def __init__(self, channel: Channel):
         self.channel = channel
         self.device = "cpu"
+        self.module: types.ModuleType | None = None  # the task's module (reference workers)
         self.model: Any = None
         self.pool: list[list[Any]] = []
-        self.current: list[Any] | None = None
+        self.noise: list[list[Any]] = []  # per pool set and input: noise in [-1, 1) (floating inputs)
+        self.jitter = 0.0
+        self.current: list[Any] | None = None  # inputs of the last timed call
+        self.staged: list[list[Any]] = []  # inputs of the calls of the next sample
         self.last_out: Any = None
         self.evict_buf: torch.Tensor | None = None
-        self.state_before: dict[str, Any] = {}
 
-    # -- commands -----------------------------------------------------------------------------
+    # -- loading ------------------------------------------------------------------------------
 
-    def setup(self, msg: Message) -> tuple[str, dict[str, Any], Any]:
-        h = msg.header
-        self.device = h["device"]
-        torch.set_num_threads(int(h["threads"]))
-        if self.device == "cuda":
+    def _start(self, device: str, threads: int, evict_bytes: int) -> dict[str, Any]:
+        self.device = device
+        torch.set_num_threads(int(threads))
+        if device == "cuda":
             torch.cuda.init()
-        self.state_before = global_state()
-        init_inputs = msg.payload or []
-        _Build(h.get("cache_root")).install()
-
-        t0 = time.monotonic()
-        try:
-            if h["role"] == "reference":
-                cls = self._load_reference(h["task_source"], h["task_name"], h["constants"])
-            else:
-                cls = self._load_candidate(h["source"], h.get("constants") or {})
-        except _LoadError as e:
-            return "error", {"phase": "compile", "message": str(e), "traceback": e.tb}, None
-        build_s = time.monotonic() - t0
-
-        try:
-            _manual_seed(int(h["init_seed"]))
-            model = cls(*init_inputs)
-            if isinstance(model, torch.nn.Module):
-                model = model.to(self.device)
-            if h.get("compile"):
-                model = torch.compile(model, mode=h.get("compile_mode") or None)
-        except Exception as e:  # noqa: BLE001 - any failure to construct is the program's
-            return "error", {"phase": "init", "message": f"{type(e).__name__}: {e}",
-                             "traceback": traceback.format_exc(limit=8)}, None
-        self.model = model
-        evict = int(h.get("evict_bytes") or 0)
-        if evict:
-            self.evict_buf = torch.zeros(evict // 4, dtype=torch.float32, device=self.device)
+        if evict_bytes:
+            self.evict_buf = torch.zeros(evict_bytes // 4, dtype=torch.float32, device=device)
             # The first parallel op starts the OpenMP pool: do it now, so threads that appear
             # during timed calls are the program's own.
             self.evict_buf.add_(1.0)
-        reply = {"build_s": build_s, "state_before": self.state_before, "state_after": global_state(),
-                 "pid": os.getpid()}
-        if h.get("measure_bandwidth"):
-            reply["copy_gbps"] = self._copy_bandwidth()
-        return "loaded", reply, None
+        return global_state()
 
-    def _copy_bandwidth(self) -> float:
-        """Best of a few large copies, in GB/s of bytes read plus written: the memory roof."""
-        n = (256 << 20) // 4
-        src = torch.ones(n, dtype=torch.float32, device=self.device)
-        dst = torch.empty_like(src)
-        best = float("inf")
-        for _ in range(5):
-            self._sync()
-            t0 = _perf_ns()
-            dst.copy_(src)
-            self._sync()
-            best = min(best, (_perf_ns() - t0) / 1e9)
-        del src, dst
-        return 2 * n * 4 / best / 1e9
+    def load_task(self, h: P.LoadTask, payload: Any) -> Reply:
+        from kernelrl.tasks.sizes import resolve_constants
+        from kernelrl.tasks.source import compile_task
+        from kernelrl.tasks.task import Task, TaskError, offline_hubs
 
-    def _load_reference(self, source: str, name: str, constants: dict[str, int]) -> Any:
-        import types
-
-        from kernelrl.tasks.task import compile_task
-
-        mod = types.ModuleType("kernelrl_reference")
+        state_before = self._start(h.device, h.threads, h.evict_bytes)
+        if h.cache_root:
+            # torch.compile of the reference (a baseline) keeps its compiled graphs between runs
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(h.cache_root, "inductor")
+        t0 = time.monotonic()
+        task = Task(name=h.task_name, source=h.task_source, presets=h.presets)
         try:
-            exec(compile_task(source, constants, f"<task {name}>"), mod.__dict__)  # noqa: S102 - trusted task
-        except Exception as e:  # noqa: BLE001
-            raise _LoadError(f"reference failed to load: {type(e).__name__}: {e}", traceback.format_exc(limit=8)) from e
-        return mod.Model
+            if payload:
+                constants = {str(k): int(v) for k, v in dict(payload).items()}  # resolved by another worker
+            else:
+                unknown = set(h.overrides) - set(task.constants())
+                if unknown:
+                    raise TaskError(f"task {task.name} has no integer constant(s) {sorted(unknown)}")
+                constants = {**resolve_constants(task, h.size), **h.overrides}
+            mod = types.ModuleType("kernelrl_reference")
+            mod.__file__ = f"<task {h.task_name}>"
+            with offline_hubs():
+                exec(compile_task(h.task_source, constants, mod.__file__), mod.__dict__)  # noqa: S102
+            for name in ("Model", "get_inputs", "get_init_inputs"):
+                if not hasattr(mod, name):
+                    raise TaskError(f"task {h.task_name} defines no `{name}`")
+            with _fork_rng(devices=[]):
+                _manual_seed(h.init_seed)
+                init_inputs = list(mod.get_init_inputs())
+        except Exception as e:  # noqa: BLE001 - any failure of task code is the task's
+            return P.Kind.ERROR, P.Error(phase=P.Phase.COMPILE, message=f"{type(e).__name__}: {e}",
+                                         traceback=traceback.format_exc(limit=8)), None
+        self.module = mod
+        try:
+            self.model = self._construct(mod.Model, init_inputs, h.init_seed, h.compile_mode)
+        except _LoadError as e:
+            return P.Kind.ERROR, P.Error(phase=e.phase, message=str(e), traceback=e.tb), None
+        profile = None
+        if h.profile:
+            from kernelrl.judge.profile import profile_task
 
-    def _load_candidate(self, source: str, constants: dict[str, int]) -> Any:
+            profile = profile_task(mod, task=h.task_name, size=h.size, constants=constants, init_inputs=init_inputs,
+                                   source=h.task_source).to_dict()
+        return P.Kind.TASK_LOADED, P.TaskLoaded(constants=constants, load_s=time.monotonic() - t0, profile=profile,
+                                                state_before=state_before, state_after=global_state()), init_inputs
+
+    def load_program(self, h: P.LoadProgram, payload: Any) -> Reply:
+        state_before = self._start(h.device, h.threads, h.evict_bytes)
+        # The program's own build folder (keyed by its source) and the shared inductor cache.
+        os.environ["TORCH_EXTENSIONS_DIR"] = h.build_dir
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(h.build_dir, "triton")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(h.cache_root, "inductor")
+        _Build(h.cache_root).install()
+        t0 = time.monotonic()
+        try:
+            cls, overridden = self._import_candidate(h.source, h.constants)
+        except _LoadError as e:
+            return P.Kind.ERROR, P.Error(phase=e.phase, message=str(e), traceback=e.tb), None
+        build_s = time.monotonic() - t0
+        try:
+            self.model = self._construct(cls, list(payload or []), h.init_seed, None)
+        except _LoadError as e:
+            return P.Kind.ERROR, P.Error(phase=e.phase, message=str(e), traceback=e.tb), None
+        return P.Kind.LOADED, P.Loaded(build_s=build_s, state_before=state_before, state_after=global_state(),
+                                       constants_overridden=overridden), None
+
+    def _construct(self, cls: Any, init_inputs: list[Any], init_seed: int, compile_mode: str | None) -> Any:
+        try:
+            _manual_seed(int(init_seed))
+            model = cls(*init_inputs)
+            if isinstance(model, torch.nn.Module):
+                model = model.to(self.device)
+            if compile_mode is not None:
+                model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
+            return model
+        except Exception as e:  # noqa: BLE001 - any failure to construct is the program's
+            raise _LoadError(P.Phase.INIT, f"{type(e).__name__}: {e}", traceback.format_exc(limit=8)) from e
+
+    def _import_candidate(self, source: str, constants: dict[str, int]) -> tuple[Any, dict[str, list[int]]]:
         path = Path.cwd() / "candidate.py"
+        if any(not k.isidentifier() for k in constants):
+            # The task was sized through tuple elements or layer literals: a candidate that copied
+            # them must be sized the same way to match the reference (plain names are set below).
+            from kernelrl.tasks.source import sized_source
+
+            try:
+                source = sized_source(source, {k: v for k, v in constants.items() if not k.isidentifier()})
+            except (SyntaxError, ValueError, RecursionError) as e:
+                raise _LoadError(P.Phase.COMPILE, f"{type(e).__name__}: {e}") from e
         path.write_text(source)
         spec = importlib.util.spec_from_file_location("kernelrl_candidate", path)
         assert spec is not None and spec.loader is not None
@@ -252,125 +338,227 @@ class WorkerState:
             with _exclusive_build_dir():
                 spec.loader.exec_module(mod)
         except SyntaxError as e:
-            raise _LoadError(f"SyntaxError: {e}", traceback.format_exc(limit=2)) from e
+            raise _LoadError(P.Phase.COMPILE, f"SyntaxError: {e}", traceback.format_exc(limit=2)) from e
         except BaseException as e:  # noqa: BLE001 - SystemExit at import is a failed load too
-            raise _LoadError(f"{type(e).__name__}: {e}", traceback.format_exc(limit=8)) from e
+            raise _LoadError(P.Phase.COMPILE, f"{type(e).__name__}: {e}", traceback.format_exc(limit=8)) from e
         # A candidate that copied the task's size constants runs at the judged size, as the
         # reference does: same names, the values of the active size preset.
+        overridden = {}
         for name, value in constants.items():
-            if isinstance(getattr(mod, name, None), int):
+            theirs = getattr(mod, name, None)
+            if isinstance(theirs, int) and not isinstance(theirs, bool):
+                if theirs != value:
+                    overridden[name] = [theirs, value]
                 setattr(mod, name, value)
         cls = getattr(mod, "ModelNew", None)
         if cls is None:
-            raise _LoadError("the program defines no `ModelNew`", "")
-        return cls
+            raise _LoadError(P.Phase.COMPILE, "the program defines no `ModelNew`")
+        return cls, overridden
 
-    def get_state(self, msg: Message) -> tuple[str, dict[str, Any], Any]:
+    # -- inputs (reference workers) -----------------------------------------------------------
+
+    def make_inputs(self, h: P.MakeInputs, payload: Any) -> Reply:
+        if self.module is None:
+            return P.Kind.ERROR, P.Error(phase=P.Phase.PROTOCOL, message="make_inputs before load_task"), None
+        sets, outputs, finite = [], [], []
+        try:
+            for seed, perturb in zip(h.seeds, h.perturb):
+                with _fork_rng(devices=[]):
+                    _manual_seed(int(seed))
+                    values = list(self.module.get_inputs())
+                if perturb is not None:
+                    values = _perturb(values, float(perturb[0]), float(perturb[1]))
+                sets.append(values)
+                if h.run:
+                    with _no_grad():
+                        out = self.model(*_to_device(_clone(values), self.device))
+                    self._sync()
+                    outputs.append(_to_cpu(out))
+                    finite.append(_all_finite(outputs[-1]))
+                else:
+                    finite.append(True)
+        except Exception as e:  # noqa: BLE001 - the reference's own failure: a task problem
+            return P.Kind.ERROR, P.Error(phase=P.Phase.RUN, message=f"{type(e).__name__}: {e}",
+                                         traceback=traceback.format_exc(limit=8)), None
+        return P.Kind.INPUTS, P.InputsMade(finite=finite), {"inputs": [_to_cpu(s) for s in sets],
+                                                           "outputs": outputs}
+
+    # -- parameters ---------------------------------------------------------------------------
+
+    def get_state(self, h: P.Header, payload: Any) -> Reply:
         if not isinstance(self.model, torch.nn.Module):
-            return "state", {"keys": []}, None
+            return P.Kind.STATE, P.State(keys=[]), None
         sd = {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
-        return "state", {"keys": list(sd)}, sd
+        return P.Kind.STATE, P.State(keys=list(sd)), sd
 
-    def load_state(self, msg: Message) -> tuple[str, dict[str, Any], Any]:
+    def load_state(self, h: P.Header, payload: Any) -> Reply:
         """Take the reference's parameters when the candidate's have the same names and shapes."""
-        sd = msg.payload or {}
+        sd = payload or {}
         if not isinstance(self.model, torch.nn.Module) or not sd:
-            return "state_loaded", {"loaded": False, "why": "no parameters"}, None
+            return P.Kind.STATE_LOADED, P.StateLoaded(loaded=False, why="no parameters"), None
         own = self.model.state_dict()
         same = set(own) == set(sd) and all(tuple(own[k].shape) == tuple(sd[k].shape) for k in own)
         if not same:
-            return "state_loaded", {"loaded": False, "why": "different parameter names or shapes"}, None
+            return P.Kind.STATE_LOADED, P.StateLoaded(loaded=False, why="different parameter names or shapes"), None
         self.model.load_state_dict(sd)
-        return "state_loaded", {"loaded": True}, None
+        return P.Kind.STATE_LOADED, P.StateLoaded(loaded=True), None
 
-    def run(self, msg: Message) -> tuple[str, dict[str, Any], Any]:
+    # -- correctness --------------------------------------------------------------------------
+
+    def run(self, h: P.Run, payload: Any) -> Reply:
         """Correctness runs: each input set once (the first `repeat_first` times)."""
-        sets = msg.payload
-        repeat_first = int(msg.header.get("repeat_first", 1))
-        outputs, inputs_after, types_ = [], [], []
+        outputs, inputs_after = [], []
         thread_rises, changed_after = [], []
-        try:
-            for i, inputs in enumerate(sets):
-                for _ in range(repeat_first if i == 0 else 1):
-                    args = _to_device(_clone(inputs), self.device)
-                    before = _thread_count()
-                    with _no_grad():
-                        out = self.model(*args)
-                    self._sync()
-                    thread_rises.append(_thread_count() - before)
-                    snapshot = _to_cpu(out)
-                    # An honest output is final when the call returns; one still being written by
-                    # work the call left running changes in the next moments.
-                    time.sleep(0.005)
-                    self._sync()
-                    changed_after.append(not exactly_equal(snapshot, _to_cpu(out)))
-                    outputs.append(snapshot)
-                    types_.append([type(o).__module__ + "." + type(o).__qualname__ for o in flatten(out)])
-                    inputs_after.append(_to_cpu(args))
-        except Exception as e:  # noqa: BLE001
-            return "error", {"phase": "run", "message": f"{type(e).__name__}: {e}",
-                             "traceback": traceback.format_exc(limit=8)}, None
-        return "ran", {"output_types": types_, "state_after": global_state(), "thread_rises": thread_rises,
-                       "changed_after_return": changed_after}, {"outputs": outputs,
-                                                                                  "inputs_after": inputs_after}
+        for i, inputs in enumerate(payload):
+            for _ in range(h.repeat_first if i == 0 else 1):
+                args = _to_device(_clone(inputs), self.device)
+                before = _thread_count()
+                with _no_grad():
+                    out = self.model(*args)
+                self._sync()
+                thread_rises.append(_thread_count() - before)
+                snapshot = _to_cpu(out)
+                # An honest output is final when the call returns; one still being written by
+                # work the call left running changes in the next moments.
+                time.sleep(0.005)
+                self._sync()
+                changed_after.append(not exactly_equal(snapshot, _to_cpu(out)))
+                outputs.append(snapshot)
+                inputs_after.append(_to_cpu(args))
+        return P.Kind.RAN, P.Ran(state_after=global_state(), thread_rises=thread_rises,
+                                 changed_after_return=changed_after), {"outputs": outputs,
+                                                                       "inputs_after": inputs_after}
 
-    def set_pool(self, msg: Message) -> tuple[str, dict[str, Any], Any]:
-        self.pool = [_to_device(s, self.device) for s in msg.payload]
-        return "pooled", {"n": len(self.pool)}, None
+    # -- timing -------------------------------------------------------------------------------
 
-    def prepare(self, msg: Message) -> tuple[str, dict[str, Any], Any]:
-        """Fresh inputs for the next timed call, then a cache eviction."""
-        base = self.pool[int(msg.header["index"]) % len(self.pool)]
-        scale = float(msg.header["scale"])
-        fresh = []
-        for x in base:
-            if isinstance(x, _Tensor) and x.is_floating_point():
-                fresh.append(x * scale)  # new storage, new values: nothing to reuse from before
-            else:
-                fresh.append(_clone(x))
-        self.current = fresh
-        self.last_out = None
-        if self.evict_buf is not None:
-            self.evict_buf.add_(1.0)
-        self._sync()
-        return "prepared", {}, None
+    def set_pool(self, h: P.Pool, payload: Any) -> Reply:
+        self.pool = [_to_device(s, self.device) for s in payload]
+        self.jitter = float(h.jitter)
+        # One noise tensor per floating input, made once: a call's noise is a roll of it (cheap),
+        # so no two calls see inputs that are a multiple of each other.
+        self.noise = []
+        for i, values in enumerate(self.pool):
+            row = []
+            for j, x in enumerate(values):
+                if isinstance(x, _Tensor) and x.is_floating_point() and x.numel():
+                    g = torch.Generator(device=x.device).manual_seed(int(h.noise_seed) + 1000 * i + j)
+                    row.append(torch.rand(x.shape, generator=g, device=x.device, dtype=x.dtype).mul_(2).sub_(1))
+                else:
+                    row.append(None)
+            self.noise.append(row)
+        return P.Kind.POOLED, P.Pooled(n=len(self.pool)), None
 
-    def call(self, msg: Message) -> tuple[str, dict[str, Any], Any]:
-        args = self.current
-        self._sync()
-        t0 = _perf_ns()
-        with _no_grad():
-            out = self.model(*args)
-        self._sync()
-        t1 = _perf_ns()
-        self.last_out = out
-        plain = all(type(o) is _Tensor for o in flatten(out))
-        return "called", {"t_ns": t1 - t0, "plain": plain}, None
-
-    def output(self, msg: Message) -> tuple[str, dict[str, Any], Any]:
-        return "output", {}, {"output": _to_cpu(self.last_out), "inputs": _to_cpu(self.current)}
-
-    def warmup(self, msg: Message) -> tuple[str, dict[str, Any], Any]:
-        n = int(msg.header.get("calls", 3))
-        max_s = float(msg.header.get("max_s", 1.0))
-        t_end = time.monotonic() + max_s
-        done = 0
-        for i in range(max(n, 1)):
+    def warmup(self, h: P.Warmup, payload: Any) -> Reply:
+        t_end = time.monotonic() + h.max_s
+        times = []
+        for i in range(max(h.calls, 1)):
             args = self.pool[i % len(self.pool)]
+            self._sync()
+            t0 = _perf_ns()
             with _no_grad():
                 self.model(*args)
             self._sync()
-            done += 1
-            if done >= 1 and time.monotonic() > t_end:
+            times.append((_perf_ns() - t0) / 1e6)
+            if time.monotonic() > t_end:
                 break
-        return "warm", {"calls": done, "state_after": global_state()}, None
+        # The first call may compile or allocate: the median of the others is the call's cost.
+        call_ms = statistics.median(times[1:] if len(times) > 1 else times)
+        return P.Kind.WARM, P.Warm(calls=len(times), call_ms=call_ms, state_after=global_state()), None
 
-    def ping(self, msg: Message) -> tuple[str, dict[str, Any], Any]:
-        return "pong", {}, None
+    def prepare(self, h: P.Prepare, payload: Any) -> Reply:
+        """Fresh inputs for each call of the next sample (new storage, new values)."""
+        self.staged = []
+        self.current = None
+        self.last_out = None
+        for j, (scale, shift) in enumerate(zip(h.scales, h.shifts)):
+            k = (h.index + j) % len(self.pool)
+            fresh = []
+            for x, noise in zip(self.pool[k], self.noise[k]):
+                if noise is not None:
+                    # x * scale * (1 + jitter * u), u in [-1, 1): new storage, new values, and no
+                    # multiple of any earlier input (so no earlier output, rescaled, is the answer)
+                    u = torch.roll(noise, int(shift))
+                    fresh.append(torch.addcmul(x * float(scale), x, u, value=float(scale) * self.jitter))
+                else:
+                    fresh.append(_clone(x))
+            self.staged.append(fresh)
+        self._evict()
+        return P.Kind.PREPARED, P.Empty(), None
+
+    def call(self, h: P.Header, payload: Any) -> Reply:
+        times = []
+        plain = True
+        out = None
+        # One eviction (in prepare) per sample: a sample of several calls is only used for calls
+        # much shorter than the timer's noise, and an eviction between them would cost far more
+        # than the calls. Each call still gets inputs of its own.
+        for j, args in enumerate(self.staged):
+            self._sync()
+            t0 = _perf_ns()
+            with _no_grad():
+                out = self.model(*args)
+            self._sync()
+            times.append(_perf_ns() - t0)
+            plain = plain and all(type(o) is _Tensor and not _shadows_tensor(o) for o in flatten(out))
+            if j < len(self.staged) - 1:
+                out = None  # the sample's last output is kept for a spot check
+        self.current = self.staged[-1] if self.staged else None
+        self.last_out = out
+        self.staged = []
+        return P.Kind.CALLED, P.Called(t_ns=times, plain=plain), None
+
+    def output(self, h: P.Header, payload: Any) -> Reply:
+        return P.Kind.OUTPUT_DATA, P.Empty(), {"output": _to_cpu(self.last_out), "inputs": _to_cpu(self.current)}
+
+    def _evict(self) -> None:
+        if self.evict_buf is not None:
+            self.evict_buf.add_(1.0)
+        self._sync()
 
     def _sync(self) -> None:
         if self.device == "cuda":
             _cuda_sync()  # cudaDeviceSynchronize: every stream of the device
+
+    # -- machine peaks ------------------------------------------------------------------------
+
+    def measure_peaks(self, h: P.MeasurePeaks, payload: Any) -> Reply:
+        """Best of a few runs: triad bandwidth (a = b + s * c) and large matmuls (fp32, bf16)."""
+        self._start(h.device, h.threads, 0)
+        n = (64 << 20) // 4 if h.device == "cpu" else (512 << 20) // 4
+        b = torch.rand(n, device=h.device)
+        c = torch.rand(n, device=h.device)
+        a = torch.empty_like(b)
+        best = math.inf
+        for _ in range(7):
+            self._sync()
+            t0 = _perf_ns()
+            torch.add(b, c, alpha=1.5, out=a)
+            self._sync()
+            best = min(best, (_perf_ns() - t0) / 1e9)
+        bandwidth = 3 * n * 4 / best / 1e9
+        del a, b, c
+
+        def matmul_rate(dtype: torch.dtype) -> float | None:
+            # bf16 on a CPU without bf16 units runs far slower than fp32: a smaller problem.
+            m = (2048 if dtype == torch.float32 else 512) if h.device == "cpu" else 8192
+            try:
+                x = torch.randn(m, m, device=h.device, dtype=dtype)
+                y = torch.randn(m, m, device=h.device, dtype=dtype)
+                torch.mm(x, y)  # first call: library setup
+                fastest = math.inf
+                for _ in range(3):
+                    self._sync()
+                    t0 = _perf_ns()
+                    torch.mm(x, y)
+                    self._sync()
+                    fastest = min(fastest, (_perf_ns() - t0) / 1e9)
+                return 2 * m ** 3 / fastest / 1e12
+            except (RuntimeError, TypeError):
+                return None
+
+        fp32 = matmul_rate(torch.float32)
+        return P.Kind.PEAKS, P.Peaks(bandwidth_gbs=bandwidth, fp32_tflops=fp32 or 0.0,
+                                     bf16_tflops=matmul_rate(torch.bfloat16)), None
 
 
 class _exclusive_build_dir:
@@ -401,48 +589,53 @@ class _exclusive_build_dir:
             self.f.close()
 
 
-class _LoadError(Exception):
-    def __init__(self, message: str, tb: str):
-        super().__init__(message)
-        self.tb = tb
-
-
 _HANDLERS = {
-    "setup": WorkerState.setup,
-    "get_state": WorkerState.get_state,
-    "load_state": WorkerState.load_state,
-    "run": WorkerState.run,
-    "pool": WorkerState.set_pool,
-    "prepare": WorkerState.prepare,
-    "call": WorkerState.call,
-    "output": WorkerState.output,
-    "warmup": WorkerState.warmup,
-    "ping": WorkerState.ping,
+    P.Kind.LOAD_TASK: WorkerState.load_task,
+    P.Kind.LOAD_PROGRAM: WorkerState.load_program,
+    P.Kind.MAKE_INPUTS: WorkerState.make_inputs,
+    P.Kind.GET_STATE: WorkerState.get_state,
+    P.Kind.LOAD_STATE: WorkerState.load_state,
+    P.Kind.RUN: WorkerState.run,
+    P.Kind.POOL: WorkerState.set_pool,
+    P.Kind.WARMUP: WorkerState.warmup,
+    P.Kind.PREPARE: WorkerState.prepare,
+    P.Kind.CALL: WorkerState.call,
+    P.Kind.OUTPUT: WorkerState.output,
+    P.Kind.MEASURE_PEAKS: WorkerState.measure_peaks,
 }
+
+
+def send(channel: Channel, kind: P.Kind, header: P.Header | None, payload: Any = None) -> None:
+    channel.send(kind.value, P.encode(kind, header), payload)
 
 
 def main(argv: list[str]) -> int:
     channel = Channel(int(argv[1]), int(argv[2]))
     state = WorkerState(channel)
-    channel.send("hello", {"pid": os.getpid(), "torch": torch.__version__, "python": sys.version.split()[0]})
+    send(channel, P.Kind.HELLO, P.Hello(pid=os.getpid(), torch=torch.__version__, python=sys.version.split()[0]))
     while True:
         msg = channel.recv()
-        if msg.kind == "exit":
+        try:
+            kind, header = P.decode(msg.kind, msg.header)
+        except Exception as e:  # noqa: BLE001 - a malformed command: say so, keep serving
+            send(channel, P.Kind.ERROR, P.Error(phase=P.Phase.PROTOCOL, message=str(e)))
+            continue
+        if kind is P.Kind.EXIT:
             return 0
-        handler = _HANDLERS.get(msg.kind)
+        handler = _HANDLERS.get(kind)
         if handler is None:
-            channel.send("error", {"phase": "protocol", "message": f"unknown command {msg.kind!r}"})
+            send(channel, P.Kind.ERROR, P.Error(phase=P.Phase.PROTOCOL, message=f"not a command: {kind.value}"))
             continue
         try:
-            kind, header, payload = handler(state, msg)
+            answer, reply, payload = handler(state, header, msg.payload)
         except Exception as e:  # noqa: BLE001 - report, keep serving; the judge decides
-            kind, header, payload = "error", {"phase": msg.kind, "message": f"{type(e).__name__}: {e}",
-                                              "traceback": traceback.format_exc(limit=8)}, None
-        channel.send(kind, header, payload)
+            answer, reply, payload = P.Kind.ERROR, P.Error(phase=P.Phase.RUN, message=f"{type(e).__name__}: {e}",
+                                                           traceback=traceback.format_exc(limit=8)), None
+        send(channel, answer, reply, payload)
 
 
 if __name__ == "__main__":
-    # Exit without interpreter teardown: a candidate's atexit hooks or threads must not hang us.
+    # Exit without interpreter teardown: a program's atexit hooks or threads must not hang us.
     code = main(sys.argv)
     sys.stdout.flush()
     os._exit(code)

@@ -11,7 +11,12 @@ import time
 import pytest
 import torch
 
-from kernelrl.judge.channel import Channel, ChannelClosed, ChannelProtocolError, ChannelTimeout
+from kernelrl.judge.channel import (
+    Channel,
+    ChannelClosed,
+    ChannelProtocolError,
+    ChannelTimeout,
+)
 
 
 def _pair() -> tuple[Channel, Channel]:

@@ -37,8 +37,8 @@ def test_isolated_worker_sees_no_other_process(tmp_path: Path):
         pytest.skip("namespaces need root and unshare")
     w = Worker(role="candidate", config=SandboxConfig(), device="cpu", root=tmp_path)
     try:
-        hello = w.recv(deadline=time.monotonic() + 60)
-        assert hello.header["pid"] == 1  # first process of its own PID namespace
+        hello = w.wait_ready(deadline=time.monotonic() + 60)
+        assert hello.pid == 1  # first process of its own PID namespace
         assert w.pid != w.proc.pid and os.path.exists(f"/proc/{w.pid}/task")
         assert w.thread_count() and w.cpu_time_ns()
     finally:

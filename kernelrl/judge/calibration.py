@@ -1,0 +1,77 @@
+"""A/A calibration: a task's reference timed against identical copies of itself.
+
+Each run times the reference and two identical copies (the reference's own code, under another
+name) in one timing group: the copies' speedups against the reference, and the second copy's
+against the first (the same code in the other role), must all be 1.00 within the measurement's
+noise. `kernelrl calibrate TASK` prints them; a skeptical user runs it before trusting a reward.
+
+Guarantees: the copies are the judge's own programs (no static checks apply); every run is a
+fresh timing group with fresh secret inputs, exactly as candidates are measured.
+
+Does not correct anything: a bias it shows is a defect to find, never a factor to divide by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kernelrl.candidate import Candidate
+from kernelrl.judge.reference import ReferenceFailed
+from kernelrl.result import EvalResult, Status
+from kernelrl.tasks.task import Task
+
+if TYPE_CHECKING:
+    from kernelrl.judge.evaluator import Evaluator
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """One A/A run: identical code in three roles, timed together."""
+
+    task: str
+    speedup_a: float
+    speedup_b: float
+    ci_a: tuple[float, float] | None
+    ci_b: tuple[float, float] | None
+    b_over_a: float
+    rounds: int
+    calls_per_sample: int
+    stopped_by: str
+    reference_ms: float
+
+    def within(self, tolerance: float) -> bool:
+        return all(abs(s - 1.0) <= tolerance for s in (self.speedup_a, self.speedup_b, self.b_over_a))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def calibrate(evaluator: Evaluator, task: Task, *, runs: int = 5) -> list[Calibration]:
+    """A/A check: the reference against two identical copies of itself, `runs` times.
+
+    Each run times the reference and both copies in one group: the copies' speedups against
+    the reference, and the second copy's against the first (the same code in the other
+    role), should all be 1.00 within the measurement's noise.
+    """
+    if runs < 1:
+        raise ValueError("runs must be >= 1")
+    copies = [Candidate(source=task.source + f"\n\n# identical copy {c}\nModelNew = Model\n") for c in "ab"]
+    out = []
+    for _ in range(runs):
+        got: dict[str, EvalResult] = {}
+        members = {c.hash: (c, [i]) for i, c in enumerate(copies)}
+        evaluator._run_group(task, members, lambda positions, res: got.__setitem__(str(positions[0]), res),
+                        trusted=frozenset(members))
+        a, b = got.get("0"), got.get("1")
+        if a is None or b is None or a.status is not Status.CORRECT or b.status is not Status.CORRECT:
+            bad = next((r for r in (a, b) if r is not None and r.status is not Status.CORRECT), None)
+            raise ReferenceFailed(f"{task.name}: calibration failed: {bad.message if bad else 'no result'}")
+        out.append(Calibration(task=task.name, speedup_a=a.speedup, speedup_b=b.speedup,
+                               ci_a=a.speedup_ci, ci_b=b.speedup_ci, b_over_a=b.speedup / a.speedup,
+                               rounds=a.environment["timing"]["rounds"],
+                               calls_per_sample=a.environment["timing"]["calls_per_sample"],
+                               stopped_by=a.environment["timing"]["stopped_by"],
+                               reference_ms=a.ref_time.median_ms if a.ref_time else float("nan")))
+    return out

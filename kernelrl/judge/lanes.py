@@ -1,0 +1,64 @@
+"""Timing lanes: one per device, so measurements never compete for what they measure.
+
+A lane is a lock file in the evaluator's cache folder, named after the device: `cpu` (the whole
+machine: one lane), `cuda-0`, `cuda-1`, ... (one per GPU). Timing holds its lane exclusively;
+work that would disturb a measurement on that device holds it shared (on a CPU lane: builds and
+correctness runs, which use the same cores; on a GPU lane: correctness runs, which use the same
+GPU — builds run on the CPU and overlap GPU timing freely).
+
+Guarantees: the locks are `flock` locks on a file per lane, so they hold across threads (each
+acquisition opens its own file description) and across processes sharing the cache folder; a
+process that dies releases its locks. Eight GPUs are eight lanes: eight measurements at once.
+
+Does not stop programs outside kernelrl from using the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from kernelrl.judge.device import Device
+
+
+def lane_name(device: str, device_index: int | None = None) -> str:
+    if device == Device.CPU:
+        return "cpu"
+    return f"cuda-{device_index if device_index is not None else 0}"
+
+
+class Lane:
+    def __init__(self, cache_dir: Path, device: str, device_index: int | None = None) -> None:
+        self.name = lane_name(device, device_index)
+        self.device = device
+        self.path = Path(cache_dir) / "lanes" / f"{self.name}.lock"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.waited_s = 0.0  # time spent waiting for this lane (recorded with results)
+
+    @contextlib.contextmanager
+    def _hold(self, mode: int) -> Iterator[None]:
+        t0 = time.monotonic()
+        with open(self.path, "a") as f:
+            fcntl.flock(f, mode)
+            self.waited_s += time.monotonic() - t0
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def timing(self) -> contextlib.AbstractContextManager[None]:
+        """Exclusive: nothing else uses the device while this is held."""
+        return self._hold(fcntl.LOCK_EX)
+
+    def work(self, *, uses_device: bool) -> contextlib.AbstractContextManager[None]:
+        """Shared, for work that must not overlap a measurement on this lane.
+
+        On a CPU lane every piece of work uses the device (the cores); on a GPU lane only work
+        that runs on the GPU does.
+        """
+        if self.device == Device.CPU or uses_device:
+            return self._hold(fcntl.LOCK_SH)
+        return contextlib.nullcontext()

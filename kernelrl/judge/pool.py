@@ -1,0 +1,132 @@
+"""Warm workers: interpreters started ahead of need, with torch already imported.
+
+Starting a worker costs a second or more (a fresh interpreter importing torch); an evaluation
+needs at least two. A `WorkerPool` keeps `size` workers started and waiting, and starts a new
+one in the background each time one is taken, so an evaluation takes workers that are ready.
+
+Guarantees:
+- a worker handed out by `take` has never been given a program (it only said hello): no
+  candidate ever gets a worker another program touched; workers are never returned to the pool,
+  their owner closes them;
+- every worker the pool holds is killed by `close` (also at interpreter exit);
+- a worker that died while waiting is discarded, never handed out; when workers keep dying
+  before they say hello, `take` raises the last one's death instead of starting more.
+
+Does not limit how many workers run at once beyond `size` idle ones: owners bound their use.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
+from kernelrl.judge.sandbox import SandboxConfig, Worker, WorkerDied
+
+# A worker that has not said hello after this long is broken (torch import takes ~1-5 s).
+_START_LIMIT_S = 120.0
+# Workers that die before saying hello, in a row, that mean the interpreter cannot start one
+# (kernelrl or torch not importable, a bad environment): the error is raised, not retried forever.
+_START_FAILURES = 3
+
+
+class WorkerPool:
+    def __init__(self, *, config: SandboxConfig, device: str, device_index: int | None = None, size: int = 2,
+                 root: Path | None = None,
+                 starting: Callable[[], contextlib.AbstractContextManager[None]] | None = None) -> None:
+        if size < 0:
+            raise ValueError("pool size must be >= 0")
+        self.config = config
+        self.device = device
+        self.device_index = device_index
+        self.size = size
+        self.root = root
+        # Held while a worker starts in the background (an interpreter importing torch uses the
+        # cores): the evaluator passes its lane's shared hold, so no start overlaps a measurement.
+        self._starting = starting or contextlib.nullcontext
+        self._idle: deque[Worker] = deque()  # said hello, waiting for a program
+        self._booting: list[Worker] = []  # started, not ready yet
+        self._ready = threading.Condition()  # guards the lists below; notified when a worker is ready
+        self._closed = False
+        self.started = 0  # workers started over the pool's life (for reports and tests)
+        self.handed_out = 0
+        threading.Thread(target=self._fill, name="kernelrl-pool-fill", daemon=True).start()
+        atexit.register(self.close)
+
+    def _spawn(self) -> Worker:
+        self.started += 1
+        return Worker(config=self.config, device=self.device, device_index=self.device_index, root=self.root)
+
+    def _fill(self) -> None:
+        with self._starting():
+            started = []
+            with self._ready:
+                while not self._closed and len(self._idle) + len(self._booting) < self.size:
+                    w = self._spawn()
+                    self._booting.append(w)
+                    started.append(w)
+            for w in started:
+                try:
+                    w.wait_ready(deadline=time.monotonic() + _START_LIMIT_S)
+                    ok = True
+                except (WorkerDied, ChannelProtocolError, ChannelTimeout):
+                    ok = False
+                with self._ready:
+                    self._booting.remove(w)
+                    if ok and not self._closed:
+                        self._idle.append(w)
+                        self._ready.notify()
+                        continue
+                    self._ready.notify()
+                w.close()
+
+    def take(self, role: str, *, deadline: float | None = None) -> Worker:
+        """A ready worker that no program has touched (started now if none is waiting).
+
+        Raises WorkerDied, with the last one's log, when workers keep dying before they say hello.
+        """
+        failures = 0
+        while True:
+            worker = None
+            with self._ready:
+                while not self._closed and not self._idle and self._booting:
+                    # one is importing torch already: wait for it rather than start another
+                    self._ready.wait(timeout=1.0)
+                if self._closed:
+                    raise RuntimeError("worker pool is closed")
+                if self._idle:
+                    worker = self._idle.popleft()
+            if worker is None:
+                worker = self._spawn()
+            limit = time.monotonic() + _START_LIMIT_S
+            try:
+                worker.wait_ready(deadline=min(deadline, limit) if deadline is not None else limit)
+            except (WorkerDied, ChannelProtocolError):
+                worker.close()
+                failures += 1
+                if failures >= _START_FAILURES:
+                    raise
+                continue
+            except ChannelTimeout:
+                worker.close()
+                raise
+            finally:
+                # Refill in the background: the next evaluation should not wait for an import.
+                threading.Thread(target=self._fill, name="kernelrl-pool-fill", daemon=True).start()
+            worker.role = role
+            self.handed_out += 1
+            return worker
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            idle, self._idle = list(self._idle), deque()
+            self._ready.notify_all()
+        for w in idle:
+            w.kill()
+            w.close()

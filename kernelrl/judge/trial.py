@@ -1,0 +1,237 @@
+"""A trial: one candidate's way through the judge up to timing.
+
+Static checks in the judge; then, in a worker no other program touched: the build and the
+construction (with the reference's init arguments, init seed and, when names and shapes match,
+its parameters), and the correctness runs on the judge's input sets, compared in the judge with
+the reference's outputs. A trial ends either with a verdict (`Verdict`) or as a survivor whose
+worker goes on to timing.
+
+Guarantees:
+- every crash, hang, exit, segfault or protocol violation of the candidate ends the trial with a
+  verdict (`runtime_error`, `timeout`, `flagged`: result_channel_forged), never an exception;
+- the candidate's worker is killed as soon as its trial ends with a verdict;
+- findings are only recorded here (`kernelrl.checks.dynamic` decides what each fact means); the
+  policy is applied by the evaluator, once, to all of a candidate's findings.
+
+Does not time anything: `kernelrl.judge.timer` does, for all survivors of a task together.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelrl.candidate import Candidate, Language
+from kernelrl.checks import dynamic
+from kernelrl.judge import protocol as P
+from kernelrl.judge.builds import build_dir, has_build
+from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
+from kernelrl.judge.compare import Mismatch, compare_outputs, exactly_equal, flatten
+from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
+from kernelrl.judge.sandbox import Worker, WorkerDied
+from kernelrl.result import Finding, Severity, Status
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    status: Status
+    message: str
+    errors: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # result fields (max_abs_err, ...)
+
+
+class _End(Exception):
+    def __init__(self, verdict: Verdict):
+        super().__init__(verdict.message)
+        self.verdict = verdict
+
+
+@dataclass(kw_only=True)
+class Trial:
+    candidate: Candidate
+    compiled_reference: bool = False  # the task's own reference under torch.compile (a baseline)
+    trusted: bool = False  # the judge's own program (calibration copies): no static checks
+    findings: list[Finding] = field(default_factory=list)
+    worker: Worker | None = None
+    verdict: Verdict | None = None
+    fields: dict[str, Any] = field(default_factory=dict)  # result fields measured so far
+    env: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def survived(self) -> bool:
+        return self.verdict is None and self.worker is not None
+
+    def end(self, verdict: Verdict) -> None:
+        self.verdict = verdict
+        self.close()
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+
+def static_verdict(source: str, language: Language, *, device: str, static_findings: list[Finding]) -> Verdict | None:
+    """What the source alone decides (it does not parse, needs a GPU, or a rule rejects it)."""
+    try:
+        compile(source, "<candidate>", "exec")
+    except (SyntaxError, ValueError) as e:
+        msg, line = (e.msg, e.lineno) if isinstance(e, SyntaxError) else (str(e), None)
+        return Verdict(status=Status.COMPILE_ERROR, message=f"candidate does not parse: {msg} (line {line})",
+                       errors=[str(e)])
+    if language is Language.CUDA and device != "cuda":
+        return Verdict(status=Status.COMPILE_ERROR, message="a CUDA candidate needs --device cuda (no CUDA device here)")
+    rejecting = [f for f in static_findings if f.severity is Severity.REJECT]
+    if rejecting:
+        return Verdict(status=Status.FLAGGED,
+                       message=f"flagged by static checks: {', '.join(sorted({f.rule for f in rejecting}))}",
+                       errors=[f"line {f.line}: {f.message}" if f.line else f.message for f in rejecting])
+    return None
+
+
+def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets: list[InputSet], cache_dir: Any,
+              timeout_s: float, tol_scale: float) -> None:
+    """Build, construct and check one candidate; sets `trial.verdict` or leaves a survivor."""
+    deadline = trial.started + timeout_s
+    try:
+        _load(trial, reference, spec, cache_dir, deadline)
+        _correctness(trial, sets, deadline, tol_scale)
+    except _End as e:
+        trial.end(e.verdict)
+    except ChannelTimeout:
+        tail = trial.worker.log_tail() if trial.worker else ""
+        trial.end(Verdict(status=Status.TIMEOUT, message=f"candidate did not finish within {timeout_s:g} s",
+                          errors=[tail]))
+    except WorkerDied as e:
+        trial.end(Verdict(status=Status.RUNTIME_ERROR, message=f"candidate crashed: {e}", errors=[e.log_tail]))
+    except ChannelProtocolError as e:
+        trial.findings.append(dynamic.channel_forged(str(e)))
+        trial.end(Verdict(status=Status.FLAGGED, message="flagged: result_channel_forged", errors=[str(e)]))
+
+
+def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: Any, deadline: float) -> None:
+    worker = trial.worker
+    assert worker is not None
+    if trial.compiled_reference:
+        answer = worker.request(spec.header(profile=False, compile_mode="default"), reference.constants,
+                                deadline=deadline)
+        build_s = answer.header.load_s if not answer.failed else 0.0
+    else:
+        source = trial.candidate.source
+        bdir = build_dir(cache_dir, source, spec.device)
+        trial.fields["build_cached"] = has_build(bdir)
+        answer = worker.request(P.LoadProgram(
+            source=source, constants=reference.constants, device=str(spec.device), threads=spec.threads,
+            init_seed=spec.init_seed, evict_bytes=spec.evict_bytes, build_dir=str(bdir), cache_root=str(cache_dir)),
+            reference.init_inputs, deadline=deadline)
+        build_s = answer.header.build_s if not answer.failed else 0.0
+    if answer.failed:
+        h = answer.header
+        status = Status.COMPILE_ERROR if h.phase is P.Phase.COMPILE else Status.RUNTIME_ERROR
+        what = "does not build" if h.phase is P.Phase.COMPILE else "failed to initialise"
+        raise _End(Verdict(status=status, message=f"candidate {what}: {error_line(h.message)}",
+                           errors=[h.message, h.traceback, worker.log_tail()]))
+    trial.fields["build_time_s"] = float(build_s)
+    if not trial.compiled_reference:
+        _note(trial, dynamic.constants_overridden(answer.header.constants_overridden))
+    trial.env["state_before"] = answer.header.state_before
+    for found in dynamic.global_state_changed("load", answer.header.state_before, answer.header.state_after):
+        _note(trial, found)
+    state = reference.state()
+    if state:
+        loaded = worker.command(P.Kind.LOAD_STATE, state, deadline=deadline)
+        trial.env["parameters_from_reference"] = bool(not loaded.failed and loaded.header.loaded)
+
+
+def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale: float) -> None:
+    worker = trial.worker
+    assert worker is not None
+    ran = worker.request(P.Run(repeat_first=2), [s.values for s in sets], deadline=deadline)
+    _idle_census(trial, worker)
+    if ran.failed:
+        h = ran.header
+        raise _End(Verdict(status=Status.RUNTIME_ERROR, message=f"candidate raised: {first_line(h.message)}",
+                           errors=[h.message, h.traceback, worker.log_tail()]))
+    for found in dynamic.global_state_changed("run", trial.env.get("state_before", {}), ran.header.state_after):
+        _note(trial, found)
+    _note(trial, dynamic.side_work_in_calls(ran.header.changed_after_return, ran.header.thread_rises))
+    outs = ran.payload["outputs"]
+    after = ran.payload["inputs_after"]
+    if len(outs) != len(sets) + 1 or len(after) != len(sets) + 1:
+        raise ChannelProtocolError(f"{len(outs)} outputs for {len(sets) + 1} runs")
+    # outs[0] and outs[1] are two runs on set 0; outs[k+1] is set k for k >= 1
+    per_set = [outs[0]] + outs[2:]
+    inputs_after = [after[0]] + after[2:]
+    for i, (s, got) in enumerate(zip(sets, inputs_after)):
+        if not exactly_equal(got, s.values):
+            _note(trial, dynamic.inputs_mutated(f"input set {i}"))
+            break
+    max_abs = max_rel = 0.0
+    plain_right = all(compare_outputs(c, s.output, tol_scale=tol_scale).ok
+                      for c, s in zip(per_set, sets) if not s.plan.perturbed)
+    for i, (c, s) in enumerate(zip(per_set, sets)):
+        cmp = compare_outputs(c, s.output, tol_scale=tol_scale)
+        max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
+        if cmp.ok:
+            continue
+        if cmp.mismatch is Mismatch.NOT_PLAIN_TENSOR:
+            trial.findings.append(dynamic.output_not_plain(cmp.reason))
+            raise _End(Verdict(status=Status.FLAGGED, message="flagged: output_not_plain_tensor", errors=[cmp.reason]))
+        label = f"{i} ({s.plan.label})"
+        if s.plan.perturbed:
+            _note(trial, dynamic.wrong_on_moved_inputs(set_label=label, reason=cmp.reason, plain_sets_right=plain_right,
+                                                       same_as_first=any(exactly_equal(c, per_set[j]) for j in range(i)),
+                                                       constant=_is_constant(c)))
+        raise _End(Verdict(status=Status.INCORRECT, message=f"incorrect on input set {label}: {cmp.reason}",
+                           errors=[cmp.reason], extra={"max_abs_err": cmp.max_abs_err,
+                                                       "max_rel_err": cmp.max_rel_err}))
+    twice = compare_outputs(outs[1], outs[0], tol_scale=tol_scale)
+    if not twice.ok:
+        trial.findings.append(dynamic.nondeterministic(twice.reason))
+    trial.fields["max_abs_err"] = max_abs
+    trial.fields["max_rel_err"] = max_rel
+
+
+# How long the judge watches a worker after its calls returned, for work left running.
+CENSUS_WINDOW_S = 0.05
+
+
+def _idle_census(trial: Trial, worker: Worker) -> None:
+    before = worker.cpu_time_ns()
+    time.sleep(CENSUS_WINDOW_S)
+    after = worker.cpu_time_ns()
+    busy_ms = (after - before) / 1e6 if before is not None and after is not None else 0.0
+    _note(trial, dynamic.side_work_when_idle(busy_ms, worker.child_count(), window_ms=CENSUS_WINDOW_S * 1e3))
+
+
+def _note(trial: Trial, finding: Finding | None) -> None:
+    """Record a finding; one per rule is enough to say what the candidate did."""
+    if finding is not None and not any(f.rule == finding.rule for f in trial.findings):
+        trial.findings.append(finding)
+
+
+def _is_constant(x: Any) -> bool:
+    """Every element of every tensor output is one and the same value."""
+    import torch
+
+    values = [t for t in flatten(x) if isinstance(t, torch.Tensor) and t.numel()]
+    return bool(values) and all(bool((t == t.reshape(-1)[0]).all()) for t in values)
+
+
+def error_line(text: str) -> str:
+    """The first compiler or Python error line of a message (compiler commands come first)."""
+    import re
+
+    for line in text.splitlines():
+        if re.search(r"\berror\b[:\s]", line, re.IGNORECASE) and not line.lstrip().startswith(("[", "c++ ", "nvcc ")):
+            return line.strip()[:300]
+    return first_line(text)
+
+
+def first_line(text: str) -> str:
+    for line in (text or "").strip().splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return ""
