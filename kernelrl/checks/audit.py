@@ -1,33 +1,47 @@
 """Audits: run the checks over many existing candidates and count which rules fire.
 
-Inputs (`read_entries`):
+Inputs (`read_entries`), recognised by content, whatever the file's suffix:
 - a folder of candidate `.py` files (recursively; names starting with `_` skipped). A file names
   its task in its docstring (`TASK: <spec>`) or in a leading comment (`# task: <spec>`); the spec
   is a path relative to the file, to its folder's sibling `tasks/`, or anything
   `kernelrl.tasks.task.load_task` accepts (built-in names, files);
-- a JSONL file, one row per line, or a JSON file holding a list of rows or a dict with such a
-  list under "entries", "rows", "data", "results" or "kernels". A row's code is the first of
-  `custom_code`, `code`, `source`, `kernel_code`, `generated_code`, `candidate` (or the last
-  fenced block of `answer`/`response`); its task is an inline reference (`ref_code`,
-  `reference_code`, `ref_arch_src`, `task_source`) or a spec (`task`, `task_name`, `problem`);
+- JSON Lines (one row per line; published collections often carry a `.json` suffix), or a JSON
+  file holding a list of rows, or a dict with such a list under "entries", "rows", "data",
+  "results" or "kernels". A row's code is the first of `custom_code`, `code`, `source`,
+  `kernel_code`, `generated_code`, `candidate` (or the last fenced block of
+  `answer`/`response`); its task is an inline reference (`ref_code`, `reference_code`,
+  `ref_arch_src`, `task_source`) or a spec (`task`, `task_name`, `problem`); its name is
+  `level<L>/<id>` when the row carries a level (`level_id`, `level`) and an id (`task_id`,
+  `problem_id`, `id`);
 - a published collection's layout: a JSON dict of levels (`"level1"`, `"1"`, ...), each a list of
-  entries with `task_id`, `ref_code` and `custom_code`; the task is built from `ref_code` and named
-  `level<N>/<task_id>`.
+  entries with `task_id`, `ref_code` and `custom_code`, named `level<N>/<task_id>`.
+A name that occurs more than once gets `#2`, `#3`, ... on its later occurrences.
 
-Guarantees: static checks always run and never execute a candidate; dynamic checks run only when
-asked, through `kernelrl.judge.evaluator.evaluate` (imported lazily), once per entry that has a task;
-findings carry the policy's severities; an entry without code or without a usable task is kept
-in the report with a note, never dropped silently. A file that cannot be read raises
-`AuditInputError` with a one-line message.
+Verdicts (`Verdict`): `no_code` (null, empty or "None" code), `invalid` (the code does not
+parse: counted apart from hacks), `flagged` (a rule rejects under the policy, static or
+dynamic), `ok` (nothing rejects; with dynamic checks, the evaluator also found it correct), and,
+with dynamic checks only, `incorrect` (ran, wrong answer) and `failed` (did not build, crashed,
+timed out, or its task could not run).
 
-Does not deduplicate candidates or judge tasks: a broken reference in a collection is reported as
-that entry's note.
+Guarantees: `audit()` is the one entry point; static checks always run and never execute a
+candidate; dynamic checks run only when asked, through `kernelrl.judge.evaluator.evaluate`
+(imported lazily), once per selected entry that has a task; the degeneracy filter runs only when
+asked, once per distinct reference (`kernelrl.tasks.degeneracy`, which runs references in the
+judge's sandboxed workers); findings carry the policy's severities; an entry without code or
+without a usable task is kept in the report with a note, never dropped silently. A file that
+cannot be read raises `AuditInputError` with a one-line message.
+
+Does not deduplicate candidates or judge the tasks themselves beyond the degeneracy filter: a
+broken reference in a collection is reported as that entry's note.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
+import fnmatch
+import hashlib
 import json
 import re
 from collections import Counter
@@ -37,36 +51,56 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelrl.candidate import Candidate, extract_code
+from kernelrl.checks import rules as R
 from kernelrl.checks.policy import Policy, get_policy
 from kernelrl.checks.static import check_source
 from kernelrl.result import EvalResult, Finding, Severity, Status
+from kernelrl.tasks.source import is_task_source
 from kernelrl.tasks.suites import load_task
-from kernelrl.tasks.task import Task, TaskError, is_task_source
+from kernelrl.tasks.task import Task, TaskError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from kernelrl.judge.evaluator import EvalConfig
+    from kernelrl.tasks.degeneracy import DegeneracyReport
 
 _CODE_KEYS = ("custom_code", "code", "source", "kernel_code", "generated_code", "candidate", "cuda_code")
 _ANSWER_KEYS = ("answer", "response", "completion")
 _REF_KEYS = ("ref_code", "reference_code", "ref_arch_src", "task_source", "reference")
 _TASK_KEYS = ("task", "task_name", "problem", "problem_name")
 _ID_KEYS = ("task_id", "problem_id", "id")
+_ROW_LEVEL_KEYS = ("level_id", "level")
 _LIST_KEYS = ("entries", "rows", "data", "results", "kernels")
 _LEVEL_KEY = re.compile(r"^(?:level[_ ]?)?(\d+)$", re.IGNORECASE)
 _HEADER_TASK = re.compile(r"^\s*(?:#\s*)?task:\s*(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
+# What published collections write where there is no kernel.
+_NO_CODE_TEXT = frozenset({"", "none", "null", "nan"})
 
 
 class AuditInputError(ValueError):
     """The audit input cannot be read; the message is one line for a person."""
 
 
+class Verdict(enum.StrEnum):
+    """What an audit says about one entry."""
+
+    OK = "ok"  # no rule rejects (with dynamic checks: also correct)
+    FLAGGED = "flagged"  # a rule rejects, static or dynamic
+    INVALID = "invalid"  # the code does not parse
+    NO_CODE = "no_code"  # null, empty or "None" code
+    INCORRECT = "incorrect"  # dynamic checks only: ran, wrong answer
+    FAILED = "failed"  # dynamic checks only: did not build, crashed, timed out, or the task could not run
+
+
+VERDICT_ORDER = tuple(Verdict)
+
+
 @dataclass(frozen=True, kw_only=True)
 class AuditEntry:
     """One candidate to audit, with its task when the input says which."""
 
-    id: str  # file path relative to the folder, "row 3", or "level1/12#0"
+    name: str  # file path relative to the folder, "level2/80", "row 3"
     code: str | None
     task: Task | None = None
     task_ref: str = ""  # what the input said about the task
@@ -86,23 +120,51 @@ class AuditRecord:
         return [f for f in self.findings if f.severity is Severity.REJECT]
 
     @property
-    def flagged(self) -> bool:
-        return bool(self.rejecting) or (self.result is not None and self.result.status is Status.FLAGGED)
+    def verdict(self) -> Verdict:
+        if self.entry.code is None:
+            return Verdict.NO_CODE
+        if any(f.rule == R.SYNTAX_ERROR for f in self.findings):
+            return Verdict.INVALID
+        if self.rejecting or (self.result is not None and self.result.status is Status.FLAGGED):
+            return Verdict.FLAGGED
+        if self.result is None or self.result.status is Status.CORRECT:
+            return Verdict.OK
+        if self.result.status is Status.INCORRECT:
+            return Verdict.INCORRECT
+        return Verdict.FAILED
 
     @property
-    def status(self) -> str:
-        """The dynamic verdict, or what static checks alone say."""
-        if self.entry.code is None:
-            return "skipped"
-        if self.result is not None:
-            return self.result.status.value
-        return "flagged" if self.rejecting else "static_ok"
+    def flagged(self) -> bool:
+        return self.verdict is Verdict.FLAGGED
+
+    def rule_names(self) -> tuple[list[str], list[str]]:
+        """(rules that reject, rules that only warn), each sorted, each rule once."""
+        rejecting = sorted({f.rule for f in self.rejecting})
+        warning = sorted({f.rule for f in self.findings if f.severity is Severity.WARN} - set(rejecting))
+        return rejecting, warning
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.entry.id, "task": self.entry.task.name if self.entry.task else self.entry.task_ref,
-                "status": self.status, "flagged": self.flagged, "findings": [f.to_dict() for f in self.findings],
-                "result": self.result.to_dict() if self.result else None,
-                "note": "; ".join(n for n in (self.entry.note, self.note) if n)}
+        rejecting, warning = self.rule_names()
+        out: dict[str, Any] = {"name": self.entry.name, "verdict": self.verdict.value, "rules": rejecting,
+                               "warnings": warning,
+                               "task": self.entry.task.name if self.entry.task else self.entry.task_ref,
+                               "note": "; ".join(n for n in (self.entry.note, self.note) if n)}
+        if self.result is not None:
+            out["status"] = self.result.status.value
+            out["speedup"] = self.result.speedup
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class DegenerateTask:
+    """A reference the degeneracy filter refused, and the entries that target it."""
+
+    task: str
+    reasons: list[str]
+    entries: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "reasons": list(self.reasons), "entries": list(self.entries)}
 
 
 @dataclass(kw_only=True)
@@ -111,30 +173,48 @@ class AuditReport:
     policy: str
     dynamic: bool
     records: list[AuditRecord] = field(default_factory=list)
+    degeneracy_checked: int | None = None  # distinct references checked; None when not asked
+    degenerate: list[DegenerateTask] = field(default_factory=list)
+    degeneracy_errors: dict[str, str] = field(default_factory=dict)  # task -> why it could not be checked
+
+    def verdict_counts(self) -> dict[str, int]:
+        """Every verdict, zero included, in a fixed order."""
+        counts = Counter(r.verdict for r in self.records)
+        return {v.value: counts.get(v, 0) for v in VERDICT_ORDER}
 
     def rule_counts(self) -> dict[str, tuple[int, int]]:
-        """rule -> (entries where it rejects, entries where it only warns); each entry counted once."""
+        """rule -> (entries where it rejects, entries where it only warns); each entry counted once.
+        Entries that do not parse are left out: they are invalid, not hacks."""
         rejected: Counter[str] = Counter()
         warned: Counter[str] = Counter()
         for r in self.records:
-            rej = {f.rule for f in r.findings if f.severity is Severity.REJECT}
-            warn = {f.rule for f in r.findings if f.severity is Severity.WARN} - rej
+            if r.verdict is Verdict.INVALID:
+                continue
+            rej, warn = r.rule_names()
             rejected.update(rej)
             warned.update(warn)
         names = set(rejected) | set(warned)
         return {n: (rejected[n], warned[n]) for n in sorted(names, key=lambda n: (-rejected[n], -warned[n], n))}
 
-    def status_counts(self) -> dict[str, int]:
-        return dict(Counter(r.status for r in self.records).most_common())
+    def with_verdict(self, verdict: Verdict) -> list[AuditRecord]:
+        return [r for r in self.records if r.verdict is verdict]
 
     @property
     def flagged(self) -> list[AuditRecord]:
-        return [r for r in self.records if r.flagged]
+        return self.with_verdict(Verdict.FLAGGED)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source, "policy": self.policy, "dynamic": self.dynamic,
+                               "entries": len(self.records), "verdicts": self.verdict_counts(),
+                               "rules": {k: {"reject": a, "warn": b} for k, (a, b) in self.rule_counts().items()}}
+        if self.degeneracy_checked is not None:
+            out["degeneracy"] = {"references_checked": self.degeneracy_checked,
+                                 "degenerate_tasks": [d.to_dict() for d in self.degenerate],
+                                 "errors": dict(self.degeneracy_errors)}
+        return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "policy": self.policy, "dynamic": self.dynamic,
-                "rule_counts": {k: {"reject": a, "warn": b} for k, (a, b) in self.rule_counts().items()},
-                "status_counts": self.status_counts(), "records": [r.to_dict() for r in self.records]}
+        return {"summary": self.summary(), "entries": [r.to_dict() for r in self.records]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,7 +233,14 @@ def read_entries(path: Path | str, *, default_task: Task | None = None) -> list[
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise AuditInputError(f"cannot read {path}: {e}") from e
-    if path.suffix == ".jsonl":
+    return _unique_names(_json_entries(_parse_json_or_lines(text, path), path, default_task))
+
+
+def _parse_json_or_lines(text: str, path: Path) -> Any:
+    """One JSON document, or JSON Lines (a list of the rows), whatever the suffix says."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as whole:
         rows = []
         for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -161,23 +248,23 @@ def read_entries(path: Path | str, *, default_task: Task | None = None) -> list[
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
+                if not rows:  # not JSON Lines either: report the whole-document error
+                    raise AuditInputError(f"{path}: not valid JSON or JSON Lines ({whole.msg} at line "
+                                          f"{whole.lineno})") from whole
                 raise AuditInputError(f"{path}:{i}: not a JSON object: {e.msg}") from e
-        return [_row_entry(r, f"row {i}", None, default_task) for i, r in enumerate(rows, 1)]
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise AuditInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
-    return _json_entries(data, path, default_task)
+        if not rows:
+            raise AuditInputError(f"{path}: empty file") from whole
+        return rows
 
 
 def _json_entries(data: Any, path: Path, default_task: Task | None) -> list[AuditEntry]:
     if isinstance(data, list):
-        return [_row_entry(r, f"row {i}", None, default_task) for i, r in enumerate(data, 1)]
+        return [_row_entry(r, i, None, default_task) for i, r in enumerate(data, 1)]
     if not isinstance(data, dict):
         raise AuditInputError(f"{path}: expected a list of rows or a dict, found {type(data).__name__}")
     for key in _LIST_KEYS:
         if isinstance(data.get(key), list):
-            return [_row_entry(r, f"row {i}", None, default_task) for i, r in enumerate(data[key], 1)]
+            return [_row_entry(r, i, None, default_task) for i, r in enumerate(data[key], 1)]
     levels = {k: v for k, v in data.items() if isinstance(v, list)}
     if not levels:
         raise AuditInputError(f"{path}: no list of entries found (expected rows, or a dict of levels of entries)")
@@ -186,12 +273,18 @@ def _json_entries(data: Any, path: Path, default_task: Task | None) -> list[Audi
         m = _LEVEL_KEY.match(str(key))
         level = int(m.group(1)) if m else None
         prefix = f"level{level}" if level is not None else str(key)
-        seen: Counter[str] = Counter()
-        for i, row in enumerate(entries):
-            ident = str(_first(row, _ID_KEYS) or i) if isinstance(row, dict) else str(i)
-            n = seen[ident]
-            seen[ident] += 1
-            out.append(_row_entry(row, f"{prefix}/{ident}#{n}", level, default_task, task_name=f"{prefix}/{ident}"))
+        for i, row in enumerate(entries, 1):
+            out.append(_row_entry(row, i, level, default_task, prefix=prefix))
+    return out
+
+
+def _unique_names(entries: list[AuditEntry]) -> list[AuditEntry]:
+    """Later occurrences of a name get #2, #3, ...; the first keeps the plain name."""
+    seen: Counter[str] = Counter()
+    out = []
+    for e in entries:
+        seen[e.name] += 1
+        out.append(e if seen[e.name] == 1 else dataclasses.replace(e, name=f"{e.name}#{seen[e.name]}"))
     return out
 
 
@@ -203,10 +296,25 @@ def _first(row: dict[str, Any], keys: Iterable[str]) -> Any:
     return None
 
 
-def _row_entry(row: Any, ident: str, level: int | None, default_task: Task | None,
-               task_name: str | None = None) -> AuditEntry:
+def _row_name(row: dict[str, Any], index: int, level: int | None, prefix: str | None) -> tuple[str, int | None]:
+    ident = _first(row, _ID_KEYS)
+    if level is None:
+        raw = _first(row, _ROW_LEVEL_KEYS)
+        m = _LEVEL_KEY.match(str(raw)) if raw is not None else None
+        level = int(m.group(1)) if m else None
+        if prefix is None and level is not None:
+            prefix = f"level{level}"
+    if ident is None:
+        return (f"{prefix}/{index}" if prefix else f"row {index}"), level
+    return (f"{prefix}/{ident}" if prefix else str(ident)), level
+
+
+def _row_entry(row: Any, index: int, level: int | None, default_task: Task | None,
+               prefix: str | None = None) -> AuditEntry:
     if not isinstance(row, dict):
-        return AuditEntry(id=ident, code=None, note=f"row is a {type(row).__name__}, not an object")
+        name = f"{prefix}/{index}" if prefix else f"row {index}"
+        return AuditEntry(name=name, code=None, note=f"row is a {type(row).__name__}, not an object")
+    name, level = _row_name(row, index, level, prefix)
     meta = {k: v for k, v in row.items() if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) < 200)}
     code = _first(row, _CODE_KEYS)
     note = ""
@@ -214,12 +322,13 @@ def _row_entry(row: Any, ident: str, level: int | None, default_task: Task | Non
         answer = _first(row, _ANSWER_KEYS)
         code = extract_code(answer) if isinstance(answer, str) else None
     if code is not None and not isinstance(code, str):
-        code, note = None, "code is not a string"
+        code, note = None, f"code is a {type(code).__name__}, not a string"
     elif code is None:
         note = "no code in row"
+    elif code.strip().lower() in _NO_CODE_TEXT:
+        code, note = None, f"code is {code.strip()!r}"
     ref = _first(row, _REF_KEYS)
     spec = _first(row, _TASK_KEYS)
-    name = task_name or str(spec or _first(row, _ID_KEYS) or ident)
     task, task_ref, task_note = None, str(spec or name), ""
     if isinstance(ref, str):
         if is_task_source(ref):
@@ -233,7 +342,7 @@ def _row_entry(row: Any, ident: str, level: int | None, default_task: Task | Non
             task_note = f"task {spec!r} not found: {e}"
     elif default_task is not None:
         task, task_ref = default_task, default_task.name
-    return AuditEntry(id=ident, code=code, task=task, task_ref=task_ref,
+    return AuditEntry(name=name, code=code, task=task, task_ref=task_ref,
                       note="; ".join(n for n in (note, task_note) if n), meta=meta)
 
 
@@ -246,32 +355,32 @@ def _read_folder(root: Path, default_task: Task | None) -> list[AuditEntry]:
 
 
 def _read_py(path: Path, root: Path, default_task: Task | None) -> AuditEntry:
-    ident = path.relative_to(root).as_posix() if path != root else path.name
+    name = path.relative_to(root).as_posix() if path != root else path.name
     try:
         code = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        return AuditEntry(id=ident, code=None, note=f"cannot read: {e}")
+        return AuditEntry(name=name, code=None, note=f"cannot read: {e}")
     spec = _task_spec_of(code)
     if spec is None:
         if default_task is not None:
-            return AuditEntry(id=ident, code=code, task=default_task, task_ref=default_task.name)
-        return AuditEntry(id=ident, code=code, note="no TASK: line; dynamic checks need a task")
+            return AuditEntry(name=name, code=code, task=default_task, task_ref=default_task.name)
+        return AuditEntry(name=name, code=code, note="no TASK: line; dynamic checks need a task")
     for p in (path.parent / spec, path.parent.parent / "tasks" / spec, Path(spec)):
         if p.is_file():
             try:
-                return AuditEntry(id=ident, code=code, task=load_task(str(p)), task_ref=spec)
+                return AuditEntry(name=name, code=code, task=load_task(str(p)), task_ref=spec)
             except TaskError as e:
-                return AuditEntry(id=ident, code=code, task_ref=spec, note=str(e))
+                return AuditEntry(name=name, code=code, task_ref=spec, note=str(e))
     try:
-        return AuditEntry(id=ident, code=code, task=load_task(spec), task_ref=spec)
+        return AuditEntry(name=name, code=code, task=load_task(spec), task_ref=spec)
     except (TaskError, OSError) as e:
-        return AuditEntry(id=ident, code=code, task_ref=spec, note=f"task {spec!r} not found: {e}")
+        return AuditEntry(name=name, code=code, task_ref=spec, note=f"task {spec!r} not found: {e}")
 
 
 def _task_spec_of(code: str) -> str | None:
     try:
         doc = ast.get_docstring(ast.parse(code)) or ""
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         doc = ""
     for text in (doc, "\n".join(code.splitlines()[:10])):
         m = _HEADER_TASK.search(text)
@@ -280,17 +389,30 @@ def _task_spec_of(code: str) -> str | None:
     return None
 
 
+def select(entries: list[AuditEntry], only: Iterable[str] | None = None, limit: int | None = None) -> list[AuditEntry]:
+    """Entries whose name matches one of `only` (exact names or shell patterns such as `level2/*`),
+    then the first `limit` of them."""
+    patterns = [p for p in (only or ()) if p]
+    if patterns:
+        entries = [e for e in entries if any(e.name == p or fnmatch.fnmatchcase(e.name, p) for p in patterns)]
+    if limit is not None:
+        entries = entries[: max(0, limit)]
+    return entries
+
+
 # ---------------------------------------------------------------------------------------------
 # Auditing
 
 
 def audit(path: Path | str, *, policy: str | Policy = "open", run_dynamic: bool = False,
-          eval_config: EvalConfig | None = None, task_spec: str | None = None, limit: int | None = None,
-          console: Console | None = None, on_record: Callable[[AuditRecord], None] | None = None) -> AuditReport:
-    """Static checks (and, when asked, the evaluator) over every candidate in `path`.
+          eval_config: EvalConfig | None = None, task_spec: str | None = None, only: Iterable[str] | None = None,
+          limit: int | None = None, degeneracy: bool = False, console: Console | None = None,
+          on_record: Callable[[AuditRecord], None] | None = None) -> AuditReport:
+    """Static checks (and, when asked, the evaluator and the degeneracy filter) over every candidate in `path`.
 
-    `task_spec` is a default task for entries that name none. `limit` keeps the first N entries.
-    With `console`, dynamic audits print one progress line per evaluated entry.
+    `task_spec` is a default task for entries that name none. `only` keeps entries whose name
+    matches (names or shell patterns), `limit` the first N of those. With `console`, dynamic
+    audits and the degeneracy filter print one progress line per step.
     """
     pol = get_policy(policy)
     default_task = None
@@ -299,25 +421,27 @@ def audit(path: Path | str, *, policy: str | Policy = "open", run_dynamic: bool 
             default_task = load_task(task_spec)
         except (TaskError, OSError) as e:
             raise AuditInputError(f"task {task_spec!r}: {e}") from e
-    entries = read_entries(path, default_task=default_task)
-    if limit is not None:
-        entries = entries[: max(0, limit)]
+    entries = select(read_entries(path, default_task=default_task), only, limit)
     report = AuditReport(source=str(path), policy=pol.name, dynamic=run_dynamic)
-    config = None
-    if run_dynamic:
-        config = _dynamic_config(eval_config, pol.name)
+    config = _dynamic_config(eval_config, pol.name) if run_dynamic else None
+    if config is not None and console is not None:
+        console.print(f"evaluating {sum(1 for e in entries if e.code is not None)} of {len(entries)} entries")
     for i, entry in enumerate(entries, 1):
         record = AuditRecord(entry=entry)
         if entry.code is not None:
-            record.findings = pol.apply(check_source(entry.code))
-            if config is not None:
+            task_source = entry.task.source if entry.task is not None else None
+            record.findings = pol.apply(check_source(entry.code, task_source=task_source))
+            if config is not None and record.verdict is not Verdict.INVALID:
                 _run_dynamic(record, config)
                 if console is not None:
-                    rules = ", ".join(sorted({f.rule for f in record.rejecting}))
-                    console.print(f"[{i}/{len(entries)}] {entry.id}: {record.status}" + (f" ({rules})" if rules else ""))
+                    rules = ", ".join(record.rule_names()[0])
+                    console.print(f"[{i}/{len(entries)}] {entry.name}: {record.verdict.value}"
+                                  + (f" ({rules})" if rules else ""), markup=False, highlight=False)
         report.records.append(record)
         if on_record is not None:
             on_record(record)
+    if degeneracy:
+        _check_degeneracy(report, console)
     return report
 
 
@@ -338,7 +462,7 @@ def _run_dynamic(record: AuditRecord, config: EvalConfig) -> None:
         record.note = "dynamic checks skipped: no task"
         return
     try:
-        result = evaluate(entry.task, Candidate(source=entry.code or "", origin=entry.id), config)
+        result = evaluate(entry.task, Candidate(source=entry.code or "", origin=entry.name), config)
     except TaskError as e:
         record.note = f"dynamic checks skipped: {e}"
         return
@@ -346,3 +470,41 @@ def _run_dynamic(record: AuditRecord, config: EvalConfig) -> None:
     # The evaluator runs the static checks too; keep ours once and add what only it could see.
     seen = {(f.rule, f.line) for f in record.findings}
     record.findings += [f for f in result.findings if f.stage != "static" and (f.rule, f.line) not in seen]
+
+
+def _reference_key(task: Task) -> str:
+    return hashlib.sha256(task.source.encode()).hexdigest()
+
+
+def _degeneracy_reports(tasks: list[Task]) -> list[DegeneracyReport | TaskError]:
+    """The degeneracy filter over distinct references (one sandboxed evaluator for all)."""
+    from kernelrl.tasks.degeneracy import check_tasks
+
+    return list(check_tasks(tasks))
+
+
+def _check_degeneracy(report: AuditReport, console: Console | None) -> None:
+    """Run the degeneracy filter once per distinct reference; record degenerate tasks and their entries."""
+    by_ref: dict[str, tuple[Task, list[str]]] = {}
+    for r in report.records:
+        task = r.entry.task
+        if task is None:
+            continue
+        key = _reference_key(task)
+        if key not in by_ref:
+            by_ref[key] = (task, [])
+        by_ref[key][1].append(r.entry.name)
+    tasks = [t for t, _ in by_ref.values()]
+    if console is not None:
+        console.print(f"degeneracy filter: {len(tasks)} distinct references")
+    results = _degeneracy_reports(tasks) if tasks else []
+    report.degeneracy_checked = len(tasks)
+    for (task, names), result in zip(by_ref.values(), results, strict=True):
+        if isinstance(result, Exception):
+            report.degeneracy_errors[task.name] = str(result)
+        elif result.degenerate:
+            report.degenerate.append(DegenerateTask(task=task.name, reasons=list(result.reasons), entries=names))
+            note = f"task {task.name} is degenerate: {'; '.join(result.reasons)}"
+            for r in report.records:
+                if r.entry.name in names:
+                    r.note = "; ".join(n for n in (r.note, note) if n)

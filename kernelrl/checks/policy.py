@@ -8,17 +8,22 @@ Guarantees:
   dropped); it never adds or invents findings.
 - Named policies (`get_policy`):
   - `strict`: KernelBench-style. The candidate must contain a real custom kernel (load_inline with
-    C++/CUDA code that does more than call ATen, a Triton/numba/cupy kernel) and may not fall back
-    to PyTorch in an except branch. Everything that touches shared state or the outside world
+    C++/CUDA code that does more than call ATen, a Triton/numba/cupy kernel), may not fall back
+    to PyTorch in an except branch, and computes at the task's precision (TF32 flags, autocast
+    and half compute all reject). Everything that touches shared state or the outside world
     rejects.
   - `open`: any PyTorch-level rewrite is allowed (torch.compile, channels_last, library calls,
-    plain torch ops, a torch fallback in an except branch, cudnn.benchmark). Rebinding torch or
-    timer attributes, reading the environment, side streams, threads, processes, files, changing
-    precision or thread counts, calling or subclassing the reference still reject.
+    plain torch ops, a torch fallback in an except branch, cudnn.benchmark); computing below the
+    task's precision (TF32 flags, autocast, half compute) warns and the tolerance decides.
+    Rebinding torch or timer attributes or a module's forward, reading the environment, unjoined
+    side streams, threads, processes, files outside the candidate's own folders, changing thread
+    counts, calling or subclassing the reference still reject.
   - `observe`: every static rule only warns; dynamic rules keep their verdicts. For measuring the
     dynamic defences on their own (the red-team suite does) and for audits that count without
     refusing.
-- Dynamic rules (emitted by the evaluator) reject under every named policy.
+- Dynamic rules (emitted by the evaluator) reject under every named policy, except the LLM
+  judge's: `llm_judge` (a model says the speedup is a hack) rejects under `strict` and warns under
+  `open` and `observe`; `llm_judge_unsure` and `llm_judge_unavailable` warn under every policy.
 
 Does not decide correctness or timing: a policy only sets severities; the evaluator turns a
 rejecting finding into the FLAGGED status.
@@ -90,33 +95,53 @@ class Policy:
         return [f for f in self.apply(findings) if f.severity is Severity.REJECT]
 
 
-_ALWAYS_WARN = frozenset({R.OUTPUT_CACHING, R.ENVIRONMENT_WRITE, R.RNG_SEEDING, R.REDUCED_PRECISION_COMPUTE})
+_ALWAYS_WARN = frozenset({R.OUTPUT_CACHING, R.ENVIRONMENT_WRITE, R.RNG_SEEDING, R.FAST_MATH})
+# One precision policy for every way of computing below the task's precision (TF32 and matmul
+# precision flags, autocast, .half()/.bfloat16()): under `open` they warn and the dtype-aware
+# tolerance decides, since fp32's 1e-4 is what separates a harmless choice from a wrong answer;
+# under `strict` they reject, since a KernelBench-style kernel must compute at the task's
+# precision. A precision flag the candidate leaves on in its own process is the same choice, seen at
+# run time (`precision_state_changed`); other settings left changed (thread counts, determinism,
+# the default dtype) are `global_state_changed` and refused everywhere.
+_PRECISION = frozenset({R.PRECISION_CHANGE, R.REDUCED_PRECISION_COMPUTE, R.PRECISION_STATE_CHANGED})
+# Beating the compute floor but not the memory floor is what a cheaper algorithm does (an exact
+# simplification that skips FLOPs the reference spends) as well as what a hack does: a warning
+# everywhere, and a reason for the LLM judge to look; the memory floor is the hard one.
+# A candidate that copied the task's size constants with other values is run at the task's sizes
+# anyway: reported, never a reason to refuse.
+_DYNAMIC_WARN = frozenset({R.COMPUTE_FLOOR_BEATEN, R.INIT_OR_SHAPE_TAMPERED})
 # Allowed under `open` because they are PyTorch-level choices, not hacks: a torch fallback in an
 # except branch still computes the right answer in the candidate's own time, and backend flags are
 # reset by the judge before the reference runs (reported as global_state_changed if they persist).
-_OPEN_WARN = _ALWAYS_WARN | {R.TRY_FALLBACK, R.BACKEND_SETTING_CHANGE}
-_DYNAMIC = frozenset(R.DYNAMIC_RULES)
+_OPEN_WARN = _ALWAYS_WARN | _PRECISION | {R.TRY_FALLBACK, R.BACKEND_SETTING_CHANGE}
+# The LLM judge gives an opinion, not a measurement. `strict` refuses what it calls a hack (CUDA-L1
+# used such a judge as a gate on suspicious scores); `open` allows rewrites a reviewer can mistake
+# for skipped work, and `observe` measures the mechanical defences alone, so both only warn. Its
+# doubts and its outages warn everywhere: the reward must not hinge on a flaky endpoint.
+_LLM_JUDGE_NOTES = frozenset({R.LLM_JUDGE_UNSURE, R.LLM_JUDGE_UNAVAILABLE})
+_LLM_JUDGE = frozenset({R.LLM_JUDGE}) | _LLM_JUDGE_NOTES
+_DYNAMIC = frozenset(R.DYNAMIC_RULES) - _LLM_JUDGE - _DYNAMIC_WARN - {R.PRECISION_STATE_CHANGED}
 _STATIC = frozenset(R.STATIC_RULES)
 
 STRICT = Policy(
     name="strict",
     description="KernelBench-style: needs a real custom kernel, no PyTorch fallback",
-    reject=(_STATIC - _ALWAYS_WARN) | _DYNAMIC,
-    warn=_ALWAYS_WARN,
+    reject=(_STATIC - _ALWAYS_WARN) | _DYNAMIC | {R.LLM_JUDGE, R.PRECISION_STATE_CHANGED},
+    warn=_ALWAYS_WARN | _LLM_JUDGE_NOTES | _DYNAMIC_WARN,
     requires_custom_kernel=True,
 )
 OPEN = Policy(
     name="open",
     description="any PyTorch-level rewrite allowed; shared state, the outside world and the reference are not",
     reject=(_STATIC - _OPEN_WARN - {R.NO_CUSTOM_KERNEL}) | _DYNAMIC,
-    warn=_OPEN_WARN,
+    warn=_OPEN_WARN | _LLM_JUDGE | _DYNAMIC_WARN,
     ignore=frozenset({R.NO_CUSTOM_KERNEL}),
 )
 OBSERVE = Policy(
     name="observe",
     description="static rules only warn; dynamic defences decide (for testing defences and auditing)",
     reject=_DYNAMIC,
-    warn=_STATIC - {R.NO_CUSTOM_KERNEL},
+    warn=(_STATIC - {R.NO_CUSTOM_KERNEL}) | _LLM_JUDGE | _DYNAMIC_WARN | {R.PRECISION_STATE_CHANGED},
     ignore=frozenset({R.NO_CUSTOM_KERNEL}),
 )
 

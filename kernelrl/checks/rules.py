@@ -3,10 +3,10 @@
 Guarantees: every finding the static checks or the evaluator emit names a rule listed here;
 names are stable strings (they are stored in the database and shown to the model in prompts);
 each rule has a one-line description saying what it detects and the default severity a policy
-starts from. The evaluator imports the dynamic names from here instead of spelling strings.
+starts from. `kernelrl.checks.dynamic` and the static checks import the names from here.
 
 Does not implement any check: the static ones live in `kernelrl.checks.static`, the dynamic
-ones in the evaluator. Policies (`kernelrl.checks.policy`) may change a rule's severity.
+ones in `kernelrl.checks.dynamic`. Policies (`kernelrl.checks.policy`) may change a rule's severity.
 """
 
 from __future__ import annotations
@@ -70,10 +70,13 @@ TENSOR_SUBCLASS = "tensor_subclass"
 OUTPUT_CACHING = "output_caching"
 RNG_SEEDING = "rng_seeding"
 NO_CUSTOM_KERNEL = "no_custom_kernel"
+FORWARD_REBINDING = "forward_rebinding"
+FAST_MATH = "fast_math"
 
 STATIC_RULES: dict[str, Rule] = {r.name: r for r in [
     _static(SYNTAX_ERROR, "the source does not parse as Python"),
-    _static(STREAM_CREATION, "creates or switches to a CUDA stream, so work can escape the timed stream"),
+    _static(STREAM_CREATION, "launches work on a CUDA stream other than the current one (Python or C++) and "
+                             "does not join it (wait_stream, synchronize, an event) before returning"),
     _static(THREAD_CREATION, "starts threads, executors, asyncio loops or torch.jit.fork tasks that can "
                              "work after forward returns"),
     _static(PROCESS_CREATION, "forks or spawns processes (os.fork, multiprocessing, subprocess, os.system)"),
@@ -88,37 +91,45 @@ STATIC_RULES: dict[str, Rule] = {r.name: r for r in [
     _static(MODULE_PATCHING, "rebinds or deletes attributes of torch, time, builtins, sys, os, numpy, math, "
                              "random or kernelrl (e.g. torch.allclose = ..., setattr(time, ...))"),
     _static(PRECISION_CHANGE, "changes global float precision (TF32, matmul precision, reduced-precision "
-                              "reductions, default dtype, flush-denormal)"),
+                              "reductions, default dtype, flush-denormal) away from PyTorch's default"),
     _static(THREAD_SETTING_CHANGE, "changes global thread counts or CPU affinity (set_num_threads, "
                                    "OMP_NUM_THREADS, sched_setaffinity)"),
     _static(BACKEND_SETTING_CHANGE, "changes global backend flags (cudnn.benchmark, deterministic algorithms, "
                                     "grad mode, compiler configs)", Severity.WARN),
-    _static(REDUCED_PRECISION_COMPUTE, "computes in fp16/bf16 or under autocast; the tolerance decides "
-                                       "whether the result is still right", Severity.WARN),
-    _static(FILE_ACCESS, "reads or writes files or file descriptors (open, pathlib I/O, os.write, shutil, "
-                         "tempfile, torch.save/load, pickle/np file I/O)"),
+    _static(REDUCED_PRECISION_COMPUTE, "computes in fp16/bf16 or under autocast where the task does not; "
+                                       "the tolerance decides under open, strict refuses it", Severity.WARN),
+    _static(FAST_MATH, "compiles with fast-math flags (--use_fast_math, -ffast-math, -Ofast) that relax IEEE "
+                       "float semantics; the tolerance decides", Severity.WARN),
+    _static(FILE_ACCESS, "reads or writes files outside the candidate's own temp and build folders, writes "
+                         "Python files anywhere, or uses raw file descriptors (os.write, os.dup, os.fstat)"),
     _static(ENVIRONMENT_ACCESS, "reads environment variables (os.environ, os.getenv), where keys and seeds "
-                                "would live"),
+                                "would live; build settings read by name (TORCH_EXTENSIONS_DIR, ...) excepted"),
     _static(ENVIRONMENT_WRITE, "sets ordinary environment variables (e.g. TORCH_CUDA_ARCH_LIST before a "
                                "build)", Severity.WARN),
     _static(NETWORK_ACCESS, "uses sockets or network clients"),
     _static(NATIVE_ACCESS, "uses ctypes, cffi, mmap or loads arbitrary shared libraries"),
     _static(DYNAMIC_IMPORT, "imports by computed name (importlib, __import__, runpy) or edits sys.path"),
-    _static(DYNAMIC_CODE, "executes code built at run time (eval, exec, compile, marshal/pickle loads)"),
+    _static(DYNAMIC_CODE, "executes code built at run time (eval, exec, compile, marshal/pickle loads, or C++ "
+                          "sources that run Python: PyRun_*, py::exec)"),
     _static(INTROSPECTION, "inspects frames, modules or the garbage collector to reach the judge "
                            "(sys._getframe, inspect, gc, sys.modules, globals(), __globals__, kernelrl)"),
     _static(TENSOR_SUBCLASS, "defines or creates a torch.Tensor subclass or __torch_function__/"
-                             "__torch_dispatch__ hook, which can defer or fake work at compare time"),
+                             "__torch_dispatch__ hook, or overrides tensor methods on one object, which can "
+                             "defer or fake work at compare time"),
     _static(OUTPUT_CACHING, "heuristic: caches results across calls (dicts/lists keyed by id, data_ptr, "
-                            "shape or _version; lru_cache; memoised outputs)", Severity.WARN),
+                            "shape or _version; lru_cache; memoised outputs; state in mutable defaults, "
+                            "function attributes, closures or context variables)", Severity.WARN),
     _static(RNG_SEEDING, "seeds or replaces a random number generator (e.g. to reproduce the judge's "
                          "inputs)", Severity.WARN),
+    _static(FORWARD_REBINDING, "rebinds forward, __call__ or __class__ of a module after construction (in "
+                               "forward, a helper, or on the class from outside), so later calls can skip "
+                               "the computation"),
     _static(NO_CUSTOM_KERNEL, "no custom kernel found (load_inline with real C++/CUDA code, a Triton "
                               "kernel, numba/cupy kernel)", Severity.WARN),
 ]}
 
 # ---------------------------------------------------------------------------------------------
-# Dynamic rules (the evaluator emits these; names only here)
+# Dynamic rules (kernelrl.checks.dynamic turns the judge's measurements into findings named here)
 
 SIDE_WORK_AFTER_RETURN = "side_work_after_return"
 THREAD_COUNT_CHANGED = "thread_count_changed"
@@ -132,6 +143,14 @@ DEGENERATE_UNDER_OFFSET_SCALE = "degenerate_under_offset_scale"
 INIT_OR_SHAPE_TAMPERED = "init_or_shape_tampered"
 IMPOSSIBLE_SPEEDUP = "impossible_speedup"
 RESULT_CHANNEL_FORGED = "result_channel_forged"
+DEGENERATE_TASK = "degenerate_task"
+COMPUTE_FLOOR_BEATEN = "compute_floor_beaten"
+PRECISION_STATE_CHANGED = "precision_state_changed"
+# The adversarial LLM judge (kernelrl.checks.llm_judge): a model's opinion, not a measurement, so
+# policies weigh it apart from the other dynamic rules (kernelrl.checks.policy).
+LLM_JUDGE = "llm_judge"
+LLM_JUDGE_UNSURE = "llm_judge_unsure"
+LLM_JUDGE_UNAVAILABLE = "llm_judge_unavailable"
 
 DYNAMIC_RULES: dict[str, Rule] = {r.name: r for r in [
     _dynamic(SIDE_WORK_AFTER_RETURN, "work still running when forward returned: threads or processes the call "
@@ -152,12 +171,25 @@ DYNAMIC_RULES: dict[str, Rule] = {r.name: r for r in [
                                    "differ after the candidate was imported or called"),
     _dynamic(DEGENERATE_UNDER_OFFSET_SCALE, "the output matched on standard-normal inputs but not under a "
                                             "random offset and scale: it does not track the input"),
-    _dynamic(INIT_OR_SHAPE_TAMPERED, "the candidate redefines get_inputs, get_init_inputs or size constants "
-                                     "with values other than the task's (ignored by the judge, reported)"),
-    _dynamic(IMPOSSIBLE_SPEEDUP, "the candidate's time is below the physical floor (bytes that must move / "
-                                 "peak bandwidth, or flops / peak compute)"),
+    _dynamic(INIT_OR_SHAPE_TAMPERED, "the candidate's module sets the task's size constants to other values "
+                                     "(ignored: the judge runs the task's sizes; reported)", Severity.WARN),
+    _dynamic(IMPOSSIBLE_SPEEDUP, "the candidate's time is below half the memory floor: the bytes any program "
+                                 "must move (inputs, outputs, parameters) at this machine's measured bandwidth"),
+    _dynamic(COMPUTE_FLOOR_BEATEN, "the candidate's time is below half the compute floor (the reference's counted "
+                                   "FLOPs at the measured peak rate) but not the memory floor: an algorithm that "
+                                   "needs fewer FLOPs than the reference's, or skipped work", Severity.WARN),
+    _dynamic(PRECISION_STATE_CHANGED, "the candidate left TF32 or reduced-precision matmul settings on in its own "
+                                      "process: lower precision than the task, judged like autocast and .half()"),
+    _dynamic(DEGENERATE_TASK, "the task's own reference gives the same output (or zeros) on every secret input "
+                              "set: a constant answer would pass, so no candidate of this task is paid"),
     _dynamic(RESULT_CHANNEL_FORGED, "the worker's result message is malformed, unauthenticated, duplicated, "
                                     "or the worker exited without a result through the private channel"),
+    _dynamic(LLM_JUDGE, "an LLM reviewer, shown the task, the code and the measurements of a large speedup, "
+                        "says the speedup comes from a reward hack (its reason in the message)"),
+    _dynamic(LLM_JUDGE_UNSURE, "the LLM reviewer could not tell whether a large speedup is real, or its "
+                               "answer could not be read", Severity.WARN),
+    _dynamic(LLM_JUDGE_UNAVAILABLE, "the LLM reviewer's endpoint kept failing, so a large speedup went "
+                                    "unreviewed", Severity.WARN),
 ]}
 
 RULES: dict[str, Rule] = {**STATIC_RULES, **DYNAMIC_RULES}

@@ -11,13 +11,18 @@ Guarantees:
   `sys.modules["time"]`, `__import__("os")`), so renaming a module does not hide a call.
 - Legitimate building blocks are not flagged: importing or calling `torch.utils.cpp_extension`
   (load_inline writes its own build files), `torch.compile`, channels_last, plain torch ops,
-  `try: import triton / except ImportError: ...` at module level, `torch.cuda.synchronize`.
+  `try: import triton / except ImportError: ...` at module level, `torch.cuda.synchronize`,
+  reads and writes of build sources in the candidate's own temp and build folders
+  (`PathOwnership`), streams that carry no work or whose work is joined before returning, and
+  global flags set to the value they already have.
 
 Does not guarantee soundness: Python can hide anything from a syntax tree (strings decoded at
 run time, attribute names computed from data). Such hiding needs one of the primitives flagged
 here (getattr on a module with a computed name, eval/exec, importlib, sys.modules, frames), and
 the dynamic checks in the evaluator are the defence that does not depend on reading code.
-`output_caching` is a heuristic: it warns, it does not prove.
+`output_caching` is a heuristic: it warns, it does not prove. Path ownership trusts path
+components computed at run time (only the root and literal components are checked), and stream
+joins are looked for in the function that puts the work on the stream only.
 
 The try/except rule (`try_fallback`) flags a try statement when an except branch computes with
 PyTorch (calls into torch, torch.nn modules the class created, tensor math methods, `@`, the
@@ -31,6 +36,8 @@ from __future__ import annotations
 
 import ast
 import builtins
+import enum
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -73,11 +80,15 @@ def register(name: str) -> Callable[[Callable[[SourceInfo], Iterable[Hit]]], Cal
     return deco
 
 
-def check_source(source: str) -> list[Finding]:
-    """Run every registered static check; findings carry the rule's default severity."""
+def check_source(source: str, *, task_source: str | None = None) -> list[Finding]:
+    """Run every registered static check; findings carry the rule's default severity.
+
+    With `task_source` (the task's reference program), reduced-precision compute is not reported
+    when the reference itself computes in fp16/bf16: the candidate is then at the task's precision.
+    """
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError) as e:  # ValueError: null bytes in source
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:  # ValueError: null bytes in source
         line = getattr(e, "lineno", None)
         return [Finding(rule=R.SYNTAX_ERROR, message=f"source does not parse: {e.__class__.__name__}: "
                         f"{getattr(e, 'msg', e)}", severity=Severity.REJECT, stage="static", line=line)]
@@ -92,8 +103,14 @@ def check_source(source: str) -> list[Finding]:
             seen.add(key)
             findings.append(Finding(rule=check.name, message=hit.message, severity=check.rule.severity,
                                     stage="static", line=hit.line))
+    if task_source is not None and _REDUCED_DTYPES.search(task_source):
+        findings = [f for f in findings if f.rule != R.REDUCED_PRECISION_COMPUTE]
     findings.sort(key=lambda f: (f.line or 0, f.rule))
     return findings
+
+
+# A task whose reference names a reduced-precision dtype computes in it itself.
+_REDUCED_DTYPES = re.compile(r"\b(float16|half|bfloat16|float8_\w+)\b")
 
 
 def has_custom_kernel(source: str) -> bool:
@@ -125,6 +142,11 @@ class SourceInfo:
         self._collect_imports()
         self._collect_assignment_aliases()
         self.strings = _module_strings(tree)
+
+    @functools.cached_property
+    def assigned(self) -> dict[str, list[ast.AST]]:
+        """name -> every value assigned to it (flow-insensitive)."""
+        return _assigned_values(self.tree)
 
     # -- aliases ------------------------------------------------------------------------------
 
@@ -184,7 +206,7 @@ class SourceInfo:
             return None
         if isinstance(node, ast.Call):
             fn = self.qualname(node.func)
-            if fn in ("builtins.__import__", "importlib.import_module") and node.args:
+            if fn in ("builtins.__import__", "importlib.import_module", "sys.modules.get") and node.args:
                 name = _const_str(node.args[0])
                 if name:
                     return name
@@ -295,16 +317,123 @@ def _pretty(q: str) -> str:
 # Concurrency
 
 
+# Streams are judged by use: a stream that carries no work hides none, and work on a side stream
+# that is joined (the current stream waits for it, it or the device is synchronised, an event
+# recorded on it is waited on) before forward returns is ordinary concurrency. Work left running
+# is refused here where the syntax tree shows it, and otherwise by the judge, which synchronises
+# the whole device before its clock stops.
+
+_STREAM_MAKERS = ("torch.cuda.Stream", "torch.cuda.streams.Stream", "torch.cuda.ExternalStream",
+                  "torch.cuda.streams.ExternalStream", "torch.Stream", "torch.cuda.get_stream_from_external",
+                  "cupy.cuda.Stream", "numba.cuda.stream")
+_STREAM_SWITCHES = ("torch.cuda.stream", "torch.cuda.StreamContext", "torch.cuda.use_stream", "torch.cuda.set_stream",
+                    "torch.cuda.streams.StreamContext", "torch.cuda.utils.stream")
+_JOIN_METHODS = frozenset({"synchronize", "wait_stream", "wait_event", "wait"})
+# C++/CUDA sources: side streams, and what joins them.
+_CPP_SIDE_STREAM = re.compile(r"\bgetStreamFromPool\b|\bget_stream_from_pool\b|\bcudaStreamCreate\w*|\bcuStreamCreate\w*")
+_CPP_JOIN = re.compile(r"\bcudaStreamSynchronize\b|\bcudaDeviceSynchronize\b|\bcudaStreamWaitEvent\b|"
+                       r"\bcudaEventSynchronize\b|\bcuStreamSynchronize\b|\bcuCtxSynchronize\b|"
+                       r"\bdevice_synchronize\b|\.synchronize\s*\(|\bcuStreamWaitEvent\b")
+
+
+def _stream_handles(src: SourceInfo) -> set[str]:
+    """Names and `self.x` attributes bound to streams the program made."""
+    out: set[str] = set()
+    for node in ast.walk(src.tree):
+        if isinstance(node, ast.Assign):
+            made = any(isinstance(n, ast.Call) and _under(src.qualname(n.func) or "", _STREAM_MAKERS)
+                       for n in ast.walk(node.value))
+            if made:
+                for t in node.targets:
+                    for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                        k = _container_key(e)
+                        if k:
+                            out.add(k)
+    return out
+
+
+def _mentions(node: ast.AST, handles: set[str]) -> bool:
+    return any(_container_key(n) in handles for n in ast.walk(node))
+
+
+def _current_stream(src: SourceInfo, call: ast.Call) -> bool:
+    """torch.cuda.stream(torch.cuda.current_stream()) and the like switch to the stream already in use."""
+    arg = _kw(call, "stream", 0)
+    if arg is None or (isinstance(arg, ast.Constant) and arg.value is None):
+        return True
+    q = src.qualname(arg.func) if isinstance(arg, ast.Call) else None
+    return q in ("torch.cuda.current_stream", "torch.cuda.default_stream", "torch.cuda.streams.current_stream")
+
+
+def _stream_uses(src: SourceInfo, handles: set[str]) -> Iterator[tuple[ast.AST, str]]:
+    """Places where work is put on a stream other than the current one, with a description."""
+    for node in ast.walk(src.tree):
+        if isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                ctx = item.context_expr
+                if isinstance(ctx, ast.Call) and _under(src.qualname(ctx.func) or "", _STREAM_SWITCHES) \
+                        and not _current_stream(src, ctx):
+                    yield node, f"work under {ast.unparse(ctx)[:50]}"
+                elif _container_key(ctx) in handles:
+                    yield node, f"work under stream {_container_key(ctx)}"
+        elif isinstance(node, ast.Call):
+            q = src.qualname(node.func) or ""
+            parent = src.parents.get(node)
+            in_with = isinstance(parent, ast.withitem)
+            if _under(q, _STREAM_SWITCHES) and not in_with and not _current_stream(src, node):
+                yield node, f"{q}() switches the current stream"
+            elif not in_with:
+                for kw in node.keywords:
+                    if kw.arg == "stream" and _mentions(kw.value, handles):
+                        yield node, f"launch with stream={ast.unparse(kw.value)[:40]}"
+                        break
+                else:
+                    if any(isinstance(a, ast.Attribute) and a.attr in ("cuda_stream", "ptr", "handle")
+                           and _container_key(a.value) in handles for a in node.args):
+                        yield node, "launch on a stream handle the program made"
+
+
+def _joined_after(src: SourceInfo, use: ast.AST) -> bool:
+    """A join (synchronize, wait_stream, wait_event, event.wait) after the use and before any return
+    that follows it in the same function."""
+    scope = src.enclosing(use, (ast.FunctionDef, ast.AsyncFunctionDef)) or src.tree
+    end = getattr(use, "end_lineno", None) or _line(use) or 0
+    start = _line(use) or 0
+    returns = sorted(_line(n) or 0 for n in ast.walk(scope) if isinstance(n, ast.Return) and (_line(n) or 0) >= start)
+    limit = returns[0] if returns else float("inf")
+    if limit <= end:
+        return False  # returns from inside the block that put work on the side stream
+    for n in ast.walk(scope):
+        if not isinstance(n, ast.Call) or not (end < (_line(n) or 0) <= limit):
+            continue
+        q = src.qualname(n.func) or ""
+        if q in ("torch.cuda.synchronize", "torch.cuda.current_stream().synchronize"):
+            return True
+        if isinstance(n.func, ast.Attribute) and n.func.attr in _JOIN_METHODS:
+            return True
+    return False
+
+
+def _cpp_sources(src: SourceInfo) -> Iterator[tuple[ast.AST, str]]:
+    """String constants (and resolved load_inline sources) that hold C/C++/CUDA code."""
+    marker = re.compile(r"#include|__global__|\btorch::|PYBIND11_MODULE|\bat::Tensor\b")
+    for node in ast.walk(src.tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and marker.search(node.value):
+            yield node, _C_COMMENT.sub("", node.value)
+
+
 @register(R.STREAM_CREATION)
 def _stream_creation(src: SourceInfo) -> Iterator[Hit]:
-    exact = {"torch.cuda.stream", "torch.cuda.set_stream", "torch.cuda.StreamContext", "torch.cuda.use_stream",
-             "torch.cuda.streams.Stream", "torch.cuda.streams.ExternalStream", "torch.Stream",
-             "torch.cuda.Stream", "torch.cuda.ExternalStream", "cupy.cuda.Stream", "numba.cuda.stream"}
-    for node, q in src.calls():
-        last = q.rsplit(".", 1)[-1]
-        if q in exact or (q.startswith("torch.") and last in ("Stream", "ExternalStream")):
-            yield Hit(_line(node), f"{q}() creates or switches CUDA streams; work on a side stream can escape "
-                                   "the timed stream")
+    handles = _stream_handles(src)
+    for use, what in _stream_uses(src, handles):
+        if not _joined_after(src, use):
+            yield Hit(_line(use), f"{what}, not joined before returning: work on a side stream can escape the "
+                                  "timed stream (join it with wait_stream, synchronize or an event)")
+    for node, code in _cpp_sources(src):
+        m = _CPP_SIDE_STREAM.search(code)
+        if m and not _CPP_JOIN.search(code):
+            yield Hit(_line(node), f"C++/CUDA source uses {m.group(0)} and never synchronises or waits on it: "
+                                   "work on a side stream can escape the timed stream")
 
 
 _THREAD_CALLS = ("threading.Thread", "threading.Timer", "_thread.start_new_thread", "_thread.start_new",
@@ -639,18 +768,69 @@ _BUILD_ENV = ("TORCH_CUDA_ARCH_LIST", "TORCH_EXTENSIONS_DIR", "CXX", "CC", "MAX_
               "CUDA_PATH", "CXXFLAGS", "CFLAGS", "LDFLAGS", "NVCC_FLAGS", "TRITON_CACHE_DIR")
 
 
+# Global settings set to the value they already have change nothing. PyTorch's defaults, as of
+# the torch this package supports; a flag set to anything else, or to a value the syntax tree
+# cannot read, is a change.
+_SETTING_DEFAULTS: dict[str, tuple[object, ...]] = {
+    "torch.backends.cudnn.allow_tf32": (True,),
+    "torch.backends.cuda.matmul.allow_tf32": (False,),
+    "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": (True,),
+    "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": (True,),
+    "torch.backends.cuda.matmul.allow_fp16_accumulation": (False,),
+    "torch.backends.fp32_precision": ("ieee", "none"),
+    "torch.backends.cuda.matmul.fp32_precision": ("ieee", "none"),
+    "torch.backends.cudnn.fp32_precision": ("ieee", "none"),
+    "torch.backends.cudnn.conv.fp32_precision": ("tf32",),
+    "torch.backends.cudnn.rnn.fp32_precision": ("tf32",),
+    "torch.backends.mkldnn.fp32_precision": ("ieee", "none"),
+    "torch.backends.mkldnn.matmul.fp32_precision": ("ieee", "none"),
+    "torch.backends.mkldnn.conv.fp32_precision": ("ieee", "none"),
+    "torch.backends.mkldnn.rnn.fp32_precision": ("ieee", "none"),
+    "torch.backends.cudnn.benchmark": (False,),
+    "torch.backends.cudnn.deterministic": (False,),
+    "torch.backends.cudnn.enabled": (True,),
+    "torch.backends.mkldnn.enabled": (True,),
+}
+_CALL_DEFAULTS: dict[str, tuple[object, ...]] = {
+    "torch.set_float32_matmul_precision": ("highest",),
+    "torch.set_default_dtype": ("torch.float32", "torch.float"),
+    "torch.set_flush_denormal": (False,),
+    "torch.use_deterministic_algorithms": (False,),
+}
+
+
+def _setting_value(node: ast.AST) -> ast.AST | None:
+    """The value a settings store assigns (x.y = v, setattr(x, "y", v))."""
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        return node.value
+    if isinstance(node, ast.Call) and len(node.args) >= 3:
+        return node.args[2]
+    return None
+
+
+def _is_default(src: SourceInfo, setting: str, value: ast.AST | None) -> bool:
+    defaults = _SETTING_DEFAULTS.get(setting) if setting in _SETTING_DEFAULTS else _CALL_DEFAULTS.get(setting)
+    if defaults is None or value is None:
+        return False
+    if isinstance(value, ast.Constant):
+        return any(type(value.value) is type(d) and value.value == d for d in defaults)
+    q = src.qualname(value)
+    return q is not None and q in defaults
+
+
 @register(R.PRECISION_CHANGE)
 def _precision_change(src: SourceInfo) -> Iterator[Hit]:
     for node, q in _setting_stores(src):
-        if _PRECISION_ATTR.search(q.rsplit(".", 1)[-1]) or _PRECISION_ATTR.search(q):
-            yield Hit(_line(node), f"sets {q}, a global precision setting")
+        if (_PRECISION_ATTR.search(q.rsplit(".", 1)[-1]) or _PRECISION_ATTR.search(q)) \
+                and not _is_default(src, q, _setting_value(node)):
+            yield Hit(_line(node), f"sets {q}, a global precision setting, away from its default")
     for node, q in src.calls():
         if q == "torch.set_float32_matmul_precision":
             arg = _const_str(node.args[0]) if node.args else None
             if arg != "highest":
                 yield Hit(_line(node), f"torch.set_float32_matmul_precision({arg or '...'!r}) lowers float32 "
                                        "matmul precision globally")
-        elif _under(q, _PRECISION_CALLS):
+        elif _under(q, _PRECISION_CALLS) and not _is_default(src, q, node.args[0] if node.args else None):
             yield Hit(_line(node), f"{q}() changes global precision")
     for node, key, _ in _env_writes(src):
         if key in _PRECISION_ENV:
@@ -673,7 +853,8 @@ def _thread_setting_change(src: SourceInfo) -> Iterator[Hit]:
 @register(R.BACKEND_SETTING_CHANGE)
 def _backend_setting_change(src: SourceInfo) -> Iterator[Hit]:
     for node, q in _setting_stores(src):
-        if not (_PRECISION_ATTR.search(q.rsplit(".", 1)[-1]) or _PRECISION_ATTR.search(q)):
+        if not (_PRECISION_ATTR.search(q.rsplit(".", 1)[-1]) or _PRECISION_ATTR.search(q)) \
+                and not _is_default(src, q, _setting_value(node)):
             yield Hit(_line(node), f"sets {q}, a global backend setting")
     calls = ("torch.use_deterministic_algorithms", "torch.set_deterministic_debug_mode",
              "torch.backends.cuda.enable_flash_sdp", "torch.backends.cuda.enable_mem_efficient_sdp",
@@ -684,8 +865,9 @@ def _backend_setting_change(src: SourceInfo) -> Iterator[Hit]:
                        "torch.autograd.grad_mode.set_grad_enabled", "torch._C._set_grad_enabled",
                        "torch.inference_mode", "gc.disable", "gc.freeze", "gc.set_threshold")
     for node, q in src.calls():
-        if _under(q, calls) or (q.startswith("torch._C._set_") and not _under(q, _PRECISION_CALLS)
-                                and q != "torch._C._set_num_threads"):
+        if (_under(q, calls) or (q.startswith("torch._C._set_") and not _under(q, _PRECISION_CALLS)
+                                 and q != "torch._C._set_num_threads")) \
+                and not _is_default(src, q, node.args[0] if node.args else None):
             yield Hit(_line(node), f"{q}() changes a global backend setting")
         elif _under(q, statement_calls) and isinstance(src.parents.get(node), ast.Expr):
             yield Hit(_line(node), f"{q}() as a statement changes global state for everything that runs later")
@@ -709,50 +891,441 @@ def _reduced_precision(src: SourceInfo) -> Iterator[Hit]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("half", "bfloat16") \
                 and not node.args:
             yield Hit(_line(node), f".{node.func.attr}() converts to reduced precision")
-        elif _is_code_string(src, node) and node.value.strip() in ("--use_fast_math", "-use_fast_math",
-                                                                   "-ffast-math", "-Ofast"):
+
+
+@register(R.FAST_MATH)
+def _fast_math(src: SourceInfo) -> Iterator[Hit]:
+    for node in ast.walk(src.tree):
+        if _is_code_string(src, node) and node.value.strip() in ("--use_fast_math", "-use_fast_math",
+                                                                 "-ffast-math", "-Ofast"):
             yield Hit(_line(node), f"compiles with {node.value.strip()}, which relaxes IEEE float semantics")
 
 
 # ---------------------------------------------------------------------------------------------
 # The outside world: files, environment, network, native code, dynamic code, introspection
 
-_FILE_CALLS = ("builtins.open", "io.open", "io.FileIO", "os.open", "os.fdopen", "os.write", "os.read",
-               "os.pwrite", "os.pread", "os.writev", "os.remove", "os.unlink", "os.rename", "os.replace",
-               "os.renames", "os.mkdir", "os.makedirs", "os.rmdir", "os.removedirs", "os.listdir", "os.scandir",
-               "os.walk", "os.chdir", "os.chmod", "os.chown", "os.truncate", "os.ftruncate", "os.dup", "os.dup2",
-               "os.pipe", "os.mkfifo", "os.link", "os.symlink", "os.sendfile", "os.memfd_create", "os.fsync",
-               "shutil", "tempfile", "glob", "fileinput", "torch.save", "torch.load", "torch.from_file",
-               "torch.UntypedStorage.from_file", "torch.TypedStorage.from_file", "numpy.save", "numpy.savez",
-               "numpy.savez_compressed", "numpy.load", "numpy.fromfile", "numpy.loadtxt", "numpy.savetxt",
-               "numpy.genfromtxt", "numpy.memmap", "pickle.dump", "pickle.load", "json.dump", "json.load",
-               "sys.stdout.fileno", "linecache")
-_FILE_MODULES = ("shutil", "tempfile", "glob", "fileinput")
+# Files. A candidate runs with its own temporary folder as cwd, HOME and TMPDIR, and builds in the
+# folder TORCH_EXTENSIONS_DIR names; what it reads and writes there is its own business (sources
+# written for torch's file-based loader, say). Everything else is refused: other paths, raw file
+# descriptors (the judge's channel is one), and Python files anywhere (they shadow imports).
+
+# Calls that take paths, and which arguments are paths: positions, keyword names.
+_PATH_ARGS: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
+    "builtins.open": ((0,), ("file",)), "io.open": ((0,), ("file",)), "io.FileIO": ((0,), ("file", "name")),
+    "os.open": ((0,), ("path",)), "os.remove": ((0,), ("path",)), "os.unlink": ((0,), ("path",)),
+    "os.mkdir": ((0,), ("path",)), "os.makedirs": ((0,), ("name",)), "os.rmdir": ((0,), ("path",)),
+    "os.removedirs": ((0,), ("name",)), "os.listdir": ((0,), ("path",)), "os.scandir": ((0,), ("path",)),
+    "os.walk": ((0,), ("top",)), "os.chdir": ((0,), ("path",)), "os.chmod": ((0,), ("path",)),
+    "os.chown": ((0,), ("path",)), "os.truncate": ((0,), ("path",)), "os.mkfifo": ((0,), ("path",)),
+    "os.rename": ((0, 1), ("src", "dst")), "os.replace": ((0, 1), ("src", "dst")),
+    "os.renames": ((0, 1), ("old", "new")), "os.link": ((0, 1), ("src", "dst")),
+    "os.symlink": ((0, 1), ("src", "dst")),
+    "shutil.copy": ((0, 1), ("src", "dst")), "shutil.copy2": ((0, 1), ("src", "dst")),
+    "shutil.copyfile": ((0, 1), ("src", "dst")), "shutil.copytree": ((0, 1), ("src", "dst")),
+    "shutil.move": ((0, 1), ("src", "dst")), "shutil.rmtree": ((0,), ("path",)),
+    "glob.glob": ((0,), ("pathname",)), "glob.iglob": ((0,), ("pathname",)),
+    "torch.save": ((1,), ("f",)), "torch.load": ((0,), ("f",)), "torch.from_file": ((0,), ("filename",)),
+    "torch.UntypedStorage.from_file": ((0,), ("filename",)), "torch.TypedStorage.from_file": ((0,), ("filename",)),
+    "numpy.save": ((0,), ("file",)), "numpy.savez": ((0,), ("file",)), "numpy.savez_compressed": ((0,), ("file",)),
+    "numpy.savetxt": ((0,), ("fname",)), "numpy.load": ((0,), ("file",)), "numpy.fromfile": ((0,), ("file",)),
+    "numpy.loadtxt": ((0,), ("fname",)), "numpy.genfromtxt": ((0,), ("fname",)),
+    "numpy.memmap": ((0,), ("filename",)),
+}
+# Calls whose file argument is an open file object (or a path).
+_FILE_OBJECT_ARGS: dict[str, tuple[int, str]] = {
+    "pickle.dump": (1, "file"), "pickle.load": (0, "file"), "json.dump": (1, "fp"), "json.load": (0, "fp"),
+}
+# tempfile calls create inside TMPDIR (the candidate's own folder) unless `dir` points elsewhere.
+_TEMPFILE_DIR_ARG: dict[str, int] = {"tempfile.mkdtemp": 2, "tempfile.mkstemp": 2, "tempfile.mktemp": 2,
+                                     "tempfile.TemporaryDirectory": 2, "tempfile.NamedTemporaryFile": 6,
+                                     "tempfile.TemporaryFile": 6, "tempfile.SpooledTemporaryFile": 7}
+_WRITING = frozenset({"os.mkdir", "os.makedirs", "os.mkfifo", "os.truncate", "os.rename", "os.replace", "os.renames",
+                      "os.link", "os.symlink", "shutil.copy", "shutil.copy2", "shutil.copyfile", "shutil.copytree",
+                      "shutil.move", "torch.save", "numpy.save", "numpy.savez", "numpy.savez_compressed",
+                      "numpy.savetxt"})
+# Raw descriptors (the judge's result channel is one) and readers of other programs' files:
+# refused wherever they point.
+_FD_CALLS = ("os.fdopen", "os.write", "os.read", "os.pwrite", "os.pread", "os.writev", "os.readv", "os.dup",
+             "os.dup2", "os.pipe", "os.pipe2", "os.fstat", "os.lseek", "os.close", "os.closerange", "os.sendfile",
+             "os.memfd_create", "os.fsync", "os.ftruncate", "os.set_inheritable", "os.set_blocking", "os.openpty",
+             "os.get_inheritable", "sys.stdout.fileno", "sys.stderr.fileno", "sys.stdin.fileno", "fcntl",
+             "fileinput", "linecache", "os.fwalk")
 _PATH_IO_METHODS = frozenset({"read_text", "write_text", "read_bytes", "write_bytes"})
 _PATHLIB_METHODS = frozenset({"open", "unlink", "mkdir", "rmdir", "touch", "rename", "replace", "iterdir", "glob",
                               "rglob", "exists", "is_file", "is_dir", "stat", "symlink_to", "hardlink_to",
                               "chmod", "read_text", "write_text", "read_bytes", "write_bytes", "walk"})
+_PATHLIB_WRITING = frozenset({"write_text", "write_bytes", "touch", "mkdir", "rename", "replace", "symlink_to",
+                              "hardlink_to"})
+_PYTHON_FILE = re.compile(r"(\.(py|pyc|pyo|pyw|pth)|(^|/)(sitecustomize|usercustomize))$")
+
+
+class Own(enum.Enum):
+    """Where a path expression provably points, relative to the candidate's own folders."""
+
+    NO = "no"  # elsewhere, or not provable from the syntax tree
+    FILE = "file"  # a file directly in the candidate's own folder (its own source, `__file__`)
+    DIR = "dir"  # the candidate's own temp or build folder, or a path below it
+
+
+def _join_own(kinds: Iterable[Own]) -> Own:
+    """The kind every one of several possible values has (DIR when FILE and DIR mix)."""
+    kinds = list(kinds)
+    if not kinds or Own.NO in kinds:
+        return Own.NO
+    return Own.FILE if all(k is Own.FILE for k in kinds) else Own.DIR
+
+
+_OWN_DIR_CALLS = frozenset({"tempfile.mkdtemp", "tempfile.gettempdir", "tempfile.gettempdirb", "os.getcwd",
+                            "os.getcwdb", "pathlib.Path.cwd", "pathlib.Path.home",
+                            "torch.utils.cpp_extension._get_build_directory",
+                            "torch.utils.cpp_extension.get_default_build_root"})
+# The build folder the judge names through the environment; its parent is shared by every program.
+_OWN_DIR_ENV = frozenset({"TORCH_EXTENSIONS_DIR"})
+_SAME_PATH_CALLS = frozenset({"os.path.abspath", "os.path.realpath", "os.path.normpath", "os.path.expanduser",
+                              "builtins.str", "os.fspath", "pathlib.Path", "pathlib.PurePath", "pathlib.PosixPath"})
+_DIRNAME_CALLS = frozenset({"os.path.dirname"})
+
+
+class PathOwnership:
+    """Decides, from the syntax tree alone, whether a path expression stays in the candidate's folders.
+
+    Roots: `tempfile.mkdtemp()`/`gettempdir()`, `TemporaryDirectory()` (its name), `os.getcwd()`,
+    `Path.cwd()`, `Path.home()`, `~`, torch's build-folder functions, `os.environ["TORCH_EXTENSIONS_DIR"]`
+    (and `.get`/`getenv` of it), relative literal paths, and the folder of `__file__`. Joins
+    (`os.path.join`, `/`, f-strings and `+` that continue with a separator) keep a root's kind;
+    one parent step from `__file__` is the own folder, any other parent step leaves it. Names and
+    `self.x` attributes are followed through every assignment to them: all must be own.
+
+    A literal `..` or absolute component refuses the path; a component computed at run time is
+    trusted, as every static rule trusts strings it cannot read (documented in the README).
+    """
+
+    def __init__(self, src: SourceInfo) -> None:
+        self.src = src
+        self.names: dict[str, list[ast.AST]] = {}
+        self.attrs: dict[str, list[ast.AST]] = {}
+        self.temp_objects: set[str] = set()  # names bound to tempfile objects with a `.name`
+        self.open_files: dict[str, ast.Call] = {}  # names bound to open(...) file objects
+        for node in ast.walk(src.tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    self._bind(t, node.value)
+            elif isinstance(node, ast.NamedExpr):
+                self._bind(node.target, node.value)
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                for item in node.items:
+                    if item.optional_vars is not None:
+                        self._bind_with(item.optional_vars, item.context_expr)
+            elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+                self._bind_loop(node.target, node.iter)
+
+    def _bind(self, target: ast.AST, value: ast.AST) -> None:
+        if isinstance(target, ast.Name):
+            self.names.setdefault(target.id, []).append(value)
+            q = self.src.qualname(value.func) if isinstance(value, ast.Call) else None
+            if q in ("tempfile.NamedTemporaryFile", "tempfile.TemporaryDirectory", "tempfile.SpooledTemporaryFile"):
+                self.temp_objects.add(target.id)
+            if q in ("builtins.open", "io.open") and isinstance(value, ast.Call):
+                self.open_files[target.id] = value
+        elif isinstance(target, ast.Attribute):
+            key = _container_key(target)
+            if key:
+                self.attrs.setdefault(key, []).append(value)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            q = self.src.qualname(value.func) if isinstance(value, ast.Call) else None
+            if q == "tempfile.mkstemp" and len(target.elts) == 2:
+                # fd, path = tempfile.mkstemp(): the path is own when the call is
+                self._bind(target.elts[1], ast.Subscript(value=value, slice=ast.Constant(1), ctx=ast.Load()))
+            else:
+                for t in target.elts:
+                    self._bind(t, ast.Constant(value=None))  # unpacked from something unknown
+
+    def _bind_with(self, target: ast.AST, ctx: ast.AST) -> None:
+        q = self.src.qualname(ctx.func) if isinstance(ctx, ast.Call) else None
+        if q == "tempfile.TemporaryDirectory" and isinstance(target, ast.Name):
+            # `with TemporaryDirectory() as d`: d is the folder's name
+            self.names.setdefault(target.id, []).append(ast.Attribute(value=ctx, attr="name", ctx=ast.Load()))
+        else:
+            self._bind(target, ctx)
+
+    def _bind_loop(self, target: ast.AST, iterable: ast.AST) -> None:
+        if isinstance(target, ast.Name):
+            elts = _literal_elements(self.src, iterable)
+            values = elts if elts is not None else [ast.Constant(value=None)]
+            self.names.setdefault(target.id, []).extend(values)
+
+    # -- kinds --------------------------------------------------------------------------------
+
+    def kind(self, node: ast.AST | None, seen: frozenset[str] = frozenset()) -> Own:
+        if node is None:
+            return Own.NO
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return Own.DIR if _relative_and_safe(node.value) else Own.NO
+        if isinstance(node, ast.Name):
+            if node.id == "__file__":
+                return Own.FILE
+            if node.id in seen or node.id not in self.names:
+                return Own.NO
+            return _join_own(self.kind(v, seen | {node.id}) for v in self.names[node.id])
+        if isinstance(node, ast.Attribute):
+            key = _container_key(node)
+            if key and key.startswith("self.") and key in self.attrs and key not in seen:
+                return _join_own(self.kind(v, seen | {key}) for v in self.attrs[key])
+            if node.attr == "name" and self._is_temp_object(node.value):
+                return Own.DIR
+            if node.attr == "parent":
+                return _parent(self.kind(node.value, seen))
+            return Own.NO
+        if isinstance(node, ast.Subscript):
+            q = self.src.qualname(node.value)
+            if q in ("os.environ", "os.environb") and _const_str(node.slice) in _OWN_DIR_ENV:
+                return Own.DIR
+            if isinstance(node.value, ast.Call) and self.src.qualname(node.value.func) == "tempfile.mkstemp" \
+                    and isinstance(node.slice, ast.Constant) and node.slice.value == 1:
+                return self.tempfile_kind(node.value, "tempfile.mkstemp")
+            return Own.NO
+        if isinstance(node, ast.BoolOp):
+            return _join_own(self.kind(v, seen) for v in node.values)
+        if isinstance(node, ast.IfExp):
+            return _join_own([self.kind(node.body, seen), self.kind(node.orelse, seen)])
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            return Own.DIR if self.kind(node.left, seen) is Own.DIR and _safe_component(self.src, node.right) \
+                else Own.NO
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return self._concat(_added_parts(node), seen)
+        if isinstance(node, ast.JoinedStr):
+            return self._concat([v.value if isinstance(v, ast.FormattedValue) else v for v in node.values], seen)
+        if isinstance(node, ast.Call):
+            return self._call_kind(node, seen)
+        return Own.NO
+
+    def _call_kind(self, node: ast.Call, seen: frozenset[str]) -> Own:
+        q = self.src.qualname(node.func) or ""
+        if q in _OWN_DIR_CALLS:
+            return self.tempfile_kind(node, q) if q.startswith("tempfile.") else Own.DIR
+        if q in ("os.environ.get", "os.getenv") and node.args and _const_str(node.args[0]) in _OWN_DIR_ENV:
+            default = node.args[1] if len(node.args) > 1 else None
+            if default is None or (isinstance(default, ast.Constant) and default.value is None):
+                return Own.DIR
+            return _join_own([Own.DIR, self.kind(default, seen)])
+        if q == "os.path.expanduser" and node.args:
+            text = _const_str(node.args[0])
+            if text is not None and (text == "~" or text.startswith("~/")):
+                return Own.DIR if _relative_and_safe(text[2:]) else Own.NO
+        if q in _SAME_PATH_CALLS and node.args:
+            return self.kind(node.args[0], seen)
+        if q in _DIRNAME_CALLS and node.args:
+            return _parent(self.kind(node.args[0], seen))
+        if q == "os.path.join" and node.args:
+            first = self.kind(node.args[0], seen)
+            if first is Own.DIR and all(_safe_component(self.src, a) for a in node.args[1:]):
+                return Own.DIR
+            return Own.NO
+        if isinstance(node.func, ast.Attribute) and node.func.attr in ("resolve", "absolute", "expanduser") \
+                and not node.args:
+            return self.kind(node.func.value, seen)
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "joinpath":
+            base = self.kind(node.func.value, seen)
+            return Own.DIR if base is Own.DIR and all(_safe_component(self.src, a) for a in node.args) else Own.NO
+        return Own.NO
+
+    def tempfile_kind(self, node: ast.Call, q: str) -> Own:
+        """A tempfile call creates inside the candidate's TMPDIR unless `dir` points elsewhere."""
+        pos = _TEMPFILE_DIR_ARG.get(q)
+        where = _kw(node, "dir", pos)
+        if where is None or (isinstance(where, ast.Constant) and where.value is None):
+            return Own.DIR
+        return Own.DIR if self.kind(where) is Own.DIR else Own.NO
+
+    def _concat(self, parts: list[ast.AST], seen: frozenset[str]) -> Own:
+        """String building: an own root first, then a separator before anything else is added."""
+        if not parts:
+            return Own.NO
+        literals = [_const_str(p) for p in parts]
+        if any(t is not None and ".." in t.split("/") for t in literals):
+            return Own.NO
+        head = parts[0]
+        if literals[0] is not None:
+            return Own.DIR if _relative_and_safe(literals[0]) else Own.NO
+        root = self.kind(head, seen)
+        if root is not Own.DIR:
+            return Own.NO
+        if len(parts) == 1:
+            return Own.DIR
+        nxt = parts[1]
+        text = _const_str(nxt)
+        if text is not None:
+            # f"{root}/x" stays inside; f"{root}_x" names a sibling of the folder
+            return Own.DIR if text.startswith("/") or text == "" else Own.NO
+        return Own.DIR if self.src.qualname(nxt) in ("os.sep", "os.path.sep") else Own.NO
+
+    def _is_temp_object(self, node: ast.AST) -> bool:
+        if isinstance(node, ast.Call):
+            return self.src.qualname(node.func) in ("tempfile.NamedTemporaryFile", "tempfile.TemporaryDirectory",
+                                                     "tempfile.SpooledTemporaryFile") \
+                and self.tempfile_kind(node, self.src.qualname(node.func) or "") is Own.DIR
+        if isinstance(node, ast.Name) and node.id in self.temp_objects:
+            return all(self._is_temp_object(v) for v in self.names.get(node.id, []) if isinstance(v, ast.Call))
+        return False
+
+    def own_file_object(self, node: ast.AST) -> bool:
+        """A file object opened on an own path (for json/pickle dump and load)."""
+        if isinstance(node, ast.Name):
+            if node.id in self.temp_objects:
+                return self._is_temp_object(node)
+            call = self.open_files.get(node.id)
+            return call is not None and self.kind(_kw(call, "file", 0)) is not Own.NO
+        return self.kind(node) is not Own.NO
+
+    def strings(self, node: ast.AST, seen: frozenset[str] = frozenset()) -> set[str]:
+        """Literal strings a path expression can be built from (names followed), for suffix checks."""
+        out: set[str] = set()
+        for n in ast.walk(node):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                out.add(n.value)
+            elif isinstance(n, ast.Name) and n.id in self.names and n.id not in seen:
+                for v in self.names[n.id]:
+                    out |= self.strings(v, seen | {n.id})
+        return out
+
+
+def _added_parts(node: ast.AST) -> list[ast.AST]:
+    """`a + b + c` as [a, b, c]."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _added_parts(node.left) + _added_parts(node.right)
+    return [node]
+
+
+def _parent(kind: Own) -> Own:
+    # The folder of an own file is the own folder; the parent of the own folder is shared.
+    return Own.DIR if kind is Own.FILE else Own.NO
+
+
+def _relative_and_safe(text: str) -> bool:
+    return not text.startswith(("/", "~", "\\")) and ".." not in re.split(r"[/\\]", text)
+
+
+def _safe_component(src: SourceInfo, node: ast.AST) -> bool:
+    """A component joined onto an own folder: no literal `..` or absolute part (computed ones trusted)."""
+    text = _const_str(node)
+    if text is not None:
+        return _relative_and_safe(text)
+    if isinstance(node, ast.JoinedStr) and node.values:
+        first = _const_str(node.values[0])
+        if first is not None and first.startswith(("/", "\\")):
+            return False
+        return not any(".." in re.split(r"[/\\]", _const_str(v) or "") for v in node.values)
+    elements = _literal_elements(src, node) if isinstance(node, ast.Name) else None
+    if elements is not None:
+        return all(_safe_component(src, e) for e in elements)
+    return True
+
+
+def _literal_elements(src: SourceInfo, node: ast.AST, depth: int = 0) -> list[ast.AST] | None:
+    """The elements of a literal tuple/list/set (directly, or through a name bound only to one)."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return list(node.elts)
+    if isinstance(node, ast.Name) and depth < 3:
+        values = src.assigned.get(node.id, [])
+        if len(values) == 1:
+            return _literal_elements(src, values[0], depth + 1)
+    return None
+
+
+def _open_writes(node: ast.Call) -> bool:
+    mode = _kw(node, "mode", 1)
+    if mode is None:
+        return False
+    text = _const_str(mode)
+    return text is None or any(c in text for c in "wax+")
+
+
+def _os_open_writes(src: SourceInfo, node: ast.Call) -> bool:
+    flags = _kw(node, "flags", 1)
+    if flags is None:
+        return False
+    names = {src.qualname(n) for n in ast.walk(flags)}
+    # only read-only flags named: a read; anything else (a number, a computed value) may write
+    return not (names <= {"os.O_RDONLY", "os.O_CLOEXEC", "os.O_NONBLOCK", None}
+                and not isinstance(flags, ast.Constant))
 
 
 @register(R.FILE_ACCESS)
 def _file_access(src: SourceInfo) -> Iterator[Hit]:
+    paths = PathOwnership(src)
+
+    def judge(node: ast.Call, what: str, path: ast.AST | None, writes: bool) -> Iterator[Hit]:
+        if path is None:
+            return
+        kind = paths.kind(path)
+        shown = ast.unparse(path)[:60]
+        if kind is Own.NO:
+            yield Hit(_line(node), f"{what} reaches {shown}, outside the candidate's own temp and build folders")
+        elif writes:
+            python = sorted(s for s in paths.strings(path) if _PYTHON_FILE.search(s))
+            if python:
+                yield Hit(_line(node), f"{what} writes a Python file ({python[0]}): files that can shadow imports "
+                                       "are refused even in the candidate's own folder")
+
     for node, q in src.calls():
         if _under(q, ("torch.utils.cpp_extension",)):
             continue
-        if _under(q, _FILE_CALLS):
-            yield Hit(_line(node), f"{_pretty(q)}() touches files or file descriptors")
-        elif q.startswith("pathlib.") and q.rsplit(".", 1)[-1] in _PATHLIB_METHODS and "()" in q:
-            yield Hit(_line(node), f"{q} touches files")
+        if _under(q, _FD_CALLS):
+            yield Hit(_line(node), f"{_pretty(q)}() uses raw file descriptors or reads other programs' files")
+        elif q in _PATH_ARGS:
+            positions, names = _PATH_ARGS[q]
+            writes = q in _WRITING or (q in ("builtins.open", "io.open", "io.FileIO") and _open_writes(node)) \
+                or (q == "os.open" and _os_open_writes(src, node))
+            given = False
+            for i, (pos, kw) in enumerate(zip(positions, names)):
+                arg = _kw(node, kw, pos)
+                if arg is not None:
+                    given = True
+                    # a copy's or rename's destination is what is written
+                    yield from judge(node, f"{_pretty(q)}()", arg, writes and (i == len(positions) - 1))
+            if not given and q not in ("os.listdir", "os.scandir", "os.walk") and not node.args:
+                yield Hit(_line(node), f"{_pretty(q)}() with a path the syntax tree cannot read")
+        elif q in _FILE_OBJECT_ARGS:
+            pos, kw = _FILE_OBJECT_ARGS[q]
+            arg = _kw(node, kw, pos)
+            if arg is None or not paths.own_file_object(arg):
+                yield Hit(_line(node), f"{_pretty(q)}() on a file outside the candidate's own folders")
+        elif q in _TEMPFILE_DIR_ARG or q in ("tempfile.gettempdir", "tempfile.gettempdirb"):
+            if q in _TEMPFILE_DIR_ARG and paths.tempfile_kind(node, q) is Own.NO:
+                yield Hit(_line(node), f"{q}() creates in a folder outside the candidate's own")
+        elif _under(q, ("shutil", "glob", "tempfile")) and q not in ("shutil.which", "shutil.get_terminal_size"):
+            yield Hit(_line(node), f"{q}() touches files the syntax tree cannot place")
     for node in ast.walk(src.tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            if node.func.attr in _PATH_IO_METHODS or node.func.attr == "tofile":
-                yield Hit(_line(node), f".{node.func.attr}() reads or writes a file")
+            attr, receiver = node.func.attr, node.func.value
+            rq = src.qualname(receiver) or ""
+            if rq and "()" not in rq and not rq.startswith("pathlib"):
+                continue  # a module function (os.mkdir, ...), judged above by its qualified name
+            if attr == "tofile":
+                yield from judge(node, ".tofile()", _kw(node, "fid", 0), True)
+            elif attr in _PATH_IO_METHODS or (attr in _PATHLIB_METHODS and _pathlike(src, paths, receiver)):
+                yield from judge(node, f".{attr}()", receiver, attr in _PATHLIB_WRITING)
+                if attr in ("rename", "replace", "symlink_to", "hardlink_to") and node.args:
+                    yield from judge(node, f".{attr}()", node.args[0], True)
         elif _is_code_string(src, node) \
                 and re.search(r"/proc/|/dev/(shm|fd|mem)|/sys/", node.value) and "environ" not in node.value:
             yield Hit(_line(node), f"names the system path {node.value[:40]!r}")
-        for name in _imported_modules(node):
-            if _under(name, _FILE_MODULES):
-                yield Hit(_line(node), f"imports {name}, a file-system module")
+
+
+def _pathlike(src: SourceInfo, paths: PathOwnership, node: ast.AST) -> bool:
+    """Whether a method's receiver is a pathlib path (so .exists(), .mkdir() are file access)."""
+    if paths.kind(node) is not Own.NO:
+        return True
+    q = src.qualname(node.func) if isinstance(node, ast.Call) else src.qualname(node)
+    if q and q.startswith("pathlib."):
+        return True
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        return _pathlike(src, paths, node.left)
+    if isinstance(node, ast.Name):
+        return any(_pathlike(src, paths, v) for v in paths.names.get(node.id, [])
+                   if not (isinstance(v, ast.Name) and v.id == node.id))
+    return False
 
 
 def _is_code_string(src: SourceInfo, node: ast.AST) -> bool:
@@ -792,11 +1365,28 @@ def _env_write_nodes(src: SourceInfo) -> set[int]:
     return ids
 
 
+# Build settings a program may read by name: what the judge sets for builds, never a secret.
+_READABLE_ENV = frozenset(_BUILD_ENV) | {"TORCH_EXTENSIONS_VERBOSE", "CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET"}
+
+
+def _reads_build_setting(src: SourceInfo, node: ast.AST) -> bool:
+    """os.environ["K"], os.environ.get("K"), os.getenv("K") or "K" in os.environ with K a build setting."""
+    parent = src.parents.get(node)
+    if isinstance(parent, ast.Subscript) and parent.value is node:
+        return _const_str(parent.slice) in _READABLE_ENV
+    if isinstance(parent, ast.Call) and parent.func is node and parent.args:
+        return _const_str(parent.args[0]) in _READABLE_ENV
+    if isinstance(parent, ast.Compare) and node in parent.comparators and len(parent.ops) == 1 \
+            and isinstance(parent.ops[0], (ast.In, ast.NotIn)):
+        return _const_str(parent.left) in _READABLE_ENV
+    return False
+
+
 @register(R.ENVIRONMENT_ACCESS)
 def _environment_access(src: SourceInfo) -> Iterator[Hit]:
     writes = _env_write_nodes(src)
     for node, q in src.refs():
-        if id(node) in writes:
+        if id(node) in writes or _reads_build_setting(src, node):
             continue
         if _under(q, ("os.environ", "os.environb", "posix.environ", "os.getenv", "os.getenvb")):
             if q.rsplit(".", 1)[-1] in ("setdefault", "update", "pop", "clear", "popitem"):
@@ -871,6 +1461,10 @@ def _dynamic_import(src: SourceInfo) -> Iterator[Hit]:
                 yield Hit(_line(node), "rebinds sys.path")
 
 
+_CPP_RUNS_PYTHON = re.compile(r"\bPyRun_\w+|\bPy_CompileString\w*|\bPyEval_EvalCode\w*|\bPyEval_GetFrame\w*|"
+                              r"\bpy(?:bind11)?::(?:exec|eval|eval_file)\b")
+
+
 @register(R.DYNAMIC_CODE)
 def _dynamic_code(src: SourceInfo) -> Iterator[Hit]:
     fns = ("builtins.eval", "builtins.exec", "builtins.compile", "marshal.loads", "pickle.loads", "dill",
@@ -878,6 +1472,11 @@ def _dynamic_code(src: SourceInfo) -> Iterator[Hit]:
     for node, q in src.calls():
         if _under(q, fns):
             yield Hit(_line(node), f"{_pretty(q)}() runs code built at run time")
+    for node, code in _cpp_sources(src):
+        m = _CPP_RUNS_PYTHON.search(code)
+        if m:
+            yield Hit(_line(node), f"C++ source calls {m.group(0)}: Python run from native code, out of sight of "
+                                   "the Python-level checks")
 
 
 _INTROSPECTION_CALLS = ("sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
@@ -936,6 +1535,38 @@ def _tensor_subclass(src: SourceInfo) -> Iterator[Hit]:
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
                 "as_subclass", "_make_subclass", "_make_wrapper_subclass"):
             yield Hit(_line(node), f".{node.func.attr}() creates a tensor subclass instance")
+    yield from _tensor_method_overrides(src)
+
+
+# Methods a harness calls on an output to move, copy or compare it. Replacing one on the object a
+# candidate returns defers work to whoever reads the output. Names common as data attributes
+# (size, type, max, ...) are left out: a config object's `x.size = 3` is no hack.
+_TENSOR_READ_METHODS = frozenset({"detach", "cpu", "cuda", "to", "clone", "numpy", "tolist", "item", "contiguous",
+                                  "float", "double", "__eq__", "__ne__", "eq", "equal", "allclose", "isclose",
+                                  "__sub__", "sub", "copy_", "data_ptr", "untyped_storage", "storage", "__array__",
+                                  "__repr__", "__format__", "__getitem__", "nan_to_num", "isnan", "isfinite",
+                                  "__torch_function__", "__torch_dispatch__"})
+
+
+def _tensor_method_overrides(src: SourceInfo) -> Iterator[Hit]:
+    for node in ast.walk(src.tree):
+        pairs: list[tuple[ast.AST, set[str]]] = []
+        for t in _store_targets(node):
+            if isinstance(t, ast.Attribute) and t.attr in _TENSOR_READ_METHODS:
+                pairs.append((t.value, {t.attr}))
+        if isinstance(node, ast.Call) and src.qualname(node.func) in ("builtins.setattr", "object.__setattr__") \
+                and len(node.args) >= 2:
+            names = _possible_strings(src, node.args[1]) or set()
+            if names & _TENSOR_READ_METHODS:
+                pairs.append((node.args[0], names & _TENSOR_READ_METHODS))
+        for owner, names in pairs:
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            q = src.qualname(owner)
+            if q and "()" not in q and q.split(".")[0] in _PATCH_ROOTS:
+                continue  # torch.Tensor.cpu = ...: module_patching
+            yield Hit(_line(node), f"overrides {', '.join(sorted(names))} on one object: whoever reads the "
+                                   "output through that method runs the candidate's code outside the timed call")
 
 
 _KEY_ATTRS = frozenset({"data_ptr", "shape", "size", "_version", "stride", "untyped_storage", "storage",
@@ -1021,6 +1652,25 @@ def _output_caching(src: SourceInfo) -> Iterator[Hit]:
             if what:
                 yield Hit(_line(node), f"cache keyed on {what}: results reused across calls")
     yield from _memoised_returns(src)
+    yield from _hidden_state(src)
+
+
+def _hidden_state(src: SourceInfo) -> Iterator[Hit]:
+    """State that outlives a call without being an attribute of the module: mutable default
+    arguments, attributes stored on functions, `nonlocal` closures, context variables."""
+    functions = {n.name for n in src.tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for node in ast.walk(src.tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
+                if _is_empty_container(src, d) or isinstance(d, (ast.Dict, ast.List, ast.Set)):
+                    yield Hit(_line(d), f"{node.name} keeps state across calls in a mutable default argument")
+        elif isinstance(node, ast.Nonlocal):
+            yield Hit(_line(node), f"a closure keeps state across calls (nonlocal {', '.join(node.names)})")
+        elif isinstance(node, ast.Call) and _under(src.qualname(node.func) or "", ("contextvars.ContextVar",)):
+            yield Hit(_line(node), "a context variable keeps state across calls")
+        for t in _store_targets(node):
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in functions:
+                yield Hit(_line(node), f"stores {t.attr} on the function {t.value.id}: state kept across calls")
 
 
 def _memoised_returns(src: SourceInfo) -> Iterator[Hit]:
@@ -1061,6 +1711,77 @@ def _rng_seeding(src: SourceInfo) -> Iterator[Hit]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "manual_seed" \
                 and src.qualname(node.func) is None:
             yield Hit(_line(node), ".manual_seed() seeds a random generator")
+
+
+# ---------------------------------------------------------------------------------------------
+# Rebinding a module's entry points after construction
+
+_ENTRY_ATTRS = frozenset({"forward", "__call__", "__class__", "_call_impl"})
+_CONSTRUCTORS = frozenset({"__init__", "__new__", "__init_subclass__", "__post_init__"})
+
+
+@register(R.FORWARD_REBINDING)
+def _forward_rebinding(src: SourceInfo) -> Iterator[Hit]:
+    """`self.forward = ...` outside the constructor, `type(m).__call__ = ...`, setattr forms, and
+    class-level `X.__call__ = ...` after the class body: later calls run something other than
+    the forward that was judged (typically a stored answer)."""
+    for node in ast.walk(src.tree):
+        targets: list[tuple[ast.AST, str]] = []
+        for t in _store_targets(node):
+            if isinstance(t, ast.Attribute) and t.attr in _ENTRY_ATTRS:
+                targets.append((t, t.attr))
+            elif isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute) and t.value.attr == "__dict__" \
+                    and _const_str(t.slice) in _ENTRY_ATTRS:
+                targets.append((t, _const_str(t.slice) or ""))
+        if isinstance(node, ast.Call) and src.qualname(node.func) in ("builtins.setattr", "object.__setattr__",
+                                                                       "builtins.object.__setattr__") \
+                and len(node.args) >= 2:
+            names = _possible_strings(src, node.args[1])
+            hit = sorted(n for n in names or () if n in _ENTRY_ATTRS)
+            if hit:
+                targets.append((node, hit[0]))
+        for target, attr in targets:
+            owner = target.value if isinstance(target, ast.Attribute) else None
+            owner_q = src.qualname(owner) if owner is not None else None
+            if owner_q and owner_q.split(".")[0] in _PATCH_ROOTS:
+                continue  # torch.nn.Module.__call__ = ...: module_patching
+            fn = src.enclosing(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if fn is None:
+                # Module level: binding a method on a class before any instance exists is a
+                # definition, except __call__/__class__, which change how the harness calls it.
+                if attr in ("forward", "_call_impl"):
+                    continue
+            elif isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in _CONSTRUCTORS:
+                continue
+            where = "at module level" if fn is None else f"in {getattr(fn, 'name', 'a lambda')}"
+            yield Hit(_line(node), f"rebinds {attr} {where}: calls after this one run something other than the "
+                                   "forward that was judged")
+
+
+def _possible_strings(src: SourceInfo, node: ast.AST, depth: int = 0) -> set[str] | None:
+    """The strings an expression can hold: a literal, or a name bound only to literals or looped over
+    a literal tuple. None when the tree cannot tell."""
+    text = _const_str(node)
+    if text is not None:
+        return {text}
+    if not isinstance(node, ast.Name) or depth > 3:
+        return None
+    out: set[str] = set()
+    found = False
+    for n in ast.walk(src.tree):
+        values: list[ast.AST] = []
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets):
+            values = [n.value]
+        elif isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)) and isinstance(n.target, ast.Name) \
+                and n.target.id == node.id:
+            values = _literal_elements(src, n.iter) or [ast.Name(id="<unknown>", ctx=ast.Load())]
+        for v in values:
+            found = True
+            got = _possible_strings(src, v, depth + 1)
+            if got is None:
+                return None
+            out |= got
+    return out if found else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ OUTCOMES = pytest.StashKey[dict]()
 
 @pytest.fixture
 def outcomes(request) -> dict:
-    """suite ("redteam-dynamic", "redteam-policy", "control") -> {fixture: (status, rules, ok)}."""
+    """suite ("redteam-dynamic", "redteam-policy", "control") -> {fixture: (status, rules, ok)};
+    "pending" -> {fixture: the defence it waits for}."""
     store = request.config.stash.get(OUTCOMES, None)
     if store is None:
         store = {}
@@ -22,6 +23,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not store:
         return
     tr = terminalreporter
+    pending = store.get("pending", {})
     tr.section("red-team and control verdicts")
     for suite in ("redteam-dynamic", "redteam-policy", "control"):
         runs = store.get(suite)
@@ -39,4 +41,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             tr.write_line(f"{suite}: {ok}/{len(runs)} got their expected verdict; "
                           f"{refused} refused ({summary})")
         for name, (status, rules, good) in sorted(runs.items()):
-            tr.write_line(f"  {'ok ' if good else 'BAD'} {name}: {status} {', '.join(rules)}")
+            label = "ok " if good else ("PENDING" if suite == "redteam-dynamic" and name in pending else "BAD")
+            tr.write_line(f"  {label} {name}: {status} {', '.join(rules)}")
+        if suite == "redteam-dynamic" and pending:
+            tr.write_line(f"  pending defences ({len(pending)}): " + "; ".join(
+                f"{name}: {why}" for name, why in sorted(pending.items())))

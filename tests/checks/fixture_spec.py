@@ -15,6 +15,10 @@ Each fixture under tests/fixtures/{redteam,control}/ starts with a docstring who
     CANARY: yes                    run the judge with canary secrets in its own environment
     SLOW: yes                      compiles C++ (load_inline, torch.compile): marked slow
     CPU-FORM: ...                  where the CPU form of the hack lives (documentation only)
+    PENDING: <defence>             the judge lacks the defence named here, so today the fixture does
+                                   not get its EXPECT verdict; the dynamic test expects it to fail
+                                   (xfail, strict): it turns into a failure once the defence exists
+                                   and the key is still there, so the key is dropped with the fix
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class FixtureSpec:
     max_speedup: float | None
     canary: bool
     slow: bool
+    pending: str | None = None  # the defence the judge lacks (PENDING:), None when none is missing
 
     @property
     def name(self) -> str:
@@ -81,7 +86,7 @@ def parse_fixture(path: Path) -> FixtureSpec:
     for line in doc.splitlines():
         m = _HEADER_LINE.match(line.strip())
         if m and m.group(1) in ("TASK", "DEVICE", "STATIC", "POLICY", "EXPECT", "MAX_SPEEDUP", "CANARY",
-                                "SLOW", "CPU-FORM"):
+                                "SLOW", "CPU-FORM", "PENDING"):
             fields[m.group(1)] = m.group(2)
         elif not fields:
             description.append(line)
@@ -106,10 +111,15 @@ def parse_fixture(path: Path) -> FixtureSpec:
             raise ValueError(f"{path.name}: flagged needs a rule (flagged:<rule>)")
         expect.append(Expectation(status=status, rule=rule or None))
     max_speedup = float(fields["MAX_SPEEDUP"]) if "MAX_SPEEDUP" in fields else None
+    if "PENDING" in fields and not fields["PENDING"]:
+        raise ValueError(f"{path.name}: PENDING needs the name of the missing defence")
+    if "PENDING" in fields and path.parent.name == "control":
+        raise ValueError(f"{path.name}: controls cannot be PENDING: a refused control is a false positive to fix")
     return FixtureSpec(path=path, source=source, description=" ".join(d.strip() for d in description).strip(),
                        task_file=task_file, device=device, static_rules=static,
                        policy=fields.get("POLICY", "open"), expect=tuple(expect), max_speedup=max_speedup,
-                       canary=fields.get("CANARY", "no") == "yes", slow=fields.get("SLOW", "no") == "yes")
+                       canary=fields.get("CANARY", "no") == "yes", slow=fields.get("SLOW", "no") == "yes",
+                       pending=fields.get("PENDING") or None)
 
 
 def redteam_specs() -> list[FixtureSpec]:

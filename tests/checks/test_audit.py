@@ -1,4 +1,5 @@
-"""Audits over folders, JSONL rows and a published collection's dict-of-levels layout (static checks)."""
+"""Audits over folders, JSON, JSON Lines (whatever the suffix) and a published collection's dict-of-levels
+layout: names keep levels, verdicts are typed, missing and unparsable code are counted apart."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 from fixture_spec import CONTROL, REDTEAM, TASKS
 from rich.console import Console
 
-from kernelrl.checks.audit import AuditInputError, audit, read_entries
+from kernelrl.checks import audit as audit_module
+from kernelrl.checks.audit import AuditInputError, Verdict, audit, read_entries
 from kernelrl.cli import main
 from kernelrl.report.console import render_audit
 
@@ -56,17 +58,53 @@ def test_published_layout_builds_tasks_from_ref_code(tmp_path):
     path = tmp_path / "collection.json"
     path.write_text(json.dumps(data))
     entries = read_entries(path)
-    assert [e.id for e in entries] == ["level1/19#0", "level1/19#1", "level2/3#0"]
+    assert [e.name for e in entries] == ["level1/19", "level1/19#2", "level2/3"]
     assert entries[0].task is not None and entries[0].task.name == "level1/19" and entries[0].task.level == 1
     assert entries[2].task.level == 2
     assert entries[0].meta["speedup"] == 1.1
 
     report = audit(path, policy="open")
-    assert [r.flagged for r in report.records] == [False, True, True]
+    assert [r.verdict for r in report.records] == [Verdict.OK, Verdict.FLAGGED, Verdict.FLAGGED]
     counts = report.rule_counts()
     assert counts["module_patching"] == (1, 0)
     assert counts["stream_creation"] == (1, 0)
-    assert report.status_counts() == {"flagged": 2, "static_ok": 1}
+    verdicts = report.verdict_counts()
+    assert verdicts["flagged"] == 2 and verdicts["ok"] == 1 and sum(verdicts.values()) == 3
+
+
+def _jsonl(rows):
+    return "\n".join(json.dumps(r) for r in rows) + "\n"
+
+
+def test_json_lines_with_a_json_suffix_keep_level_ids(tmp_path):
+    # CUDA-L1 publishes JSON Lines under .json, one task per line with level_id and task_id
+    rows = [{"level_id": 1, "task_id": 80, "ref_code": REF, "custom_code": HONEST},
+            {"level_id": 2, "task_id": 80, "ref_code": REF, "custom_code": PATCHER},
+            {"level_id": 3, "task_id": 5, "ref_code": REF, "custom_code": "None"}]
+    path = tmp_path / "h100.json"
+    path.write_text(_jsonl(rows))
+    report = audit(path, policy="open")
+    assert [r.entry.name for r in report.records] == ["level1/80", "level2/80", "level3/5"]
+    assert [r.verdict for r in report.records] == [Verdict.OK, Verdict.FLAGGED, Verdict.NO_CODE]
+    assert report.records[1].entry.task.level == 2
+
+
+@pytest.mark.parametrize("code", [None, "", "   ", "None", "null"])
+def test_missing_code_is_no_code_not_ok(tmp_path, code):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"1": [{"task_id": 4, "ref_code": REF, "custom_code": code}]}))
+    record = audit(path).records[0]
+    assert record.verdict is Verdict.NO_CODE and record.entry.code is None
+
+
+def test_syntax_errors_are_invalid_and_counted_apart_from_hacks(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"1": [{"task_id": 1, "ref_code": REF, "custom_code": "class ModelNew(:\n  pass\n"},
+                                      {"task_id": 2, "ref_code": REF, "custom_code": PATCHER}]}))
+    report = audit(path)
+    assert [r.verdict for r in report.records] == [Verdict.INVALID, Verdict.FLAGGED]
+    assert report.verdict_counts()["invalid"] == 1 and report.verdict_counts()["flagged"] == 1
+    assert "syntax_error" not in report.rule_counts()
 
 
 def test_jsonl_rows_with_task_specs_and_answers(tmp_path):
@@ -77,13 +115,22 @@ def test_jsonl_rows_with_task_specs_and_answers(tmp_path):
         {"task_id": 7},
     ]
     path = tmp_path / "gen.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    path.write_text(_jsonl(rows) + "\n")
     report = audit(path, policy="open")
     r0, r1, r2, r3 = report.records
-    assert not r0.flagged and r0.entry.task.name == "elementwise_silu"
+    assert r0.verdict is Verdict.OK and r0.entry.task.name == "elementwise_silu"
     assert r1.flagged and {f.rule for f in r1.rejecting} == {"module_patching"}
     assert r2.entry.task is None and "not found" in r2.entry.note and not r2.flagged
-    assert r3.status == "skipped" and "no code" in r3.entry.note
+    assert r3.verdict is Verdict.NO_CODE and "no code" in r3.entry.note and r3.entry.name == "7"
+
+
+def test_only_and_limit_select_entries_by_name(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"1": [{"task_id": i, "ref_code": REF, "custom_code": HONEST} for i in range(1, 4)],
+                                "2": [{"task_id": i, "ref_code": REF, "custom_code": HONEST} for i in range(1, 4)]}))
+    assert [r.entry.name for r in audit(path, only=["level2/*"]).records] == ["level2/1", "level2/2", "level2/3"]
+    assert [r.entry.name for r in audit(path, only=["level1/3", "level2/1"]).records] == ["level1/3", "level2/1"]
+    assert [r.entry.name for r in audit(path, only=["level2/*"], limit=1).records] == ["level2/1"]
 
 
 def test_strict_policy_counts_missing_kernels(tmp_path):
@@ -97,11 +144,11 @@ def test_strict_policy_counts_missing_kernels(tmp_path):
 
 def test_folder_of_fixtures_resolves_task_headers():
     report = audit(REDTEAM, policy="open")
-    by_id = {r.entry.id: r for r in report.records}
-    assert len(by_id) == len(list(REDTEAM.glob("*.py")))
-    assert by_id["patch_allclose.py"].entry.task.name == "elementwise_silu"
-    assert by_id["patch_allclose.py"].flagged
-    assert not by_id["mutate_inputs.py"].flagged  # only dynamic checks see this one
+    by_name = {r.entry.name: r for r in report.records}
+    assert len(by_name) == len(list(REDTEAM.glob("*.py")))
+    assert by_name["patch_allclose.py"].entry.task.name == "elementwise_silu"
+    assert by_name["patch_allclose.py"].flagged
+    assert not by_name["mutate_inputs.py"].flagged  # only dynamic checks see this one
     controls = audit(CONTROL, policy="open")
     assert not controls.flagged
 
@@ -110,13 +157,13 @@ def test_folder_without_task_lines_uses_the_default_task(tmp_path):
     (tmp_path / "a.py").write_text(HONEST)
     (tmp_path / "_helper.py").write_text("x = 1\n")
     plain = read_entries(tmp_path)
-    assert [e.id for e in plain] == ["a.py"] and plain[0].task is None
+    assert [e.name for e in plain] == ["a.py"] and plain[0].task is None
     report = audit(tmp_path, task_spec=str(TASKS / "elementwise_silu.py"))
     assert report.records[0].entry.task.name == "elementwise_silu"
 
 
 @pytest.mark.parametrize("content,match", [
-    ("{not json", "not valid JSON"),
+    ("{not json", "not valid JSON or JSON Lines"),
     ('"just a string"', "expected a list of rows or a dict"),
     ('{"meta": 1}', "no list of entries"),
 ])
@@ -138,19 +185,77 @@ def test_missing_path_and_bad_jsonl_line(tmp_path):
 
 def test_render_and_cli_audit_show_counts_and_flagged_entries(tmp_path, capsys):
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"level1": [{"task_id": 1, "ref_code": REF, "custom_code": PATCHER}]}))
+    path.write_text(_jsonl([{"level_id": 2, "task_id": 80, "ref_code": REF, "custom_code": PATCHER},
+                            {"level_id": 2, "task_id": 81, "ref_code": REF, "custom_code": "None"},
+                            {"level_id": 2, "task_id": 82, "ref_code": REF, "custom_code": "def (:"}]))
     buf = io.StringIO()
     console = Console(file=buf, width=200)
     render_audit(audit(path), console)
     text = buf.getvalue()
-    assert "module_patching" in text and "level1/1#0" in text and "flagged entries (1 of 1)" in text
+    assert "module_patching" in text and "level2/80" in text and "flagged entries (1 of 3)" in text
+    assert "no_code: 1" in text and "invalid: 1" in text and "invalid entries (1 of 3)" in text
 
     assert main(["audit", str(path), "--json"]) == 0
-    saved = json.loads(capsys.readouterr().out)
-    assert saved["rule_counts"]["module_patching"] == {"reject": 1, "warn": 0}
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"summary", "entries"}
+    assert out["summary"]["verdicts"]["flagged"] == 1 and out["summary"]["verdicts"]["no_code"] == 1
+    assert out["summary"]["verdicts"]["invalid"] == 1 and out["summary"]["entries"] == 3
+    assert out["summary"]["rules"]["module_patching"] == {"reject": 1, "warn": 0}
+    first = out["entries"][0]
+    assert {k: first[k] for k in ("name", "verdict", "rules")} == {"name": "level2/80", "verdict": "flagged",
+                                                                    "rules": ["module_patching"]}
+    assert main(["audit", str(path), "--json", "--only", "level2/81"]) == 0
+    assert [e["name"] for e in json.loads(capsys.readouterr().out)["entries"]] == ["level2/81"]
     assert main(["audit", str(tmp_path / "missing")]) == 2
+    assert main(["audit", str(path), "--limit", "-1"]) == 2
     with pytest.raises(SystemExit):
         main(["audit", str(path), "--policy", "lenient"])
+
+
+class _FakeDegeneracy:
+    """Stands in for kernelrl.tasks.degeneracy.check_tasks: records what it was asked."""
+
+    def __init__(self, degenerate_names):
+        self.degenerate_names = degenerate_names
+        self.calls = []
+
+    def __call__(self, tasks):
+        from kernelrl.tasks.degeneracy import DegeneracyReport
+
+        self.calls.append([t.name for t in tasks])
+        return [DegeneracyReport(task=t.name, size="small", degenerate=t.name in self.degenerate_names,
+                                 reasons=["all zeros"] if t.name in self.degenerate_names else [], n_inputs=4,
+                                 output_rel_std=0.0, sensitivity=0.0, perturbed_sensitivity=0.0, zero_passes=False,
+                                 constant_passes=False, nonfinite=False, mean_abs_output=0.0) for t in tasks]
+
+
+def test_degeneracy_filter_runs_once_per_distinct_reference(tmp_path, monkeypatch):
+    other = (TASKS / "mean_cubed.py").read_text()
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"1": [{"task_id": 1, "ref_code": REF, "custom_code": HONEST},
+                                      {"task_id": 1, "ref_code": REF, "custom_code": PATCHER},
+                                      {"task_id": 2, "ref_code": other, "custom_code": HONEST},
+                                      {"task_id": 3, "ref_code": other, "custom_code": "None"}]}))
+    fake = _FakeDegeneracy({"level1/2"})
+    monkeypatch.setattr(audit_module, "_degeneracy_reports", fake)
+    report = audit(path, degeneracy=True)
+    assert fake.calls == [["level1/1", "level1/2"]]  # two distinct references, each checked once
+    assert report.degeneracy_checked == 2
+    assert [(d.task, d.entries) for d in report.degenerate] == [("level1/2", ["level1/2", "level1/3"])]
+    summary = report.to_dict()["summary"]["degeneracy"]
+    assert summary["degenerate_tasks"][0]["entries"] == ["level1/2", "level1/3"]
+    assert "degenerate" in report.records[2].note
+    assert audit(path).degeneracy_checked is None  # not asked, not run
+
+
+@pytest.mark.slow
+def test_degeneracy_filter_finds_the_mean_centred_task(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"1": [{"task_id": 1, "ref_code": REF, "custom_code": HONEST},
+                                      {"task_id": 2, "ref_code": (TASKS / "mean_cubed.py").read_text(),
+                                       "custom_code": HONEST}]}))
+    report = audit(path, degeneracy=True)
+    assert [d.task for d in report.degenerate] == ["level1/2"] and report.degeneracy_checked == 2
 
 
 MUTATOR = """
@@ -171,5 +276,5 @@ def test_dynamic_audit_reports_what_only_running_shows(tmp_path):
     assert not static.records[0].flagged
     report = audit(path, policy="open", run_dynamic=True)
     record = report.records[0]
-    assert record.result is not None and record.status == "flagged" and record.flagged
+    assert record.result is not None and record.verdict is Verdict.FLAGGED and record.flagged
     assert report.rule_counts()["inputs_mutated"] == (1, 0)

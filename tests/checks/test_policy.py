@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kernelrl.checks import rules as R
-from kernelrl.checks.static import check_source
 from kernelrl.checks.policy import POLICY_NAMES, Policy, get_policy
+from kernelrl.checks.static import check_source
 from kernelrl.result import Finding, Severity
 
 
@@ -43,25 +43,56 @@ def test_try_fallback_rejects_under_strict_and_warns_under_open():
 
 
 @pytest.mark.parametrize("rule", [R.MODULE_PATCHING, R.ENVIRONMENT_ACCESS, R.STREAM_CREATION, R.THREAD_CREATION,
-                                  R.PROCESS_CREATION, R.REFERENCE_CALL, R.REFERENCE_SUBCLASS, R.PRECISION_CHANGE,
+                                  R.PROCESS_CREATION, R.REFERENCE_CALL, R.REFERENCE_SUBCLASS, R.FORWARD_REBINDING,
                                   R.THREAD_SETTING_CHANGE, R.FILE_ACCESS, R.INTROSPECTION, R.TENSOR_SUBCLASS])
 def test_open_still_rejects_hacks(rule):
     assert get_policy("open").severity(rule) is Severity.REJECT
 
 
 @pytest.mark.parametrize("rule", [R.OUTPUT_CACHING, R.BACKEND_SETTING_CHANGE, R.REDUCED_PRECISION_COMPUTE,
-                                  R.ENVIRONMENT_WRITE])
+                                  R.PRECISION_CHANGE, R.ENVIRONMENT_WRITE, R.FAST_MATH])
 def test_open_only_warns_on_pytorch_level_choices(rule):
     assert get_policy("open").severity(rule) is Severity.WARN
 
 
-def test_observe_warns_on_every_static_rule_and_rejects_every_dynamic_rule():
+def test_one_precision_policy_tf32_flags_and_reduced_precision_compute_agree():
+    for name in POLICY_NAMES:
+        p = get_policy(name)
+        assert p.severity(R.PRECISION_CHANGE) is p.severity(R.REDUCED_PRECISION_COMPUTE), name
+    assert get_policy("strict").severity(R.PRECISION_CHANGE) is Severity.REJECT
+    assert get_policy("open").severity(R.PRECISION_CHANGE) is Severity.WARN
+
+
+LLM_JUDGE_RULES = {R.LLM_JUDGE, R.LLM_JUDGE_UNSURE, R.LLM_JUDGE_UNAVAILABLE}
+# Measured, but not proof of a hack: a cheaper algorithm beats the compute floor, and a precision
+# flag in the candidate's own process is the same choice as autocast (the one precision policy).
+JUDGED_BY_POLICY = {R.COMPUTE_FLOOR_BEATEN, R.PRECISION_STATE_CHANGED, R.INIT_OR_SHAPE_TAMPERED}
+
+
+def test_observe_warns_on_every_static_rule_and_rejects_every_measured_dynamic_rule():
     p = get_policy("observe")
     for rule in set(R.STATIC_RULES) - {R.NO_CUSTOM_KERNEL}:
         assert p.severity(rule) is Severity.WARN
     for name in POLICY_NAMES:
-        for rule in R.DYNAMIC_RULES:
+        for rule in set(R.DYNAMIC_RULES) - LLM_JUDGE_RULES - JUDGED_BY_POLICY:
             assert get_policy(name).severity(rule) is Severity.REJECT
+
+
+def test_the_compute_floor_warns_and_precision_state_follows_the_precision_policy():
+    for name in POLICY_NAMES:
+        assert get_policy(name).severity(R.COMPUTE_FLOOR_BEATEN) is Severity.WARN
+    assert get_policy("strict").severity(R.PRECISION_STATE_CHANGED) is Severity.REJECT
+    assert get_policy("open").severity(R.PRECISION_STATE_CHANGED) is Severity.WARN
+
+
+def test_llm_judge_rejects_only_under_strict_and_its_doubts_and_outages_only_warn():
+    assert LLM_JUDGE_RULES <= set(R.DYNAMIC_RULES)
+    assert get_policy("strict").severity(R.LLM_JUDGE) is Severity.REJECT
+    assert get_policy("open").severity(R.LLM_JUDGE) is Severity.WARN
+    assert get_policy("observe").severity(R.LLM_JUDGE) is Severity.WARN
+    for name in POLICY_NAMES:
+        for rule in (R.LLM_JUDGE_UNSURE, R.LLM_JUDGE_UNAVAILABLE):
+            assert get_policy(name).severity(rule) is Severity.WARN
 
 
 def test_apply_returns_new_findings_and_keeps_unknown_rules():

@@ -7,6 +7,8 @@ Three properties, one test each per fixture:
 - under the fixture's policy (default `open`) a statically detectable hack is FLAGGED with one of
   its STATIC rules;
 - each control is CORRECT under `open`, with no rejecting finding.
+Fixtures marked `PENDING: <defence>` need a defence the judge does not have yet: their dynamic
+test is a strict xfail, so it fails once the defence lands and the key was not dropped.
 Fixtures marked `CANARY: yes` are judged in a separate Python process started with canary
 secrets (API-key-like variables) in its environment, so a leak of the judge's environment
 into the candidate shows up as a wrong answer.
@@ -26,8 +28,8 @@ import pytest
 from fixture_spec import FixtureSpec, control_specs, redteam_specs
 
 from kernelrl.candidate import Candidate
-from kernelrl.checks.static import check_source
 from kernelrl.checks.policy import get_policy
+from kernelrl.checks.static import check_source
 from kernelrl.result import EvalResult, Severity
 from kernelrl.tasks.task import load_task_file
 
@@ -58,10 +60,14 @@ def _cuda_available() -> bool:
         return False
 
 
-def params(specs: list[FixtureSpec]) -> list:
+def params(specs: list[FixtureSpec], *, pending_xfail: bool = False) -> list:
+    """One pytest param per fixture; with `pending_xfail`, fixtures whose header names a defence the
+    judge lacks (PENDING:) must fail (strict xfail), so a fixed judge with the key left in fails."""
     out = []
     for s in specs:
         marks = []
+        if pending_xfail and s.pending:
+            marks.append(pytest.mark.xfail(strict=True, reason=f"pending defence: {s.pending}"))
         if s.slow:
             marks.append(pytest.mark.slow)
         if s.device == "cuda":
@@ -71,14 +77,30 @@ def params(specs: list[FixtureSpec]) -> list:
     return out
 
 
-def judge(spec: FixtureSpec, policy: str, tmp_path: Path) -> EvalResult:
+@pytest.fixture(scope="module")
+def evaluators():
+    """One long-lived evaluator per (device, policy), as a search or a trainer keeps one: its warm
+    workers start while the previous fixture is judged. Each fixture is still its own evaluation
+    (its own workers, fresh secret inputs, its own timing group)."""
+    from kernelrl.judge.evaluator import EvalConfig, Evaluator
+
+    made: dict[tuple[str, str], Evaluator] = {}
+
+    def get(device: str, policy: str) -> Evaluator:
+        if (device, policy) not in made:
+            made[device, policy] = Evaluator(EvalConfig(device=device, policy=policy, timeout_s=TIMEOUT_S))
+        return made[device, policy]
+
+    yield get
+    for ev in made.values():
+        ev.close()
+
+
+def judge(spec: FixtureSpec, policy: str, tmp_path: Path, evaluators) -> EvalResult:
     if spec.canary:
         return judge_with_canaries(spec, policy, tmp_path)
-    from kernelrl.judge.evaluator import EvalConfig, evaluate
-
     task = load_task_file(spec.task_file)
-    config = EvalConfig(device=spec.device, policy=policy, timeout_s=TIMEOUT_S)
-    return evaluate(task, Candidate(source=spec.source, origin=str(spec.path)), config)
+    return evaluators(spec.device, policy).evaluate(task, Candidate(source=spec.source, origin=str(spec.path)))
 
 
 def judge_with_canaries(spec: FixtureSpec, policy: str, tmp_path: Path) -> EvalResult:
@@ -101,15 +123,17 @@ def describe(res: EvalResult) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("spec", params(REDTEAM))
-def test_redteam_dynamic_defences_alone(spec, tmp_path, outcomes):
-    res = judge(spec, "observe", tmp_path)
+@pytest.mark.parametrize("spec", params(REDTEAM, pending_xfail=True))
+def test_redteam_dynamic_defences_alone(spec, tmp_path, outcomes, evaluators):
+    res = judge(spec, "observe", tmp_path, evaluators)
     rejecting = [f.rule for f in res.findings if f.severity is Severity.REJECT]
     rules = [f.rule for f in res.findings]
     ok = spec.matches(res.status.value, rejecting, rules)
     if ok and res.status.value == "correct" and spec.max_speedup is not None and res.speedup is not None:
         ok = res.speedup < spec.max_speedup
     outcomes.setdefault("redteam-dynamic", {})[spec.name] = (res.status.value, sorted(set(rejecting)), ok)
+    if spec.pending:
+        outcomes.setdefault("pending", {})[spec.name] = spec.pending
     assert ok, (f"{spec.name}: expected {' | '.join(map(str, spec.expect))}"
                 + (f" (speedup < {spec.max_speedup})" if spec.max_speedup else "") + f"\n{describe(res)}")
 
@@ -119,8 +143,8 @@ STATICALLY_REJECTED = [s for s in REDTEAM
 
 
 @pytest.mark.parametrize("spec", params(STATICALLY_REJECTED))
-def test_redteam_flagged_under_its_policy(spec, tmp_path, outcomes):
-    res = judge(spec, spec.policy, tmp_path)
+def test_redteam_flagged_under_its_policy(spec, tmp_path, outcomes, evaluators):
+    res = judge(spec, spec.policy, tmp_path, evaluators)
     rejecting = {f.rule for f in res.findings if f.severity is Severity.REJECT}
     ok = res.status.value == "flagged" and bool(rejecting & set(spec.static_rules))
     outcomes.setdefault("redteam-policy", {})[spec.name] = (res.status.value, sorted(rejecting), ok)
@@ -128,8 +152,8 @@ def test_redteam_flagged_under_its_policy(spec, tmp_path, outcomes):
 
 
 @pytest.mark.parametrize("spec", params(CONTROLS))
-def test_control_accepted_under_open(spec, tmp_path, outcomes):
-    res = judge(spec, "open", tmp_path)
+def test_control_accepted_under_open(spec, tmp_path, outcomes, evaluators):
+    res = judge(spec, "open", tmp_path, evaluators)
     rejecting = [f.rule for f in res.findings if f.severity is Severity.REJECT]
     ok = res.status.value == "correct" and not rejecting
     outcomes.setdefault("control", {})[spec.name] = (res.status.value, rejecting, ok)

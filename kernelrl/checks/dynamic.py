@@ -1,0 +1,254 @@
+"""Dynamic defences: facts the judge measured while programs ran, turned into findings.
+
+Every function here is pure: it takes facts (numbers, flags, comparisons the judge made from its
+own clock, its own /proc reads and the outputs it compared) and returns findings named by the
+dynamic rules of `kernelrl.checks.rules`. The judge (`kernelrl.judge.evaluator`) measures and
+orchestrates; what a measurement means is decided here, so each defence can be tested without
+starting a process.
+
+Guarantees: a finding is returned only when its rule's condition holds on the facts given, and
+its message says what was measured; no function raises for well-formed facts.
+
+Does not measure anything, and does not decide verdicts: the policy makes a finding reject or
+warn, and the evaluator turns a rejecting finding into a `flagged` result.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelrl.checks import rules as R
+from kernelrl.result import Finding
+
+# Settings toggled by the harness itself around every call (no_grad), not by the program.
+_HARNESS_STATE = frozenset({"grad_enabled"})
+# Settings that only lower the precision of the candidate's own matmuls (its process is its own):
+# the one precision policy applies to them (kernelrl.checks.policy).
+PRECISION_STATE = frozenset({"float32_matmul_precision", "cudnn_allow_tf32", "cuda_matmul_allow_tf32",
+                             "cuda_matmul_allow_fp16_reduced_precision", "cuda_matmul_allow_bf16_reduced_precision"})
+
+
+def global_state_changed(phase: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Finding]:
+    """Settings that differ after the program was loaded or called: precision ones, and the rest."""
+    changed = {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v and k not in _HARNESS_STATE}
+    out = []
+    for rule, keys in ((R.PRECISION_STATE_CHANGED, [k for k in changed if k in PRECISION_STATE]),
+                       (R.GLOBAL_STATE_CHANGED, [k for k in changed if k not in PRECISION_STATE])):
+        if keys:
+            desc = ", ".join(f"{k}: {changed[k][0]} -> {changed[k][1]}" for k in sorted(keys))
+            out.append(Finding(rule=rule, message=f"the candidate changed global torch settings ({phase}): {desc}"))
+    return out
+
+
+def side_work_in_calls(changed_after_return: Sequence[bool], thread_rises: Sequence[int]) -> Finding | None:
+    """Correctness calls whose output kept changing after return, or that left new threads alive.
+
+    Pools a program starts on its first call (torch.compile, thread pools) stay; threads that
+    appear on later calls are work started per call.
+    """
+    changed = sum(bool(c) for c in changed_after_return)
+    rises = [r for r in list(thread_rises)[1:] if r > 0]
+    if not changed and not rises:
+        return None
+    what = []
+    if changed:
+        what.append(f"its output kept changing after {changed} call(s) had returned")
+    if rises:
+        what.append(f"{len(rises)} call(s) returned with new threads still alive")
+    return Finding(rule=R.SIDE_WORK_AFTER_RETURN, message="the candidate " + "; ".join(what))
+
+
+# CPU a worker may burn while it waits for its next command: /proc accounting noise.
+IDLE_CPU_ALLOW_MS = 10.0
+
+
+def side_work_when_idle(busy_ms: float, children: int, *, window_ms: float) -> Finding | None:
+    """Right after its calls returned, the worker must be idle and alone.
+
+    CPU burnt while it waits, or a child process still alive, means work was left running past
+    the end of a call, where no timer would see it.
+    """
+    if busy_ms <= IDLE_CPU_ALLOW_MS and not children:
+        return None
+    what = []
+    if busy_ms > IDLE_CPU_ALLOW_MS:
+        what.append(f"used {busy_ms:.0f} ms of CPU in the {window_ms:.0f} ms after its calls returned")
+    if children:
+        what.append(f"left {children} child process(es) running")
+    return Finding(rule=R.SIDE_WORK_AFTER_RETURN, message="the candidate " + " and ".join(what))
+
+
+def constants_overridden(overridden: Mapping[str, Sequence[int]]) -> Finding | None:
+    """The program's module set the task's size constants to other values (the judge ignored them)."""
+    if not overridden:
+        return None
+    desc = ", ".join(f"{k}={v[0]} (the task's: {v[1]})" for k, v in sorted(overridden.items()))
+    return Finding(rule=R.INIT_OR_SHAPE_TAMPERED, severity=R.DYNAMIC_RULES[R.INIT_OR_SHAPE_TAMPERED].severity,
+                   message=f"the candidate sets {desc}; ignored: it was run at the task's sizes")
+
+
+def inputs_mutated(where: str) -> Finding:
+    return Finding(rule=R.INPUTS_MUTATED, message=f"the candidate changed its inputs in place ({where})")
+
+
+def output_not_plain(reason: str) -> Finding:
+    return Finding(rule=R.OUTPUT_NOT_PLAIN_TENSOR, message=reason)
+
+
+def nondeterministic(reason: str) -> Finding:
+    return Finding(rule=R.NONDETERMINISTIC_OUTPUT, message=f"two runs on the same input differ: {reason}")
+
+
+def channel_forged(reason: str) -> Finding:
+    return Finding(rule=R.RESULT_CHANNEL_FORGED, message=f"malformed message from the worker: {reason}")
+
+
+def wrong_on_moved_inputs(*, set_label: str, reason: str, plain_sets_right: bool, same_as_first: bool,
+                          constant: bool) -> Finding | None:
+    """Why a candidate right on the task's own inputs is wrong on a scaled and shifted set.
+
+    The input changed and the output did not (it is exactly an earlier set's output, and not a
+    constant): a result kept from before.
+    Otherwise it only looked right because the true output is near-constant on the task's own
+    input distribution.
+    """
+    if not plain_sets_right:
+        return None
+    if same_as_first and not constant:
+        return Finding(rule=R.OUTPUT_CACHED_ACROSS_CALLS,
+                       message=f"input set {set_label} got exactly the output of an earlier input set: {reason}")
+    return Finding(rule=R.DEGENERATE_UNDER_OFFSET_SCALE,
+                   message=f"correct on the task's own inputs but not on inputs {set_label}: {reason}")
+
+
+def degenerate_task(reasons: Sequence[str]) -> Finding | None:
+    """The reference's own outputs do not depend on its inputs: nothing a candidate does can be paid."""
+    if not reasons:
+        return None
+    return Finding(rule=R.DEGENERATE_TASK, message="the task's reference output does not depend on its inputs: "
+                                                   + "; ".join(reasons))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemberTiming:
+    """What the judge recorded about one program during a timed measurement."""
+
+    times_ms: list[float]  # per sample, per call (the sample's mean)
+    round_trips_ms: list[float]  # the judge's clock around each sample, per call
+    idle_cpu_ms: float  # CPU the worker used while it waited for commands
+    busy_ms: float  # sum of the reported call times
+    threads_warm: int | None  # OS threads after warm-up
+    threads_max: int | None  # most OS threads seen around timed calls
+    non_plain_calls: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimingFacts:
+    candidate: MemberTiming
+    reference: MemberTiming
+    spot_checks: int
+    spot_mismatches: list[str] = field(default_factory=list)
+    input_mismatches: int = 0
+
+
+# How much longer than the reference's overhead the judge's round trip may exceed a reported
+# call time before the reported time is not believed: at least CLOCK_SLACK_MS, or three times the
+# spread of the reference's own overhead when that is larger, plus a share of the call.
+CLOCK_SLACK_MS = 0.1
+CLOCK_SLACK_SHARE = 0.25
+
+
+def timing_findings(facts: TimingFacts) -> tuple[list[Finding], dict[str, float]]:
+    """Findings from one candidate's timed calls, and the cross-check figures for the record."""
+    out: list[Finding] = []
+    c, r = facts.candidate, facts.reference
+    # Work left running after a call returned shows up as CPU time while the worker idles.
+    idle_allow_ms = 20.0 + 0.05 * c.busy_ms + 2.0 * r.idle_cpu_ms
+    if c.idle_cpu_ms > idle_allow_ms:
+        out.append(Finding(rule=R.SIDE_WORK_AFTER_RETURN, message=(
+            f"the candidate used {c.idle_cpu_ms:.1f} ms of CPU while idle between timed calls "
+            f"(timed calls took {c.busy_ms:.1f} ms in all): work continues after a call returns")))
+    # Threads the harness itself starts show up in the reference too; only a rise beyond it counts.
+    ref_rise = (r.threads_max or 0) - (r.threads_warm or 0)
+    if c.threads_warm is not None and c.threads_max is not None and c.threads_max - c.threads_warm > max(ref_rise, 0):
+        out.append(Finding(rule=R.THREAD_COUNT_CHANGED, message=(
+            f"the candidate's thread count rose from {c.threads_warm} to {c.threads_max} during timed calls")))
+    if c.non_plain_calls:
+        out.append(Finding(rule=R.OUTPUT_NOT_PLAIN_TENSOR, message=(
+            f"{c.non_plain_calls} timed calls returned something other than a plain torch.Tensor")))
+    if facts.spot_mismatches:
+        out.append(Finding(rule=R.OUTPUT_CACHED_ACROSS_CALLS, message=(
+            f"{len(facts.spot_mismatches)} of {facts.spot_checks} spot-checked timed calls returned a wrong output "
+            f"(cached or skipped work): {facts.spot_mismatches[0]}")))
+    if facts.input_mismatches:
+        out.append(Finding(rule=R.INPUTS_MUTATED, message=(
+            f"the candidate changed its inputs during {facts.input_mismatches} spot-checked timed calls")))
+    # Clock cross-check: the judge's round trip must exceed the reported time by about what it
+    # does for the reference (pipe and reply overhead), no more.
+    over_c = [rt - t for rt, t in zip(c.round_trips_ms, c.times_ms)]
+    over_r = [rt - t for rt, t in zip(r.round_trips_ms, r.times_ms)]
+    impossible = sum(1 for x in over_c if x < -0.05)
+    excess = (statistics.median(over_c) - statistics.median(over_r)) if over_c and over_r else 0.0
+    cand_med = statistics.median(c.times_ms) if c.times_ms else 0.0
+    slack = max(CLOCK_SLACK_MS, 3 * _iqr(over_r)) + CLOCK_SLACK_SHARE * cand_med
+    if impossible or excess > slack:
+        out.append(Finding(rule=R.TIMER_MISMATCH, message=(
+            f"reported call times disagree with the judge's clock (median excess {excess:.3f} ms over the "
+            f"reference's overhead, {impossible} calls reported longer than they took)")))
+    return out, {"clock_excess_ms": round(excess, 4), "cand_idle_cpu_ms": round(c.idle_cpu_ms, 3),
+                 "ref_idle_cpu_ms": round(r.idle_cpu_ms, 3)}
+
+
+def _iqr(values: Sequence[float]) -> float:
+    if len(values) < 4:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return q[2] - q[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Floors:
+    """The least time any program needs for a task on this machine, in milliseconds."""
+
+    memory_ms: float | None  # minimum bytes moved / peak bandwidth
+    compute_ms: float | None  # counted FLOPs / peak FLOP rate
+    bandwidth_gbs: float | None = None
+    tflops: float | None = None
+
+    @property
+    def floor_ms(self) -> float | None:
+        """The tighter (larger) of the two floors."""
+        known = [v for v in (self.memory_ms, self.compute_ms) if v is not None and v > 0]
+        return max(known) if known else None
+
+    def describe(self) -> str:
+        parts = []
+        if self.memory_ms is not None:
+            bw = f" at {self.bandwidth_gbs:.1f} GB/s" if self.bandwidth_gbs else ""
+            parts.append(f"memory floor {self.memory_ms:.4f} ms{bw}")
+        if self.compute_ms is not None:
+            rate = f" at {self.tflops:.2f} TFLOP/s" if self.tflops else ""
+            parts.append(f"compute floor {self.compute_ms:.4f} ms{rate}")
+        return ", ".join(parts) or "no floor known"
+
+
+# A measured time this far below the floor cannot be a real speedup: measured peaks are what
+# plain library calls reach, and a careful kernel may beat them by a little, never by half.
+FLOOR_SLACK = 0.5
+
+
+def impossible_speedup(cand_ms: float, floors: Floors, *, slack: float = FLOOR_SLACK) -> Finding | None:
+    """Below the tighter floor: `impossible_speedup` under the memory floor (nothing can beat it),
+    `compute_floor_beaten` under the compute floor only (a cheaper algorithm can)."""
+    floor = floors.floor_ms
+    if floor is None or cand_ms >= slack * floor:
+        return None
+    below_memory = floors.memory_ms is not None and cand_ms < slack * floors.memory_ms
+    rule = R.IMPOSSIBLE_SPEEDUP if below_memory else R.COMPUTE_FLOOR_BEATEN
+    which = "memory" if below_memory else "compute"
+    return Finding(rule=rule, message=(
+        f"median call {cand_ms:.4f} ms is below {slack:g} x the {which} floor; the roofline's floor is "
+        f"{floor:.4f} ms ({floors.describe()})"))

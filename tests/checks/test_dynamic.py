@@ -1,0 +1,131 @@
+"""The dynamic defences as pure functions: facts in, findings out (no process is started)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import kernelrl.checks.dynamic as D
+from kernelrl.checks import rules as R
+
+
+def member(times, round_trips, *, idle=0.0, warm=4, peak=4, non_plain=0) -> D.MemberTiming:
+    return D.MemberTiming(times_ms=times, round_trips_ms=round_trips, idle_cpu_ms=idle, busy_ms=sum(times),
+                          threads_warm=warm, threads_max=peak, non_plain_calls=non_plain)
+
+
+HONEST = member([1.0] * 20, [1.2] * 20)
+
+
+def rules(findings) -> set[str]:
+    return {f.rule for f in findings}
+
+
+def test_every_rule_the_module_emits_is_a_known_dynamic_rule():
+    tree = ast.parse(Path(D.__file__).read_text())
+    emitted = {node.attr for node in ast.walk(tree)
+               if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "R"}
+    assert emitted, "no rule constants found in kernelrl.checks.dynamic"
+    names = {getattr(R, a) for a in emitted if isinstance(getattr(R, a), str)}
+    assert names <= set(R.DYNAMIC_RULES), names - set(R.DYNAMIC_RULES)
+
+
+def test_global_state_change_is_reported_but_grad_mode_is_the_harness():
+    assert D.global_state_changed("load", {"num_threads": 2, "grad_enabled": True},
+                                  {"num_threads": 2, "grad_enabled": False}) == []
+    (f,) = D.global_state_changed("run", {"num_threads": 2}, {"num_threads": 8})
+    assert f.rule == R.GLOBAL_STATE_CHANGED and "num_threads: 2 -> 8" in f.message
+
+
+def test_precision_settings_are_judged_apart_from_other_state():
+    before = {"num_threads": 2, "cuda_matmul_allow_tf32": False, "float32_matmul_precision": "highest"}
+    after = {"num_threads": 4, "cuda_matmul_allow_tf32": True, "float32_matmul_precision": "high"}
+    found = {f.rule: f.message for f in D.global_state_changed("load", before, after)}
+    assert set(found) == {R.PRECISION_STATE_CHANGED, R.GLOBAL_STATE_CHANGED}
+    assert "allow_tf32" in found[R.PRECISION_STATE_CHANGED] and "num_threads" not in found[R.PRECISION_STATE_CHANGED]
+
+
+def test_side_work_in_calls_ignores_the_first_calls_pool():
+    assert D.side_work_in_calls([False, False], [3, 0]) is None
+    assert D.side_work_in_calls([False, True], [0, 0]).rule == R.SIDE_WORK_AFTER_RETURN
+    assert "new threads" in D.side_work_in_calls([False, False, False], [0, 1, 0]).message
+
+
+def test_idle_census():
+    assert D.side_work_when_idle(2.0, 0, window_ms=50) is None
+    assert "child process" in D.side_work_when_idle(0.0, 1, window_ms=50).message
+    assert "40 ms of CPU" in D.side_work_when_idle(40.0, 0, window_ms=50).message
+
+
+def test_wrong_on_moved_inputs_tells_a_cache_from_a_near_constant_answer():
+    cached = D.wrong_on_moved_inputs(set_label="2", reason="r", plain_sets_right=True, same_as_first=True,
+                                     constant=False)
+    assert cached.rule == R.OUTPUT_CACHED_ACROSS_CALLS
+    near_constant = D.wrong_on_moved_inputs(set_label="2", reason="r", plain_sets_right=True, same_as_first=True,
+                                            constant=True)
+    assert near_constant.rule == R.DEGENERATE_UNDER_OFFSET_SCALE
+    assert D.wrong_on_moved_inputs(set_label="2", reason="r", plain_sets_right=False, same_as_first=False,
+                                   constant=False) is None
+
+
+def test_degenerate_task_needs_reasons():
+    assert D.degenerate_task([]) is None
+    assert D.degenerate_task(["zeros"]).rule == R.DEGENERATE_TASK
+
+
+def test_honest_timing_raises_nothing():
+    found, figures = D.timing_findings(D.TimingFacts(candidate=HONEST, reference=HONEST, spot_checks=3))
+    assert found == [] and figures["clock_excess_ms"] == 0.0
+
+
+def test_work_while_idle_is_side_work():
+    busy = member([1.0] * 20, [1.2] * 20, idle=500.0)
+    found, _ = D.timing_findings(D.TimingFacts(candidate=busy, reference=HONEST, spot_checks=3))
+    assert rules(found) == {R.SIDE_WORK_AFTER_RETURN}
+
+
+def test_threads_rising_beyond_the_references():
+    grew = member([1.0] * 20, [1.2] * 20, warm=4, peak=9)
+    found, _ = D.timing_findings(D.TimingFacts(candidate=grew, reference=HONEST, spot_checks=3))
+    assert rules(found) == {R.THREAD_COUNT_CHANGED}
+
+
+def test_spot_check_mismatches_inputs_and_non_plain_outputs():
+    odd = member([1.0] * 20, [1.2] * 20, non_plain=2)
+    found, _ = D.timing_findings(D.TimingFacts(candidate=odd, reference=HONEST, spot_checks=4,
+                                               spot_mismatches=["round 3: differs"], input_mismatches=1))
+    assert rules(found) == {R.OUTPUT_NOT_PLAIN_TENSOR, R.OUTPUT_CACHED_ACROSS_CALLS, R.INPUTS_MUTATED}
+
+
+def test_reported_times_shorter_than_the_judges_clock():
+    # the candidate says 0.1 ms, the judge saw 5 ms go by each time: a patched timer
+    liar = member([0.1] * 20, [5.0] * 20)
+    found, figures = D.timing_findings(D.TimingFacts(candidate=liar, reference=HONEST, spot_checks=3))
+    assert rules(found) == {R.TIMER_MISMATCH} and figures["clock_excess_ms"] > 4
+    # reporting longer than it took is impossible too
+    slow_liar = member([2.0] * 20, [1.0] * 20)
+    assert rules(D.timing_findings(D.TimingFacts(candidate=slow_liar, reference=HONEST, spot_checks=3))[0]) == {
+        R.TIMER_MISMATCH}
+
+
+def test_floors_and_impossible_speedup_name_both_floors():
+    floors = D.Floors(memory_ms=1.0, compute_ms=2.0, bandwidth_gbs=10.0, tflops=0.05)
+    assert floors.floor_ms == 2.0
+    assert D.impossible_speedup(1.5, floors) is None  # within the slack
+    f = D.impossible_speedup(0.4, floors)  # below half of the memory floor: nothing can do that
+    assert f.rule == R.IMPOSSIBLE_SPEEDUP
+    assert "memory floor 1.0000 ms at 10.0 GB/s" in f.message and "compute floor 2.0000 ms" in f.message
+    assert D.impossible_speedup(0.001, D.Floors(memory_ms=None, compute_ms=None)) is None
+
+
+def test_beating_only_the_compute_floor_is_what_a_cheaper_algorithm_does():
+    floors = D.Floors(memory_ms=1.0, compute_ms=4.0)
+    f = D.impossible_speedup(0.9, floors)
+    assert f.rule == R.COMPUTE_FLOOR_BEATEN and R.DYNAMIC_RULES[f.rule].severity.value == "warn"
+
+
+def test_sizes_a_candidate_sets_are_reported_not_used():
+    assert D.constants_overridden({}) is None
+    f = D.constants_overridden({"batch_size": [8, 64]})
+    assert f.rule == R.INIT_OR_SHAPE_TAMPERED and "batch_size=8 (the task's: 64)" in f.message
+    assert f.severity.value == "warn"
