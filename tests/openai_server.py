@@ -73,7 +73,7 @@ def echo_reference_responder() -> Callable[[dict[str, Any]], Reply]:
     lock = threading.Lock()
 
     def respond(body: dict[str, Any]) -> Reply:
-        from kernelrl.tasks.task import embed_reference
+        from kernelrl.tasks.source import embed_reference
 
         with lock:
             n = next(counter)

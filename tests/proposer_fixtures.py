@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import types
 
+from openai_server import OpenAIServer
+
 from kernelrl.search.proposers import ProposalRequest, make_proposer
 from kernelrl.search.proposers.openai_compat import OpenAIProposer
 from kernelrl.tasks.task import Task
-from openai_server import OpenAIServer
 
 GOOD = ("The reference pays for autograd; this does not.\n\n```python\nimport torch\nimport torch.nn as nn\n\n"
         "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x + 1\n```\n")
@@ -63,9 +64,20 @@ def make_task(name: str = "toy/linear", source: str = LINEAR) -> Task:
     return Task(name=name, source=source)
 
 
+def profile_of(task: Task, size: str = "full"):
+    """The judge's profile of a task, computed in this process (tests may run task code; the
+    judge does it in a reference worker)."""
+    from kernelrl.judge.profile import profile_task
+
+    tm = task.instantiate(size)
+    return profile_task(tm.module, task=task.name, size=size, constants=tm.constants,
+                        init_inputs=tm.get_init_inputs(), source=task.source)
+
+
 def request(task: Task | None = None, prompt: str = "make it faster", parent: str | None = None,
             chain: int = 0, step: int = 0) -> ProposalRequest:
-    return ProposalRequest(task=task or make_task(), prompt=prompt, parent=parent, chain=chain, step=step)
+    task = task or make_task()
+    return ProposalRequest(task=task, prompt=prompt, parent=parent, chain=chain, step=step, profile=profile_of(task))
 
 
 class RecordingSleep:

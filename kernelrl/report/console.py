@@ -21,10 +21,15 @@ from kernelrl.result import EvalResult, Status
 if TYPE_CHECKING:
     from kernelrl.checks.audit import AuditReport
     from kernelrl.judge.baseline import Baseline
+    from kernelrl.judge.calibration import Calibration
     from kernelrl.report.report import Report
-    from kernelrl.search.loop import SearchSummary
+    from kernelrl.search.summary import SearchSummary
     from kernelrl.tasks.degeneracy import DegeneracyReport
     from kernelrl.tasks.task import Task
+    from kernelrl.train.bench import BenchReport
+    from kernelrl.train.collect import CollectSummary
+    from kernelrl.train.recipe import StageReport
+    from kernelrl.train.reward_fn import BatchLog
 
 
 def speedup_text(v: float | None) -> str:
@@ -33,6 +38,11 @@ def speedup_text(v: float | None) -> str:
 
 def percent_text(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def roofline_text(pct: float | None) -> str:
+    """A share of the roofline, already in percent."""
+    return "-" if pct is None else f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
 
 
 def render_result(result: EvalResult, console: Console) -> None:
@@ -46,6 +56,12 @@ def render_result(result: EvalResult, console: Console) -> None:
     for label, t in (("reference", result.ref_time), ("candidate", result.cand_time)):
         if t is not None:
             table.add_row(label, f"median {t.median_ms:.4f} ms, IQR {t.iqr_ms:.4f} ms, n={t.n}")
+    if result.roofline_pct is not None:
+        roof = result.environment.get("roofline", {})
+        floors = ", ".join(f"{name} {v:.4f} ms" for name, v in (("memory floor", roof.get("memory_floor_ms")),
+                                                              ("compute floor", roof.get("compute_floor_ms"))) if v)
+        ref = f", reference {result.ref_roofline_pct:.1f}%" if result.ref_roofline_pct is not None else ""
+        table.add_row("roofline", f"{result.roofline_pct:.1f}% of this machine's roofline{ref} ({floors})")
     if result.max_abs_err is not None:
         table.add_row("max error", f"abs {result.max_abs_err:.3g}, rel {result.max_rel_err:.3g}")
     if result.build_time_s is not None:
@@ -81,12 +97,12 @@ def render_report(report: Report, console: Console) -> None:
     width = min(30, max((len(r.task) for r in report.tasks), default=4))
     t.add_column("task", min_width=width, overflow="fold")  # names are the point: fold, never cut
     # baseline times are in the HTML report; the console table fits 80 columns
-    for col in ("cands", "correct", "vs eager", "vs compile", "best"):
+    for col in ("cands", "correct", "vs eager", "vs compile", "roofline", "best"):
         t.add_column(col, justify="right")
     for r in sorted(report.tasks, key=lambda r: -(r.speedup_vs_eager or 0.0)):
         style = None if r.speedup_vs_eager is None or r.speedup_vs_eager >= 1 else "red"
         t.add_row(r.task, str(r.candidates), f"{r.correct}/{r.evaluated}", speedup_text(r.speedup_vs_eager),
-                  speedup_text(r.speedup_vs_compile),
+                  speedup_text(r.speedup_vs_compile), roofline_text(r.roofline_pct),
                   "-" if r.best_candidate is None else f"#{r.best_candidate}", style=style)
     console.print(t)
 
@@ -123,16 +139,19 @@ def render_summary(summary: SearchSummary, console: Console) -> None:
                   f"{summary.prompt_tokens}+{summary.completion_tokens}, {summary.elapsed_s:.1f} s")
 
 
-def render_audit(report: AuditReport, console: Console, *, max_flagged: int = 50) -> None:
+def render_audit(report: AuditReport, console: Console, *, max_listed: int = 50) -> None:
+    from kernelrl.checks.audit import Verdict
     from kernelrl.checks.rules import RULES
 
     n = len(report.records)
     console.print(f"[bold]audit[/bold] {report.source}: {n} entries, policy {report.policy}, "
                   f"{'static + dynamic' if report.dynamic else 'static only'} checks")
-    counts = report.status_counts()
-    console.print("  " + ", ".join(f"{k}: {v}" for k, v in counts.items()))
-    table = Table(title="rules that fired (entries)", show_lines=False)
-    table.add_column("rule")
+    counts = report.verdict_counts()
+    shown = [v for v in Verdict if counts[v.value] or v in (Verdict.OK, Verdict.FLAGGED, Verdict.INVALID,
+                                                              Verdict.NO_CODE)]
+    console.print("  " + ", ".join(f"{v.value}: {counts[v.value]}" for v in shown))
+    table = Table(title="rules that fired (entries; invalid entries left out)", show_lines=False)
+    table.add_column("rule", overflow="fold")
     table.add_column("stage")
     table.add_column("reject", justify="right")
     table.add_column("warn", justify="right")
@@ -141,25 +160,52 @@ def render_audit(report: AuditReport, console: Console, *, max_flagged: int = 50
         meta = RULES.get(rule)
         table.add_row(rule, meta.stage if meta else "?", str(rej), str(warn), meta.summary if meta else "")
     console.print(table)
-    flagged = report.flagged
-    if not flagged:
-        console.print("no entry flagged")
+    _render_audit_entries(report.with_verdict(Verdict.FLAGGED), f"flagged entries ({counts['flagged']} of {n})",
+                          console, max_listed, reason=True)
+    for verdict in (Verdict.INCORRECT, Verdict.FAILED, Verdict.INVALID):
+        records = report.with_verdict(verdict)
+        if records:
+            _render_audit_entries(records, f"{verdict.value} entries ({len(records)} of {n})", console, max_listed,
+                                  reason=verdict is not Verdict.INVALID)
+    if report.degeneracy_checked is not None:
+        if report.degenerate:
+            dt = Table(title=f"degenerate tasks ({len(report.degenerate)} of {report.degeneracy_checked} "
+                             "distinct references)")
+            dt.add_column("task", overflow="fold")
+            dt.add_column("entries", overflow="fold")
+            dt.add_column("reasons", overflow="fold")
+            for d in report.degenerate:
+                dt.add_row(d.task, ", ".join(d.entries), "; ".join(d.reasons))
+            console.print(dt)
+        else:
+            console.print(f"degeneracy filter: none of {report.degeneracy_checked} distinct references is degenerate")
+        for task, why in report.degeneracy_errors.items():
+            console.print(f"  degeneracy filter could not run {task}: {why}", markup=False, highlight=False)
+
+
+def _render_audit_entries(records: Sequence, title: str, console: Console, max_listed: int, *, reason: bool) -> None:
+    if not records:
+        if title.startswith("flagged"):
+            console.print("no entry flagged")
         return
-    ft = Table(title=f"flagged entries ({len(flagged)} of {n})")
-    ft.add_column("entry")
-    ft.add_column("task")
-    ft.add_column("status")
-    ft.add_column("rules")
-    ft.add_column("first reason", overflow="fold")
-    for r in flagged[:max_flagged]:
+    ft = Table(title=title)
+    ft.add_column("entry", overflow="fold")
+    ft.add_column("task", overflow="fold")
+    ft.add_column("rules", overflow="fold")
+    ft.add_column("first reason" if reason else "note", overflow="fold")
+    for r in records[:max_listed]:
         first = r.rejecting[0] if r.rejecting else None
-        reason = (f"line {first.line}: " if first and first.line else "") + (first.message if first else
-                                                                              (r.result.message if r.result else ""))
-        ft.add_row(r.entry.id, r.entry.task.name if r.entry.task else r.entry.task_ref, r.status,
-                   ", ".join(sorted({f.rule for f in r.rejecting})), reason)
+        if first is not None:
+            text = (f"line {first.line}: " if first.line else "") + first.message
+        elif r.result is not None:
+            text = r.result.message
+        else:
+            text = "; ".join(x for x in (r.entry.note, r.note) if x) or (r.findings[0].message if r.findings else "")
+        ft.add_row(r.entry.name, r.entry.task.name if r.entry.task else r.entry.task_ref,
+                   ", ".join(r.rule_names()[0]), text)
     console.print(ft)
-    if len(flagged) > max_flagged:
-        console.print(f"... and {len(flagged) - max_flagged} more flagged entries")
+    if len(records) > max_listed:
+        console.print(f"... and {len(records) - max_listed} more")
 
 
 def render_baseline(b: Baseline, console: Console) -> None:
@@ -171,18 +217,16 @@ def render_baseline(b: Baseline, console: Console) -> None:
     console.print(text)
 
 
-def render_tasks(tasks: Sequence[Task], console: Console, *, title: str, shapes: bool = False) -> None:
-    from kernelrl.tasks.task import describe_shapes
-
+def render_tasks(tasks: Sequence[Task], console: Console, *, title: str,
+                 shapes: dict[str, list[str] | str] | None = None) -> None:
+    """A suite's tasks with their constants, or with the input shapes a judge read (`shapes`)."""
     table = Table(title=title)
-    for col in ("name", "level", "inputs (small)" if shapes else "constants"):
+    for col in ("name", "level", "inputs (small)" if shapes is not None else "constants"):
         table.add_column(col)
     for t in tasks:
-        if shapes:
-            try:
-                detail = ", ".join(describe_shapes(t.instantiate("small")))
-            except Exception as e:  # noqa: BLE001 - a broken task is shown, not fatal
-                detail = f"[red]{type(e).__name__}: {e}[/red]"
+        if shapes is not None:
+            got = shapes.get(t.name, "")
+            detail = ", ".join(got) if isinstance(got, list) else f"[red]{got}[/red]"
         else:
             detail = ", ".join(f"{k}={v}" for k, v in t.constants().items())
         table.add_row(t.name, "" if t.level is None else str(t.level), detail)
@@ -200,3 +244,118 @@ def render_degeneracy(tasks: Sequence[Task], reports: Sequence[DegeneracyReport 
             table.add_row(t.name, "[red]degenerate[/red]" if rep.degenerate else "[green]ok[/green]",
                           "; ".join(rep.reasons))
     console.print(table)
+
+
+def render_calibration(runs: Sequence[Calibration], console: Console, *, tolerance: float) -> None:
+    task = runs[0].task if runs else "?"
+    table = Table(title=f"{task}: the reference against two identical copies of itself")
+    for col in ("run", "copy A", "copy B", "B / A", "rounds", "calls/sample", "stopped by", "reference"):
+        table.add_column(col, justify="right")
+    for i, r in enumerate(runs, 1):
+        style = None if r.within(tolerance) else "red"
+        table.add_row(str(i), f"{r.speedup_a:.3f}", f"{r.speedup_b:.3f}", f"{r.b_over_a:.3f}", str(r.rounds),
+                      str(r.calls_per_sample), r.stopped_by, f"{r.reference_ms:.4f} ms", style=style)
+    console.print(table)
+    good = sum(r.within(tolerance) for r in runs)
+    console.print(f"{good} of {len(runs)} runs within 1 +- {tolerance:g} for identical code")
+
+
+# ---------------------------------------------------------------------------------------------
+# training (kernelrl.train)
+
+
+def render_reward_batch(batch: BatchLog, console: Console) -> None:
+    """One line per reward call: the verdicts, then raw -> clipped rewards (x: dropped by RoC)."""
+    statuses = ", ".join(f"{n} {s}" for s, n in sorted(batch.statuses.items()))
+    parts = []
+    for r in batch.rollouts:
+        if r.raw is None:
+            parts.append("none")
+            continue
+        text = f"{r.raw:+.3f}"
+        if r.clipped and r.value is not None:
+            text += f"->{r.value:+.3f}"
+        if not r.kept:
+            text += "x"
+        parts.append(text)
+    console.print(f"[bold]reward[/bold] step {batch.step}: {len(batch.rollouts)} rollouts ({statuses}); "
+                  f"{batch.evaluated} judged; {batch.clipped} clipped; raw->clipped: {' '.join(parts)}",
+                  highlight=False, soft_wrap=True)  # one line per batch, whole, so logs can be searched
+
+
+def render_stage_report(report: StageReport, console: Console) -> None:
+    console.print(f"[bold]{report.stage.value}[/bold] done in {report.seconds:.1f} s: started from "
+                  f"{report.init.source} ({report.init.reason}); final model {report.final_dir}", soft_wrap=True)
+    if report.outcome is not None:
+        o = report.outcome
+        loss = "-" if o.train_loss is None else f"{o.train_loss:.4g}"
+        console.print(f"  {o.steps} optimizer steps, train loss {loss}; trainable parameter norm "
+                      f"{o.norm_before:.6g} -> {o.norm_after:.6g} "
+                      f"({'changed' if o.parameters_changed else '[red]unchanged[/red]'})", highlight=False,
+                      soft_wrap=True)
+    if report.rows:
+        console.print(f"  trained on {report.rows} rows")
+    if report.rounds:
+        table = Table(title="rejection-sampling rounds")
+        for col in ("round", "sampled", "correct", "rows trained", "verdicts", "model after"):
+            table.add_column(col, overflow="fold")
+        for r in report.rounds:
+            verdicts = ", ".join(f"{n} {s}" for s, n in sorted(r.statuses.items()))
+            after = r.final if r.outcome is not None else f"{r.final} (unchanged)"
+            table.add_row(str(r.round), str(r.sampled), str(r.correct), str(r.kept_rows), verdicts, after)
+        console.print(table)
+    if report.grpo is not None:
+        g = report.grpo
+        verdicts = ", ".join(f"{n} {s}" for s, n in sorted(g.statuses.items()))
+        resumed = f"; resumed from {g.checkpoint}" if g.checkpoint else ""
+        console.print(f"  {g.reward_calls} reward batches, {g.rollouts} rollouts ({verdicts}), {g.evaluated} judged, "
+                      f"{g.clipped} rewards clipped; {g.db_candidates} codes written to {report.db_path}{resumed}",
+                      highlight=False, soft_wrap=True)
+
+
+def render_collect(summary: CollectSummary, console: Console) -> None:
+    table = Table(title=f"SFT set: {summary.rows} accepted answers")
+    width = min(30, max((len(p.task) for p in summary.pairs), default=4))
+    table.add_column("task", min_width=width, overflow="fold")
+    table.add_column("proposer", overflow="fold")
+    for col in ("tries", "accepted"):
+        table.add_column(col, justify="right")
+    table.add_column("stopped")
+    for p in summary.pairs:
+        table.add_row(p.task, p.proposer, str(p.tries), str(p.accepted), p.stopped)
+    console.print(table)
+    for e in summary.errors[:10]:
+        console.print(f"[yellow]{e}[/yellow]")
+    console.print(f"{summary.asked} model calls, {summary.evaluated} evaluations; written {summary.out} and "
+                  f"{summary.dataset}; every try is in {summary.db_path}")
+
+
+def render_bench(report: BenchReport, console: Console) -> None:
+    console.print(f"[bold]bench[/bold] of {report.proposer}: {len(report.tasks)} tasks, k = {report.k} samples each",
+                  highlight=False, soft_wrap=True)
+    table = Table(title="best correct speedup per task")
+    width = min(30, max((len(t.task) for t in report.tasks), default=4))
+    table.add_column("task", min_width=width, overflow="fold")
+    for col in ("samples", "correct", "vs eager", "vs compile"):
+        table.add_column(col, justify="right")
+    for t in report.tasks:
+        table.add_row(t.task, str(t.samples), str(t.correct), speedup_text(t.best_speedup),
+                      speedup_text(t.best_vs_compile))
+    console.print(table)
+    ks = sorted({1, report.k})
+    m = Table(title="pass@k, fast_p@k (mean over tasks)")
+    m.add_column("metric")
+    for j in ks:
+        m.add_column(f"@{j}", justify="right")
+    m.add_row("pass", *(percent_text(report.pass_at[j]) for j in ks))
+    for p in report.ps:
+        m.add_row(f"fast_{p:g}", *(percent_text(report.fast_at[p][j]) for j in ks))
+    console.print(m)
+    console.print(f"solved {report.solved}/{len(report.tasks)}; best speedup vs eager: geomean "
+                  f"{speedup_text(report.geomean_eager)}, median {speedup_text(report.median_eager)} (solved tasks), "
+                  f"geomean {speedup_text(report.geomean_eager_all)} (unsolved as 1.00x); vs torch.compile: geomean "
+                  f"{speedup_text(report.geomean_compile)}, median {speedup_text(report.median_compile)}",
+                  highlight=False)
+    verdicts = ", ".join(f"{n} {s}" for s, n in sorted(report.statuses.items()))
+    missing = f"; {report.missing_samples} samples missing (counted as failures)" if report.missing_samples else ""
+    console.print(f"verdicts: {verdicts}{missing}", highlight=False)

@@ -13,7 +13,7 @@ import math
 import time
 from pathlib import Path
 
-from kernelrl.report.console import percent_text, speedup_text
+from kernelrl.report.console import percent_text, roofline_text, speedup_text
 from kernelrl.report.report import Report
 
 _GOOD, _BAD, _INK, _GRID = "#2a9d8f", "#e76f51", "#264653", "#d9d9d9"
@@ -227,9 +227,10 @@ def render_html(report: Report) -> str:
     ranked = sorted(report.tasks, key=lambda r: -(r.speedup_vs_eager or 0.0))
     parts.append("<h2>Best candidate per task</h2>")
     parts.append(_table(["task", "candidates", "correct / evaluated", "vs eager", "vs torch.compile", "eager ms",
-                         "compile ms", "best candidate"],
+                         "compile ms", "% of roofline", "best candidate"],
                         [[r.task, str(r.candidates), f"{r.correct}/{r.evaluated}", speedup_text(r.speedup_vs_eager),
                           speedup_text(r.speedup_vs_compile), _ms(r.eager_ms), _ms(r.compile_ms),
+                          roofline_text(r.roofline_pct),
                           "-" if r.best_candidate is None else str(r.best_candidate)] for r in ranked],
                         ["slow" if r.speedup_vs_eager is not None and r.speedup_vs_eager < 1 else "" for r in ranked]))
     parts.append("<h2>Candidates per status</h2>")

@@ -31,6 +31,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     """The chance that k of n samples, c of which succeed, hold at least one success (unbiased)."""
     if not 0 <= c <= n or k < 1:
         raise ValueError(f"need 0 <= c <= n and k >= 1, got n={n}, c={c}, k={k}")
+    if c == 0:
+        return 0.0  # also when n < k: no success was seen, whatever k
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def fast_p_at_k(speedups: Sequence[float | None], p: float, k: int) -> float:
+    """The chance that k of these samples hold a correct one faster than p (unbiased).
+
+    `speedups` has one entry per sample: the speedup of a correct sample, None for any other;
+    fast_0@k is pass@k.
+    """
+    return pass_at_k(len(speedups), sum(1 for s in speedups if s is not None and s > p), k)

@@ -15,8 +15,10 @@ Definitions (per task, its *best* candidate is its fastest correct one):
 - success rate = correct / evaluated candidates; refused counts = candidates flagged, per
   rejecting rule.
 
-Does not report roofline distance, and does not re-check any number: it reads what the evaluator
-stored.
+- % of roofline: the best candidate's share of this machine's roofline (its floor / its time),
+  as the evaluator measured it.
+
+Does not re-check any number: it reads what the evaluator stored.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class TaskReport:
     eager_ms: float | None  # stored baseline
     compile_ms: float | None
     best_so_far: tuple[float | None, ...]  # after each evaluated candidate, in order; None: none correct yet
+    roofline_pct: float | None = None  # the best candidate's share of this machine's roofline, when measured
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +132,8 @@ def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
                                evaluated=len(evaluated), correct=len(correct),
                                best_candidate=best.id if best else None,
                                speedup_vs_eager=best.speedup if best else None, speedup_vs_compile=vs_compile,
-                               eager_ms=eager_ms, compile_ms=compile_ms, best_so_far=tuple(curve)))
+                               eager_ms=eager_ms, compile_ms=compile_ms, best_so_far=tuple(curve),
+                               roofline_pct=best.result.roofline_pct if best and best.result else None))
 
     eager = [r.speedup_vs_eager for r in rows if r.speedup_vs_eager is not None]
     comp = [r.speedup_vs_compile for r in rows if r.speedup_vs_compile is not None]

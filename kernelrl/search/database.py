@@ -13,7 +13,11 @@ Guarantees:
 - `find_result` is the dedup lookup: a source already evaluated for a task (with the same task
   source), on the same device, size and policy, has its stored result reused (`store_reused_result`) instead of a second
   evaluation;
-- the schema carries a version; a file written by a newer schema is refused with a clear error.
+- every refused (flagged) program is kept in the hack-case table with each rule that refused it,
+  whatever refused it (static rule, dynamic defence, degenerate task, LLM judge), so prompts and
+  trainers can show what not to do (`hack_cases`, `recent_refused`);
+- the schema carries a version; a file written by a newer schema is refused with a clear error,
+  and an older one is brought up to date when opened for writing.
 
 Does not guarantee: safety with two processes writing one file at once (SQLite serialises them,
 but the search loop assumes it is the only writer of its run), nor durability against power loss
@@ -23,7 +27,6 @@ process crash, the case that matters here).
 
 from __future__ import annotations
 
-import enum
 import json
 import random
 import sqlite3
@@ -31,13 +34,23 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kernelrl.result import EvalResult, Severity, Status
+from kernelrl.search.records import (
+    BaselineRecord,
+    CandidateRecord,
+    CandidateState,
+    FindingRecord,
+    HackCase,
+    NewCandidate,
+    RunRecord,
+    RunStatus,
+    TaskRecord,
+)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: hack_cases
 
 # A weaker candidate is shown for contrast only when the best is at least this many times faster:
 # close scores are timing noise, not a lesson.
@@ -115,120 +128,33 @@ CREATE TABLE IF NOT EXISTS findings (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS findings_rule ON findings (rule);
+CREATE TABLE IF NOT EXISTS hack_cases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    candidate_id INTEGER NOT NULL REFERENCES candidates(id),
+    task TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    rule TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    message TEXT NOT NULL,
+    line INTEGER,
+    created REAL NOT NULL,
+    UNIQUE (task, hash, rule)
+);
+CREATE INDEX IF NOT EXISTS hack_cases_task ON hack_cases (task, id);
+"""
+
+# Version 1 files gain the hack-case table, filled from the refusals they already hold.
+_BACKFILL_HACK_CASES = """
+INSERT OR IGNORE INTO hack_cases (candidate_id, task, hash, rule, stage, message, line, created)
+SELECT f.candidate_id, r.task, r.hash, f.rule, f.stage, f.message, NULL, r.evaluated
+FROM findings f JOIN results r ON r.candidate_id = f.candidate_id
+WHERE r.status = 'flagged' AND f.severity = 'reject' AND r.reused_from IS NULL
+ORDER BY f.id
 """
 
 
 class DatabaseError(RuntimeError):
     """The database file cannot be used; the message says why, for a person."""
-
-
-class CandidateState(str, enum.Enum):
-    PROPOSED = "proposed"  # answer stored, not evaluated yet (a resumed run evaluates it)
-    EVALUATED = "evaluated"  # result stored
-
-
-class RunStatus(str, enum.Enum):
-    RUNNING = "running"  # also what a killed run looks like
-    FINISHED = "finished"
-    INTERRUPTED = "interrupted"  # stopped by Ctrl-C
-    FAILED = "failed"
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunRecord:
-    id: int
-    config: dict[str, Any]
-    started: float  # seconds since the epoch
-    finished: float | None
-    status: RunStatus
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskRecord:
-    name: str
-    source: str
-    source_hash: str
-    level: int | None
-    size: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class BaselineRecord:
-    task: str
-    device: str
-    size: str
-    eager_ms: float
-    compile_ms: float | None  # None: torch.compile failed or was not measured
-    measured: float  # seconds since the epoch
-
-
-@dataclass(frozen=True, kw_only=True)
-class FindingRecord:
-    candidate_id: int
-    rule: str
-    severity: Severity
-    stage: str
-    message: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class CandidateRecord:
-    """One proposal for a task, with its evaluation once there is one."""
-
-    id: int
-    run_id: int | None
-    task: str
-    hash: str
-    source: str  # empty when the answer held no complete code block
-    parents: tuple[int, ...]  # candidate ids this one improves on (empty: from the reference)
-    chain: int
-    step: int
-    proposer: str
-    prompt: str
-    answer: str
-    prompt_tokens: int
-    completion_tokens: int
-    created: float  # seconds since the epoch
-    state: CandidateState
-    meta: dict[str, Any] = field(default_factory=dict)
-    result: EvalResult | None = None
-
-    @property
-    def status(self) -> Status | None:
-        return self.result.status if self.result else None
-
-    @property
-    def speedup(self) -> float | None:
-        return self.result.speedup if self.result else None
-
-    @property
-    def is_correct(self) -> bool:
-        return self.result is not None and self.result.status is Status.CORRECT
-
-
-@dataclass(frozen=True, kw_only=True)
-class NewCandidate:
-    """What the search loop knows about a proposal before it is stored."""
-
-    task: str
-    hash: str
-    source: str
-    parents: tuple[int, ...] = ()
-    chain: int = 0
-    step: int = 0
-    proposer: str = ""
-    prompt: str = ""
-    answer: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    run_id: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.prompt_tokens < 0 or self.completion_tokens < 0:
-            raise ValueError("token counts must be >= 0")
-        if self.chain < 0 or self.step < 0:
-            raise ValueError("chain and step must be >= 0")
 
 
 _CAND_COLS = ("c.id, c.run_id, c.task, c.hash, c.source, c.parents, c.chain, c.step, c.proposer, c.prompt, "
@@ -316,6 +242,8 @@ class Database:
             # crash half-way is repaired by the next open.
             self._conn.executescript(_SCHEMA)
             with self._tx() as c:
+                if version is not None and version < 2:
+                    c.execute(_BACKFILL_HACK_CASES)
                 c.execute("DELETE FROM schema_version")
                 c.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
 
@@ -423,6 +351,13 @@ class Database:
                        time.time(), reused_from, task))
             c.executemany("INSERT INTO findings (candidate_id, rule, severity, stage, message) VALUES (?,?,?,?,?)",
                           [(candidate_id, f.rule, f.severity.value, f.stage, f.message) for f in result.findings])
+            if result.status is Status.FLAGGED and reused_from is None:
+                # Every refused program is a hack case, whatever refused it (static rule, dynamic
+                # defence, degenerate task, LLM judge): prompts and trainers show them.
+                c.executemany("INSERT OR IGNORE INTO hack_cases (candidate_id, task, hash, rule, stage, message, "
+                              "line, created) VALUES (?,?,?,?,?,?,?,?)",
+                              [(candidate_id, task, h, f.rule, f.stage, f.message, f.line, time.time())
+                               for f in result.findings if f.severity is Severity.REJECT])
             c.execute("UPDATE candidates SET state = ? WHERE id = ?", (CandidateState.EVALUATED.value, candidate_id))
 
     def find_result(self, task: str, source_hash: str, *, device: str, size: str,
@@ -515,11 +450,32 @@ class Database:
         return sorted(picked, key=lambda c: -(c.speedup or 0.0))
 
     def recent_refused(self, task: str, n: int) -> list[CandidateRecord]:
-        """The n most recent FLAGGED candidates of a task (one per source), newest first.
+        """The n most recent refused programs of a task (hack cases, one per source), newest first.
 
         Each record's `result.findings` / `result.rejecting_rules` name the rules that refused it.
         """
-        return self.recent_with_status(task, n, (Status.FLAGGED,))
+        if n <= 0:
+            return []
+        ids = [r[0] for r in self._query("SELECT candidate_id FROM hack_cases WHERE task = ? "
+                                         "GROUP BY hash ORDER BY MAX(id) DESC LIMIT ?", (task, n))]
+        recs = [self.get_candidate(i) for i in ids]
+        return [r for r in recs if r is not None]
+
+    def hack_cases(self, *, task: str | None = None, limit: int | None = None) -> list[HackCase]:
+        """Refused programs with the rule that refused each, newest first (one row per rule)."""
+        where, params = (" WHERE h.task = ?", [task]) if task is not None else ("", [])
+        sql = ("SELECT h.candidate_id, h.task, h.hash, h.rule, h.stage, h.message, h.line, h.created, c.source "
+               f"FROM hack_cases h JOIN candidates c ON c.id = h.candidate_id{where} ORDER BY h.id DESC")
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        return [HackCase(candidate_id=r[0], task=r[1], hash=r[2], rule=r[3], stage=r[4], message=r[5], line=r[6],
+                         created=r[7], source=r[8]) for r in self._query(sql, params)]
+
+    def hack_case_counts(self) -> dict[str, int]:
+        """Refused programs per rule."""
+        return {r[0]: int(r[1]) for r in self._query("SELECT rule, COUNT(*) FROM hack_cases GROUP BY rule "
+                                                     "ORDER BY COUNT(*) DESC, rule")}
 
     def recent_with_status(self, task: str, n: int, statuses: Sequence[Status]) -> list[CandidateRecord]:
         """The n most recent candidates of a task with one of `statuses`, one per source, newest first."""

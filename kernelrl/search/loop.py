@@ -4,8 +4,10 @@ Each task gets `chains` chains. A chain's step builds a contrastive prompt aroun
 current best (the first step starts from the reference), asks the proposer, stores the answer as
 a candidate, evaluates it and stores the verdict; every `exchange_every` steps a chain adopts the
 task's best of this run when that is better than its own. Chains of all tasks run at once: model
-calls run on `model_concurrency` threads and evaluations on `eval.concurrency` threads (the
-evaluator starts its own processes), so calls and evaluations overlap. Only the calling thread
+calls run on `model_concurrency` threads, and candidates waiting for a verdict are judged in
+batches (`Evaluator.evaluate_batch`: candidates of one task are timed together with their
+reference), one batch at a time, while model calls go on. A batch starts when no model call is
+under way or when its oldest candidate has waited `batch_wait_s`. Only the calling thread
 touches the database, so each write is one committed transaction from one writer.
 
 Budgets: `budget` is candidates (model answers) per task in this run, split evenly over the
@@ -25,9 +27,13 @@ Guarantees:
 - Ctrl-C stops new work and lets what is under way finish and be stored; a second Ctrl-C leaves
   at once (unfinished evaluations stay `proposed` and a resume evaluates them).
 
-Baselines (eager and torch.compile times) are measured once per task, device and size, on the
-evaluation threads, and stored; a task's first model call waits for its baseline so the prompt
-can state them (a failed measurement is reported and the task goes on without).
+Task code never runs in the search's process: each task's profile (constants, shapes, what its
+model is) comes from the evaluator's reference worker before the task's first prompt; a task
+whose reference hangs, crashes or fails is given up with its reason and the others go on.
+
+Baselines (eager and torch.compile times) are measured once per task, device and size, inside
+the task's first timing group (`EvalConfig.compile_baseline`), and stored. With an injected
+`measure_baseline`, they are measured first instead, and a task's first prompt waits for them.
 
 Does not guarantee: that an evaluation running when the process was SIGKILLed is not run again on
 resume (its result never reached the database); fairness between tasks beyond round-robin order.
@@ -36,7 +42,6 @@ resume (its result never reached the database); fairness between tasks beyond ro
 from __future__ import annotations
 
 import dataclasses
-import enum
 import queue
 import random
 import signal
@@ -60,6 +65,7 @@ from kernelrl.candidate import Candidate, extract_code, source_hash
 from kernelrl.config import to_dict
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.result import EvalResult, Status
+from kernelrl.search.chains import Chain, TaskState, better, fmt_speedup, rebuild
 from kernelrl.search.database import (
     CandidateRecord,
     CandidateState,
@@ -73,6 +79,7 @@ from kernelrl.search.proposers import (
     ProposerUnavailable,
     make_proposer,
 )
+from kernelrl.search.summary import SearchSummary, StopReason, TaskSummary
 from kernelrl.tasks.suites import load_tasks
 from kernelrl.tasks.task import Task
 
@@ -80,13 +87,6 @@ from kernelrl.tasks.task import Task
 # then not transient (bad model name, bad key), and retrying only burns the wall clock.
 MAX_PROPOSER_FAILURES = 3
 _POLL_S = 0.2
-
-
-class StopReason(str, enum.Enum):
-    BUDGET = "budget"  # every task used its candidate budget (or gave up)
-    TOKENS = "tokens"
-    WALL_TIME = "wall_time"
-    INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +107,7 @@ class SearchConfig:
     seed: int = 0
     resume: bool = False
     baselines: bool = True  # measure eager and torch.compile times once per task
+    batch_wait_s: float = 5.0  # a candidate waits at most this long for others to join its batch
     template_dir: Path | None = None  # prompt templates overriding the built-in ones
     # How candidates are judged: device, size, policy, limits, timing, sandbox.
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -134,6 +135,8 @@ class SearchConfig:
             raise ValueError("model_concurrency must be >= 1")
         if self.k_shown < 0:
             raise ValueError(f"k_shown must be >= 0, got {self.k_shown}")
+        if self.batch_wait_s < 0:
+            raise ValueError(f"batch_wait_s must be >= 0, got {self.batch_wait_s}")
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
@@ -142,90 +145,38 @@ class SearchConfig:
         return d
 
 
-@dataclass(frozen=True, kw_only=True)
-class TaskSummary:
-    task: str
-    candidates: int  # stored in this run
-    evaluated: int
-    correct: int
-    best_speedup: float | None  # over this run's correct candidates; None: none correct
-    best_candidate: int | None
-    gave_up: str | None = None  # why the task stopped before its budget, if it did
-
-
-@dataclass(frozen=True, kw_only=True)
-class SearchSummary:
-    run_id: int
-    resumed: bool
-    stop_reason: StopReason
-    tasks: tuple[TaskSummary, ...]
-    prompt_tokens: int  # over the whole run
-    completion_tokens: int
-    evaluations: int  # evaluator calls made by this invocation
-    reused: int  # candidates whose result came from the database or a shared evaluation
-    elapsed_s: float
-    errors: tuple[str, ...] = ()
-
-
 # Injectable collaborators, so the loop can run against fakes and any proposer.
 EvaluateFn = Callable[[Task, Candidate], EvalResult]
+BatchFn = Callable[[list[tuple[Task, Candidate]]], list[EvalResult]]
 BaselineFn = Callable[[Task], Any]  # returns an object with eager_ms and compile_ms (kernelrl.judge.baseline.Baseline)
+ProfileFn = Callable[[Task], Any]  # returns a kernelrl.judge.profile.TaskProfile (or None)
 PromptFn = Callable[..., str]
-
-
-@dataclass
-class _Chain:
-    task: str
-    index: int
-    step: int = 0  # next step number
-    best: CandidateRecord | None = None
-    busy: bool = False
-    active: bool = True  # False: a chain beyond `chains` left by an earlier run; finishes its pending work only
-
-
-@dataclass
-class _TaskState:
-    task: Task
-    chains: list[_Chain]
-    proposed: int = 0  # candidates stored in this run
-    in_flight: int = 0  # model calls under way
-    evaluated: int = 0
-    correct: int = 0
-    best: CandidateRecord | None = None
-    failures: int = 0  # consecutive proposer failures
-    gave_up: str | None = None
-    progress_id: Any = None
-    # a task's first prompts wait for its baseline, so they can state eager and compile times
-    baseline_pending: bool = False
-
-
-def _better(a: CandidateRecord | None, b: CandidateRecord | None) -> bool:
-    """Is a strictly faster than b (a correct candidate beats none)?"""
-    if a is None or not a.is_correct:
-        return False
-    if b is None or not b.is_correct:
-        return True
-    return (a.speedup or 0.0) > (b.speedup or 0.0)
-
-
-def _fmt_speedup(rec: CandidateRecord | None) -> str:
-    return f"best {rec.speedup:.2f}x" if rec is not None and rec.speedup is not None else "best -"
 
 
 class _Search:
     def __init__(self, config: SearchConfig, *, console: Console, tasks: list[Task], db: Database, proposer: Any,
-                 evaluate: EvaluateFn, build_prompt: PromptFn, measure_baseline: BaselineFn | None) -> None:
+                 evaluate_batch: BatchFn, build_prompt: PromptFn, measure_baseline: BaselineFn | None,
+                 profile: ProfileFn | None = None, known_baseline: BaselineFn | None = None,
+                 device: Any = None) -> None:
         self.config = config
         self.console = console
         self.db = db
         self.proposer = proposer
-        self.evaluate = evaluate
+        self.evaluate_batch = evaluate_batch
         self.build_prompt = build_prompt
         self.measure_baseline = measure_baseline
+        self.profile = profile
+        self.device = device  # what prompts say of the device (kernelrl.judge.device.DevicePeaks), when known
+        self.known_baseline = known_baseline  # baselines the evaluator measured inside its groups
+        self.profiles: dict[str, Any] = {}
+        self.eval_pending: list[tuple[str, str]] = []  # keys waiting for a batch, oldest first
+        self.pending_since: float | None = None
+        self.batch_running = False
         self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.model_slots = threading.Semaphore(config.model_concurrency)
-        self.eval_slots = threading.Semaphore(config.eval.concurrency)
-        self.state: dict[str, _TaskState] = {}
+        self.eval_slots = threading.Semaphore(1)  # batches and injected baseline measurements, one at a time
+        self.profile_slots = threading.Semaphore(2)
+        self.state: dict[str, TaskState] = {}
         self.task_order = [t.name for t in tasks]
         self.tasks = {t.name: t for t in tasks}
         self.evals_in_flight: dict[tuple[str, str], list[CandidateRecord]] = {}  # (task, hash) -> waiting records
@@ -256,36 +207,10 @@ class _Search:
             self.run_id = self.db.start_run(stored)
         self.prompt_tokens, self.completion_tokens = self.db.token_totals(self.run_id)
         for name in self.task_order:
-            ts = _TaskState(task=self.tasks[name], chains=[_Chain(task=name, index=i) for i in range(cfg.chains)])
+            ts = TaskState(task=self.tasks[name], chains=[Chain(task=name, index=i) for i in range(cfg.chains)])
             self.state[name] = ts
             if self.resumed:
-                self._rebuild(ts)
-
-    def _rebuild(self, ts: _TaskState) -> None:
-        """Chain state from the run's stored candidates (see the module docstring)."""
-        cands = self.db.candidates(task=ts.task.name, run_id=self.run_id)
-        ts.proposed = len(cands)
-        by_chain: dict[int, list[CandidateRecord]] = {}
-        for c in cands:
-            by_chain.setdefault(c.chain, []).append(c)
-            if c.result is not None:
-                ts.evaluated += 1
-                ts.correct += c.is_correct
-        for index in sorted(by_chain):
-            while index >= len(ts.chains):
-                ts.chains.append(_Chain(task=ts.task.name, index=len(ts.chains), active=False))
-            chain = ts.chains[index]
-            own = sorted(by_chain[index], key=lambda c: (c.step, c.id))
-            chain.step = own[-1].step + 1
-            best: CandidateRecord | None = None
-            if own[-1].parents:
-                best = self.db.get_candidate(own[-1].parents[-1])
-            for c in own:
-                if _better(c, best):
-                    best = c
-            chain.best = best if best is not None and best.is_correct else None
-            if _better(chain.best, ts.best):
-                ts.best = chain.best
+                rebuild(ts, self.db, self.run_id)
 
     # ------------------------------------------------------------ threads
     def _spawn(self, kind: str, slots: threading.Semaphore, fn: Callable[[], Any], payload: Any) -> None:
@@ -309,7 +234,24 @@ class _Search:
             return StopReason.TOKENS
         return None
 
+    def start_batch(self) -> None:
+        """Judge every waiting candidate in one batch, when the moment is right (module docstring)."""
+        if self.batch_running or not self.eval_pending:
+            return
+        proposing = any(ts.in_flight for ts in self.state.values())
+        waited = time.monotonic() - (self.pending_since or time.monotonic())
+        if proposing and waited < self.config.batch_wait_s and self.stop_reason is None:
+            return
+        keys, self.eval_pending, self.pending_since = self.eval_pending, [], None
+        items = []
+        for key in keys:
+            rec = self.evals_in_flight[key][0]
+            items.append((self.tasks[rec.task], Candidate(source=rec.source, origin=f"candidate {rec.id}")))
+        self.batch_running = True
+        self._spawn("evaluation", self.eval_slots, lambda: self.evaluate_batch(items), keys)
+
     def schedule(self) -> None:
+        self.start_batch()
         if self.stop_reason is not None:
             return
         reason = self._budget_stop()
@@ -323,7 +265,8 @@ class _Search:
             progressed = False
             for name in self.task_order:
                 ts = self.state[name]
-                if ts.gave_up or ts.baseline_pending or ts.proposed + ts.in_flight >= self.config.budget:
+                if (ts.gave_up or ts.baseline_pending or ts.profile_pending
+                        or ts.proposed + ts.in_flight >= self.config.budget):
                     continue
                 chain = next((c for c in ts.chains if c.active and not c.busy and c.step < self._quota(c.index)),
                              None)
@@ -337,19 +280,41 @@ class _Search:
         per, extra = divmod(self.config.budget, self.config.chains)
         return per + (1 if index < extra else 0)
 
-    def _start_step(self, ts: _TaskState, chain: _Chain) -> None:
+    def _start_step(self, ts: TaskState, chain: Chain) -> None:
         cfg = self.config
         rng = random.Random(f"{cfg.seed}:{ts.task.name}:{chain.index}:{chain.step}")
         extra = {"template_dir": cfg.template_dir} if cfg.template_dir is not None else {}
-        prompt = self.build_prompt(ts.task, db=self.db, chain_best=chain.best, policy=cfg.eval.policy, device=cfg.eval.device,
-                                   rng=rng, k=cfg.k_shown, size=cfg.eval.size, **extra)
+        profile = self.profiles.get(ts.task.name)
+        if profile is not None:
+            extra["profile"] = profile
+        prompt = self.build_prompt(ts.task, db=self.db, chain_best=chain.best, policy=cfg.eval.policy,
+                                   device=self.device or cfg.eval.device, rng=rng, k=cfg.k_shown, size=cfg.eval.size,
+                                   **extra)
         request = ProposalRequest(task=ts.task, prompt=prompt, parent=chain.best.source if chain.best else None,
-                                  chain=chain.index, step=chain.step)
+                                  chain=chain.index, step=chain.step, profile=profile)
         chain.busy = True
         ts.in_flight += 1
         self._spawn("proposal", self.model_slots, lambda: self.proposer.propose(request),
                     (ts.task.name, chain.index, chain.step, prompt, chain.best))
         chain.step += 1
+
+    def start_profiles(self) -> None:
+        if self.profile is None:
+            return
+        for name in self.task_order:
+            self.state[name].profile_pending = True
+            self._spawn("profile", self.profile_slots, lambda t=self.tasks[name]: self.profile(t), name)
+
+    def on_profile(self, name: str, out: Any) -> None:
+        ts = self.state[name]
+        ts.profile_pending = False
+        if isinstance(out, BaseException):
+            ts.gave_up = f"task error: {out}"
+            msg = f"{name}: the task's reference fails: {str(out).splitlines()[0] if str(out) else type(out).__name__}"
+            self.errors.append(msg)
+            self.console.print(f"[red]{msg}[/red]")
+            return
+        self.profiles[name] = out
 
     def start_baselines(self) -> None:
         if self.measure_baseline is None:
@@ -418,9 +383,32 @@ class _Search:
             self.evals_in_flight[key].append(rec)
             return
         self.evals_in_flight[key] = [rec]
-        task = self.tasks[rec.task]
-        cand = Candidate(source=rec.source, origin=f"candidate {rec.id}")
-        self._spawn("evaluation", self.eval_slots, lambda: self.evaluate(task, cand), key)
+        self.eval_pending.append(key)
+        if self.pending_since is None:
+            self.pending_since = time.monotonic()
+
+    def on_batch(self, keys: list[tuple[str, str]], out: Any) -> None:
+        self.batch_running = False
+        if isinstance(out, BaseException) or len(out) != len(keys):
+            err = out if isinstance(out, BaseException) else RuntimeError(f"{len(out)} results for {len(keys)}")
+            for key in keys:
+                self.on_evaluation(key, err)
+            return
+        for key, result in zip(keys, out):
+            self.on_evaluation(key, result)
+        self._store_known_baselines({k[0] for k in keys})
+
+    def _store_known_baselines(self, names: set[str]) -> None:
+        if self.known_baseline is None:
+            return
+        cfg = self.config
+        for name in names:
+            if self.db.get_baseline(name, cfg.eval.device, cfg.eval.size) is not None:
+                continue
+            b = self.known_baseline(self.tasks[name])
+            if b is not None:
+                self.db.put_baseline(task=name, device=cfg.eval.device, size=cfg.eval.size,
+                                     eager_ms=float(b.eager_ms), compile_ms=b.compile_ms)
 
     def on_evaluation(self, key: tuple[str, str], out: Any) -> None:
         waiting = self.evals_in_flight.pop(key)
@@ -428,6 +416,16 @@ class _Search:
         if isinstance(out, BaseException):
             # The evaluator itself broke (not the candidate): store nothing, so a resume retries.
             msg = f"{key[0]}: evaluation of candidate {first.id} failed: {type(out).__name__}: {out}"
+            self.errors.append(msg)
+            self.console.print(f"[red]{msg}[/red]")
+            for rec in waiting:
+                self.state[rec.task].chains[rec.chain].busy = False
+            return
+        if out.status is Status.TASK_ERROR:
+            # The task, not the candidate, failed: nothing to store, and the task stops here.
+            ts = self.state[key[0]]
+            ts.gave_up = ts.gave_up or f"task error: {out.message}"
+            msg = f"{key[0]}: the task's reference fails: {out.message}"
             self.errors.append(msg)
             self.console.print(f"[red]{msg}[/red]")
             for rec in waiting:
@@ -458,26 +456,26 @@ class _Search:
         chain = ts.chains[rec.chain]
         ts.evaluated += 1
         ts.correct += rec.is_correct
-        if _better(rec, chain.best):
+        if better(rec, chain.best):
             chain.best = rec
-        if _better(rec, ts.best):
+        if better(rec, ts.best):
             ts.best = rec
         every = self.config.exchange_every
-        if every and chain.step % every == 0 and _better(ts.best, chain.best):
+        if every and chain.step % every == 0 and better(ts.best, chain.best):
             chain.best = ts.best  # exchange: adopt the task's best of this run
         chain.busy = False
         self._update_progress(ts)
 
     # ------------------------------------------------------------ progress
-    def _update_progress(self, ts: _TaskState) -> None:
+    def _update_progress(self, ts: TaskState) -> None:
         if self.progress is not None and ts.progress_id is not None:
-            self.progress.update(ts.progress_id, completed=ts.evaluated, best=_fmt_speedup(ts.best))
+            self.progress.update(ts.progress_id, completed=ts.evaluated, best=fmt_speedup(ts.best))
 
     progress: Progress | None = None
 
     def busy(self) -> bool:
-        return (any(ts.in_flight for ts in self.state.values()) or bool(self.evals_in_flight)
-                or self.baselines_in_flight > 0)
+        return (any(ts.in_flight or ts.profile_pending for ts in self.state.values()) or bool(self.evals_in_flight)
+                or self.baselines_in_flight > 0 or self.batch_running)
 
     # ------------------------------------------------------------ main loop
     def run(self) -> None:
@@ -499,13 +497,14 @@ class _Search:
                 for name in self.task_order:
                     ts = self.state[name]
                     ts.progress_id = self.progress.add_task(name, total=self.config.budget, completed=ts.evaluated,
-                                                            best=_fmt_speedup(ts.best))
+                                                            best=fmt_speedup(ts.best))
                 # Proposed but never evaluated (a killed run): evaluate, do not ask again.
                 for rec in self.db.pending_candidates(self.run_id):
                     if rec.task not in self.state:
                         continue  # a task this invocation does not run: it stays pending for a later resume
                     self.state[rec.task].chains[rec.chain].busy = True
                     self.dispatch_evaluation(rec)
+                self.start_profiles()
                 self.start_baselines()
                 self.schedule()
                 while self.busy():
@@ -527,7 +526,9 @@ class _Search:
                     if kind == "proposal":
                         self.on_proposal(payload, out)
                     elif kind == "evaluation":
-                        self.on_evaluation(payload, out)
+                        self.on_batch(payload, out)
+                    elif kind == "profile":
+                        self.on_profile(payload, out)
                     else:
                         self.on_baseline(payload, out)
                     self.schedule()
@@ -550,22 +551,18 @@ class _Search:
                              reused=self.reused, elapsed_s=time.monotonic() - self.started, errors=tuple(self.errors))
 
 
-def _default_collaborators(config: SearchConfig) -> tuple[EvaluateFn, BaselineFn]:
-    from kernelrl.judge.baseline import measure_baseline
-    from kernelrl.judge.evaluator import evaluate
-
-    return (lambda task, cand: evaluate(task, cand, config.eval)), (lambda task: measure_baseline(task, config.eval))
-
-
 def run_search(config: SearchConfig, *, console: Console | None = None, tasks: list[Task] | None = None,
-               proposer: Any = None, evaluate: EvaluateFn | None = None, build_prompt: PromptFn | None = None,
-               measure_baseline: BaselineFn | None = None) -> SearchSummary:
+               proposer: Any = None, evaluate: EvaluateFn | None = None, evaluate_batch: BatchFn | None = None,
+               build_prompt: PromptFn | None = None, measure_baseline: BaselineFn | None = None,
+               evaluator: Any = None) -> SearchSummary:
     """Run (or with `config.resume`, continue) a search; return what it did.
 
-    `tasks` overrides loading `config.tasks`; `proposer` (an object with `propose(request)`),
-    `evaluate(task, candidate)`, `build_prompt(...)` and `measure_baseline(task)` replace the
-    defaults from kernelrl.search.proposers, kernelrl.judge.evaluator, kernelrl.search.prompt and kernelrl.judge.baseline.
-    With an injected `evaluate` and no `measure_baseline`, baselines are not measured.
+    `tasks` overrides loading `config.tasks`; `proposer` (an object with `propose(request)`) and
+    `build_prompt(...)` replace the defaults from kernelrl.search.proposers and
+    kernelrl.search.prompt. Candidates are judged by `evaluator` (a
+    `kernelrl.judge.evaluator.Evaluator`; one is made from `config.eval` when None), or by an
+    injected `evaluate_batch(items)` or `evaluate(task, candidate)`; with an injected one, task
+    profiles and baselines come only from `measure_baseline(task)` when it is given.
     """
     console = console or Console()
     if tasks is None:
@@ -575,38 +572,52 @@ def run_search(config: SearchConfig, *, console: Console | None = None, tasks: l
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate task names: {sorted({n for n in names if names.count(n) > 1})}")
-    if evaluate is None:
-        evaluate, default_baseline = _default_collaborators(config)
-        if measure_baseline is None:
-            measure_baseline = default_baseline
-    if not config.baselines:
-        measure_baseline = None
     if build_prompt is None:
         from kernelrl.search.prompt import build_prompt as default_build_prompt
 
         build_prompt = default_build_prompt
+    owned_evaluator = False
+    profile = known_baseline = device = None
+    if evaluate_batch is None and evaluate is not None:
+        single = evaluate
+        evaluate_batch = lambda items: [single(task, cand) for task, cand in items]  # noqa: E731
+    if evaluate_batch is None:
+        if evaluator is None:
+            from kernelrl.judge.evaluator import Evaluator
+
+            evaluator = Evaluator(dataclasses.replace(config.eval, compile_baseline=config.baselines
+                                                      and measure_baseline is None))
+            owned_evaluator = True
+        evaluate_batch = evaluator.evaluate_batch
+        profile = evaluator.profile
+        known_baseline = evaluator.cached_baseline
+        peaks = evaluator.peaks()  # measured once per machine, cached: prompts state them
+        if peaks is not None:
+            from kernelrl.judge.roofline import prompt_peaks
+
+            device = prompt_peaks(peaks, str(config.eval.device))
+    if not config.baselines:
+        measure_baseline = None
     owned = proposer is None
-    if proposer is None:
-        proposer = make_proposer(config.proposer, policy=config.eval.policy, device=config.eval.device,
-                                 **config.proposer_opts)
     try:
-        return _run(config, console, tasks, proposer, evaluate, build_prompt, measure_baseline)
+        if proposer is None:
+            proposer = make_proposer(config.proposer, policy=config.eval.policy, device=config.eval.device,
+                                     **config.proposer_opts)
+        with Database(config.db_path) as db:
+            search = _Search(config, console=console, tasks=tasks, db=db, proposer=proposer,
+                             evaluate_batch=evaluate_batch, build_prompt=build_prompt,
+                             measure_baseline=measure_baseline, profile=profile, known_baseline=known_baseline,
+                             device=device)
+            search.open_run()
+            status = RunStatus.FAILED
+            try:
+                search.run()
+                status = RunStatus.INTERRUPTED if search.stop_reason is StopReason.INTERRUPTED else RunStatus.FINISHED
+            finally:
+                db.finish_run(search.run_id, status)
+            return search.summary()
     finally:
-        if owned:
+        if owned and proposer is not None:
             proposer.close()
-
-
-def _run(config: SearchConfig, console: Console, tasks: list[Task], proposer: Any, evaluate: EvaluateFn,
-         build_prompt: PromptFn, measure_baseline: BaselineFn | None) -> SearchSummary:
-    with Database(config.db_path) as db:
-        search = _Search(config, console=console, tasks=tasks, db=db, proposer=proposer, evaluate=evaluate,
-                         build_prompt=build_prompt, measure_baseline=measure_baseline)
-        search.open_run()
-        status = RunStatus.FAILED
-        try:
-            search.run()
-            status = RunStatus.INTERRUPTED if search.stop_reason is StopReason.INTERRUPTED else RunStatus.FINISHED
-        finally:
-            db.finish_run(search.run_id, status)
-        summary = search.summary()
-    return summary
+        if owned_evaluator:
+            evaluator.close()

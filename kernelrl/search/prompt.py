@@ -21,7 +21,6 @@ Does not choose which earlier versions to show: the code database's `contrast_se
 
 from __future__ import annotations
 
-import functools
 import random
 import string
 from collections.abc import Sequence
@@ -30,8 +29,9 @@ from typing import Any, Protocol
 
 from kernelrl.candidate import source_hash
 from kernelrl.judge.device import DevicePeaks, device_peaks
+from kernelrl.judge.profile import TaskProfile
 from kernelrl.result import EvalResult, Status
-from kernelrl.tasks.task import Task, describe_shapes
+from kernelrl.tasks.task import Task
 
 BUILTIN_TEMPLATES = Path(__file__).parent / "templates"
 # Lines of a refused program shown around the line its rule points at (or from the top).
@@ -163,7 +163,7 @@ def elide_reference(source: str, task: Task) -> str:
     Program-level rewrites embed the whole reference (renamed to `_Reference`); the prompt shows
     the reference once, so repeating it in every version would only cost tokens.
     """
-    from kernelrl.tasks.task import embed_reference
+    from kernelrl.tasks.source import embed_reference
 
     try:
         embedded = embed_reference(task.source)
@@ -183,7 +183,7 @@ def _elide_keeping_lines(source: str, task: Task, line: int | None) -> tuple[str
     elided = elide_reference(source, task)
     if elided == source or line is None:
         return elided, line
-    from kernelrl.tasks.task import embed_reference
+    from kernelrl.tasks.source import embed_reference
 
     embedded = embed_reference(task.source)
     first = source[:source.index(embedded)].count("\n") + 1
@@ -227,33 +227,15 @@ def _refused_section(t: Templates, records: Sequence[Record], task: Task) -> str
     return t.render("refused.txt", items="\n".join(items)).rstrip("\n")
 
 
-def _task_facts(task: Task, size: str) -> tuple[str, str, str]:
-    """(constants, input shapes, init args) at `size`, or a reason they are unavailable."""
-    presets = tuple(sorted((k, tuple(sorted(v.items()))) for k, v in task.presets.items()))
-    return _task_facts_cached(task.name, task.source, presets, size)
-
-
-# Instantiating a task (and shrinking it to `small`) runs its module on the meta device several
-# times; a search asks for the same task's facts at every step, so they are computed once.
-@functools.lru_cache(maxsize=256)
-def _task_facts_cached(name: str, source: str, presets: tuple[Any, ...], size: str) -> tuple[str, str, str]:
-    import torch
-
-    task = Task(name=name, source=source, presets={k: dict(v) for k, v in presets})
-
-    try:
-        tm = task.instantiate(size)
-        shapes = ", ".join(describe_shapes(tm)) or "none"
-        with torch.device("meta"):
-            init = tm.get_init_inputs()
-        init_text = ", ".join(describe_shapes_of(init)) or "none"
-        consts = ", ".join(f"{k}={v}" for k, v in tm.constants.items()) or "none"
-        if size != "full" and tm.constants != task.constants():
-            consts += f" (size preset `{size}`; the source above shows the full size)"
-        return consts, shapes, init_text
-    except Exception as e:  # noqa: BLE001 - a prompt must still be built; say why
-        reason = f"unavailable ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+def _task_facts(task: Task, size: str, profile: TaskProfile | None) -> tuple[str, str, str]:
+    """(constants, input shapes, init args) at `size`, from the judge's profile of the task."""
+    if profile is None:
+        reason = "unavailable (the judge has not read this task's shapes yet)"
         return reason, reason, reason
+    consts = ", ".join(f"{k}={v}" for k, v in profile.constants.items()) or "none"
+    if size != "full" and profile.constants != task.constants():
+        consts += f" (size preset `{size}`; the source above shows the full size)"
+    return consts, ", ".join(profile.inputs) or "none", ", ".join(profile.init_args) or "none"
 
 
 def describe_shapes_of(values: Sequence[Any]) -> list[str]:
@@ -295,12 +277,15 @@ def _policy_name(policy: Any) -> str:
 
 def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | None, policy: Any,
                  device: str | DevicePeaks, rng: random.Random, k: int = 4, n_refused: int = 3,
-                 size: str = "small", template_dir: str | Path | None = None) -> str:
+                 size: str = "small", template_dir: str | Path | None = None,
+                 profile: TaskProfile | None = None) -> str:
     """The contrastive prompt for one proposal on `task`.
 
     `db` may be None (first step of a fresh run); `chain_best` is the chain's current best
     (shown once and marked, even if the database did not pick it); `policy` is "strict", "open"
-    or a policy object with `.name`; `device` is "cpu", "cuda[:N]" or a `DevicePeaks`.
+    or a policy object with `.name`; `device` is "cpu", "cuda[:N]" or a `DevicePeaks`; `profile`
+    is the judge's `TaskProfile` of the task at `size` (shapes and constants; the prompt says
+    they are unavailable without it: no task code runs here).
     """
     if k < 0 or n_refused < 0:
         raise PromptError("k and n_refused must be >= 0")
@@ -331,7 +316,7 @@ def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | 
     else:
         goal = t.text("goal_first.txt")
 
-    constants, shapes, init_args = _task_facts(task, size)
+    constants, shapes, init_args = _task_facts(task, size, profile)
     try:
         policy_text = t.text(f"policy_{policy_name}.txt")
     except PromptError:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from kernelrl.search.database import Database, NewCandidate
 from kernelrl.report.console import render_report
 from kernelrl.report.html import write_html
 from kernelrl.report.metrics import geometric_mean
 from kernelrl.report.report import build_report
 from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
+from kernelrl.search.database import Database, NewCandidate
 
 # task -> verdicts in order: a float is a correct speedup, a Status is a failure, ("flag", rules) is refused
 VERDICTS = {
@@ -40,7 +40,7 @@ def _fill(path: Path, run_id_of=lambda task: None) -> None:
                 rec = db.add_candidate(NewCandidate(task=task, hash=src, source=src, run_id=run))
                 if isinstance(v, float):
                     t = TimingStats(median_ms=1 / v, mean_ms=1 / v, min_ms=1 / v, iqr_ms=0, n=3)
-                    res = EvalResult(task=task, status=Status.CORRECT, speedup=v, cand_time=t)
+                    res = EvalResult(task=task, status=Status.CORRECT, speedup=v, cand_time=t, roofline_pct=10.0 * v)
                 elif isinstance(v, Status):
                     res = EvalResult(task=task, status=v)
                 else:
@@ -122,3 +122,16 @@ def test_console_and_html(tmp_path: Path) -> None:
     for img in images:
         assert base64.b64decode(img)[:8] == b"\x89PNG\r\n\x1a\n"
     assert "extra_stream" in page and "http" not in page.replace("http-equiv", "")  # self-contained
+
+
+def test_the_best_candidates_share_of_the_roofline_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    _fill(path)
+    by_task = {t.task: t for t in build_report(path).tasks}
+    assert by_task["a"].roofline_pct == 25.0 and by_task["e"].roofline_pct == 40.0 and by_task["d"].roofline_pct is None
+    buf = io.StringIO()
+    render_report(build_report(path), Console(file=buf, width=120))
+    assert "roofline" in buf.getvalue() and "40%" in buf.getvalue()
+    html = tmp_path / "r.html"
+    write_html(build_report(path), html)
+    assert "% of roofline" in html.read_text() and "25%" in html.read_text()

@@ -15,9 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.search.database import (SCHEMA_VERSION, CandidateState, Database, DatabaseError, NewCandidate, RunStatus)
 from kernelrl.report.export import export_jsonl
 from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
+from kernelrl.search.database import (
+    SCHEMA_VERSION,
+    CandidateState,
+    Database,
+    DatabaseError,
+    NewCandidate,
+    RunStatus,
+)
 
 
 def _result(task: str, status: Status, speedup: float | None = None, h: str = "", findings=()) -> EvalResult:
@@ -154,6 +161,37 @@ def test_recent_refused_newest_first_with_rules(tmp_path: Path) -> None:
         assert [c.source for c in refused] == ["h2", "h1"]
         assert [c.result.rejecting_rules for c in refused] == [["extra_stream"], ["cached_output"]]
         assert len(db.recent_refused("t", 1)) == 1
+
+
+def test_every_refused_program_is_a_hack_case_with_its_rule(tmp_path: Path) -> None:
+    with Database(tmp_path / "k.db") as db:
+        first = _add(db, "t", "h1", Status.FLAGGED, findings=[
+            Finding(rule="module_patching", message="torch.allclose rebound", stage="static", line=3),
+            Finding(rule="rng_seeding", message="seeds", severity=Severity.WARN, stage="static")])
+        _add(db, "t", "ok", Status.CORRECT, 2.0)
+        _add(db, "u", "h3", Status.FLAGGED, findings=[Finding(rule="llm_judge", message="the model says: cached")])
+        reused = db.add_candidate(NewCandidate(task="t", hash="h-h1", source="h1", prompt="p", answer="a"))
+        db.store_reused_result(reused.id, first, db.get_candidate(first).result)
+        cases = db.hack_cases()
+        assert [(c.task, c.rule, c.stage, c.line) for c in cases] == [("u", "llm_judge", "dynamic", None),
+                                                                       ("t", "module_patching", "static", 3)]
+        assert cases[1].source == "h1" and cases[1].candidate_id == first  # the reuse added nothing
+        assert [c.rule for c in db.hack_cases(task="t")] == ["module_patching"]
+        assert db.hack_case_counts() == {"llm_judge": 1, "module_patching": 1}
+
+
+def test_a_version_1_file_gains_its_hack_cases(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    with Database(path) as db:
+        _add(db, "t", "h1", Status.FLAGGED, findings=[Finding(rule="cached_output", message="m")])
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE hack_cases")
+    conn.execute("UPDATE schema_version SET version = 1")
+    conn.commit()
+    conn.close()
+    with Database(path) as db:
+        assert db.schema_version == SCHEMA_VERSION
+        assert [(c.task, c.rule, c.source) for c in db.hack_cases()] == [("t", "cached_output", "h1")]
 
 
 def test_baselines_and_tasks(tmp_path: Path) -> None:

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 import torch
-from proposer_fixtures import load_program, openai_proposer
 from openai_server import Reply
+from proposer_fixtures import load_program, openai_proposer
 from rich.console import Console
 
 from kernelrl.candidate import Candidate
-from kernelrl.search.database import CandidateState, Database, RunStatus
-from kernelrl.result import EvalResult, Finding, Status, TimingStats
 from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.result import EvalResult, Finding, Status, TimingStats
+from kernelrl.search.database import CandidateState, Database, RunStatus
 from kernelrl.search.loop import SearchConfig, StopReason, run_search
 from kernelrl.tasks.task import Task
 
@@ -298,6 +298,14 @@ _RUNNER = textwrap.dedent("""
 """)
 
 
+def _pending(db_path: Path) -> bool:
+    try:
+        with Database(db_path, readonly=True) as db:
+            return any(c.state is CandidateState.PROPOSED for c in db.candidates())
+    except Exception:  # noqa: BLE001 - the file is being created
+        return False
+
+
 def _evaluated_hashes(db_path: Path) -> set[tuple[str, str]]:
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     try:
@@ -320,7 +328,8 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path: Path) 
     proc = subprocess.Popen([sys.executable, str(script), here, str(db_path), str(first), "0", str(budget)])
     deadline = time.time() + 60
     while time.time() < deadline:
-        if db_path.exists() and len(_evaluated_hashes(db_path)) >= 4:
+        # mid-run: some verdicts stored, and answers stored that wait for theirs
+        if db_path.exists() and len(_evaluated_hashes(db_path)) >= 4 and _pending(db_path):
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
@@ -426,6 +435,7 @@ def test_real_prompt_builder_and_heuristic_proposer(tmp_path: Path) -> None:
 def test_scripted_openai_endpoint_three_tasks_two_chains_four_steps(tmp_path: Path) -> None:
     """The issue's acceptance run against a real HTTP server speaking the OpenAI chat API."""
     from openai_server import OpenAIServer, Reply
+
     from kernelrl.tasks.suites import load_task
 
     tasks = [load_task(n) for n in ("level1/softmax", "level1/rmsnorm", "level1/scaled_residual_add")]
@@ -511,8 +521,8 @@ def test_search_against_scripted_server_stores_every_answer(openai_server, tmp_p
 
     from rich.console import Console
 
-    from kernelrl.search.database import Database
     from kernelrl.result import EvalResult, Status
+    from kernelrl.search.database import Database
     from kernelrl.search.loop import SearchConfig, run_search
     from kernelrl.tasks.suites import load_task
 
@@ -573,8 +583,8 @@ def test_search_against_scripted_server_with_the_real_evaluator(openai_server, t
 
     from rich.console import Console
 
-    from kernelrl.search.database import Database
     from kernelrl.result import Status
+    from kernelrl.search.database import Database
     from kernelrl.search.loop import SearchConfig, run_search
 
     names = ("level1/softmax", "level1/rmsnorm", "level1/scaled_residual_add")

@@ -8,10 +8,11 @@ import re
 from dataclasses import dataclass
 
 import pytest
+from proposer_fixtures import profile_of
 
 from kernelrl.judge.device import DevicePeaks, cpu_peaks, device_peaks, gpu_peaks
-from kernelrl.search.prompt import PromptError, build_prompt, system_message, verdict
 from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
+from kernelrl.search.prompt import PromptError, build_prompt, system_message, verdict
 from kernelrl.tasks.task import Task
 
 REFERENCE = """import torch
@@ -145,14 +146,19 @@ def test_no_database_means_first_attempt():
 
 
 def test_reference_shapes_and_constants_at_the_run_size():
-    small = prompt(None)
-    full = prompt(None, size="full")
+    small = prompt(None, profile=profile_of(TASK, "small"))
+    full = prompt(None, size="full", profile=profile_of(TASK, "full"))
     assert REFERENCE.strip() in small and small.count("class Model(nn.Module)") == 1
     assert "Inputs to `forward` (from `get_inputs()`): float32[4096, 2048]" in full
     assert "Arguments to `__init__` (from `get_init_inputs()`): 2048" in full
     shapes = re.search(r"Inputs to `forward` \(from `get_inputs\(\)`\): float32\[(\d+), (\d+)\]", small)
     assert shapes and int(shapes.group(1)) * int(shapes.group(2)) < 4096 * 2048
     assert "size preset `small`" in small and "size preset" not in full
+
+
+def test_without_the_judges_profile_the_shapes_are_said_to_be_unavailable():
+    text = prompt(None)
+    assert "Inputs to `forward` (from `get_inputs()`): unavailable (the judge has not read" in text
 
 
 def test_protocol_and_policy_requirements():

@@ -85,9 +85,12 @@ def make_proposer(spec: str, **opts: Any) -> Proposer:
         )
 
         o = _check_opts(kind, {k: v for k, v in opts.items() if k not in ("policy", "device")}, _OPENAI_OPTS)
-        retry = RetryPolicy(**{name: o.pop(key) for key, name in (
-            ("max_retries", "max_retries"), ("backoff_initial_s", "initial_s"), ("backoff_max_s", "max_s"),
-            ("backoff_jitter", "jitter")) if key in o})
+        try:
+            retry = RetryPolicy(**{name: o.pop(key) for key, name in (
+                ("max_retries", "max_retries"), ("backoff_initial_s", "initial_s"), ("backoff_max_s", "max_s"),
+                ("backoff_jitter", "jitter")) if key in o})
+        except ValueError as e:
+            raise ProposerError(f"openai proposer: {e}") from None
         sleep, rng = o.pop("sleep", time.sleep), o.pop("rng", None)
         return OpenAIProposer(OpenAIConfig(model=arg.strip(), retry=retry, **o), sleep=sleep, rng=rng)
     if kind == "hf":

@@ -38,6 +38,9 @@ class ProposalRequest:
     parent: str | None = None
     chain: int = 0
     step: int = 0
+    # What the judge read about the task in its reference worker (kernelrl.judge.profile.TaskProfile);
+    # None when unknown. Proposers use it instead of running task code.
+    profile: Any = None
 
 
 @dataclass(frozen=True, kw_only=True)

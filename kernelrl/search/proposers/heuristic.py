@@ -18,6 +18,7 @@ import string
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kernelrl.search.proposers.base import (
     Exhausted,
@@ -26,7 +27,8 @@ from kernelrl.search.proposers.base import (
     Proposer,
     ProposerError,
 )
-from kernelrl.tasks.task import Task, embed_reference
+from kernelrl.tasks.source import embed_reference
+from kernelrl.tasks.task import Task
 
 HEURISTIC_MARKER = "# kernelrl-heuristic:"
 
@@ -122,31 +124,19 @@ class TaskTraits:
         return self.conv2d or self.conv3d
 
 
-def task_traits(task: Task) -> TaskTraits:
-    """Inspect the reference on the meta device (nothing allocated); fall back to its source text."""
-    import torch
-    from torch import nn
+def task_traits(task: Task, profile: Any = None) -> TaskTraits:
+    """What the model is, from the judge's profile of the task (read in a reference worker).
 
+    Without a profile, only the task's text is read (no task code runs here), and the unsure
+    answers are the conservative ones: freezing and graph capture are then not offered.
+    """
+    if profile is not None:
+        return TaskTraits(conv2d=profile.conv2d, conv3d=profile.conv3d, training_dependent=profile.training_dependent,
+                          tensor_inputs_only=profile.tensor_inputs_only)
     src = task.source
-    text_train = bool(re.search(r"dropout|batch_?norm|\.training\b|instance_?norm|rrelu", src, re.IGNORECASE))
-    try:
-        tm = task.instantiate("small")
-        with torch.device("meta"):
-            model = tm.Model(*tm.get_init_inputs())
-            inputs = tm.get_inputs()
-        mods = list(model.modules())
-        conv2d = any(isinstance(m, nn.Conv2d | nn.ConvTranspose2d) for m in mods)
-        conv3d = any(isinstance(m, nn.Conv3d | nn.ConvTranspose3d) for m in mods)
-        train_types = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm,
-                       nn.modules.dropout._DropoutNd, nn.RNNBase, nn.MultiheadAttention, nn.RReLU)
-        training_dependent = text_train or any(isinstance(m, train_types) for m in mods)
-        tensors_only = bool(inputs) and all(isinstance(x, torch.Tensor) for x in inputs)
-        return TaskTraits(conv2d=conv2d, conv3d=conv3d, training_dependent=training_dependent,
-                          tensor_inputs_only=tensors_only)
-    except Exception:  # noqa: BLE001 - a task that fails on meta is judged from its text
-        return TaskTraits(conv2d=bool(re.search(r"conv(transpose)?2d", src, re.IGNORECASE)),
-                          conv3d=bool(re.search(r"conv(transpose)?3d", src, re.IGNORECASE)),
-                          training_dependent=True, tensor_inputs_only=False)
+    return TaskTraits(conv2d=bool(re.search(r"conv(transpose)?2d", src, re.IGNORECASE)),
+                      conv3d=bool(re.search(r"conv(transpose)?3d", src, re.IGNORECASE)),
+                      training_dependent=True, tensor_inputs_only=False)
 
 
 def applicable(rewrite: Rewrite, traits: TaskTraits, device: str) -> bool:
@@ -264,24 +254,24 @@ class HeuristicProposer(Proposer):
         self._tried: dict[str, set[str]] = {}
         self._traits: dict[tuple[str, str], TaskTraits] = {}
 
-    def portfolio(self, task: Task) -> list[Rewrite]:
-        traits = self._traits_for(task)
+    def portfolio(self, task: Task, profile: Any = None) -> list[Rewrite]:
+        traits = self._traits_for(task, profile)
         full = GPU_PORTFOLIO if self.config.device.startswith("cuda") else CPU_PORTFOLIO
         return [r for r in full if applicable(r, traits, self.config.device)]
 
-    def _traits_for(self, task: Task) -> TaskTraits:
+    def _traits_for(self, task: Task, profile: Any = None) -> TaskTraits:
         key = (task.name, task.source_hash)
         with self._lock:
             cached = self._traits.get(key)
-        if cached is None:
-            cached = task_traits(task)
+        if cached is None or profile is not None:
+            cached = task_traits(task, profile)
             with self._lock:
                 self._traits[key] = cached
         return cached
 
     def propose(self, request: ProposalRequest) -> Proposal:
         task = request.task
-        options = self.portfolio(task)
+        options = self.portfolio(task, request.profile)
         parent_name = heuristic_name(request.parent)
         parent_parts = frozenset(parent_name.split("+")) if parent_name else frozenset()
         # Versions shown in the prompt were measured already (e.g. before a resumed run): skip them.
@@ -295,7 +285,7 @@ class HeuristicProposer(Proposer):
             stacked = [r for r in untried if parent_parts and parent_parts < r.components]
             chosen = (stacked or untried)[0]
             tried.add(chosen.name)
-        code = render_rewrite(task, chosen, self._traits_for(task))
+        code = render_rewrite(task, chosen, self._traits_for(task, request.profile))
         answer = f"{rewrite_analysis(chosen, parent_name if stacked else None)}\n```python\n{code}```\n"
         return Proposal(answer=answer, code=code, meta={"rewrite": chosen.name, "stacked_on": parent_name
                                                         if stacked else None})

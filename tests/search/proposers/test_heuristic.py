@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
+from proposer_fixtures import (
+    CONV,
+    CONV_BN,
+    LINEAR,
+    load_program,
+    make_task,
+    profile_of,
+    request,
+)
 
-from kernelrl.search.proposers import (Exhausted, make_proposer)
-from kernelrl.search.proposers.heuristic import (HeuristicConfig, HeuristicProposer, Rewrite, heuristic_name,
-                                                 render_rewrite, task_traits)
-from kernelrl.tasks.task import Task, embed_reference
-from proposer_fixtures import CONV, CONV_BN, LINEAR, make_task, request, load_program
-
+from kernelrl.search.proposers import Exhausted, make_proposer
+from kernelrl.search.proposers.heuristic import (
+    HeuristicConfig,
+    HeuristicProposer,
+    Rewrite,
+    heuristic_name,
+    render_rewrite,
+    task_traits,
+)
+from kernelrl.tasks.source import embed_reference
+from kernelrl.tasks.task import Task
 
 # ---------------------------------------------------------------------------------------------
 # heuristic
@@ -40,11 +53,18 @@ def test_embed_reference_renames_model_and_drops_input_factories():
 
 
 def test_task_traits_see_convolutions_and_training_dependence():
-    lin, conv, conv_bn = (task_traits(make_task(n, s)) for n, s in
-                          (("a", LINEAR), ("b", CONV), ("c", CONV_BN)))
+    lin, conv, conv_bn = (task_traits(t, profile_of(t)) for t in
+                          (make_task("a", LINEAR), make_task("b", CONV), make_task("c", CONV_BN)))
     assert not lin.conv and not lin.training_dependent and lin.tensor_inputs_only
     assert conv.conv2d and not conv.training_dependent
     assert conv_bn.conv2d and conv_bn.training_dependent
+
+
+def test_task_traits_without_a_profile_read_only_the_text_and_stay_conservative():
+    lin, conv = task_traits(make_task("a", LINEAR)), task_traits(make_task("b", CONV))
+    assert not lin.conv and conv.conv2d
+    assert lin.training_dependent and not lin.tensor_inputs_only  # no freezing or graph capture offered
+    assert not any("freez" in r.name for r in HeuristicProposer().portfolio(make_task("a", LINEAR)))
 
 
 def test_heuristic_variants_are_distinct_complete_programs_then_exhausted():
@@ -63,15 +83,15 @@ def test_heuristic_variants_are_distinct_complete_programs_then_exhausted():
         assert heuristic_name(p.code) == p.meta["rewrite"]
         names.append(p.meta["rewrite"])
         codes.add(p.code)
-    assert len(names) == len(set(names)) == len(codes) == len(proposer.portfolio(task))
+    assert len(names) == len(set(names)) == len(codes) == len(proposer.portfolio(task, profile_of(task)))
     assert {"inference_mode", "channels_last+inference_mode", "jit_freeze",
             "inference_mode+compile-default"} <= set(names)
 
 
 def test_heuristic_filters_rewrites_by_task():
     proposer = HeuristicProposer()
-    lin = [r.name for r in proposer.portfolio(make_task("a", LINEAR))]
-    bn = [r.name for r in proposer.portfolio(make_task("b", CONV_BN))]
+    lin = [r.name for r in proposer.portfolio(make_task("a", LINEAR), profile_of(make_task("a", LINEAR)))]
+    bn = [r.name for r in proposer.portfolio(make_task("b", CONV_BN), profile_of(make_task("b", CONV_BN)))]
     assert not any("channels_last" in n for n in lin) and "jit_freeze" in lin
     # batch norm behaves differently in eval mode: no freezing; but it is a convolution
     assert not any("freez" in n for n in bn) and "channels_last+inference_mode" in bn
@@ -102,7 +122,7 @@ def test_heuristic_program_runs_and_matches_reference(source, rewrite):
 def test_heuristic_gpu_portfolio_renders_cuda_graph_program():
     task = make_task("toy/linear", LINEAR)
     proposer = make_proposer("heuristic", device="cuda")
-    names = [r.name for r in proposer.portfolio(task)]
+    names = [r.name for r in proposer.portfolio(task, profile_of(task))]
     assert "cuda_graph" in names and "inference_mode+compile-reduce-overhead" in names
     assert "jit_freeze" not in names
     src = render_rewrite(task, Rewrite(cuda_graph=True))
@@ -116,7 +136,7 @@ def test_heuristic_gpu_programs_run_on_cuda():
     task = make_task("toy/conv", CONV)
     tm = task.instantiate("full")
     proposer = HeuristicProposer(HeuristicConfig(device="cuda"))
-    for rewrite in proposer.portfolio(task):
+    for rewrite in proposer.portfolio(task, profile_of(task)):
         if rewrite.compile_mode in ("max-autotune", "max-autotune-no-cudagraphs"):
             continue  # minutes of autotuning; the mode itself is torch's
         mod = load_program(render_rewrite(task, rewrite))
@@ -135,7 +155,7 @@ def _builtin_variants(names: tuple[str, ...] | None, compiled: bool):
     for task in suites.load_suite("builtin"):
         if names is not None and task.name not in names:
             continue
-        for rewrite in HeuristicProposer().portfolio(task):
+        for rewrite in HeuristicProposer().portfolio(task, profile_of(task, "small")):
             if rewrite.compiles == compiled and rewrite.compile_mode != "max-autotune-no-cudagraphs":
                 yield task, rewrite
 
@@ -177,7 +197,7 @@ def test_heuristic_every_cpu_variant_runs_and_matches_reference():
     # torch.compile's first call takes ~15-30 s per variant on two cores
     for name, source in (("toy/linear", LINEAR), ("toy/conv", CONV)):
         task = make_task(name, source)
-        for rewrite in HeuristicProposer().portfolio(task):
+        for rewrite in HeuristicProposer().portfolio(task, profile_of(task, "small")):
             if rewrite.compile_mode == "max-autotune-no-cudagraphs":
                 continue  # benchmarks many kernels: minutes on two cores
             _check_matches_reference(task, render_rewrite(task, rewrite))

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
-
-from kernelrl.search.proposers import (ProposerError, make_proposer)
 from proposer_fixtures import CONV, LINEAR, request
 
+from kernelrl.search.proposers import ProposerError, make_proposer
 
 # ---------------------------------------------------------------------------------------------
 # hf:PATH
@@ -17,7 +15,7 @@ from proposer_fixtures import CONV, LINEAR, request
 @pytest.fixture(scope="module")
 def tiny_hf_model(tmp_path_factory):
     pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
     path = tmp_path_factory.mktemp("tiny-lm")
@@ -47,9 +45,9 @@ def test_hf_proposer_generates_with_a_local_model(tiny_hf_model):
 
 
 def test_hf_proposer_uses_the_chat_template(tiny_hf_model, tmp_path):
-    from transformers import AutoTokenizer
-
     import shutil
+
+    from transformers import AutoTokenizer
 
     path = tmp_path / "chat"
     shutil.copytree(tiny_hf_model, path)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-
 import pytest
 
-from kernelrl.search.proposers import (ProposerError, make_proposer)
+from kernelrl.search.proposers import ProposerError, make_proposer
 
 
 def test_make_proposer_rejects_bad_specs_and_options(tmp_path):

@@ -7,12 +7,23 @@ import threading
 
 import pytest
 import torch
-
-from kernelrl.search.proposers import (Proposal, ProposerError, ProposerUnavailable,
-                                       make_proposer)
-from kernelrl.search.proposers.openai_compat import RetryPolicy
 from openai_server import Reply
-from proposer_fixtures import GOOD, RecordingSleep, make_task, openai_proposer, request, load_program
+from proposer_fixtures import (
+    GOOD,
+    RecordingSleep,
+    load_program,
+    make_task,
+    openai_proposer,
+    request,
+)
+
+from kernelrl.endpoint import RetryPolicy
+from kernelrl.search.proposers import (
+    Proposal,
+    ProposerError,
+    ProposerUnavailable,
+    make_proposer,
+)
 
 
 def test_openai_success_records_prompt_tokens_and_key(openai_server):
@@ -175,18 +186,6 @@ def test_default_responder_answers_with_a_runnable_program(openai_server):
     new = mod.ModelNew(*tm.get_init_inputs())
     x = tm.get_inputs()
     torch.testing.assert_close(new(*x), ref(*x))
-
-
-def test_retry_policy_backoff_grows_with_jitter_and_cap():
-    policy = RetryPolicy(max_retries=5, initial_s=1.0, max_s=8.0, jitter=0.25)
-    rng = random.Random(1)
-    for attempt, base in enumerate([1.0, 2.0, 4.0, 8.0, 8.0]):
-        d = policy.delay_s(attempt, rng)
-        assert base * 0.75 <= d <= min(8.0, base * 1.25)
-    assert policy.delay_s(0, rng, retry_after_s=3.0) >= 3.0
-    assert policy.delay_s(0, rng, retry_after_s=100.0) == 8.0
-    with pytest.raises(ProposerError):
-        RetryPolicy(jitter=1.5)
 
 
 def _has(module: str) -> bool:

@@ -1,0 +1,85 @@
+"""Chains: the per-task state of a search, and how a resumed run rebuilds it.
+
+A task has `chains` chains; each chain holds its step and its current best (the candidate it
+asks the proposer to improve on). `rebuild` recovers them from a run's stored candidates: a
+chain's step follows its last stored step, and its best at that step is that step's parent.
+
+Guarantees: `better(a, b)` is True only for a correct `a` strictly faster than `b` (a correct
+candidate beats none); rebuilding never asks a model anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kernelrl.search.database import Database
+from kernelrl.search.records import CandidateRecord
+from kernelrl.tasks.task import Task
+
+
+@dataclass
+class Chain:
+    task: str
+    index: int
+    step: int = 0  # next step number
+    best: CandidateRecord | None = None
+    busy: bool = False
+    active: bool = True  # False: a chain beyond `chains` left by an earlier run; finishes its pending work only
+
+
+@dataclass
+class TaskState:
+    task: Task
+    chains: list[Chain]
+    proposed: int = 0  # candidates stored in this run
+    in_flight: int = 0  # model calls under way
+    evaluated: int = 0
+    correct: int = 0
+    best: CandidateRecord | None = None
+    failures: int = 0  # consecutive proposer failures
+    gave_up: str | None = None
+    progress_id: Any = None
+    # a task's first prompts wait for its baseline, so they can state eager and compile times
+    baseline_pending: bool = False
+    profile_pending: bool = False  # and for its profile (shapes, constants), read by a reference worker
+
+
+def better(a: CandidateRecord | None, b: CandidateRecord | None) -> bool:
+    """Is a strictly faster than b (a correct candidate beats none)?"""
+    if a is None or not a.is_correct:
+        return False
+    if b is None or not b.is_correct:
+        return True
+    return (a.speedup or 0.0) > (b.speedup or 0.0)
+
+
+def fmt_speedup(rec: CandidateRecord | None) -> str:
+    return f"best {rec.speedup:.2f}x" if rec is not None and rec.speedup is not None else "best -"
+
+
+def rebuild(ts: TaskState, db: Database, run_id: int) -> None:
+    """Chain state from the run's stored candidates (see the module docstring)."""
+    cands = db.candidates(task=ts.task.name, run_id=run_id)
+    ts.proposed = len(cands)
+    by_chain: dict[int, list[CandidateRecord]] = {}
+    for c in cands:
+        by_chain.setdefault(c.chain, []).append(c)
+        if c.result is not None:
+            ts.evaluated += 1
+            ts.correct += c.is_correct
+    for index in sorted(by_chain):
+        while index >= len(ts.chains):
+            ts.chains.append(Chain(task=ts.task.name, index=len(ts.chains), active=False))
+        chain = ts.chains[index]
+        own = sorted(by_chain[index], key=lambda c: (c.step, c.id))
+        chain.step = own[-1].step + 1
+        best: CandidateRecord | None = None
+        if own[-1].parents:
+            best = db.get_candidate(own[-1].parents[-1])
+        for c in own:
+            if better(c, best):
+                best = c
+        chain.best = best if best is not None and best.is_correct else None
+        if better(chain.best, ts.best):
+            ts.best = chain.best
