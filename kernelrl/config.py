@@ -5,7 +5,8 @@ Every component owns a keyword-only dataclass config, validated in its `__post_i
 configs nest: a search config holds an eval config, which holds the sandbox and timing configs.
 This module is the one place that turns text into those objects:
 
-- `load_toml(name_or_path)` reads `kernelrl/configs/NAME.toml` or a file;
+- `load_toml(name_or_path)` reads `kernelrl/configs/NAME.toml` or a file (`folder=` names another
+  folder of named configs, e.g. `kernelrl/configs/train/`);
 - `build(cls, values)` builds a config from nested dicts, following the dataclass fields' types:
   nested dataclasses from tables, enums from their values, `Path` from strings, tuples from
   lists, `X | None` from a value or nothing;
@@ -40,23 +41,25 @@ class ConfigError(ValueError):
     """A run configuration is missing, malformed or invalid; the message names the key."""
 
 
-def config_names() -> list[str]:
-    """The shipped run configs (`kernelrl/configs/*.toml`), by name."""
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+def config_names(folder: Path = CONFIG_DIR) -> list[str]:
+    """The shipped run configs (`kernelrl/configs/*.toml`, or `folder`'s), by name."""
+    return sorted(p.stem for p in Path(folder).glob("*.toml"))
 
 
-def config_path(name_or_path: str | Path) -> Path:
+def config_path(name_or_path: str | Path, folder: Path = CONFIG_DIR) -> Path:
+    """A .toml file, or the named config in `folder` (the training configs live in `CONFIG_DIR / "train"`)."""
     path = Path(name_or_path)
     if path.is_file():
         return path
-    named = CONFIG_DIR / f"{name_or_path}.toml"
+    named = Path(folder) / f"{name_or_path}.toml"
     if named.is_file():
         return named
-    raise ConfigError(f"no run config {str(name_or_path)!r} (a .toml file, or one of: {', '.join(config_names())})")
+    raise ConfigError(f"no run config {str(name_or_path)!r} (a .toml file, or one of: "
+                      f"{', '.join(config_names(folder))})")
 
 
-def load_toml(name_or_path: str | Path) -> dict[str, Any]:
-    path = config_path(name_or_path)
+def load_toml(name_or_path: str | Path, folder: Path = CONFIG_DIR) -> dict[str, Any]:
+    path = config_path(name_or_path, folder)
     try:
         return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
@@ -81,8 +84,8 @@ def with_overrides(values: Mapping[str, Any], overrides: Mapping[str, Any]) -> d
 
 
 def load_config(cls: type[T], name_or_path: str | Path | None = None,
-                overrides: Mapping[str, Any] | None = None) -> T:
-    values = load_toml(name_or_path) if name_or_path is not None else {}
+                overrides: Mapping[str, Any] | None = None, folder: Path = CONFIG_DIR) -> T:
+    values = load_toml(name_or_path, folder) if name_or_path is not None else {}
     return build(cls, with_overrides(values, overrides or {}))
 
 

@@ -79,4 +79,24 @@ def test_endless_loop_returns_within_timeout(files, cache_dir):
     elapsed = time.monotonic() - t0
     assert out.returncode == 0
     assert json.loads(out.stdout)["status"] == "timeout"
-    assert elapsed < 10 + 8
+    # the limit bounds the candidate's load and checks; the command's own start, two workers'
+    # start and the reference add seconds (up to ~18 s were seen on two cores shared with other jobs)
+    assert elapsed < 10 + 20
+
+
+def test_observe_policy_turns_a_static_rejection_into_a_warning(files, tmp_path: Path, cache_dir):
+    # Reading the environment is refused under `open`; under `observe` static rules only warn and
+    # the measurement decides. The same candidate, judged end to end by the command both ways.
+    peek = tmp_path / "peek.py"
+    peek.write_text("import os\n_HOME = os.environ.get('HOME')\n" + files["same"].read_text())
+    verdicts = {}
+    for policy in ("open", "observe"):
+        out = run_cli("eval", str(files["task"]), str(peek), "--json", "--policy", policy,
+                      env={"KERNELRL_CACHE": str(cache_dir)})
+        assert out.returncode == 0, out.stderr
+        verdicts[policy] = json.loads(out.stdout)
+    assert verdicts["open"]["status"] == "flagged"
+    assert "environment_access" in verdicts["open"]["message"]
+    assert verdicts["observe"]["status"] == "correct" and verdicts["observe"]["speedup"] > 0
+    warned = {f["rule"] for f in verdicts["observe"]["findings"] if f["severity"] == "warn"}
+    assert "environment_access" in warned

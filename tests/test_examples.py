@@ -8,9 +8,9 @@ import types
 import pytest
 import torch
 
-from kernelrl.tasks import suites
 from kernelrl.candidate import Candidate, Language, defines_model_new
 from kernelrl.examples import EXAMPLES_ROOT, Example, list_examples
+from kernelrl.tasks import suites
 
 EXAMPLES = list_examples()
 CPU = [e for e in EXAMPLES if e.device == "cpu"]

@@ -1,0 +1,80 @@
+"""Run configs: every shipped config builds, every `optimize` flag sets a field, errors name the key."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from kernelrl.checks.policy import PolicyName
+from kernelrl.cli import OPTIMIZE_ACTIONS, OPTIMIZE_FLAGS, build_parser, search_config
+from kernelrl.config import (
+    CONFIG_DIR,
+    ConfigError,
+    build,
+    config_names,
+    field_paths,
+    load_config,
+    with_overrides,
+)
+from kernelrl.judge.device import Device
+from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.search.loop import SearchConfig
+from kernelrl.tasks.task import Size
+
+
+@pytest.mark.parametrize("name", config_names())
+def test_every_shipped_search_config_builds(name):
+    config = load_config(SearchConfig, name, {"db_path": "x.db"})
+    assert isinstance(config.eval, EvalConfig) and config.tasks
+    assert config.eval.device in set(Device) and config.eval.size in set(Size)
+
+
+def test_quick_config_sets_the_nested_timing_cap():
+    config = load_config(SearchConfig, "quick", {"db_path": "x.db"})
+    assert config.eval.timing.max_timing_s == 6.0 and config.proposer == "heuristic"
+
+
+def _optimize_parser() -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["optimize"]
+
+
+def test_every_flag_of_optimize_maps_to_a_field():
+    dests = {a.dest for a in _optimize_parser()._actions if a.dest != "help"}
+    assert dests == set(OPTIMIZE_FLAGS) | set(OPTIMIZE_ACTIONS), dests ^ (set(OPTIMIZE_FLAGS) | set(OPTIMIZE_ACTIONS))
+    fields = field_paths(SearchConfig)
+    for flag, path in OPTIMIZE_FLAGS.items():
+        # proposer_opts.* are options of the proposer (a table of the config)
+        assert path in fields or path.split(".")[0] == "proposer_opts", (flag, path)
+
+
+def test_flags_override_the_named_config():
+    args = _optimize_parser().parse_args(["--config", "quick", "--db", "r.db", "--policy", "observe", "--size", "full",
+                                          "--timing-cap", "3", "--tasks", "a.py", "b.py,c.py", "--base-url", "u"])
+    config = search_config(args)
+    assert config.eval.policy is PolicyName.OBSERVE and config.eval.size is Size.FULL
+    assert config.eval.timing.max_timing_s == 3.0 and config.tasks == ("a.py", "b.py", "c.py")
+    assert config.proposer_opts == {"base_url": "u"} and config.db_path == Path("r.db")
+
+
+def test_unknown_keys_and_bad_values_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="eval.timing.max_timng_s"):
+        build(SearchConfig, {"tasks": ["x"], "db_path": "x.db", "eval": {"timing": {"max_timng_s": 1}}})
+    with pytest.raises(ConfigError, match="eval.policy"):
+        build(SearchConfig, {"tasks": ["x"], "db_path": "x.db", "eval": {"policy": "lenient"}})
+    with pytest.raises(ConfigError, match="budget"):
+        build(SearchConfig, {"tasks": ["x"], "db_path": "x.db", "budget": "many"})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("tasks = [")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        load_config(SearchConfig, bad)
+    with pytest.raises(ConfigError, match="no run config"):
+        load_config(SearchConfig, "no-such-config")
+
+
+def test_overrides_skip_values_not_given():
+    assert with_overrides({"a": 1, "eval": {"size": "small"}}, {"eval.size": None, "eval.device": "cpu"}) == {
+        "a": 1, "eval": {"size": "small", "device": "cpu"}}
+    assert CONFIG_DIR.is_dir()

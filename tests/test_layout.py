@@ -1,0 +1,97 @@
+"""The package's shape: no import cycle, modules of a readable size, a README in every folder."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import kernelrl
+
+ROOT = Path(kernelrl.__file__).parent
+# Data, not modules: task files, example candidates and templates are read, never imported.
+_DATA = ("tasks/builtin", "examples")
+# Rule tables: one registered function per rule, read rule by rule.
+_RULE_TABLES = {"checks/static.py"}
+MAX_LINES = 650
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(_DATA):
+            continue
+        name = "kernelrl." + rel.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _import_time_imports(path: Path, modules: set[str]) -> set[str]:
+    """kernelrl modules a module imports when it is imported (not inside functions or TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                visit(node.body)
+                for extra in getattr(node, "orelse", []), getattr(node, "finalbody", []):
+                    visit(extra)
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(tree.body)
+    return {m for m in found if m in modules}
+
+
+def test_no_import_cycle():
+    modules = _modules()
+    graph = {name: _import_time_imports(path, set(modules)) - {name} for name, path in modules.items()}
+    # A package importing its own submodules (re-exports) is how packages work, not a cycle.
+    for name, path in modules.items():
+        if path.name == "__init__.py":
+            graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
+    # an import of a submodule imports its package first
+    for name in list(graph):
+        parts = name.split(".")
+        for i in range(2, len(parts)):
+            parent = ".".join(parts[:i])
+            if parent in graph and parent != name:
+                graph[name].add(parent)
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                dfs(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            dfs(node)
+
+
+def test_no_module_is_too_long_to_read():
+    long = {p.relative_to(ROOT).as_posix(): n for p in _modules().values()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert set(long) <= _RULE_TABLES, long
+
+
+def test_every_package_folder_has_a_readme():
+    folders = {p.parent for p in _modules().values() if p.name == "__init__.py" and p.parent != ROOT}
+    missing = sorted(f.relative_to(ROOT).as_posix() for f in folders if not (f / "README.md").is_file())
+    assert not missing, missing
