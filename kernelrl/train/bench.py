@@ -1,0 +1,283 @@
+"""Evaluation of a model (or any proposer) on a suite: the numbers a paper prints.
+
+`run_bench(config)` asks the proposer for `k` answers per task, every task with the same
+first-attempt prompt (no earlier versions: `build_prompt` with no database), judges all of them
+in one evaluator batch, and reports, over the tasks:
+
+- pass@j and fast_p@j for j = 1..k (unbiased estimator, `kernelrl.report.metrics`): the chance
+  that j samples hold a correct one, or a correct one faster than p times the reference;
+- per task the best correct speedup against eager and, when the torch.compile baseline is
+  measured, against torch.compile; their geometric mean and median over the tasks solved, and
+  the geometric mean over all tasks with an unsolved task counted as 1.0x (the reference kept);
+- the verdicts by status.
+
+A finite proposer (a replay file) may have fewer than k answers for a task; the missing samples
+count as failures (never as successes), and the report says how many were missing.
+
+`plot_bench` draws pass@j and fast_p@j against j, and the per-task best speedups.
+
+Guarantees: every sample's verdict comes from the evaluator; with `db_path`, every sample and
+its verdict is stored (proposer `bench:<spec>`), and a source already judged under the same
+settings is not judged again.
+
+Does not train or change the model.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.report.metrics import fast_p_at_k, geometric_mean, pass_at_k
+from kernelrl.result import Status
+from kernelrl.tasks.task import Task
+from kernelrl.train.rollouts import (
+    EvalSettings,
+    Rollout,
+    evaluate_rollouts,
+    store_rollouts,
+    task_profiles,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    tasks: tuple[str, ...]
+    proposer: str
+    proposer_opts: dict[str, Any] = field(default_factory=dict)
+    k: int = 5  # samples per task; pass@1..k
+    ps: tuple[float, ...] = (1.0, 1.5, 2.0)  # fast_p thresholds (speedup over eager)
+    compile_baseline: bool = True  # also measure each task's torch.compile time (slow on a CPU)
+    db_path: Path | None = None
+    model_concurrency: int = 4
+    seed: int = 0
+    template_dir: Path | None = None
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ps", tuple(float(p) for p in self.ps))
+        if self.db_path is not None:
+            object.__setattr__(self, "db_path", Path(self.db_path))
+        if not self.tasks:
+            raise ValueError("no tasks given")
+        if self.k < 1 or self.model_concurrency < 1:
+            raise ValueError("k and model_concurrency must be >= 1")
+        if any(p < 0 for p in self.ps):
+            raise ValueError("fast_p thresholds must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskBench:
+    task: str
+    level: int | None
+    samples: int  # answers the proposer gave (at most k)
+    correct: int
+    speedups: tuple[float | None, ...]  # per sample (k entries: missing ones are None)
+    best_speedup: float | None  # best correct speedup against eager
+    compile_speedup: float | None  # the task's eager / torch.compile ratio, when measured
+    statuses: dict[str, int]
+
+    @property
+    def best_vs_compile(self) -> float | None:
+        if self.best_speedup is None or not self.compile_speedup:
+            return None
+        return self.best_speedup / self.compile_speedup
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchReport:
+    proposer: str
+    k: int
+    ps: tuple[float, ...]
+    tasks: tuple[TaskBench, ...]
+    pass_at: dict[int, float]  # j -> mean pass@j over tasks
+    fast_at: dict[float, dict[int, float]]  # p -> j -> mean fast_p@j
+    geomean_eager: float | None  # over solved tasks
+    median_eager: float | None
+    geomean_eager_all: float | None  # unsolved tasks as 1.0x
+    geomean_compile: float | None  # over solved tasks with a compile baseline
+    median_compile: float | None
+    missing_samples: int
+    statuses: dict[str, int]
+
+    @property
+    def solved(self) -> int:
+        return sum(1 for t in self.tasks if t.best_speedup is not None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"proposer": self.proposer, "k": self.k, "tasks": len(self.tasks), "solved": self.solved,
+                "pass_at": {str(j): v for j, v in self.pass_at.items()},
+                "fast_at": {str(p): {str(j): v for j, v in by_j.items()} for p, by_j in self.fast_at.items()},
+                "geomean_eager": self.geomean_eager, "median_eager": self.median_eager,
+                "geomean_eager_all": self.geomean_eager_all, "geomean_compile": self.geomean_compile,
+                "median_compile": self.median_compile, "missing_samples": self.missing_samples,
+                "statuses": dict(self.statuses),
+                "per_task": [{"task": t.task, "level": t.level, "samples": t.samples, "correct": t.correct,
+                              "best_speedup": t.best_speedup, "compile_speedup": t.compile_speedup,
+                              "best_vs_compile": t.best_vs_compile, "statuses": t.statuses} for t in self.tasks]}
+
+
+def run_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = None, tasks: Sequence[Task] | None = None,
+              console: Any = None) -> BenchReport:
+    """Sample, judge and summarise (see the module docstring); `proposer` and `backend` replace the
+    configured ones (tests)."""
+    from kernelrl.search.proposers import make_proposer
+    from kernelrl.tasks.suites import load_tasks
+
+    tasks = list(tasks) if tasks is not None else load_tasks(list(config.tasks))
+    settings = EvalSettings.of(config.eval)
+    owned_proposer, owned_backend = proposer is None, backend is None
+    if proposer is None:
+        proposer = make_proposer(config.proposer, policy=config.eval.policy, device=config.eval.device,
+                                 **config.proposer_opts)
+    db = None
+    try:
+        if config.db_path is not None:
+            from kernelrl.search.database import Database
+
+            db = Database(config.db_path)
+            for t in tasks:
+                db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level,
+                               size=config.eval.size)
+        if backend is None:
+            from kernelrl.judge.evaluator import Evaluator
+
+            backend = Evaluator(config.eval)
+        rollouts = _sample(proposer, tasks, config, settings, task_profiles(backend, tasks))
+        if console is not None:
+            console.print(f"bench: {len(rollouts)} answers from {config.proposer}; judging them")
+        judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
+        if db is not None:
+            store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings,
+                           meta=[{"stage": "bench"}] * len(judged))
+        compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
+    finally:
+        if db is not None:
+            db.close()
+        if owned_proposer:
+            proposer.close()
+        if owned_backend and backend is not None and hasattr(backend, "close"):
+            backend.close()
+    per_task: dict[str, list[Any]] = {t.name: [] for t in tasks}
+    for j in judged:
+        per_task[j.rollout.task].append(j)
+    return summarise(config, tasks, per_task, compile_speedups)
+
+
+def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str, Sequence[Any]],
+              compile_speedups: Mapping[str, float | None]) -> BenchReport:
+    rows = []
+    statuses: dict[str, int] = {}
+    missing = 0
+    for t in tasks:
+        judged = list(per_task.get(t.name, ()))
+        missing += config.k - len(judged)
+        speedups: list[float | None] = [j.result.speedup if j.status is Status.CORRECT else None for j in judged]
+        correct = sum(1 for j in judged if j.status is Status.CORRECT)
+        # Correct but untimed samples count for pass@k; for fast_p they need a speed.
+        speedups += [None] * (config.k - len(judged))
+        own: dict[str, int] = {}
+        for j in judged:
+            key = j.status.value if j.status is not None else "no_code"
+            own[key] = own.get(key, 0) + 1
+            statuses[key] = statuses.get(key, 0) + 1
+        timed = [s for s in speedups if s is not None]
+        rows.append(TaskBench(task=t.name, level=t.level, samples=len(judged), correct=correct,
+                              speedups=tuple(speedups), best_speedup=max(timed) if timed else None,
+                              compile_speedup=compile_speedups.get(t.name), statuses=own))
+    ks = range(1, config.k + 1)
+    pass_at = {j: statistics.fmean(pass_at_k(config.k, r.correct, j) for r in rows) for j in ks}
+    fast_at = {p: {j: statistics.fmean(fast_p_at_k(r.speedups, p, j) for r in rows) for j in ks} for p in config.ps}
+    solved = [r.best_speedup for r in rows if r.best_speedup is not None]
+    vs_compile = [r.best_vs_compile for r in rows if r.best_vs_compile is not None]
+    return BenchReport(proposer=config.proposer, k=config.k, ps=config.ps, tasks=tuple(rows), pass_at=pass_at,
+                       fast_at=fast_at, geomean_eager=geometric_mean(solved),
+                       median_eager=statistics.median(solved) if solved else None,
+                       geomean_eager_all=geometric_mean([r.best_speedup or 1.0 for r in rows]),
+                       geomean_compile=geometric_mean(vs_compile),
+                       median_compile=statistics.median(vs_compile) if vs_compile else None,
+                       missing_samples=missing, statuses=statuses)
+
+
+def _sample(proposer: Any, tasks: Sequence[Task], config: BenchConfig, settings: EvalSettings,
+            profiles: Mapping[str, Any]) -> list[Rollout]:
+    from kernelrl.search.prompt import build_prompt
+    from kernelrl.search.proposers import Exhausted, ProposalRequest
+
+    extra = {"template_dir": config.template_dir} if config.template_dir is not None else {}
+    prompts = {t.name: build_prompt(t, db=None, chain_best=None, policy=settings.policy, device=settings.device,
+                                    rng=random.Random(config.seed), size=settings.size,
+                                    profile=profiles.get(t.name), **extra) for t in tasks}
+    jobs = [(t, i) for t in tasks for i in range(config.k)]
+
+    def one(job: tuple[Task, int]) -> Rollout | None:
+        task, i = job
+        try:
+            out = proposer.propose(ProposalRequest(task=task, prompt=prompts[task.name], step=i))
+        except Exhausted:
+            return None
+        return Rollout(task=task.name, prompt=prompts[task.name], answer=out.answer,
+                       prompt_tokens=int(out.prompt_tokens), completion_tokens=int(out.completion_tokens))
+
+    # A finite proposer hands out a task's rows in order: ask one task's samples in order.
+    with ThreadPoolExecutor(max_workers=config.model_concurrency) as ex:
+        outs = list(ex.map(one, jobs))
+    return [r for r in outs if r is not None]
+
+
+def _compile_speedups(backend: Any, tasks: Sequence[Task], config: BenchConfig,
+                      console: Any) -> dict[str, float | None]:
+    measure = getattr(backend, "baseline", None)
+    out: dict[str, float | None] = {}
+    if measure is None:
+        return out
+    for t in tasks:
+        try:
+            out[t.name] = measure(t).compile_speedup
+        except Exception as e:  # noqa: BLE001 - the report shows the task without a compile baseline
+            out[t.name] = None
+            if console is not None:
+                console.print(f"[yellow]{t.name}: torch.compile baseline failed: {e}[/yellow]")
+    return out
+
+
+def plot_bench(report: BenchReport, path: str | Path) -> Path:
+    """pass@j and fast_p@j against j, and the best speedup per task, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    ks = sorted(report.pass_at)
+    left.plot(ks, [report.pass_at[j] for j in ks], marker="o", label="pass@k")
+    for p in report.ps:
+        left.plot(ks, [report.fast_at[p][j] for j in ks], marker=".", label=f"fast_{p:g}@k")
+    left.set_xlabel("k (samples per task)")
+    left.set_ylabel("share of tasks")
+    left.set_ylim(-0.02, 1.02)
+    left.set_xticks(ks)
+    left.legend()
+    left.set_title(f"{report.proposer}: {len(report.tasks)} tasks")
+    ordered = sorted(report.tasks, key=lambda t: t.best_speedup or 0.0)
+    xs = range(len(ordered))
+    right.bar(xs, [t.best_speedup or 0.0 for t in ordered], label="vs eager")
+    compiled = [t.best_vs_compile for t in ordered]
+    if any(v is not None for v in compiled):
+        right.plot(xs, [v if v is not None else float("nan") for v in compiled], "k.", label="vs torch.compile")
+    right.axhline(1.0, color="grey", linewidth=0.8)
+    right.set_xticks(list(xs), [t.task for t in ordered], rotation=60, ha="right", fontsize=7)
+    right.set_ylabel("best correct speedup (0: none correct)")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

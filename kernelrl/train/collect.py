@@ -1,0 +1,340 @@
+"""Stage 0, the SFT set: several proposers try every task, the evaluator decides what to keep.
+
+`collect(config)` asks each proposer (OpenAI-compatible endpoints, local HF models, replay files,
+the heuristic) for every task, up to `tries` answers per task and proposer, and stops asking a
+pair once it has `keep` correct answers. It works in rounds: one answer per open (task,
+proposer) pair at a time, model calls on `model_concurrency` threads, then the round's answers
+judged in one evaluator batch and stored in the code database. Prompts are the contrastive
+prompts of the search (`kernelrl.search.prompt.build_prompt`), so later tries see earlier
+attempts, their verdicts and refused hacks.
+
+The accepted (correct) answers are the SFT set, written after every round as JSONL (`out`) and
+at the end also as a `datasets.Dataset` (`kernelrl.train.sft_set`): task, prompt, answer,
+verdict, speedup, proposer.
+
+Proposer specs are `make_proposer` specs, optionally followed by `key=value` options separated by
+spaces: `"openai:qwen-coder base_url=http://127.0.0.1:8000/v1 temperature=0.8"`. An API key is
+never written in a spec: `api_key_env=NAME` names the environment variable holding it.
+
+Guarantees: resumable by construction: the database records every try, a re-run counts the
+tries and accepted answers each pair already has and asks only for the rest, and the SFT set is
+rewritten from the database; a proposer that keeps failing (3 times in a row, or unavailable)
+ends its pairs with the reason recorded, never the whole collection.
+
+Does not train: the SFT stage reads the set.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tomllib
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.result import Status
+from kernelrl.tasks.task import Task
+from kernelrl.train.rollouts import (
+    EvalSettings,
+    Rollout,
+    evaluate_rollouts,
+    store_rollouts,
+    task_profiles,
+)
+from kernelrl.train.sft_set import SFTRow, dataset_dir, write_sft_set
+
+MAX_FAILURES = 3
+STAGE = "collect"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProposerSpec:
+    """A proposer spec and its options, parsed from `SPEC key=value ...`."""
+
+    spec: str
+    opts: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> ProposerSpec:
+        spec, *pairs = text.split()
+        opts: dict[str, Any] = {}
+        for pair in pairs:
+            key, sep, raw = pair.partition("=")
+            if not sep or not key:
+                raise ValueError(f"proposer option {pair!r} is not key=value (in {text!r})")
+            if key == "api_key":
+                raise ValueError("write api_key_env=NAME (the variable holding the key), never the key itself")
+            opts[key] = _scalar(raw)
+        return cls(spec=spec, opts=opts)
+
+    def options(self, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The options for `make_proposer`, with `api_key_env=NAME` read from the environment."""
+        environ = os.environ if environ is None else environ
+        opts = dict(self.opts)
+        var = opts.pop("api_key_env", None)
+        if var is not None:
+            if not environ.get(str(var)):
+                raise ValueError(f"{self.label}: api_key_env={var} names an unset environment variable")
+            opts["api_key"] = environ[str(var)]
+        return opts
+
+    @property
+    def label(self) -> str:
+        """The name its answers are stored under: the spec, and the endpoint when one is given."""
+        url = self.opts.get("base_url")
+        return f"{self.spec}@{url}" if url else self.spec
+
+
+def _scalar(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectConfig:
+    tasks: tuple[str, ...]
+    proposers: tuple[str, ...]  # proposer specs with options (see the module docstring)
+    out: Path  # the SFT set as JSONL; the Dataset goes next to it (<name>.dataset/)
+    tries: int = 20  # answers per task and proposer, at most
+    keep: int = 1  # correct answers per task and proposer after which it stops asking
+    db_path: Path | None = None  # None: <out without .jsonl>.db
+    k_shown: int = 4
+    model_concurrency: int = 4
+    seed: int = 0
+    template_dir: Path | None = None
+    proposer_opts: dict[str, Any] = field(default_factory=dict)  # applied to every proposer under its own
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out", Path(self.out))
+        if self.db_path is not None:
+            object.__setattr__(self, "db_path", Path(self.db_path))
+        if not self.tasks:
+            raise ValueError("no tasks given")
+        if not self.proposers:
+            raise ValueError("no proposer given")
+        specs = [ProposerSpec.parse(p) for p in self.proposers]
+        labels = [s.label for s in specs]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"the same proposer is given twice: {labels}")
+        if self.tries < 1 or self.keep < 1 or self.model_concurrency < 1:
+            raise ValueError("tries, keep and model_concurrency must be >= 1")
+
+    @property
+    def database(self) -> Path:
+        return self.db_path if self.db_path is not None else self.out.with_name(
+            self.out.name.removesuffix(".jsonl") + ".db")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairSummary:
+    task: str
+    proposer: str
+    tries: int  # answers stored, over every run of this collection
+    accepted: int
+    stopped: str  # "kept enough", "tries used", or why the proposer was given up
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectSummary:
+    out: Path
+    dataset: Path
+    db_path: Path
+    rows: int  # rows in the SFT set
+    pairs: tuple[PairSummary, ...]
+    asked: int  # model calls made by this invocation
+    evaluated: int
+    errors: tuple[str, ...] = ()
+
+
+@dataclass
+class _Pair:
+    task: Task
+    spec: ProposerSpec
+    tries: int = 0
+    accepted: int = 0
+    failures: int = 0
+    stopped: str = ""
+
+
+def collect(config: CollectConfig, *, console: Any = None, backend: Any = None,
+            proposers: Mapping[str, Any] | None = None, tasks: Sequence[Task] | None = None) -> CollectSummary:
+    """Run (or continue) a collection; see the module docstring. `backend` and `proposers` (by
+    label) replace the configured evaluator and proposers (tests)."""
+    from kernelrl.config import to_dict
+    from kernelrl.search.database import Database, RunStatus
+    from kernelrl.tasks.suites import load_tasks
+
+    tasks = list(tasks) if tasks is not None else load_tasks(list(config.tasks))
+    specs = [ProposerSpec.parse(p) for p in config.proposers]
+    settings = EvalSettings.of(config.eval)
+    owned_backend = backend is None
+    made: dict[str, Any] = {}
+    errors: list[str] = []
+    asked = evaluated = 0
+    with Database(config.database) as db:
+        for t in tasks:
+            db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level,
+                           size=config.eval.size)
+        run_id = db.start_run({"stage": STAGE, "config": {**to_dict(config), "proposer_opts": sorted(
+            config.proposer_opts)}})
+        pairs = _pairs(db, tasks, specs, config)
+        status = RunStatus.FAILED
+        try:
+            if backend is None and any(not p.stopped for p in pairs):
+                from kernelrl.judge.evaluator import Evaluator
+
+                backend = Evaluator(config.eval)
+            for s in specs:
+                if proposers is not None and s.label in proposers:
+                    made[s.label] = proposers[s.label]
+                elif any(p.spec.label == s.label and not p.stopped for p in pairs):
+                    made[s.label] = _make(s, config)
+            profiles = task_profiles(backend, tasks) if backend is not None else {}
+            round_no = 0
+            while True:
+                open_pairs = [p for p in pairs if not p.stopped]
+                if not open_pairs:
+                    break
+                round_no += 1
+                answers = _ask(open_pairs, made, db, config, settings, errors, profiles)
+                asked += len(open_pairs)
+                rollouts = [(p, r) for p, r in answers if r is not None]
+                if rollouts:
+                    judged = evaluate_rollouts(backend, [r for _, r in rollouts], {t.name: t for t in tasks}, db=db,
+                                               reuse=settings)
+                    evaluated += sum(1 for j in judged if j.code is not None and j.reused_from is None)
+                    for (p, _), j in zip(rollouts, judged):
+                        store_rollouts(db, [j], proposer=p.spec.label, step=p.tries, run_id=run_id,
+                                       settings=settings, meta=[{"stage": STAGE}])
+                        p.tries += 1
+                        p.accepted += j.status is Status.CORRECT
+                for p in open_pairs:
+                    if not p.stopped:
+                        p.stopped = _stop_reason(p, config)
+                if console is not None:
+                    console.print(f"collect round {round_no}: {len(rollouts)} answers, "
+                                  f"{sum(p.accepted for p in pairs)} accepted so far")
+                write_sft_set(config.out, sft_rows(db), dataset=False)
+            status = RunStatus.FINISHED
+        except KeyboardInterrupt:
+            status = RunStatus.INTERRUPTED
+            raise
+        finally:
+            db.finish_run(run_id, status)
+            for p in made.values():
+                if proposers is None or p not in proposers.values():
+                    p.close()
+            if owned_backend and backend is not None and hasattr(backend, "close"):
+                backend.close()
+        rows = sft_rows(db)
+    write_sft_set(config.out, rows, dataset=True)
+    return CollectSummary(out=config.out, dataset=dataset_dir(config.out), db_path=config.database, rows=len(rows),
+                          pairs=tuple(PairSummary(task=p.task.name, proposer=p.spec.label, tries=p.tries,
+                                                  accepted=p.accepted, stopped=p.stopped) for p in pairs),
+                          asked=asked, evaluated=evaluated, errors=tuple(errors))
+
+
+def sft_rows(db: Any) -> list[SFTRow]:
+    """Every accepted answer `collect` stored in the database, oldest first."""
+    rows = []
+    for rec in db.candidates():
+        if rec.meta.get("stage") != STAGE or not rec.is_correct:
+            continue
+        rows.append(SFTRow(task=rec.task, prompt=rec.prompt, answer=rec.answer, verdict=rec.status.value,
+                           speedup=rec.speedup, proposer=rec.proposer, candidate_id=rec.id))
+    return rows
+
+
+def _pairs(db: Any, tasks: Sequence[Task], specs: Sequence[ProposerSpec], config: CollectConfig) -> list[_Pair]:
+    counts: dict[tuple[str, str], list[int]] = {}
+    for rec in db.candidates():
+        if rec.meta.get("stage") != STAGE or rec.result is None:
+            continue
+        c = counts.setdefault((rec.task, rec.proposer), [0, 0])
+        c[0] += 1
+        c[1] += rec.is_correct
+    pairs = []
+    for s in specs:
+        for t in tasks:
+            tries, accepted = counts.get((t.name, s.label), [0, 0])
+            p = _Pair(task=t, spec=s, tries=tries, accepted=accepted)
+            p.stopped = _stop_reason(p, config)
+            pairs.append(p)
+    return pairs
+
+
+def _stop_reason(p: _Pair, config: CollectConfig) -> str:
+    if p.stopped:
+        return p.stopped
+    if p.accepted >= config.keep:
+        return "kept enough"
+    if p.tries >= config.tries:
+        return "tries used"
+    return ""
+
+
+def _make(spec: ProposerSpec, config: CollectConfig) -> Any:
+    from kernelrl.search.proposers import make_proposer
+
+    opts = {**config.proposer_opts, **spec.options()}
+    if not spec.spec.startswith("openai"):
+        # endpoint options given for every proposer apply to the OpenAI-compatible ones only
+        for key in ("base_url", "temperature", "max_tokens"):
+            if key not in spec.opts:
+                opts.pop(key, None)
+    return make_proposer(spec.spec, policy=config.eval.policy, device=config.eval.device, **opts)
+
+
+def _ask(pairs: Sequence[_Pair], proposers: Mapping[str, Any], db: Any, config: CollectConfig,
+         settings: EvalSettings, errors: list[str], profiles: Mapping[str, Any]) -> list[tuple[_Pair, Rollout | None]]:
+    from kernelrl.search.prompt import build_prompt
+    from kernelrl.search.proposers import (
+        Exhausted,
+        ProposalRequest,
+        ProposerUnavailable,
+    )
+
+    requests = []
+    for p in pairs:
+        best = db.top_candidates(p.task.name, 1)
+        extra = {"template_dir": config.template_dir} if config.template_dir is not None else {}
+        prompt = build_prompt(p.task, db=db, chain_best=best[0] if best else None, policy=settings.policy,
+                              device=settings.device, size=settings.size, k=config.k_shown,
+                              rng=random.Random(f"{config.seed}:{p.task.name}:{p.spec.label}:{p.tries}"),
+                              profile=profiles.get(p.task.name), **extra)
+        requests.append((p, prompt, best[0].id if best else None))
+
+    def one(item: tuple[_Pair, str, int | None]) -> Any:
+        p, prompt, _ = item
+        try:
+            return proposers[p.spec.label].propose(ProposalRequest(task=p.task, prompt=prompt, step=p.tries))
+        except Exception as e:  # noqa: BLE001 - a proposer's failure ends its pair, not the collection
+            return e
+
+    with ThreadPoolExecutor(max_workers=min(config.model_concurrency, len(requests))) as ex:
+        outs = list(ex.map(one, requests))
+    answers: list[tuple[_Pair, Rollout | None]] = []
+    for (p, prompt, parent), out in zip(requests, outs):
+        if isinstance(out, Exhausted):
+            p.stopped = "proposer exhausted"
+            answers.append((p, None))
+            continue
+        if isinstance(out, Exception):
+            p.failures += 1
+            errors.append(f"{p.task.name} / {p.spec.label}: {type(out).__name__}: {out}")
+            if p.failures >= MAX_FAILURES or isinstance(out, ProposerUnavailable):
+                p.stopped = f"proposer failed {p.failures} times: {type(out).__name__}"
+            answers.append((p, None))
+            continue
+        p.failures = 0
+        answers.append((p, Rollout(task=p.task.name, prompt=prompt, answer=out.answer,
+                                   prompt_tokens=int(out.prompt_tokens), completion_tokens=int(out.completion_tokens),
+                                   parents=(parent,) if parent is not None else ())))
+    return answers

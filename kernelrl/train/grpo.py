@@ -1,0 +1,177 @@
+"""Stage 3, contrastive RL: a thin wrapper over TRL's `GRPOTrainer`.
+
+What kernelrl adds around TRL, and nothing else:
+- the prompts: `kernelrl.train.stream.PromptStream`, rebuilt from the code database as the
+  trainer reads them (the task's earlier codes with their measured speedups, refused hacks, the
+  protocol: analysis first, then code), tasks chosen by `kernelrl.train.curriculum`;
+- the reward: `kernelrl.train.reward_fn.KernelRewardFunction` (the evaluator's verdicts through
+  `kernelrl.reward.RewardModel`, CUDA-L1's clip, GRPO-RoC selection, every code and verdict
+  written back to the database);
+- kernelrl's state in each checkpoint (`kernelrl_state.json`: the reward's clip windows, the
+  curriculum, measured compile baselines), restored on resume with TRL's own checkpoint.
+
+Everything else is TRL's, set in `[grpo.trl]` under TRL's names: `num_generations`, `beta`
+(0: no KL term), `epsilon_high` (Clip-Higher), `loss_type`, `scale_rewards`,
+`mask_truncated_completions`, `use_vllm` with `vllm_mode = "colocate"` or `"server"`,
+`gradient_accumulation_steps`, `save_steps`, `max_steps` (required: the prompt stream is
+endless). Two settings are fixed because the stream needs them: `shuffle_dataset = false` and,
+unless set, `ignore_data_skip = true` (see `kernelrl.train.stream`).
+
+Guarantees: with `resume`, TRL continues from the stage's last checkpoint and kernelrl's state
+from the same checkpoint (`StageError` when there is none); the final model is saved before the
+stage is marked done; the database is written batch by batch, so an interrupted run keeps every
+judged rollout.
+
+Does not evaluate: the backend (an `Evaluator`, the reward server's client) does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelrl.reward import RewardModel
+from kernelrl.tasks.task import Task
+from kernelrl.train.curriculum import Curriculum, CurriculumConfig
+from kernelrl.train.model import (
+    ModelConfig,
+    as_prompt,
+    has_chat_template,
+    load_model,
+    norm_probe,
+    peft_config,
+    save_final,
+    system_text,
+    trainable_norm,
+)
+from kernelrl.train.reward_fn import KernelRewardFunction
+from kernelrl.train.roc import RoCConfig
+from kernelrl.train.rollouts import EvalSettings, task_profiles
+from kernelrl.train.stage import StageOutcome, checkpoint_to_resume
+from kernelrl.train.stream import PromptStream
+from kernelrl.train.trl_args import build_args, check_keys, trl_class
+
+STATE_FILE = "kernelrl_state.json"
+# The prompt stream is endless and built from the database: never shuffled, never replayed.
+FORCED = {"shuffle_dataset": False}
+DEFAULTS = {"ignore_data_skip": True}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GRPOStageConfig:
+    init_from: str = "auto"  # "auto": rft's final model, else sft's, else the base model
+    k_shown: int = 4  # earlier versions of the task shown in each prompt
+    roc: RoCConfig = field(default_factory=RoCConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    trl: dict[str, Any] = field(default_factory=dict)  # TRL GRPOConfig settings, by TRL's names
+
+    def __post_init__(self) -> None:
+        if self.k_shown < 0:
+            raise ValueError("grpo.k_shown must be >= 0")
+        check_keys(trl_class("GRPOConfig"), self.trl, where="grpo.trl")
+        steps = self.trl.get("max_steps")
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError("grpo.trl.max_steps must be set (>= 1): the prompt stream has no end")
+        if self.trl.get("shuffle_dataset"):
+            raise ValueError("grpo.trl.shuffle_dataset must stay false: the curriculum orders the prompt stream")
+        n = self.trl.get("num_generations", 8)
+        if self.roc.enabled and isinstance(n, int) and round(n * self.roc.keep) < 2:
+            raise ValueError(f"grpo.roc: num_generations {n} x keep {self.roc.keep} leaves fewer than 2 rollouts "
+                             "per group; raise num_generations (RoC samples the oversampled group)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GRPOResult:
+    outcome: StageOutcome
+    checkpoint: str | None  # the checkpoint this invocation resumed from
+    reward_calls: int
+    rollouts: int
+    evaluated: int  # candidates sent to the backend
+    statuses: dict[str, int]
+    clipped: int
+    db_candidates: int  # candidates this invocation added to the code database
+
+
+def state_callback(reward_fn: KernelRewardFunction) -> Any:
+    """A TrainerCallback writing kernelrl's state next to TRL's in every checkpoint."""
+    from transformers import TrainerCallback
+
+    class KernelrlState(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if state.is_world_process_zero and folder.is_dir():
+                tmp = folder / (STATE_FILE + ".tmp")
+                tmp.write_text(json.dumps(reward_fn.state()))
+                tmp.replace(folder / STATE_FILE)
+            return control
+
+    return KernelrlState()
+
+
+def _quiet_dropped_rollouts() -> None:
+    """RoC gives the rollouts it drops no reward, by design; TRL warns about every such row with the
+    row's whole prompt, at every step. Those warnings are dropped (the reward line of each batch
+    already counts the dropped rollouts)."""
+    import logging
+
+    class DroppedByRoC(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "All reward functions returned None" not in record.getMessage()
+
+    target = logging.getLogger("trl.trainer.grpo_trainer")
+    if not any(type(f).__name__ == "DroppedByRoC" for f in target.filters):
+        target.addFilter(DroppedByRoC())
+
+
+def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, tasks: Sequence[Task], backend: Any,
+               db: Any, output_dir: Path, reward: RewardModel, eval_settings: EvalSettings | None,
+               prompt_settings: EvalSettings, resume: bool = False, seed: int = 0, console: Any = None,
+               template_dir: Path | None = None, run_id: int | None = None,
+               profiles: dict[str, Any] | None = None) -> GRPOResult:
+    """Train; `output_dir` is the stage's folder. `eval_settings` (None: do not reuse stored
+    verdicts) say which database results stand for the backend's; `prompt_settings` give the
+    policy, device and size the prompts state."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    started = time.monotonic()
+    output_dir = Path(output_dir)
+    checkpoint = checkpoint_to_resume(output_dir, resume=resume)
+    values = {**DEFAULTS, **stage.trl}
+    args = build_args(GRPOConfig, values, output_dir=output_dir, where="grpo.trl", forced=FORCED)
+    policy, tokenizer = load_model(init_from, model)
+    system = system_text(model)
+    curriculum = Curriculum(tasks, stage.curriculum, seed=seed)
+    stream = PromptStream(curriculum, db, as_prompt=lambda text: as_prompt(tokenizer, text, system),
+                          policy=prompt_settings.policy, device=prompt_settings.device, size=prompt_settings.size,
+                          k=stage.k_shown, seed=seed, template_dir=template_dir, chat=has_chat_template(tokenizer),
+                          profiles=profiles if profiles is not None else task_profiles(backend, tasks))
+    reward_fn = KernelRewardFunction(backend, tasks={t.name: t for t in tasks}, reward=reward, db=db, roc=stage.roc,
+                                     curriculum=curriculum, proposer="grpo", reuse=eval_settings, run_id=run_id,
+                                     max_completion_tokens=args.max_completion_length, console=console, seed=seed)
+    if checkpoint is not None:
+        saved = Path(checkpoint) / STATE_FILE
+        if saved.is_file():
+            reward_fn.load_state(json.loads(saved.read_text()))
+    if stage.roc.enabled:
+        _quiet_dropped_rollouts()
+    probe = norm_probe()
+    trainer = GRPOTrainer(model=policy, reward_funcs=[reward_fn], args=args, train_dataset=stream.dataset(),
+                          processing_class=tokenizer, peft_config=peft_config(model),
+                          callbacks=[state_callback(reward_fn), probe])
+    before = trainable_norm(trainer.model)
+    db_before = db.count_candidates() if db is not None else 0
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    before = probe.before if probe.before is not None else before
+    after = trainable_norm(trainer.model)
+    final = save_final(trainer, tokenizer, output_dir / "final", model)
+    metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+    outcome = StageOutcome(final_dir=final, steps=int(trainer.state.global_step), train_loss=result.training_loss,
+                           norm_before=before, norm_after=after, seconds=time.monotonic() - started, metrics=metrics)
+    return GRPOResult(outcome=outcome, checkpoint=checkpoint, reward_calls=reward_fn.calls,
+                      rollouts=reward_fn.rollouts, evaluated=reward_fn.evaluated, statuses=dict(reward_fn.statuses),
+                      clipped=reward_fn.clipped,
+                      db_candidates=(db.count_candidates() - db_before) if db is not None else 0)

@@ -1,0 +1,225 @@
+"""The training recipe: one run config for collect -> sft -> rft -> grpo, and running one stage.
+
+`TrainConfig` holds what the stages share (tasks, output folder, code database, the base model
+and LoRA, the evaluator or reward server, the reward mapping) and one table per stage
+(`[sft]`, `[rft]`, `[grpo]`, each with TRL's options under `[<stage>.trl]`). Named configs live in
+`kernelrl/configs/train/` (`kernelrl train grpo --config tiny-cpu`); `load_train_config` reads
+one (or a file) with dotted overrides on top (`grpo.trl.max_steps=4`).
+
+`run_stage(config, stage)` loads the tasks, opens the database (a run row per stage
+invocation), builds the tiny base model when the config asks for one and none is there, picks
+the stage's starting model (`kernelrl.train.stage.resolve_init`), runs the stage and marks it
+done. The evaluator is built here and closed at the end; a reward server is used through its
+client instead when `backend.url` is set.
+
+Guarantees: a bad key or value in a run config is a `ConfigError` naming it, before any model
+is loaded; the database run is marked finished, interrupted (Ctrl-C) or failed, and everything
+judged before an interruption stays in it.
+
+Does not define any training algorithm: the stage modules wrap TRL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelrl.config import CONFIG_DIR, build, load_toml, to_dict, with_overrides
+from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.reward import RewardConfig
+from kernelrl.train.grpo import GRPOResult, GRPOStageConfig
+from kernelrl.train.model import ModelConfig
+from kernelrl.train.rft import RFTStageConfig, RoundResult
+from kernelrl.train.sft import SFTStageConfig
+from kernelrl.train.stage import Init, Stage, StageOutcome
+
+TRAIN_CONFIG_DIR = CONFIG_DIR / "train"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendConfig:
+    """Where verdicts come from: an in-process evaluator (the run's `eval`), or a reward server."""
+
+    url: str | None = None  # `kernelrl serve`'s address; None: an Evaluator in this process
+    token_file: Path | None = None
+    timeout_s: float | None = None  # one batch, client side; None: the client's default (no limit)
+
+    def __post_init__(self) -> None:
+        if self.token_file is not None:
+            object.__setattr__(self, "token_file", Path(self.token_file))
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ValueError("backend.timeout_s must be positive or unset")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    tasks: tuple[str, ...]  # suites, task names, files or folders (kernelrl.tasks.suites.load_tasks)
+    output_dir: Path  # stage folders go under it: <output_dir>/sft, /rft, /grpo
+    model: ModelConfig
+    db_path: Path | None = None  # the code database; None: <output_dir>/code.db
+    seed: int = 0
+    template_dir: Path | None = None  # prompt templates overriding the built-in ones
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sft: SFTStageConfig = field(default_factory=SFTStageConfig)
+    rft: RFTStageConfig = field(default_factory=RFTStageConfig)
+    grpo: GRPOStageConfig = field(default_factory=lambda: GRPOStageConfig(trl={"max_steps": 100}))
+
+    def __post_init__(self) -> None:
+        specs = (self.tasks,) if isinstance(self.tasks, str) else self.tasks
+        object.__setattr__(self, "tasks", tuple(s.strip() for v in specs for s in v.split(",") if s.strip()))
+        if not self.tasks:
+            raise ValueError("no tasks given")
+        object.__setattr__(self, "output_dir", Path(self.output_dir))
+        for name in ("db_path", "template_dir"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+
+    @property
+    def database(self) -> Path:
+        return self.db_path if self.db_path is not None else self.output_dir / "code.db"
+
+    @property
+    def sft_data(self) -> Path:
+        return self.sft.data if self.sft.data is not None else self.output_dir / "sft.jsonl"
+
+
+def load_train_config(name_or_path: str | Path, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
+    """A named config from kernelrl/configs/train/ (or a .toml file), with dotted overrides."""
+    values = with_overrides(load_toml(name_or_path, TRAIN_CONFIG_DIR), overrides or {})
+    return build(TrainConfig, values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageReport:
+    stage: Stage
+    init: Init
+    final_dir: Path
+    db_path: Path
+    run_id: int
+    seconds: float
+    outcome: StageOutcome | None = None  # sft, and grpo's fine-tuning pass
+    rounds: tuple[RoundResult, ...] = ()  # rft
+    grpo: GRPOResult | None = None
+    rows: int = 0  # sft: rows trained on
+
+
+def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, console: Any = None,
+              backend: Any = None) -> StageReport:
+    """Run one stage (see the module docstring). `backend` replaces the configured one (tests)."""
+    from kernelrl.search.database import Database, RunStatus
+    from kernelrl.tasks.suites import load_tasks
+    from kernelrl.train.model import is_model_folder
+    from kernelrl.train.rollouts import EvalSettings
+    from kernelrl.train.stage import (
+        checkpoint_to_resume,
+        mark_done,
+        resolve_init,
+        stage_dir,
+    )
+    from kernelrl.train.tiny import build_tiny_model
+
+    started = time.monotonic()
+    stage = Stage(stage)
+    tasks = load_tasks(list(config.tasks))
+    if config.model.tiny is not None and not is_model_folder(config.model.path):
+        _say(console, f"building the tiny model of this config at {config.model.path}")
+        build_tiny_model(config.model.path, tasks, config.model.tiny)
+    stage_cfg = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage]
+    init = resolve_init(stage, stage_cfg.init_from, output_dir=config.output_dir, base=config.model.path)
+    _say(console, f"{stage.value}: starting from {init.source} ({init.reason})")
+    folder = stage_dir(config.output_dir, stage)
+    if stage is not Stage.RFT:
+        checkpoint_to_resume(folder, resume=resume)  # refused before anything is opened or written
+    owned = backend is None
+    settings = EvalSettings.of(config.eval)
+    with Database(config.database) as db:
+        for t in tasks:
+            db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level,
+                           size=config.eval.size)
+        run_id = db.start_run({"stage": stage.value, "resume": resume, "config": to_dict(config)})
+        status = RunStatus.FAILED
+        reuse: EvalSettings | None = settings
+        try:
+            if stage is not Stage.SFT and backend is None:
+                backend, reuse = make_backend(config)
+            if stage is Stage.SFT:
+                report = _run_sft(config, init, folder, resume=resume)
+            elif stage is Stage.RFT:
+                report = _run_rft(config, init, folder, tasks, backend, db, settings, run_id, console)
+            else:
+                report = _run_grpo(config, init, folder, tasks, backend, db, reuse, settings, run_id, resume, console)
+            mark_done(config.output_dir, stage, report["final_dir"], run_id=run_id)
+            status = RunStatus.FINISHED
+        except KeyboardInterrupt:
+            status = RunStatus.INTERRUPTED
+            raise
+        finally:
+            db.finish_run(run_id, status)
+            if owned and backend is not None and hasattr(backend, "close"):
+                backend.close()
+    return StageReport(stage=stage, init=init, db_path=config.database, run_id=run_id,
+                       seconds=time.monotonic() - started, **report)
+
+
+def make_backend(config: TrainConfig) -> tuple[Any, Any]:
+    """(backend, settings whose stored verdicts it may reuse, or None)."""
+    from kernelrl.train.rollouts import EvalSettings
+
+    if config.backend.url:
+        from kernelrl.serve.client import ClientConfig, RewardClient
+
+        client = RewardClient(config.backend.url, token_file=config.backend.token_file,
+                              config=ClientConfig(size=config.eval.size, policy=config.eval.policy,
+                                                  timeout_s=config.backend.timeout_s))
+        # The server's device is its own: stored local verdicts do not stand for its.
+        return client, None
+    from kernelrl.judge.evaluator import Evaluator
+
+    return Evaluator(config.eval), EvalSettings.of(config.eval)
+
+
+def _say(console: Any, text: str) -> None:
+    if console is not None:
+        console.print(text)
+
+
+def _run_sft(config: TrainConfig, init: Init, folder: Path, *, resume: bool) -> dict[str, Any]:
+    from kernelrl.train.sft import finetune, select_rows
+    from kernelrl.train.sft_set import read_sft_set
+    from kernelrl.train.stage import StageError
+
+    rows = select_rows(read_sft_set(config.sft_data), config.sft.min_speedup)
+    if not rows:
+        raise StageError(f"{config.sft_data}: no rows to train on (min_speedup {config.sft.min_speedup})")
+    outcome = finetune(rows, source=init.source, model=config.model, trl=config.sft.trl, output_dir=folder,
+                       resume=resume, where="sft.trl")
+    return {"final_dir": outcome.final_dir, "outcome": outcome, "rows": len(rows)}
+
+
+def _run_rft(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], backend: Any, db: Any,
+             settings: Any, run_id: int, console: Any) -> dict[str, Any]:
+    from kernelrl.train.rft import train_rft
+    from kernelrl.train.sft_set import read_sft_set
+
+    sft_rows = read_sft_set(config.sft_data) if config.rft.include_sft_set and config.sft_data.is_file() else []
+    rounds = train_rft(config.rft, model=config.model, init_from=init.source, tasks=tasks, backend=backend, db=db,
+                       output_dir=folder, eval_settings=settings, sft_rows=sft_rows,
+                       seed=config.seed, console=console, template_dir=config.template_dir, run_id=run_id)
+    return {"final_dir": Path(rounds[-1].final), "rounds": tuple(rounds)}
+
+
+def _run_grpo(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], backend: Any, db: Any,
+              reuse: Any, settings: Any, run_id: int, resume: bool, console: Any) -> dict[str, Any]:
+    from kernelrl.reward import RewardModel
+    from kernelrl.train.grpo import train_grpo
+
+    result = train_grpo(config.grpo, model=config.model, init_from=init.source, tasks=tasks, backend=backend, db=db,
+                        output_dir=folder, reward=RewardModel(config.reward), eval_settings=reuse,
+                        prompt_settings=settings, resume=resume, seed=config.seed, console=console,
+                        template_dir=config.template_dir, run_id=run_id)
+    return {"final_dir": result.outcome.final_dir, "outcome": result.outcome, "grpo": result}

@@ -1,0 +1,165 @@
+"""Rollouts: generated answers for tasks, judged in one batch and written to the code database.
+
+Every stage that asks a model and keeps what the evaluator accepts goes through here: the GRPO
+reward function, rejection-sampling rounds, `kernelrl collect` and `kernelrl bench`.
+
+- `evaluate_rollouts(backend, rollouts, tasks, db=..., reuse=...)` extracts each answer's code
+  (`kernelrl.candidate.extract_code`), answers without code are not evaluated (their result is
+  None), and everything else is judged by ONE `backend.evaluate_batch` call; with `reuse`
+  (the evaluator's device, size and policy) a source the database already judged for the task
+  under those settings takes the stored result instead (a stored `task_error` is judged again:
+  the task may have been fixed or the machine less busy);
+- `store_rollouts(db, judged, ...)` writes each rollout as a candidate (prompt, answer, token
+  counts, proposer, parents) and its result in the same order; an answer without code is stored
+  with a `compile_error` result, as the search loop stores it, so every stored candidate has a
+  verdict. Flagged results land in the database's hack-case table through `store_result`.
+
+Guarantees: results come back in the order given; `evaluate_rollouts` never raises for a
+candidate's or task's fault (that is the backend's contract); a rollout naming a task not in
+`tasks` is a `KeyError` naming it (a caller's bug, not a model's).
+
+Does not score: `kernelrl.reward.RewardModel` does that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kernelrl.candidate import Candidate, extract_code, source_hash
+from kernelrl.result import EvalResult, Status
+from kernelrl.tasks.task import Task
+
+NO_CODE_MESSAGE = "the answer holds no complete code block"
+
+
+class Backend(Protocol):
+    """An `Evaluator`, the reward server's `RewardClient`, a Ray pool, or a test double."""
+
+    def evaluate_batch(self, items: Sequence[tuple[Task, Candidate | str]]) -> list[EvalResult]: ...
+
+
+def task_profiles(backend: Any, tasks: Sequence[Task]) -> dict[str, Any]:
+    """Each task's `TaskProfile` (constants and shapes for prompts), read by the backend's
+    reference workers when it can (an `Evaluator` can; without one, prompts say the shapes are
+    unavailable: no task code runs in the trainer's process)."""
+    read = getattr(backend, "profile", None)
+    out: dict[str, Any] = {}
+    for t in tasks:
+        try:
+            out[t.name] = read(t) if callable(read) else None
+        except Exception:  # noqa: BLE001 - a task whose reference fails is judged task_error later
+            out[t.name] = None
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSettings:
+    """What makes a stored verdict reusable: the evaluator's device, size and policy."""
+
+    device: str
+    size: str
+    policy: str
+
+    @classmethod
+    def of(cls, config: Any) -> EvalSettings:
+        return cls(device=str(config.device), size=str(config.size), policy=str(config.policy))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rollout:
+    """One answer a model gave for a task."""
+
+    task: str
+    prompt: str
+    answer: str
+    prompt_tokens: int = 0
+    completion_tokens: int | None = None  # None: not counted (no length term then)
+    parents: tuple[int, ...] = ()  # database ids of the versions the prompt built on
+
+
+@dataclass(frozen=True, kw_only=True)
+class Judged:
+    rollout: Rollout
+    code: str | None  # None: no complete code block, never evaluated
+    result: EvalResult | None  # None exactly when code is None
+    reused_from: int | None = None  # the database candidate whose stored verdict this is
+    candidate_id: int | None = None  # set by store_rollouts
+
+    @property
+    def status(self) -> Status | None:
+        return self.result.status if self.result is not None else None
+
+
+def evaluate_rollouts(backend: Backend, rollouts: Sequence[Rollout], tasks: Mapping[str, Task], *,
+                      db: Any = None, reuse: EvalSettings | None = None) -> list[Judged]:
+    """Judge every rollout (see the module docstring); one `evaluate_batch` call at most."""
+    codes = [extract_code(r.answer) for r in rollouts]
+    out: list[Judged | None] = [None] * len(rollouts)
+    pending: list[int] = []
+    for i, (r, code) in enumerate(zip(rollouts, codes)):
+        task = tasks[r.task]
+        if code is None:
+            out[i] = Judged(rollout=r, code=None, result=None)
+            continue
+        if db is not None and reuse is not None:
+            hit = db.find_result(task.name, source_hash(code), device=reuse.device, size=reuse.size,
+                                 policy=reuse.policy)
+            if hit is not None and hit[1].status is not Status.TASK_ERROR:
+                out[i] = Judged(rollout=r, code=code, result=hit[1], reused_from=hit[0])
+                continue
+        pending.append(i)
+    if pending:
+        items = [(tasks[rollouts[i].task], Candidate(source=codes[i] or "", origin=f"rollout {i}")) for i in pending]
+        results = backend.evaluate_batch(items)
+        if len(results) != len(items):
+            raise RuntimeError(f"the backend returned {len(results)} results for {len(items)} candidates")
+        for i, res in zip(pending, results):
+            out[i] = Judged(rollout=rollouts[i], code=codes[i], result=res)
+    return [j for j in out if j is not None]
+
+
+def store_rollouts(db: Any, judged: Sequence[Judged], *, proposer: str, step: int = 0, chain: int = 0,
+                   run_id: int | None = None, meta: Sequence[Mapping[str, Any]] | None = None,
+                   settings: EvalSettings | None = None) -> list[Judged]:
+    """Write each rollout and its verdict to the code database; the judged rows with their ids."""
+    from kernelrl.search.database import NewCandidate
+
+    out = []
+    for i, j in enumerate(judged):
+        r = j.rollout
+        source = j.code or ""
+        rec = db.add_candidate(NewCandidate(
+            task=r.task, hash=source_hash(source), source=source, parents=tuple(r.parents), chain=chain, step=step,
+            proposer=proposer, prompt=r.prompt, answer=r.answer, prompt_tokens=max(0, int(r.prompt_tokens)),
+            completion_tokens=max(0, int(r.completion_tokens or 0)), run_id=run_id,
+            meta=dict(meta[i]) if meta is not None else {}))
+        result = j.result if j.result is not None else no_code_result(r.task, settings)
+        if j.reused_from is not None:
+            db.store_reused_result(rec.id, j.reused_from, result)
+        else:
+            db.store_result(rec.id, result)
+        out.append(Judged(rollout=r, code=j.code, result=j.result, reused_from=j.reused_from, candidate_id=rec.id))
+    return out
+
+
+def no_code_result(task: str, settings: EvalSettings | None = None) -> EvalResult:
+    extra = {"device": settings.device, "size": settings.size, "policy": settings.policy} if settings else {}
+    return EvalResult(task=task, status=Status.COMPILE_ERROR, message=NO_CODE_MESSAGE, candidate_hash=source_hash(""),
+                      **extra)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatusCounts:
+    """How a batch of rollouts fared, for logs."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, judged: Sequence[Judged]) -> StatusCounts:
+        counts: dict[str, int] = {}
+        for j in judged:
+            key = j.status.value if j.status is not None else "no_code"
+            counts[key] = counts.get(key, 0) + 1
+        return cls(counts=counts)

@@ -1,0 +1,83 @@
+"""The GRPO prompt stream: contrastive prompts rebuilt from the code database as the trainer reads.
+
+Each row is `{"prompt": ..., "task": NAME, "parents": [ids]}`: the curriculum picks the task,
+and `kernelrl.search.prompt.build_prompt` writes the prompt from what the database holds for it
+at that moment (the best correct code as the version to improve, earlier codes of the task with
+their measured speedups, refused hacks, then the protocol: analysis first, then code). The
+reward function writes every generated code and its verdict back to the same database, so later
+prompts show what the policy wrote before: weights and database evolve together.
+
+It is a `datasets.IterableDataset` over an endless generator; TRL repeats each row
+`num_generations` times, so a group shares its prompt. The trainer must not shuffle it (TRL's
+buffered shuffle would read a thousand prompts ahead) and must not skip rows on resume (they
+are rebuilt from the database, not replayed): the GRPO stage fixes `shuffle_dataset = false` and
+`ignore_data_skip = true`.
+
+Guarantees: a prompt is built when the data loader asks for it, which with TRL is one
+generation batch ahead of training (the loader reads one batch ahead), so a step's prompts see
+the database as the step before last left it.
+
+Does not choose tasks (the curriculum does) or write to the database.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from kernelrl.train.curriculum import Curriculum
+
+# `datasets` pickles a generator to fingerprint it, and a stream holds a database connection:
+# the dataset's generator names its stream by number instead.
+_STREAMS: weakref.WeakValueDictionary[int, PromptStream] = weakref.WeakValueDictionary()
+_NUMBERS = itertools.count()
+
+
+def _rows(stream: int) -> Iterator[dict[str, Any]]:
+    yield from _STREAMS[stream].rows()
+
+
+class PromptStream:
+    def __init__(self, curriculum: Curriculum, db: Any, *, as_prompt: Callable[[str], Any], policy: str,
+                 device: str, size: str, k: int = 4, seed: int = 0, template_dir: Path | None = None,
+                 chat: bool = False, profiles: dict[str, Any] | None = None) -> None:
+        self.curriculum = curriculum
+        self.db = db
+        self.as_prompt = as_prompt
+        self.policy, self.device, self.size, self.k = policy, device, size, k
+        self.seed = seed
+        self.template_dir = template_dir
+        self.chat = chat
+        self.profiles = dict(profiles or {})  # task name -> the judge's TaskProfile (shapes in prompts)
+        self.built = 0  # prompts built so far (for logs and tests)
+
+    def row(self) -> dict[str, Any]:
+        from kernelrl.search.prompt import build_prompt
+
+        task = self.curriculum.draw()
+        best = self.db.top_candidates(task.name, 1) if self.db is not None else []
+        chain_best = best[0] if best else None
+        extra = {"template_dir": self.template_dir} if self.template_dir is not None else {}
+        text = build_prompt(task, db=self.db, chain_best=chain_best, policy=self.policy, device=self.device,
+                            rng=random.Random(f"{self.seed}:{self.built}"), k=self.k, size=self.size,
+                            profile=self.profiles.get(task.name), **extra)
+        self.built += 1
+        return {"prompt": self.as_prompt(text), "task": task.name,
+                "parents": [chain_best.id] if chain_best is not None else []}
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        while True:
+            yield self.row()
+
+    def dataset(self) -> Any:
+        from datasets import Features, IterableDataset, List, Value
+
+        prompt = List({"role": Value("string"), "content": Value("string")}) if self.chat else Value("string")
+        features = Features({"prompt": prompt, "task": Value("string"), "parents": List(Value("int64"))})
+        number = next(_NUMBERS)
+        _STREAMS[number] = self  # weakly: the stream lives as long as its owner (the GRPO stage) holds it
+        return IterableDataset.from_generator(_rows, gen_kwargs={"stream": number}, features=features)

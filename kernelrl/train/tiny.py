@@ -1,0 +1,117 @@
+"""A tiny random causal LM for CPU smoke runs and tests: built here, never downloaded.
+
+`build_tiny_model(folder, tasks, config)` writes a Qwen2 model of a few thousand parameters and
+its tokenizer to `folder`, loadable with `from_pretrained` like any checkpoint. The tokenizer is
+a byte-level BPE trained on the text the model will read (the tasks' prompts), plus whole
+programs as single tokens: for each task, `program_variants` tokens that each hold one complete
+answer (a correct program, a wrong one, one that does not parse), differing only in a one-line
+preamble. A random model then writes a complete program in a sizeable share of its samples, so
+the evaluator gives a group of samples different verdicts, which is what GRPO needs to move
+the weights; the variants share their code, so each program is evaluated once.
+
+Guarantees: the same tasks and config give the same tokenizer and weights (seeded); the model
+ends its answers with its EOS token only by chance, as a random model does.
+
+Does not produce a model that knows anything: it is a test device, not a baseline.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernelrl.tasks.source import embed_reference
+from kernelrl.tasks.task import Task
+
+EOS = "<|endoftext|>"
+UNK = "<unk>"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyModelConfig:
+    hidden_size: int = 32
+    layers: int = 2
+    heads: int = 2
+    bpe_vocab: int = 160  # learned tokens (byte alphabet seen in the prompts plus merges)
+    program_variants: int = 4  # whole-program tokens per program and task
+    max_positions: int = 32768
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.hidden_size < 8 or self.hidden_size % self.heads:
+            raise ValueError("tiny model: hidden_size must be >= 8 and divisible by heads")
+        if self.layers < 1 or self.heads < 1 or self.program_variants < 1:
+            raise ValueError("tiny model: layers, heads and program_variants must be >= 1")
+        if self.bpe_vocab < 32:
+            raise ValueError("tiny model: bpe_vocab must be >= 32")
+
+
+def seed_programs(task: Task) -> dict[str, str]:
+    """Three answers for a task: a correct one (the reference under inference mode), a wrong one
+    (its output scaled) and one that does not parse."""
+    embedded = embed_reference(task.source)
+    wrapper = ("import torch\nimport torch.nn as nn\n\n{ref}\n\n\nclass ModelNew(nn.Module):\n"
+               "    def __init__(self, *args, **kwargs):\n        super().__init__()\n"
+               "        self.inner = _Reference(*args, **kwargs)\n\n    def forward(self, *inputs):\n"
+               "        with torch.inference_mode():\n            return {ret}\n")
+    return {
+        "correct": wrapper.format(ref=embedded, ret="self.inner(*inputs)"),
+        "wrong": wrapper.format(ref=embedded, ret="self.inner(*inputs) * 1.5"),
+        "broken": "import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x:\n        return x\n",
+    }
+
+
+def program_tokens(tasks: Sequence[Task], variants: int) -> list[str]:
+    """The whole-answer tokens: each starts and ends a line, so its fences stand on lines of their own."""
+    out = []
+    for task in tasks:
+        for kind, code in seed_programs(task).items():
+            for v in range(variants):
+                out.append(f"\nPlan {v}: {kind} version for {task.name}.\n```python\n{code}```\n")
+    return out
+
+
+def build_tiny_model(folder: str | Path, tasks: Sequence[Task], config: TinyModelConfig | None = None, *,
+                     corpus: Sequence[str] = ()) -> Path:
+    """Write a tiny Qwen2 model and its tokenizer to `folder` (see the module docstring).
+
+    `corpus` is extra text the tokenizer should cover (the prompts are built here from the tasks).
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    from kernelrl.search.prompt import build_prompt, system_message
+
+    config = config or TinyModelConfig()
+    folder = Path(folder)
+    texts = [system_message(), *corpus]
+    for task in tasks:
+        texts.append(task.source)
+        for policy in ("open", "strict"):
+            texts.append(build_prompt(task, db=None, chain_best=None, policy=policy, device="cpu",
+                                      rng=random.Random(0), size="small"))
+    bpe = Tokenizer(models.BPE(unk_token=UNK))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    # No full byte alphabet: only the characters the prompts use, so the vocabulary stays small and
+    # the whole-program tokens are a sizeable share of it.
+    bpe.train_from_iterator(texts, trainer=trainers.BpeTrainer(vocab_size=config.bpe_vocab,
+                                                               special_tokens=[UNK, EOS], show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token=UNK, eos_token=EOS, pad_token=EOS,
+                                        padding_side="left")
+    tokenizer.add_tokens(program_tokens(tasks, config.program_variants))
+    torch.manual_seed(config.seed)
+    model_config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=config.hidden_size,
+                               intermediate_size=2 * config.hidden_size, num_hidden_layers=config.layers,
+                               num_attention_heads=config.heads, num_key_value_heads=config.heads,
+                               max_position_embeddings=config.max_positions, tie_word_embeddings=True,
+                               eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
+                               pad_token_id=tokenizer.pad_token_id)
+    model = Qwen2ForCausalLM(model_config)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -1,0 +1,98 @@
+"""The recipe on the command line: `kernelrl collect` against a scripted OpenAI-compatible server
+on 127.0.0.1 (and a replay file) writes the SFT set, `kernelrl train sft --config tiny-cpu` trains
+on it, `kernelrl train rft` runs two rounds with the real evaluator; resumes cost nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kernelrl.cli import main
+from kernelrl.search.database import Database
+from kernelrl.train.sft_set import SFTRow, dataset_dir, read_sft_set, write_sft_set
+from kernelrl.train.stage import Stage, finished_model
+
+
+def wrong_program(source: str) -> str:
+    return source.replace("class Model(", "class ModelNew(").replace("* 2.0", "* 3.0")
+
+
+def right_program(source: str) -> str:
+    return source.replace("class Model(", "class ModelNew(")
+
+
+def train_args(run: Path, task_path: Path, cache_dir: Path, *more: str) -> list[str]:
+    return ["--config", "tiny-cpu", f'tasks=["{task_path}"]', f"output_dir={run}", f"model.path={run / 'base'}",
+            f"eval.cache_dir={cache_dir}", *more]
+
+
+def test_collect_writes_the_sft_set_and_sft_trains_on_it(tmp_path, tiny_task, cache_dir, openai_server, capsys,
+                                                         monkeypatch):
+    monkeypatch.setenv("KERNELRL_CACHE", str(cache_dir))
+    monkeypatch.setenv("KRL_TEST_KEY", "test-key")
+    replay = tmp_path / "replay.jsonl"
+    replay.write_text("\n".join(json.dumps({"task": tiny_task.name, "code": code}) for code in (
+        wrong_program(tiny_task.source), right_program(tiny_task.source))) + "\n")
+    out = tmp_path / "sft.jsonl"
+    collect = ["collect", "--tasks", str(tiny_task.path), "--proposer",
+               f"openai:scripted-model base_url={openai_server.base_url} api_key_env=KRL_TEST_KEY",
+               "--proposer", f"replay:{replay}", "--tries", "3", "--out", str(out)]
+    assert main(collect) == 0
+    printed = capsys.readouterr().out
+    rows = read_sft_set(out)
+    # the endpoint's first answer is correct (the scripted server wraps the reference); the replay
+    # file's first program is wrong, its second right: two accepted rows, three tries in all
+    assert sorted(r.proposer.split("@")[0] for r in rows) == sorted([f"replay:{replay}", "openai:scripted-model"])
+    assert all(r.verdict == "correct" and r.speedup and r.prompt.startswith("# Task") for r in rows)
+    assert dataset_dir(out).is_dir() and "SFT set: 2 accepted answers" in printed
+    with Database(tmp_path / "sft.db", readonly=True) as db:
+        assert [r.status.value for r in db.candidates()].count("incorrect") == 1 and len(db.candidates()) == 3
+    asked = len(openai_server.requests)
+    assert main(collect) == 0  # resumable: every pair already has what it needs
+    assert len(openai_server.requests) == asked and len(read_sft_set(out)) == 2
+    capsys.readouterr()
+
+    run = tmp_path / "run"
+    assert main(["train", "sft", *train_args(run, tiny_task.path, cache_dir, f"sft.data={out}",
+                                             "sft.trl.max_steps=2")]) == 0
+    printed = capsys.readouterr().out
+    assert "trained on 2 rows" in printed and "(changed)" in printed
+    assert finished_model(run, Stage.SFT) == run / "sft" / "final"
+
+
+def test_rft_runs_two_rounds_with_the_evaluator(tmp_path, tiny_task, cache_dir, capsys):
+    sft = tmp_path / "sft.jsonl"
+    write_sft_set(sft, [SFTRow(task=tiny_task.name, prompt="make it faster", verdict="correct", speedup=1.0,
+                               proposer="test", answer=f"```python\n{right_program(tiny_task.source)}```\n")])
+    run = tmp_path / "run"
+    args = train_args(run, tiny_task.path, cache_dir, f"sft.data={sft}")
+    assert main(["train", "rft", *args]) == 0
+    printed = capsys.readouterr().out
+    assert "(the base model (no earlier stage has finished))" in printed.replace("\n", "")
+    assert "rejection-sampling rounds" in printed
+    with Database(run / "code.db", readonly=True) as db:
+        by_round = {p: [c for c in db.candidates() if c.proposer == p] for p in ("rft:round-1", "rft:round-2")}
+    assert [len(v) for v in by_round.values()] == [3, 3]
+    assert all(c.result is not None and c.meta["stage"] == "rft" for v in by_round.values() for c in v)
+    # each round fine-tuned (the SFT set's row at least) and the next sampled from its result
+    assert finished_model(run, Stage.RFT) == run / "rft" / "round-2" / "final"
+    assert json.loads((run / "rft" / "round-2" / "round.json").read_text())["final"] == str(
+        run / "rft" / "round-2" / "final")
+    # run again: finished rounds are not sampled again
+    assert main(["train", "rft", *args]) == 0
+    with Database(run / "code.db", readonly=True) as db:
+        assert len([c for c in db.candidates() if c.proposer.startswith("rft:")]) == 6
+
+
+def test_collect_bad_input_is_one_line(tmp_path, capsys):
+    assert main(["collect", "--tasks", "no-such-task", "--proposer", "heuristic",
+                 "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert "no-such-task" in capsys.readouterr().err
+    assert main(["collect", "--tasks", "level1/gelu", "--proposer", "openai:m api_key=sk-123",
+                 "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert "api_key_env" in capsys.readouterr().err
+    assert main(["train", "sft", "--config", "tiny-cpu", f"output_dir={tmp_path}",
+                 f"sft.data={tmp_path / 'none.jsonl'}"]) == 2
+    assert "no SFT set" in capsys.readouterr().err
+    assert main(["train", "grpo", "--config", "tiny-cpu", f"output_dir={tmp_path}", "--resume"]) == 2
+    assert "no checkpoint" in capsys.readouterr().err

@@ -1,0 +1,146 @@
+"""The TRL reward function: one batch call, the mapping, RoC, the clip logged raw and clipped, the
+database written back, the curriculum told."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+from rich.console import Console
+from train_fixtures import ScriptedBackend, answer
+
+from kernelrl.reward import Penalties, RewardConfig, RewardModel, SmoothingConfig
+from kernelrl.search.database import Database
+from kernelrl.tasks.task import Task
+from kernelrl.train.curriculum import Curriculum
+from kernelrl.train.reward_fn import KernelRewardFunction
+from kernelrl.train.roc import RoCConfig
+from kernelrl.train.rollouts import EvalSettings
+
+TASK = Task(name="toy/relu", source="class Model: pass\n", level=1)
+TASKS = {TASK.name: TASK}
+NO_SMOOTHING = RewardConfig(smoothing=SmoothingConfig(enabled=False))
+
+
+def call(fn, answers, *, prompt="make it faster", **kw):
+    return fn(prompts=[prompt] * len(answers), completions=answers, task=[TASK.name] * len(answers), **kw)
+
+
+def test_one_batch_call_and_the_mapping_of_every_outcome():
+    backend = ScriptedBackend()
+    fn = KernelRewardFunction(backend, tasks=TASKS, reward=RewardModel(NO_SMOOTHING))
+    assert fn.__name__ == "kernelrl_reward"
+    values = call(fn, [answer("fast2.0"), answer("wrong"), answer("hack"), "no code at all", answer("taskerror"),
+                       answer("broken")])
+    assert len(backend.calls) == 1 and len(backend.calls[0]) == 5  # the code-less answer is not judged
+    p = Penalties()
+    assert values == [pytest.approx(math.log(2.0)), p.incorrect, p.flagged, p.no_code, None, p.compile_error]
+
+
+def test_chat_message_completions_and_token_counts():
+    backend = ScriptedBackend()
+    cfg = RewardConfig(length_weight=1.0, length_soft_tokens=10, length_max_tokens=20,
+                       smoothing=SmoothingConfig(enabled=False))
+    fn = KernelRewardFunction(backend, tasks=TASKS, reward=RewardModel(cfg))
+    completions = [[{"role": "assistant", "content": answer("fast1.0")}]] * 2
+    values = fn(prompts=[[{"role": "user", "content": "p"}]] * 2, completions=completions, task=[TASK.name] * 2,
+                completion_ids=[[0] * 5, [0] * 15])
+    assert values == [pytest.approx(0.0), pytest.approx(-0.5)]  # the second is half-way into the length penalty
+
+
+def test_a_reward_ten_sigma_above_the_window_is_logged_raw_and_clipped(capsys):
+    smoothing = SmoothingConfig(window=16, k=1.5, min_samples=8)
+    model = RewardModel(RewardConfig(mapping="speedup", smoothing=smoothing))
+    fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS, reward=model, console=Console(width=200))
+    history = [1.0, 1.2, 0.8, 1.1, 0.9, 1.0, 1.05, 0.95]
+    call(fn, [answer(f"fast{s}") for s in history])
+    mean, sigma = statistics.fmean(history), statistics.pstdev(history)
+    outlier = mean + 10 * sigma
+    values = call(fn, [answer(f"fast{outlier}")])
+    assert values == [pytest.approx(mean + 1.5 * sigma)]
+    last = fn.logs[-1].rollouts[0]
+    assert last.raw == pytest.approx(outlier) and last.clipped and last.value == pytest.approx(mean + 1.5 * sigma)
+    out = capsys.readouterr().out
+    assert f"{outlier:+.3f}->{mean + 1.5 * sigma:+.3f}" in out and "1 clipped" in out
+
+
+def test_metrics_and_completion_columns_reach_trl():
+    metrics, extra = {}, {}
+    fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS, reward=RewardModel(NO_SMOOTHING))
+    call(fn, [answer("fast1.5"), answer("wrong")], log_metric=lambda k, v: metrics.setdefault(k, v),
+         log_extra=lambda k, v: extra.setdefault(k, v))
+    assert metrics["kernelrl/correct_share"] == 0.5
+    assert metrics["kernelrl/raw_reward"] == pytest.approx((math.log(1.5) - 0.5) / 2)
+    assert extra["verdict"] == ["correct", "incorrect"] and extra["raw_reward"][1] == -0.5
+
+
+def test_every_code_and_verdict_goes_to_the_database_and_is_reused(tmp_path):
+    backend = ScriptedBackend()
+    settings = EvalSettings(device="cpu", size="small", policy="open")
+    with Database(tmp_path / "code.db") as db:
+        db.upsert_task(name=TASK.name, source=TASK.source, source_hash=TASK.source_hash, level=1, size="small")
+        fn = KernelRewardFunction(backend, tasks=TASKS, reward=RewardModel(NO_SMOOTHING), db=db, reuse=settings)
+        state = type("State", (), {"global_step": 7})()
+        call(fn, [answer("fast3.0"), "prose only", answer("hack")], trainer_state=state, parents=[[], [], []])
+        rows = db.candidates()
+        assert [r.status.value for r in rows] == ["correct", "compile_error", "flagged"]
+        assert rows[0].meta["stage"] == "grpo" and rows[0].step == 7 and rows[0].meta["raw"] == pytest.approx(
+            math.log(3.0))
+        assert rows[1].source == "" and rows[1].answer == "prose only"
+        assert db.recent_refused(TASK.name, 5)[0].id == rows[2].id  # later prompts show the refused hack
+        assert db.top_candidates(TASK.name, 1)[0].id == rows[0].id  # and the best code
+        call(fn, [answer("fast3.0")])  # same source again: the stored verdict, no second evaluation
+        assert len(backend.calls) == 1 and fn.logs[-1].rollouts[0].reused
+
+
+def test_roc_keeps_the_share_and_drops_with_none_and_the_curriculum_hears_each_group():
+    tasks = [TASK, Task(name="toy/other", source="class Model: pass\n", level=2)]
+    curriculum = Curriculum(tasks)
+    fn = KernelRewardFunction(ScriptedBackend(), tasks={t.name: t for t in tasks}, reward=RewardModel(NO_SMOOTHING),
+                              roc=RoCConfig(enabled=True, keep=0.5, min_per_side=1), curriculum=curriculum)
+    unclean = answer("fast2.0") + "\nAlso:\n```python\nprint(1)\n```\n"  # the fastest, with an extra block
+    group = [unclean, answer("fast1.5"), answer("wrong"), answer("broken"),
+             answer("fast1.2"), answer("wrong", prose="y"), answer("broken", prose="z"), answer("fast1.1")]
+    values = call(fn, group)
+    kept = [i for i, v in enumerate(values) if v is not None]
+    # 4 of 8 train; positives are half the group, so 2 of them: the cleanest, then the best
+    assert len(kept) == 4 and [i for i in kept if i in (0, 1, 4, 7)] == [1, 4]
+    assert all(values[i] is None for i in range(8) if i not in kept)
+    assert curriculum.state()["solved"] == [TASK.name]
+    # a flat group with nothing correct makes the task come back sooner
+    call(fn, [answer("wrong")] * 4)
+    assert curriculum.weight(TASK.name) > 1
+
+
+def test_state_round_trips_for_checkpoints():
+    model = RewardModel(RewardConfig(mapping="speedup", smoothing=SmoothingConfig(window=8, min_samples=2)))
+    fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS, reward=model, curriculum=Curriculum([TASK]))
+    call(fn, [answer("fast1.0"), answer("fast1.2")])
+    saved = fn.state()
+    other = KernelRewardFunction(ScriptedBackend(), tasks=TASKS, reward=RewardModel(model.config),
+                                 curriculum=Curriculum([TASK]))
+    other.load_state(saved)
+    assert other.reward.window(TASK.name) == model.window(TASK.name)
+    assert other.curriculum.state() == fn.curriculum.state()
+
+
+def test_compile_baseline_is_measured_once_per_task():
+    class WithBaseline(ScriptedBackend):
+        measured = 0
+
+        def baseline(self, task):
+            WithBaseline.measured += 1
+            return type("B", (), {"compile_speedup": 2.0, "eager_ms": 2.0, "compile_ms": 1.0, "device": "cpu",
+                                  "size": "small"})()
+
+    cfg = RewardConfig(baseline="compile", mapping="speedup", smoothing=SmoothingConfig(enabled=False))
+    fn = KernelRewardFunction(WithBaseline(), tasks=TASKS, reward=RewardModel(cfg))
+    assert call(fn, [answer("fast3.0"), answer("fast4.0")]) == [1.5, 2.0]
+    assert WithBaseline.measured == 1
+
+
+def test_unknown_task_names_are_a_clear_error():
+    fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS)
+    with pytest.raises(KeyError, match="nope"):
+        fn(prompts=["p"], completions=["c"], task=["nope"])
