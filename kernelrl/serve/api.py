@@ -1,0 +1,130 @@
+"""The reward server's wire format: request and reply models, and how an item names its task.
+
+One definition for both ends: the server validates requests with these models and the client
+builds them with `wire_item`.
+
+- `POST /v1/evaluate` takes `EvaluateRequest`: items of {task, candidate, key?, name?}, an
+  optional size and policy; it answers 202 `Accepted` {job, items, reused, state}.
+- `GET /v1/jobs/ID[?wait=S]` answers `JobReply` {job, state, items, results}: one
+  `EvalResult.to_dict()` per item (what `kernelrl eval --json` prints), None while pending.
+- errors are `ErrorReply` {error}: 400 bad request, 401 no or wrong token, 404 unknown job,
+  409 idempotency key reused for something else, 413 too large, 429 queue full (Retry-After).
+
+An item's `task` is either a built-in task name (resolved with `builtin_task`, never as a path)
+or a full KernelBench-format source; `resolve_task` checks a source with `ast` only and never
+executes it: task code runs only in the evaluator's sandboxed workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kernelrl.checks.policy import PolicyName
+from kernelrl.serve.jobs import JobState
+from kernelrl.tasks.source import is_task_source
+from kernelrl.tasks.suites import builtin_task
+from kernelrl.tasks.task import Size, Task, TaskError
+
+API_VERSION = "v1"
+MAX_KEY_CHARS = 200
+# Names are labels only (they name the result and the reward's smoothing window): printable, short.
+NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"
+
+
+class ItemIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(min_length=1, description="a built-in task name, or a KernelBench-format source")
+    candidate: str = Field(min_length=1, description="source defining ModelNew")
+    key: str | None = Field(default=None, min_length=1, max_length=MAX_KEY_CHARS,
+                            description="idempotency key: the same key always returns the first result")
+    name: str | None = Field(default=None, pattern=NAME_PATTERN, description="name of a task given as source")
+
+
+class EvaluateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[ItemIn] = Field(min_length=1)
+    size: Size | None = None
+    policy: PolicyName | None = None
+
+
+class Accepted(BaseModel):
+    job: str
+    items: int
+    reused: int  # items answered from idempotency keys already stored
+    state: JobState
+
+
+class JobReply(BaseModel):
+    job: str
+    state: JobState
+    items: int
+    results: list[dict[str, Any] | None]
+
+
+class ServerInfo(BaseModel):
+    api: str = API_VERSION
+    backend: str
+    devices: list[str]
+    size: Size
+    policy: PolicyName
+    max_items_per_job: int
+    max_pending_items: int
+    max_body_bytes: int
+    max_source_bytes: int
+
+
+class ErrorReply(BaseModel):
+    error: str
+
+
+class ProfileRequest(BaseModel):
+    """Ask what a reference worker reads about a task: shapes, constants, FLOPs, traits."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: str = Field(min_length=1, description="a built-in task name, or a KernelBench-format source")
+    name: str | None = Field(default=None, pattern=NAME_PATTERN, description="name of a task given as source")
+    size: Size | None = None
+
+
+class BadItem(ValueError):
+    """An item the server cannot accept; the message names the item and says why."""
+
+
+def is_task_name(spec: str) -> bool:
+    """A one-line spec is a name; a source has several lines."""
+    return "\n" not in spec.strip()
+
+
+def resolve_task(spec: str, name: str | None = None) -> Task:
+    """The task an item names, without running any of its code."""
+    if is_task_name(spec):
+        if name is not None:
+            raise BadItem("`name` is only for a task given as source, not for a built-in task name")
+        try:
+            return builtin_task(spec.strip())
+        except TaskError as e:
+            if "ambiguous" in str(e):
+                raise BadItem(str(e)) from None
+            raise BadItem(f"unknown built-in task {spec.strip()[:200]!r} (send a name `kernelrl tasks` lists, or the "
+                          "task's full KernelBench-format source)") from None
+    try:
+        ok = is_task_source(spec)
+    except (ValueError, RecursionError, MemoryError):  # NUL bytes, absurd nesting: not a task
+        ok = False
+    if not ok:
+        raise BadItem("the task source does not parse, or does not define Model, get_inputs and get_init_inputs "
+                      "at module level (KernelBench format)")
+    digest = hashlib.sha256(spec.encode()).hexdigest()[:12]
+    return Task(name=name or f"client/{digest}", source=spec, suite="client")
+
+
+def wire_item(task: Task, candidate: str, key: str | None = None) -> ItemIn:
+    """The item for a task and a candidate: built-in tasks by name, others by source."""
+    if task.suite == "builtin":
+        return ItemIn(task=task.name, candidate=candidate, key=key)
+    return ItemIn(task=task.source, candidate=candidate, key=key, name=task.name or None)

@@ -1,0 +1,275 @@
+"""The reward server's Python client: submit batches, wait for verdicts, retry what is transient.
+
+`RewardClient(url, token_file=...)` has `evaluate_batch(items) -> list[EvalResult]` with
+`Evaluator.evaluate_batch`'s signature, so anything that takes an evaluator (the TRL reward
+function, the search loop) takes the client.
+
+Guarantees:
+- transient failures are retried with exponential backoff and full jitter: connection errors,
+  timeouts, 500/502/503/504 up to `retries` times per request, 429 (queue full) until
+  `queue_wait_s` has passed; a Retry-After header is honoured (never retried sooner);
+- a retried submission never evaluates twice: every item carries an idempotency key (the
+  caller's, or one made per call), so a job the server stored before the connection broke is
+  answered from the store;
+- the server dying and coming back (same database) costs nothing: jobs are persisted, and
+  waiting retries until it answers again (within `retries` with backoff, about a minute with
+  the defaults);
+- other client errors (400, 401, 404, 409, 413) raise `ServeError` at once with the server's
+  message; results come back in the order given.
+
+Does not hold results across processes: a caller that must survive its own crash passes its
+own keys (`(task, candidate, key)` items) and submits again.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kernelrl.candidate import Candidate
+from kernelrl.checks.policy import PolicyName
+from kernelrl.judge.profile import TaskProfile
+from kernelrl.result import EvalResult
+from kernelrl.serve.api import (
+    Accepted,
+    EvaluateRequest,
+    ItemIn,
+    JobReply,
+    ProfileRequest,
+    ServerInfo,
+    wire_item,
+)
+from kernelrl.serve.jobs import JobState
+from kernelrl.tasks.task import Size, Task, TaskError
+
+RETRY_STATUSES = frozenset({500, 502, 503, 504})
+# Room left in a body for JSON quoting and the envelope when splitting a batch by size.
+_BODY_MARGIN = 0.8
+
+
+class ServeError(Exception):
+    """The server refused a request, or could not be reached in time."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClientConfig:
+    size: Size | None = None  # None: the server's
+    policy: PolicyName | None = None
+    request_timeout_s: float = 60.0  # one HTTP request (a long poll adds its wait)
+    retries: int = 8  # per request, for connection errors and 5xx
+    backoff_s: float = 0.5  # first backoff; doubles per retry, full jitter
+    backoff_max_s: float = 30.0
+    queue_wait_s: float = 900.0  # keep retrying 429 (queue full) this long
+    wait_s: float = 20.0  # long poll per job status request (the server holds at most 30 s)
+    timeout_s: float | None = None  # whole evaluate_batch; None: no limit
+    items_per_job: int | None = None  # None: the server's limit
+
+    def __post_init__(self) -> None:
+        if self.size is not None:
+            object.__setattr__(self, "size", Size(self.size))
+        if self.policy is not None:
+            object.__setattr__(self, "policy", PolicyName(self.policy))
+        if self.retries < 0 or self.backoff_s <= 0 or self.backoff_max_s < self.backoff_s:
+            raise ValueError("need retries >= 0 and 0 < backoff_s <= backoff_max_s")
+        if not 0 <= self.wait_s <= 30:
+            raise ValueError("wait_s must be in 0..30 (the server's limit)")
+        if self.request_timeout_s <= 0 or self.queue_wait_s < 0:
+            raise ValueError("request_timeout_s must be positive and queue_wait_s >= 0")
+        if self.items_per_job is not None and self.items_per_job < 1:
+            raise ValueError("items_per_job must be >= 1")
+
+
+class RewardClient:
+    """A client of one reward server. Thread-safe: several threads may share it."""
+
+    def __init__(self, url: str, *, token: str | None = None, token_file: str | Path | None = None,
+                 config: ClientConfig | None = None) -> None:
+        if token is not None and token_file is not None:
+            raise ValueError("give a token or a token file, not both")
+        if token_file is not None:
+            token = Path(token_file).read_text().strip()
+        self.url = url.rstrip("/")
+        self.config = config or ClientConfig()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=self.config.request_timeout_s)
+        self._info: ServerInfo | None = None
+        self._lock = threading.Lock()
+        self.retried: Counter[str] = Counter()  # retries by reason ("429", "503", "transport", ...)
+        self.capacity = 1  # as a backend: one batch at a time is enough, the server spreads it
+
+    def __enter__(self) -> RewardClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, *, body: bytes | None = None, params: dict[str, Any] | None = None,
+                 timeout_s: float | None = None, deadline: float | None = None) -> httpx.Response:
+        cfg = self.config
+        attempt = 0  # failures that count against `retries`
+        backoffs = 0  # every retry, 429 included: the exponent of the backoff
+        queue_deadline = time.monotonic() + cfg.queue_wait_s
+        while True:
+            retry_after = None
+            try:
+                resp = self._http.request(method, path, content=body, params=params,
+                                          headers={"Content-Type": "application/json"} if body is not None else None,
+                                          timeout=timeout_s or cfg.request_timeout_s)
+            except httpx.TransportError as e:
+                reason, last = "transport", f"{type(e).__name__}: {e}"
+            else:
+                if resp.status_code < 400:
+                    return resp
+                message = _error_message(resp)
+                if resp.status_code == 429:
+                    if time.monotonic() >= queue_deadline:
+                        raise ServeError(f"the server's queue stayed full for {cfg.queue_wait_s:g} s: {message}",
+                                         status=429)
+                    reason, last = "429", message
+                    retry_after = _retry_after(resp)
+                elif resp.status_code in RETRY_STATUSES:
+                    reason, last = str(resp.status_code), message
+                    retry_after = _retry_after(resp) if resp.status_code == 503 else None
+                else:
+                    raise ServeError(f"{method} {path}: {resp.status_code} {message}", status=resp.status_code)
+            if reason != "429":
+                attempt += 1
+                if attempt > cfg.retries:
+                    raise ServeError(f"{method} {self.url}{path} failed after {cfg.retries} retries: {last}")
+            pause = random.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2 ** min(backoffs, 16)))
+            backoffs += 1
+            if retry_after is not None:
+                pause = max(pause, retry_after)
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise ServeError(f"{method} {self.url}{path}: gave up at the call's deadline ({last})")
+            with self._lock:
+                self.retried[reason] += 1
+            time.sleep(pause)
+
+    def health(self) -> bool:
+        try:
+            return self._http.get("/healthz", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def info(self, *, refresh: bool = False) -> ServerInfo:
+        if self._info is None or refresh:
+            self._info = ServerInfo.model_validate_json(self._request("GET", "/v1/info").content)
+        return self._info
+
+    def metrics(self) -> str:
+        return self._request("GET", "/metrics").text
+
+    def submit(self, items: Sequence[ItemIn], *, size: Size | None = None, policy: PolicyName | None = None,
+               deadline: float | None = None) -> Accepted:
+        """Store one job on the server (items as built by `kernelrl.serve.api.wire_item`)."""
+        req = EvaluateRequest(items=list(items), size=size or self.config.size, policy=policy or self.config.policy)
+        body = req.model_dump_json(exclude_none=True).encode()
+        return Accepted.model_validate_json(self._request("POST", "/v1/evaluate", body=body, deadline=deadline).content)
+
+    def job(self, job_id: str, *, wait_s: float = 0.0, deadline: float | None = None) -> JobReply:
+        resp = self._request("GET", f"/v1/jobs/{job_id}", params={"wait": f"{wait_s:g}"} if wait_s else None,
+                             timeout_s=self.config.request_timeout_s + wait_s, deadline=deadline)
+        return JobReply.model_validate_json(resp.content)
+
+    def wait(self, job_id: str, *, deadline: float | None = None) -> list[EvalResult]:
+        """The results of a job, once it is done (long polls; survives server restarts)."""
+        while True:
+            wait_s = self.config.wait_s
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ServeError(f"job {job_id} is not done by the call's deadline; it goes on on the server "
+                                     f"(wait for it with RewardClient.wait({job_id!r}))")
+                wait_s = min(wait_s, max(left, 0.0))
+            reply = self.job(job_id, wait_s=wait_s, deadline=deadline)
+            if reply.state is JobState.DONE:
+                if any(r is None for r in reply.results) or len(reply.results) != reply.items:
+                    raise ServeError(f"job {job_id} is done but its results are incomplete")
+                return [EvalResult.from_dict(r) for r in reply.results if r is not None]
+
+    # -- the backend interface ------------------------------------------------------------------
+
+    def evaluate_batch(self, items: Sequence[tuple[Task, Candidate | str] | tuple[Task, Candidate | str, str]], *,
+                       size: Size | None = None, policy: PolicyName | None = None) -> list[EvalResult]:
+        """Judge every (task, candidate[, key]) on the server; results in the order given."""
+        if not items:
+            return []
+        deadline = time.monotonic() + self.config.timeout_s if self.config.timeout_s is not None else None
+        call = uuid.uuid4().hex
+        wire = []
+        for i, entry in enumerate(items):
+            task, cand = entry[0], entry[1]
+            key = entry[2] if len(entry) > 2 else f"{call}-{i}"  # type: ignore[misc]
+            source = cand.source if isinstance(cand, Candidate) else cand
+            wire.append(wire_item(task, source, key))
+        jobs = [self.submit(chunk, size=size, policy=policy, deadline=deadline).job for chunk in self._chunks(wire)]
+        return [r for job_id in jobs for r in self.wait(job_id, deadline=deadline)]
+
+    def evaluate(self, task: Task, candidate: Candidate | str) -> EvalResult:
+        return self.evaluate_batch([(task, candidate)])[0]
+
+    def profile(self, task: Task, *, size: Size | None = None) -> TaskProfile | None:
+        """What the server's reference worker reads about a task (shapes, FLOPs, traits).
+
+        Raises TaskError with the server's one-line reason when the task's reference fails.
+        """
+        builtin = task.suite == "builtin"
+        body = ProfileRequest(task=task.name if builtin else task.source, name=None if builtin else task.name or None,
+                              size=size).model_dump_json(exclude_none=True).encode()
+        try:
+            reply = self._request("POST", "/v1/profile", body=body)
+        except ServeError as e:
+            if e.status == 422:
+                raise TaskError(str(e)) from None
+            raise
+        found = reply.json().get("profile")
+        return TaskProfile.from_dict(found) if found else None
+
+    def _chunks(self, wire: list[ItemIn]) -> list[list[ItemIn]]:
+        info = self.info()
+        per_job = min(self.config.items_per_job or info.max_items_per_job, info.max_items_per_job)
+        budget = int(info.max_body_bytes * _BODY_MARGIN)
+        chunks: list[list[ItemIn]] = [[]]
+        used = 0
+        for item in wire:
+            size = len(item.task.encode()) + len(item.candidate.encode()) + 512
+            if chunks[-1] and (len(chunks[-1]) >= per_job or used + size > budget):
+                chunks.append([])
+                used = 0
+            chunks[-1].append(item)
+            used += size
+        return chunks
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json()["error"])
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:300] or resp.reason_phrase
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: fall back to the backoff

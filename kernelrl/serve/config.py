@@ -1,0 +1,95 @@
+"""The reward server's settings: one typed config, built from flags or a TOML file.
+
+Guarantees (checked in `ServeConfig.__post_init__`):
+- the server never listens on an address other than loopback without a token file;
+- `devices` parses into lanes of one kind, and the evaluator settings follow them (`eval.device`
+  is set from the lanes; a conflicting one is an error, never silently replaced);
+- every limit is positive, and one job always fits the queue (`max_items_per_job <=
+  max_pending_items`), so a client that waits long enough is always served.
+
+Does not read the token file (the server does, at start) or check that a GPU exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernelrl.judge.device import Device
+from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.serve.backend import BackendKind
+from kernelrl.serve.lanes import LaneSpec, lane_config, parse_devices
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8177  # 0: any free port (printed at start)
+    token_file: Path | None = None  # holds the bearer token; required off loopback
+    devices: tuple[str, ...] = ("cpu",)  # lanes: cpu, or cuda:0,cuda:1,...
+    backend: BackendKind = BackendKind.LOCAL
+    ray_address: str | None = None  # ray backend: None starts (or joins) a local Ray; "auto" or an address joins
+    ray_pool: str = "kernelrl"  # ray backend: actors are named <pool>-lane-<i>, shared by drivers of one cluster
+    db_path: Path = Path("kernelrl-serve.db")
+    eval: EvalConfig = field(default_factory=EvalConfig)  # evaluator settings of every lane (device from `devices`)
+    max_pending_items: int = 4096  # evaluations queued or running; a job past this gets 429
+    max_items_per_job: int | None = None  # None: min(1024, max_pending_items)
+    max_body_bytes: int = 32 << 20
+    max_source_bytes: int = 256 << 10  # one task or candidate source
+    max_attempts: int = 3  # a job interrupted (server killed, backend failed) this often ends as task_error
+    job_concurrency: int = 0  # jobs handed to the backend at once; 0: one per lane
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", BackendKind(self.backend))
+        if isinstance(self.devices, str):
+            object.__setattr__(self, "devices", (self.devices,))
+        lanes = parse_devices(self.devices)  # raises ValueError with the reason
+        object.__setattr__(self, "devices", tuple(str(lane) for lane in lanes))
+        kind = lanes[0].device
+        if self.eval.device_index is not None:
+            raise ValueError("eval.device_index is set per lane by devices (cuda:0,cuda:1,...)")
+        if self.eval.device is Device.CUDA and kind is not Device.CUDA:
+            raise ValueError("eval.device is cuda but devices names CPU lanes")
+        object.__setattr__(self, "eval", dataclasses.replace(self.eval, device=kind))
+        if self.token_file is not None:
+            object.__setattr__(self, "token_file", Path(self.token_file))
+        object.__setattr__(self, "db_path", Path(self.db_path))
+        if not is_loopback(self.host) and self.token_file is None:
+            raise ValueError(f"refusing to listen on {self.host} without a token: give a token file "
+                             "(only loopback addresses may go without one)")
+        if not 0 <= self.port <= 65535:
+            raise ValueError("port must be in 0..65535")
+        if self.max_items_per_job is None:
+            object.__setattr__(self, "max_items_per_job", min(1024, self.max_pending_items))
+        for name in ("max_pending_items", "max_items_per_job", "max_body_bytes", "max_source_bytes", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.max_items_per_job > self.max_pending_items:
+            raise ValueError("max_items_per_job must be <= max_pending_items (or a full job could never be queued)")
+        if self.job_concurrency < 0:
+            raise ValueError("job_concurrency must be >= 0 (0: one per lane)")
+        if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
+            raise ValueError("log_level must be one of critical, error, warning, info, debug, trace")
+
+    @property
+    def lanes(self) -> tuple[LaneSpec, ...]:
+        return parse_devices(self.devices)
+
+    def lane_configs(self) -> list[EvalConfig]:
+        """One evaluator config per lane. On Ray, GPU lanes leave the index to Ray (it sets
+        CUDA_VISIBLE_DEVICES for each actor, so each actor's GPU is its first visible one)."""
+        if self.backend is BackendKind.RAY:
+            return [dataclasses.replace(lane_config(self.eval, lane), device_index=None) for lane in self.lanes]
+        return [lane_config(self.eval, lane) for lane in self.lanes]

@@ -1,0 +1,486 @@
+"""The reward server: HTTP requests in, evaluator calls out (FastAPI on uvicorn).
+
+Routes (wire format in `kernelrl.serve.api`):
+- `POST /v1/evaluate`: validate, resolve each item's task without running it, store the job
+  (`kernelrl.serve.jobs`), answer 202 {job}; 400 bad items, 409 key reused for something else,
+  413 body or job too large, 429 queue full with Retry-After;
+- `GET /v1/jobs/ID[?wait=S]`: the job's state and results; with `wait`, the answer is held up to
+  S seconds (at most 30) until the job is done, so clients need not poll fast;
+- `GET /v1/info`: the server's limits and settings; `GET /metrics`: Prometheus text;
+- `GET /healthz`: liveness, the only route without the bearer token.
+
+Guarantees:
+- every route but /healthz needs `Authorization: Bearer TOKEN` when the server has a token (it
+  must have one off loopback: `ServeConfig`), compared in constant time; the token is read from
+  a file and never put in the environment;
+- a body is refused with 413 as soon as it passes `max_body_bytes` (declared or streamed);
+- the server's process never runs task or candidate code: tasks sent as source are checked with
+  `ast` only, and all judging happens in the backend's evaluators, whose workers are sandboxed;
+- one server per database: a lock file beside the database (held until the process ends, even
+  by SIGKILL) refuses a second server, so recovery never queues again a job that a live server
+  is running; at start, jobs left running by a dead server are queued again.
+
+Does not terminate TLS: put it behind a TLS proxy (or an SSH tunnel) off a trusted network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hmac
+import logging
+import math
+import os
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from kernelrl.serve.api import (
+    Accepted,
+    BadItem,
+    EvaluateRequest,
+    JobReply,
+    ProfileRequest,
+    ServerInfo,
+    resolve_task,
+)
+from kernelrl.serve.backend import EvalBackend, build_backend
+from kernelrl.serve.config import ServeConfig
+from kernelrl.serve.dispatch import Dispatcher
+from kernelrl.serve.jobs import ItemSpec, JobState, JobStore, KeyConflict, QueueFull
+from kernelrl.serve.metrics import CONTENT_TYPE, render_metrics
+from kernelrl.tasks.task import TaskError
+
+log = logging.getLogger("kernelrl.serve")
+
+MAX_WAIT_S = 30.0
+_JOB_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class ServeError(Exception):
+    """The server cannot start: the message says why, for a person."""
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, reason: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.reason = reason  # counted in rejected_total
+        self.headers = headers or {}
+
+
+def read_token(path: Path) -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise ServeError(f"cannot read the token file {path}: {e.strerror}") from None
+    if not token or len(token.split()) != 1:
+        raise ServeError(f"the token file {path} must hold one token (no spaces), not be empty")
+    return token
+
+
+class CompletionSignal:
+    """Wakes the requests waiting on jobs (`?wait=`) whenever a job completes.
+
+    Every completion wakes every waiter, which then re-reads its own job: simple, and cheap for
+    the tens of waiters a reward server has. A waiter takes the current event before reading its
+    job, so a completion between the read and the wait is never missed.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._event = asyncio.Event()
+
+    def current(self) -> asyncio.Event:
+        assert self._event is not None, "bind() first"
+        return self._event
+
+    def notify(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._fire)
+            except RuntimeError:  # the loop closed meanwhile: nobody waits any more
+                pass
+
+    def _fire(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        if event is not None:
+            event.set()
+
+
+class RewardService:
+    """What the routes use: the store, the dispatcher, the token and the counters."""
+
+    def __init__(self, config: ServeConfig, *, backend: EvalBackend, token: str | None) -> None:
+        self.config = config
+        self.backend = backend
+        self.token = token
+        self.store = JobStore(config.db_path)
+        self.signal = CompletionSignal()
+        self.dispatcher = Dispatcher(self.store, backend, workers=config.job_concurrency or backend.capacity,
+                                     max_attempts=config.max_attempts, on_complete=lambda _: self.signal.notify())
+        self.rejected: Counter[str] = Counter()
+        self.started_s = time.time()
+        self.recovered = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.signal.bind(loop)
+        self.recovered = self.store.recover()
+        if self.recovered:
+            log.warning("queued again %d job(s) left running by the previous server", self.recovered)
+        self.dispatcher.start()
+
+    def stop(self) -> None:
+        self.dispatcher.stop()
+        # Closed before the backend is (RewardServer.close): an evaluation still running now can
+        # no longer write its result, so one cut short by the closing backend is never stored;
+        # its job stays running and is queued again at the next start.
+        self.store.close()
+
+    def info(self) -> ServerInfo:
+        c = self.config
+        return ServerInfo(backend=str(c.backend), devices=list(c.devices), size=c.eval.size, policy=c.eval.policy,
+                          max_items_per_job=c.max_items_per_job, max_pending_items=c.max_pending_items,
+                          max_body_bytes=c.max_body_bytes, max_source_bytes=c.max_source_bytes)
+
+    def submit(self, request: EvaluateRequest) -> Accepted:
+        c = self.config
+        if len(request.items) > c.max_items_per_job:
+            raise ApiError(413, f"{len(request.items)} items in one job; the limit is {c.max_items_per_job} "
+                           "(split the batch)", reason="too_large")
+        specs, problems, keys = [], [], set()
+        for i, item in enumerate(request.items):
+            try:
+                for what, text in (("task", item.task), ("candidate", item.candidate)):
+                    if len(text.encode()) > c.max_source_bytes:
+                        raise BadItem(f"the {what} is {len(text.encode())} bytes; the limit is {c.max_source_bytes}")
+                if "\x00" in item.candidate:
+                    raise BadItem("the candidate contains a NUL character")
+                if item.key is not None:
+                    if item.key in keys:
+                        raise BadItem(f"key {item.key!r} is used twice in this request")
+                    keys.add(item.key)
+                specs.append(ItemSpec(task=resolve_task(item.task, item.name), candidate=item.candidate, key=item.key))
+            except BadItem as e:
+                problems.append(f"item {i}: {e}")
+        if problems:
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise ApiError(400, "; ".join(problems[:5]) + more, reason="bad_request")
+        try:
+            sub = self.store.submit(specs, size=request.size or c.eval.size, policy=request.policy or c.eval.policy,
+                                    max_pending=c.max_pending_items)
+        except KeyConflict as e:
+            raise ApiError(409, str(e), reason="key_conflict") from None
+        except QueueFull as e:
+            wait = self.retry_after_s(e.pending + e.wanted - e.limit)
+            raise ApiError(429, f"{e}; retry in about {wait} s", reason="queue_full",
+                           headers={"Retry-After": str(wait)}) from None
+        if sub.state is not JobState.DONE:
+            self.dispatcher.notify()
+        return Accepted(job=sub.job_id, items=sub.n_items, reused=sub.reused, state=sub.state)
+
+    def profile(self, request: ProfileRequest) -> dict[str, Any]:
+        """What a reference worker reads about a task (prompts need it; no task code runs here)."""
+        c = self.config
+        if len(request.task.encode()) > c.max_source_bytes:
+            raise ApiError(413, f"the task is {len(request.task.encode())} bytes; the limit is {c.max_source_bytes}",
+                           reason="too_large")
+        try:
+            task = resolve_task(request.task, request.name)
+        except BadItem as e:
+            raise ApiError(400, str(e), reason="bad_request") from None
+        try:
+            found = self.backend.profile(task, size=request.size)
+        except TaskError as e:
+            raise ApiError(422, f"the task's reference fails: {str(e).splitlines()[0]}", reason="task_error") from None
+        return {"task": task.name, "profile": found.to_dict() if found else None}
+
+    def retry_after_s(self, excess: int) -> int:
+        """Seconds until `excess` evaluations have probably drained, from the recent rate."""
+        rate = self.dispatcher.stats().rate_per_s
+        if not rate:
+            return 5
+        return int(min(60, max(1, math.ceil(excess / rate))))
+
+    def metrics(self) -> str:
+        now = time.time()
+        window = min(3600.0, max(now - self.started_s, 1.0))
+        return render_metrics(store=self.store.stats(since=now - window), dispatch=self.dispatcher.stats(),
+                              rejected=self.rejected, lanes=len(self.config.devices),
+                              queue_limit=self.config.max_pending_items, window_s=window)
+
+
+def _validation_message(e: ValidationError | RequestValidationError) -> str:
+    parts = []
+    for err in e.errors()[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg", "invalid")))
+    more = f" (and {len(e.errors()) - 5} more)" if len(e.errors()) > 5 else ""
+    return "bad request: " + "; ".join(parts) + more
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise ApiError(400, "bad Content-Length header", reason="bad_request") from None
+        if size > limit:
+            raise ApiError(413, f"the body is {size} bytes; the limit is {limit}", reason="too_large")
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise ApiError(413, f"the body passed the limit of {limit} bytes", reason="too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(service: RewardService, *, on_ready: Callable[[], None] | None = None) -> FastAPI:
+    """The FastAPI app over a service; the service starts and stops with the app's lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.start(asyncio.get_running_loop())
+        if on_ready is not None:
+            on_ready()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(service.stop)
+
+    app = FastAPI(title="kernelrl reward server", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        if e.reason:
+            service.rejected[e.reason] += 1
+        return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_params(request: Request, e: RequestValidationError) -> JSONResponse:
+        service.rejected["bad_request"] += 1
+        return JSONResponse({"error": _validation_message(e)}, status_code=400)
+
+    def authorized(request: Request) -> None:
+        if service.token is None:
+            return
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), service.token.encode()):
+            raise ApiError(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)", reason="unauthorized",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    auth = [Depends(authorized)]
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/info", dependencies=auth)
+    async def info() -> dict[str, Any]:
+        return service.info().model_dump(mode="json")
+
+    @app.post("/v1/evaluate", dependencies=auth, status_code=202)
+    async def evaluate(request: Request) -> JSONResponse:
+        body = await _read_body(request, service.config.max_body_bytes)
+        try:
+            req = EvaluateRequest.model_validate_json(body)
+        except ValidationError as e:
+            raise ApiError(400, _validation_message(e), reason="bad_request") from None
+        accepted = await run_in_threadpool(service.submit, req)
+        return JSONResponse(accepted.model_dump(mode="json"), status_code=202,
+                            headers={"Location": f"/v1/jobs/{accepted.job}"})
+
+    @app.post("/v1/profile", dependencies=auth)
+    async def profile(request: Request) -> dict[str, Any]:
+        body = await _read_body(request, service.config.max_body_bytes)
+        try:
+            req = ProfileRequest.model_validate_json(body)
+        except ValidationError as e:
+            raise ApiError(400, _validation_message(e), reason="bad_request") from None
+        return await run_in_threadpool(service.profile, req)
+
+    @app.get("/v1/jobs/{job_id}", dependencies=auth)
+    async def job(job_id: str, wait: float = 0.0) -> dict[str, Any]:
+        if not _JOB_ID.match(job_id):
+            raise ApiError(404, f"no job {job_id!r}")
+        if not 0.0 <= wait <= MAX_WAIT_S:
+            raise ApiError(400, f"wait must be between 0 and {MAX_WAIT_S:g} seconds", reason="bad_request")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            event = service.signal.current()
+            # The state alone while waiting (cheap); the results once, when answering.
+            state = await run_in_threadpool(service.store.state, job_id)
+            if state is None:
+                raise ApiError(404, f"no job {job_id!r}")
+            remaining = deadline - loop.time()
+            if state is JobState.DONE or remaining <= 0:
+                view = await run_in_threadpool(service.store.job, job_id)
+                return JobReply(job=view.job_id, state=view.state, items=view.n_items,
+                                results=view.results).model_dump(mode="json")
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                pass
+
+    @app.get("/metrics", dependencies=auth)
+    async def metrics() -> Response:
+        text = await run_in_threadpool(service.metrics)
+        return Response(text, media_type=CONTENT_TYPE)
+
+    return app
+
+
+class DbLock:
+    """An exclusive lock on `<db>.lock`: one server per database. The kernel drops it when the
+    process ends, however it ends."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.path = Path(str(db_path) + ".lock")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a+")
+        try:
+            fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._f.close()
+            raise ServeError(f"another server is using {db_path} (lock {self.path} is held)") from None
+        self._f.seek(0)
+        self._f.truncate()
+        self._f.write(f"{os.getpid()}\n")
+        self._f.flush()
+
+    def release(self) -> None:
+        if not self._f.closed:
+            fcntl.flock(self._f, fcntl.LOCK_UN)
+            self._f.close()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # A restarted server takes its port back at once (the old one's connections may linger in TIME_WAIT).
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.setblocking(False)
+    return sock
+
+
+class RewardServer:
+    """One server: the lock on its database, its socket, its backend, its service and uvicorn.
+
+    `run()` serves in this thread until stopped (SIGINT/SIGTERM in the main thread);
+    `start_in_thread()` / `stop()` run it in a background thread (tests, benchmarks, notebooks).
+    A backend passed in stays the caller's to close; one built here is closed here.
+    """
+
+    def __init__(self, config: ServeConfig, *, backend: EvalBackend | None = None,
+                 announce: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        token = read_token(config.token_file) if config.token_file is not None else None
+        self._lock = DbLock(config.db_path)
+        self._sock: socket.socket | None = None
+        self._own_backend = backend is None
+        self.backend: EvalBackend | None = None
+        try:
+            self._sock = bind_socket(config.host, config.port)
+            host, port = self._sock.getsockname()[:2]
+            self.port = int(port)
+            shown = f"[{host}]" if ":" in host else host
+            self.url = f"http://{shown}:{self.port}"
+            try:
+                self.backend = backend or build_backend(config.backend, config.lane_configs(),
+                                                        ray_address=config.ray_address, pool_name=config.ray_pool)
+            except Exception as e:  # Ray cannot start, a lane cannot be built: a reason to print, not a trace
+                raise ServeError(f"cannot start the {config.backend} backend: {e}") from e
+            self.service = RewardService(config, backend=self.backend, token=token)
+        except BaseException:
+            self.close()
+            raise
+        message = (f"kernelrl serve: listening on {self.url} (backend {config.backend}, lanes "
+                   f"{','.join(config.devices)}, database {config.db_path}, token {'on' if token else 'off'})")
+        self._server = uvicorn.Server(uvicorn.Config(
+            create_app(self.service, on_ready=(lambda: announce(message)) if announce else None),
+            log_level=config.log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5))
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._server.run(sockets=[self._sock])
+        finally:
+            self.close()
+
+    def start_in_thread(self, timeout_s: float = 30.0) -> RewardServer:
+        def target() -> None:
+            try:
+                self.run()
+            except BaseException as e:
+                self._failure = e
+
+        self._thread = threading.Thread(target=target, name="kernelrl-serve", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise ServeError(f"the server stopped while starting: {self._failure!r}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServeError(f"the server did not start within {timeout_s:g} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def close(self) -> None:
+        if self._own_backend and self.backend is not None:
+            self.backend.close()
+            self.backend = None
+        if self._sock is not None:
+            self._sock.close()
+        self._lock.release()
+
+
+@contextmanager
+def serve_in_thread(config: ServeConfig, *, backend: EvalBackend | None = None) -> Iterator[RewardServer]:
+    """A running server in a background thread, stopped on exit."""
+    server = RewardServer(config, backend=backend).start_in_thread()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def run_server(config: ServeConfig, *, announce: Callable[[str], None] | None = None) -> None:
+    """Serve until interrupted (the `kernelrl serve` command)."""
+    RewardServer(config, announce=announce).run()

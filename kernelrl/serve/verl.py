@@ -1,0 +1,170 @@
+"""verl's custom reward: `compute_score` (one sample) and `compute_score_batch` (verl's batch manager).
+
+verl configuration (one sample at a time, verl's default `naive` reward manager):
+
+    custom_reward_function.path=$(python -c "import kernelrl.serve.verl as m; print(m.__file__)")
+    custom_reward_function.name=compute_score
+
+or, better for kernels (one job per training step instead of one per sample):
+
+    reward_model.reward_manager=batch custom_reward_function.name=compute_score_batch
+
+Each dataset row holds the task in `reward_model.ground_truth` (a built-in task name or a full
+KernelBench-format source) and may hold `extra_info.task_name` (the name of a task given as
+source) and `extra_info.level` (the reward's smoothing window falls back to the level's).
+
+Where the verdicts come from, first match wins: keyword arguments (verl's
+`custom_reward_function.reward_kwargs`: `url`, `token_file`, `eval` — a table of
+`kernelrl.judge.evaluator.EvalConfig` settings (device, size, policy, timeout_s, timing...) —
+and `reward` — a table of `kernelrl.reward.RewardConfig` settings), then the environment
+(`KERNELRL_SERVE_URL`, `KERNELRL_SERVE_TOKEN_FILE`); with a URL the reward server judges
+(`kernelrl.serve.client.RewardClient`; the `eval` table's size and policy go with each job),
+without one an in-process `Evaluator` built from the `eval` table.
+
+Guarantees: the answer's code is extracted like everywhere else (`extract_code`), and an answer
+without a complete code block gets the reward model's `no_code` penalty without being evaluated;
+the scalar comes from `kernelrl.reward.RewardModel` (CUDA-L1's clip included; its running window
+lives in this process, one per configuration); every returned dict has the same keys (`score`,
+`raw`, `clipped`, `correct`, `scored`: numbers, as verl's metric aggregation needs); a task
+whose reference cannot run (`task_error`) scores 0.0 with `scored` 0.0, since verl cannot
+ignore a sample. Task sources are checked with `ast` only: they run in sandboxed workers.
+
+Does not tokenise: no length penalty is applied (verl does not pass token counts here).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kernelrl.candidate import extract_code
+from kernelrl.result import EvalResult, Status
+from kernelrl.reward import Reward, RewardConfig, RewardModel
+from kernelrl.serve.api import BadItem, is_task_name, resolve_task
+from kernelrl.tasks.task import Task
+
+ENV_URL = "KERNELRL_SERVE_URL"
+ENV_TOKEN_FILE = "KERNELRL_SERVE_TOKEN_FILE"
+SCORE_KEYS = ("score", "raw", "clipped", "correct", "scored")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VerlSettings:
+    """What a scorer is built from. Tables are kept as JSON text, so settings are hashable and
+    name one cached scorer per process."""
+
+    url: str | None = None
+    token_file: str | None = None
+    eval: str = "{}"  # EvalConfig settings
+    reward: str = "{}"  # RewardConfig settings
+
+    @classmethod
+    def resolve(cls, kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None) -> VerlSettings:
+        env = os.environ if env is None else env
+        unknown = set(kwargs) - {"url", "token_file", "eval", "reward"}
+        if unknown:
+            raise TypeError(f"unknown kernelrl reward setting(s): {', '.join(sorted(unknown))} "
+                            "(known: url, token_file, eval, reward)")
+        tables = {}
+        for name in ("eval", "reward"):
+            table = kwargs.get(name) or {}
+            if not isinstance(table, Mapping):
+                raise TypeError(f"{name} must be a table of settings, not {type(table).__name__}")
+            tables[name] = json.dumps(_plain(table), sort_keys=True)
+        return cls(url=kwargs.get("url") or env.get(ENV_URL) or None,
+                   token_file=kwargs.get("token_file") or env.get(ENV_TOKEN_FILE) or None, **tables)
+
+
+def _plain(d: Mapping[str, Any]) -> dict[str, Any]:
+    # verl hands OmegaConf containers; plain dicts are what the config builder reads
+    return {str(k): _plain(v) if isinstance(v, Mapping) else v for k, v in d.items()}
+
+
+class VerlScorer:
+    """One backend and one reward model for one configuration (cached per process)."""
+
+    def __init__(self, settings: VerlSettings) -> None:
+        from kernelrl.config import build
+        from kernelrl.judge.evaluator import EvalConfig
+
+        self.settings = settings
+        self.model = RewardModel(build(RewardConfig, json.loads(settings.reward)))
+        table = json.loads(settings.eval)
+        eval_config = build(EvalConfig, table)  # checked even when a server judges
+        if settings.url:
+            from kernelrl.serve.client import ClientConfig, RewardClient
+
+            self.backend: Any = RewardClient(settings.url, token_file=settings.token_file, config=ClientConfig(
+                size=eval_config.size if "size" in table else None,
+                policy=eval_config.policy if "policy" in table else None))
+        else:
+            from kernelrl.judge.evaluator import Evaluator
+
+            self.backend = Evaluator(eval_config)
+        atexit.register(self.backend.close)
+
+    def score_batch(self, solution_strs: Sequence[str], ground_truths: Sequence[Any],
+                    extra_infos: Sequence[Mapping[str, Any] | None]) -> list[dict[str, float]]:
+        codes = [extract_code(s or "") for s in solution_strs]
+        tasks: list[Task] = []
+        levels: list[int | None] = []
+        for truth, extra in zip(ground_truths, extra_infos):
+            extra = extra or {}
+            try:
+                task = resolve_task(str(truth), None if is_task_name(str(truth)) else extra.get("task_name"))
+            except BadItem as e:
+                raise ValueError(f"kernelrl reward: the ground truth is not a task: {e}") from None
+            tasks.append(task)
+            level = extra.get("level", task.level)
+            levels.append(int(level) if level is not None else None)
+        todo = [i for i, c in enumerate(codes) if c is not None]
+        results: dict[int, EvalResult] = {}
+        if todo:
+            for i, r in zip(todo, self.backend.evaluate_batch([(tasks[i], codes[i]) for i in todo])):
+                results[i] = r
+        out = []
+        for i, answer in enumerate(solution_strs):
+            reward = self.model.score(results.get(i), answer=answer, level=levels[i])
+            out.append(_as_dict(reward))
+        return out
+
+
+def _as_dict(reward: Reward | None) -> dict[str, float]:
+    if reward is None:  # task_error: nothing to reward or punish
+        return {"score": 0.0, "raw": 0.0, "clipped": 0.0, "correct": 0.0, "scored": 0.0}
+    return {"score": float(reward.value), "raw": float(reward.raw), "clipped": float(reward.clipped),
+            "correct": float(reward.status is Status.CORRECT), "scored": 1.0}
+
+
+_SCORERS: dict[VerlSettings, VerlScorer] = {}
+_SCORERS_LOCK = threading.Lock()
+
+
+def scorer(settings: VerlSettings) -> VerlScorer:
+    with _SCORERS_LOCK:
+        found = _SCORERS.get(settings)
+        if found is None:
+            found = _SCORERS[settings] = VerlScorer(settings)
+        return found
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None,
+                  **kwargs: Any) -> dict[str, float]:
+    """verl's per-sample reward: a dict with `score` (see the module docstring)."""
+    return scorer(VerlSettings.resolve(kwargs)).score_batch([solution_str], [ground_truth], [extra_info])[0]
+
+
+def compute_score_batch(data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],
+                        extra_infos: Sequence[Mapping[str, Any] | None] | None = None,
+                        **kwargs: Any) -> list[dict[str, float]]:
+    """verl's batch reward (`reward_model.reward_manager=batch`): one dict per sample, in order."""
+    n = len(solution_strs)
+    if len(ground_truths) != n:
+        raise ValueError(f"{n} solutions but {len(ground_truths)} ground truths")
+    extras = list(extra_infos) if extra_infos is not None else [None] * n
+    return scorer(VerlSettings.resolve(kwargs)).score_batch(list(solution_strs), list(ground_truths), extras)

@@ -1,0 +1,153 @@
+"""Helpers for the reward server tests: candidates for the tiny task, a fast client, a fake
+evaluator backend, and a way to run a server with it in a subprocess
+(`python tests/serve/serve_helpers.py --db ... --port ...`), for the SIGKILL tests.
+
+The fake backend has the backend signature (`evaluate_batch(items, *, size, policy)`) and makes
+its verdict from the candidate alone (a made-up speedup from the candidate's hash, so a result
+can be matched to its candidate), after `delay_s` per item. It can log every evaluation to a
+file (one line per item: process id and candidate hash), so tests can count evaluations across
+server processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kernelrl.candidate import Candidate, source_hash
+from kernelrl.result import EvalResult, Status
+
+TOKEN = "test-token-5b1f0c"
+
+# A candidate that is right for the root conftest's tiny task, and one that is wrong (drops the relu).
+TINY_CORRECT = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        return torch.relu(x) * 2.0 + self.bias
+"""
+TINY_WRONG = TINY_CORRECT.replace("torch.relu(x) * 2.0", "x * 2.0")
+
+
+def fast_client(url: str, **settings: Any) -> Any:
+    """A client with short backoffs, for servers on this machine."""
+    from kernelrl.serve.client import ClientConfig, RewardClient
+
+    token = settings.pop("token", None)
+    config = ClientConfig(**{"backoff_s": 0.05, "backoff_max_s": 0.5, "wait_s": 5.0, **settings})
+    return RewardClient(url, token=token, config=config)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A server in a subprocess on a known loopback port (so it can be SIGKILLed and restarted)."""
+
+    def __init__(self, args: Sequence[str], *, port: int, log: Path, env: dict[str, str] | None = None) -> None:
+        import subprocess
+
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                         cwd=Path(__file__).resolve().parents[2])
+
+    def wait_healthy(self, timeout_s: float = 60.0) -> ServerProcess:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"the server did not come up in {timeout_s} s: {self.log.read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+
+def fake_result(task_name: str, candidate: str, size: object = "small", policy: object = "open") -> EvalResult:
+    h = source_hash(candidate)
+    return EvalResult(task=task_name, status=Status.CORRECT, message=f"fake {h}", speedup=1.0 + int(h[:4], 16) / 65536,
+                      candidate_hash=h, size=str(size), policy=str(policy))
+
+
+class FakeBackend:
+    def __init__(self, *, delay_s: float = 0.0, capacity: int = 2, log_path: Path | None = None,
+                 gate: threading.Event | None = None) -> None:
+        self.delay_s = delay_s
+        self.capacity = capacity
+        self.log_path = log_path
+        self.gate = gate  # when given, every batch waits for it
+        self.evaluated: list[str] = []  # candidate hashes, in order
+        self.batches = 0
+        self._lock = threading.Lock()
+
+    def evaluate_batch(self, items: Sequence[tuple[object, Candidate | str]], *, size: object = None,
+                       policy: object = None) -> list[EvalResult]:
+        if self.gate is not None:
+            self.gate.wait()
+        time.sleep(self.delay_s * len(items))
+        out = []
+        for task, cand in items:
+            source = cand.source if isinstance(cand, Candidate) else cand
+            out.append(fake_result(task.name, source, size or "small", policy or "open"))
+        with self._lock:
+            self.batches += 1
+            self.evaluated.extend(r.candidate_hash for r in out)
+            if self.log_path is not None:
+                with open(self.log_path, "a") as f:
+                    f.write("".join(f"{os.getpid()} {r.candidate_hash}\n" for r in out))
+                    f.flush()
+                    os.fsync(f.fileno())
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from kernelrl.serve.config import ServeConfig
+    from kernelrl.serve.server import RewardServer
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--db", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--delay", type=float, default=0.2)
+    p.add_argument("--log", required=True)
+    p.add_argument("--capacity", type=int, default=1)
+    args = p.parse_args(argv)
+    config = ServeConfig(port=args.port, db_path=Path(args.db))
+    backend = FakeBackend(delay_s=args.delay, capacity=args.capacity, log_path=Path(args.log))
+    RewardServer(config, backend=backend, announce=lambda line: print(line, flush=True)).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

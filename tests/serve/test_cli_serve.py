@@ -1,0 +1,42 @@
+"""`kernelrl serve`: flags over a config file, and bad invocations (one line, exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from serve_helpers import FakeBackend
+
+from kernelrl.cli import build_parser, main, serve_config
+from kernelrl.judge.device import Device
+
+
+def test_flags_override_the_config_file(tmp_path: Path) -> None:
+    toml = tmp_path / "serve.toml"
+    toml.write_text('port = 9000\nmax_pending_items = 64\n[eval]\ntimeout_s = 30.0\nsize = "full"\n')
+    args = build_parser().parse_args(["serve", "--config", str(toml), "--port", "0", "--db", str(tmp_path / "x.db"),
+                                      "--policy", "strict", "--queue-limit", "128"])
+    c = serve_config(args)
+    assert (c.port, c.max_pending_items, c.db_path) == (0, 128, tmp_path / "x.db")
+    assert (c.eval.timeout_s, str(c.eval.size), str(c.eval.policy), c.eval.device) == (30.0, "full", "strict",
+                                                                                         Device.CPU)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--host", "0.0.0.0"], "refusing to listen on 0.0.0.0 without a token"),
+    (["--devices", "gpu"], "'gpu' is not cpu, cuda or cuda:N"),
+    (["--devices", "cpu,cuda:0"], "one kind"),
+    (["--token-file", "/nonexistent/token"], "cannot read the token file /nonexistent/token"),
+    (["--queue-limit", "0"], "max_pending_items must be >= 1"),
+])
+def test_bad_invocations(argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["serve", "--port", "0", "--db", str(tmp_path / "s.db"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_second_server_on_one_database_is_refused(start_server, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    start_server(FakeBackend(), db_path=tmp_path / "shared.db")
+    assert main(["serve", "--port", "0", "--db", str(tmp_path / "shared.db")]) == 2
+    assert "another server is using" in capsys.readouterr().err
