@@ -37,7 +37,7 @@ class Kind(enum.StrEnum):
     WARMUP = "warmup"
     PREPARE = "prepare"  # fresh inputs for the next timed sample, then a cache eviction
     CALL = "call"  # one timed sample
-    OUTPUT = "output"  # the last sample's output and inputs, for a spot check
+    OUTPUT = "output"  # one call's output and inputs from the last sample, for a spot check
     MEASURE_PEAKS = "measure_peaks"  # the machine's memory bandwidth and matmul rate
     EXIT = "exit"
     # answers (worker -> judge)
@@ -150,6 +150,12 @@ class Prepare(Header):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Output(Header):
+    KIND: ClassVar[Kind] = Kind.OUTPUT
+    call: int  # which call of the last sample: chosen by the judge after the sample returned
+
+
+@dataclass(frozen=True, kw_only=True)
 class MeasurePeaks(Header):
     KIND: ClassVar[Kind] = Kind.MEASURE_PEAKS
     device: str
@@ -253,11 +259,11 @@ class Error(Header):
 
 # Header class of each kind; kinds that carry no fields use `Empty`.
 HEADERS: dict[Kind, type[Header]] = {
-    cls.KIND: cls for cls in (LoadTask, LoadProgram, MakeInputs, Run, Pool, Warmup, Prepare, MeasurePeaks, Hello,
+    cls.KIND: cls for cls in (LoadTask, LoadProgram, MakeInputs, Run, Pool, Warmup, Prepare, Output, MeasurePeaks, Hello,
                               TaskLoaded, Loaded, InputsMade, State, StateLoaded, Ran, Pooled, Warm, Called,
                               Peaks, Error)
 }
-for _kind in (Kind.GET_STATE, Kind.LOAD_STATE, Kind.CALL, Kind.OUTPUT, Kind.EXIT, Kind.PREPARED,
+for _kind in (Kind.GET_STATE, Kind.LOAD_STATE, Kind.CALL, Kind.EXIT, Kind.PREPARED,
               Kind.OUTPUT_DATA):
     HEADERS[_kind] = Empty
 

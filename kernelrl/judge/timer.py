@@ -17,7 +17,8 @@ Guarantees:
   group's time cap (`max_timing_s` per candidate, for the group `max_timing_s * (members / 2)`)
   or `max_rounds` is reached;
 - spot checks: after randomly chosen rounds (decided after the calls returned) the outputs of a
-  candidate and of the reference for that round's inputs are compared, and the inputs each saw;
+  candidate and of the reference for one call of that round's sample, also chosen after the
+  calls returned, are compared, and the inputs each saw;
 - a candidate that fails, hangs (past `call_limit_s`) or breaks the protocol during timing leaves
   the measurement with its failure recorded; the others go on; a failing reference ends the
   measurement (`ReferenceTimingFailed`);
@@ -277,17 +278,22 @@ def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: lis
 
         # Which rounds are checked is decided only now, after the calls returned.
         rounds_left = config.max_rounds - r - 1
-        ref_out: dict[str, Any] | None = None
+        ref_outs: dict[int, dict[str, Any]] = {}
         for m in live:
             must = m.spot_checks < config.min_spot_checks and (
                 r + 1 >= config.min_rounds or rounds_left < config.min_spot_checks)
             if not (must or rng.random() < config.spot_check_prob):
                 continue
-            if ref_out is None:
-                answer = guarded(ref, lambda: ref.request(None, P.Kind.OUTPUT, deadline=call_deadline()))
-                ref_out = answer.payload
-                output_bytes = _nbytes(ref_out["output"])
-            got = guarded(m, lambda m=m: m.request(None, P.Kind.OUTPUT, deadline=call_deadline()))
+            # Any call of the sample, chosen now: a program cannot know which of its calls counts.
+            call = rng.randrange(k)
+            if call not in ref_outs:
+                answer = guarded(ref, lambda: ref.request(P.Output(call=call), deadline=call_deadline()))
+                if answer is None:
+                    break
+                ref_outs[call] = answer.payload
+                output_bytes = _nbytes(answer.payload["output"])
+            ref_out = ref_outs[call]
+            got = guarded(m, lambda m=m: m.request(P.Output(call=call), deadline=call_deadline()))
             if got is None:
                 continue
             m.spot_checks += 1

@@ -221,9 +221,9 @@ class WorkerState:
         self.pool: list[list[Any]] = []
         self.noise: list[list[Any]] = []  # per pool set and input: noise in [-1, 1) (floating inputs)
         self.jitter = 0.0
-        self.current: list[Any] | None = None  # inputs of the last timed call
         self.staged: list[list[Any]] = []  # inputs of the calls of the next sample
-        self.last_out: Any = None
+        self.sample_inputs: list[list[Any]] = []  # inputs and outputs of every call of the last sample
+        self.sample_outputs: list[Any] = []
         self.evict_buf: torch.Tensor | None = None
 
     # -- loading ------------------------------------------------------------------------------
@@ -468,8 +468,7 @@ class WorkerState:
     def prepare(self, h: P.Prepare, payload: Any) -> Reply:
         """Fresh inputs for each call of the next sample (new storage, new values)."""
         self.staged = []
-        self.current = None
-        self.last_out = None
+        self.sample_inputs, self.sample_outputs = [], []  # freed before the next sample's inputs exist
         for j, (scale, shift) in enumerate(zip(h.scales, h.shifts)):
             k = (h.index + j) % len(self.pool)
             fresh = []
@@ -488,11 +487,11 @@ class WorkerState:
     def call(self, h: P.Header, payload: Any) -> Reply:
         times = []
         plain = True
-        out = None
+        outs = []
         # One eviction (in prepare) per sample: a sample of several calls is only used for calls
         # much shorter than the timer's noise, and an eviction between them would cost far more
         # than the calls. Each call still gets inputs of its own.
-        for j, args in enumerate(self.staged):
+        for args in self.staged:
             self._sync()
             t0 = _perf_ns()
             with _no_grad():
@@ -500,15 +499,19 @@ class WorkerState:
             self._sync()
             times.append(_perf_ns() - t0)
             plain = plain and all(type(o) is _Tensor and not _shadows_tensor(o) for o in flatten(out))
-            if j < len(self.staged) - 1:
-                out = None  # the sample's last output is kept for a spot check
-        self.current = self.staged[-1] if self.staged else None
-        self.last_out = out
+            # Every call's output is kept until the next sample: which one is spot-checked is
+            # chosen by the judge after the sample, so no call of a sample can go unchecked.
+            outs.append(out)
+        self.sample_inputs = self.staged
+        self.sample_outputs = outs
         self.staged = []
         return P.Kind.CALLED, P.Called(t_ns=times, plain=plain), None
 
-    def output(self, h: P.Header, payload: Any) -> Reply:
-        return P.Kind.OUTPUT_DATA, P.Empty(), {"output": _to_cpu(self.last_out), "inputs": _to_cpu(self.current)}
+    def output(self, h: P.Output, payload: Any) -> Reply:
+        if not 0 <= h.call < len(self.sample_outputs):
+            raise ValueError(f"no call {h.call} in the last sample ({len(self.sample_outputs)} calls)")
+        return P.Kind.OUTPUT_DATA, P.Empty(), {"output": _to_cpu(self.sample_outputs[h.call]),
+                                               "inputs": _to_cpu(self.sample_inputs[h.call])}
 
     def _evict(self) -> None:
         if self.evict_buf is not None:
