@@ -1,139 +1,236 @@
-"""Evaluator throughput and repeatability, measured side by side in one run.
+"""Evaluator throughput on a GRPO-shaped batch, against a naive loop, measured side by side.
 
-Prints:
-- candidates/hour for the same 20 candidates (the shipped CPU examples, topped up with heuristic
-  rewrites of quick-suite tasks): kernelrl's evaluator with a cold build cache, then warm, and a
-  serial, uncached, in-process loop (build each candidate in this process, check 5 input sets,
-  time 50 calls each of reference and candidate) as the naive baseline;
-- the spread of 5 evaluations of one candidate (the reference itself, renamed), with the
-  allocator pinned and, for comparison, with glibc's adaptive mmap threshold.
+The batch: 4 tasks x 8 candidates, as one GRPO step's groups would be: per task, 2 C++
+candidates with distinct sources (each a separate build), 3 PyTorch-level rewrites (two of them
+the same program with different comments: identical code in one group), 1 incorrect, 1 that
+raises, 1 that hangs. Three ways to judge it, each with a cold build cache of its own:
 
-Usage: python benchmarks/eval_throughput.py [--workers 2] [--skip-naive] [--spread-only]
-Numbers depend on the machine and its load; compare ratios from one run.
+- naive: a serial, in-process loop that builds each candidate afresh (torch's inline loader, no
+  cache, no precompiled header), checks 5 input sets and times 50 calls of reference and
+  candidate; a hang is cut by an alarm after the same limit; no isolation, no defences;
+- one by one: one `Evaluator`, `evaluate` per candidate (each its own timing group);
+- batched: one `Evaluator`, `evaluate_batch` over the whole batch (one timing group per task).
+
+Prints wall time and candidates/hour of each path, the ratio to the naive loop, whether the two
+evaluator paths agree on every verdict, and how far apart the identical pair measured in each
+group. Then the same on the PyTorch-only half (no C++ candidate).
+
+Usage: python benchmarks/eval_throughput.py [--timeout 20] [--only all|pytorch]
+Numbers depend on the machine and its load; compare ratios from one run on a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
 import importlib.util
 import os
-import statistics
+import re
+import signal
 import sys
 import tempfile
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from kernelrl.candidate import Candidate
-from kernelrl.judge.compare import compare_outputs
-from kernelrl.judge.evaluator import EvalConfig, Evaluator, evaluate
 from kernelrl.examples import list_examples
-from kernelrl.search.proposers.heuristic import CPU_PORTFOLIO, applicable, render_rewrite, task_traits
-from kernelrl.judge.sandbox import SandboxConfig
-from kernelrl.tasks.suites import builtin_task, load_suite
+from kernelrl.judge.compare import compare_outputs
+from kernelrl.judge.evaluator import EvalConfig, Evaluator
+from kernelrl.judge.timer import TimingConfig
+from kernelrl.result import EvalResult, Status
+from kernelrl.search.proposers.heuristic import Rewrite, render_rewrite, task_traits
+from kernelrl.tasks.suites import builtin_task
 from kernelrl.tasks.task import Task
 
+TASKS = ("level1/softmax", "level1/rmsnorm", "level2/linear_bias_gelu_scale", "operators/shift_group_quant")
 
-def twenty_candidates() -> list[tuple[Task, Candidate]]:
-    jobs = [(builtin_task(e.task), Candidate(source=e.source, origin=e.name)) for e in list_examples(device="cpu")]
-    cheap = [r for r in CPU_PORTFOLIO if not r.compiles]
-    for task in load_suite("small"):
+
+@dataclass(frozen=True)
+class Item:
+    task: Task
+    candidate: Candidate
+    kind: str  # cpp, rewrite, twin, incorrect, raises, hangs
+
+
+def renamed(task: Task, body_patch: tuple[str, str] | None = None) -> str:
+    """The reference as a ModelNew, optionally with one line of its forward changed."""
+    src = re.sub(r"\bclass Model\(", "class ModelNew(", task.source, count=1)
+    if body_patch:
+        old, new = body_patch
+        src = src.replace(old, new, 1)
+    return src
+
+
+def forward_return(task: Task) -> str:
+    """The first `return` line inside the reference's forward (to patch it)."""
+    body = task.source[task.source.index("def forward"):]
+    return next(line for line in body.splitlines() if line.strip().startswith("return "))
+
+
+def batch() -> list[Item]:
+    items = []
+    examples = {e.task: e for e in list_examples(device="cpu") if e.name.endswith("cpp_fused")}
+    for name in TASKS:
+        task = builtin_task(name)
+        cpp = examples[name].source
+        # A second C++ build of the same kernel: a distinct source (a different comment in the C++
+        # text), so it is a build of its own, as two samples of a policy would be.
+        cpp2 = cpp.replace("#include <torch/extension.h>", "#include <torch/extension.h>\n// sample 2", 1)
+        assert cpp2 != cpp, name
         traits = task_traits(task)
-        for rewrite in cheap:
-            if len(jobs) >= 20:
-                return jobs
-            if applicable(rewrite, traits, "cpu"):
-                src = render_rewrite(task, rewrite, traits)
-                jobs.append((task, Candidate(source=src, origin=f"{task.name}:{rewrite.name}")))
-    return jobs[:20]
+        rewrite = render_rewrite(task, Rewrite(inference_mode=True), traits)
+        ret = forward_return(task)
+        indent = ret[: len(ret) - len(ret.lstrip())]
+        items += [
+            Item(task, Candidate(source=cpp, origin=f"{name}:cpp"), "cpp"),
+            Item(task, Candidate(source=cpp2, origin=f"{name}:cpp-2"), "cpp"),
+            Item(task, Candidate(source=rewrite, origin=f"{name}:inference_mode"), "rewrite"),
+            Item(task, Candidate(source=renamed(task), origin=f"{name}:renamed"), "twin"),
+            Item(task, Candidate(source=renamed(task) + "\n# the same program, another sample\n",
+                                 origin=f"{name}:renamed-2"), "twin"),
+            Item(task, Candidate(source=renamed(task, (ret, ret.replace("return ", "return 1.01 * (", 1) + ")")),
+                                 origin=f"{name}:incorrect"), "incorrect"),
+            Item(task, Candidate(source=renamed(task, (ret, f"{indent}raise RuntimeError('boom')\n{ret}")),
+                                 origin=f"{name}:raises"), "raises"),
+            Item(task, Candidate(source=renamed(task, (ret, f"{indent}while True:\n{indent}    pass\n{ret}")),
+                                 origin=f"{name}:hangs"), "hangs"),
+        ]
+    return items
 
 
-def naive_in_process(jobs: list[tuple[Task, Candidate]]) -> tuple[float, int]:
+# ---------------------------------------------------------------------------------------------
+# The naive loop
+
+
+class _Alarm(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def alarm(seconds: float):
+    def ring(signum, frame):  # noqa: ANN001
+        raise _Alarm()
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def naive(items: list[Item], timeout_s: float) -> tuple[float, list[str]]:
     """Serial, uncached, in-process: what a simple evaluation script does."""
+    verdicts = []
     t0 = time.monotonic()
-    correct = 0
-    for i, (task, cand) in enumerate(jobs):
-        os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="naive-ext-")  # no build reuse
-        tm = task.instantiate("small")
+    for i, item in enumerate(items):
+        os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="naive-ext-")  # builds afresh
+        tm = item.task.instantiate("small")
+        verdict = "correct"
         try:
-            path = Path(tempfile.mkdtemp()) / f"cand_{i}.py"
-            path.write_text(cand.source)
-            spec = importlib.util.spec_from_file_location(f"naive_cand_{i}", path)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            torch.manual_seed(0)
-            ref = tm.Model(*tm.get_init_inputs())
-            torch.manual_seed(0)
-            new = mod.ModelNew(*tm.get_init_inputs())
-            ok = True
-            with torch.no_grad():
-                for s in range(5):
-                    torch.manual_seed(100 + s)
-                    inputs = tm.get_inputs()
-                    ok &= compare_outputs(new(*inputs), ref(*inputs)).ok
-                for model in (ref, new):
-                    for _ in range(3):
-                        model(*inputs)
-                    t = time.perf_counter()
-                    for _ in range(50):
-                        model(*inputs)
-                    _ = time.perf_counter() - t
-            correct += ok
-        except Exception:  # noqa: BLE001 - a failing candidate still counts as judged
-            pass
-    return time.monotonic() - t0, correct
+            with alarm(timeout_s):
+                path = Path(tempfile.mkdtemp()) / f"cand_{i}.py"
+                path.write_text(item.candidate.source)
+                spec = importlib.util.spec_from_file_location(f"naive_cand_{i}", path)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                torch.manual_seed(0)
+                ref = tm.Model(*tm.get_init_inputs())
+                torch.manual_seed(0)
+                new = mod.ModelNew(*tm.get_init_inputs())
+                with torch.no_grad():
+                    for s in range(5):
+                        torch.manual_seed(100 + s)
+                        inputs = tm.get_inputs()
+                        if not compare_outputs(new(*inputs), ref(*inputs)).ok:
+                            verdict = "incorrect"
+                    for model in (ref, new):
+                        for _ in range(3):
+                            model(*inputs)
+                        for _ in range(50):
+                            model(*inputs)
+        except _Alarm:
+            verdict = "timeout"
+        except Exception:  # noqa: BLE001 - a failing candidate is still judged
+            verdict = "error"
+        verdicts.append(verdict)
+    return time.monotonic() - t0, verdicts
 
 
-def spread(config: EvalConfig, task: Task, label: str) -> None:
-    src = task.source + "\n\nModelNew = Model\n"
-    speedups, cand_ms = [], []
-    for _ in range(5):
-        res = evaluate(task, src, config)
-        speedups.append(res.speedup or float("nan"))
-        cand_ms.append(res.cand_time.median_ms if res.cand_time else float("nan"))
-    med = statistics.median(cand_ms)
-    print(f"  {label}: speedups {', '.join(f'{s:.3f}' for s in speedups)} "
-          f"(range {min(speedups):.3f}-{max(speedups):.3f}); candidate median ms across runs "
-          f"{min(cand_ms):.4f}-{max(cand_ms):.4f} ({(max(cand_ms) - min(cand_ms)) / 2 / med * 100:.1f} % half-range)")
+# ---------------------------------------------------------------------------------------------
+
+
+def config(timeout_s: float) -> EvalConfig:
+    cache = Path(tempfile.mkdtemp(prefix="kernelrl-bench-cache-"))
+    return EvalConfig(cache_dir=cache, timeout_s=timeout_s, timing=TimingConfig(max_timing_s=6.0))
+
+
+def one_by_one(items: list[Item], cfg: EvalConfig) -> tuple[float, list[EvalResult]]:
+    t0 = time.monotonic()
+    with Evaluator(cfg) as ev:
+        results = [ev.evaluate(i.task, i.candidate) for i in items]
+    return time.monotonic() - t0, results
+
+
+def batched(items: list[Item], cfg: EvalConfig) -> tuple[float, list[EvalResult]]:
+    t0 = time.monotonic()
+    with Evaluator(cfg) as ev:
+        results = ev.evaluate_batch([(i.task, i.candidate) for i in items])
+    return time.monotonic() - t0, results
+
+
+def twins(items: list[Item], results: list[EvalResult]) -> list[str]:
+    out = []
+    for name in TASKS:
+        pair = [r for i, r in zip(items, results) if i.task.name == name and i.kind == "twin"]
+        if len(pair) == 2 and all(r.speedup for r in pair):
+            diff = abs(pair[0].speedup / pair[1].speedup - 1) * 100
+            out.append(f"{name}: {pair[0].speedup:.3f} vs {pair[1].speedup:.3f} ({diff:.1f} % apart)")
+        else:
+            out.append(f"{name}: " + ", ".join(r.status.value for r in pair))
+    return out
+
+
+def run(label: str, items: list[Item], timeout_s: float) -> None:
+    print(f"\n== {label}: {len(items)} candidates ({dict(Counter(i.kind for i in items))})", flush=True)
+    rows = []
+    wall, verdicts = naive(items, timeout_s)
+    rows.append(("naive serial loop", wall, dict(Counter(verdicts))))
+    base = wall
+    wall_one, one = one_by_one(items, config(timeout_s))
+    rows.append(("evaluator, one by one", wall_one, dict(Counter(r.status.value for r in one))))
+    wall_batch, many = batched(items, config(timeout_s))
+    rows.append(("evaluator, batched", wall_batch, dict(Counter(r.status.value for r in many))))
+    for name, w, counts in rows:
+        print(f"  {name:24s} {w:7.1f} s  {len(items) / w * 3600:7.0f} candidates/hour  {base / w:5.2f}x naive  "
+              f"{counts}")
+    agree = [(i.candidate.origin, a.status.value, b.status.value) for i, a, b in zip(items, one, many)
+             if a.status is not b.status]
+    print(f"  verdicts of one-by-one and batched: {'identical' if not agree else f'{len(agree)} differ: {agree}'}")
+    print("  identical programs in one group (batched): " + "; ".join(twins(items, many)))
+    print("  identical programs, one by one:            " + "; ".join(twins(items, one)))
+    for i, r in zip(items, many):
+        if r.status is Status.CORRECT:
+            continue
+        print(f"    {i.candidate.origin}: {r.status.value}: {r.message[:90]}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--skip-naive", action="store_true")
-    parser.add_argument("--spread-only", action="store_true")
-    parser.add_argument("--spread-task", default="level1/scaled_residual_add")
+    parser.add_argument("--timeout", type=float, default=20.0, help="per-candidate limit (seconds), every path")
+    parser.add_argument("--only", choices=("all", "pytorch", "both"), default="both")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores")
-
-    if not args.spread_only:
-        jobs = twenty_candidates()
-        print(f"{len(jobs)} candidates: " + ", ".join(c.origin for _, c in jobs))
-        cache = Path(tempfile.mkdtemp(prefix="kernelrl-bench-cache-"))
-        config = EvalConfig(cache_dir=cache)
-        for label in ("cold cache", "warm cache"):
-            t0 = time.monotonic()
-            results = Evaluator(dataclasses.replace(config, concurrency=args.workers)).evaluate_batch(jobs)
-            wall = time.monotonic() - t0
-            counts: dict[str, int] = {}
-            for r in results:
-                counts[r.status.value] = counts.get(r.status.value, 0) + 1
-            print(f"kernelrl evaluator, {label}, {args.workers} workers: {wall:.1f} s, "
-                  f"{len(jobs) / wall * 3600:.0f} candidates/hour ({counts})")
-        if not args.skip_naive:
-            wall, correct = naive_in_process(jobs)
-            print(f"serial uncached in-process loop: {wall:.1f} s, {len(jobs) / wall * 3600:.0f} candidates/hour "
-                  f"({correct} correct; no isolation, no hack checks)")
-
-    print(f"spread of 5 evaluations of the reference against itself ({args.spread_task}, small):")
-    task = builtin_task(args.spread_task)
-    cache = Path(tempfile.mkdtemp(prefix="kernelrl-bench-spread-"))
-    # The candidate is the reference renamed, which static rules refuse: only timing is measured.
-    spread(EvalConfig(cache_dir=cache, static_checks=False), task, "allocator pinned")
-    spread(EvalConfig(cache_dir=cache, static_checks=False, sandbox=SandboxConfig(pin_allocator=False)), task,
-           "glibc adaptive mmap")
+    print(f"torch {torch.__version__}, {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    items = batch()
+    if args.only in ("all", "both"):
+        run("GRPO-shaped batch", items, args.timeout)
+    if args.only in ("pytorch", "both"):
+        run("PyTorch-only half", [i for i in items if i.kind != "cpp"], args.timeout)
     return 0
 
 
