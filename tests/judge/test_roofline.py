@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
@@ -13,9 +12,9 @@ from kernelrl.judge.profile import TaskProfile
 from kernelrl.judge.roofline import (
     MachinePeaks,
     floors,
-    machine_key,
     machine_peaks,
     roofline_pct,
+    save_peaks,
 )
 from kernelrl.judge.sandbox import SandboxConfig
 from kernelrl.result import Status
@@ -86,17 +85,21 @@ SLOW_MATMUL = Task(name="mm_slow", source=MATMUL.source.replace(
     "        return a @ b", "        time.sleep(0.02)\n        return a @ b").replace("import torch\n", "import time\nimport torch\n", 1))
 
 
+def slow_machine(quick_config, folder: str) -> tuple[MachinePeaks, EvalConfig]:
+    """Absurdly low peaks recorded for this machine in a cache folder of their own, and a config using it."""
+    slow = MachinePeaks(device="cpu", name="slow", threads=quick_config.sandbox.effective_threads,
+                        bandwidth_gbs=1e-4, fp32_tflops=1e-9, bf16_tflops=None, source="measured", measured_at=0.0)
+    config = EvalConfig(**{**quick_config.__dict__, "cache_dir": quick_config.cache_dir / folder})
+    save_peaks(slow, cache_dir=config.cache_dir)
+    return slow, config
+
+
 def test_faster_than_the_floor_is_flagged_with_both_floors(quick_config, monkeypatch):
     # A machine whose peaks measure absurdly low (recorded, and again when a candidate beats them)
     # and a reference that shows no more than them: the peaks are raised to what the reference
     # demonstrates (about 20 ms a call), and a candidate doing the product in well under a
     # millisecond beats both floors built on them.
-    slow = MachinePeaks(device="cpu", name="slow", threads=quick_config.sandbox.effective_threads,
-                        bandwidth_gbs=1e-4, fp32_tflops=1e-9, bf16_tflops=None, source="measured", measured_at=0.0)
-    folder = quick_config.cache_dir / "peaks-slow"
-    config = EvalConfig(**{**quick_config.__dict__, "cache_dir": folder})
-    (folder / "peaks").mkdir(parents=True)
-    (folder / "peaks" / f"{machine_key('cpu', slow.threads)}.json").write_text(json.dumps(slow.to_dict()))
+    slow, config = slow_machine(quick_config, "peaks-slow")
     monkeypatch.setattr(roofline, "_measure", lambda *a, **k: slow)
     with Evaluator(config) as ev:
         res = ev.evaluate(SLOW_MATMUL, CANDIDATE)
@@ -108,12 +111,7 @@ def test_faster_than_the_floor_is_flagged_with_both_floors(quick_config, monkeyp
 def test_peaks_are_raised_to_what_the_reference_demonstrates(quick_config):
     # The same absurd peaks with a reference that runs at the machine's real speed: the reference
     # proves the machine faster than recorded, so a candidate as fast as it is not refused.
-    slow = MachinePeaks(device="cpu", name="slow", threads=quick_config.sandbox.effective_threads,
-                        bandwidth_gbs=1e-4, fp32_tflops=1e-9, bf16_tflops=None, source="measured", measured_at=0.0)
-    folder = quick_config.cache_dir / "peaks-slow-demonstrated"
-    config = EvalConfig(**{**quick_config.__dict__, "cache_dir": folder})
-    (folder / "peaks").mkdir(parents=True)
-    (folder / "peaks" / f"{machine_key('cpu', slow.threads)}.json").write_text(json.dumps(slow.to_dict()))
+    _, config = slow_machine(quick_config, "peaks-slow-demonstrated")
     with Evaluator(config) as ev:
         res = ev.evaluate(MATMUL, CANDIDATE)
     assert res.status is Status.CORRECT, res.message

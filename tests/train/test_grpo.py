@@ -15,32 +15,6 @@ from kernelrl.result import EvalResult, Status
 from kernelrl.search.database import Database
 from kernelrl.tasks.task import Task, load_task_file
 
-TINY_TASK = '''
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def __init__(self, features):
-        super().__init__()
-        self.bias = nn.Parameter(torch.randn(features))
-
-    def forward(self, x):
-        return torch.relu(x) * 2.0 + self.bias
-
-
-batch_size = 64
-features = 256
-
-
-def get_inputs():
-    return [torch.randn(batch_size, features)]
-
-
-def get_init_inputs():
-    return [features]
-'''
-
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
@@ -48,9 +22,8 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
-def test_tiny_cpu_grpo_two_steps_with_the_evaluator_then_resume(tmp_path, cache_dir, capsys):
-    task_file = tmp_path / "tiny_relu_bias.py"
-    task_file.write_text(TINY_TASK)
+def test_tiny_cpu_grpo_two_steps_with_the_evaluator_then_resume(tmp_path, cache_dir, capsys, tiny_task):
+    task_file = tiny_task.path
     out = tmp_path / "run"
     common = ["--config", "tiny-cpu", f'tasks=["{task_file}"]', f"output_dir={out}", f"model.path={out / 'base'}",
               f"eval.cache_dir={cache_dir}"]
@@ -99,7 +72,7 @@ def tiny_judge(task: Task, source: str) -> EvalResult:
     return EvalResult(task=task.name, status=Status.CORRECT, speedup=1.25, message="correct")
 
 
-def test_grpo_with_roc_chat_prompts_and_the_curriculum(tmp_path):
+def test_grpo_with_roc_chat_prompts_and_the_curriculum(tmp_path, tiny_task):
     from transformers import AutoTokenizer
 
     from kernelrl.reward import RewardModel
@@ -110,9 +83,8 @@ def test_grpo_with_roc_chat_prompts_and_the_curriculum(tmp_path):
     from kernelrl.train.rollouts import EvalSettings
     from kernelrl.train.tiny import build_tiny_model
 
-    (tmp_path / "one.py").write_text(TINY_TASK)
-    easy = load_task_file(tmp_path / "one.py", name="toy/easy", level=1)
-    hard = Task(name="toy/hard", source=TINY_TASK.replace("* 2.0", "* 3.0"), level=2)
+    easy = load_task_file(tiny_task.path, name="toy/easy", level=1)
+    hard = Task(name="toy/hard", source=tiny_task.source.replace("* 2.0", "* 3.0"), level=2)
     base = build_tiny_model(tmp_path / "base", [easy, hard])
     tok = AutoTokenizer.from_pretrained(base)
     tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
