@@ -6,6 +6,14 @@ eviction. A candidate's speedup is the median of its per-round ratios against th
 reference sample, with a distribution-free 95 % interval; candidates of one group are measured
 under the same conditions, and the reference is timed once for all of them.
 
+Every sample is timed by the judge's own clock around the exchange, never by the worker's report:
+a worker runs the candidate's code, which can reach and rewrite anything in its process,
+including the list its harness records call times in. The exchange's own cost (pipe, wake-up,
+reply) is taken off both sides of every ratio: its median over the reference's samples, where
+the reference worker's reports (task code, trusted) give the judge's clock less the call time.
+What workers report is still recorded and cross-checked against the judge's clock
+(`timer_mismatch`): a forged report no longer pays, but it is still a hack to refuse.
+
 Calls much shorter than `min_sample_ms` are timed in batches: a sample is `calls_per_sample`
 calls, each on its own fresh inputs after its own (untimed) eviction, and the sample's time is
 their mean, as triton's `do_bench` does for short kernels, so the +-1 % stop can fire within the
@@ -98,9 +106,10 @@ class Failure:
 class _Member:
     key: Any
     worker: Worker
-    samples_ms: list[float] = field(default_factory=list)  # per sample: mean per call
-    round_trips_ms: list[float] = field(default_factory=list)  # per sample: per call
-    ratios: list[float] = field(default_factory=list)
+    samples_ms: list[float] = field(default_factory=list)  # per sample: mean per call, as the worker reported
+    round_trips_ns: list[int] = field(default_factory=list)  # per sample: the judge's clock around it
+    # per round the member completed: (the reference's round trip, this member's), judge's clock, ns
+    pairs: list[tuple[int, int]] = field(default_factory=list)
     idle_cpu_ns: int = 0
     threads_warm: int | None = None
     threads_seen: list[int] = field(default_factory=list)
@@ -235,6 +244,7 @@ def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: lis
     cap_s = config.max_timing_s * max(1.0, len(alive()) / 2)
     stop_at = min(deadline, time.monotonic() + cap_s)
     stopped_by = "rounds"
+    overheads_ns: list[int] = []  # the reference's samples: the judge's round trip less the reported time
     rounds = 0
     output_bytes = 0
     for r in range(config.max_rounds):
@@ -248,7 +258,7 @@ def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: lis
         shifts = [rng.getrandbits(30) for _ in range(k)]
         order = alive()
         rng.shuffle(order)
-        round_ms: dict[int, float] = {}
+        round_rt: dict[int, int] = {}
         for m in order:
             def sample(m: _Member = m) -> float:
                 m.request(P.Prepare(index=index, scales=scales, shifts=shifts), deadline=call_deadline())
@@ -260,21 +270,21 @@ def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: lis
                 times = called.header.t_ns
                 if len(times) != k:
                     raise ChannelProtocolError(f"{len(times)} call times for a sample of {k}")
-                t_ms = sum(times) / len(times) / 1e6
-                m.samples_ms.append(t_ms)
-                m.round_trips_ms.append(rt / 1e6 / k)
+                m.samples_ms.append(sum(times) / len(times) / 1e6)
+                m.round_trips_ns.append(rt)
+                if m is ref:
+                    overheads_ns.append(rt - sum(times))
                 if not called.header.plain:
                     m.non_plain_calls += 1
-                return t_ms
+                return rt
 
             got = guarded(m, sample)
             if got is not None:
-                round_ms[id(m)] = got
+                round_rt[id(m)] = got
         rounds += 1
         live = [m for m in alive() if m is not ref]
-        ref_ms = round_ms[id(ref)]
         for m in live:
-            m.ratios.append(max(ref_ms, 1e-9) / max(round_ms[id(m)], 1e-9))
+            m.pairs.append((round_rt[id(ref)], round_rt[id(m)]))
 
         # Which rounds are checked is decided only now, after the calls returned.
         rounds_left = config.max_rounds - r - 1
@@ -305,8 +315,9 @@ def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: lis
         live = [m for m in alive() if m is not ref]
 
         if rounds >= config.min_rounds and live:
-            done = all(_rel_half(m.ratios) <= config.target_rel_ci and m.spot_checks >= config.min_spot_checks
-                       for m in live)
+            overhead = statistics.median(overheads_ns)
+            done = all(_rel_half(_ratios(m.pairs, overhead)) <= config.target_rel_ci
+                       and m.spot_checks >= config.min_spot_checks for m in live)
             if done:
                 stopped_by = "ci"
                 break
@@ -318,23 +329,42 @@ def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: lis
             break
 
     results = {}
-    ref_timing = _member_timing(ref)
+    ref_timing = _member_timing(ref, k)
+    overhead = statistics.median(overheads_ns) if overheads_ns else 0
     for m in cands:
-        if m.failure is not None or not m.ratios:
+        if m.failure is not None or not m.pairs:
             results[m.key] = CandidateTiming(speedup=None, speedup_ci=None, rel_ci_half_width=math.inf,
-                                             stopped_by="failed", times_ms=m.samples_ms, facts=None,
+                                             stopped_by="failed", times_ms=_judged_ms(m, overhead, k), facts=None,
                                              failure=m.failure or Failure(kind="runtime_error",
                                                                           message="no timed round completed"),
                                              output_bytes=output_bytes)
             continue
-        speedup, lo, hi = median_ci(m.ratios)
-        facts = TimingFacts(candidate=_member_timing(m), reference=ref_timing, spot_checks=m.spot_checks,
+        ratios = _ratios(m.pairs, overhead)
+        speedup, lo, hi = median_ci(ratios)
+        facts = TimingFacts(candidate=_member_timing(m, k), reference=ref_timing, spot_checks=m.spot_checks,
                             spot_mismatches=m.spot_mismatches, input_mismatches=m.input_mismatches)
-        results[m.key] = CandidateTiming(speedup=speedup, speedup_ci=(lo, hi), rel_ci_half_width=_rel_half(m.ratios),
-                                         stopped_by=stopped_by, times_ms=m.samples_ms, facts=facts, failure=None,
+        results[m.key] = CandidateTiming(speedup=speedup, speedup_ci=(lo, hi), rel_ci_half_width=_rel_half(ratios),
+                                         stopped_by=stopped_by, times_ms=_judged_ms(m, overhead, k), facts=facts,
+                                         failure=None,
                                          output_bytes=output_bytes)
-    return GroupTiming(reference_ms=ref.samples_ms, candidates=results, rounds=rounds, calls_per_sample=k,
+    return GroupTiming(reference_ms=_judged_ms(ref, overhead, k), candidates=results, rounds=rounds, calls_per_sample=k,
                        stopped_by=stopped_by, wall_s=time.monotonic() - t_start)
+
+
+def _ratios(pairs: Sequence[tuple[int, int]], overhead_ns: float) -> list[float]:
+    """Per-round speedups from the judge's clock, the reference's exchange overhead taken off both."""
+    return [_net(r, overhead_ns) / _net(c, overhead_ns) for r, c in pairs]
+
+
+def _net(round_trip_ns: float, overhead_ns: float) -> float:
+    # A sample lasts min_sample_ms (the overhead is a small part of it); the floor only keeps a
+    # sample that came back faster than the median overhead from dividing by zero.
+    return max(round_trip_ns - overhead_ns, 0.1 * round_trip_ns, 1.0)
+
+
+def _judged_ms(m: _Member, overhead_ns: float, k: int) -> list[float]:
+    """A member's per-call times by the judge's clock, net of the reference's exchange overhead."""
+    return [_net(rt, overhead_ns) / k / 1e6 for rt in m.round_trips_ns]
 
 
 def _rel_half(ratios: Sequence[float]) -> float:
@@ -344,8 +374,8 @@ def _rel_half(ratios: Sequence[float]) -> float:
     return (hi - lo) / 2 / statistics.median(ratios)
 
 
-def _member_timing(m: _Member) -> MemberTiming:
-    return MemberTiming(times_ms=list(m.samples_ms), round_trips_ms=list(m.round_trips_ms),
+def _member_timing(m: _Member, k: int) -> MemberTiming:
+    return MemberTiming(times_ms=list(m.samples_ms), round_trips_ms=[rt / 1e6 / k for rt in m.round_trips_ns],
                         idle_cpu_ms=m.idle_cpu_ns / 1e6, busy_ms=sum(m.samples_ms),
                         threads_warm=m.threads_warm, threads_max=max(m.threads_seen, default=None),
                         non_plain_calls=m.non_plain_calls)

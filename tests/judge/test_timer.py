@@ -1,4 +1,4 @@
-"""The timing statistics: median of paired ratios and its interval."""
+"""The timing statistics: paired ratios from the judge's clock, their median and its interval."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kernelrl.judge.timer import TimingConfig, median_ci
+from kernelrl.judge.timer import TimingConfig, _ratios, median_ci
 
 
 def test_median_ci_contains_the_true_ratio_and_narrows_with_n():
@@ -31,3 +31,16 @@ def test_median_ci_ignores_outliers():
 def test_config_validation(kwargs):
     with pytest.raises(ValueError):
         TimingConfig(**kwargs)
+
+
+def test_ratios_come_from_round_trips_net_of_the_reference_overhead():
+    # round trips in ns: the reference's sample took 1.1 ms, the candidate's 0.6 ms, and the
+    # exchange costs 0.1 ms on both sides: 1.0 ms against 0.5 ms of work
+    assert _ratios([(1_100_000, 600_000)], 100_000) == pytest.approx([2.0])
+    # no overhead known yet: the raw ratio
+    assert _ratios([(1_100_000, 600_000)], 0) == pytest.approx([1_100_000 / 600_000])
+
+
+def test_a_sample_faster_than_the_overhead_cannot_divide_by_zero():
+    (r,) = _ratios([(1_000_000, 50_000)], 100_000)
+    assert r == pytest.approx(900_000 / 5_000)
