@@ -36,6 +36,7 @@ from kernelrl.checks import dynamic
 from kernelrl.checks.policy import get_policy
 from kernelrl.judge.device import Device
 from kernelrl.judge.reference import InputSet, ReferenceFailed, TaskInfo
+from kernelrl.judge.sandbox import timing_cores
 from kernelrl.judge.timer import GroupTiming, ReferenceTimingFailed, measure_group
 from kernelrl.judge.trial import Trial, Verdict, first_line, run_trial, static_verdict
 from kernelrl.result import EvalResult, Status
@@ -71,7 +72,8 @@ class Group:
         self.finished = False
         self.phases: dict[str, float] = {}  # where the group's wall time went, in seconds
         self.env: dict[str, Any] = {"threads": cfg.sandbox.effective_threads, "lane": ev.lane.name,
-                                    "pinned_allocator": cfg.sandbox.pin_allocator, "group_phases_s": self.phases}
+                                    "pinned_allocator": cfg.sandbox.pin_allocator, "group_phases_s": self.phases,
+                                    "timing_cores": sorted(timing_cores(cfg.sandbox) or [])}
         self._clock = time.monotonic()
 
     def _phase(self, name: str) -> None:
@@ -134,7 +136,7 @@ class Group:
                     deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
                     self.timing = measure_group(self.session.worker, {h: t.worker for h, t in survivors.items()},
                                                 pool, cfg.timing, rng=self.rng, deadline=deadline,
-                                                tol_scale=cfg.tol_scale)
+                                                tol_scale=cfg.tol_scale, cores=timing_cores(cfg.sandbox))
                 self._phase("timing")
                 ev._record_baseline(self.task, self.timing, self.trials.get(COMPILED), self.known)
         except (ReferenceFailed, ReferenceTimingFailed, TaskError) as e:

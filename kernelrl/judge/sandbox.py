@@ -96,6 +96,8 @@ class SandboxConfig:
     threads: int = 0  # intra-op threads for torch/OpenMP; 0 = every core this process may use but one
     memory_limit_gib: float | None = 16.0  # address-space cap on CPU; None = no cap
     pin_allocator: bool = True
+    # During group timing, every member is bound to the same cores (see `timing_cores`).
+    bind_timing: bool = True
     proc_isolation: bool = True  # private /proc and no capabilities, where available
     log_tail_chars: int = 4000
 
@@ -118,6 +120,26 @@ class SandboxConfig:
         except AttributeError:  # not Linux
             cores = os.cpu_count() or 1
         return max(1, cores - 1)
+
+
+def timing_cores(config: SandboxConfig) -> frozenset[int] | None:
+    """The cores every member of a timed group is bound to while it is timed.
+
+    The `effective_threads` highest-numbered cores of the judge's own set, leaving the lowest to
+    the judge. Unbound, an idle worker is woken on whichever core it last ran on, and it keeps
+    that habit for its life: where cores differ in speed (virtual CPUs on a shared host), two
+    processes running identical code then measure a few percent apart for as long as they live
+    (benchmarks/README.md, timing noise). None where binding is off or there is a single core.
+    """
+    if not config.bind_timing:
+        return None
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return None
+    if len(cores) < 2:
+        return None
+    return frozenset(cores[-min(config.effective_threads, len(cores) - 1):])
 
 
 def worker_env(config: SandboxConfig, workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -340,6 +362,23 @@ class Worker:
             return len(os.listdir(f"/proc/{self.pid}/task"))
         except (FileNotFoundError, ProcessLookupError):
             return None
+
+    def bind(self, cores: frozenset[int] | None) -> None:
+        """Bind every thread of the worker to `cores` (None: back to the judge's own set).
+
+        Threads the worker starts later inherit their creator's set. A worker that is gone is
+        left alone: its failure is reported by whoever talks to it next.
+        """
+        target = set(cores) if cores is not None else os.sched_getaffinity(0)
+        try:
+            tids = os.listdir(f"/proc/{self.pid}/task")
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), target)
+            except (ProcessLookupError, PermissionError):
+                continue  # a thread ended while we bound the others
 
     def kill(self) -> None:
         try:

@@ -200,8 +200,27 @@ def _nbytes(x: object) -> int:
 
 
 def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: list[list[Any]], config: TimingConfig,
-                  *, rng: random.Random, deadline: float, tol_scale: float = 1.0) -> GroupTiming:
-    """Time the reference and the candidates together (see the module docstring)."""
+                  *, rng: random.Random, deadline: float, tol_scale: float = 1.0,
+                  cores: frozenset[int] | None = None) -> GroupTiming:
+    """Time the reference and the candidates together (see the module docstring).
+
+    `cores`: every member is bound to these cores for the measurement and unbound after it
+    (`kernelrl.judge.sandbox.timing_cores`), so no member is faster for the core it runs on.
+    """
+    workers = [reference, *candidates.values()]
+    if cores is None:
+        return _measure(reference, candidates, pool, config, rng=rng, deadline=deadline, tol_scale=tol_scale)
+    for w in workers:
+        w.bind(cores)
+    try:
+        return _measure(reference, candidates, pool, config, rng=rng, deadline=deadline, tol_scale=tol_scale)
+    finally:
+        for w in workers:
+            w.bind(None)
+
+
+def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[list[Any]], config: TimingConfig,
+             *, rng: random.Random, deadline: float, tol_scale: float) -> GroupTiming:
     t_start = time.monotonic()
     ref = _Member(key=None, worker=reference)
     cands = [_Member(key=k, worker=w) for k, w in candidates.items()]

@@ -43,3 +43,41 @@ def test_isolated_worker_sees_no_other_process(tmp_path: Path):
         assert w.thread_count() and w.cpu_time_ns()
     finally:
         w.close()
+
+
+def test_timing_cores_leave_the_lowest_core_to_the_judge(monkeypatch):
+    import os
+
+    from kernelrl.judge.sandbox import timing_cores
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert timing_cores(SandboxConfig()) == frozenset({1, 2, 3})
+    assert timing_cores(SandboxConfig(threads=2)) == frozenset({2, 3})
+    assert timing_cores(SandboxConfig(threads=8)) == frozenset({1, 2, 3})  # never the judge's core
+    assert timing_cores(SandboxConfig(bind_timing=False)) is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
+    assert timing_cores(SandboxConfig()) is None
+
+
+def test_bind_moves_every_thread_of_a_worker_and_back(tmp_path: Path):
+    import os
+    import time
+
+    import pytest
+
+    from kernelrl.judge.sandbox import Worker
+
+    mine = os.sched_getaffinity(0)
+    if len(mine) < 2:
+        pytest.skip("needs two cores")
+    target = frozenset({max(mine)})
+    w = Worker(role="candidate", config=SandboxConfig(), device="cpu", root=tmp_path)
+    try:
+        w.wait_ready(deadline=time.monotonic() + 60)
+        tids = [int(t) for t in os.listdir(f"/proc/{w.pid}/task")]
+        w.bind(target)
+        assert all(os.sched_getaffinity(t) == target for t in tids)
+        w.bind(None)
+        assert all(os.sched_getaffinity(t) == mine for t in tids)
+    finally:
+        w.close()
