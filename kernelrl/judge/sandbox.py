@@ -52,10 +52,14 @@ ENV_ALLOW = (
     "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
     "CC", "CXX", "TORCH_CUDA_ARCH_LIST", "TRITON_INTERPRET",
 )
-# glibc reads these at start-up: a fixed mmap threshold turns off the adaptive threshold that
-# made large-tensor timings swing up to 3x between processes; the trim threshold keeps freed
-# memory in the heap instead of returning it to the OS between calls.
+# glibc reads these at start-up. Every allocation comes from the heap, never from mmap, and freed
+# memory stays there: a tensor of 32 MiB or more (glibc's largest mmap threshold) was otherwise
+# mapped afresh, and its pages faulted in and zeroed, on every call in one process, but carved
+# from free heap in another, depending on each process's history; identical code measured up to
+# 1.7x apart between two processes (benchmarks/README.md, timing noise). A fixed threshold also
+# turns off the adaptive one that made large-tensor timings swing up to 3x.
 PINNED_ALLOCATOR_ENV = {
+    "MALLOC_MMAP_MAX_": "0",
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
     "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
     "MALLOC_TOP_PAD_": str(64 << 20),
