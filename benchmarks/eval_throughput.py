@@ -15,7 +15,7 @@ Prints wall time and candidates/hour of each path, the ratio to the naive loop, 
 evaluator paths agree on every verdict, and how far apart the identical pair measured in each
 group. Then the same on the PyTorch-only half (no C++ candidate).
 
-Usage: python benchmarks/eval_throughput.py [--timeout 20] [--only all|pytorch]
+Usage: python benchmarks/eval_throughput.py [--timeout 120] [--only all|pytorch]
 Numbers depend on the machine and its load; compare ratios from one run on a quiet machine.
 """
 
@@ -222,7 +222,8 @@ def run(label: str, items: list[Item], timeout_s: float) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--timeout", type=float, default=20.0, help="per-candidate limit (seconds), every path")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="per-candidate limit (seconds), every path; a cold C++ build must fit in it")
     parser.add_argument("--only", choices=("all", "pytorch", "both"), default="both")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, python {sys.version.split()[0]}")
