@@ -71,9 +71,10 @@ class Group:
         self.timing: GroupTiming | None = None
         self.finished = False
         self.phases: dict[str, float] = {}  # where the group's wall time went, in seconds
+        self.cores = timing_cores(cfg.sandbox)
         self.env: dict[str, Any] = {"threads": cfg.sandbox.effective_threads, "lane": ev.lane.name,
                                     "pinned_allocator": cfg.sandbox.pin_allocator, "group_phases_s": self.phases,
-                                    "timing_cores": sorted(timing_cores(cfg.sandbox) or [])}
+                                    "timing_cores": sorted(self.cores or [])}
         self._clock = time.monotonic()
 
     def _phase(self, name: str) -> None:
@@ -136,7 +137,7 @@ class Group:
                     deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
                     self.timing = measure_group(self.session.worker, {h: t.worker for h, t in survivors.items()},
                                                 pool, cfg.timing, rng=self.rng, deadline=deadline,
-                                                tol_scale=cfg.tol_scale, cores=timing_cores(cfg.sandbox))
+                                                tol_scale=cfg.tol_scale, cores=self.cores)
                 self._phase("timing")
                 ev._record_baseline(self.task, self.timing, self.trials.get(COMPILED), self.known)
         except (ReferenceFailed, ReferenceTimingFailed, TaskError) as e:

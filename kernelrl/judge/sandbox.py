@@ -119,11 +119,16 @@ class SandboxConfig:
         # (benchmarks/README.md, timing noise) and kept the +-1 % stop from firing.
         if self.threads:
             return self.threads
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cores = os.cpu_count() or 1
-        return max(1, cores - 1)
+        cores = _own_cores()
+        return max(1, (len(cores) if cores else os.cpu_count() or 1) - 1)
+
+
+def _own_cores() -> list[int] | None:
+    """The cores this process may run on, in order; None where the OS cannot say (not Linux)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return None
 
 
 def timing_cores(config: SandboxConfig) -> frozenset[int] | None:
@@ -135,13 +140,8 @@ def timing_cores(config: SandboxConfig) -> frozenset[int] | None:
     processes running identical code then measure a few percent apart for as long as they live
     (benchmarks/README.md, timing noise). None where binding is off or there is a single core.
     """
-    if not config.bind_timing:
-        return None
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return None
-    if len(cores) < 2:
+    cores = _own_cores() if config.bind_timing else None
+    if cores is None or len(cores) < 2:
         return None
     return frozenset(cores[-min(config.effective_threads, len(cores) - 1):])
 

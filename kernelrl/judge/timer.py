@@ -207,9 +207,7 @@ def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: lis
     `cores`: every member is bound to these cores for the measurement and unbound after it
     (`kernelrl.judge.sandbox.timing_cores`), so no member is faster for the core it runs on.
     """
-    workers = [reference, *candidates.values()]
-    if cores is None:
-        return _measure(reference, candidates, pool, config, rng=rng, deadline=deadline, tol_scale=tol_scale)
+    workers = [reference, *candidates.values()] if cores is not None else []
     for w in workers:
         w.bind(cores)
     try:
