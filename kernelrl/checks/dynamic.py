@@ -143,6 +143,8 @@ class MemberTiming:
     threads_warm: int | None  # OS threads after warm-up
     threads_max: int | None  # most OS threads seen around timed calls
     non_plain_calls: int = 0
+    # per sample: the judge's clock around the untimed preparation of the sample's inputs
+    prepare_ms: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,6 +161,11 @@ class TimingFacts:
 # spread of the reference's own overhead when that is larger, plus a share of the call.
 CLOCK_SLACK_MS = 0.1
 CLOCK_SLACK_SHARE = 0.25
+# How much longer than the reference's a candidate's preparation of a sample may take: the same
+# harness work in another process (processes differ in speed by up to a quarter here: the judge's
+# README, timing) plus the spread of the reference's own.
+PREPARE_SLACK_MS = 1.0
+PREPARE_SLACK_SHARE = 0.25
 
 
 def timing_findings(facts: TimingFacts) -> tuple[list[Finding], dict[str, float]]:
@@ -198,8 +205,20 @@ def timing_findings(facts: TimingFacts) -> tuple[list[Finding], dict[str, float]
         out.append(Finding(rule=R.TIMER_MISMATCH, message=(
             f"reported call times disagree with the judge's clock (median excess {excess:.3f} ms over the "
             f"reference's overhead, {impossible} calls reported longer than they took)")))
-    return out, {"clock_excess_ms": round(excess, 4), "cand_idle_cpu_ms": round(c.idle_cpu_ms, 3),
-                 "ref_idle_cpu_ms": round(r.idle_cpu_ms, 3)}
+    # The untimed preparation before each sample (fresh inputs, cache eviction) is the harness's own
+    # work, the same in every process: a candidate that takes longer there did work of its own
+    # before the timer started (the outputs of inputs it was just given, say).
+    prep_excess = 0.0
+    if c.prepare_ms and r.prepare_ms:
+        prep_r = statistics.median(r.prepare_ms)
+        prep_excess = statistics.median(c.prepare_ms) - prep_r
+        prep_slack = max(PREPARE_SLACK_MS, 3 * _iqr(r.prepare_ms)) + PREPARE_SLACK_SHARE * prep_r
+        if prep_excess > prep_slack:
+            out.append(Finding(rule=R.WORK_BEFORE_TIMED_CALL, message=(
+                f"the candidate's worker took {prep_excess:.2f} ms longer than the reference's to prepare each "
+                f"timed sample (the reference: {prep_r:.2f} ms): work done before the timer starts")))
+    return out, {"clock_excess_ms": round(excess, 4), "prepare_excess_ms": round(prep_excess, 3),
+                 "cand_idle_cpu_ms": round(c.idle_cpu_ms, 3), "ref_idle_cpu_ms": round(r.idle_cpu_ms, 3)}
 
 
 def _iqr(values: Sequence[float]) -> float:

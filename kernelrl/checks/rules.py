@@ -138,6 +138,7 @@ OUTPUT_CACHED_ACROSS_CALLS = "output_cached_across_calls"
 INPUTS_MUTATED = "inputs_mutated"
 NONDETERMINISTIC_OUTPUT = "nondeterministic_output"
 TIMER_MISMATCH = "timer_mismatch"
+WORK_BEFORE_TIMED_CALL = "work_before_timed_call"
 GLOBAL_STATE_CHANGED = "global_state_changed"
 DEGENERATE_UNDER_OFFSET_SCALE = "degenerate_under_offset_scale"
 INIT_OR_SHAPE_TAMPERED = "init_or_shape_tampered"
@@ -167,6 +168,9 @@ DYNAMIC_RULES: dict[str, Rule] = {r.name: r for r in [
                                       "or freed memory, races)"),
     _dynamic(TIMER_MISMATCH, "per-call times the worker reported disagree with the judge's own wall clock "
                              "of the timed loop (patched timers, deferred work)"),
+    _dynamic(WORK_BEFORE_TIMED_CALL, "the worker took longer than the reference's to prepare a timed sample "
+                                     "(untimed: fresh inputs and a cache eviction): the candidate's code did "
+                                     "work before the timer started, such as computing the outputs ahead"),
     _dynamic(GLOBAL_STATE_CHANGED, "precision, threading, determinism, grad-mode or default-dtype settings "
                                    "differ after the candidate was imported or called"),
     _dynamic(DEGENERATE_UNDER_OFFSET_SCALE, "the output matched on standard-normal inputs but not under a "

@@ -68,11 +68,12 @@ class Channel:
             buf = io.BytesIO()
             torch.save(payload, buf)
             body = buf.getvalue()
-        data = _FRAME.pack(len(head), len(body)) + head + body
-        view = memoryview(data)
-        while view:
-            n = os.write(self.write_fd, view)
-            view = view[n:]
+        # the frame and header first, then the body as it is: no copy of a large payload
+        for part in (_FRAME.pack(len(head), len(body)) + head, body):
+            view = memoryview(part)
+            while view:
+                n = os.write(self.write_fd, view)
+                view = view[n:]
 
     def recv(self, deadline: float | None = None) -> Message:
         head_len, body_len = _FRAME.unpack(self._read_exact(_FRAME.size, deadline))
@@ -96,10 +97,11 @@ class Channel:
         kind = header.pop("kind")
         return Message(kind=kind, header=header, payload=payload)
 
-    def _read_exact(self, n: int, deadline: float | None) -> bytes:
-        chunks = []
-        remaining = n
-        while remaining:
+    def _read_exact(self, n: int, deadline: float | None) -> bytes | bytearray:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
             if deadline is not None:
                 wait = deadline - time.monotonic()
                 if wait <= 0:
@@ -107,12 +109,11 @@ class Channel:
                 ready, _, _ = select.select([self.read_fd], [], [], wait)
                 if not ready:
                     raise ChannelTimeout("deadline passed while waiting for the worker")
-            chunk = os.read(self.read_fd, min(remaining, 1 << 20))
-            if not chunk:
+            k = os.readv(self.read_fd, [view[got:got + (4 << 20)]])
+            if not k:
                 raise ChannelClosed("worker closed the channel")
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
+            got += k
+        return buf
 
     def close(self) -> None:
         for fd in (self.read_fd, self.write_fd):

@@ -9,11 +9,13 @@ A group goes through three steps:
   holding the device's lane exclusively;
 - `finish`: verdicts, handed to the batch's `done` callback as they are ready.
 
-`run_groups` schedules a batch: on a CPU the groups are prepared `width` at a time and timed one
-after another, so the cores that builds and checks use are never busy while a measurement runs;
-on a GPU each group runs whole in its own thread, and the lane keeps measurements on one GPU
-apart while builds (on the CPU) overlap them. Candidate checks of all groups share one limit of
-`width` at a time.
+`run_groups` schedules a batch: each group runs whole in a thread of its own, a few groups at a
+time, and each is timed as soon as its checks are done. The lane (`kernelrl.judge.lanes`) keeps
+measurements apart from everything that would disturb them: on a CPU no build or check starts
+while a measurement waits or runs (those under way finish first), so the cores are never shared
+with a measurement, and no group waits for another group's checks; on a GPU only work on that
+GPU is held back, and builds (on the CPU) overlap measurements. Candidate checks of all groups
+share one limit of `width` at a time.
 
 Guarantees: a group never raises for a candidate's or its task's fault: a task that cannot be
 loaded or run gives every candidate of the group a `task_error` result; every worker a group
@@ -47,6 +49,11 @@ if TYPE_CHECKING:
     from kernelrl.judge.evaluator import Evaluator
 
 COMPILED = "__compiled_reference__"  # the trial key of the task's reference under torch.compile
+# The trial key of the task's reference loaded as a program, exactly as candidates are: it is the
+# reference that is timed, so the reference and the candidates are measured in processes with
+# the same history (a fresh pool worker, a program load, the correctness runs), never in the task
+# worker that made the inputs and outputs (which measured up to 30 % slower: benchmarks/README.md).
+TIMED_REFERENCE = "__timed_reference__"
 
 Done = Callable[[list[int], EvalResult], None]
 
@@ -116,6 +123,8 @@ class Group:
                 self.known is None or (self.known.compile_ms is None and not self.known.compile_error))
             for h, (cand, _) in self.members.items():
                 self.trials[h] = Trial(candidate=cand, trusted=h in self.trusted)
+            if self.members or self.baseline:
+                self.trials[TIMED_REFERENCE] = Trial(candidate=reference_program(task), trusted=True)
             if want_compile:
                 self.trials[COMPILED] = Trial(candidate=Candidate(source=f"# torch.compile of {task.name}\n"),
                                               compiled_reference=True)
@@ -128,14 +137,18 @@ class Group:
         if self.finished:
             return
         ev, cfg = self.ev, self.ev.config
-        survivors = {h: t for h, t in self.trials.items() if t.survived}
+        survivors = {h: t for h, t in self.trials.items() if t.survived and h != TIMED_REFERENCE}
         try:
             if survivors or self.baseline:
+                reference = self._timed_reference()
                 pool = self.session.timing_pool(cfg.timing.pool_size)
                 self._phase("timing_pool")
+                # Members in a random order: pool and warm-up messages go out in this order.
+                order = list(survivors)
+                self.rng.shuffle(order)
                 with ev.lane.timing():
                     deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
-                    self.timing = measure_group(self.session.worker, {h: t.worker for h, t in survivors.items()},
+                    self.timing = measure_group(reference, {h: survivors[h].worker for h in order},
                                                 pool, cfg.timing, rng=self.rng, deadline=deadline,
                                                 tol_scale=cfg.tol_scale, cores=self.cores)
                 self._phase("timing")
@@ -157,6 +170,21 @@ class Group:
         self.session.close()
 
     # -- parts --------------------------------------------------------------------------------
+
+    def _timed_reference(self) -> Any:
+        """The worker whose reference is timed: the reference's copy when it passed its checks.
+
+        A copy that failed (a reference whose outputs vary from run to run beyond the tolerance,
+        say) leaves the task worker to be timed, and the record says why.
+        """
+        copy = self.trials.get(TIMED_REFERENCE)
+        if copy is not None and copy.survived:
+            self.env["reference_timed_in"] = "program_worker"
+            return copy.worker
+        self.env["reference_timed_in"] = "task_worker"
+        if copy is not None and copy.verdict is not None:
+            self.env["reference_copy_failed"] = copy.verdict.message
+        return self.session.worker
 
     def _task_error(self, e: Exception) -> None:
         cfg = self.ev.config
@@ -192,6 +220,8 @@ class Group:
         pending = [t for t in self.trials.values() if t.verdict is None]
         if not pending:
             return
+        # A random order: which trial gets the pool's oldest worker, and starts first, is chance.
+        self.rng.shuffle(pending)
         self.session.state()  # fetched once, before candidates ask for it from several threads
 
         def check(t: Trial) -> None:
@@ -210,6 +240,11 @@ class Group:
             list(ex.map(check, pending))
 
 
+def reference_program(task: Task) -> Candidate:
+    """The task's reference as a program: its own source, with `ModelNew` naming `Model`."""
+    return Candidate(source=task.source + "\n\n# the task's reference, loaded as a program\nModelNew = Model\n")
+
+
 def run_groups(groups: Sequence[Group], *, device: str, width: int) -> None:
     """Judge a batch's groups (see the module docstring); every group is finished and closed."""
     checks = threading.Semaphore(max(1, width))
@@ -222,20 +257,12 @@ def run_groups(groups: Sequence[Group], *, device: str, width: int) -> None:
         finally:
             g.close()
 
+    # On a CPU one group more than `width`: while one is timed (and holds the machine), `width`
+    # others are ready to check as soon as it is done. Groups in flight bound the workers alive.
+    in_flight = max(1, width) + (1 if device == Device.CPU else 0)
     try:
-        if device != Device.CPU:
-            with ThreadPoolExecutor(max_workers=max(1, min(width, len(groups)))) as ex:
-                list(ex.map(whole, groups))
-            return
-        # CPU: prepare a chunk of groups side by side, then time them one after another.
-        step = max(1, width)
-        for start in range(0, len(groups), step):
-            chunk = groups[start:start + step]
-            with ThreadPoolExecutor(max_workers=len(chunk)) as ex:
-                list(ex.map(lambda g: g.prepare(checks), chunk))
-            for g in chunk:
-                g.time()
-                g.finish()
+        with ThreadPoolExecutor(max_workers=max(1, min(in_flight, len(groups)))) as ex:
+            list(ex.map(whole, groups))
     finally:
         for g in groups:
             g.close()

@@ -9,6 +9,9 @@ GPU — builds run on the CPU and overlap GPU timing freely).
 Guarantees: the locks are `flock` locks on a file per lane, so they hold across threads (each
 acquisition opens its own file description) and across processes sharing the cache folder; a
 process that dies releases its locks. Eight GPUs are eight lanes: eight measurements at once.
+Within a process a waiting measurement goes first: once `timing` is asked for, no new `work` of
+this process starts until the measurement is over, so the work already under way drains and the
+measurement cannot be starved by work that keeps arriving (`flock` itself prefers no one).
 
 Does not stop programs outside kernelrl from using the device.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +41,8 @@ class Lane:
         self.path = Path(cache_dir) / "lanes" / f"{self.name}.lock"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.waited_s = 0.0  # time spent waiting for this lane (recorded with results)
+        self._gate = threading.Condition()
+        self._measuring = 0  # measurements of this process waiting for the lane or holding it
 
     @contextlib.contextmanager
     def _hold(self, mode: int) -> Iterator[None]:
@@ -49,9 +55,28 @@ class Lane:
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
-    def timing(self) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
         """Exclusive: nothing else uses the device while this is held."""
-        return self._hold(fcntl.LOCK_EX)
+        with self._gate:
+            self._measuring += 1
+        try:
+            with self._hold(fcntl.LOCK_EX):
+                yield
+        finally:
+            with self._gate:
+                self._measuring -= 1
+                self._gate.notify_all()
+
+    @contextlib.contextmanager
+    def _work(self) -> Iterator[None]:
+        t0 = time.monotonic()
+        with self._gate:
+            while self._measuring:
+                self._gate.wait()
+        self.waited_s += time.monotonic() - t0
+        with self._hold(fcntl.LOCK_SH):
+            yield
 
     def work(self, *, uses_device: bool) -> contextlib.AbstractContextManager[None]:
         """Shared, for work that must not overlap a measurement on this lane.
@@ -60,5 +85,5 @@ class Lane:
         that runs on the GPU does.
         """
         if self.device == Device.CPU or uses_device:
-            return self._hold(fcntl.LOCK_SH)
+            return self._work()
         return contextlib.nullcontext()

@@ -218,6 +218,10 @@ class Ran(Header):
     state_after: dict[str, Any]
     thread_rises: list[int]  # per call: threads alive after the call minus before
     changed_after_return: list[bool]  # per call: the output changed in the moments after return
+    # per call: the call changed its inputs (compared in the worker with the set as received, so
+    # the inputs do not travel back: an honest program's in-place writes are what this catches;
+    # a dishonest one could forge any report, which is why outputs are judged in the judge)
+    inputs_changed: list[bool]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -58,12 +58,24 @@ ENV_ALLOW = (
 # from free heap in another, depending on each process's history; identical code measured up to
 # 1.7x apart between two processes (benchmarks/README.md, timing noise). A fixed threshold also
 # turns off the adaptive one that made large-tensor timings swing up to 3x.
+#
+# Carved from the heap, a tensor lands wherever the process's history left free space, so the
+# distance between a call's input and its output, modulo 4 KiB, differed from process to process;
+# an output starting 64-256 bytes past its input (modulo 4 KiB) made loads wait on unrelated
+# stores (4K aliasing): GELU on 4 MiB ran 10 % slower at 64 bytes than at 0, in one process
+# (benchmarks/README.md, timing noise). Torch's THP allocation setting starts every tensor of
+# 2 MiB or more on a page boundary, so every such input and output pair is 0 apart modulo 4 KiB in
+# every process; the worker turns transparent huge pages off for itself (`NO_HUGE_PAGES_ENV`), so
+# whether a tensor happens to span an aligned 2 MiB extent cannot make it faster either.
 PINNED_ALLOCATOR_ENV = {
     "MALLOC_MMAP_MAX_": "0",
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
     "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
     "MALLOC_TOP_PAD_": str(64 << 20),
+    "THP_MEM_ALLOC_ENABLE": "1",
 }
+# Read by the worker at start-up: no transparent huge pages in this process (prctl).
+NO_HUGE_PAGES_ENV = "KERNELRL_NO_HUGE_PAGES"
 # the folder that holds the kernelrl package (this file is kernelrl/judge/sandbox.py)
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -146,6 +158,16 @@ def timing_cores(config: SandboxConfig) -> frozenset[int] | None:
     return frozenset(cores[-min(config.effective_threads, len(cores) - 1):])
 
 
+def _widen_pipe(fd: int) -> None:
+    """A 1 MiB pipe buffer (Linux), so tensors cross in fewer, larger writes; else the default."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except OSError:
+        pass
+
+
 def worker_env(config: SandboxConfig, workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
     threads = str(config.effective_threads)
@@ -171,6 +193,7 @@ def worker_env(config: SandboxConfig, workdir: Path, extra: dict[str, str] | Non
     })
     if config.pin_allocator:
         env.update(PINNED_ALLOCATOR_ENV)
+        env[NO_HUGE_PAGES_ENV] = "1"
     if extra:
         env.update(extra)
     return env
@@ -206,6 +229,8 @@ class Worker:
         self.log_path = self.workdir / "worker.log"
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
+        for fd in (p2c_w, c2p_w):
+            _widen_pipe(fd)
         extra = {"CUDA_VISIBLE_DEVICES": str(device_index)} if device_index is not None else None
         env = worker_env(config, self.workdir, extra)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the worker's life

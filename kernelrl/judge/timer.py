@@ -89,6 +89,10 @@ class TimingConfig:
             raise ValueError("min_sample_ms >= 0, max_calls_per_sample >= 1, sample_input_bytes >= 1")
 
 
+# How much faster than the reference a program's warm-up report is believed when sizing samples.
+MAX_PLAUSIBLE_SPEEDUP = 100.0
+
+
 class ReferenceTimingFailed(RuntimeError):
     """The reference failed during timing: no candidate of the group can be measured."""
 
@@ -108,6 +112,8 @@ class _Member:
     worker: Worker
     samples_ms: list[float] = field(default_factory=list)  # per sample: mean per call, as the worker reported
     round_trips_ns: list[int] = field(default_factory=list)  # per sample: the judge's clock around it
+    # per sample: the judge's clock around the (untimed) preparation of its inputs and the eviction
+    prepare_ns: list[int] = field(default_factory=list)
     # per round the member completed: (the reference's round trip, this member's), judge's clock, ns
     pairs: list[tuple[int, int]] = field(default_factory=list)
     idle_cpu_ns: int = 0
@@ -257,7 +263,11 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
             m.warm_ms = warm.header.call_ms
             m.threads_warm = m.worker.thread_count()
     live = [m for m in alive() if m is not ref]
-    k = calls_per_sample(min((m.warm_ms for m in alive()), default=0.0), _nbytes(pool[0]), config)
+    # A program's warm-up time is its own report, which its code can forge (a clock standing still
+    # reports 0 ms, which would make samples of one call, mostly exchange overhead): no member
+    # counts as faster than MAX_PLAUSIBLE_SPEEDUP times the reference (trusted: the task's code).
+    floor_ms = ref.warm_ms / MAX_PLAUSIBLE_SPEEDUP if ref.failure is None else 0.0
+    k = calls_per_sample(min((max(m.warm_ms, floor_ms) for m in alive()), default=0.0), _nbytes(pool[0]), config)
     cap_s = config.max_timing_s * max(1.0, len(alive()) / 2)
     stop_at = min(deadline, time.monotonic() + cap_s)
     stopped_by = "rounds"
@@ -279,6 +289,7 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
         for m in order:
             def sample(m: _Member = m) -> float:
                 m.request(P.Prepare(index=index, scales=scales, shifts=shifts), deadline=call_deadline())
+                m.prepare_ns.append(m.last_round_trip_ns)
                 th = m.worker.thread_count()
                 called = m.request(None, P.Kind.CALL, deadline=call_deadline())
                 rt = m.last_round_trip_ns
@@ -306,7 +317,7 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
         # Which rounds are checked is decided only now, after the calls returned.
         rounds_left = config.max_rounds - r - 1
         ref_outs: dict[int, dict[str, Any]] = {}
-        for m in live:
+        for m in rng.sample(live, len(live)):  # no member is always asked first
             must = m.spot_checks < config.min_spot_checks and (
                 r + 1 >= config.min_rounds or rounds_left < config.min_spot_checks)
             if not (must or rng.random() < config.spot_check_prob):
@@ -393,6 +404,7 @@ def _rel_half(ratios: Sequence[float]) -> float:
 
 def _member_timing(m: _Member, k: int) -> MemberTiming:
     return MemberTiming(times_ms=list(m.samples_ms), round_trips_ms=[rt / 1e6 / k for rt in m.round_trips_ns],
+                        prepare_ms=[p / 1e6 for p in m.prepare_ns],
                         idle_cpu_ms=m.idle_cpu_ns / 1e6, busy_ms=sum(m.samples_ms),
                         threads_warm=m.threads_warm, threads_max=max(m.threads_seen, default=None),
                         non_plain_calls=m.non_plain_calls)

@@ -30,7 +30,6 @@ import time
 
 _perf_ns = time.perf_counter_ns  # bound before any program code can rebind it
 
-import fcntl  # noqa: E402
 import importlib.util  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
@@ -41,9 +40,26 @@ import types  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+
+def _no_huge_pages() -> None:
+    """Turn transparent huge pages off for this process, before torch allocates anything."""
+    if os.environ.get("KERNELRL_NO_HUGE_PAGES") != "1" or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_THP_DISABLE = 41
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # an old kernel: huge pages stay as the system has them
+
+
+_no_huge_pages()
+
 import torch  # noqa: E402
 
 from kernelrl.judge import protocol as P  # noqa: E402
+from kernelrl.judge.builds import PrecompiledHeaderLoader, exclusive_build_dir  # noqa: E402
 from kernelrl.judge.channel import Channel  # noqa: E402
 from kernelrl.judge.compare import exactly_equal, flatten  # noqa: E402
 
@@ -93,6 +109,9 @@ def _to_device(x: Any, device: str) -> Any:
 
 
 _detach, _to, _clone_tensor = _Tensor.detach, _Tensor.to, _Tensor.clone  # the class's own, bound now
+# What `prepare` makes a sample's inputs with, bound now: a program that replaces torch's ops
+# (to slow whatever else runs in its process) cannot change the harness's own work.
+_mul, _roll, _addcmul, _add_ = _Tensor.mul, torch.roll, torch.addcmul, _Tensor.add_
 _TENSOR_ATTRS = frozenset(dir(_Tensor))
 
 
@@ -152,57 +171,6 @@ def _all_finite(x: Any) -> bool:
     if isinstance(x, (list, tuple)):
         return all(_all_finite(v) for v in x)
     return True
-
-
-class _Build:
-    """Torch's inline loader, with a precompiled torch header for CPU builds.
-
-    Torch keeps one precompiled `torch/extension.h` per install, valid for one set of compiler
-    flags; rebuilding it for every new flag set would cost more than it saves. So the header is
-    built for the first flag set seen under this cache root, and used only by builds with those
-    same flags; other builds compile plainly.
-    """
-
-    def __init__(self, cache_root: str):
-        self.cache_root = cache_root
-
-    def install(self) -> None:
-        from torch.utils import cpp_extension
-
-        original = cpp_extension.load_inline
-        prepare = getattr(cpp_extension, "_check_and_build_extension_h_precompiler_headers", None)
-        build = self
-
-        def load_inline(*args: Any, **kwargs: Any) -> Any:
-            cpu_only = not kwargs.get("cuda_sources") and (len(args) < 3 or not args[2])
-            if cpu_only and prepare is not None and "use_pch" not in kwargs:
-                kwargs["use_pch"] = build.prepare_pch(prepare, kwargs.get("extra_cflags"),
-                                                      kwargs.get("extra_include_paths"))
-            return original(*args, **kwargs)
-
-        load_inline.__wrapped__ = original  # type: ignore[attr-defined]
-        cpp_extension.load_inline = load_inline
-
-    def prepare_pch(self, prepare: Any, cflags: Any, include_paths: Any) -> bool:
-        import json
-
-        flags = json.dumps([list(cflags or []), list(include_paths or [])])
-        try:
-            os.makedirs(self.cache_root, exist_ok=True)
-            record = os.path.join(self.cache_root, "pch-flags.json")
-            # Under a lock: parallel builds must never read a half-written header.
-            with open(os.path.join(self.cache_root, "pch.lock"), "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                owner = open(record).read() if os.path.exists(record) else None
-                if owner is not None and owner != flags:
-                    return False
-                prepare(cflags, include_paths)  # a no-op when torch's header matches these flags
-                if owner is None:
-                    with open(record, "w") as f:
-                        f.write(flags)
-            return True
-        except Exception:  # noqa: BLE001 - no PCH (read-only torch, another compiler): build plainly
-            return False
 
 
 class _LoadError(Exception):
@@ -292,7 +260,7 @@ class WorkerState:
         os.environ["TORCH_EXTENSIONS_DIR"] = h.build_dir
         os.environ["TRITON_CACHE_DIR"] = os.path.join(h.build_dir, "triton")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(h.cache_root, "inductor")
-        _Build(h.cache_root).install()
+        PrecompiledHeaderLoader(h.cache_root).install()
         t0 = time.monotonic()
         try:
             cls, overridden = self._import_candidate(h.source, h.constants)
@@ -335,7 +303,7 @@ class WorkerState:
         mod = importlib.util.module_from_spec(spec)
         sys.modules["kernelrl_candidate"] = mod
         try:
-            with _exclusive_build_dir():
+            with exclusive_build_dir():
                 spec.loader.exec_module(mod)
         except SyntaxError as e:
             raise _LoadError(P.Phase.COMPILE, f"SyntaxError: {e}", traceback.format_exc(limit=2)) from e
@@ -407,7 +375,7 @@ class WorkerState:
 
     def run(self, h: P.Run, payload: Any) -> Reply:
         """Correctness runs: each input set once (the first `repeat_first` times)."""
-        outputs, inputs_after = [], []
+        outputs, inputs_changed = [], []
         thread_rises, changed_after = [], []
         for i, inputs in enumerate(payload):
             for _ in range(h.repeat_first if i == 0 else 1):
@@ -424,10 +392,10 @@ class WorkerState:
                 self._sync()
                 changed_after.append(not exactly_equal(snapshot, _to_cpu(out)))
                 outputs.append(snapshot)
-                inputs_after.append(_to_cpu(args))
+                inputs_changed.append(not exactly_equal(_to_cpu(args), inputs))
         return P.Kind.RAN, P.Ran(state_after=global_state(), thread_rises=thread_rises,
-                                 changed_after_return=changed_after), {"outputs": outputs,
-                                                                       "inputs_after": inputs_after}
+                                 changed_after_return=changed_after, inputs_changed=inputs_changed), {
+            "outputs": outputs}
 
     # -- timing -------------------------------------------------------------------------------
 
@@ -476,8 +444,8 @@ class WorkerState:
                 if noise is not None:
                     # x * scale * (1 + jitter * u), u in [-1, 1): new storage, new values, and no
                     # multiple of any earlier input (so no earlier output, rescaled, is the answer)
-                    u = torch.roll(noise, int(shift))
-                    fresh.append(torch.addcmul(x * float(scale), x, u, value=float(scale) * self.jitter))
+                    u = _roll(noise, int(shift))
+                    fresh.append(_addcmul(_mul(x, float(scale)), x, u, value=float(scale) * self.jitter))
                 else:
                     fresh.append(_clone(x))
             self.staged.append(fresh)
@@ -515,7 +483,7 @@ class WorkerState:
 
     def _evict(self) -> None:
         if self.evict_buf is not None:
-            self.evict_buf.add_(1.0)
+            _add_(self.evict_buf, 1.0)
         self._sync()
 
     def _sync(self) -> None:
@@ -562,34 +530,6 @@ class WorkerState:
         fp32 = matmul_rate(torch.float32)
         return P.Kind.PEAKS, P.Peaks(bandwidth_gbs=bandwidth, fp32_tflops=fp32 or 0.0,
                                      bf16_tflops=matmul_rate(torch.bfloat16)), None
-
-
-class _exclusive_build_dir:
-    """Hold an exclusive lock on this program's build folder while it loads.
-
-    Torch's loader guards a build with a `lock` file that stays behind when a build is killed
-    (a timeout), making every later build of the same source wait forever. The kernel drops
-    our lock when its holder dies, so while we hold it any torch `lock` file is stale.
-    """
-
-    def __enter__(self) -> None:
-        root = os.environ.get("TORCH_EXTENSIONS_DIR")
-        self.f = None
-        if not root:
-            return
-        os.makedirs(root, exist_ok=True)
-        self.f = open(root.rstrip("/") + ".lock", "w")  # noqa: SIM115
-        fcntl.flock(self.f, fcntl.LOCK_EX)
-        for stale in Path(root).glob("*/lock"):
-            try:
-                stale.unlink()
-            except OSError:
-                pass
-
-    def __exit__(self, *exc: object) -> None:
-        if self.f is not None:
-            fcntl.flock(self.f, fcntl.LOCK_UN)
-            self.f.close()
 
 
 _HANDLERS = {

@@ -9,9 +9,10 @@ import kernelrl.checks.dynamic as D
 from kernelrl.checks import rules as R
 
 
-def member(times, round_trips, *, idle=0.0, warm=4, peak=4, non_plain=0) -> D.MemberTiming:
+def member(times, round_trips, *, idle=0.0, warm=4, peak=4, non_plain=0, prepare=None) -> D.MemberTiming:
     return D.MemberTiming(times_ms=times, round_trips_ms=round_trips, idle_cpu_ms=idle, busy_ms=sum(times),
-                          threads_warm=warm, threads_max=peak, non_plain_calls=non_plain)
+                          threads_warm=warm, threads_max=peak, non_plain_calls=non_plain,
+                          prepare_ms=prepare if prepare is not None else [8.0] * len(times))
 
 
 HONEST = member([1.0] * 20, [1.2] * 20)
@@ -106,6 +107,16 @@ def test_reported_times_shorter_than_the_judges_clock():
     slow_liar = member([2.0] * 20, [1.0] * 20)
     assert rules(D.timing_findings(D.TimingFacts(candidate=slow_liar, reference=HONEST, spot_checks=3))[0]) == {
         R.TIMER_MISMATCH}
+
+
+def test_a_longer_preparation_than_the_references_is_work_before_the_timer():
+    # the reference prepares each sample in 8 ms; the candidate takes 14: outputs made ahead
+    ahead = member([1.0] * 20, [1.2] * 20, prepare=[14.0] * 20)
+    found, figures = D.timing_findings(D.TimingFacts(candidate=ahead, reference=HONEST, spot_checks=3))
+    assert rules(found) == {R.WORK_BEFORE_TIMED_CALL} and figures["prepare_excess_ms"] == 6.0
+    # a process a little slower at the same harness work is not refused
+    slower = member([1.0] * 20, [1.2] * 20, prepare=[9.5] * 20)
+    assert D.timing_findings(D.TimingFacts(candidate=slower, reference=HONEST, spot_checks=3))[0] == []
 
 
 def test_floors_and_impossible_speedup_name_both_floors():
