@@ -508,5 +508,5 @@ class Evaluator:
 
 def evaluate(task: Task, candidate: Candidate | str, config: EvalConfig | None = None) -> EvalResult:
     """Judge one candidate with a short-lived evaluator (for one-off use; keep an `Evaluator` for many)."""
-    with Evaluator(config, warm_workers=2) as ev:  # one reference, one candidate
+    with Evaluator(config, warm_workers=3) as ev:  # the task, its timed copy, one candidate
         return ev.evaluate(task, candidate)

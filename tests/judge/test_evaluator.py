@@ -50,6 +50,8 @@ def test_identical_candidate_is_correct_with_speedup_near_one(tiny_task, quick_c
     assert res.speedup is not None and 0.5 < res.speedup < 2.0
     assert res.ref_time is not None and res.cand_time is not None and res.cand_time.n >= 5
     assert res.max_abs_err == 0.0
+    # the reference timed is its copy loaded as a program, in a worker like the candidate's
+    assert res.environment["reference_timed_in"] == "program_worker"
 
 
 def test_legitimate_rewrite_is_correct(tiny_task, quick_config):
@@ -218,3 +220,48 @@ def test_candidate_copying_size_constants_runs_at_the_judged_size(tmp_path, quic
     cand = task_src.replace("class Model(", "class ModelNew(")
     res = evaluate(task, cand, quick_config)
     assert res.status is Status.CORRECT, res.message
+
+
+LOADS_ONLY_AS_A_TASK = '''
+import torch
+import torch.nn as nn
+
+# Contrived on purpose: this reference refuses to be loaded as a program, so its timed copy fails
+# and the judge must fall back to timing the task's own worker (and say so).
+if __name__ != "kernelrl_reference":
+    raise RuntimeError("only loadable as a task")
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) + 1.0
+
+
+def get_inputs():
+    return [torch.randn(64, 256)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+RELU_PLUS_ONE = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.clamp_min(x, 0.0) + 1.0
+'''
+
+
+def test_a_reference_that_cannot_be_timed_as_a_program_is_timed_in_its_task_worker(tmp_path, quick_config):
+    from kernelrl.tasks.task import load_task_file
+
+    path = tmp_path / "loads_only_as_a_task.py"
+    path.write_text(LOADS_ONLY_AS_A_TASK)
+    res = evaluate(load_task_file(path), RELU_PLUS_ONE, quick_config)
+    assert res.status is Status.CORRECT, res.message
+    assert res.environment["reference_timed_in"] == "task_worker"
+    assert "only loadable as a task" in res.environment["reference_copy_failed"]
