@@ -84,6 +84,8 @@ for _ in range(procs):
             os.sched_setaffinity(0, {pin})
         rf, wf = os.fdopen(r1), os.fdopen(w2, "w")
         for line in rf:
+            if int(line) < 0:
+                break
             args = pool[int(line)]
             evict.add_(1.0)
             total = 0
@@ -102,8 +104,10 @@ for _ in range(rounds):
     for i in order:
         kids[i][0].write(f"{k}\n"); kids[i][0].flush()
         times[i].append(int(kids[i][1].readline()))
-for w, _ in kids:
-    w.close()
+for w, _ in kids:  # a child holds its siblings' pipes too: it is told to stop, not left for EOF
+    w.write("-1\n"); w.flush()
+for _ in kids:
+    os.wait()
 for t in times:
     print(" ".join(map(str, t)))
 """
