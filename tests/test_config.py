@@ -33,7 +33,7 @@ def test_every_shipped_search_config_builds(name):
 
 def test_quick_config_sets_the_nested_timing_cap():
     config = load_config(SearchConfig, "quick", {"db_path": "x.db"})
-    assert config.eval.timing.max_timing_s == 3.0 and config.proposer == "heuristic"
+    assert config.eval.timing.max_timing_s == 2.5 and config.proposer == "heuristic"
 
 
 def _optimize_parser() -> argparse.ArgumentParser:
