@@ -24,6 +24,7 @@ judge in a container for untrusted code at scale.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import resource
@@ -161,8 +162,6 @@ def timing_cores(config: SandboxConfig) -> frozenset[int] | None:
 def _widen_pipe(fd: int) -> None:
     """A 1 MiB pipe buffer (Linux), so tensors cross in fewer, larger writes; else the default."""
     try:
-        import fcntl
-
         fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
     except OSError:
         pass

@@ -40,10 +40,12 @@ import types  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from kernelrl.judge.sandbox import NO_HUGE_PAGES_ENV  # noqa: E402 - no torch behind it
+
 
 def _no_huge_pages() -> None:
     """Turn transparent huge pages off for this process, before torch allocates anything."""
-    if os.environ.get("KERNELRL_NO_HUGE_PAGES") != "1" or not sys.platform.startswith("linux"):
+    if os.environ.get(NO_HUGE_PAGES_ENV) != "1" or not sys.platform.startswith("linux"):
         return
     import ctypes
 
