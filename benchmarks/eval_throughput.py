@@ -7,7 +7,8 @@ raises, 1 that hangs. Three ways to judge it, each with a cold build cache of it
 
 - naive: a serial, in-process loop that builds each candidate afresh (torch's inline loader, no
   cache, no precompiled header), checks 5 input sets and times 50 calls of reference and
-  candidate; a hang is cut by an alarm after the same limit; no isolation, no defences;
+  candidate; a hang is cut by an alarm after the same limits as the evaluator's (`--timeout`,
+  plus `--build-timeout` for a C++ candidate); no isolation, no defences;
 - one by one: one `Evaluator`, `evaluate` per candidate (each its own timing group);
 - batched: one `Evaluator`, `evaluate_batch` over the whole batch (one timing group per task).
 
@@ -15,7 +16,8 @@ Prints wall time and candidates/hour of each path, the ratio to the naive loop, 
 evaluator paths agree on every verdict, and how far apart the identical pair measured in each
 group. Then the same on the PyTorch-only half (no C++ candidate).
 
-Usage: python benchmarks/eval_throughput.py [--timeout 120] [--only all|pytorch]
+Usage: python benchmarks/eval_throughput.py [--timeout 20] [--build-timeout 240] [--only all|pytorch|both]
+       [--paths naive,one,batched]
 Numbers depend on the machine and its load; compare ratios from one run on a quiet machine.
 """
 
@@ -36,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from kernelrl.candidate import Candidate
+from kernelrl.candidate import Candidate, Language
 from kernelrl.examples import list_examples
 from kernelrl.judge.compare import compare_outputs
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
@@ -124,7 +126,7 @@ def alarm(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
-def naive(items: list[Item], timeout_s: float) -> tuple[float, list[str]]:
+def naive(items: list[Item], timeout_s: float, build_timeout_s: float) -> tuple[float, list[str]]:
     """Serial, uncached, in-process: what a simple evaluation script does."""
     verdicts = []
     t0 = time.monotonic()
@@ -133,7 +135,8 @@ def naive(items: list[Item], timeout_s: float) -> tuple[float, list[str]]:
         tm = item.task.instantiate("small")
         verdict = "correct"
         try:
-            with alarm(timeout_s):
+            compiles = item.candidate.language is not Language.PYTORCH
+            with alarm(timeout_s + (build_timeout_s if compiles else 0.0)):
                 path = Path(tempfile.mkdtemp()) / f"cand_{i}.py"
                 path.write_text(item.candidate.source)
                 spec = importlib.util.spec_from_file_location(f"naive_cand_{i}", path)
@@ -165,9 +168,10 @@ def naive(items: list[Item], timeout_s: float) -> tuple[float, list[str]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def config(timeout_s: float) -> EvalConfig:
+def config(timeout_s: float, build_timeout_s: float) -> EvalConfig:
     cache = Path(tempfile.mkdtemp(prefix="kernelrl-bench-cache-"))
-    return EvalConfig(cache_dir=cache, timeout_s=timeout_s, timing=TimingConfig(max_timing_s=6.0))
+    return EvalConfig(cache_dir=cache, timeout_s=timeout_s, build_timeout_s=build_timeout_s,
+                      timing=TimingConfig(max_timing_s=6.0))
 
 
 def one_by_one(items: list[Item], cfg: EvalConfig) -> tuple[float, list[EvalResult]]:
@@ -196,42 +200,75 @@ def twins(items: list[Item], results: list[EvalResult]) -> list[str]:
     return out
 
 
-def run(label: str, items: list[Item], timeout_s: float) -> None:
+def phases(items: list[Item], results: list[EvalResult]) -> list[str]:
+    out = []
+    for name in TASKS:
+        got = next((r.environment.get("group_phases_s") for i, r in zip(items, results) if i.task.name == name), None)
+        if got:
+            out.append(f"{name.split('/')[-1]} " + ", ".join(f"{k} {v:.1f}" for k, v in got.items()))
+    return out
+
+
+PATHS = ("naive", "one", "batched")
+
+
+def run(label: str, items: list[Item], timeout_s: float, build_timeout_s: float, paths: tuple[str, ...]) -> None:
     print(f"\n== {label}: {len(items)} candidates ({dict(Counter(i.kind for i in items))})", flush=True)
     rows = []
-    wall, verdicts = naive(items, timeout_s)
-    rows.append(("naive serial loop", wall, dict(Counter(verdicts))))
-    base = wall
-    wall_one, one = one_by_one(items, config(timeout_s))
-    rows.append(("evaluator, one by one", wall_one, dict(Counter(r.status.value for r in one))))
-    wall_batch, many = batched(items, config(timeout_s))
-    rows.append(("evaluator, batched", wall_batch, dict(Counter(r.status.value for r in many))))
-    for name, w, counts in rows:
-        print(f"  {name:24s} {w:7.1f} s  {len(items) / w * 3600:7.0f} candidates/hour  {base / w:5.2f}x naive  "
-              f"{counts}")
-    agree = [(i.candidate.origin, a.status.value, b.status.value) for i, a, b in zip(items, one, many)
-             if a.status is not b.status]
-    print(f"  verdicts of one-by-one and batched: {'identical' if not agree else f'{len(agree)} differ: {agree}'}")
-    print("  identical programs in one group (batched): " + "; ".join(twins(items, many)))
-    print("  identical programs, one by one:            " + "; ".join(twins(items, one)))
-    for i, r in zip(items, many):
-        if r.status is Status.CORRECT:
-            continue
-        print(f"    {i.candidate.origin}: {r.status.value}: {r.message[:90]}")
+    results: dict[str, list[EvalResult]] = {}
+    for path in paths:
+        if path == "naive":
+            wall, verdicts = naive(items, timeout_s, build_timeout_s)
+            rows.append(("naive serial loop", wall, dict(Counter(verdicts))))
+        else:
+            judge = one_by_one if path == "one" else batched
+            wall, results[path] = judge(items, config(timeout_s, build_timeout_s))
+            rows.append((f"evaluator, {'one by one' if path == 'one' else 'batched'}", wall,
+                         dict(Counter(r.status.value for r in results[path]))))
+        print(f"  {rows[-1][0]:24s} {wall:7.1f} s  {len(items) / wall * 3600:7.0f} candidates/hour  {rows[-1][2]}",
+              flush=True)
+    if "naive" in paths:
+        base = rows[0][1]
+        print("  against the naive loop: " + ", ".join(f"{name} {base / w:.2f}x" for name, w, _ in rows[1:]))
+    one, many = results.get("one"), results.get("batched")
+    if one and many:
+        agree = [(i.candidate.origin, a.status.value, b.status.value) for i, a, b in zip(items, one, many)
+                 if a.status is not b.status]
+        print(f"  verdicts of one-by-one and batched: {'identical' if not agree else f'{len(agree)} differ: {agree}'}")
+    for path, got in results.items():
+        print(f"  identical programs ({'one by one' if path == 'one' else 'one group, batched'}): "
+              + "; ".join(twins(items, got)))
+    if many:
+        print("  where the batched path's time went (group phases, s): " + "; ".join(phases(items, many)))
+        builds = [r.build_time_s for i, r in zip(items, many) if i.kind == "cpp" and r.build_time_s]
+        if builds:
+            print(f"  C++ builds (batched): {len(builds)}, {min(builds):.1f}-{max(builds):.1f} s each, "
+                  f"{sum(builds):.1f} s in all")
+    for path, got in results.items():
+        for i, r in zip(items, got):
+            if r.status is not Status.CORRECT:
+                print(f"    [{path}] {i.candidate.origin}: {r.status.value}: {r.message[:90]}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--timeout", type=float, default=120.0,
-                        help="per-candidate limit (seconds), every path; a cold C++ build must fit in it")
+    parser.add_argument("--timeout", type=float, default=20.0,
+                        help="per-candidate limit (seconds) without a build, every path: what a hang costs")
+    parser.add_argument("--build-timeout", type=float, default=240.0,
+                        help="added to --timeout for a C++ candidate, every path; a cold build must fit in it")
     parser.add_argument("--only", choices=("all", "pytorch", "both"), default="both")
+    parser.add_argument("--paths", default=",".join(PATHS),
+                        help=f"which of {', '.join(PATHS)} to run (comma-separated); ratios need naive")
     args = parser.parse_args()
+    paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
+    if not paths or set(paths) - set(PATHS):
+        parser.error(f"--paths: choose from {', '.join(PATHS)}")
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, python {sys.version.split()[0]}")
     items = batch()
     if args.only in ("all", "both"):
-        run("GRPO-shaped batch", items, args.timeout)
+        run("GRPO-shaped batch", items, args.timeout, args.build_timeout, paths)
     if args.only in ("pytorch", "both"):
-        run("PyTorch-only half", [i for i in items if i.kind != "cpp"], args.timeout)
+        run("PyTorch-only half", [i for i in items if i.kind != "cpp"], args.timeout, args.build_timeout, paths)
     return 0
 
 

@@ -55,7 +55,8 @@ def eval_config(args: argparse.Namespace) -> Any:
     from kernelrl.judge.evaluator import EvalConfig
 
     try:
-        config = EvalConfig(device=args.device, size=args.size, timeout_s=args.timeout, policy=args.policy)
+        config = EvalConfig(device=args.device, size=args.size, timeout_s=args.timeout,
+                            build_timeout_s=args.build_timeout, policy=args.policy)
     except ValueError as e:
         raise UsageError(str(e)) from e
     check_device(config.device)
@@ -84,6 +85,8 @@ def add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=tuple(Device), default=Device.CPU.value)
     p.add_argument("--size", choices=tuple(Size), default=Size.SMALL.value)
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="wall-clock limit for one candidate's whole evaluation (default 300)")
+                   help="wall-clock limit for one candidate's evaluation, build excluded (default 300)")
+    p.add_argument("--build-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="added to --timeout for a candidate that compiles (an uncached C++/CUDA build, Triton)")
     p.add_argument("--policy", choices=tuple(PolicyName), default=PolicyName.OPEN.value,
                    help="strict: needs a custom kernel; open: any PyTorch-level rewrite; observe: static rules only warn")

@@ -32,6 +32,7 @@ OPTIMIZE_FLAGS: dict[str, str] = {
     "device": "eval.device",
     "size": "eval.size",
     "timeout": "eval.timeout_s",
+    "build_timeout": "eval.build_timeout_s",
     "timing_cap": "eval.timing.max_timing_s",
     "eval_concurrency": "eval.concurrency",
     "wall_time": "wall_time_s",
@@ -144,6 +145,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=tuple(Device), default=None)
     p.add_argument("--size", choices=tuple(Size), default=None)
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate evaluation limit")
+    p.add_argument("--build-timeout", type=float, default=None, metavar="SECONDS",
+                   help="added to --timeout for a candidate that compiles (an uncached C++/CUDA build, Triton)")
     p.add_argument("--timing-cap", type=float, default=None, metavar="SECONDS",
                    help="per candidate: timing stops here when the +-1 %% interval is not reached")
     p.add_argument("--wall-time", type=float, default=None, metavar="SECONDS")

@@ -32,7 +32,7 @@ def _train_errors() -> tuple[type[Exception], ...]:
 
 def _flag_eval_config(args: argparse.Namespace) -> dict[str, Any]:
     values: dict[str, Any] = {"device": args.device, "size": args.size, "timeout_s": args.timeout,
-                              "policy": args.policy}
+                              "build_timeout_s": args.build_timeout, "policy": args.policy}
     if getattr(args, "timing_cap", None) is not None:
         values["timing"] = {"max_timing_s": args.timing_cap}
     return values

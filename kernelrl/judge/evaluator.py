@@ -97,6 +97,9 @@ class EvalConfig:
     device_index: int | None = None
     size: Size = Size.SMALL
     timeout_s: float = 300.0  # wall clock for loading and checking one candidate (and for loading a task)
+    # Added to timeout_s for a candidate that compiles (C++ or CUDA not in the build cache, Triton,
+    # the compiled reference): a hang then costs timeout_s, a cold build is not cut short.
+    build_timeout_s: float = 300.0
     policy: PolicyName = PolicyName.OPEN
     n_correctness: int = 5
     tol_scale: float = 1.0  # multiplies the dtype tolerances (kernelrl.judge.compare)
@@ -123,6 +126,8 @@ class EvalConfig:
             raise ValueError("device_index is a GPU number (>= 0) and needs device cuda")
         if self.timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
+        if self.build_timeout_s < 0:
+            raise ValueError("build_timeout_s must be >= 0")
         if self.n_correctness < 2:
             raise ValueError("n_correctness must be >= 2 (one plain set, one perturbed)")
         if self.tol_scale <= 0:

@@ -226,12 +226,15 @@ class Group:
 
         def check(t: Trial) -> None:
             with checks:
-                t.started = time.monotonic()
                 try:
                     with ev.lane.work(uses_device=True):
+                        # The clock starts once the lane lets the work in: waiting for another
+                        # group's measurement is not the candidate's time.
+                        t.started = time.monotonic()
                         t.worker = ev.pool.take("candidate", deadline=t.started + cfg.timeout_s)
                         run_trial(t, reference=self.session, spec=self.session.spec, sets=self.sets,
-                                  cache_dir=cfg.cache_dir, timeout_s=cfg.timeout_s, tol_scale=cfg.tol_scale)
+                                  cache_dir=cfg.cache_dir, timeout_s=cfg.timeout_s, build_timeout_s=cfg.build_timeout_s,
+                                  tol_scale=cfg.tol_scale)
                 except Exception as e:  # noqa: BLE001 - the judge's own trouble must not lose the batch
                     t.end(Verdict(status=Status.RUNTIME_ERROR,
                                   message=f"the judge could not run the candidate: {type(e).__name__}: {e}"))

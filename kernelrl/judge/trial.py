@@ -91,10 +91,26 @@ def static_verdict(source: str, language: Language, *, device: str, static_findi
     return None
 
 
+def compiles(trial: Trial, cache_dir: Any, device: str) -> bool:
+    """Whether this trial compiles anything: the compiled reference, Triton, or an uncached C++/CUDA build.
+
+    Triton compiles at its first run into the Triton runtime's own cache, so every Triton run counts as cold.
+    """
+    language = trial.candidate.language
+    if trial.compiled_reference or language is Language.TRITON:
+        return True
+    native = language in (Language.CPP, Language.CUDA)
+    return native and not has_build(build_dir(cache_dir, trial.candidate.source, device))
+
+
 def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets: list[InputSet], cache_dir: Any,
-              timeout_s: float, tol_scale: float) -> None:
-    """Build, construct and check one candidate; sets `trial.verdict` or leaves a survivor."""
-    deadline = trial.started + timeout_s
+              timeout_s: float, build_timeout_s: float = 0.0, tol_scale: float) -> None:
+    """Build, construct and check one candidate; sets `trial.verdict` or leaves a survivor.
+
+    The trial has `timeout_s` from its start, plus `build_timeout_s` when it compiles (`compiles`).
+    """
+    limit = timeout_s + (build_timeout_s if compiles(trial, cache_dir, str(spec.device)) else 0.0)
+    deadline = trial.started + limit
     try:
         _load(trial, reference, spec, cache_dir, deadline)
         _correctness(trial, sets, deadline, tol_scale)
@@ -102,7 +118,7 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
         trial.end(e.verdict)
     except ChannelTimeout:
         tail = trial.worker.log_tail() if trial.worker else ""
-        trial.end(Verdict(status=Status.TIMEOUT, message=f"candidate did not finish within {timeout_s:g} s",
+        trial.end(Verdict(status=Status.TIMEOUT, message=f"candidate did not finish within {limit:g} s",
                           errors=[tail]))
     except WorkerDied as e:
         trial.end(Verdict(status=Status.RUNTIME_ERROR, message=f"candidate crashed: {e}", errors=[e.log_tail]))

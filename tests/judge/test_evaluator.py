@@ -116,7 +116,8 @@ def test_fake_result_and_exit_zero_does_not_pass(tiny_task, quick_config):
 
 
 def test_endless_loop_times_out_within_limit(tiny_task, quick_config):
-    config = EvalConfig(**{**quick_config.__dict__, "timeout_s": 8.0})
+    # The build allowance is for programs that compile: a PyTorch candidate's hang costs timeout_s.
+    config = EvalConfig(**{**quick_config.__dict__, "timeout_s": 8.0, "build_timeout_s": 300.0})
     src = IDENTICAL.replace("return torch.relu", "while True: pass\n        return torch.relu")
     t0 = time.monotonic()
     res = evaluate(tiny_task, src, config)
@@ -125,6 +126,36 @@ def test_endless_loop_times_out_within_limit(tiny_task, quick_config):
     # the limit bounds the candidate's own load and checks; starting its worker and the
     # reference's add a few seconds
     assert elapsed < 8.0 + 10.0
+
+
+def test_waiting_for_the_lane_is_not_the_candidates_time(tiny_task, quick_config, monkeypatch):
+    # Another measurement takes the machine's lane just before the checks start and holds it for
+    # longer than the candidate's limit: the candidate's clock starts when the lane lets it in.
+    import threading
+
+    from kernelrl.judge.lanes import Lane
+    from kernelrl.judge.reference import ReferenceSession
+
+    config = EvalConfig(**{**quick_config.__dict__, "timeout_s": 4.0})
+    held, holder = threading.Event(), []
+    state = ReferenceSession.state
+
+    def hold_lane() -> None:
+        with Lane(config.cache_dir, "cpu").timing():
+            held.set()
+            time.sleep(6.0)
+
+    def state_then_busy_lane(self):
+        if not holder:
+            holder.append(threading.Thread(target=hold_lane))
+            holder[0].start()
+            assert held.wait(10)
+        return state(self)
+
+    monkeypatch.setattr(ReferenceSession, "state", state_then_busy_lane)
+    res = evaluate(tiny_task, Candidate(source=IDENTICAL), config)
+    holder[0].join(10)
+    assert res.status is Status.CORRECT, res.message
 
 
 def test_candidate_redefining_init_args_gets_the_tasks(tiny_task, quick_config):

@@ -1,0 +1,51 @@
+"""Which trials get the build allowance on top of the run limit (`kernelrl.judge.trial.compiles`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernelrl.candidate import Candidate
+from kernelrl.judge.builds import build_dir
+from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.judge.trial import Trial, compiles
+
+PYTORCH = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
+CPP = "from torch.utils.cpp_extension import load_inline\n" + PYTORCH
+TRITON = "import triton\n" + PYTORCH
+
+
+def test_pytorch_candidate_does_not_compile(tmp_path: Path):
+    assert not compiles(Trial(candidate=Candidate(source=PYTORCH)), tmp_path, "cpu")
+
+
+def test_uncached_cpp_candidate_compiles(tmp_path: Path):
+    assert compiles(Trial(candidate=Candidate(source=CPP)), tmp_path, "cpu")
+
+
+def test_cached_cpp_candidate_does_not_compile(tmp_path: Path):
+    folder = build_dir(tmp_path, CPP, "cpu")
+    folder.mkdir(parents=True)
+    (folder / "ext.so").write_bytes(b"")
+    assert not compiles(Trial(candidate=Candidate(source=CPP)), tmp_path, "cpu")
+
+
+def test_build_cached_for_another_device_still_compiles(tmp_path: Path):
+    folder = build_dir(tmp_path, CPP, "cuda")
+    folder.mkdir(parents=True)
+    (folder / "ext.so").write_bytes(b"")
+    assert compiles(Trial(candidate=Candidate(source=CPP)), tmp_path, "cpu")
+
+
+def test_triton_candidate_always_compiles(tmp_path: Path):
+    assert compiles(Trial(candidate=Candidate(source=TRITON)), tmp_path, "cuda")
+
+
+def test_compiled_reference_compiles(tmp_path: Path):
+    assert compiles(Trial(candidate=Candidate(source=PYTORCH), compiled_reference=True), tmp_path, "cpu")
+
+
+def test_negative_build_allowance_is_refused():
+    with pytest.raises(ValueError, match="build_timeout_s"):
+        EvalConfig(build_timeout_s=-1.0)
