@@ -91,16 +91,15 @@ def static_verdict(source: str, language: Language, *, device: str, static_findi
     return None
 
 
-def compiles(trial: Trial, cache_dir: Any, device: str) -> bool:
-    """Whether this trial compiles anything: the compiled reference, Triton, or an uncached C++/CUDA build.
+def compiles(trial: Trial, *, build_cached: bool) -> bool:
+    """Whether this trial compiles anything: the compiled reference, Triton, or a C++/CUDA build not cached.
 
     Triton compiles at its first run into the Triton runtime's own cache, so every Triton run counts as cold.
     """
     language = trial.candidate.language
     if trial.compiled_reference or language is Language.TRITON:
         return True
-    native = language in (Language.CPP, Language.CUDA)
-    return native and not has_build(build_dir(cache_dir, trial.candidate.source, device))
+    return language in (Language.CPP, Language.CUDA) and not build_cached
 
 
 def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets: list[InputSet], cache_dir: Any,
@@ -109,10 +108,15 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
 
     The trial has `timeout_s` from its start, plus `build_timeout_s` when it compiles (`compiles`).
     """
-    limit = timeout_s + (build_timeout_s if compiles(trial, cache_dir, str(spec.device)) else 0.0)
+    # The program's build folder, looked at once: it decides the limit and is where the worker builds.
+    bdir = None if trial.compiled_reference else build_dir(cache_dir, trial.candidate.source, spec.device)
+    if bdir is not None:
+        trial.fields["build_cached"] = has_build(bdir)
+    compiling = compiles(trial, build_cached=trial.fields.get("build_cached", False))
+    limit = timeout_s + (build_timeout_s if compiling else 0.0)
     deadline = trial.started + limit
     try:
-        _load(trial, reference, spec, cache_dir, deadline)
+        _load(trial, reference, spec, cache_dir, bdir, deadline)
         _correctness(trial, sets, deadline, tol_scale)
     except _End as e:
         trial.end(e.verdict)
@@ -127,7 +131,8 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
         trial.end(Verdict(status=Status.FLAGGED, message="flagged: result_channel_forged", errors=[str(e)]))
 
 
-def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: Any, deadline: float) -> None:
+def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: Any, bdir: Any,
+          deadline: float) -> None:
     worker = trial.worker
     assert worker is not None
     if trial.compiled_reference:
@@ -136,8 +141,6 @@ def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: 
         build_s = answer.header.load_s if not answer.failed else 0.0
     else:
         source = trial.candidate.source
-        bdir = build_dir(cache_dir, source, spec.device)
-        trial.fields["build_cached"] = has_build(bdir)
         answer = worker.request(P.LoadProgram(
             source=source, constants=reference.constants, device=str(spec.device), threads=spec.threads,
             init_seed=spec.init_seed, evict_bytes=spec.evict_bytes, build_dir=str(bdir), cache_root=str(cache_dir)),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kernelrl.candidate import Candidate
-from kernelrl.judge.builds import build_dir
+from kernelrl.judge.builds import build_dir, has_build
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.judge.trial import Trial, compiles
 
@@ -16,34 +16,40 @@ CPP = "from torch.utils.cpp_extension import load_inline\n" + PYTORCH
 TRITON = "import triton\n" + PYTORCH
 
 
+def cached(folder: Path, source: str, device: str) -> bool:
+    """What the judge sees for this program's build on this device."""
+    return has_build(build_dir(folder, source, device))
+
+
 def test_pytorch_candidate_does_not_compile(tmp_path: Path):
-    assert not compiles(Trial(candidate=Candidate(source=PYTORCH)), tmp_path, "cpu")
+    assert not compiles(Trial(candidate=Candidate(source=PYTORCH)), build_cached=cached(tmp_path, PYTORCH, "cpu"))
 
 
 def test_uncached_cpp_candidate_compiles(tmp_path: Path):
-    assert compiles(Trial(candidate=Candidate(source=CPP)), tmp_path, "cpu")
+    assert compiles(Trial(candidate=Candidate(source=CPP)), build_cached=cached(tmp_path, CPP, "cpu"))
 
 
 def test_cached_cpp_candidate_does_not_compile(tmp_path: Path):
     folder = build_dir(tmp_path, CPP, "cpu")
     folder.mkdir(parents=True)
     (folder / "ext.so").write_bytes(b"")
-    assert not compiles(Trial(candidate=Candidate(source=CPP)), tmp_path, "cpu")
+    assert not compiles(Trial(candidate=Candidate(source=CPP)), build_cached=cached(tmp_path, CPP, "cpu"))
 
 
 def test_build_cached_for_another_device_still_compiles(tmp_path: Path):
     folder = build_dir(tmp_path, CPP, "cuda")
     folder.mkdir(parents=True)
     (folder / "ext.so").write_bytes(b"")
-    assert compiles(Trial(candidate=Candidate(source=CPP)), tmp_path, "cpu")
+    assert compiles(Trial(candidate=Candidate(source=CPP)), build_cached=cached(tmp_path, CPP, "cpu"))
 
 
-def test_triton_candidate_always_compiles(tmp_path: Path):
-    assert compiles(Trial(candidate=Candidate(source=TRITON)), tmp_path, "cuda")
+def test_triton_candidate_always_compiles():
+    # Its JIT cache is the Triton runtime's: even with a build folder present it counts as cold.
+    assert compiles(Trial(candidate=Candidate(source=TRITON)), build_cached=True)
 
 
-def test_compiled_reference_compiles(tmp_path: Path):
-    assert compiles(Trial(candidate=Candidate(source=PYTORCH), compiled_reference=True), tmp_path, "cpu")
+def test_compiled_reference_compiles():
+    assert compiles(Trial(candidate=Candidate(source=PYTORCH), compiled_reference=True), build_cached=True)
 
 
 def test_negative_build_allowance_is_refused():
