@@ -81,12 +81,14 @@ def check_device(device: str) -> None:
             raise UsageError("--device cuda: no CUDA device is available on this machine")
 
 
+BUILD_TIMEOUT_HELP = "added to --timeout for a candidate that compiles (an uncached C++/CUDA build, Triton)"
+
+
 def add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=tuple(Device), default=Device.CPU.value)
     p.add_argument("--size", choices=tuple(Size), default=Size.SMALL.value)
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="wall-clock limit for one candidate's evaluation, build excluded (default 300)")
-    p.add_argument("--build-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="added to --timeout for a candidate that compiles (an uncached C++/CUDA build, Triton)")
+    p.add_argument("--build-timeout", type=float, default=300.0, metavar="SECONDS", help=BUILD_TIMEOUT_HELP)
     p.add_argument("--policy", choices=tuple(PolicyName), default=PolicyName.OPEN.value,
                    help="strict: needs a custom kernel; open: any PyTorch-level rewrite; observe: static rules only warn")

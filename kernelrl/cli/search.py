@@ -9,6 +9,7 @@ from typing import Any
 
 from kernelrl.checks.policy import PolicyName
 from kernelrl.cli.options import (
+    BUILD_TIMEOUT_HELP,
     UsageError,
     check_device,
     console_for,
@@ -145,8 +146,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=tuple(Device), default=None)
     p.add_argument("--size", choices=tuple(Size), default=None)
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate evaluation limit")
-    p.add_argument("--build-timeout", type=float, default=None, metavar="SECONDS",
-                   help="added to --timeout for a candidate that compiles (an uncached C++/CUDA build, Triton)")
+    p.add_argument("--build-timeout", type=float, default=None, metavar="SECONDS", help=BUILD_TIMEOUT_HELP)
     p.add_argument("--timing-cap", type=float, default=None, metavar="SECONDS",
                    help="per candidate: timing stops here when the +-1 %% interval is not reached")
     p.add_argument("--wall-time", type=float, default=None, metavar="SECONDS")

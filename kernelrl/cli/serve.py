@@ -7,6 +7,7 @@ from typing import Any
 
 from kernelrl.checks.policy import PolicyName
 from kernelrl.cli.options import (
+    BUILD_TIMEOUT_HELP,
     UsageError,
     check_device,
 )
@@ -69,8 +70,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--size", choices=tuple(Size), default=None, help="default size of jobs that name none")
     p.add_argument("--policy", choices=tuple(PolicyName), default=None, help="default policy of jobs that name none")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate evaluation limit")
-    p.add_argument("--build-timeout", type=float, default=None, metavar="SECONDS",
-                   help="added to --timeout for a candidate that compiles (an uncached C++/CUDA build, Triton)")
+    p.add_argument("--build-timeout", type=float, default=None, metavar="SECONDS", help=BUILD_TIMEOUT_HELP)
     p.add_argument("--queue-limit", type=int, default=None, help="evaluations queued or running before 429")
     p.add_argument("--log-level", default=None, choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=cmd_serve)
