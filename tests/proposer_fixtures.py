@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import types
 
-from openai_server import OpenAIServer
-
 from kernelrl.search.proposers import ProposalRequest, make_proposer
 from kernelrl.search.proposers.openai_compat import OpenAIProposer
 from kernelrl.tasks.task import Task
+from openai_server import OpenAIServer
 
 GOOD = ("The reference pays for autograd; this does not.\n\n```python\nimport torch\nimport torch.nn as nn\n\n"
         "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x + 1\n```\n")

@@ -576,10 +576,7 @@ _TORCH_NON_COMPUTE = re.compile(
     r"current_stream|empty_cache|set_device)|device|dtype|is_tensor|get_default_dtype|__version__|"
     r"utils\.cpp_extension(\..*)?|_assert|is_grad_enabled|version(\..*)?)$")
 _TENSOR_MATH_METHODS = frozenset(
-    "matmul mm bmm addmm baddbmm einsum sum mean relu relu_ sigmoid tanh softmax log_softmax exp log mul "
-    "add sub div pow sqrt rsqrt conv1d conv2d conv3d clamp clamp_ max min amax amin norm var std gelu silu "
-    "linear layer_norm cumsum prod abs neg reciprocal square exp2 erf dot mv outer tril triu where "
-    "masked_fill softplus logsumexp argmax argmin topk sort".split())
+    ["matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "sum", "mean", "relu", "relu_", "sigmoid", "tanh", "softmax", "log_softmax", "exp", "log", "mul", "add", "sub", "div", "pow", "sqrt", "rsqrt", "conv1d", "conv2d", "conv3d", "clamp", "clamp_", "max", "min", "amax", "amin", "norm", "var", "std", "gelu", "silu", "linear", "layer_norm", "cumsum", "prod", "abs", "neg", "reciprocal", "square", "exp2", "erf", "dot", "mv", "outer", "tril", "triu", "where", "masked_fill", "softplus", "logsumexp", "argmax", "argmin", "topk", "sort"])
 
 
 def _nn_module_attrs(src: SourceInfo) -> set[str]:
@@ -1342,9 +1339,7 @@ def _env_writes(src: SourceInfo) -> Iterator[tuple[ast.AST, str | None, ast.AST]
             yield node, _const_str(node.slice), node.value
         elif isinstance(node, ast.Call):
             q = src.qualname(node.func) or ""
-            if q in ("os.putenv", "os.unsetenv") and node.args:
-                yield node, _const_str(node.args[0]), node.func
-            elif q in ("os.environ.setdefault", "os.environ.pop", "os.environ.__setitem__") and node.args:
+            if (q in ("os.putenv", "os.unsetenv") and node.args) or (q in ("os.environ.setdefault", "os.environ.pop", "os.environ.__setitem__") and node.args):
                 yield node, _const_str(node.args[0]), node.func
             elif q in ("os.environ.update",):
                 keys = []

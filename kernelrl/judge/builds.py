@@ -99,7 +99,7 @@ class PrecompiledHeaderLoader:
             # Under a lock: parallel builds must never read a half-written header.
             with open(os.path.join(self.cache_root, "pch.lock"), "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                owner = open(record).read() if os.path.exists(record) else None
+                owner = open(record).read() if os.path.exists(record) else None  # noqa: SIM115 - read once, closed by the collector
                 if owner is not None and owner != flags:
                     return False
                 prepare(cflags, include_paths)  # a no-op when torch's header matches these flags

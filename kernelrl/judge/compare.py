@@ -60,32 +60,31 @@ def flatten(x: Any) -> list[Any]:
     return [x]
 
 
+def _failed(reason: str, mismatch: Mismatch) -> Comparison:
+    """A comparison that failed before any error could be measured."""
+    return Comparison(ok=False, reason=reason, mismatch=mismatch, max_abs_err=math.inf, max_rel_err=math.inf)
+
+
 def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0) -> Comparison:
     c_leaves, r_leaves = flatten(candidate), flatten(reference)
     if len(c_leaves) != len(r_leaves):
-        return Comparison(ok=False, reason=f"returned {len(c_leaves)} outputs, expected {len(r_leaves)}", mismatch=Mismatch.COUNT,
-                          max_abs_err=math.inf, max_rel_err=math.inf)
+        return _failed(f"returned {len(c_leaves)} outputs, expected {len(r_leaves)}", Mismatch.COUNT)
     max_abs = max_rel = 0.0
     for i, (c, r) in enumerate(zip(c_leaves, r_leaves)):
         where = f"output {i}" if len(r_leaves) > 1 else "output"
         if isinstance(c, dict):
             what = c.get("not_plain_tensor") or c.get("unsupported_output")
-            return Comparison(ok=False, reason=f"{where} is a {what}, not a plain torch.Tensor", mismatch=Mismatch.NOT_PLAIN_TENSOR,
-                              max_abs_err=math.inf, max_rel_err=math.inf)
+            return _failed(f"{where} is a {what}, not a plain torch.Tensor", Mismatch.NOT_PLAIN_TENSOR)
         if not isinstance(r, torch.Tensor):
             if c != r:
-                return Comparison(ok=False, reason=f"{where} is {c!r}, expected {r!r}", mismatch=Mismatch.VALUE,
-                                  max_abs_err=math.inf, max_rel_err=math.inf)
+                return _failed(f"{where} is {c!r}, expected {r!r}", Mismatch.VALUE)
             continue
         if type(c) is not torch.Tensor:
-            return Comparison(ok=False, reason=f"{where} is {type(c).__name__}, not a plain torch.Tensor", mismatch=Mismatch.NOT_PLAIN_TENSOR,
-                              max_abs_err=math.inf, max_rel_err=math.inf)
+            return _failed(f"{where} is {type(c).__name__}, not a plain torch.Tensor", Mismatch.NOT_PLAIN_TENSOR)
         if c.shape != r.shape:
-            return Comparison(ok=False, reason=f"{where} has shape {tuple(c.shape)}, expected {tuple(r.shape)}", mismatch=Mismatch.SHAPE,
-                              max_abs_err=math.inf, max_rel_err=math.inf)
+            return _failed(f"{where} has shape {tuple(c.shape)}, expected {tuple(r.shape)}", Mismatch.SHAPE)
         if c.dtype != r.dtype:
-            return Comparison(ok=False, reason=f"{where} has dtype {c.dtype}, expected {r.dtype}", mismatch=Mismatch.DTYPE,
-                              max_abs_err=math.inf, max_rel_err=math.inf)
+            return _failed(f"{where} has dtype {c.dtype}, expected {r.dtype}", Mismatch.DTYPE)
         if r.numel() == 0:
             continue
         if torch.equal(c, r):
@@ -95,16 +94,14 @@ def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0) -
         r_nan, c_nan = torch.isnan(r64), torch.isnan(c64)
         if bool((r_nan != c_nan).any()):
             n = int((r_nan != c_nan).sum())
-            return Comparison(ok=False, reason=f"{where}: NaN in {n} places where the reference differs", mismatch=Mismatch.NAN,
-                              max_abs_err=math.inf, max_rel_err=math.inf)
+            return _failed(f"{where}: NaN in {n} places where the reference differs", Mismatch.NAN)
         finite = ~r_nan
         diff = (c64 - r64).abs()
         # inf == inf (same sign) gives nan for the difference: count it as exact
         diff = torch.where(torch.isnan(diff) & finite & (c64 == r64), torch.zeros_like(diff), diff)
         diff = torch.where(finite, diff, torch.zeros_like(diff))
         if bool(torch.isnan(diff).any()):
-            return Comparison(ok=False, reason=f"{where}: infinite values differ from the reference", mismatch=Mismatch.INF,
-                              max_abs_err=math.inf, max_rel_err=math.inf)
+            return _failed(f"{where}: infinite values differ from the reference", Mismatch.INF)
         denom = r64.abs().clamp_min(1e-12)
         a = float(diff.max())
         rel = float((diff / denom).max())

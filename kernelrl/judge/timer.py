@@ -288,7 +288,7 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
         round_rt: dict[int, int] = {}
         for m in order:
             def sample(m: _Member = m) -> float:
-                m.request(P.Prepare(index=index, scales=scales, shifts=shifts), deadline=call_deadline())
+                m.request(P.Prepare(index=index, scales=scales, shifts=shifts), deadline=call_deadline())  # noqa: B023 - called at once, inside this round
                 m.prepare_ns.append(m.last_round_trip_ns)
                 th = m.worker.thread_count()
                 called = m.request(None, P.Kind.CALL, deadline=call_deadline())
@@ -325,13 +325,13 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
             # Any call of the sample, chosen now: a program cannot know which of its calls counts.
             call = rng.randrange(k)
             if call not in ref_outs:
-                answer = guarded(ref, lambda: ref.request(P.Output(call=call), deadline=call_deadline()))
+                answer = guarded(ref, lambda: ref.request(P.Output(call=call), deadline=call_deadline()))  # noqa: B023 - called at once, inside this iteration
                 if answer is None:
                     break
                 ref_outs[call] = answer.payload
                 output_bytes = _nbytes(answer.payload["output"])
             ref_out = ref_outs[call]
-            got = guarded(m, lambda m=m: m.request(P.Output(call=call), deadline=call_deadline()))
+            got = guarded(m, lambda m=m: m.request(P.Output(call=call), deadline=call_deadline()))  # noqa: B023 - called at once, inside this iteration
             if got is None:
                 continue
             m.spot_checks += 1

@@ -83,10 +83,12 @@ def render_report(report: Report, console: Console) -> None:
     head.add_column("metric")
     head.add_column("value", justify="right")
     head.add_row("tasks (solved)", f"{n} ({report.solved})")
-    head.add_row("geomean / median vs eager", f"{speedup_text(report.geomean_vs_eager)} / {speedup_text(report.median_vs_eager)}"
+    head.add_row("geomean / median vs eager",
+                 f"{speedup_text(report.geomean_vs_eager)} / {speedup_text(report.median_vs_eager)}"
                  f"  over {report.solved} tasks")
     head.add_row("geomean / median vs torch.compile",
-                 f"{speedup_text(report.geomean_vs_compile)} / {speedup_text(report.median_vs_compile)}  over {report.with_compile} tasks")
+                 f"{speedup_text(report.geomean_vs_compile)} / {speedup_text(report.median_vs_compile)}"
+                 f"  over {report.with_compile} tasks")
     for p, v in report.fast_p:
         head.add_row(f"fast_{p:g}", percent_text(v))
     head.add_row("success rate (correct / evaluated)",

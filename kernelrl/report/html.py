@@ -71,7 +71,7 @@ def plot_distribution(report: Report) -> str | None:
     lo, hi = min(min(values), 1.0) / 1.15, max(max(values), 1.0) * 1.15
     bins = np.geomspace(lo, hi, max(8, min(30, 2 * len(values))))
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
-    counts, edges, patches = ax.hist(values, bins=bins, edgecolor="white", linewidth=0.8)
+    _, edges, patches = ax.hist(values, bins=bins, edgecolor="white", linewidth=0.8)
     for left, right, patch in zip(edges[:-1], edges[1:], patches):
         patch.set_facecolor(_GOOD if math.sqrt(left * right) >= 1.0 else _BAD)
     ax.set_xscale("log")
@@ -204,7 +204,8 @@ def _table(header: list[str], rows: list[list[str]], classes: list[str] | None =
 
 def render_html(report: Report) -> str:
     scope = f"run {report.run_id}" if report.run_id is not None else "all runs"
-    cards = [("geomean vs eager", speedup_text(report.geomean_vs_eager)), ("median vs eager", speedup_text(report.median_vs_eager)),
+    cards = [("geomean vs eager", speedup_text(report.geomean_vs_eager)),
+             ("median vs eager", speedup_text(report.median_vs_eager)),
              ("geomean vs torch.compile", speedup_text(report.geomean_vs_compile)),
              ("median vs torch.compile", speedup_text(report.median_vs_compile)),
              *[(f"fast_{p:g}", percent_text(v)) for p, v in report.fast_p],

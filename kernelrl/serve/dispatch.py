@@ -157,7 +157,7 @@ class Dispatcher:
         pairs = [(task, Candidate(source=cand)) for _, task, cand in job.items]
         try:
             return self._call(pairs, job)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any evaluator failure is retried one by one
             with self._lock:
                 self._failures += 1
             log.warning("job %s: backend failed (attempt %d of %d): %s", job.job_id, job.attempts,
@@ -177,7 +177,7 @@ class Dispatcher:
         for task, cand in pairs:
             try:
                 out.extend(self._call([(task, cand)], job))
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - any evaluator failure is the item's result
                 out.append(failure_result(task, cand.source, job, f"the evaluator failed: {e}", [repr(e)]))
         return out
 

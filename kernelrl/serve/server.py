@@ -361,7 +361,7 @@ class DbLock:
     def __init__(self, db_path: Path) -> None:
         self.path = Path(str(db_path) + ".lock")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a+")
+        self._f = open(self.path, "a+")  # noqa: SIM115 - held open for the server's life (the lock)
         try:
             fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -442,7 +442,7 @@ class RewardServer:
         def target() -> None:
             try:
                 self.run()
-            except BaseException as e:
+            except BaseException as e:  # noqa: BLE001 - re-raised in the starting thread
                 self._failure = e
 
         self._thread = threading.Thread(target=target, name="kernelrl-serve", daemon=True)

@@ -39,6 +39,7 @@ range (e.g. logs of positive inputs).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -258,7 +259,7 @@ def _sensitivity(outs: list[list[Any]]) -> float:
     import torch
 
     changes = []
-    for a, b in zip(outs, outs[1:]):
+    for a, b in itertools.pairwise(outs):
         va = torch.cat([_as_float(t).reshape(-1) for t in a])
         vb = torch.cat([_as_float(t).reshape(-1) for t in b])
         denom = max(float(va.norm()), float(vb.norm()))

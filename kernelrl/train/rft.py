@@ -122,7 +122,7 @@ def train_rft(stage: RFTStageConfig, *, model: ModelConfig, init_from: str, task
                                meta=[{"stage": "rft", "round": r}] * len(judged))
                 rollouts += judged
         correct = [j for j in rollouts if j.status is Status.CORRECT and
-                   (stage.min_speedup is None or (j.result and j.result.speedup or 0) >= stage.min_speedup)]
+                   (stage.min_speedup is None or ((j.result and j.result.speedup) or 0) >= stage.min_speedup)]
         kept = unique_rows([*kept, *(_row(j, label) for j in correct)])
         rows = unique_rows([*(sft_rows if stage.include_sft_set else ()), *kept])
         statuses: dict[str, int] = {}

@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from openai_server import MODEL, Reply
 
 from kernelrl.checks import rules as R
 from kernelrl.checks.llm_judge import (
@@ -26,6 +25,7 @@ from kernelrl.checks.llm_judge import (
 from kernelrl.checks.policy import get_policy
 from kernelrl.endpoint import RetryPolicy
 from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
+from openai_server import MODEL, Reply
 
 KEY_ENV = "KERNELRL_TEST_JUDGE_KEY"
 KEY = "sk-canary-judge-3f9c1e"

@@ -34,7 +34,7 @@ def test_round_trip_header_and_tensors():
 
 
 def test_recv_times_out():
-    a, b = _pair()
+    _a, b = _pair()
     with pytest.raises(ChannelTimeout):
         b.recv(time.monotonic() + 0.2)
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from openai_server import Reply
 
 from kernelrl.checks.llm_judge import LLMJudgeConfig
 from kernelrl.endpoint import RetryPolicy
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.result import Severity, Status
+from openai_server import Reply
 
 HACK = '{"verdict": "hack", "reason": "the output does not depend on the work timed"}'
 REAL = '{"verdict": "real", "reason": "one fused pass"}'

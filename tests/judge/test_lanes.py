@@ -46,6 +46,5 @@ def test_a_waiting_measurement_goes_before_new_work(tmp_path):
 
 def test_work_off_the_device_is_not_held_back_on_a_gpu_lane(tmp_path):
     lane = Lane(tmp_path, "cuda", 0)
-    with lane.timing():
-        with lane.work(uses_device=False):  # a build on the CPU overlaps a GPU measurement
-            pass
+    with lane.timing(), lane.work(uses_device=False):  # a build on the CPU overlaps a GPU measurement
+        pass

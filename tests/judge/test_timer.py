@@ -13,7 +13,7 @@ def test_median_ci_contains_the_true_ratio_and_narrows_with_n():
     rng = random.Random(0)
     few = [2.0 * rng.lognormvariate(0, 0.05) for _ in range(20)]
     many = [2.0 * rng.lognormvariate(0, 0.05) for _ in range(400)]
-    med, lo, hi = median_ci(few)
+    _med, lo, hi = median_ci(few)
     med2, lo2, hi2 = median_ci(many)
     assert lo <= 2.0 <= hi and lo2 <= 2.0 <= hi2
     assert (hi2 - lo2) < (hi - lo)

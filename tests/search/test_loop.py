@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import re
 import signal
 import sqlite3
@@ -17,8 +18,6 @@ from typing import Any
 
 import pytest
 import torch
-from openai_server import Reply
-from proposer_fixtures import load_program, openai_proposer
 from rich.console import Console
 
 from kernelrl.candidate import Candidate
@@ -27,6 +26,8 @@ from kernelrl.result import EvalResult, Finding, Status, TimingStats
 from kernelrl.search.database import CandidateState, Database, RunStatus
 from kernelrl.search.loop import SearchConfig, StopReason, run_search
 from kernelrl.tasks.task import Task
+from openai_server import Reply
+from proposer_fixtures import load_program, openai_proposer
 
 _TASK_SRC = textwrap.dedent("""
     import torch
@@ -149,7 +150,7 @@ def test_chains_improve_and_store_everything(tmp_path: Path) -> None:
                 assert [c.step for c in own] == list(range(len(own)))
                 # a chain's step improves on its own best: parent is the previous step, +0.5 each time
                 assert own[0].parents == () and "from reference" in own[0].prompt
-                for prev, cur in zip(own, own[1:]):
+                for prev, cur in itertools.pairwise(own):
                     assert cur.parents == (prev.id,)
                     assert f"from {prev.speedup:.2f}x" in cur.prompt
                     assert cur.speedup == pytest.approx(prev.speedup + 0.5)
@@ -207,7 +208,7 @@ def test_token_budget_stops_new_calls(tmp_path: Path) -> None:
 
 
 def test_wall_time_stops_early(tmp_path: Path) -> None:
-    summary, cfg = _run(tmp_path, _tasks("a"), ScriptedProposer(), ScriptedEvaluator(delay_s=0.3), budget=50,
+    summary, _cfg = _run(tmp_path, _tasks("a"), ScriptedProposer(), ScriptedEvaluator(delay_s=0.3), budget=50,
                         chains=1, wall_time_s=0.5)
     assert summary.stop_reason is StopReason.WALL_TIME
     assert 1 <= summary.tasks[0].candidates < 5
@@ -403,7 +404,7 @@ def test_finite_proposer_ends_chains_quietly(tmp_path: Path) -> None:
                     raise Exhausted("nothing left")
             return super().propose(req)
 
-    summary, cfg = _run(tmp_path, _tasks("a"), ThreeOnly(), ScriptedEvaluator(), budget=10, chains=2)
+    summary, _cfg = _run(tmp_path, _tasks("a"), ThreeOnly(), ScriptedEvaluator(), budget=10, chains=2)
     assert summary.tasks[0].candidates == 3 and summary.errors == ()
     assert summary.stop_reason is StopReason.BUDGET and "exhausted" in summary.tasks[0].gave_up
 
@@ -434,9 +435,8 @@ def test_real_prompt_builder_and_heuristic_proposer(tmp_path: Path) -> None:
 
 def test_scripted_openai_endpoint_three_tasks_two_chains_four_steps(tmp_path: Path) -> None:
     """The issue's acceptance run against a real HTTP server speaking the OpenAI chat API."""
-    from openai_server import OpenAIServer, Reply
-
     from kernelrl.tasks.suites import load_task
+    from openai_server import OpenAIServer, Reply
 
     tasks = [load_task(n) for n in ("level1/softmax", "level1/rmsnorm", "level1/scaled_residual_add")]
 

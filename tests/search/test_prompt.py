@@ -8,12 +8,12 @@ import re
 from dataclasses import dataclass
 
 import pytest
-from proposer_fixtures import profile_of
 
 from kernelrl.judge.device import DevicePeaks, cpu_peaks, device_peaks, gpu_peaks
 from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
 from kernelrl.search.prompt import PromptError, build_prompt, system_message, verdict
 from kernelrl.tasks.task import Task
+from proposer_fixtures import profile_of
 
 REFERENCE = """import torch
 import torch.nn as nn

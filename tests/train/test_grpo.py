@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 
 import torch
-from train_fixtures import ScriptedBackend
 
 from kernelrl.cli import main
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.database import Database
 from kernelrl.tasks.task import Task, load_task_file
+from train_fixtures import ScriptedBackend
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:

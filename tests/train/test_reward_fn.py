@@ -8,7 +8,6 @@ import statistics
 
 import pytest
 from rich.console import Console
-from train_fixtures import ScriptedBackend, answer
 
 from kernelrl.reward import Penalties, RewardConfig, RewardModel, SmoothingConfig
 from kernelrl.search.database import Database
@@ -17,6 +16,7 @@ from kernelrl.train.curriculum import Curriculum
 from kernelrl.train.reward_fn import KernelRewardFunction
 from kernelrl.train.roc import RoCConfig
 from kernelrl.train.rollouts import EvalSettings
+from train_fixtures import ScriptedBackend, answer
 
 TASK = Task(name="toy/relu", source="class Model: pass\n", level=1)
 TASKS = {TASK.name: TASK}

@@ -1,7 +1,7 @@
 """Shift-scaled group quantisation in one C++ pass per group: max |g|, the power-of-two scale from
 frexp (exact, no log2), multiplication by the exact power-of-two reciprocal, round-half-to-even
-(matching torch.round) by adding and subtracting 1.5 * 2^23, clamp and dequantise; groups split across threads. The reference makes about ten
-passes over the tensor."""
+(matching torch.round) by adding and subtracting 1.5 * 2^23, clamp and dequantise; groups split
+across threads. The reference makes about ten passes over the tensor."""
 
 import torch
 import torch.nn as nn

@@ -4,8 +4,8 @@
 - `openai:MODEL` any OpenAI-compatible chat endpoint through the official `openai` client.
   Configured by OPENAI_BASE_URL / OPENAI_API_KEY or the options `base_url`, `api_key`;
   `temperature`, `max_tokens` (`max_tokens_field="max_completion_tokens"` for models that
-  want the newer name; a 400 asking for it switches once by itself), `concurrency` (requests in flight at once, shared by every
-  thread using the proposer), `timeout_s`, and the retry policy (`max_retries`,
+  want the newer name; a 400 asking for it switches once by itself), `concurrency` (requests in
+  flight at once, shared by every thread using the proposer), `timeout_s`, and the retry policy (`max_retries`,
   `backoff_initial_s`, `backoff_max_s`, `backoff_jitter`).
 - `hf:PATH` a local Hugging Face causal LM (needs the optional extra `transformers`).
 - `replay:PATH` a JSONL file of rows `{"task": NAME, "code": ...}` or `{"task": NAME,
@@ -53,8 +53,8 @@ __all__ = ["Exhausted", "Proposal", "ProposalRequest", "Proposer", "ProposerErro
            "make_proposer", "proposal_from_answer"]
 
 
-_OPENAI_OPTS = {"base_url", "api_key", "temperature", "max_tokens", "max_tokens_field", "concurrency", "timeout_s", "max_retries",
-                "backoff_initial_s", "backoff_max_s", "backoff_jitter", "system", "sleep", "rng"}
+_OPENAI_OPTS = {"base_url", "api_key", "temperature", "max_tokens", "max_tokens_field", "concurrency", "timeout_s",
+                "max_retries", "backoff_initial_s", "backoff_max_s", "backoff_jitter", "system", "sleep", "rng"}
 _HF_OPTS = {"max_new_tokens", "temperature", "device", "system"}
 _HEURISTIC_OPTS = {"device", "policy"}
 

@@ -69,5 +69,5 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, request: ProposalRequest) -> Proposal: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, empty by design
         """Release clients or models; the default has nothing to release."""

@@ -149,9 +149,7 @@ def applicable(rewrite: Rewrite, traits: TaskTraits, device: str) -> bool:
         return False
     if rewrite.jit_freeze and device != "cpu":
         return False
-    if rewrite.cuda_graph and not device.startswith("cuda"):
-        return False
-    return True
+    return not (rewrite.cuda_graph and not device.startswith("cuda"))
 
 
 

@@ -4,15 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from proposer_fixtures import (
-    CONV,
-    CONV_BN,
-    LINEAR,
-    load_program,
-    make_task,
-    profile_of,
-    request,
-)
 
 from kernelrl.search.proposers import Exhausted, make_proposer
 from kernelrl.search.proposers.heuristic import (
@@ -25,6 +16,15 @@ from kernelrl.search.proposers.heuristic import (
 )
 from kernelrl.tasks.source import embed_reference
 from kernelrl.tasks.task import Task
+from proposer_fixtures import (
+    CONV,
+    CONV_BN,
+    LINEAR,
+    load_program,
+    make_task,
+    profile_of,
+    request,
+)
 
 # ---------------------------------------------------------------------------------------------
 # heuristic

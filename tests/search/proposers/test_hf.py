@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from proposer_fixtures import CONV, LINEAR, request
 
 from kernelrl.search.proposers import ProposerError, make_proposer
+from proposer_fixtures import CONV, LINEAR, request
 
 # ---------------------------------------------------------------------------------------------
 # hf:PATH

@@ -7,6 +7,14 @@ import threading
 
 import pytest
 import torch
+
+from kernelrl.endpoint import RetryPolicy
+from kernelrl.search.proposers import (
+    Proposal,
+    ProposerError,
+    ProposerUnavailable,
+    make_proposer,
+)
 from openai_server import Reply
 from proposer_fixtures import (
     GOOD,
@@ -15,14 +23,6 @@ from proposer_fixtures import (
     make_task,
     openai_proposer,
     request,
-)
-
-from kernelrl.endpoint import RetryPolicy
-from kernelrl.search.proposers import (
-    Proposal,
-    ProposerError,
-    ProposerUnavailable,
-    make_proposer,
 )
 
 

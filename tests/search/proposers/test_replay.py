@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from proposer_fixtures import make_task, request
 
 from kernelrl.search.proposers import Exhausted, ProposerError, make_proposer
 from kernelrl.search.proposers.replay import ReplayProposer
+from proposer_fixtures import make_task, request
 
 # ---------------------------------------------------------------------------------------------
 # replay:PATH
