@@ -43,8 +43,10 @@ from kernelrl.examples import list_examples
 from kernelrl.judge.compare import compare_outputs
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.timer import TimingConfig
+from kernelrl.plain import to_plain
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.proposers.heuristic import Rewrite, render_rewrite, task_traits
+from kernelrl.tasks.sizes import instantiate
 from kernelrl.tasks.suites import builtin_task
 from kernelrl.tasks.task import Task
 
@@ -132,7 +134,7 @@ def naive(items: list[Item], timeout_s: float, build_timeout_s: float) -> tuple[
     t0 = time.monotonic()
     for i, item in enumerate(items):
         os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="naive-ext-")  # builds afresh
-        tm = item.task.instantiate("small")
+        tm = instantiate(item.task, "small")
         verdict = "correct"
         try:
             compiles = item.candidate.language is not Language.PYTORCH
@@ -203,9 +205,9 @@ def twins(items: list[Item], results: list[EvalResult]) -> list[str]:
 def phases(items: list[Item], results: list[EvalResult]) -> list[str]:
     out = []
     for name in TASKS:
-        got = next((r.environment.get("group_phases_s") for i, r in zip(items, results) if i.task.name == name), None)
+        got = next((r.environment.phases for i, r in zip(items, results) if i.task.name == name), None)
         if got:
-            out.append(f"{name.split('/')[-1]} " + ", ".join(f"{k} {v:.1f}" for k, v in got.items()))
+            out.append(f"{name.split('/')[-1]} " + ", ".join(f"{k} {v:.1f}" for k, v in to_plain(got).items()))
     return out
 
 

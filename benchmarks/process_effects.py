@@ -36,11 +36,12 @@ from kernelrl.judge.sandbox import SandboxConfig, worker_env
 
 WORKER = r"""
 import os, random, sys, time, torch
+from kernelrl.tasks.sizes import instantiate
 from kernelrl.tasks.suites import builtin_task
 if sys.argv[3] != "-1":
     os.sched_setaffinity(0, {int(sys.argv[3])})
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-task = builtin_task(sys.argv[1]).instantiate("small")
+task = instantiate(builtin_task(sys.argv[1]), "small")
 torch.manual_seed(0)
 model = task.Model(*task.get_init_inputs())
 pool = [task.get_inputs() for _ in range(3)]
@@ -66,10 +67,11 @@ for line in sys.stdin:
 
 FORK_SHARED = r"""
 import os, random, statistics, sys, time, torch
+from kernelrl.tasks.sizes import instantiate
 from kernelrl.tasks.suites import builtin_task
 task_name, procs, rounds, calls, pin = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-task = builtin_task(task_name).instantiate("small")
+task = instantiate(builtin_task(task_name), "small")
 torch.manual_seed(0)
 model = task.Model(*task.get_init_inputs())
 for p in model.parameters():

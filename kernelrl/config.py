@@ -7,9 +7,10 @@ This module is the one place that turns text into those objects:
 
 - `load_toml(name_or_path)` reads `kernelrl/configs/NAME.toml` or a file (`folder=` names another
   folder of named configs, e.g. `kernelrl/configs/train/`);
-- `build(cls, values)` builds a config from nested dicts, following the dataclass fields' types:
-  nested dataclasses from tables, enums from their values, `Path` from strings, tuples from
-  lists, `X | None` from a value or nothing;
+- `build(cls, values)` builds a config from nested dicts, following the dataclass fields' types
+  (`kernelrl.plain.from_plain`, the serialiser results use too): nested dataclasses from
+  tables, enums from their values, `Path` from strings, tuples from lists, `X | None` from a
+  value or nothing;
 - `with_overrides(values, {"eval.timing.max_timing_s": 6.0, ...})` sets dotted keys (command
   line flags), creating tables as needed; a value of None means "not given" and is skipped;
 - `load_config(cls, name_or_path, overrides)` does all three.
@@ -23,14 +24,13 @@ Does not define any setting: the components do.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import tomllib
-import types
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+
+from kernelrl.plain import PlainError, from_plain, to_plain
+from kernelrl.plain import field_paths as plain_field_paths
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -90,156 +90,26 @@ def load_config(cls: type[T], name_or_path: str | Path | None = None,
 
 
 def build(cls: type[T], values: Mapping[str, Any], *, where: str = "") -> T:
-    """A `cls` dataclass from nested dicts (see the module docstring)."""
-    if not dataclasses.is_dataclass(cls):
-        raise TypeError(f"{cls!r} is not a dataclass")
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{where or cls.__name__}: expected a table, got {type(values).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        names = ", ".join(_dotted(where, k) for k in unknown)
-        raise ConfigError(f"unknown setting(s) {names}; {where or cls.__name__} takes {', '.join(sorted(fields))}")
-    kwargs = {name: _coerce(hints[name], value, _dotted(where, name)) for name, value in values.items()}
+    """A `cls` dataclass from nested dicts (see the module docstring); unknown keys are errors."""
     try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"{where or cls.__name__}: {e}") from e
+        return from_plain(cls, values, strict=True, where=where)
+    except PlainError as e:
+        raise ConfigError(str(e)) from e
 
 
 def field_paths(cls: type, prefix: str = "") -> set[str]:
-    """Every settable dotted key of a config class, nested configs included."""
-    out: set[str] = set()
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        path = _dotted(prefix, f.name)
-        out.add(path)
-        inner = _dataclass_in(hints[f.name])
-        if inner is not None:
-            out |= field_paths(inner, path)
-    return out
+    """Every settable dotted key of a config class: nested configs and their fields."""
+    leaves = set(plain_field_paths(cls, prefix))
+    tables = {path.rsplit(".", i)[0] for path in leaves for i in range(1, path.count(".") + 1)}
+    return leaves | tables
 
 
 def to_dict(config: Any) -> dict[str, Any]:
     """A config as plain TOML/JSON-able values (enums as values, paths as strings)."""
-    def plain(v: Any) -> Any:
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
-        if isinstance(v, enum.Enum):
-            return v.value
-        if isinstance(v, Path):
-            return str(v)
-        if isinstance(v, (list, tuple)):
-            return [plain(x) for x in v]
-        if isinstance(v, dict):
-            return {str(k): plain(x) for k, x in v.items()}
-        return v
-
-    return plain(config)
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def _dotted(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
+    plain = to_plain(config)
+    assert isinstance(plain, dict)
+    return plain
 
 
 def _deep_copy(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in values.items()}
-
-
-def _dataclass_in(tp: Any) -> type | None:
-    for option in _options(tp):
-        if dataclasses.is_dataclass(option):
-            return option
-    return None
-
-
-def _options(tp: Any) -> tuple[Any, ...]:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return typing.get_args(tp)
-    return (tp,)
-
-
-def _coerce(tp: Any, value: Any, where: str) -> Any:
-    options = _options(tp)
-    if value is None:
-        if type(None) in options:
-            return None
-        raise ConfigError(f"{where}: a value is required")
-    errors = []
-    for option in options:
-        if option is type(None):
-            continue
-        try:
-            return _coerce_one(option, value, where)
-        except ConfigError as e:
-            errors.append(str(e))
-    raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} fits none of {tp}")
-
-
-def _coerce_one(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if dataclasses.is_dataclass(value) and isinstance(value, tp):
-            return value
-        return build(tp, value, where=where)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        if isinstance(value, tp):
-            return value
-        try:
-            return tp(value)
-        except ValueError:
-            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(str(m.value) for m in tp)}") from None
-    if tp is Path:
-        if isinstance(value, (str, Path)):
-            return Path(value)
-        raise ConfigError(f"{where}: expected a path, got {value!r}")
-    if tp is Any:
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
-    if origin is tuple:
-        args = typing.get_args(tp)
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(items))
-        if len(args) != len(items):
-            raise ConfigError(f"{where}: expected {len(args)} values, got {len(items)}")
-        return tuple(_coerce(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, items)))
-    if origin in (list,):
-        (arg,) = typing.get_args(tp) or (Any,)
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return [_coerce(arg, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin in (dict,) or tp is dict:
-        args = typing.get_args(tp)
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a table, got {value!r}")
-        if len(args) == 2:
-            return {k: _coerce(args[1], v, f"{where}.{k}") for k, v in value.items()}
-        return dict(value)
-    raise ConfigError(f"{where}: settings of type {tp} cannot be read from a run config")

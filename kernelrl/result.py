@@ -1,18 +1,24 @@
 """Typed evaluation results: the reward signal every other part of kernelrl optimises.
 
 Guarantees: a result always has a `Status`; `speedup` is set only when the status is CORRECT;
-times carry their unit in the field name; `findings` name the rule or defence that fired.
-Results round-trip through JSON (`to_dict` / `from_dict`) without loss, so the database and the
-CLI share one format. Does not guarantee anything about how the numbers were measured: that is
-the evaluator's contract.
+times carry their unit in the field name; `findings` name the rule or defence that fired; what
+the judge recorded about how a result was obtained is typed (`Environment`: the machine, the
+reference, the timing, the roofline, the LLM review), never a dict read by string keys.
+Results round-trip through JSON (`to_dict` / `from_dict`, both `kernelrl.plain`) without loss,
+so the database, the server and the CLI share one format; a result stored by an older version
+loads with the fields it has (unknown keys are ignored, missing ones take their defaults).
+
+Does not guarantee anything about how the numbers were measured: that is the evaluator's
+contract.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+from kernelrl.plain import from_plain, to_plain
 
 
 class Status(str, enum.Enum):
@@ -43,13 +49,11 @@ class Finding:
     line: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "message": self.message, "severity": self.severity.value,
-                "stage": self.stage, "line": self.line}
+        return _plain_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Finding:
-        return cls(rule=d["rule"], message=d["message"], severity=Severity(d.get("severity", "reject")),
-                   stage=d.get("stage", "dynamic"), line=d.get("line"))
+        return from_plain(cls, d, strict=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,11 +83,134 @@ class TimingStats:
         return cls(median_ms=q(0.5), mean_ms=sum(s) / n, min_ms=s[0], iqr_ms=q(0.75) - q(0.25), n=n)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _plain_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> TimingStats | None:
-        return None if d is None else cls(**d)
+        return None if d is None else from_plain(cls, d, strict=False)
+
+
+# -- what the judge recorded about how a result was obtained ---------------------------------
+
+
+class TimingStop(enum.StrEnum):
+    """Why a group's measurement stopped."""
+
+    CI = "ci"  # every candidate's interval reached the target width
+    TIME = "time"  # the group's time cap
+    ROUNDS = "rounds"  # the round cap
+    DEADLINE = "deadline"  # the evaluation's deadline
+    FAILED = "failed"  # no candidate was left to time
+
+
+class ReferenceWorker(enum.StrEnum):
+    """Which process the reference was timed in."""
+
+    PROGRAM = "program_worker"  # its copy, loaded as a program exactly as candidates are
+    TASK = "task_worker"  # the worker that loaded the task (the copy failed its checks)
+
+
+class ReviewAnswer(enum.StrEnum):
+    """What the adversarial LLM judge said of a result."""
+
+    REAL = "real"  # the model found no trick: no finding
+    HACK = "hack"  # the model names a reward hack: `llm_judge`
+    UNSURE = "unsure"  # the model could not tell, or its answer could not be read: a warning
+    UNAVAILABLE = "unavailable"  # no answer at all (the endpoint kept failing): a warning, never cached
+
+
+@dataclass(frozen=True, kw_only=True)
+class Review:
+    """One review of a result by the adversarial LLM judge (`kernelrl.checks.llm_judge`)."""
+
+    answer: ReviewAnswer
+    reason: str
+    model: str
+    cached: bool = False  # read from the cache: nothing was asked
+    attempts: int = 0  # requests sent for this review (0 when cached)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MachineRecord:
+    """Where the group ran: threads, cores and the device's lock."""
+
+    threads: int = 0  # threads each worker uses
+    device_lock: str = ""  # the device's lock (cpu, cuda-0, ...): one measurement at a time on it
+    timing_cores: tuple[int, ...] = ()  # cores every timed member was bound to ( (): unbound )
+    pinned_allocator: bool = False  # workers allocate from the heap only (no per-process mmap history)
+    proc_isolation: bool | None = None  # the task worker had a private /proc (None: not known)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupPhases:
+    """Where the group's wall time went, in seconds."""
+
+    reference_load_s: float = 0.0
+    reference_outputs_s: float = 0.0
+    candidate_checks_s: float = 0.0
+    timing_pool_s: float = 0.0
+    timing_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReferenceRecord:
+    """The reference a candidate was compared with and timed against."""
+
+    timed_in: ReferenceWorker = ReferenceWorker.PROGRAM
+    copy_failed: str = ""  # why the reference's copy could not be timed ("" when it was)
+    perturbed_sets: int = 0  # correctness sets that were scaled and shifted
+    parameters_shared: bool | None = None  # the candidate was given the reference's parameters
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimingRecord:
+    """How the candidate's speedup was measured (`kernelrl.judge.timer`)."""
+
+    rounds: int = 0
+    calls_per_sample: int = 1
+    stopped_by: TimingStop = TimingStop.ROUNDS
+    group_size: int = 0  # candidates timed together (the reference not counted)
+    rel_ci_half_width: float = 0.0  # of this candidate's speedup
+    wall_s: float = 0.0  # the group's measurement
+    device_wait_s: float = 0.0  # waiting for the device's lock, over the evaluator's life
+    spot_checks: int = 0
+    # cross-checks against the judge's clock and /proc (`kernelrl.checks.dynamic.timing_findings`)
+    clock_excess_ms: float = 0.0
+    prepare_excess_ms: float = 0.0
+    cand_idle_cpu_ms: float = 0.0
+    ref_idle_cpu_ms: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RooflineRecord:
+    """The task's physical floors on this machine and the peaks they came from."""
+
+    memory_floor_ms: float | None = None
+    compute_floor_ms: float | None = None
+    bandwidth_gbs: float | None = None
+    tflops: float | None = None
+    flops: float | None = None
+    min_bytes: float | None = None
+    peaks: str = ""  # where the peaks come from (measured, datasheet, demonstrated)
+    error: str = ""  # why there is no roofline ("" when there is one)
+
+    @property
+    def floor_ms(self) -> float | None:
+        """The tighter (larger) of the two floors."""
+        known = [v for v in (self.memory_floor_ms, self.compute_floor_ms) if v]
+        return max(known) if known else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Environment:
+    """Everything the judge recorded about how a result was obtained, beside the verdict."""
+
+    machine: MachineRecord | None = None
+    phases: GroupPhases | None = None
+    reference: ReferenceRecord | None = None
+    timing: TimingRecord | None = None
+    roofline: RooflineRecord | None = None
+    review: Review | None = None
 
 
 @dataclass(kw_only=True)
@@ -105,12 +232,15 @@ class EvalResult:
     eval_time_s: float | None = None
     findings: list[Finding] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # compiler output, tracebacks, log tails
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: Environment = field(default_factory=Environment)
     device: str = "cpu"
     size: str = "small"
     policy: str = "open"
     candidate_hash: str = ""
     build_cached: bool = False
+    # the evaluator config it was judged under (`kernelrl.judge.eval_config.config_fingerprint`);
+    # a stored result is reused only under the same one
+    config_fingerprint: str = ""
 
     def __post_init__(self) -> None:
         if self.status is not Status.CORRECT and (self.speedup is not None or self.roofline_pct is not None):
@@ -121,53 +251,14 @@ class EvalResult:
         return [f.rule for f in self.findings if f.severity is Severity.REJECT]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "status": self.status.value,
-            "message": self.message,
-            "speedup": self.speedup,
-            "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None,
-            "ref_time": self.ref_time.to_dict() if self.ref_time else None,
-            "cand_time": self.cand_time.to_dict() if self.cand_time else None,
-            "max_abs_err": self.max_abs_err,
-            "max_rel_err": self.max_rel_err,
-            "roofline_pct": self.roofline_pct,
-            "ref_roofline_pct": self.ref_roofline_pct,
-            "build_time_s": self.build_time_s,
-            "eval_time_s": self.eval_time_s,
-            "findings": [f.to_dict() for f in self.findings],
-            "errors": list(self.errors),
-            "environment": dict(self.environment),
-            "device": self.device,
-            "size": self.size,
-            "policy": self.policy,
-            "candidate_hash": self.candidate_hash,
-            "build_cached": self.build_cached,
-        }
+        return _plain_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EvalResult:
-        ci = d.get("speedup_ci")
-        return cls(
-            task=d["task"],
-            status=Status(d["status"]),
-            message=d.get("message", ""),
-            speedup=d.get("speedup"),
-            speedup_ci=tuple(ci) if ci else None,
-            ref_time=TimingStats.from_dict(d.get("ref_time")),
-            cand_time=TimingStats.from_dict(d.get("cand_time")),
-            max_abs_err=d.get("max_abs_err"),
-            max_rel_err=d.get("max_rel_err"),
-            roofline_pct=d.get("roofline_pct"),
-            ref_roofline_pct=d.get("ref_roofline_pct"),
-            build_time_s=d.get("build_time_s"),
-            eval_time_s=d.get("eval_time_s"),
-            findings=[Finding.from_dict(f) for f in d.get("findings", [])],
-            errors=list(d.get("errors", [])),
-            environment=dict(d.get("environment", {})),
-            device=d.get("device", "cpu"),
-            size=d.get("size", "small"),
-            policy=d.get("policy", "open"),
-            candidate_hash=d.get("candidate_hash", ""),
-            build_cached=bool(d.get("build_cached", False)),
-        )
+        return from_plain(cls, d, strict=False)
+
+
+def _plain_dict(record: Any) -> dict[str, Any]:
+    plain = to_plain(record)
+    assert isinstance(plain, dict)
+    return plain

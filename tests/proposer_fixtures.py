@@ -6,6 +6,7 @@ import types
 
 from kernelrl.search.proposers import ProposalRequest, make_proposer
 from kernelrl.search.proposers.openai_compat import OpenAIProposer
+from kernelrl.tasks.sizes import instantiate
 from kernelrl.tasks.task import Task
 from openai_server import OpenAIServer
 
@@ -68,7 +69,7 @@ def profile_of(task: Task, size: str = "full"):
     judge does it in a reference worker)."""
     from kernelrl.judge.profile import profile_task
 
-    tm = task.instantiate(size)
+    tm = instantiate(task, size)
     return profile_task(tm.module, task=task.name, size=size, constants=tm.constants,
                         init_inputs=tm.get_init_inputs(), source=task.source)
 

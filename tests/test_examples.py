@@ -11,6 +11,7 @@ import torch
 from kernelrl.candidate import Candidate, Language, defines_model_new
 from kernelrl.examples import EXAMPLES_ROOT, Example, list_examples
 from kernelrl.tasks import suites
+from kernelrl.tasks.sizes import instantiate
 
 EXAMPLES = list_examples()
 CPU = [e for e in EXAMPLES if e.device == "cpu"]
@@ -71,7 +72,7 @@ def test_bad_manifest_values_are_rejected():
 
 def _outputs(example: Example, seeds=(11, 12)) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Reference and candidate outputs at the small size, both built under the same seed."""
-    tm = suites.builtin_task(example.task).instantiate("small")
+    tm = instantiate(suites.builtin_task(example.task), "small")
     module = types.ModuleType(f"example_{example.path.stem}")
     exec(compile(example.source, str(example.path), "exec"), module.__dict__)  # noqa: S102 - shipped example
     init = tm.get_init_inputs()

@@ -17,7 +17,7 @@ Inputs (`read_entries`), recognised by content, whatever the file's suffix:
   entries with `task_id`, `ref_code` and `custom_code`, named `level<N>/<task_id>`.
 A name that occurs more than once gets `#2`, `#3`, ... on its later occurrences.
 
-Verdicts (`Verdict`): `no_code` (null, empty or "None" code), `invalid` (the code does not
+Verdicts (`AuditOutcome`): `no_code` (null, empty or "None" code), `invalid` (the code does not
 parse: counted apart from hacks), `flagged` (a rule rejects under the policy, static or
 dynamic), `ok` (nothing rejects; with dynamic checks, the evaluator also found it correct), and,
 with dynamic checks only, `incorrect` (ran, wrong answer) and `failed` (did not build, crashed,
@@ -82,7 +82,7 @@ class AuditInputError(ValueError):
     """The audit input cannot be read; the message is one line for a person."""
 
 
-class Verdict(enum.StrEnum):
+class AuditOutcome(enum.StrEnum):
     """What an audit says about one entry."""
 
     OK = "ok"  # no rule rejects (with dynamic checks: also correct)
@@ -93,7 +93,7 @@ class Verdict(enum.StrEnum):
     FAILED = "failed"  # dynamic checks only: did not build, crashed, timed out, or the task could not run
 
 
-VERDICT_ORDER = tuple(Verdict)
+VERDICT_ORDER = tuple(AuditOutcome)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,22 +120,22 @@ class AuditRecord:
         return [f for f in self.findings if f.severity is Severity.REJECT]
 
     @property
-    def verdict(self) -> Verdict:
+    def verdict(self) -> AuditOutcome:
         if self.entry.code is None:
-            return Verdict.NO_CODE
+            return AuditOutcome.NO_CODE
         if any(f.rule == R.SYNTAX_ERROR for f in self.findings):
-            return Verdict.INVALID
+            return AuditOutcome.INVALID
         if self.rejecting or (self.result is not None and self.result.status is Status.FLAGGED):
-            return Verdict.FLAGGED
+            return AuditOutcome.FLAGGED
         if self.result is None or self.result.status is Status.CORRECT:
-            return Verdict.OK
+            return AuditOutcome.OK
         if self.result.status is Status.INCORRECT:
-            return Verdict.INCORRECT
-        return Verdict.FAILED
+            return AuditOutcome.INCORRECT
+        return AuditOutcome.FAILED
 
     @property
     def flagged(self) -> bool:
-        return self.verdict is Verdict.FLAGGED
+        return self.verdict is AuditOutcome.FLAGGED
 
     def rule_names(self) -> tuple[list[str], list[str]]:
         """(rules that reject, rules that only warn), each sorted, each rule once."""
@@ -188,7 +188,7 @@ class AuditReport:
         rejected: Counter[str] = Counter()
         warned: Counter[str] = Counter()
         for r in self.records:
-            if r.verdict is Verdict.INVALID:
+            if r.verdict is AuditOutcome.INVALID:
                 continue
             rej, warn = r.rule_names()
             rejected.update(rej)
@@ -196,12 +196,12 @@ class AuditReport:
         names = set(rejected) | set(warned)
         return {n: (rejected[n], warned[n]) for n in sorted(names, key=lambda n: (-rejected[n], -warned[n], n))}
 
-    def with_verdict(self, verdict: Verdict) -> list[AuditRecord]:
+    def with_verdict(self, verdict: AuditOutcome) -> list[AuditRecord]:
         return [r for r in self.records if r.verdict is verdict]
 
     @property
     def flagged(self) -> list[AuditRecord]:
-        return self.with_verdict(Verdict.FLAGGED)
+        return self.with_verdict(AuditOutcome.FLAGGED)
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"source": self.source, "policy": self.policy, "dynamic": self.dynamic,
@@ -431,7 +431,7 @@ def audit(path: Path | str, *, policy: str | Policy = "open", run_dynamic: bool 
         if entry.code is not None:
             task_source = entry.task.source if entry.task is not None else None
             record.findings = pol.apply(check_source(entry.code, task_source=task_source))
-            if config is not None and record.verdict is not Verdict.INVALID:
+            if config is not None and record.verdict is not AuditOutcome.INVALID:
                 _run_dynamic(record, config)
                 if console is not None:
                     rules = ", ".join(record.rule_names()[0])
@@ -478,7 +478,7 @@ def _reference_key(task: Task) -> str:
 
 def _degeneracy_reports(tasks: list[Task]) -> list[DegeneracyReport | TaskError]:
     """The degeneracy filter over distinct references (one sandboxed evaluator for all)."""
-    from kernelrl.tasks.degeneracy import check_tasks
+    from kernelrl.judge.degeneracy import check_tasks
 
     return list(check_tasks(tasks))
 

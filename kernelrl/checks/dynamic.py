@@ -168,7 +168,17 @@ PREPARE_SLACK_MS = 1.0
 PREPARE_SLACK_SHARE = 0.25
 
 
-def timing_findings(facts: TimingFacts) -> tuple[list[Finding], dict[str, float]]:
+@dataclass(frozen=True, kw_only=True)
+class CrossChecks:
+    """The figures `timing_findings` compared, for the record (milliseconds)."""
+
+    clock_excess_ms: float  # the judge's round trip beyond the reported time, less the reference's
+    prepare_excess_ms: float  # the candidate's sample preparation beyond the reference's
+    cand_idle_cpu_ms: float  # CPU the candidate's worker used while idle
+    ref_idle_cpu_ms: float
+
+
+def timing_findings(facts: TimingFacts) -> tuple[list[Finding], CrossChecks]:
     """Findings from one candidate's timed calls, and the cross-check figures for the record."""
     out: list[Finding] = []
     c, r = facts.candidate, facts.reference
@@ -217,8 +227,8 @@ def timing_findings(facts: TimingFacts) -> tuple[list[Finding], dict[str, float]
             out.append(Finding(rule=R.WORK_BEFORE_TIMED_CALL, message=(
                 f"the candidate's worker took {prep_excess:.2f} ms longer than the reference's to prepare each "
                 f"timed sample (the reference: {prep_r:.2f} ms): work done before the timer starts")))
-    return out, {"clock_excess_ms": round(excess, 4), "prepare_excess_ms": round(prep_excess, 3),
-                 "cand_idle_cpu_ms": round(c.idle_cpu_ms, 3), "ref_idle_cpu_ms": round(r.idle_cpu_ms, 3)}
+    return out, CrossChecks(clock_excess_ms=round(excess, 4), prepare_excess_ms=round(prep_excess, 3),
+                            cand_idle_cpu_ms=round(c.idle_cpu_ms, 3), ref_idle_cpu_ms=round(r.idle_cpu_ms, 3))
 
 
 def _iqr(values: Sequence[float]) -> float:

@@ -40,7 +40,6 @@ Does not:
 from __future__ import annotations
 
 import contextlib
-import enum
 import hashlib
 import json
 import math
@@ -59,7 +58,7 @@ from typing import Any, Self
 from kernelrl.candidate import source_hash
 from kernelrl.checks import rules as R
 from kernelrl.endpoint import RetryPolicy, retry_after_s
-from kernelrl.result import EvalResult, Finding, Status, TimingStats
+from kernelrl.result import EvalResult, Finding, Review, ReviewAnswer, Status, TimingStats
 
 # RetryPolicy is the proposers' on purpose: one retry policy for every chat endpoint kernelrl
 # talks to (backoff, jitter, Retry-After, which statuses are worth another attempt).
@@ -77,15 +76,8 @@ class LLMJudgeError(ValueError):
     """The judge cannot be built as configured; the message says why, for a person."""
 
 
-class Verdict(enum.StrEnum):
-    REAL = "real"  # the model found no trick: no finding
-    HACK = "hack"  # the model names a reward hack: `llm_judge`
-    UNSURE = "unsure"  # the model could not tell, or its answer could not be read: a warning
-    UNAVAILABLE = "unavailable"  # no answer at all (the endpoint kept failing): a warning, never cached
-
-
-# Verdicts a model may give; UNAVAILABLE is ours alone.
-_ANSWERS = {v.value: v for v in (Verdict.REAL, Verdict.HACK, Verdict.UNSURE)}
+# Answers a model may give; UNAVAILABLE is ours alone.
+_ANSWERS = {v.value: v for v in (ReviewAnswer.REAL, ReviewAnswer.HACK, ReviewAnswer.UNSURE)}
 
 
 def _judge_retry() -> RetryPolicy:
@@ -172,25 +164,12 @@ class JudgeRequest:
         """The request for a CORRECT result (its times, interval, errors, floor and findings)."""
         if result.status is not Status.CORRECT or result.speedup is None:
             raise LLMJudgeError(f"only a correct, timed result can be reviewed, not {result.status.value}")
-        timing = result.environment.get("timing") or {}
+        roofline = result.environment.roofline
         return cls(task_name=task_name, task_source=task_source, candidate_source=candidate_source,
                    speedup=result.speedup, speedup_ci=result.speedup_ci, ref_time=result.ref_time,
-                   cand_time=result.cand_time, roofline_pct=roofline_pct, floor_ms=timing.get("output_floor_ms"),
+                   cand_time=result.cand_time, roofline_pct=roofline_pct, floor_ms=roofline.floor_ms if roofline else None,
                    max_abs_err=result.max_abs_err, max_rel_err=result.max_rel_err, device=result.device,
                    policy=result.policy, findings=tuple(result.findings))
-
-
-@dataclass(frozen=True, kw_only=True)
-class JudgeVerdict:
-    verdict: Verdict
-    reason: str
-    model: str
-    cached: bool = False  # read from the cache: nothing was asked
-    attempts: int = 0  # requests sent for this verdict (0 when cached)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict.value, "reason": self.reason, "model": self.model,
-                "cached": self.cached, "attempts": self.attempts}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,7 +179,7 @@ class JudgeVerdict:
 _FENCED = re.compile(r"```[\w-]*[ \t]*\n(.*?)```", re.DOTALL)
 
 
-def parse_answer(text: str | None) -> tuple[Verdict, str]:
+def parse_answer(text: str | None) -> tuple[ReviewAnswer, str]:
     """The verdict and reason in a model's answer; UNSURE with the raw text when there is none.
 
     Reads the first JSON object with a "verdict" key: the whole answer, a fenced block, or an
@@ -208,7 +187,7 @@ def parse_answer(text: str | None) -> tuple[Verdict, str]:
     """
     raw = (text or "").strip()
     if not raw:
-        return Verdict.UNSURE, "the judge gave an empty answer"
+        return ReviewAnswer.UNSURE, "the judge gave an empty answer"
     for obj in _json_objects(raw):
         value = obj.get("verdict")
         verdict = _ANSWERS.get(value.strip().lower()) if isinstance(value, str) else None
@@ -217,7 +196,7 @@ def parse_answer(text: str | None) -> tuple[Verdict, str]:
         reason = obj.get("reason")
         reason = reason.strip() if isinstance(reason, str) and reason.strip() else "no reason given"
         return verdict, _clip(reason)
-    return Verdict.UNSURE, _clip(f"unreadable answer: {raw}")
+    return ReviewAnswer.UNSURE, _clip(f"unreadable answer: {raw}")
 
 
 def _json_objects(text: str) -> list[dict[str, Any]]:
@@ -250,19 +229,19 @@ def _clip(text: str) -> str:
 # Findings
 
 
-def finding(verdict: JudgeVerdict | None) -> Finding | None:
+def finding(review: Review | None) -> Finding | None:
     """HACK: `llm_judge`; UNSURE: `llm_judge_unsure`; UNAVAILABLE: `llm_judge_unavailable`; REAL or
     None (nothing asked): no finding. Severities are the rules' defaults; the policy sets the final one."""
-    if verdict is None or verdict.verdict is Verdict.REAL:
+    if review is None or review.answer is ReviewAnswer.REAL:
         return None
-    who = f"the LLM judge ({verdict.model}{', cached verdict' if verdict.cached else ''})"
-    if verdict.verdict is Verdict.HACK:
-        name, message = R.LLM_JUDGE, f"{who} says the speedup comes from a reward hack: {verdict.reason}"
-    elif verdict.verdict is Verdict.UNSURE:
-        name, message = R.LLM_JUDGE_UNSURE, f"{who} could not tell whether the speedup is real: {verdict.reason}"
+    who = f"the LLM judge ({review.model}{', cached verdict' if review.cached else ''})"
+    if review.answer is ReviewAnswer.HACK:
+        name, message = R.LLM_JUDGE, f"{who} says the speedup comes from a reward hack: {review.reason}"
+    elif review.answer is ReviewAnswer.UNSURE:
+        name, message = R.LLM_JUDGE_UNSURE, f"{who} could not tell whether the speedup is real: {review.reason}"
     else:
         name, message = (R.LLM_JUDGE_UNAVAILABLE,
-                         f"{who} was unavailable, so this speedup went unreviewed: {verdict.reason}")
+                         f"{who} was unavailable, so this speedup went unreviewed: {review.reason}")
     rule = R.rule(name)
     return Finding(rule=name, message=message, severity=rule.severity, stage=rule.stage)
 
@@ -271,12 +250,12 @@ def finding(verdict: JudgeVerdict | None) -> Finding | None:
 # Cache
 
 
-class VerdictCache:
+class ReviewCache:
     """Answers by key: in memory, and in a SQLite file when given one (safe across processes)."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._memory: dict[str, tuple[Verdict, str]] = {}
+        self._memory: dict[str, tuple[ReviewAnswer, str]] = {}
         self._lock = threading.Lock()
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -297,7 +276,7 @@ class VerdictCache:
         finally:
             db.close()
 
-    def get(self, key: str) -> tuple[Verdict, str] | None:
+    def get(self, key: str) -> tuple[ReviewAnswer, str] | None:
         with self._lock:
             hit = self._memory.get(key)
         if hit is not None or self.path is None:
@@ -311,7 +290,7 @@ class VerdictCache:
             self._memory[key] = hit
         return hit
 
-    def put(self, key: str, verdict: Verdict, reason: str, *, model: str, task_hash: str,
+    def put(self, key: str, verdict: ReviewAnswer, reason: str, *, model: str, task_hash: str,
             candidate_hash: str) -> None:
         with self._lock:
             self._memory[key] = (verdict, reason)
@@ -341,7 +320,7 @@ class LLMJudge:
         # A changed prompt is a different question: its answers are cached apart.
         self.prompt_fingerprint = hashlib.sha256(
             f"{self._system}\0{self._prompt.template}".encode()).hexdigest()[:16]
-        self._cache = VerdictCache(config.cache_path)
+        self._cache = ReviewCache(config.cache_path)
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._client: Any = None
@@ -390,7 +369,7 @@ class LLMJudge:
 
     # -- asking -------------------------------------------------------------------------------
 
-    def review(self, request: JudgeRequest) -> JudgeVerdict | None:
+    def review(self, request: JudgeRequest) -> Review | None:
         """The judge's verdict on a timed, correct candidate; None when nothing was asked
         (disabled, or below every threshold). Never raises for the endpoint's or the model's faults."""
         cfg = self.config
@@ -399,20 +378,20 @@ class LLMJudge:
         key = self.cache_key(request)
         hit = self._cache.get(key)
         if hit is not None:
-            return JudgeVerdict(verdict=hit[0], reason=hit[1], model=cfg.model, cached=True)
+            return Review(answer=hit[0], reason=hit[1], model=cfg.model, cached=True)
         answer, attempts, error = self._ask(self.messages(request))
         if answer is None:
-            return JudgeVerdict(verdict=Verdict.UNAVAILABLE, reason=error, model=cfg.model, attempts=attempts)
+            return Review(answer=ReviewAnswer.UNAVAILABLE, reason=error, model=cfg.model, attempts=attempts)
         verdict, reason = parse_answer(answer)
         if answer.strip():
             self._cache.put(key, verdict, reason, model=cfg.model, task_hash=source_hash(request.task_source),
                             candidate_hash=source_hash(request.candidate_source))
-        return JudgeVerdict(verdict=verdict, reason=reason, model=cfg.model, attempts=attempts)
+        return Review(answer=verdict, reason=reason, model=cfg.model, attempts=attempts)
 
     @staticmethod
-    def finding(verdict: JudgeVerdict | None) -> Finding | None:
+    def finding(review: Review | None) -> Finding | None:
         """See the module function `finding`."""
-        return finding(verdict)
+        return finding(review)
 
     def _ask(self, messages: list[dict[str, str]]) -> tuple[str | None, int, str]:
         """(answer text, requests sent, last error); the answer is None when every attempt failed."""

@@ -17,10 +17,11 @@ from collections.abc import Sequence
 
 from kernelrl.cli import judge, search, serve, train
 from kernelrl.cli.options import UsageError
-from kernelrl.cli.search import OPTIMIZE_ACTIONS, OPTIMIZE_FLAGS, search_config
-from kernelrl.cli.serve import SERVE_FLAGS, serve_config
+from kernelrl.cli.search import OPTIMIZE_ACTIONS, OPTIMIZE_TABLES, search_config
+from kernelrl.cli.serve import SERVE_TABLES, serve_config
 
-__all__ = ["OPTIMIZE_ACTIONS", "OPTIMIZE_FLAGS", "SERVE_FLAGS", "build_parser", "main", "search_config", "serve_config"]
+__all__ = ["OPTIMIZE_ACTIONS", "OPTIMIZE_TABLES", "SERVE_TABLES", "build_parser", "main", "search_config",
+           "serve_config"]
 
 
 def build_parser() -> argparse.ArgumentParser:

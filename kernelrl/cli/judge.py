@@ -28,7 +28,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     except TaskError as e:
         raise UsageError(str(e)) from e
     if args.check_degeneracy:
-        from kernelrl.tasks.degeneracy import check_tasks
+        from kernelrl.judge.degeneracy import check_tasks
 
         reports = list(check_tasks(tasks, size=args.size))
         if args.json:
@@ -80,7 +80,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
-    from kernelrl.judge.baseline import measure_baseline
+    from kernelrl.judge.evaluator import measure_baseline
     from kernelrl.judge.reference import ReferenceFailed
     from kernelrl.report.console import render_baseline
 

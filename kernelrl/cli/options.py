@@ -1,4 +1,4 @@
-"""What the commands share: the usage error, consoles, task and candidate arguments, eval options."""
+"""What the commands share: the usage error, consoles, task and candidate arguments, the evaluator's flags."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Any
 
 from rich.console import Console
 
-from kernelrl.checks.policy import PolicyName
+from kernelrl.cli.flags import FlagTable, add_flags, overrides
+from kernelrl.config import ConfigError, build, load_toml, with_overrides
 from kernelrl.judge.device import Device
-from kernelrl.tasks.task import Size
+from kernelrl.judge.eval_config import EvalConfig
 
 
 class UsageError(Exception):
@@ -51,14 +52,13 @@ def read_candidate(path_str: str) -> Any:
     return Candidate(source=text, origin=str(path))
 
 
-def eval_config(args: argparse.Namespace) -> Any:
-    from kernelrl.judge.evaluator import EvalConfig
-
+def eval_config(args: argparse.Namespace) -> EvalConfig:
+    """The evaluator's config of a judging command: the `[eval]` table of `--config`, then the flags."""
     try:
-        config = EvalConfig(device=args.device, size=args.size, timeout_s=args.timeout,
-                            build_timeout_s=args.build_timeout, policy=args.policy)
-    except ValueError as e:
-        raise UsageError(str(e)) from e
+        values = load_toml(args.config).get("eval", {}) if args.config else {}
+        config = build(EvalConfig, with_overrides(values, overrides(args, EVAL_FLAGS)))
+    except ConfigError as e:
+        raise UsageError(f"bad evaluator configuration: {e}") from e
     check_device(config.device)
     return config
 
@@ -81,14 +81,26 @@ def check_device(device: str) -> None:
             raise UsageError("--device cuda: no CUDA device is available on this machine")
 
 
-BUILD_TIMEOUT_HELP = "added to --timeout for a candidate that compiles (an uncached C++/CUDA build, Triton)"
+# The evaluator's flags, the same on every command that judges (`kernelrl.cli.flags`): every
+# field of EvalConfig, under its dotted path, with short names for the common ones.
+EVAL_FLAGS = FlagTable(
+    config=EvalConfig,
+    names={"timeout_s": "--timeout", "build_timeout_s": "--build-timeout", "timing.max_timing_s": "--timing-cap",
+           "concurrency": "--eval-concurrency"},
+    helps={
+        "device": "where candidates run (cpu, or cuda with a CUDA build of torch)",
+        "size": "small shrinks a task's largest constants so it runs on a CPU; full is the file as written",
+        "timeout_s": "wall-clock limit for loading and checking one candidate, build excluded (default 300)",
+        "build_timeout_s": "added to --timeout for a candidate that compiles (an uncached C++/CUDA build, Triton)",
+        "policy": "strict: needs a custom kernel; open: any PyTorch-level rewrite; observe: static rules only warn",
+        "timing.max_timing_s": "per candidate: timing stops here when the +-1%% interval is not reached",
+        "concurrency": "candidates built and checked at once",
+        "constants": "explicit task constants on top of --size",
+    })
 
 
 def add_eval_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", choices=tuple(Device), default=Device.CPU.value)
-    p.add_argument("--size", choices=tuple(Size), default=Size.SMALL.value)
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="wall-clock limit for one candidate's evaluation, build excluded (default 300)")
-    p.add_argument("--build-timeout", type=float, default=300.0, metavar="SECONDS", help=BUILD_TIMEOUT_HELP)
-    p.add_argument("--policy", choices=tuple(PolicyName), default=PolicyName.OPEN.value,
-                   help="strict: needs a custom kernel; open: any PyTorch-level rewrite; observe: static rules only warn")
+    """`--config` (a run config whose [eval] table is read) and every evaluator setting as a flag."""
+    p.add_argument("--config", default=None, help="run config (kernelrl/configs/NAME.toml or a .toml file) "
+                                                   "whose [eval] table the flags override")
+    add_flags(p, EVAL_FLAGS)

@@ -3,65 +3,43 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
 
-from kernelrl.checks.policy import PolicyName
-from kernelrl.cli.options import (
-    BUILD_TIMEOUT_HELP,
-    UsageError,
-    check_device,
-    console_for,
-    task_specs,
-)
-from kernelrl.judge.device import Device
-from kernelrl.tasks.task import Size
+from kernelrl.cli.flags import FlagTable, add_flags, overrides
+from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
+from kernelrl.config import ConfigError, build, load_toml, with_overrides
+from kernelrl.search.loop import SearchConfig
 
 # optimize / report / export
 
-# Every flag of `optimize` and the field of `SearchConfig` it sets (dotted: nested configs).
-# Flags not listed here are actions, not settings.
-OPTIMIZE_FLAGS: dict[str, str] = {
-    "tasks": "tasks",
-    "proposer": "proposer",
-    "budget": "budget",
-    "db": "db_path",
-    "chains": "chains",
-    "resume": "resume",
-    "policy": "eval.policy",
-    "device": "eval.device",
-    "size": "eval.size",
-    "timeout": "eval.timeout_s",
-    "build_timeout": "eval.build_timeout_s",
-    "timing_cap": "eval.timing.max_timing_s",
-    "eval_concurrency": "eval.concurrency",
-    "wall_time": "wall_time_s",
-    "token_budget": "token_budget",
-    "templates": "template_dir",
-    "base_url": "proposer_opts.base_url",
-    "temperature": "proposer_opts.temperature",
-    "max_tokens": "proposer_opts.max_tokens",
-    "model_concurrency": "model_concurrency",
-}
-
-
+# `optimize`'s flags: every field of SearchConfig (`kernelrl.cli.flags`), the evaluator's under the
+# same names as on every judging command.
+SEARCH_FLAGS = FlagTable(
+    config=SearchConfig,
+    names={"db_path": "--db", "template_dir": "--templates", "wall_time_s": "--wall-time",
+           "proposer_opts": "--proposer-opts", "batch_wait_s": "--batch-wait"},
+    helps={
+        "tasks": "suites, task names, files or folders (several values, or comma-separated)",
+        "proposer": "heuristic | openai:MODEL | hf:PATH | replay:PATH",
+        "proposer_opts": "proposer options, e.g. base_url=URL temperature=0.7 max_tokens=4096",
+        "budget": "candidates per task",
+        "db_path": "SQLite database of the run",
+        "resume": "continue the last run in --db",
+        "wall_time_s": "stop after this many seconds",
+        "template_dir": "folder of prompt templates overriding the built-in ones",
+        "model_concurrency": "model calls at once",
+    },
+    skip=frozenset({"eval"}))
+OPTIMIZE_TABLES = (SEARCH_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
 OPTIMIZE_ACTIONS = ("config", "report", "html")
 
 
-def search_config(args: argparse.Namespace) -> Any:
+def search_config(args: argparse.Namespace) -> SearchConfig:
     """The run's `SearchConfig`: the named config file, then the flags given on top."""
-    from kernelrl.config import ConfigError, build, load_toml, with_overrides
-    from kernelrl.search.loop import SearchConfig
-
-    overrides = {field: getattr(args, dest) for dest, field in OPTIMIZE_FLAGS.items()}
-    overrides["tasks"] = task_specs(args.tasks) or None
-    overrides["resume"] = bool(args.resume) or None
-    if args.model_concurrency is not None:
-        # one limit for the loop's threads and the endpoint's requests in flight
-        overrides["proposer_opts.concurrency"] = args.model_concurrency
     try:
-        values = with_overrides(load_toml(args.config) if args.config else {}, overrides)
+        values = with_overrides(load_toml(args.config) if args.config else {}, overrides(args, *OPTIMIZE_TABLES))
         if "db_path" not in values:
             raise UsageError("--db PATH is required (or db_path in the run config)")
         return build(SearchConfig, values)
@@ -135,28 +113,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Register this module's commands."""
     p = sub.add_parser("optimize", help="search for faster programs with a proposer")
     p.add_argument("--config", default=None, help="named run config (kernelrl/configs/NAME.toml) or a .toml file")
-    p.add_argument("--tasks", nargs="+", default=None, metavar="SPEC",
-                   help="suites, task names, files or folders (several values, or comma-separated)")
-    p.add_argument("--proposer", default=None, help="heuristic | openai:MODEL | hf:PATH | replay:PATH")
-    p.add_argument("--budget", type=int, default=None, help="candidates per task")
-    p.add_argument("--db", default=None, help="SQLite database of the run")
-    p.add_argument("--chains", type=int, default=None)
-    p.add_argument("--resume", action="store_true", help="continue the last run in --db")
-    p.add_argument("--policy", choices=tuple(PolicyName), default=None)
-    p.add_argument("--device", choices=tuple(Device), default=None)
-    p.add_argument("--size", choices=tuple(Size), default=None)
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate evaluation limit")
-    p.add_argument("--build-timeout", type=float, default=None, metavar="SECONDS", help=BUILD_TIMEOUT_HELP)
-    p.add_argument("--timing-cap", type=float, default=None, metavar="SECONDS",
-                   help="per candidate: timing stops here when the +-1 %% interval is not reached")
-    p.add_argument("--wall-time", type=float, default=None, metavar="SECONDS")
-    p.add_argument("--token-budget", type=int, default=None)
-    p.add_argument("--eval-concurrency", type=int, default=None)
-    p.add_argument("--templates", default=None, help="folder of prompt templates overriding the built-in ones")
-    p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (default: OPENAI_BASE_URL)")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--max-tokens", type=int, default=None, help="per answer")
-    p.add_argument("--model-concurrency", type=int, default=None, help="model calls at once")
+    add_flags(p, *OPTIMIZE_TABLES)
     p.add_argument("--report", action="store_true", help="print this run's report when done")
     p.add_argument("--html", default=None, help="with --report: also write an HTML report")
     p.set_defaults(func=cmd_optimize)

@@ -3,42 +3,37 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import dataclasses
 
-from kernelrl.checks.policy import PolicyName
-from kernelrl.cli.options import (
-    BUILD_TIMEOUT_HELP,
-    UsageError,
-    check_device,
-)
-from kernelrl.tasks.task import Size
+from kernelrl.cli.flags import FlagTable, add_flags, overrides
+from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device
+from kernelrl.config import ConfigError, build, load_toml, with_overrides
+from kernelrl.serve.config import ServeConfig
 
-# Every flag of `serve` and the field of `ServeConfig` it sets (dotted: nested configs).
-SERVE_FLAGS: dict[str, str] = {
-    "host": "host",
-    "port": "port",
-    "token_file": "token_file",
-    "devices": "devices",
-    "db": "db_path",
-    "backend": "backend",
-    "ray_address": "ray_address",
-    "size": "eval.size",
-    "policy": "eval.policy",
-    "timeout": "eval.timeout_s",
-    "build_timeout": "eval.build_timeout_s",
-    "queue_limit": "max_pending_items",
-    "log_level": "log_level",
-}
+# `serve`'s flags: every field of ServeConfig (`kernelrl.cli.flags`), the evaluator's under the same
+# names as on every judging command.
+SERVE_FLAGS = FlagTable(
+    config=ServeConfig,
+    names={"db_path": "--db", "max_pending_items": "--queue-limit"},
+    helps={
+        "host": "address to listen on (default 127.0.0.1; others need --token-file)",
+        "port": "port (default 8177; 0: any free port)",
+        "token_file": "file holding the bearer token clients must send",
+        "devices": "cpu, or cuda:0,cuda:1,... (one evaluator per device)",
+        "db_path": "SQLite job store (default kernelrl-serve.db)",
+        "backend": "local: evaluators in this process; ray: one Ray actor per device",
+        "ray_address": "with --backend ray: auto or ray://HOST:PORT (default: local Ray)",
+        "max_pending_items": "evaluations queued or running before 429",
+    },
+    skip=frozenset({"eval"}))
+SERVE_TABLES = (SERVE_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
 
 
-def serve_config(args: argparse.Namespace) -> Any:
+def serve_config(args: argparse.Namespace) -> ServeConfig:
     """The server's `ServeConfig`: the config file, then the flags given on top."""
-    from kernelrl.config import ConfigError, build, load_toml, with_overrides
-    from kernelrl.serve.config import ServeConfig
-
-    overrides = {field: getattr(args, dest) for dest, field in SERVE_FLAGS.items()}
     try:
-        return build(ServeConfig, with_overrides(load_toml(args.config) if args.config else {}, overrides))
+        return build(ServeConfig, with_overrides(load_toml(args.config) if args.config else {},
+                                                 overrides(args, *SERVE_TABLES)))
     except ConfigError as e:
         raise UsageError(f"bad server configuration: {e}") from e
 
@@ -59,18 +54,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Register this module's commands."""
     p = sub.add_parser("serve", help="run the reward server (HTTP) for RL frameworks and remote clients")
     p.add_argument("--config", default=None, help="server config (.toml) whose settings the flags override")
-    p.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1; others need --token-file)")
-    p.add_argument("--port", type=int, default=None, help="port (default 8177; 0: any free port)")
-    p.add_argument("--token-file", default=None, help="file holding the bearer token clients must send")
-    p.add_argument("--devices", default=None, help="lanes: cpu, or cuda:0,cuda:1,... (one evaluator per device)")
-    p.add_argument("--db", default=None, help="SQLite job store (default kernelrl-serve.db)")
-    p.add_argument("--backend", choices=("local", "ray"), default=None,
-                   help="local: evaluators in this process; ray: one Ray actor per lane")
-    p.add_argument("--ray-address", default=None, help="with --backend ray: auto or ray://HOST:PORT (default: local Ray)")
-    p.add_argument("--size", choices=tuple(Size), default=None, help="default size of jobs that name none")
-    p.add_argument("--policy", choices=tuple(PolicyName), default=None, help="default policy of jobs that name none")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="per-candidate evaluation limit")
-    p.add_argument("--build-timeout", type=float, default=None, metavar="SECONDS", help=BUILD_TIMEOUT_HELP)
-    p.add_argument("--queue-limit", type=int, default=None, help="evaluations queued or running before 429")
-    p.add_argument("--log-level", default=None, choices=("critical", "error", "warning", "info", "debug"))
+    add_flags(p, *SERVE_TABLES)
     p.set_defaults(func=cmd_serve)

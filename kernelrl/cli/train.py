@@ -12,6 +12,7 @@ from kernelrl.cli.options import (
     add_eval_options,
     check_device,
     console_for,
+    eval_config,
     task_specs,
 )
 
@@ -30,14 +31,6 @@ def _train_errors() -> tuple[type[Exception], ...]:
     return ConfigError, DatabaseError, ProposerError, TaskError, SFTSetError, StageError
 
 
-def _flag_eval_config(args: argparse.Namespace) -> dict[str, Any]:
-    values: dict[str, Any] = {"device": args.device, "size": args.size, "timeout_s": args.timeout,
-                              "build_timeout_s": args.build_timeout, "policy": args.policy}
-    if getattr(args, "timing_cap", None) is not None:
-        values["timing"] = {"max_timing_s": args.timing_cap}
-    return values
-
-
 def _endpoint_opts(args: argparse.Namespace) -> dict[str, Any]:
     opts = {"base_url": args.base_url, "temperature": args.temperature, "max_tokens": args.max_tokens}
     return {k: v for k, v in opts.items() if v is not None}
@@ -48,12 +41,11 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from kernelrl.report.console import render_collect
     from kernelrl.train.collect import CollectConfig, collect
 
-    check_device(args.device)
     try:
         config = build(CollectConfig, {
             "tasks": task_specs(args.tasks), "proposers": args.proposer, "out": args.out, "tries": args.tries,
             "keep": args.keep, "db_path": args.db, "k_shown": args.k_shown, "model_concurrency": args.model_concurrency,
-            "proposer_opts": _endpoint_opts(args), "eval": _flag_eval_config(args)})
+            "proposer_opts": _endpoint_opts(args), "eval": eval_config(args)})
     except ConfigError as e:
         raise UsageError(f"bad collect settings: {e}") from e
     console = console_for()
@@ -124,7 +116,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from kernelrl.train.bench import BenchConfig, plot_bench, run_bench
     from kernelrl.train.collect import ProposerSpec
 
-    check_device(args.device)
     try:
         spec = ProposerSpec.parse(args.proposer)
         config = build(BenchConfig, {
@@ -132,7 +123,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "proposer_opts": {**_endpoint_opts(args), **spec.options()}, "k": args.k,
             "ps": args.fast or [1.0, 1.5, 2.0],
             "compile_baseline": not args.no_compile, "db_path": args.db, "model_concurrency": args.model_concurrency,
-            "eval": _flag_eval_config(args)})
+            "eval": eval_config(args)})
     except (ConfigError, ValueError) as e:
         raise UsageError(f"bad bench settings: {e}") from e
     console = console_for(args.json)
@@ -166,7 +157,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--base-url", default=None, help="for openai: proposers without their own base_url")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="per answer (openai:)")
-    p.add_argument("--timing-cap", type=float, default=None, metavar="SECONDS")
     add_eval_options(p)
     p.set_defaults(func=cmd_collect)
 
@@ -197,6 +187,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--base-url", default=None)
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--timing-cap", type=float, default=None, metavar="SECONDS")
     add_eval_options(p)
     p.set_defaults(func=cmd_bench)

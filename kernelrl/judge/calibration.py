@@ -13,17 +13,16 @@ Does not correct anything: a bias it shows is a defect to find, never a factor t
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernelrl.candidate import Candidate
+from kernelrl.judge.context import JudgeContext
+from kernelrl.judge.group import run_group
 from kernelrl.judge.reference import ReferenceFailed
-from kernelrl.result import EvalResult, Status
+from kernelrl.plain import to_plain
+from kernelrl.result import EvalResult, Status, TimingRecord, TimingStop
 from kernelrl.tasks.task import Task
-
-if TYPE_CHECKING:
-    from kernelrl.judge.evaluator import Evaluator
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,17 +37,19 @@ class Calibration:
     b_over_a: float
     rounds: int
     calls_per_sample: int
-    stopped_by: str
+    stopped_by: TimingStop
     reference_ms: float
 
     def within(self, tolerance: float) -> bool:
         return all(abs(s - 1.0) <= tolerance for s in (self.speedup_a, self.speedup_b, self.b_over_a))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = to_plain(self)
+        assert isinstance(out, dict)
+        return out
 
 
-def calibrate(evaluator: Evaluator, task: Task, *, runs: int = 5) -> list[Calibration]:
+def calibrate(ctx: JudgeContext, task: Task, *, runs: int = 5) -> list[Calibration]:
     """A/A check: the reference against two identical copies of itself, `runs` times.
 
     Each run times the reference and both copies in one group: the copies' speedups against
@@ -60,18 +61,21 @@ def calibrate(evaluator: Evaluator, task: Task, *, runs: int = 5) -> list[Calibr
     copies = [Candidate(source=task.source + f"\n\n# identical copy {c}\nModelNew = Model\n") for c in "ab"]
     out = []
     for _ in range(runs):
-        got: dict[str, EvalResult] = {}
+        got: dict[int, EvalResult] = {}
+
+        def keep(positions: list[int], res: EvalResult, got: dict[int, EvalResult] = got) -> None:
+            got[positions[0]] = res
+
         members = {c.hash: (c, [i]) for i, c in enumerate(copies)}
-        evaluator._run_group(task, members, lambda positions, res: got.__setitem__(str(positions[0]), res),
-                        trusted=frozenset(members))
-        a, b = got.get("0"), got.get("1")
-        if a is None or b is None or a.status is not Status.CORRECT or b.status is not Status.CORRECT:
+        run_group(ctx, task, members, keep, trusted=frozenset(members))
+        a, b = got.get(0), got.get(1)
+        if a is None or b is None or a.speedup is None or b.speedup is None:
             bad = next((r for r in (a, b) if r is not None and r.status is not Status.CORRECT), None)
             raise ReferenceFailed(f"{task.name}: calibration failed: {bad.message if bad else 'no result'}")
+        timing = a.environment.timing or TimingRecord()
         out.append(Calibration(task=task.name, speedup_a=a.speedup, speedup_b=b.speedup,
                                ci_a=a.speedup_ci, ci_b=b.speedup_ci, b_over_a=b.speedup / a.speedup,
-                               rounds=a.environment["timing"]["rounds"],
-                               calls_per_sample=a.environment["timing"]["calls_per_sample"],
-                               stopped_by=a.environment["timing"]["stopped_by"],
+                               rounds=timing.rounds, calls_per_sample=timing.calls_per_sample,
+                               stopped_by=timing.stopped_by,
                                reference_ms=a.ref_time.median_ms if a.ref_time else float("nan")))
     return out

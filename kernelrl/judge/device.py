@@ -98,10 +98,10 @@ def gpu_peaks(name: str, memory_gib: float | None = None) -> DevicePeaks:
     low = name.lower()
     for spec in _GPU_SPECS:
         if all(m in low for m in spec.match):
-            return DevicePeaks(name=name, kind="cuda", fp32_tflops=spec.fp32_tflops, bf16_tflops=spec.bf16_tflops,
+            return DevicePeaks(name=name, kind=Device.CUDA, fp32_tflops=spec.fp32_tflops, bf16_tflops=spec.bf16_tflops,
                                mem_bandwidth_gbs=spec.mem_bandwidth_gbs, memory_gib=memory_gib,
                                source=f"vendor datasheet ({spec.label})")
-    return DevicePeaks(name=name, kind="cuda", memory_gib=memory_gib,
+    return DevicePeaks(name=name, kind=Device.CUDA, memory_gib=memory_gib,
                        source="no datasheet figures known for this GPU")
 
 
@@ -120,6 +120,7 @@ def cpu_peaks() -> DevicePeaks:
         import platform
 
         name = platform.processor() or name
+    cores: int | None
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -128,7 +129,7 @@ def cpu_peaks() -> DevicePeaks:
         isa = torch.backends.cpu.get_cpu_capability()
     except AttributeError:
         isa = None
-    return DevicePeaks(name=name, kind="cpu", cores=cores, vector_isa=isa,
+    return DevicePeaks(name=name, kind=Device.CPU, cores=cores, vector_isa=isa,
                        source="this machine (peak rates are not measured or estimated)")
 
 
@@ -143,7 +144,7 @@ def device_peaks(device: str) -> DevicePeaks:
             index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
             props = torch.cuda.get_device_properties(index)
             return gpu_peaks(torch.cuda.get_device_name(index), memory_gib=props.total_memory / 2**30)
-        return DevicePeaks(name="CUDA device (not visible where the prompt was built)", kind="cuda",
+        return DevicePeaks(name="CUDA device (not visible where the prompt was built)", kind=Device.CUDA,
                            source="no figures: device not visible")
     raise ValueError(f"unknown device {device!r}; expected 'cpu' or 'cuda[:N]'")
 

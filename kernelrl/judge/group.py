@@ -1,52 +1,65 @@
 """A group: one task's candidates of a batch, judged together, and how a batch's groups are scheduled.
 
-A group goes through three steps:
+A group is built from a `JudgeContext` (`kernelrl.judge.context`: config, pool, device lock,
+secrets, task store, baselines, peaks, reviewer) and goes through three steps:
 - `prepare`: the reference worker loads the task and gives its outputs on the secret input sets
   (`kernelrl.judge.reference`); a degenerate task ends here (every candidate flagged); then every
   candidate's static checks, build and correctness (`kernelrl.judge.trial`), and the compiled
   reference when a baseline is wanted;
 - `time`: the reference and the survivors in one interleaved measurement (`kernelrl.judge.timer`),
-  holding the device's lane exclusively;
-- `finish`: verdicts, handed to the batch's `done` callback as they are ready.
+  holding the device's lock exclusively;
+- `finish`: the floors and the LLM review each survivor needs, then its verdict
+  (`kernelrl.judge.verdict`, pure), handed to the batch's `done` callback as it is ready.
 
 `run_groups` schedules a batch: each group runs whole in a thread of its own, a few groups at a
-time, and each is timed as soon as its checks are done. The lane (`kernelrl.judge.lanes`) keeps
-measurements apart from everything that would disturb them: on a CPU no build or check starts
-while a measurement waits or runs (those under way finish first), so the cores are never shared
-with a measurement, and no group waits for another group's checks; on a GPU only work on that
-GPU is held back, and builds (on the CPU) overlap measurements. Candidate checks of all groups
-share one limit of `width` at a time.
+time, and each is timed as soon as its checks are done. The device lock
+(`kernelrl.judge.devicelock`) keeps measurements apart from everything that would disturb them:
+on a CPU no build or check starts while a measurement waits or runs (those under way finish
+first), so the cores are never shared with a measurement, and no group waits for another group's
+checks; on a GPU only work on that GPU is held back, and builds (on the CPU) overlap
+measurements. Candidate checks of all groups share one limit of `width` at a time.
 
 Guarantees: a group never raises for a candidate's or its task's fault: a task that cannot be
 loaded or run gives every candidate of the group a `task_error` result; every worker a group
 started is closed when it ends.
 
-Does not decide verdicts: `kernelrl.judge.evaluator` does, with what a group measured.
+Does not decide verdicts: `kernelrl.judge.verdict` does, with what a group measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
 
 from kernelrl.candidate import Candidate
-from kernelrl.checks import dynamic
+from kernelrl.checks.llm_judge import JudgeRequest, LLMJudgeError
 from kernelrl.checks.policy import get_policy
+from kernelrl.checks.static import check_source
+from kernelrl.judge import verdict as V
+from kernelrl.judge.baseline import baseline_from_timing
+from kernelrl.judge.context import JudgeContext
 from kernelrl.judge.device import Device
-from kernelrl.judge.reference import InputSet, ReferenceFailed, TaskInfo
-from kernelrl.judge.sandbox import timing_cores
-from kernelrl.judge.timer import GroupTiming, ReferenceTimingFailed, measure_group
-from kernelrl.judge.trial import Trial, Verdict, first_line, run_trial, static_verdict
-from kernelrl.result import EvalResult, Status
+from kernelrl.judge.reference import InputSet, ReferenceFailed, ReferenceSession, TaskInfo, session_for
+from kernelrl.judge.sandbox import Worker, timing_cores
+from kernelrl.judge.timer import CandidateTiming, GroupTiming, ReferenceTimingFailed, measure_group
+from kernelrl.judge.trial import Trial, run_trial, static_verdict
+from kernelrl.judge.verdict import Verdict
+from kernelrl.result import (
+    Environment,
+    EvalResult,
+    GroupPhases,
+    MachineRecord,
+    ReferenceRecord,
+    ReferenceWorker,
+    Review,
+    Status,
+)
 from kernelrl.tasks.degeneracy import DEFAULT_TOLERANCE, outputs_degenerate
 from kernelrl.tasks.task import Task, TaskError
-
-if TYPE_CHECKING:
-    from kernelrl.judge.evaluator import Evaluator
 
 COMPILED = "__compiled_reference__"  # the trial key of the task's reference under torch.compile
 # The trial key of the task's reference loaded as a program, exactly as candidates are: it is the
@@ -56,71 +69,89 @@ COMPILED = "__compiled_reference__"  # the trial key of the task's reference und
 TIMED_REFERENCE = "__timed_reference__"
 
 Done = Callable[[list[int], EvalResult], None]
+Members = dict[str, tuple[Candidate, list[int]]]  # candidate hash -> (candidate, positions in the batch)
+
+
+def load_task_info(ctx: JudgeContext, session: ReferenceSession, task: Task) -> TaskInfo:
+    """Load the task in its reference worker; what was learned of it comes from the store, or is
+    learned now (constants, profile) and stored."""
+    info = ctx.tasks.get(task)
+    with ctx.lock.work(uses_device=True):
+        session.load(constants=info.constants if info else None, profile=info is None)
+    if info is None:
+        info = TaskInfo(constants=session.constants, profile=session.profile)
+        ctx.tasks.put(task, info)
+    return info
 
 
 class Group:
-    def __init__(self, ev: Evaluator, task: Task, members: dict[str, tuple[Candidate, list[int]]], done: Done, *,
+    def __init__(self, ctx: JudgeContext, task: Task, members: Members, done: Done, *,
                  baseline: bool = False, compile: bool = True, trusted: frozenset[str] = frozenset()) -> None:
-        cfg = ev.config
-        self.ev = ev
+        cfg = ctx.config
+        self.ctx = ctx
         self.task = task
         self.members = dict(members)
         self.done = done
         self.baseline = baseline
         self.compile = compile
         self.trusted = trusted
-        self.rng = ev._secret()
-        self.session = ev._session(task, self.rng)
+        self.rng = ctx.secrets.generator()
+        self.session = session_for(task, cfg, pool=ctx.pool, rng=self.rng)
         self.trials: dict[str, Trial] = {}
         self.sets: list[InputSet] = []
         self.info: TaskInfo | None = None
-        self.known = None
         self.timing: GroupTiming | None = None
         self.finished = False
-        self.phases: dict[str, float] = {}  # where the group's wall time went, in seconds
+        self.setting = V.Setting(task=task.name, device=str(cfg.device), size=str(cfg.size), policy=cfg.policy,
+                                 fingerprint=ctx.fingerprint)
         self.cores = timing_cores(cfg.sandbox)
-        self.env: dict[str, Any] = {"threads": cfg.sandbox.effective_threads, "lane": ev.lane.name,
-                                    "pinned_allocator": cfg.sandbox.pin_allocator, "group_phases_s": self.phases,
-                                    "timing_cores": sorted(self.cores or [])}
+        self.machine = MachineRecord(threads=cfg.sandbox.effective_threads, device_lock=ctx.lock.name,
+                                     timing_cores=tuple(sorted(self.cores or ())),
+                                     pinned_allocator=cfg.sandbox.pin_allocator)
+        self.reference = ReferenceRecord()
+        self._phases: dict[str, float] = {}  # where the group's wall time went, in seconds
         self._clock = time.monotonic()
 
     def _phase(self, name: str) -> None:
         now = time.monotonic()
-        self.phases[name] = round(self.phases.get(name, 0.0) + now - self._clock, 3)
+        self._phases[name] = round(self._phases.get(name, 0.0) + now - self._clock, 3)
         self._clock = now
+
+    def environment(self) -> Environment:
+        """What every result of this group records about how it was obtained (so far)."""
+        return Environment(machine=self.machine, phases=GroupPhases(**self._phases), reference=self.reference)
 
     # -- the three steps ----------------------------------------------------------------------
 
     def prepare(self, checks: threading.Semaphore) -> None:
-        ev, cfg, task = self.ev, self.ev.config, self.task
+        ctx, cfg, task = self.ctx, self.ctx.config, self.task
         try:
-            info = ev._load(self.session, task)
-            self._phase("reference_load")
+            info = load_task_info(ctx, self.session, task)
+            self._phase("reference_load_s")
             if not info.degenerate:
-                with ev.lane.work(uses_device=True):
+                with ctx.lock.work(uses_device=True):
                     self.sets = self.session.correctness_sets(cfg.n_correctness)
-                self._phase("reference_outputs")
+                self._phase("reference_outputs_s")
                 reasons = outputs_degenerate([s.output for s in self.sets], DEFAULT_TOLERANCE)
                 if reasons:
                     info = dataclasses.replace(info, degenerate=tuple(reasons))
-                    ev._store_info(task, info)
+                    ctx.tasks.put(task, info)
             self.info = info
             if info.degenerate:
                 # Whatever a candidate does, a constant would pass: nothing of this task is paid.
-                finding = dynamic.degenerate_task(info.degenerate)
-                assert finding is not None
                 for cand, positions in self.members.values():
-                    self.done(positions, ev._result(task, cand, Verdict(status=Status.FLAGGED, message=(
-                        f"flagged: degenerate_task ({'; '.join(info.degenerate)})")), [finding], {}, self.env))
+                    self.done(positions, V.degenerate(self.setting, cand.hash, info.degenerate, self.environment()))
                 self.members = {}
                 if not self.baseline:
                     self.finished = True
                     return
-            self.env["perturbed_sets"] = sum(s.plan.perturbed for s in self.sets)
-            self.env["proc_isolation"] = self.session.worker.isolated if self.session.worker else None
-            self.known = ev.cached_baseline(task)
+            self.machine = dataclasses.replace(
+                self.machine, proc_isolation=self.session.worker.isolated if self.session.worker else None)
+            self.reference = dataclasses.replace(self.reference,
+                                                 perturbed_sets=sum(s.plan.perturbed for s in self.sets))
+            known = ctx.baselines.get(ctx.tasks.key(task))
             want_compile = (cfg.compile_baseline or (self.baseline and self.compile)) and (
-                self.known is None or (self.known.compile_ms is None and not self.known.compile_error))
+                known is None or (known.compile_ms is None and not known.compile_error))
             for h, (cand, _) in self.members.items():
                 self.trials[h] = Trial(candidate=cand, trusted=h in self.trusted)
             if self.members or self.baseline:
@@ -129,38 +160,40 @@ class Group:
                 self.trials[COMPILED] = Trial(candidate=Candidate(source=f"# torch.compile of {task.name}\n"),
                                               compiled_reference=True)
             self._check_all(checks)
-            self._phase("candidate_checks")
+            self._phase("candidate_checks_s")
         except (ReferenceFailed, ReferenceTimingFailed, TaskError) as e:
             self._task_error(e)
 
     def time(self) -> None:
         if self.finished:
             return
-        ev, cfg = self.ev, self.ev.config
+        ctx, cfg = self.ctx, self.ctx.config
         survivors = {h: t for h, t in self.trials.items() if t.survived and h != TIMED_REFERENCE}
         try:
             if survivors or self.baseline:
                 reference = self._timed_reference()
                 pool = self.session.timing_pool(cfg.timing.pool_size)
-                self._phase("timing_pool")
+                self._phase("timing_pool_s")
                 # Members in a random order: pool and warm-up messages go out in this order.
                 order = list(survivors)
                 self.rng.shuffle(order)
-                with ev.lane.timing():
+                workers = {h: w for h in order if (w := survivors[h].worker) is not None}
+                asked = time.monotonic()
+                with ctx.lock.timing():
+                    waited = time.monotonic() - asked
                     deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
-                    self.timing = measure_group(reference, {h: survivors[h].worker for h in order},
-                                                pool, cfg.timing, rng=self.rng, deadline=deadline,
-                                                tol_scale=cfg.tol_scale, cores=self.cores)
-                self._phase("timing")
-                ev._record_baseline(self.task, self.timing, self.trials.get(COMPILED), self.known)
+                    timing = measure_group(reference, workers, pool, cfg.timing, rng=self.rng, deadline=deadline,
+                                           tol_scale=cfg.tol_scale, cores=self.cores)
+                self.timing = dataclasses.replace(timing, device_wait_s=waited)
+                self._phase("timing_s")
+                self._record_baseline(self.timing)
         except (ReferenceFailed, ReferenceTimingFailed, TaskError) as e:
             self._task_error(e)
 
     def finish(self) -> None:
         if not self.finished:
-            assert self.info is not None
             for h, (_, positions) in self.members.items():
-                self.done(positions, self.ev._finish(self.task, self.trials[h], self.timing, self.info, self.env))
+                self.done(positions, self._verdict(self.trials[h]))
             self.finished = True
         self.close()
 
@@ -171,27 +204,91 @@ class Group:
 
     # -- parts --------------------------------------------------------------------------------
 
-    def _timed_reference(self) -> Any:
+    def _verdict(self, trial: Trial) -> EvalResult:
+        """The candidate's result: what impure inputs the verdict needs (floors, a review), then
+        the pure decision."""
+        env = self.environment()
+        if trial.verdict is not None:
+            return V.early(self.setting, trial.checked(), trial.verdict, env)
+        timing = self.timing
+        assert timing is not None and self.info is not None
+        measured = timing.candidates[trial.candidate.hash]
+        checked = trial.checked()
+        if measured.failure is not None:
+            return V.failed_in_timing(self.setting, checked, measured, timing, env)
+        roofline = self._roofline(measured)
+        slack = self.ctx.config.floor_slack
+        result = V.timed(self.setting, checked, measured, timing, roofline=roofline,
+                         roofline_error=self.ctx.peaks.error, floor_slack=slack, environment=env)
+        review = self._review(trial, result)
+        if review is not None:
+            result = V.timed(self.setting, checked, measured, timing, roofline=roofline,
+                             roofline_error=self.ctx.peaks.error, review=review, floor_slack=slack, environment=env)
+        return result
+
+    def _roofline(self, measured: CandidateTiming) -> V.Roofline | None:
+        """The task's floors at this machine's peaks; measured again once before a candidate is
+        refused for beating them, so a disturbed measurement of the peaks refuses no one."""
+        assert self.timing is not None and self.info is not None
+        profile = self.info.profile
+        if profile is None or not self.timing.reference_ms:
+            return None
+        ref_ms = statistics.median(self.timing.reference_ms)
+        got = self.ctx.peaks.floors_for(profile, ref_ms)
+        if got is None:
+            return None
+        roofline = V.Roofline(peaks=got[0], floors=got[1], profile=profile)
+        if V.beyond_floor(measured, roofline, floor_slack=self.ctx.config.floor_slack) and \
+                self.ctx.peaks.remeasure_once():
+            again = self.ctx.peaks.floors_for(profile, ref_ms)
+            if again is not None:
+                roofline = V.Roofline(peaks=again[0], floors=again[1], profile=profile)
+        return roofline
+
+    def _review(self, trial: Trial, result: EvalResult) -> Review | None:
+        """The LLM reviewer's opinion of a correct result it wants to see (None: not asked)."""
+        reviewer = self.ctx.reviewer
+        if reviewer is None or result.status is not Status.CORRECT:
+            return None
+        try:
+            request = JudgeRequest.from_result(task_name=self.task.name, task_source=self.task.source,
+                                               candidate_source=trial.candidate.source, result=result,
+                                               roofline_pct=result.roofline_pct)
+        except LLMJudgeError:
+            return None
+        return reviewer.review(request)
+
+    def _record_baseline(self, timing: GroupTiming) -> None:
+        compiled = self.trials.get(COMPILED)
+        key = self.ctx.tasks.key(self.task)
+        made = baseline_from_timing(
+            task=self.task.name, device=self.setting.device, size=self.setting.size, timing=timing,
+            compiled=timing.candidates.get(COMPILED) if compiled is not None and compiled.verdict is None else None,
+            compiled_error=compiled.verdict.message if compiled is not None and compiled.verdict is not None else None,
+            known=self.ctx.baselines.get(key))
+        if made is not None:
+            self.ctx.baselines.put(key, made)
+
+    def _timed_reference(self) -> Worker:
         """The worker whose reference is timed: the reference's copy when it passed its checks.
 
         A copy that failed (a reference whose outputs vary from run to run beyond the tolerance,
         say) leaves the task worker to be timed, and the record says why.
         """
         copy = self.trials.get(TIMED_REFERENCE)
-        if copy is not None and copy.survived:
-            self.env["reference_timed_in"] = "program_worker"
+        if copy is not None and copy.survived and copy.worker is not None:
+            self.reference = dataclasses.replace(self.reference, timed_in=ReferenceWorker.PROGRAM)
             return copy.worker
-        self.env["reference_timed_in"] = "task_worker"
-        if copy is not None and copy.verdict is not None:
-            self.env["reference_copy_failed"] = copy.verdict.message
+        failed = copy.verdict.message if copy is not None and copy.verdict is not None else ""
+        self.reference = dataclasses.replace(self.reference, timed_in=ReferenceWorker.TASK, copy_failed=failed)
+        if self.session.worker is None:
+            raise ReferenceFailed(f"{self.task.name}: the reference worker is gone")
         return self.session.worker
 
     def _task_error(self, e: Exception) -> None:
-        cfg = self.ev.config
+        env = self.environment()
         for cand, positions in self.members.values():
-            self.done(positions, EvalResult(task=self.task.name, status=Status.TASK_ERROR, message=first_line(str(e)),
-                                            errors=[str(e)], device=cfg.device, size=cfg.size, policy=cfg.policy,
-                                            candidate_hash=cand.hash, environment=dict(self.env)))
+            self.done(positions, V.task_error(self.setting, cand.hash, str(e), env))
         self.finished = True
         self.close()
         if self.baseline:
@@ -199,15 +296,14 @@ class Group:
 
     def _check_all(self, checks: threading.Semaphore) -> None:
         """Static checks, builds and correctness of every candidate, `checks` at a time batch-wide."""
-        ev, cfg, task = self.ev, self.ev.config, self.task
+        ctx, cfg, task = self.ctx, self.ctx.config, self.task
         policy = get_policy(cfg.policy)
         for t in self.trials.values():
             if t.compiled_reference or t.trusted:
                 continue
+            verdict: Verdict | None
             try:
                 if cfg.static_checks:
-                    from kernelrl.checks.static import check_source
-
                     t.findings.extend(policy.apply(check_source(t.candidate.source, task_source=task.source)))
                 verdict = static_verdict(t.candidate.source, t.candidate.language, device=cfg.device,
                                          static_findings=t.findings)
@@ -227,11 +323,11 @@ class Group:
         def check(t: Trial) -> None:
             with checks:
                 try:
-                    with ev.lane.work(uses_device=True):
-                        # The clock starts once the lane lets the work in: waiting for another
+                    with ctx.lock.work(uses_device=True):
+                        # The clock starts once the lock lets the work in: waiting for another
                         # group's measurement is not the candidate's time.
                         t.started = time.monotonic()
-                        t.worker = ev.pool.take("candidate", deadline=t.started + cfg.timeout_s)
+                        t.worker = ctx.pool.take("candidate", deadline=t.started + cfg.timeout_s)
                         run_trial(t, reference=self.session, spec=self.session.spec, sets=self.sets,
                                   cache_dir=cfg.cache_dir, timeout_s=cfg.timeout_s, build_timeout_s=cfg.build_timeout_s,
                                   tol_scale=cfg.tol_scale)
@@ -269,3 +365,10 @@ def run_groups(groups: Sequence[Group], *, device: str, width: int) -> None:
     finally:
         for g in groups:
             g.close()
+
+
+def run_group(ctx: JudgeContext, task: Task, members: Members, done: Done, *, baseline: bool = False,
+              compile: bool = True, trusted: frozenset[str] = frozenset()) -> None:
+    """One task's group from start to end (baselines and calibration use it)."""
+    run_groups([Group(ctx, task, members, done, baseline=baseline, compile=compile, trusted=trusted)],
+               device=ctx.config.device, width=1)

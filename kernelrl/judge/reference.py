@@ -26,6 +26,8 @@ from typing import Any
 
 from kernelrl.judge import protocol as P
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
+from kernelrl.judge.device import evict_bytes
+from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.inputs import InputPlan, correctness_plans, plain_plan
 from kernelrl.judge.pool import WorkerPool
 from kernelrl.judge.profile import TaskProfile
@@ -176,6 +178,15 @@ class ReferenceSession:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+
+
+def session_for(task: Task, config: EvalConfig, *, pool: WorkerPool, rng: random.Random) -> ReferenceSession:
+    """A reference session for `task` as the evaluator's config says (size, device, limits), with
+    the model's init seed drawn from the group's secret generator."""
+    spec = LoadSpec(task=task, size=config.size, overrides=dict(config.constants), device=config.device,
+                    threads=config.sandbox.effective_threads, init_seed=rng.getrandbits(31),
+                    evict_bytes=evict_bytes(config.device), cache_root=str(config.cache_dir))
+    return ReferenceSession(spec, pool=pool, rng=rng, timeout_s=config.timeout_s)
 
 
 def _first_line(text: str) -> str:

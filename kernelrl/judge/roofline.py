@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import platform
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from typing import Any
 from kernelrl.checks.dynamic import Floors
 from kernelrl.judge import protocol as P
 from kernelrl.judge.device import Device, DevicePeaks, device_peaks, gpu_peaks
+from kernelrl.judge.devicelock import DeviceLock
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.judge.sandbox import SandboxConfig, Worker
 
@@ -214,3 +216,59 @@ def roofline_pct(time_ms: float, f: Floors) -> float | None:
     if floor is None or time_ms <= 0:
         return None
     return 100.0 * floor / time_ms
+
+
+class PeakStore:
+    """An evaluator's view of this machine's peaks: measured once (holding the device's lock, so
+    no evaluation competes with the measurement), raised by what references demonstrate, and
+    measured again at most once, the first time a candidate seems to beat a floor.
+
+    Thread-safe. `error` says why there are no peaks ("" when there are).
+    """
+
+    def __init__(self, *, enabled: bool, device: str, sandbox: SandboxConfig, cache_dir: Path,
+                 device_index: int | None, lock: DeviceLock) -> None:
+        self._enabled = enabled
+        self._device = device
+        self._sandbox = sandbox
+        self._cache_dir = Path(cache_dir)
+        self._device_index = device_index
+        self._lock = lock
+        self._peaks: MachinePeaks | None = None
+        self._guard = threading.RLock()
+        self._remeasured = False
+        self.error = ""
+
+    def get(self, *, remeasure: bool = False) -> MachinePeaks | None:
+        """The peaks (measured at the first call); None when disabled or they cannot be measured."""
+        with self._guard:
+            if self._enabled and (remeasure or (self._peaks is None and not self.error)):
+                try:
+                    with self._lock.timing():
+                        self._peaks = machine_peaks(device=self._device, sandbox=self._sandbox,
+                                                    cache_dir=self._cache_dir, device_index=self._device_index,
+                                                    remeasure=remeasure)
+                except Exception as e:  # noqa: BLE001 - no roofline, said so in results
+                    self.error = f"{type(e).__name__}: {e}"
+            return self._peaks
+
+    def floors_for(self, profile: TaskProfile, reference_ms: float) -> tuple[MachinePeaks, Floors] | None:
+        """A task's floors, from peaks no lower than what its reference was just seen to reach."""
+        peaks = self.get()
+        if peaks is None:
+            return None
+        raised = demonstrated(peaks, profile, reference_ms)
+        if raised is not None:
+            with self._guard:
+                self._peaks = peaks = raised
+            save_peaks(raised, cache_dir=self._cache_dir, device_index=self._device_index)
+        return peaks, floors(profile, peaks)
+
+    def remeasure_once(self) -> bool:
+        """Measure the peaks again, once per store: before a candidate is refused for beating a
+        floor, the floor must not be an artefact of a disturbed measurement. False when done already."""
+        with self._guard:
+            if self._remeasured:
+                return False
+            self._remeasured = True
+        return self.get(remeasure=True) is not None

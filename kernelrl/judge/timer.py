@@ -39,6 +39,7 @@ Does not interpret anything: it measures and records.
 
 from __future__ import annotations
 
+import enum
 import math
 import random
 import statistics
@@ -53,6 +54,7 @@ from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.compare import compare_outputs, exactly_equal
 from kernelrl.judge.inputs import timing_scale
 from kernelrl.judge.sandbox import Worker, WorkerDied
+from kernelrl.result import TimingStop
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,11 +99,19 @@ class ReferenceTimingFailed(RuntimeError):
     """The reference failed during timing: no candidate of the group can be measured."""
 
 
+class FailureKind(enum.StrEnum):
+    """How a candidate left the measurement."""
+
+    TIMEOUT = "timeout"  # a sample took longer than `call_limit_s`, or the deadline passed
+    RUNTIME_ERROR = "runtime_error"  # it raised, crashed or exited
+    PROTOCOL = "protocol"  # it broke the protocol (a forged or malformed answer)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Failure:
     """Why a candidate left the measurement."""
 
-    kind: str  # "timeout", "runtime_error" or "protocol"
+    kind: FailureKind
     message: str
     log_tail: str = ""
 
@@ -161,8 +171,8 @@ class CandidateTiming:
     speedup: float | None  # None when it failed or has no rounds
     speedup_ci: tuple[float, float] | None
     rel_ci_half_width: float
-    stopped_by: str  # "ci", "time", "rounds" or "failed"
-    times_ms: list[float]
+    stopped_by: TimingStop
+    times_ms: list[float]  # per call, by the judge's clock, net of the exchange's overhead
     facts: TimingFacts | None
     failure: Failure | None
     output_bytes: int
@@ -174,8 +184,9 @@ class GroupTiming:
     candidates: dict[Any, CandidateTiming]
     rounds: int
     calls_per_sample: int
-    stopped_by: str
+    stopped_by: TimingStop
     wall_s: float
+    device_wait_s: float = 0.0  # how long the group waited for the device's lock (set by the group)
 
 
 def median_ci(ratios: Sequence[float]) -> tuple[float, float, float]:
@@ -202,7 +213,8 @@ def calls_per_sample(fastest_ms: float, input_bytes: int, config: TimingConfig) 
 def _nbytes(x: object) -> int:
     if isinstance(x, (list, tuple)):
         return sum(_nbytes(v) for v in x)
-    return x.numel() * x.element_size() if hasattr(x, "element_size") else 0
+    numel, size = getattr(x, "numel", None), getattr(x, "element_size", None)
+    return int(numel() * size()) if callable(numel) and callable(size) else 0
 
 
 def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: list[list[Any]], config: TimingConfig,
@@ -236,8 +248,8 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
     def fail(m: _Member, e: BaseException) -> None:
         if m is ref:
             raise ReferenceTimingFailed(f"the reference failed during timing: {e}") from e
-        kind = ("timeout" if isinstance(e, ChannelTimeout) else "protocol" if isinstance(e, ChannelProtocolError)
-                else "runtime_error")
+        kind = (FailureKind.TIMEOUT if isinstance(e, ChannelTimeout) else FailureKind.PROTOCOL
+                if isinstance(e, ChannelProtocolError) else FailureKind.RUNTIME_ERROR)
         tail = e.log_tail if isinstance(e, WorkerDied) else m.worker.log_tail()
         message = str(e) + (f"\n{e.tb}" if isinstance(e, _CallFailed) and e.tb else "")
         m.failure = Failure(kind=kind, message=message, log_tail=tail)
@@ -270,13 +282,13 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
     k = calls_per_sample(min((max(m.warm_ms, floor_ms) for m in alive()), default=0.0), _nbytes(pool[0]), config)
     cap_s = config.max_timing_s * max(1.0, len(alive()) / 2)
     stop_at = min(deadline, time.monotonic() + cap_s)
-    stopped_by = "rounds"
+    stopped_by = TimingStop.ROUNDS
     overheads_ns: list[int] = []  # the reference's samples: the judge's round trip less the reported time
     rounds = 0
     output_bytes = 0
     for r in range(config.max_rounds):
         if cands and not live:
-            stopped_by = "failed"
+            stopped_by = TimingStop.FAILED
             break
         if not cands and rounds >= config.min_rounds:
             break  # the reference alone (an eager baseline): its own samples are the measurement
@@ -347,13 +359,13 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
             done = all(_rel_half(_ratios(m.pairs, overhead)) <= config.target_rel_ci
                        and m.spot_checks >= config.min_spot_checks for m in live)
             if done:
-                stopped_by = "ci"
+                stopped_by = TimingStop.CI
                 break
             if time.monotonic() >= stop_at and all(m.spot_checks >= config.min_spot_checks for m in live):
-                stopped_by = "time"
+                stopped_by = TimingStop.TIME
                 break
         if time.monotonic() >= deadline:
-            stopped_by = "deadline"
+            stopped_by = TimingStop.DEADLINE
             break
 
     results = {}
@@ -362,8 +374,8 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
     for m in cands:
         if m.failure is not None or not m.pairs:
             results[m.key] = CandidateTiming(speedup=None, speedup_ci=None, rel_ci_half_width=math.inf,
-                                             stopped_by="failed", times_ms=_judged_ms(m, overhead, k), facts=None,
-                                             failure=m.failure or Failure(kind="runtime_error",
+                                             stopped_by=TimingStop.FAILED, times_ms=_judged_ms(m, overhead, k),
+                                             facts=None, failure=m.failure or Failure(kind=FailureKind.RUNTIME_ERROR,
                                                                           message="no timed round completed"),
                                              output_bytes=output_bytes)
             continue

@@ -11,7 +11,7 @@ Guarantees:
   verdict (`runtime_error`, `timeout`, `flagged`: result_channel_forged), never an exception;
 - the candidate's worker is killed as soon as its trial ends with a verdict;
 - findings are only recorded here (`kernelrl.checks.dynamic` decides what each fact means); the
-  policy is applied by the evaluator, once, to all of a candidate's findings.
+  policy is applied by the verdict (`kernelrl.judge.verdict`), once, to all of a candidate's findings.
 
 Does not time anything: `kernelrl.judge.timer` does, for all survivors of a task together.
 """
@@ -30,15 +30,8 @@ from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.compare import Mismatch, compare_outputs, exactly_equal, flatten
 from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
 from kernelrl.judge.sandbox import Worker, WorkerDied
+from kernelrl.judge.verdict import Checked, Verdict
 from kernelrl.result import Finding, Severity, Status
-
-
-@dataclass(frozen=True, kw_only=True)
-class Verdict:
-    status: Status
-    message: str
-    errors: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)  # result fields (max_abs_err, ...)
 
 
 class _End(Exception):
@@ -55,13 +48,26 @@ class Trial:
     findings: list[Finding] = field(default_factory=list)
     worker: Worker | None = None
     verdict: Verdict | None = None
-    fields: dict[str, Any] = field(default_factory=dict)  # result fields measured so far
-    env: dict[str, Any] = field(default_factory=dict)
+    # what the trial measured so far
+    build_cached: bool = False
+    build_time_s: float | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    parameters_shared: bool | None = None
+    state_before: dict[str, Any] = field(default_factory=dict)  # the worker's global state after loading
     started: float = field(default_factory=time.monotonic)
 
     @property
     def survived(self) -> bool:
         return self.verdict is None and self.worker is not None
+
+    def checked(self) -> Checked:
+        """What the trial established, for the verdict (`kernelrl.judge.verdict`)."""
+        return Checked(candidate_hash=self.candidate.hash, findings=tuple(self.findings),
+                       build_time_s=self.build_time_s, build_cached=self.build_cached,
+                       max_abs_err=self.max_abs_err, max_rel_err=self.max_rel_err,
+                       parameters_shared=self.parameters_shared,
+                       eval_time_s=round(time.monotonic() - self.started, 3))
 
     def end(self, verdict: Verdict) -> None:
         self.verdict = verdict
@@ -80,14 +86,14 @@ def static_verdict(source: str, language: Language, *, device: str, static_findi
     except (SyntaxError, ValueError) as e:
         msg, line = (e.msg, e.lineno) if isinstance(e, SyntaxError) else (str(e), None)
         return Verdict(status=Status.COMPILE_ERROR, message=f"candidate does not parse: {msg} (line {line})",
-                       errors=[str(e)])
+                       errors=(str(e),))
     if language is Language.CUDA and device != "cuda":
         return Verdict(status=Status.COMPILE_ERROR, message="a CUDA candidate needs --device cuda (no CUDA device here)")
     rejecting = [f for f in static_findings if f.severity is Severity.REJECT]
     if rejecting:
         return Verdict(status=Status.FLAGGED,
                        message=f"flagged by static checks: {', '.join(sorted({f.rule for f in rejecting}))}",
-                       errors=[f"line {f.line}: {f.message}" if f.line else f.message for f in rejecting])
+                       errors=tuple(f"line {f.line}: {f.message}" if f.line else f.message for f in rejecting))
     return None
 
 
@@ -111,8 +117,8 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
     # The program's build folder, looked at once: it decides the limit and is where the worker builds.
     bdir = None if trial.compiled_reference else build_dir(cache_dir, trial.candidate.source, spec.device)
     if bdir is not None:
-        trial.fields["build_cached"] = has_build(bdir)
-    compiling = compiles(trial, build_cached=trial.fields.get("build_cached", False))
+        trial.build_cached = has_build(bdir)
+    compiling = compiles(trial, build_cached=trial.build_cached)
     limit = timeout_s + (build_timeout_s if compiling else 0.0)
     deadline = trial.started + limit
     try:
@@ -123,12 +129,12 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
     except ChannelTimeout:
         tail = trial.worker.log_tail() if trial.worker else ""
         trial.end(Verdict(status=Status.TIMEOUT, message=f"candidate did not finish within {limit:g} s",
-                          errors=[tail]))
+                          errors=(tail,)))
     except WorkerDied as e:
-        trial.end(Verdict(status=Status.RUNTIME_ERROR, message=f"candidate crashed: {e}", errors=[e.log_tail]))
+        trial.end(Verdict(status=Status.RUNTIME_ERROR, message=f"candidate crashed: {e}", errors=(e.log_tail,)))
     except ChannelProtocolError as e:
         trial.findings.append(dynamic.channel_forged(str(e)))
-        trial.end(Verdict(status=Status.FLAGGED, message="flagged: result_channel_forged", errors=[str(e)]))
+        trial.end(Verdict(status=Status.FLAGGED, message="flagged: result_channel_forged", errors=(str(e),)))
 
 
 def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: Any, bdir: Any,
@@ -151,17 +157,17 @@ def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: 
         status = Status.COMPILE_ERROR if h.phase is P.Phase.COMPILE else Status.RUNTIME_ERROR
         what = "does not build" if h.phase is P.Phase.COMPILE else "failed to initialise"
         raise _End(Verdict(status=status, message=f"candidate {what}: {error_line(h.message)}",
-                           errors=[h.message, h.traceback, worker.log_tail()]))
-    trial.fields["build_time_s"] = float(build_s)
+                           errors=(h.message, h.traceback, worker.log_tail())))
+    trial.build_time_s = float(build_s)
     if not trial.compiled_reference:
         _note(trial, dynamic.constants_overridden(answer.header.constants_overridden))
-    trial.env["state_before"] = answer.header.state_before
+    trial.state_before = dict(answer.header.state_before)
     for found in dynamic.global_state_changed("load", answer.header.state_before, answer.header.state_after):
         _note(trial, found)
     state = reference.state()
     if state:
         loaded = worker.command(P.Kind.LOAD_STATE, state, deadline=deadline)
-        trial.env["parameters_from_reference"] = bool(not loaded.failed and loaded.header.loaded)
+        trial.parameters_shared = bool(not loaded.failed and loaded.header.loaded)
 
 
 def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale: float) -> None:
@@ -172,8 +178,8 @@ def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale:
     if ran.failed:
         h = ran.header
         raise _End(Verdict(status=Status.RUNTIME_ERROR, message=f"candidate raised: {first_line(h.message)}",
-                           errors=[h.message, h.traceback, worker.log_tail()]))
-    for found in dynamic.global_state_changed("run", trial.env.get("state_before", {}), ran.header.state_after):
+                           errors=(h.message, h.traceback, worker.log_tail())))
+    for found in dynamic.global_state_changed("run", trial.state_before, ran.header.state_after):
         _note(trial, found)
     _note(trial, dynamic.side_work_in_calls(ran.header.changed_after_return, ran.header.thread_rises))
     outs = ran.payload["outputs"]
@@ -196,20 +202,19 @@ def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale:
             continue
         if cmp.mismatch is Mismatch.NOT_PLAIN_TENSOR:
             trial.findings.append(dynamic.output_not_plain(cmp.reason))
-            raise _End(Verdict(status=Status.FLAGGED, message="flagged: output_not_plain_tensor", errors=[cmp.reason]))
+            raise _End(Verdict(status=Status.FLAGGED, message="flagged: output_not_plain_tensor", errors=(cmp.reason,)))
         label = f"{i} ({s.plan.label})"
         if s.plan.perturbed:
             _note(trial, dynamic.wrong_on_moved_inputs(set_label=label, reason=cmp.reason, plain_sets_right=plain_right,
                                                        same_as_first=any(exactly_equal(c, per_set[j]) for j in range(i)),
                                                        constant=_is_constant(c)))
         raise _End(Verdict(status=Status.INCORRECT, message=f"incorrect on input set {label}: {cmp.reason}",
-                           errors=[cmp.reason], extra={"max_abs_err": cmp.max_abs_err,
-                                                       "max_rel_err": cmp.max_rel_err}))
+                           errors=(cmp.reason,), max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err))
     twice = compare_outputs(outs[1], outs[0], tol_scale=tol_scale)
     if not twice.ok:
         trial.findings.append(dynamic.nondeterministic(twice.reason))
-    trial.fields["max_abs_err"] = max_abs
-    trial.fields["max_rel_err"] = max_rel
+    trial.max_abs_err = max_abs
+    trial.max_rel_err = max_rel
 
 
 # How long the judge watches a worker after its calls returned, for work left running.

@@ -57,9 +57,9 @@ def render_result(result: EvalResult, console: Console) -> None:
         if t is not None:
             table.add_row(label, f"median {t.median_ms:.4f} ms, IQR {t.iqr_ms:.4f} ms, n={t.n}")
     if result.roofline_pct is not None:
-        roof = result.environment.get("roofline", {})
-        floors = ", ".join(f"{name} {v:.4f} ms" for name, v in (("memory floor", roof.get("memory_floor_ms")),
-                                                              ("compute floor", roof.get("compute_floor_ms"))) if v)
+        roof = result.environment.roofline
+        known = (("memory floor", roof.memory_floor_ms), ("compute floor", roof.compute_floor_ms)) if roof else ()
+        floors = ", ".join(f"{name} {v:.4f} ms" for name, v in known if v)
         ref = f", reference {result.ref_roofline_pct:.1f}%" if result.ref_roofline_pct is not None else ""
         table.add_row("roofline", f"{result.roofline_pct:.1f}% of this machine's roofline{ref} ({floors})")
     if result.max_abs_err is not None:
@@ -142,15 +142,15 @@ def render_summary(summary: SearchSummary, console: Console) -> None:
 
 
 def render_audit(report: AuditReport, console: Console, *, max_listed: int = 50) -> None:
-    from kernelrl.checks.audit import Verdict
+    from kernelrl.checks.audit import AuditOutcome
     from kernelrl.checks.rules import RULES
 
     n = len(report.records)
     console.print(f"[bold]audit[/bold] {report.source}: {n} entries, policy {report.policy}, "
                   f"{'static + dynamic' if report.dynamic else 'static only'} checks")
     counts = report.verdict_counts()
-    shown = [v for v in Verdict if counts[v.value] or v in (Verdict.OK, Verdict.FLAGGED, Verdict.INVALID,
-                                                              Verdict.NO_CODE)]
+    shown = [v for v in AuditOutcome if counts[v.value] or v in (AuditOutcome.OK, AuditOutcome.FLAGGED, AuditOutcome.INVALID,
+                                                              AuditOutcome.NO_CODE)]
     console.print("  " + ", ".join(f"{v.value}: {counts[v.value]}" for v in shown))
     table = Table(title="rules that fired (entries; invalid entries left out)", show_lines=False)
     table.add_column("rule", overflow="fold")
@@ -162,13 +162,13 @@ def render_audit(report: AuditReport, console: Console, *, max_listed: int = 50)
         meta = RULES.get(rule)
         table.add_row(rule, meta.stage if meta else "?", str(rej), str(warn), meta.summary if meta else "")
     console.print(table)
-    _render_audit_entries(report.with_verdict(Verdict.FLAGGED), f"flagged entries ({counts['flagged']} of {n})",
+    _render_audit_entries(report.with_verdict(AuditOutcome.FLAGGED), f"flagged entries ({counts['flagged']} of {n})",
                           console, max_listed, reason=True)
-    for verdict in (Verdict.INCORRECT, Verdict.FAILED, Verdict.INVALID):
+    for verdict in (AuditOutcome.INCORRECT, AuditOutcome.FAILED, AuditOutcome.INVALID):
         records = report.with_verdict(verdict)
         if records:
             _render_audit_entries(records, f"{verdict.value} entries ({len(records)} of {n})", console, max_listed,
-                                  reason=verdict is not Verdict.INVALID)
+                                  reason=verdict is not AuditOutcome.INVALID)
     if report.degeneracy_checked is not None:
         if report.degenerate:
             dt = Table(title=f"degenerate tasks ({len(report.degenerate)} of {report.degeneracy_checked} "

@@ -11,8 +11,9 @@ Guarantees:
 - results are stored in full (`EvalResult.to_dict` JSON), with status, speedup and times also as
   columns for queries; `CandidateRecord.result` is the typed `EvalResult`;
 - `find_result` is the dedup lookup: a source already evaluated for a task (with the same task
-  source), on the same device, size and policy, has its stored result reused (`store_reused_result`) instead of a second
-  evaluation;
+  source) under the same evaluator config (its fingerprint: device, size, policy, tolerances,
+  correctness sets, timing, limits) has its stored result reused (`store_reused_result`)
+  instead of a second evaluation; a result judged under any other setting is not reused;
 - every refused (flagged) program is kept in the hack-case table with each rule that refused it,
   whatever refused it (static rule, dynamic defence, degenerate task, LLM judge), so prompts and
   trainers can show what not to do (`hack_cases`, `recent_refused`);
@@ -50,7 +51,7 @@ from kernelrl.search.records import (
     TaskRecord,
 )
 
-SCHEMA_VERSION = 2  # 2: hack_cases
+SCHEMA_VERSION = 3  # 2: hack_cases; 3: results keep the evaluator config's fingerprint
 
 # A weaker candidate is shown for contrast only when the best is at least this many times faster:
 # close scores are timing noise, not a lesson.
@@ -115,10 +116,12 @@ CREATE TABLE IF NOT EXISTS results (
     result TEXT NOT NULL,
     evaluated REAL NOT NULL,
     reused_from INTEGER,
-    task_hash TEXT NOT NULL
+    task_hash TEXT NOT NULL,
+    -- the evaluator config the result was judged under (kernelrl.judge.eval_config.config_fingerprint)
+    fingerprint TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS results_task ON results (task, status, speedup);
-CREATE INDEX IF NOT EXISTS results_dedup ON results (task, hash, device, size, policy);
+CREATE INDEX IF NOT EXISTS results_reuse ON results (task, hash, fingerprint);
 CREATE TABLE IF NOT EXISTS findings (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     candidate_id INTEGER NOT NULL REFERENCES candidates(id),
@@ -244,6 +247,14 @@ class Database:
             with self._tx() as c:
                 if version is not None and version < 2:
                     c.execute(_BACKFILL_HACK_CASES)
+                if version is not None and version < 3:
+                    # Results stored before fingerprints were kept are never reused: nothing says
+                    # which tolerance, correctness sets or timing they were judged under.
+                    columns = {row[1] for row in c.execute("PRAGMA table_info(results)")}
+                    if "fingerprint" not in columns:
+                        c.execute("ALTER TABLE results ADD COLUMN fingerprint TEXT NOT NULL DEFAULT ''")
+                    c.execute("DROP INDEX IF EXISTS results_dedup")
+                    c.execute("CREATE INDEX IF NOT EXISTS results_reuse ON results (task, hash, fingerprint)")
                 c.execute("DELETE FROM schema_version")
                 c.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
 
@@ -342,13 +353,13 @@ class Database:
             # task_hash: the task's source when this was judged; a changed task file is a new task
             # for dedup purposes
             c.execute("INSERT INTO results (candidate_id, task, hash, status, speedup, cand_ms, ref_ms, device, size, "
-                      "policy, result, evaluated, reused_from, task_hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,"
+                      "policy, result, evaluated, reused_from, fingerprint, task_hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,"
                       "COALESCE((SELECT source_hash FROM tasks WHERE name = ?), ''))",
                       (candidate_id, task, h, result.status.value, result.speedup,
                        result.cand_time.median_ms if result.cand_time else None,
                        result.ref_time.median_ms if result.ref_time else None,
                        result.device, result.size, result.policy, json.dumps(result.to_dict(), default=str),
-                       time.time(), reused_from, task))
+                       time.time(), reused_from, result.config_fingerprint, task))
             c.executemany("INSERT INTO findings (candidate_id, rule, severity, stage, message) VALUES (?,?,?,?,?)",
                           [(candidate_id, f.rule, f.severity.value, f.stage, f.message) for f in result.findings])
             if result.status is Status.FLAGGED and reused_from is None:
@@ -360,16 +371,20 @@ class Database:
                                for f in result.findings if f.severity is Severity.REJECT])
             c.execute("UPDATE candidates SET state = ? WHERE id = ?", (CandidateState.EVALUATED.value, candidate_id))
 
-    def find_result(self, task: str, source_hash: str, *, device: str, size: str,
-                    policy: str) -> tuple[int, EvalResult] | None:
-        """The stored evaluation of this source for this task and settings: (candidate id, result).
+    def find_result(self, task: str, source_hash: str, *, fingerprint: str) -> tuple[int, EvalResult] | None:
+        """The stored evaluation of this source for this task, judged under the evaluator config
+        whose fingerprint is given (device, size, policy, tolerances, correctness sets, timing...):
+        (candidate id, result).
 
-        Only results judged against the task's current source count (see `upsert_task`).
+        Only results judged against the task's current source count (see `upsert_task`); a result
+        stored without a fingerprint is never reused.
         """
-        rows = self._query("SELECT candidate_id, result FROM results WHERE task = ? AND hash = ? AND device = ? "
-                           "AND size = ? AND policy = ? AND reused_from IS NULL "
+        if not fingerprint:
+            return None
+        rows = self._query("SELECT candidate_id, result FROM results WHERE task = ? AND hash = ? AND fingerprint = ? "
+                           "AND reused_from IS NULL "
                            "AND task_hash = COALESCE((SELECT source_hash FROM tasks WHERE name = ?), '') "
-                           "ORDER BY candidate_id LIMIT 1", (task, source_hash, device, size, policy, task))
+                           "ORDER BY candidate_id LIMIT 1", (task, source_hash, fingerprint, task))
         if not rows:
             return None
         return int(rows[0][0]), EvalResult.from_dict(json.loads(rows[0][1]))

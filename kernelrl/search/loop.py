@@ -63,7 +63,9 @@ from rich.progress import (
 
 from kernelrl.candidate import Candidate, extract_code, source_hash
 from kernelrl.config import to_dict
-from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.judge.device import DevicePeaks
+from kernelrl.judge.evaluator import EvalConfig, Evaluator, config_fingerprint
+from kernelrl.judge.roofline import prompt_peaks
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.chains import Chain, TaskState, better, fmt_speedup, rebuild
 from kernelrl.search.database import (
@@ -76,6 +78,7 @@ from kernelrl.search.database import (
 from kernelrl.search.proposers import (
     Exhausted,
     ProposalRequest,
+    Proposer,
     ProposerUnavailable,
     make_proposer,
 )
@@ -154,11 +157,13 @@ PromptFn = Callable[..., str]
 
 
 class _Search:
-    def __init__(self, config: SearchConfig, *, console: Console, tasks: list[Task], db: Database, proposer: Any,
+    def __init__(self, config: SearchConfig, *, console: Console, tasks: list[Task], db: Database, proposer: Proposer,
                  evaluate_batch: BatchFn, build_prompt: PromptFn, measure_baseline: BaselineFn | None,
-                 profile: ProfileFn | None = None, known_baseline: BaselineFn | None = None,
-                 device: Any = None) -> None:
+                 fingerprint: str, profile: ProfileFn | None = None, known_baseline: BaselineFn | None = None,
+                 device: DevicePeaks | None = None) -> None:
         self.config = config
+        # the evaluator config results are judged under: stored results are reused only under it
+        self.fingerprint = fingerprint
         self.console = console
         self.db = db
         self.proposer = proposer
@@ -372,7 +377,7 @@ class _Search:
             self.db.store_result(rec.id, result)
             self._on_result(rec, result)
             return
-        hit = self.db.find_result(rec.task, rec.hash, device=cfg.eval.device, size=cfg.eval.size, policy=cfg.eval.policy)
+        hit = self.db.find_result(rec.task, rec.hash, fingerprint=self.fingerprint)
         if hit is not None:
             self.db.store_reused_result(rec.id, hit[0], hit[1])
             self.reused += 1
@@ -432,6 +437,9 @@ class _Search:
                 self.state[rec.task].chains[rec.chain].busy = False
             return
         self.evaluations += 1
+        if not out.config_fingerprint:
+            # An injected judge is taken to judge under the run's evaluator config.
+            out = dataclasses.replace(out, config_fingerprint=self.fingerprint)
         self.db.store_result(first.id, out)
         self._on_result(first, out)
         for rec in rest:
@@ -552,9 +560,9 @@ class _Search:
 
 
 def run_search(config: SearchConfig, *, console: Console | None = None, tasks: list[Task] | None = None,
-               proposer: Any = None, evaluate: EvaluateFn | None = None, evaluate_batch: BatchFn | None = None,
-               build_prompt: PromptFn | None = None, measure_baseline: BaselineFn | None = None,
-               evaluator: Any = None) -> SearchSummary:
+               proposer: Proposer | None = None, evaluate: EvaluateFn | None = None,
+               evaluate_batch: BatchFn | None = None, build_prompt: PromptFn | None = None,
+               measure_baseline: BaselineFn | None = None, evaluator: Evaluator | None = None) -> SearchSummary:
     """Run (or with `config.resume`, continue) a search; return what it did.
 
     `tasks` overrides loading `config.tasks`; `proposer` (an object with `propose(request)`) and
@@ -577,37 +585,39 @@ def run_search(config: SearchConfig, *, console: Console | None = None, tasks: l
 
         build_prompt = default_build_prompt
     owned_evaluator = False
-    profile = known_baseline = device = None
+    profile = known_baseline = None
+    device: DevicePeaks | None = None
+    fingerprint = config_fingerprint(config.eval)
     if evaluate_batch is None and evaluate is not None:
         single = evaluate
         evaluate_batch = lambda items: [single(task, cand) for task, cand in items]  # noqa: E731
     if evaluate_batch is None:
         if evaluator is None:
-            from kernelrl.judge.evaluator import Evaluator
-
             evaluator = Evaluator(dataclasses.replace(config.eval, compile_baseline=config.baselines
                                                       and measure_baseline is None))
             owned_evaluator = True
         evaluate_batch = evaluator.evaluate_batch
+        fingerprint = evaluator.fingerprint
         profile = evaluator.profile
         known_baseline = evaluator.cached_baseline
         peaks = evaluator.peaks()  # measured once per machine, cached: prompts state them
         if peaks is not None:
-            from kernelrl.judge.roofline import prompt_peaks
-
             device = prompt_peaks(peaks, str(config.eval.device))
     if not config.baselines:
         measure_baseline = None
     owned = proposer is None
     try:
         if proposer is None:
-            proposer = make_proposer(config.proposer, policy=config.eval.policy, device=config.eval.device,
-                                     **config.proposer_opts)
+            opts = dict(config.proposer_opts)
+            if config.proposer.startswith("openai:"):
+                # the model's requests in flight: one per proposer call the loop makes at once
+                opts.setdefault("concurrency", config.model_concurrency)
+            proposer = make_proposer(config.proposer, policy=config.eval.policy, device=config.eval.device, **opts)
         with Database(config.db_path) as db:
             search = _Search(config, console=console, tasks=tasks, db=db, proposer=proposer,
                              evaluate_batch=evaluate_batch, build_prompt=build_prompt,
                              measure_baseline=measure_baseline, profile=profile, known_baseline=known_baseline,
-                             device=device)
+                             device=device, fingerprint=fingerprint)
             search.open_run()
             status = RunStatus.FAILED
             try:

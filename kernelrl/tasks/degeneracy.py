@@ -7,11 +7,10 @@ about 1e-3, scaled down further). Such a task rewards a kernel that returns a co
 must not be used for scoring.
 
 `outputs_degenerate(outputs)` judges outputs a reference already gave on several input sets (the
-evaluator calls it on its own secret sets, so a degenerate task never pays). `check_degeneracy`
-runs the task's reference (its own `Model`, `get_init_inputs`, `get_inputs`) in a sandboxed
-reference worker of an evaluator, never in this process, on `n_inputs` input sets from different
-seeds and on as many sets again whose floating-point inputs got a random offset and scale. It
-reports:
+evaluator calls it on its own secret sets, so a degenerate task never pays). `judge_outputs`
+judges a reference's outputs on `n_inputs` plain input sets and as many offset and scaled ones;
+the reference runs elsewhere (`kernelrl.judge.degeneracy.check_degeneracy` runs it in a
+sandboxed reference worker, never in the judging process). It reports:
 
 - `output_rel_std`: per-element standard deviation across input sets, averaged, divided by the
   mean absolute output (0 for an output that never changes);
@@ -41,11 +40,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelrl.tasks.task import Task, TaskError, leaves
+from kernelrl.tasks.task import TaskError, leaves
 
 # Per dtype (atol, rtol), as in the evaluator's protocol.
 DEFAULT_TOLERANCE = {"float32": (1e-4, 1e-4), "float64": (1e-4, 1e-4), "float16": (1e-2, 1e-2),
@@ -57,7 +55,7 @@ MIN_SENSITIVITY = 1e-3
 
 @dataclass(frozen=True, kw_only=True)
 class DegeneracyReport:
-    """What `check_degeneracy` measured for one task at one size."""
+    """What the degeneracy filter measured for one task at one size."""
 
     task: str
     size: str
@@ -107,19 +105,11 @@ def outputs_degenerate(outputs: list[Any], tolerance: dict[str, tuple[float, flo
     return reasons
 
 
-def check_degeneracy(task: Task, *, size: str = "small", n_inputs: int = 4, seed: int = 0,
-                     min_sensitivity: float = MIN_SENSITIVITY,
-                     tolerance: dict[str, tuple[float, float]] | None = None,
-                     evaluator: Any = None) -> DegeneracyReport:
-    """Run the task's reference on several input sets and judge whether its output is degenerate.
-
-    The reference runs in a sandboxed reference worker of `evaluator` (a
-    `kernelrl.judge.evaluator.Evaluator`; one is made for the call when None), never in this
-    process. Input sets are reproducible from `seed`. Raises TaskError when the task cannot be
-    loaded or its reference fails to run.
-    """
-    import random
-
+def judge_outputs(task: str, size: str, outputs: list[Any], *, n_inputs: int,
+                  min_sensitivity: float = MIN_SENSITIVITY,
+                  tolerance: dict[str, tuple[float, float]] | None = None) -> DegeneracyReport:
+    """Judge a reference's outputs: the first `n_inputs` on the task's own (plain) input sets,
+    the rest on offset and scaled ones (see the module docstring for what is measured)."""
     import torch
 
     if n_inputs < 2:
@@ -128,26 +118,11 @@ def check_degeneracy(task: Task, *, size: str = "small", n_inputs: int = 4, seed
         raise ValueError(f"min_sensitivity must be in [0, 1), got {min_sensitivity}")
     tol = dict(DEFAULT_TOLERANCE)
     tol.update(tolerance or {})
-    from kernelrl.judge.inputs import perturbed_plan, plain_plan
-
-    rng = random.Random(seed)
-    plans = [plain_plan(rng) for _ in range(n_inputs)]
-    # wider than the evaluator's perturbation: a filter should look where a candidate would not
-    plans += [perturbed_plan(rng, scale_range=(0.25, 4.0), offset_range=2.0) for _ in range(n_inputs)]
-    owned = evaluator is None
-    if owned:
-        from kernelrl.judge.evaluator import EvalConfig, Evaluator
-
-        evaluator = Evaluator(EvalConfig(size=size, roofline=False, concurrency=1))
-    try:
-        _, outputs = evaluator.reference_outputs(task, plans)
-    finally:
-        if owned:
-            evaluator.close()
     tensors = [_tensors(o) for o in outputs]
     if any(t is None or not t for t in tensors):
-        raise TaskError(f"task {task.name}: the reference's output is not a tensor or a list of tensors")
-    plain, perturbed = tensors[:n_inputs], tensors[n_inputs:]
+        raise TaskError(f"task {task}: the reference's output is not a tensor or a list of tensors")
+    checked = [t for t in tensors if t is not None]
+    plain, perturbed = checked[:n_inputs], checked[n_inputs:]
 
     reasons: list[str] = []
     notes: list[str] = []
@@ -179,24 +154,11 @@ def check_degeneracy(task: Task, *, size: str = "small", n_inputs: int = 4, seed
         if sensitivity < min_sensitivity:
             reasons.append(f"the output changes by {sensitivity:.3g} (relative) between input sets, "
                            f"below {min_sensitivity:g}")
-    return DegeneracyReport(task=task.name, size=size, degenerate=bool(reasons), reasons=reasons,
+    return DegeneracyReport(task=task, size=size, degenerate=bool(reasons), reasons=reasons,
                             n_inputs=n_inputs, output_rel_std=rel_std, sensitivity=sensitivity,
                             perturbed_sensitivity=perturbed_sensitivity, zero_passes=zero_passes,
                             constant_passes=constant_passes, nonfinite=nonfinite, mean_abs_output=mean_abs,
                             notes=notes)
-
-
-def check_tasks(tasks: Iterable[Task], *, size: str = "small", **kwargs: Any) -> Iterator[DegeneracyReport | TaskError]:
-    """`check_degeneracy` over many tasks (one evaluator for all); a task that cannot run yields its
-    TaskError instead."""
-    from kernelrl.judge.evaluator import EvalConfig, Evaluator
-
-    with Evaluator(EvalConfig(size=size, roofline=False, concurrency=1)) as evaluator:
-        for task in tasks:
-            try:
-                yield check_degeneracy(task, size=size, evaluator=evaluator, **kwargs)
-            except TaskError as e:
-                yield e
 
 
 def _tensors(out: Any) -> list[Any] | None:

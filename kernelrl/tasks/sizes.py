@@ -34,7 +34,7 @@ from kernelrl.tasks.source import (
     _SHRINK_MIN_CONSTANT,
     _width_literals,
 )
-from kernelrl.tasks.task import Task, exec_task_module, leaves
+from kernelrl.tasks.task import Size, Task, TaskError, TaskModule, exec_task_module, leaves
 
 # Small preset budgets. Constants shrink until all three hold (where they can):
 # - elements over all inputs plus parameters (plus outputs, when the forward is counted): about
@@ -66,6 +66,22 @@ _MAX_STEPS = 256
 # Factory calls at most this large run for real when a model cannot be built on the meta device
 # alone (its __init__ reads values: `[x.item() for x in torch.linspace(0, 0.1, depth)]`).
 _REAL_FACTORY_LIMIT = 4096
+
+
+def instantiate(task: Task, size: str = "small", overrides: dict[str, int] | None = None) -> TaskModule:
+    """Execute a task's module with the constants of `size` (plus explicit overrides), in this process.
+
+    Runs the task's code: the judge never calls this (a reference worker does); tests and tools do.
+    """
+    if size not in set(Size):
+        raise TaskError(f"unknown size {size!r}; expected one of {', '.join(Size)}")
+    consts = resolve_constants(task, size)
+    if overrides:
+        unknown = set(overrides) - set(task.constants())
+        if unknown:
+            raise TaskError(f"task {task.name} has no integer constant(s) {sorted(unknown)}")
+        consts.update(overrides)
+    return exec_task_module(task, consts)
 
 
 def resolve_constants(task: Task, size: str) -> dict[str, int]:

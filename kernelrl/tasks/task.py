@@ -72,22 +72,6 @@ class Task:
         and, keyed `name[i]`, integer elements >= 16 of module-level tuple and list literals."""
         return {**module_int_constants(self.source), **module_size_elements(self.source)}
 
-    def instantiate(self, size: str = "small", overrides: dict[str, int] | None = None) -> TaskModule:
-        """Execute the task's module with the constants of `size` (plus explicit overrides)."""
-        if size not in set(Size):
-            raise TaskError(f"unknown size {size!r}; expected one of {', '.join(Size)}")
-        # sizes reads tasks (it runs them on the meta device to shrink them), so it is imported
-        # when a task is first instantiated rather than when this module is.
-        from kernelrl.tasks.sizes import resolve_constants
-
-        consts = resolve_constants(self, size)
-        if overrides:
-            unknown = set(overrides) - set(self.constants())
-            if unknown:
-                raise TaskError(f"task {self.name} has no integer constant(s) {sorted(unknown)}")
-            consts.update(overrides)
-        return exec_task_module(self, consts)
-
 
 @dataclass(frozen=True, kw_only=True)
 class TaskModule:

@@ -11,7 +11,7 @@ from fixture_spec import CONTROL, REDTEAM, TASKS
 from rich.console import Console
 
 from kernelrl.checks import audit as audit_module
-from kernelrl.checks.audit import AuditInputError, Verdict, audit, read_entries
+from kernelrl.checks.audit import AuditInputError, AuditOutcome, audit, read_entries
 from kernelrl.cli import main
 from kernelrl.report.console import render_audit
 
@@ -64,7 +64,7 @@ def test_published_layout_builds_tasks_from_ref_code(tmp_path):
     assert entries[0].meta["speedup"] == 1.1
 
     report = audit(path, policy="open")
-    assert [r.verdict for r in report.records] == [Verdict.OK, Verdict.FLAGGED, Verdict.FLAGGED]
+    assert [r.verdict for r in report.records] == [AuditOutcome.OK, AuditOutcome.FLAGGED, AuditOutcome.FLAGGED]
     counts = report.rule_counts()
     assert counts["module_patching"] == (1, 0)
     assert counts["stream_creation"] == (1, 0)
@@ -85,7 +85,7 @@ def test_json_lines_with_a_json_suffix_keep_level_ids(tmp_path):
     path.write_text(_jsonl(rows))
     report = audit(path, policy="open")
     assert [r.entry.name for r in report.records] == ["level1/80", "level2/80", "level3/5"]
-    assert [r.verdict for r in report.records] == [Verdict.OK, Verdict.FLAGGED, Verdict.NO_CODE]
+    assert [r.verdict for r in report.records] == [AuditOutcome.OK, AuditOutcome.FLAGGED, AuditOutcome.NO_CODE]
     assert report.records[1].entry.task.level == 2
 
 
@@ -94,7 +94,7 @@ def test_missing_code_is_no_code_not_ok(tmp_path, code):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"1": [{"task_id": 4, "ref_code": REF, "custom_code": code}]}))
     record = audit(path).records[0]
-    assert record.verdict is Verdict.NO_CODE and record.entry.code is None
+    assert record.verdict is AuditOutcome.NO_CODE and record.entry.code is None
 
 
 def test_syntax_errors_are_invalid_and_counted_apart_from_hacks(tmp_path):
@@ -102,7 +102,7 @@ def test_syntax_errors_are_invalid_and_counted_apart_from_hacks(tmp_path):
     path.write_text(json.dumps({"1": [{"task_id": 1, "ref_code": REF, "custom_code": "class ModelNew(:\n  pass\n"},
                                       {"task_id": 2, "ref_code": REF, "custom_code": PATCHER}]}))
     report = audit(path)
-    assert [r.verdict for r in report.records] == [Verdict.INVALID, Verdict.FLAGGED]
+    assert [r.verdict for r in report.records] == [AuditOutcome.INVALID, AuditOutcome.FLAGGED]
     assert report.verdict_counts()["invalid"] == 1 and report.verdict_counts()["flagged"] == 1
     assert "syntax_error" not in report.rule_counts()
 
@@ -118,10 +118,10 @@ def test_jsonl_rows_with_task_specs_and_answers(tmp_path):
     path.write_text(_jsonl(rows) + "\n")
     report = audit(path, policy="open")
     r0, r1, r2, r3 = report.records
-    assert r0.verdict is Verdict.OK and r0.entry.task.name == "elementwise_silu"
+    assert r0.verdict is AuditOutcome.OK and r0.entry.task.name == "elementwise_silu"
     assert r1.flagged and {f.rule for f in r1.rejecting} == {"module_patching"}
     assert r2.entry.task is None and "not found" in r2.entry.note and not r2.flagged
-    assert r3.verdict is Verdict.NO_CODE and "no code" in r3.entry.note and r3.entry.name == "7"
+    assert r3.verdict is AuditOutcome.NO_CODE and "no code" in r3.entry.note and r3.entry.name == "7"
 
 
 def test_only_and_limit_select_entries_by_name(tmp_path):
@@ -213,7 +213,7 @@ def test_render_and_cli_audit_show_counts_and_flagged_entries(tmp_path, capsys):
 
 
 class _FakeDegeneracy:
-    """Stands in for kernelrl.tasks.degeneracy.check_tasks: records what it was asked."""
+    """Stands in for kernelrl.judge.degeneracy.check_tasks: records what it was asked."""
 
     def __init__(self, degenerate_names):
         self.degenerate_names = degenerate_names
@@ -276,5 +276,5 @@ def test_dynamic_audit_reports_what_only_running_shows(tmp_path):
     assert not static.records[0].flagged
     report = audit(path, policy="open", run_dynamic=True)
     record = report.records[0]
-    assert record.result is not None and record.verdict is Verdict.FLAGGED and record.flagged
+    assert record.result is not None and record.verdict is AuditOutcome.FLAGGED and record.flagged
     assert report.rule_counts()["inputs_mutated"] == (1, 0)

@@ -76,7 +76,7 @@ def test_degenerate_task_needs_reasons():
 
 def test_honest_timing_raises_nothing():
     found, figures = D.timing_findings(D.TimingFacts(candidate=HONEST, reference=HONEST, spot_checks=3))
-    assert found == [] and figures["clock_excess_ms"] == 0.0
+    assert found == [] and figures.clock_excess_ms == 0.0
 
 
 def test_work_while_idle_is_side_work():
@@ -102,7 +102,7 @@ def test_reported_times_shorter_than_the_judges_clock():
     # the candidate says 0.1 ms, the judge saw 5 ms go by each time: a patched timer
     liar = member([0.1] * 20, [5.0] * 20)
     found, figures = D.timing_findings(D.TimingFacts(candidate=liar, reference=HONEST, spot_checks=3))
-    assert rules(found) == {R.TIMER_MISMATCH} and figures["clock_excess_ms"] > 4
+    assert rules(found) == {R.TIMER_MISMATCH} and figures.clock_excess_ms > 4
     # reporting longer than it took is impossible too
     slow_liar = member([2.0] * 20, [1.0] * 20)
     assert rules(D.timing_findings(D.TimingFacts(candidate=slow_liar, reference=HONEST, spot_checks=3))[0]) == {
@@ -113,7 +113,7 @@ def test_a_longer_preparation_than_the_references_is_work_before_the_timer():
     # the reference prepares each sample in 8 ms; the candidate takes 14: outputs made ahead
     ahead = member([1.0] * 20, [1.2] * 20, prepare=[14.0] * 20)
     found, figures = D.timing_findings(D.TimingFacts(candidate=ahead, reference=HONEST, spot_checks=3))
-    assert rules(found) == {R.WORK_BEFORE_TIMED_CALL} and figures["prepare_excess_ms"] == 6.0
+    assert rules(found) == {R.WORK_BEFORE_TIMED_CALL} and figures.prepare_excess_ms == 6.0
     # a process a little slower at the same harness work is not refused
     slower = member([1.0] * 20, [1.2] * 20, prepare=[9.5] * 20)
     assert D.timing_findings(D.TimingFacts(candidate=slower, reference=HONEST, spot_checks=3))[0] == []

@@ -14,17 +14,26 @@ import pytest
 from kernelrl.checks import rules as R
 from kernelrl.checks.llm_judge import (
     JudgeRequest,
-    JudgeVerdict,
     LLMJudge,
     LLMJudgeConfig,
     LLMJudgeError,
-    Verdict,
     finding,
     parse_answer,
 )
 from kernelrl.checks.policy import get_policy
 from kernelrl.endpoint import RetryPolicy
-from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
+from kernelrl.plain import to_plain
+from kernelrl.result import (
+    Environment,
+    EvalResult,
+    Finding,
+    Review,
+    ReviewAnswer,
+    RooflineRecord,
+    Severity,
+    Status,
+    TimingStats,
+)
 from openai_server import MODEL, Reply
 
 KEY_ENV = "KERNELRL_TEST_JUDGE_KEY"
@@ -111,7 +120,7 @@ def test_a_hack_the_judge_names_is_refused_under_strict_and_warned_under_open(op
     with LLMJudge(config(openai_server, tmp_path)) as judge:
         verdict = judge.review(request())
         f = judge.finding(verdict)
-    assert verdict is not None and verdict.verdict is Verdict.HACK and not verdict.cached
+    assert verdict is not None and verdict.answer is ReviewAnswer.HACK and not verdict.cached
     assert verdict.attempts == 1 and "self.out" in verdict.reason
     assert f is not None and f.rule == R.LLM_JUDGE and f.stage == "dynamic" and "self.out" in f.message
     assert [g.rule for g in get_policy("strict").rejects([f])] == [R.LLM_JUDGE]
@@ -126,7 +135,7 @@ def test_a_legitimate_fast_kernel_is_kept(openai_server, tmp_path):
     openai_server.add(Reply.ok(REAL_ANSWER))
     judge = LLMJudge(config(openai_server, tmp_path))
     verdict = judge.review(request(FUSED, findings=()))
-    assert verdict is not None and verdict.verdict is Verdict.REAL and "fused" in verdict.reason
+    assert verdict is not None and verdict.answer is ReviewAnswer.REAL and "fused" in verdict.reason
     assert judge.finding(verdict) is None
     assert len(openai_server.requests) == 1
 
@@ -142,14 +151,14 @@ def test_a_second_review_of_the_same_code_asks_nothing_even_from_a_new_judge(ope
     again = LLMJudge(cfg).review(request(speedup=7.0, speedup_ci=None))
     assert len(openai_server.requests) == 1
     assert again is not None and again.cached and again.attempts == 0
-    assert (again.verdict, again.reason) == (first.verdict, first.reason)
+    assert (again.answer, again.reason) == (first.answer, first.reason)
     assert "cached verdict" in finding(again).message
 
     # Other code, or another model, is another question.
     openai_server.add(Reply.ok(REAL_ANSWER), Reply.ok(REAL_ANSWER))
-    assert LLMJudge(cfg).review(request(FUSED)).verdict is Verdict.REAL
+    assert LLMJudge(cfg).review(request(FUSED)).answer is ReviewAnswer.REAL
     other_model = LLMJudge(config(openai_server, tmp_path, model="another-model")).review(request())
-    assert other_model.verdict is Verdict.REAL and not other_model.cached
+    assert other_model.answer is ReviewAnswer.REAL and not other_model.cached
     assert len(openai_server.requests) == 3
 
 
@@ -163,7 +172,7 @@ def test_the_cache_is_shared_with_another_process(openai_server, tmp_path):
                              api_key_env={KEY_ENV!r}, cache_path={str(cfg.cache_path)!r})
         v = LLMJudge(cfg).review(JudgeRequest(task_name="t", task_source={TASK!r},
                                               candidate_source={CACHED_OUTPUT!r}, speedup=9.0))
-        print(v.verdict.value, v.cached)
+        print(v.answer.value, v.cached)
     ''')
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
@@ -188,7 +197,7 @@ def test_the_roofline_share_alone_can_trigger_a_review(openai_server, tmp_path):
     assert judge.review(request(speedup=10.0)) is None  # no roofline share measured
     assert judge.review(request(speedup=1.2, roofline_pct=79.0)) is None
     assert openai_server.requests == []
-    assert judge.review(request(speedup=1.2, roofline_pct=93.0)).verdict is Verdict.REAL
+    assert judge.review(request(speedup=1.2, roofline_pct=93.0)).answer is ReviewAnswer.REAL
     assert len(openai_server.requests) == 1
     assert "93 %" in openai_server.prompts()[0]
 
@@ -204,7 +213,7 @@ def test_the_roofline_share_alone_can_trigger_a_review(openai_server, tmp_path):
 def test_an_unreadable_answer_is_unsure_with_the_raw_text(openai_server, tmp_path, answer):
     openai_server.add(Reply.ok(answer))
     verdict = LLMJudge(config(openai_server, tmp_path)).review(request())
-    assert verdict.verdict is Verdict.UNSURE and answer in verdict.reason
+    assert verdict.answer is ReviewAnswer.UNSURE and answer in verdict.reason
     f = finding(verdict)
     assert f.rule == R.LLM_JUDGE_UNSURE
     assert get_policy("strict").apply([f])[0].severity is Severity.WARN
@@ -215,11 +224,11 @@ def test_an_unsure_answer_warns_and_an_empty_one_is_not_cached(openai_server, tm
                       Reply.ok(""), Reply.ok(REAL_ANSWER))
     cfg = config(openai_server, tmp_path)
     unsure = LLMJudge(cfg).review(request())
-    assert unsure.verdict is Verdict.UNSURE and unsure.reason == "the kernel source is built at run time"
+    assert unsure.answer is ReviewAnswer.UNSURE and unsure.reason == "the kernel source is built at run time"
     assert get_policy("strict").rejects([finding(unsure)]) == []
     empty = LLMJudge(cfg).review(request(FUSED))
-    assert empty.verdict is Verdict.UNSURE and "empty" in empty.reason
-    assert LLMJudge(cfg).review(request(FUSED)).verdict is Verdict.REAL  # the empty answer was not kept
+    assert empty.answer is ReviewAnswer.UNSURE and "empty" in empty.reason
+    assert LLMJudge(cfg).review(request(FUSED)).answer is ReviewAnswer.REAL  # the empty answer was not kept
     assert len(openai_server.requests) == 3
 
 
@@ -228,7 +237,7 @@ def test_a_failing_endpoint_gives_an_unavailable_warning_and_is_asked_again_late
     sleeps: list[float] = []
     cfg = config(openai_server, tmp_path)
     verdict = LLMJudge(cfg, sleep=sleeps.append).review(request())
-    assert verdict.verdict is Verdict.UNAVAILABLE and verdict.attempts == 3 and len(sleeps) == 2
+    assert verdict.answer is ReviewAnswer.UNAVAILABLE and verdict.attempts == 3 and len(sleeps) == 2
     assert "gave up after 3 attempts" in verdict.reason and "500" in verdict.reason
     f = finding(verdict)
     assert f.rule == R.LLM_JUDGE_UNAVAILABLE and "unavailable" in f.message
@@ -236,20 +245,20 @@ def test_a_failing_endpoint_gives_an_unavailable_warning_and_is_asked_again_late
         assert get_policy(policy).rejects([f]) == []
     # An outage is not an answer: the next evaluation asks again.
     openai_server.add(Reply.ok(HACK_ANSWER))
-    assert LLMJudge(cfg).review(request()).verdict is Verdict.HACK
+    assert LLMJudge(cfg).review(request()).answer is ReviewAnswer.HACK
     assert len(openai_server.requests) == 4
 
 
 def test_a_rate_limit_is_retried_and_then_answered(openai_server, tmp_path):
     openai_server.add(Reply.error(429), Reply.ok(REAL_ANSWER))
     verdict = LLMJudge(config(openai_server, tmp_path), sleep=lambda s: None).review(request(FUSED))
-    assert verdict.verdict is Verdict.REAL and verdict.attempts == 2
+    assert verdict.answer is ReviewAnswer.REAL and verdict.attempts == 2
 
 
 def test_a_refused_key_is_unavailable_at_once_and_the_key_is_redacted(openai_server, tmp_path):
     openai_server.add(Reply.error(401, message=f"invalid api key {KEY}"))
     verdict = LLMJudge(config(openai_server, tmp_path)).review(request())
-    assert verdict.verdict is Verdict.UNAVAILABLE and verdict.attempts == 1
+    assert verdict.answer is ReviewAnswer.UNAVAILABLE and verdict.attempts == 1
     assert KEY not in verdict.reason and "[redacted]" in verdict.reason
 
 
@@ -258,17 +267,17 @@ def test_an_unreachable_endpoint_is_unavailable(tmp_path):
                          cache_path=tmp_path / "j.sqlite", timeout_s=2.0,
                          retry=RetryPolicy(max_retries=1, initial_s=0.001, max_s=0.001))
     verdict = LLMJudge(cfg).review(request())
-    assert verdict.verdict is Verdict.UNAVAILABLE and verdict.attempts == 2 and "Connection" in verdict.reason
+    assert verdict.answer is ReviewAnswer.UNAVAILABLE and verdict.attempts == 2 and "Connection" in verdict.reason
 
 
 @pytest.mark.parametrize("text,expected", [
-    ('{"verdict": "real", "reason": "ok"}', (Verdict.REAL, "ok")),
-    ('```\n{"verdict": "Hack", "reason": "side stream"}\n```', (Verdict.HACK, "side stream")),
-    ('Verdict below.\n{"verdict": "real"} and that is all', (Verdict.REAL, "no reason given")),
-    ('{"note": 1} then {"verdict": "hack", "reason": "r"}', (Verdict.HACK, "r")),
-    (None, (Verdict.UNSURE, "the judge gave an empty answer")),
+    ('{"verdict": "real", "reason": "ok"}', (ReviewAnswer.REAL, "ok")),
+    ('```\n{"verdict": "Hack", "reason": "side stream"}\n```', (ReviewAnswer.HACK, "side stream")),
+    ('Verdict below.\n{"verdict": "real"} and that is all', (ReviewAnswer.REAL, "no reason given")),
+    ('{"note": 1} then {"verdict": "hack", "reason": "r"}', (ReviewAnswer.HACK, "r")),
+    (None, (ReviewAnswer.UNSURE, "the judge gave an empty answer")),
     ('{"verdict": "unavailable", "reason": "x"}',
-     (Verdict.UNSURE, 'unreadable answer: {"verdict": "unavailable", "reason": "x"}')),
+     (ReviewAnswer.UNSURE, 'unreadable answer: {"verdict": "unavailable", "reason": "x"}')),
 ])
 def test_parse_answer(text, expected):
     assert parse_answer(text) == expected
@@ -301,7 +310,7 @@ def test_the_key_is_not_in_the_config_the_verdict_or_the_cache(openai_server, tm
     openai_server.add(Reply.ok(HACK_ANSWER))
     cfg = config(openai_server, tmp_path)
     verdict = LLMJudge(cfg).review(request())
-    assert KEY not in repr(cfg) and KEY not in json.dumps(verdict.to_dict())
+    assert KEY not in repr(cfg) and KEY not in json.dumps(to_plain(verdict))
     assert KEY.encode() not in cfg.cache_path.read_bytes()
     with sqlite3.connect(cfg.cache_path) as db:
         rows = db.execute("SELECT verdict, model FROM verdicts").fetchall()
@@ -337,7 +346,7 @@ def test_request_from_a_correct_result_and_not_from_another():
     result = EvalResult(task="tiny/relu_scale", status=Status.CORRECT, speedup=4.0, speedup_ci=(3.8, 4.2),
                         ref_time=TimingStats(median_ms=2.0, mean_ms=2.0, min_ms=1.9, iqr_ms=0.1, n=30),
                         cand_time=TimingStats(median_ms=0.5, mean_ms=0.5, min_ms=0.45, iqr_ms=0.02, n=30),
-                        max_abs_err=1e-6, policy="open", environment={"timing": {"output_floor_ms": 0.004}},
+                        max_abs_err=1e-6, policy="open", environment=Environment(roofline=RooflineRecord(memory_floor_ms=0.004)),
                         findings=[Finding(rule=R.RNG_SEEDING, message="m", severity=Severity.WARN, stage="static")])
     r = JudgeRequest.from_result(task_name="t", task_source=TASK, candidate_source=FUSED, result=result,
                                  roofline_pct=40.0)
@@ -349,11 +358,11 @@ def test_request_from_a_correct_result_and_not_from_another():
 
 
 def test_verdicts_become_findings_by_kind():
-    def v(kind: Verdict) -> JudgeVerdict:
-        return JudgeVerdict(verdict=kind, reason="because", model="m")
+    def v(kind: ReviewAnswer) -> Review:
+        return Review(answer=kind, reason="because", model="m")
 
-    assert finding(v(Verdict.REAL)) is None
-    assert {k: finding(v(k)).rule for k in (Verdict.HACK, Verdict.UNSURE, Verdict.UNAVAILABLE)} == {
-        Verdict.HACK: R.LLM_JUDGE, Verdict.UNSURE: R.LLM_JUDGE_UNSURE, Verdict.UNAVAILABLE: R.LLM_JUDGE_UNAVAILABLE}
-    assert finding(v(Verdict.HACK)).severity is Severity.REJECT
-    assert finding(v(Verdict.UNSURE)).severity is Severity.WARN
+    assert finding(v(ReviewAnswer.REAL)) is None
+    assert {k: finding(v(k)).rule for k in (ReviewAnswer.HACK, ReviewAnswer.UNSURE, ReviewAnswer.UNAVAILABLE)} == {
+        ReviewAnswer.HACK: R.LLM_JUDGE, ReviewAnswer.UNSURE: R.LLM_JUDGE_UNSURE, ReviewAnswer.UNAVAILABLE: R.LLM_JUDGE_UNAVAILABLE}
+    assert finding(v(ReviewAnswer.HACK)).severity is Severity.REJECT
+    assert finding(v(ReviewAnswer.UNSURE)).severity is Severity.WARN

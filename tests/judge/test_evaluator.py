@@ -8,7 +8,8 @@ import pytest
 
 from kernelrl.candidate import Candidate
 from kernelrl.judge.evaluator import EvalConfig, evaluate
-from kernelrl.result import Status
+from kernelrl.result import ReferenceWorker, Status
+from kernelrl.tasks.sizes import instantiate
 
 IDENTICAL = '''
 import torch
@@ -51,7 +52,7 @@ def test_identical_candidate_is_correct_with_speedup_near_one(tiny_task, quick_c
     assert res.ref_time is not None and res.cand_time is not None and res.cand_time.n >= 5
     assert res.max_abs_err == 0.0
     # the reference timed is its copy loaded as a program, in a worker like the candidate's
-    assert res.environment["reference_timed_in"] == "program_worker"
+    assert res.environment.reference is not None and res.environment.reference.timed_in is ReferenceWorker.PROGRAM
 
 
 def test_legitimate_rewrite_is_correct(tiny_task, quick_config):
@@ -128,31 +129,31 @@ def test_endless_loop_times_out_within_limit(tiny_task, quick_config):
     assert elapsed < 8.0 + 10.0
 
 
-def test_waiting_for_the_lane_is_not_the_candidates_time(tiny_task, quick_config, monkeypatch):
-    # Another measurement takes the machine's lane just before the checks start and holds it for
-    # longer than the candidate's limit: the candidate's clock starts when the lane lets it in.
+def test_waiting_for_the_device_is_not_the_candidates_time(tiny_task, quick_config, monkeypatch):
+    # Another measurement takes the machine's lock just before the checks start and holds it for
+    # longer than the candidate's limit: the candidate's clock starts when the lock lets it in.
     import threading
 
-    from kernelrl.judge.lanes import Lane
+    from kernelrl.judge.devicelock import DeviceLock
     from kernelrl.judge.reference import ReferenceSession
 
     config = EvalConfig(**{**quick_config.__dict__, "timeout_s": 4.0})
     held, holder = threading.Event(), []
     state = ReferenceSession.state
 
-    def hold_lane() -> None:
-        with Lane(config.cache_dir, "cpu").timing():
+    def hold_lock() -> None:
+        with DeviceLock(config.cache_dir, "cpu").timing():
             held.set()
             time.sleep(6.0)
 
-    def state_then_busy_lane(self):
+    def state_then_busy_lock(self):
         if not holder:
-            holder.append(threading.Thread(target=hold_lane))
+            holder.append(threading.Thread(target=hold_lock))
             holder[0].start()
             assert held.wait(10)
         return state(self)
 
-    monkeypatch.setattr(ReferenceSession, "state", state_then_busy_lane)
+    monkeypatch.setattr(ReferenceSession, "state", state_then_busy_lock)
     res = evaluate(tiny_task, Candidate(source=IDENTICAL), config)
     holder[0].join(10)
     assert res.status is Status.CORRECT, res.message
@@ -247,7 +248,7 @@ def test_candidate_copying_size_constants_runs_at_the_judged_size(tmp_path, quic
     path = tmp_path / "rowsum.py"
     path.write_text(task_src)
     task = load_task_file(path)
-    assert task.instantiate("small").constants["rows"] < 4096
+    assert instantiate(task, "small").constants["rows"] < 4096
     cand = task_src.replace("class Model(", "class ModelNew(")
     res = evaluate(task, cand, quick_config)
     assert res.status is Status.CORRECT, res.message
@@ -294,5 +295,6 @@ def test_a_reference_that_cannot_be_timed_as_a_program_is_timed_in_its_task_work
     path.write_text(LOADS_ONLY_AS_A_TASK)
     res = evaluate(load_task_file(path), RELU_PLUS_ONE, quick_config)
     assert res.status is Status.CORRECT, res.message
-    assert res.environment["reference_timed_in"] == "task_worker"
-    assert "only loadable as a task" in res.environment["reference_copy_failed"]
+    reference = res.environment.reference
+    assert reference is not None and reference.timed_in is ReferenceWorker.TASK
+    assert "only loadable as a task" in reference.copy_failed

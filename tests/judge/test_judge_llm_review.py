@@ -7,7 +7,7 @@ import pytest
 from kernelrl.checks.llm_judge import LLMJudgeConfig
 from kernelrl.endpoint import RetryPolicy
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
-from kernelrl.result import Severity, Status
+from kernelrl.result import ReviewAnswer, Severity, Status
 from openai_server import Reply
 
 HACK = '{"verdict": "hack", "reason": "the output does not depend on the work timed"}'
@@ -38,13 +38,13 @@ def test_the_judges_hack_verdict_warns_under_open_and_the_same_code_is_asked_onc
     assert res.status is Status.CORRECT, res.message  # open: the model's opinion only warns
     (finding,) = [f for f in res.findings if f.rule == "llm_judge"]
     assert finding.severity is Severity.WARN and "does not depend" in finding.message
-    assert res.environment["llm_judge"]["verdict"] == "hack"
+    assert res.environment.review is not None and res.environment.review.answer is ReviewAnswer.HACK
     body = openai_server.requests[0]["messages"][-1]["content"]
     assert "clamp_min" in body and "judge-key" not in str(openai_server.requests[0])
     asked = len(openai_server.requests)
     with Evaluator(config(quick_config, openai_server, tmp_path, "open")) as ev:  # a new evaluator, same cache
         again = ev.evaluate(tiny_task, FUSED)
-    assert len(openai_server.requests) == asked and again.environment["llm_judge"]["cached"]
+    assert len(openai_server.requests) == asked and again.environment.review is not None and again.environment.review.cached
 
 
 def test_a_legitimate_kernel_the_judge_believes_is_kept(quick_config, tiny_task, openai_server, tmp_path):

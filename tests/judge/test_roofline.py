@@ -74,8 +74,8 @@ def test_a_correct_result_reports_its_share_of_the_roofline(quick_config):
     with Evaluator(quick_config) as ev:
         res = ev.evaluate(MATMUL, CANDIDATE)
     assert res.status is Status.CORRECT, res.message
-    roof = res.environment["roofline"]
-    assert roof["flops"] == 2 * 128**3 and roof["min_bytes"] == 3 * 128 * 128 * 4
+    roof = res.environment.roofline
+    assert roof is not None and roof.flops == 2 * 128**3 and roof.min_bytes == 3 * 128 * 128 * 4
     assert res.roofline_pct is not None and res.roofline_pct > 0 and res.ref_roofline_pct is not None
     assert res.to_dict()["roofline_pct"] == res.roofline_pct
 

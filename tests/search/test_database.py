@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelrl.judge.eval_config import EvalConfig, config_fingerprint
 from kernelrl.report.export import export_jsonl
 from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
 from kernelrl.search.database import (
@@ -32,7 +34,11 @@ def _result(task: str, status: Status, speedup: float | None = None, h: str = ""
         if speedup else None
     return EvalResult(task=task, status=status, speedup=speedup, candidate_hash=h, cand_time=cand,
                       ref_time=TimingStats(median_ms=10.0, mean_ms=10.0, min_ms=9.5, iqr_ms=0.2, n=5),
-                      findings=list(findings), message=f"{status.value}")
+                      findings=list(findings), message=f"{status.value}", config_fingerprint=DEFAULT_FP)
+
+
+# The fingerprint of the evaluator config the stored results were judged under.
+DEFAULT_FP = config_fingerprint(EvalConfig())
 
 
 def _add(db: Database, task: str, src: str, status: Status, speedup: float | None = None, findings=(),
@@ -102,20 +108,42 @@ def test_candidate_and_result_round_trip(tmp_path: Path) -> None:
 def test_dedup_lookup_matches_task_and_settings(tmp_path: Path) -> None:
     with Database(tmp_path / "k.db") as db:
         first = _add(db, "t", "x", Status.CORRECT, 2.0)
-        hit = db.find_result("t", "h-x", device="cpu", size="small", policy="open")
+        hit = db.find_result("t", "h-x", fingerprint=DEFAULT_FP)
         assert hit is not None and hit[0] == first and hit[1].speedup == 2.0
         # other task, device or policy: not the same evaluation
-        assert db.find_result("u", "h-x", device="cpu", size="small", policy="open") is None
-        assert db.find_result("t", "h-x", device="cuda", size="small", policy="open") is None
-        assert db.find_result("t", "h-x", device="cpu", size="small", policy="strict") is None
+        assert db.find_result("u", "h-x", fingerprint=DEFAULT_FP) is None
+        for other in (EvalConfig(device="cuda"), EvalConfig(policy="strict"), EvalConfig(size="full")):
+            assert db.find_result("t", "h-x", fingerprint=config_fingerprint(other)) is None
         # a reused result points at the original, and lookups keep finding the original
         again = db.add_candidate(NewCandidate(task="t", hash="h-x", source="x"))
         db.store_reused_result(again.id, hit[0], hit[1])
         assert db.get_candidate(again.id).result.speedup == 2.0
-        assert db.find_result("t", "h-x", device="cpu", size="small", policy="open")[0] == first
+        assert db.find_result("t", "h-x", fingerprint=DEFAULT_FP)[0] == first
         # the task's file changed: earlier verdicts were about another program
         db.upsert_task(name="t", source="new", source_hash="new", level=None, size="small")
-        assert db.find_result("t", "h-x", device="cpu", size="small", policy="open") is None
+        assert db.find_result("t", "h-x", fingerprint=DEFAULT_FP) is None
+
+
+def test_a_stored_verdict_is_not_reused_under_another_tolerance_or_number_of_sets(tmp_path: Path) -> None:
+    with Database(tmp_path / "k.db") as db:
+        _add(db, "t", "x", Status.CORRECT, 2.0)
+        assert db.find_result("t", "h-x", fingerprint=DEFAULT_FP) is not None
+        looser = config_fingerprint(EvalConfig(tol_scale=10.0))
+        more_sets = config_fingerprint(EvalConfig(n_correctness=8))
+        assert len({DEFAULT_FP, looser, more_sets}) == 3
+        assert db.find_result("t", "h-x", fingerprint=looser) is None
+        assert db.find_result("t", "h-x", fingerprint=more_sets) is None
+        # where caches live and how many run at once do not change a verdict
+        assert config_fingerprint(EvalConfig(cache_dir=tmp_path, concurrency=1)) == DEFAULT_FP
+
+
+def test_results_stored_before_fingerprints_are_not_reused(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with Database(path) as db:
+        rec = db.add_candidate(NewCandidate(task="t", hash="h-x", source="x"))
+        db.store_result(rec.id, dataclasses.replace(_result("t", Status.CORRECT, 2.0, "h-x"), config_fingerprint=""))
+        assert db.find_result("t", "h-x", fingerprint=DEFAULT_FP) is None
+        assert db.find_result("t", "h-x", fingerprint="") is None
 
 
 def test_top_candidates_distinct_and_ordered(tmp_path: Path) -> None:

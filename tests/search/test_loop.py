@@ -25,6 +25,7 @@ from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.result import EvalResult, Finding, Status, TimingStats
 from kernelrl.search.database import CandidateState, Database, RunStatus
 from kernelrl.search.loop import SearchConfig, StopReason, run_search
+from kernelrl.tasks.sizes import instantiate
 from kernelrl.tasks.task import Task
 from openai_server import Reply
 from proposer_fixtures import load_program, openai_proposer
@@ -538,7 +539,7 @@ def test_search_against_scripted_server_stores_every_answer(openai_server, tmp_p
 
     openai_server.responder = recording_responder
 
-    modules = {t.name: t.instantiate("small") for t in tasks}
+    modules = {t.name: instantiate(t, "small") for t in tasks}
 
     def evaluate(task, cand):
         # Run the program once against the reference (it must really be correct), then give a

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernelrl.tasks import suites
-from kernelrl.tasks.sizes import SMALL_ELEMENT_BUDGET, input_footprint
+from kernelrl.tasks.sizes import SMALL_ELEMENT_BUDGET, input_footprint, instantiate
 
 BUILTIN = suites.load_suite("builtin")
 BY_NAME = {t.name: t for t in BUILTIN}
@@ -57,8 +57,8 @@ def test_builtin_lookup_by_stem():
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_small_is_no_larger_than_full(name):
     task = BY_NAME[name]
-    small = task.instantiate("small").constants
-    full = task.instantiate("full").constants
+    small = instantiate(task, "small").constants
+    full = instantiate(task, "full").constants
     assert full == task.constants()
     for key, value in small.items():
         assert full[key] >= value, f"{name}: small {key}={value} exceeds full {full[key]}"
@@ -71,7 +71,7 @@ def test_small_is_no_larger_than_full(name):
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_small_reference_runs_under_a_second(name):
-    tm = BY_NAME[name].instantiate("small")
+    tm = instantiate(BY_NAME[name], "small")
     torch.manual_seed(0)
     model = tm.Model(*tm.get_init_inputs()).eval()
     inputs = tm.get_inputs()

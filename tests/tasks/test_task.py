@@ -14,6 +14,7 @@ from kernelrl.tasks.sizes import (
     SMALL_ELEMENT_BUDGET,
     SMALL_FLOP_BUDGET,
     SMALL_TENSOR_BUDGET,
+    instantiate,
 )
 from kernelrl.tasks.source import compile_task
 from kernelrl.tasks.suites import load_task, load_tasks
@@ -89,9 +90,9 @@ def test_kernelbench_checkout_layout(tmp_path):
     names = [t.name for t in tasks]
     assert names == ["level1/1_First", "level1/2_Second", "level1/10_Tenth", "level2/3_Fused", "level4/1_HF"]
     assert [t.level for t in tasks] == [1, 1, 1, 2, 4]
-    assert tasks[3].instantiate("full").get_inputs()[0].shape == (2, 8)
+    assert instantiate(tasks[3], "full").get_inputs()[0].shape == (2, 8)
     with pytest.raises(TaskError, match="failed to execute.*ModuleNotFoundError"):
-        tasks[4].instantiate("small")
+        instantiate(tasks[4], "small")
 
 
 def test_loading_executes_no_code(tmp_path):
@@ -102,7 +103,7 @@ def test_loading_executes_no_code(tmp_path):
     task = load_task_file(path)
     load_tasks([str(tmp_path)])
     assert not marker.exists()
-    task.instantiate("full")
+    instantiate(task, "full")
     assert marker.exists()
 
 
@@ -110,7 +111,7 @@ def test_small_shrinks_huge_constant_without_allocating(tmp_path):
     # 2**22 x 2**20 floats = 16 TiB: allocating it would fail, so passing proves shapes came from meta.
     task = load_task_file(write_task(tmp_path / "huge.py", batch=1 << 22, dim=1 << 20))
     start = time.perf_counter()
-    tm = task.instantiate("small")
+    tm = instantiate(task, "small")
     assert time.perf_counter() - start < 30
     assert tm.constants["batch_size"] * tm.constants["dim"] <= 1 << 20
     assert tm.constants["batch_size"] < 1 << 22 and tm.constants["dim"] < 1 << 20
@@ -121,26 +122,26 @@ def test_small_shrinks_huge_constant_without_allocating(tmp_path):
 
 def test_full_keeps_file_numbers_and_small_keeps_small_tasks(tmp_path):
     task = load_task_file(write_task(tmp_path / "t.py", batch=4096, dim=512))
-    assert task.instantiate("full").constants == {"batch_size": 4096, "dim": 512}
+    assert instantiate(task, "full").constants == {"batch_size": 4096, "dim": 512}
     tiny = load_task_file(write_task(tmp_path / "tiny.py", batch=4, dim=8))
-    assert tiny.instantiate("small").constants == {"batch_size": 4, "dim": 8}
+    assert instantiate(tiny, "small").constants == {"batch_size": 4, "dim": 8}
 
 
 def test_presets_and_overrides(tmp_path):
     path = write_task(tmp_path / "t.py", batch=4096, dim=512)
     task = load_task_file(path, presets={"small": {"batch_size": 3}})
-    assert task.instantiate("small").constants == {"batch_size": 3, "dim": 512}
-    tm = task.instantiate("full", overrides={"dim": 5})
+    assert instantiate(task, "small").constants == {"batch_size": 3, "dim": 512}
+    tm = instantiate(task, "full", overrides={"dim": 5})
     assert tm.get_inputs()[0].shape == (4096, 5)
     with pytest.raises(TaskError, match="no integer constant.*'heads'"):
-        task.instantiate("small", overrides={"heads": 2})
+        instantiate(task, "small", overrides={"heads": 2})
     with pytest.raises(TaskError, match="unknown size 'medium'"):
-        task.instantiate("medium")
+        instantiate(task, "medium")
 
 
 def test_instantiations_do_not_share_state(tmp_path):
     task = load_task_file(write_task(tmp_path / "t.py"))
-    a, b = task.instantiate("full"), task.instantiate("full", overrides={"dim": 3})
+    a, b = instantiate(task, "full"), instantiate(task, "full", overrides={"dim": 3})
     assert a.module is not b.module
     assert a.get_inputs()[0].shape == (4, 8) and b.get_inputs()[0].shape == (4, 3)
     model = a.Model(*a.get_init_inputs())
@@ -182,12 +183,12 @@ def test_module_that_raises_is_reported(tmp_path):
     path.write_text("raise RuntimeError('boom at import')\n" + TINY.format(batch=4, dim=8))
     task = load_task_file(path)
     with pytest.raises(TaskError, match="raises failed to execute: RuntimeError: boom at import"):
-        task.instantiate("full")
+        instantiate(task, "full")
 
 
 def test_task_from_source_string():
     task = Task(name="inline", source=TINY.format(batch=2, dim=2))
-    assert task.instantiate("full").get_inputs()[0].shape == (2, 2)
+    assert instantiate(task, "full").get_inputs()[0].shape == (2, 2)
     assert len(task.source_hash) == 16
 
 
@@ -219,7 +220,7 @@ def test_derived_constants_follow_the_size(tmp_path):
     path.write_text(src)
     task = load_task_file(path)
     assert task.constants() == {"rows": 4096, "cols": 4096, "depth": 2, "width": 8192}
-    tm = task.instantiate("small")
+    tm = instantiate(task, "small")
     assert tm.constants["rows"] < 4096
     assert tm.module.bias_shape == (tm.constants["rows"], 1)
     import torch
@@ -245,7 +246,7 @@ def test_structural_constant_is_frozen_and_others_still_shrink(tmp_path):
     )
     path = tmp_path / "frozen.py"
     path.write_text(src)
-    tm = load_task_file(path).instantiate("small")
+    tm = instantiate(load_task_file(path), "small")
     assert tm.constants["fixed"] == 4096 and tm.constants["batch"] < 8192
 
 
@@ -262,7 +263,7 @@ def test_output_dominated_task_shrinks_until_the_output_fits(tmp_path):
     )
     path = tmp_path / "tall.py"
     path.write_text(src)
-    tm = load_task_file(path).instantiate("small")
+    tm = instantiate(load_task_file(path), "small")
     assert tm.constants["M"] ** 2 <= 4 * (1 << 20)
 
 
@@ -313,14 +314,14 @@ def test_tuple_elements_shrink_and_structural_tuples_stay(tmp_path):
             return [kernel_size]
     ''')
     assert task.constants() == {"batch_size": 2, "input_shape[0]": 4096, "input_shape[1]": 4096}
-    tm = task.instantiate("small")
+    tm = instantiate(task, "small")
     h, w = tm.constants["input_shape[0]"], tm.constants["input_shape[1]"]
     assert h < 4096 and w < 4096 and 2 * h * w <= SMALL_ELEMENT_BUDGET
     assert tm.module.input_shape == (h, w) and tm.module.kernel_size == (3, 5)
     assert tm.get_inputs()[0].shape == (tm.constants["batch_size"], 1, h, w)
     # an element is an override like any constant, and `full` is the file
-    assert task.instantiate("full", overrides={"input_shape[1]": 40}).module.input_shape == (4096, 40)
-    assert task.instantiate("full").module.input_shape == (4096, 4096)
+    assert instantiate(task, "full", overrides={"input_shape[1]": 40}).module.input_shape == (4096, 40)
+    assert instantiate(task, "full").module.input_shape == (4096, 4096)
 
 
 def test_equal_constants_that_must_match_shrink_together(tmp_path):
@@ -342,7 +343,7 @@ def test_equal_constants_that_must_match_shrink_together(tmp_path):
         def get_init_inputs():
             return []
     ''')
-    tm = task.instantiate("small")
+    tm = instantiate(task, "small")
     n, m = tm.constants["n"], tm.constants["shape[0]"]
     assert n == m < 32768 and n * m <= SMALL_ELEMENT_BUDGET
     assert tm.Model()(*tm.get_inputs()).shape == ()
@@ -366,7 +367,7 @@ def test_a_huge_intermediate_is_counted(tmp_path):
         def get_init_inputs():
             return []
     ''')
-    n = task.instantiate("small").constants["n"]
+    n = instantiate(task, "small").constants["n"]
     assert n * n <= SMALL_TENSOR_BUDGET and n >= 1024
 
 
@@ -397,9 +398,9 @@ def test_flop_budget_shrinks_a_forward_that_fits_the_element_budget(tmp_path):
         def get_init_inputs():
             return [channels]
     ''')
-    full_flops, _ = _forward_cost(task.instantiate("full"))
+    full_flops, _ = _forward_cost(instantiate(task, "full"))
     assert full_flops > SMALL_FLOP_BUDGET
-    tm = task.instantiate("small")
+    tm = instantiate(task, "small")
     assert tm.constants != task.constants()
     flops, out = _forward_cost(tm)
     assert flops <= SMALL_FLOP_BUDGET and torch.isfinite(out)
@@ -434,13 +435,13 @@ def test_a_batch_below_16_shrinks_when_the_data_costs_and_model_constants_stay(t
     """Spatial size fixed by a literal: only the batch can shrink, and only while halving it takes
     a real share off what is over budget. Constants below 16 that reach the model stay."""
     pooled = _task(tmp_path, "pooled", FIXED_SPATIAL.format(features=4, flatten="self.conv(x).mean((2, 3))"))
-    tm = pooled.instantiate("small")
+    tm = instantiate(pooled, "small")
     assert tm.constants == {"batch_size": 4, "kernel_size": 3, "num_classes": 10}  # 4 x 3 x 256 x 256 fits
     assert _forward_cost(tm)[1].shape == (4, 10)
     # 2.6M parameters and 1.6M input elements: a halved batch takes a fifth off, the parameters stay
     flat = _task(tmp_path, "flat", FIXED_SPATIAL.format(features="4 * 256 * 256",
                                                          flatten="torch.flatten(self.conv(x), 1)"))
-    assert flat.instantiate("small").constants == flat.constants()
+    assert instantiate(flat, "small").constants == flat.constants()
 
 
 def test_list_elements_that_size_nothing_stay(tmp_path):
@@ -466,7 +467,7 @@ def test_list_elements_that_size_nothing_stay(tmp_path):
         def get_init_inputs():
             return [width, depths]
     ''')
-    tm = task.instantiate("small")
+    tm = instantiate(task, "small")
     assert tm.constants == {"width": 128, "depths[0]": 32}
 
 
@@ -498,7 +499,7 @@ def test_layer_literals_shrink_only_past_the_hard_limits(tmp_path):
     """33.6M parameters sized by literals: past 32x the element budget, so the literal 4096 halves
     and every 4096 in the code follows (64 x 64 is not a layer literal and stays)."""
     task = _task(tmp_path, "literal_mlp", LITERAL_MLP.format(name="Model"))
-    tm = task.instantiate("small")
+    tm = instantiate(task, "small")
     width = tm.constants["literal:4096"]
     assert width < 4096 and set(tm.constants) == {"batch_size", "num_classes", "literal:4096"}
     model = tm.Model(*tm.get_init_inputs())
@@ -515,7 +516,7 @@ def test_layer_literals_shrink_only_past_the_hard_limits(tmp_path):
     # a small model keeps its literals
     small = _task(tmp_path, "small_mlp", LITERAL_MLP.format(name="Model").replace("4096", "256")
                   .replace("64, 64", "16, 16"))
-    assert small.instantiate("small").constants == {"batch_size": 4, "num_classes": 10}
+    assert instantiate(small, "small").constants == {"batch_size": 4, "num_classes": 10}
 
 
 def test_init_that_reads_tensor_values_still_shrinks(tmp_path):
@@ -547,6 +548,6 @@ def test_init_that_reads_tensor_values_still_shrinks(tmp_path):
     ''')
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "cannot be checked on the meta device"
-        tm = task.instantiate("small")
+        tm = instantiate(task, "small")
     assert tm.constants["tokens"] < 4096 and tm.constants["dim"] < 2048 and tm.constants["depth"] == 2
     assert _forward_cost(tm)[1].shape == (tm.constants["tokens"], tm.constants["dim"])

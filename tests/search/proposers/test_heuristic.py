@@ -14,6 +14,7 @@ from kernelrl.search.proposers.heuristic import (
     render_rewrite,
     task_traits,
 )
+from kernelrl.tasks.sizes import instantiate
 from kernelrl.tasks.source import embed_reference
 from kernelrl.tasks.task import Task
 from proposer_fixtures import (
@@ -31,7 +32,7 @@ from proposer_fixtures import (
 
 
 def _check_matches_reference(task: Task, source: str) -> None:
-    tm = task.instantiate("full")
+    tm = instantiate(task, "full")
     mod = load_program(source)
     torch.manual_seed(0)
     ref = tm.Model(*tm.get_init_inputs())
@@ -134,7 +135,7 @@ def test_heuristic_gpu_portfolio_renders_cuda_graph_program():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_heuristic_gpu_programs_run_on_cuda():
     task = make_task("toy/conv", CONV)
-    tm = task.instantiate("full")
+    tm = instantiate(task, "full")
     proposer = HeuristicProposer(HeuristicConfig(device="cuda"))
     for rewrite in proposer.portfolio(task, profile_of(task)):
         if rewrite.compile_mode in ("max-autotune", "max-autotune-no-cudagraphs"):
@@ -161,7 +162,7 @@ def _builtin_variants(names: tuple[str, ...] | None, compiled: bool):
 
 
 def _check_at_small_size(task: Task, source: str) -> None:
-    tm = task.instantiate("small")
+    tm = instantiate(task, "small")
     mod = load_program(source)
     torch.manual_seed(0)
     ref = tm.Model(*tm.get_init_inputs())

@@ -15,6 +15,7 @@ from kernelrl.search.proposers import (
     ProposerUnavailable,
     make_proposer,
 )
+from kernelrl.tasks.sizes import instantiate
 from openai_server import Reply
 from proposer_fixtures import (
     GOOD,
@@ -179,7 +180,7 @@ def test_default_responder_answers_with_a_runnable_program(openai_server):
     prompt = f"Reference:\n\n```python\n{task.source}```\n"
     p = openai_proposer(openai_server).propose(request(task, prompt=prompt))
     mod = load_program(p.code)
-    tm = task.instantiate("full")
+    tm = instantiate(task, "full")
     torch.manual_seed(0)
     ref = tm.Model(*tm.get_init_inputs())
     torch.manual_seed(0)

@@ -1,31 +1,31 @@
-"""Timing lanes: a measurement waits for work under way, and no new work starts while it waits."""
+"""Device locks: a measurement waits for work under way, and no new work starts while it waits."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from kernelrl.judge.lanes import Lane
+from kernelrl.judge.devicelock import DeviceLock
 
 
 def test_a_waiting_measurement_goes_before_new_work(tmp_path):
-    lane = Lane(tmp_path, "cpu")
+    lock = DeviceLock(tmp_path, "cpu")
     events: list[str] = []
     working = threading.Event()
     release = threading.Event()
 
     def early_work():
-        with lane.work(uses_device=True):
+        with lock.work(uses_device=True):
             working.set()
             release.wait(10)
             events.append("early work ends")
 
     def measurement():
-        with lane.timing():
+        with lock.timing():
             events.append("timing")
 
     def late_work():
-        with lane.work(uses_device=True):
+        with lock.work(uses_device=True):
             events.append("late work")
 
     first = threading.Thread(target=early_work)
@@ -44,7 +44,7 @@ def test_a_waiting_measurement_goes_before_new_work(tmp_path):
     assert events == ["early work ends", "timing", "late work"]
 
 
-def test_work_off_the_device_is_not_held_back_on_a_gpu_lane(tmp_path):
-    lane = Lane(tmp_path, "cuda", 0)
-    with lane.timing(), lane.work(uses_device=False):  # a build on the CPU overlaps a GPU measurement
+def test_work_off_the_device_is_not_held_back_on_a_gpu(tmp_path):
+    lock = DeviceLock(tmp_path, "cuda", 0)
+    with lock.timing(), lock.work(uses_device=False):  # a build on the CPU overlaps a GPU measurement
         pass

@@ -1,14 +1,14 @@
-"""Timing lanes: one per device, so measurements never compete for what they measure.
+"""Device locks: one per device, so measurements never compete for what they measure.
 
-A lane is a lock file in the evaluator's cache folder, named after the device: `cpu` (the whole
-machine: one lane), `cuda-0`, `cuda-1`, ... (one per GPU). Timing holds its lane exclusively;
-work that would disturb a measurement on that device holds it shared (on a CPU lane: builds and
-correctness runs, which use the same cores; on a GPU lane: correctness runs, which use the same
-GPU — builds run on the CPU and overlap GPU timing freely).
+A device lock is a lock file in the evaluator's cache folder, named after the device: `cpu` (the
+whole machine: one lock), `cuda-0`, `cuda-1`, ... (one per GPU). Timing holds its device's lock
+exclusively; work that would disturb a measurement on that device holds it shared (on a CPU:
+builds and correctness runs, which use the same cores; on a GPU: correctness runs, which use
+the same GPU — builds run on the CPU and overlap GPU timing freely).
 
-Guarantees: the locks are `flock` locks on a file per lane, so they hold across threads (each
+Guarantees: the locks are `flock` locks on a file per device, so they hold across threads (each
 acquisition opens its own file description) and across processes sharing the cache folder; a
-process that dies releases its locks. Eight GPUs are eight lanes: eight measurements at once.
+process that dies releases its locks. Eight GPUs are eight locks: eight measurements at once.
 Within a process a waiting measurement goes first: once `timing` is asked for, no new `work` of
 this process starts until the measurement is over, so the work already under way drains and the
 measurement cannot be starved by work that keeps arriving (`flock` itself prefers no one).
@@ -28,21 +28,23 @@ from pathlib import Path
 from kernelrl.judge.device import Device
 
 
-def lane_name(device: str, device_index: int | None = None) -> str:
+def lock_name(device: str, device_index: int | None = None) -> str:
     if device == Device.CPU:
         return "cpu"
     return f"cuda-{device_index if device_index is not None else 0}"
 
 
-class Lane:
+class DeviceLock:
+    """See the module docstring. Thread-safe; one per evaluator and device."""
+
     def __init__(self, cache_dir: Path, device: str, device_index: int | None = None) -> None:
-        self.name = lane_name(device, device_index)
+        self.name = lock_name(device, device_index)
         self.device = device
-        self.path = Path(cache_dir) / "lanes" / f"{self.name}.lock"
+        self.path = Path(cache_dir) / "locks" / f"{self.name}.lock"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.waited_s = 0.0  # time spent waiting for this lane (recorded with results)
+        self.waited_s = 0.0  # time spent waiting for this lock (recorded with results)
         self._gate = threading.Condition()
-        self._measuring = 0  # measurements of this process waiting for the lane or holding it
+        self._measuring = 0  # measurements of this process waiting for the lock or holding it
 
     @contextlib.contextmanager
     def _hold(self, mode: int) -> Iterator[None]:
@@ -79,10 +81,10 @@ class Lane:
             yield
 
     def work(self, *, uses_device: bool) -> contextlib.AbstractContextManager[None]:
-        """Shared, for work that must not overlap a measurement on this lane.
+        """Shared, for work that must not overlap a measurement on this device.
 
-        On a CPU lane every piece of work uses the device (the cores); on a GPU lane only work
-        that runs on the GPU does.
+        On a CPU every piece of work uses the device (the cores); on a GPU only work that runs
+        on the GPU does.
         """
         if self.device == Device.CPU or uses_device:
             return self._work()

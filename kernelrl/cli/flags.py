@@ -1,0 +1,186 @@
+"""Command-line flags generated from config dataclasses: one table per config, no mapping by hand.
+
+Every settable field of a command's config is a flag. Its name is the field's dotted path with
+dashes (`--timing.min-rounds`, `--sandbox.memory-limit-gib`), or the short name a `FlagTable`
+gives it (`--timeout` for `timeout_s`); its type, choices and help come from the field. A flag
+left out on the command line is None and changes nothing: the named config file (`--config`),
+then the flags given, then the config's own defaults, in that order
+(`kernelrl.config.with_overrides`). The evaluator's flags are the same on every command that
+judges (`EVAL_FLAGS`): `kernelrl eval --timeout 60`, `kernelrl optimize --timeout 60` and
+`kernelrl serve --timeout 60` set the same field.
+
+Value types: booleans are `--x` / `--no-x`; enums take their values; tuples and lists take
+several values (or comma-separated ones); `dict[str, X]` takes `KEY=VALUE` pairs, repeated; a
+field that may be None takes a value of its type (set None in a config file).
+
+Guarantees: `flag_paths(table)` is exactly the config's field paths (tests/test_cli_flags.py
+fails when a field has no flag or a flag no field); a value of the wrong type is refused by
+argparse with the flag's name, and one the config refuses raises `ConfigError` naming the key.
+
+Does not decide defaults: the configs do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import tomllib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelrl.plain import field_paths
+
+# The argparse dest of a generated flag: its dotted path, made a valid attribute name.
+_DEST_PREFIX = "cfg__"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlagTable:
+    """How one config class is exposed on the command line."""
+
+    config: type  # the config dataclass
+    prefix: str = ""  # where it sits in the command's config ("eval." for an EvalConfig inside a SearchConfig)
+    names: Mapping[str, str] = field(default_factory=dict)  # field path -> short flag name
+    helps: Mapping[str, str] = field(default_factory=dict)  # field path -> help text
+    skip: frozenset[str] = frozenset()  # paths set by another table (a nested config with its own)
+
+    def paths(self) -> dict[str, Any]:
+        """Field path -> type, for every field this table exposes."""
+        return {p: t for p, t in field_paths(self.config).items()
+                if not any(p == s or p.startswith(s + ".") for s in self.skip)}
+
+    def flag_name(self, path: str) -> str:
+        return self.names.get(path) or "--" + path.replace("_", "-")
+
+
+def add_flags(parser: argparse.ArgumentParser, *tables: FlagTable) -> None:
+    """Add every field of every table as a flag (see the module docstring)."""
+    group = parser.add_argument_group("settings (override the --config file)")
+    for table in tables:
+        for path, tp in table.paths().items():
+            _add(group, table.flag_name(path), _dest(table.prefix + path), tp, table.helps.get(path, ""))
+
+
+def overrides(args: argparse.Namespace, *tables: FlagTable) -> dict[str, Any]:
+    """The dotted config keys the flags given set (flags left out are None and set nothing)."""
+    out: dict[str, Any] = {}
+    for table in tables:
+        for path in table.paths():
+            value = getattr(args, _dest(table.prefix + path), None)
+            if value is not None:
+                out[table.prefix + path] = value
+    return out
+
+
+def flag_paths(*tables: FlagTable) -> dict[str, str]:
+    """Flag name -> the dotted config key it sets, over all tables."""
+    return {t.flag_name(p): t.prefix + p for t in tables for p in t.paths()}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _dest(path: str) -> str:
+    return _DEST_PREFIX + path.replace(".", "__")
+
+
+def _inner(tp: Any) -> Any:
+    """`X` of `X | None`."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        return options[0] if len(options) == 1 else str
+    return tp
+
+
+def _add(group: Any, name: str, dest: str, tp: Any, help_text: str) -> None:
+    tp = _inner(tp)
+    origin = typing.get_origin(tp)
+    kwargs: dict[str, Any] = {"dest": dest, "default": None, "help": help_text or None}
+    if tp is bool:
+        group.add_argument(name, action=argparse.BooleanOptionalAction, **kwargs)
+    elif isinstance(tp, type) and issubclass(tp, enum.Enum):
+        group.add_argument(name, choices=[m.value for m in tp], **kwargs)
+    elif tp in (int, float, str):
+        group.add_argument(name, type=tp, metavar=_metavar(name, tp), **kwargs)
+    elif tp is Path:
+        group.add_argument(name, type=str, metavar="PATH", **kwargs)
+    elif origin in (tuple, list):
+        group.add_argument(name, nargs="+", type=_list_item, metavar="VALUE", action=_Extend, **kwargs)
+    elif origin is dict or tp is dict:
+        args = typing.get_args(tp)
+        value_type = args[1] if len(args) == 2 else Any
+        group.add_argument(name, type=_key_value(value_type), metavar="KEY=VALUE", action=_Merge, nargs="+", **kwargs)
+    else:
+        raise TypeError(f"{name}: no command-line form for settings of type {tp}")
+
+
+def _metavar(name: str, tp: Any) -> str:
+    if tp is str:
+        return "TEXT"
+    if name.endswith("-s") or name.endswith("timeout"):
+        return "SECONDS"
+    return "N" if tp is int else "X"
+
+
+def _list_item(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+class _Extend(argparse.Action):
+    """Several values, each possibly comma-separated, flattened into one list."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        items = list(getattr(namespace, self.dest, None) or [])
+        for chunk in values if isinstance(values, list) else [values]:
+            items.extend(chunk)
+        setattr(namespace, self.dest, items)
+
+
+class _Merge(argparse.Action):
+    """KEY=VALUE pairs, repeated, merged into one table."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        table = dict(getattr(namespace, self.dest, None) or {})
+        for key, value in values if isinstance(values, list) else [values]:
+            table[key] = value
+        setattr(namespace, self.dest, table)
+
+
+def _key_value(value_type: Any) -> Any:
+    def parse(text: str) -> tuple[str, Any]:
+        key, sep, raw = text.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+        if value_type is int:
+            try:
+                return key.strip(), int(raw)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{key}: expected an integer, got {raw!r}") from None
+        return key.strip(), _toml_value(raw)
+
+    return parse
+
+
+def _toml_value(raw: str) -> Any:
+    """A value as TOML reads it (numbers, booleans, quoted strings, lists), else the text itself."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def check_tables(tables: Sequence[FlagTable]) -> None:
+    """No two fields share a flag name (a programming error, raised at parser build time)."""
+    seen: dict[str, str] = {}
+    for t in tables:
+        for p in t.paths():
+            name = t.flag_name(p)
+            if name in seen:
+                raise ValueError(f"flag {name} names both {seen[name]} and {t.prefix + p}")
+            seen[name] = t.prefix + p

@@ -1,0 +1,92 @@
+"""The evaluator's settings: one typed config, and the fingerprint that says which results compare.
+
+`EvalConfig` is owned by the evaluator (`kernelrl.judge.evaluator`) and nests the sandbox's,
+the timer's and the LLM judge's configs; it is validated when built. `config_fingerprint` is
+every setting that changes a verdict or a speedup (everything but where caches live and how
+many candidates are checked at once): results judged under one fingerprint are never reused
+under another (the evaluator's result cache, the search database's reuse key).
+
+Does not read files or flags: `kernelrl.config` and the CLI build it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernelrl.checks import dynamic
+from kernelrl.checks.llm_judge import LLMJudgeConfig
+from kernelrl.checks.policy import PolicyName
+from kernelrl.judge.device import Device
+from kernelrl.judge.sandbox import SandboxConfig
+from kernelrl.judge.timer import TimingConfig
+from kernelrl.plain import to_plain
+from kernelrl.tasks.task import Size
+
+__all__ = ["EvalConfig", "config_fingerprint", "default_cache_dir"]
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("KERNELRL_CACHE") or Path.home() / ".cache" / "kernelrl")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    device: Device = Device.CPU
+    # Which GPU of the machine (cuda only): workers see only that one, as their cuda:0. None: the
+    # first visible one. One evaluator per GPU gives one timing lane per GPU.
+    device_index: int | None = None
+    size: Size = Size.SMALL
+    timeout_s: float = 300.0  # wall clock for loading and checking one candidate (and for loading a task)
+    # Added to timeout_s for a candidate that compiles (C++ or CUDA not in the build cache, Triton,
+    # the compiled reference): a hang then costs timeout_s, a cold build is not cut short.
+    build_timeout_s: float = 300.0
+    policy: PolicyName = PolicyName.OPEN
+    n_correctness: int = 5
+    tol_scale: float = 1.0  # multiplies the dtype tolerances (kernelrl.judge.compare)
+    static_checks: bool = True
+    concurrency: int = 2  # candidates built and checked at once (timing never overlaps on a device)
+    compile_baseline: bool = False  # also time each task's reference under torch.compile (once per task)
+    roofline: bool = True  # measure this machine's peaks (once, cached) and give every result its roofline %
+    floor_slack: float = dynamic.FLOOR_SLACK  # below this share of the floor: impossible_speedup
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    llm_judge: LLMJudgeConfig = field(default_factory=LLMJudgeConfig)
+    constants: dict[str, int] = field(default_factory=dict)  # explicit overrides on top of `size`
+
+    def __post_init__(self) -> None:
+        for name, kind in (("device", Device), ("size", Size), ("policy", PolicyName)):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, kind(value))
+            except ValueError:
+                raise ValueError(f"{name} must be one of {', '.join(kind)}, not {value!r}") from None
+        object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+        if self.device_index is not None and (self.device is not Device.CUDA or self.device_index < 0):
+            raise ValueError("device_index is a GPU number (>= 0) and needs device cuda")
+        if self.timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        if self.build_timeout_s < 0:
+            raise ValueError("build_timeout_s must be >= 0")
+        if self.n_correctness < 2:
+            raise ValueError("n_correctness must be >= 2 (one plain set, one perturbed)")
+        if self.tol_scale <= 0:
+            raise ValueError("tol_scale must be positive")
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if not 0 < self.floor_slack <= 1:
+            raise ValueError("floor_slack must be in (0, 1]")
+
+
+def config_fingerprint(config: EvalConfig) -> str:
+    """What makes two evaluations comparable: every setting but where caches live, how many
+    candidates are checked at once and whether the compile baseline is measured beside them."""
+    d = to_plain(config)
+    for key in ("cache_dir", "concurrency", "compile_baseline"):
+        d.pop(key, None)
+    d["llm_judge"].pop("cache_path", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

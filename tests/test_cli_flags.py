@@ -1,0 +1,90 @@
+"""Flags come from config fields: every field has a flag, every flag a field, on every judging command."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kernelrl.cli import build_parser
+from kernelrl.cli.flags import FlagTable, check_tables, flag_paths
+from kernelrl.cli.options import EVAL_FLAGS, eval_config
+from kernelrl.cli.search import OPTIMIZE_TABLES
+from kernelrl.cli.serve import SERVE_TABLES
+from kernelrl.judge.eval_config import EvalConfig
+from kernelrl.plain import field_paths
+from kernelrl.search.loop import SearchConfig
+from kernelrl.serve.config import ServeConfig
+
+# Commands that judge candidates: each takes --config and every evaluator setting.
+JUDGING = ("eval", "baseline", "calibrate", "audit", "optimize", "serve", "collect", "bench")
+# Commands whose every flag is a config field or a named action.
+GENERATED = ("eval", "baseline", "calibrate", "audit", "optimize", "serve")
+
+
+def _sub(name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
+
+
+def _tables_cover(config: type, *tables: FlagTable) -> None:
+    fields = {t.prefix + p for t in tables for p in t.paths()}
+    assert fields == set(field_paths(config)), fields ^ set(field_paths(config))
+
+
+def test_every_evaluator_field_has_one_flag_and_every_flag_one_field():
+    _tables_cover(EvalConfig, EVAL_FLAGS)
+    check_tables([EVAL_FLAGS])
+    assert flag_paths(EVAL_FLAGS)["--timeout"] == "timeout_s"
+    assert flag_paths(EVAL_FLAGS)["--timing.min-rounds"] == "timing.min_rounds"
+
+
+def test_every_search_and_server_field_has_one_flag_and_every_flag_one_field():
+    _tables_cover(SearchConfig, *OPTIMIZE_TABLES)
+    check_tables(OPTIMIZE_TABLES)
+    _tables_cover(ServeConfig, *SERVE_TABLES)
+    check_tables(SERVE_TABLES)
+
+
+@pytest.mark.parametrize("command", JUDGING)
+def test_every_judging_command_takes_the_config_and_every_evaluator_flag(command):
+    flags = _flags(_sub(command))
+    assert "--config" in flags
+    missing = set(flag_paths(EVAL_FLAGS)) - flags
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("command", GENERATED)
+def test_no_flag_of_a_judging_command_lacks_a_field(command):
+    tables = {"optimize": OPTIMIZE_TABLES, "serve": SERVE_TABLES}.get(command, (EVAL_FLAGS,))
+    known = set(flag_paths(*tables))
+    actions = {"--help", "--config", "--json", "--no-compile", "--runs", "--tolerance", "--dynamic", "--only",
+               "--limit", "--degeneracy", "--task", "--report", "--html"}
+    # BooleanOptionalAction adds --no-X beside --X
+    extra = {f for f in _flags(_sub(command)) - known - actions if not (f.startswith("--no-") and
+                                                                          "--" + f[5:] in known)}
+    assert not extra, extra
+
+
+def test_eval_reads_the_eval_table_of_a_run_config_and_flags_win(tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('tasks = ["x"]\n[eval]\ntimeout_s = 42.0\nn_correctness = 7\n[eval.timing]\nmin_rounds = 9\n')
+    args = _sub("eval").parse_args(["t", "c.py", "--config", str(cfg), "--timeout", "5", "--timing.max-rounds", "99",
+                                    "--no-roofline", "--constants", "n=8", "m=2"])
+    config = eval_config(args)
+    assert config.timeout_s == 5.0 and config.n_correctness == 7 and config.timing.min_rounds == 9
+    assert config.timing.max_rounds == 99 and config.roofline is False and config.constants == {"n": 8, "m": 2}
+
+
+def test_a_bad_value_is_a_usage_error_naming_the_key(tmp_path):
+    from kernelrl.cli.options import UsageError
+
+    args = _sub("eval").parse_args(["t", "c.py", "--n-correctness", "1"])
+    with pytest.raises(UsageError, match="n_correctness"):
+        eval_config(args)
+    with pytest.raises(SystemExit):
+        _sub("eval").parse_args(["t", "c.py", "--timeout", "soon"])
