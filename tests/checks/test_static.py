@@ -3,6 +3,7 @@ and each rule's edge cases (what must and must not be flagged) hold."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 
 import pytest
@@ -79,9 +80,17 @@ def test_static_counts_printed(capsys):
 # --- registry --------------------------------------------------------------------------------
 
 def test_every_static_rule_has_a_check_and_back():
-    assert set(CHECKS) == set(R.STATIC_RULES) - {R.SYNTAX_ERROR}
+    assert list(CHECKS) == [name for name in R.STATIC_RULES if name != R.SYNTAX_ERROR]  # same set, same order
     for name, check in CHECKS.items():
         assert check.rule.stage == R.STATIC and check.rule.name == name
+
+
+def test_each_rule_family_module_names_its_rules_in_its_docstring():
+    # a module's docstring says what its rules catch and what they do not: at least it names them
+    for name, check in CHECKS.items():
+        module = sys.modules[check.run.__module__]
+        assert module.__name__.startswith("kernelrl.checks.static.")
+        assert f"`{name}`" in (module.__doc__ or ""), f"{module.__name__}'s docstring does not name {name}"
 
 
 def test_dynamic_rule_names_are_listed():
