@@ -130,13 +130,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not path.exists():
         raise UsageError(f"no such file or folder: {path}")
-    config = eval_config(args) if args.dynamic else None
+    # The policy applies to the static checks too; the device matters only when entries are run.
+    config = eval_config(args, check=args.dynamic)
     console = console_for(args.json)
     if args.limit is not None and args.limit < 0:
         raise UsageError("--limit must be >= 0")
     only = [s.strip() for v in args.only or () for s in v.split(",") if s.strip()]
     try:
-        report = audit.audit(path, policy=args.policy, run_dynamic=args.dynamic, eval_config=config,
+        report = audit.audit(path, policy=config.policy, run_dynamic=args.dynamic,
+                             eval_config=config if args.dynamic else None,
                              task_spec=args.task, only=only, limit=args.limit, degeneracy=args.degeneracy,
                              console=console)
     except audit.AuditInputError as e:

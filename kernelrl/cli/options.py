@@ -52,14 +52,16 @@ def read_candidate(path_str: str) -> Any:
     return Candidate(source=text, origin=str(path))
 
 
-def eval_config(args: argparse.Namespace) -> EvalConfig:
-    """The evaluator's config of a judging command: the `[eval]` table of `--config`, then the flags."""
+def eval_config(args: argparse.Namespace, *, check: bool = True) -> EvalConfig:
+    """The evaluator's config of a judging command: the `[eval]` table of `--config`, then the flags;
+    `check`: the device must be usable here."""
     try:
         values = load_toml(args.config).get("eval", {}) if args.config else {}
         config = build(EvalConfig, with_overrides(values, overrides(args, EVAL_FLAGS)))
     except ConfigError as e:
         raise UsageError(f"bad evaluator configuration: {e}") from e
-    check_device(config.device)
+    if check:
+        check_device(config.device)
     return config
 
 

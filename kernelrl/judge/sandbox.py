@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelrl.judge.channel import (
+    Arena,
     Channel,
     ChannelClosed,
     ChannelProtocolError,
@@ -228,6 +229,7 @@ class Worker:
         self.log_path = self.workdir / "worker.log"
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
+        self.arena = Arena.create()
         for fd in (p2c_w, c2p_w):
             _widen_pipe(fd)
         extra = {"CUDA_VISIBLE_DEVICES": str(device_index)} if device_index is not None else None
@@ -239,14 +241,15 @@ class Worker:
         self.hello: Hello | None = None
         try:
             self.proc = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "kernelrl.judge.worker", str(p2c_r), str(c2p_w)],
-                pass_fds=(p2c_r, c2p_w), cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
+                [*prefix, sys.executable, "-m", "kernelrl.judge.worker", str(p2c_r), str(c2p_w),
+                 str(self.arena.fd), str(self.arena.capacity)],
+                pass_fds=(p2c_r, c2p_w, self.arena.fd), cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
                 stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
             )
         finally:
             os.close(p2c_r)
             os.close(c2p_w)
-        self.channel = Channel(c2p_r, p2c_w)
+        self.channel = Channel(c2p_r, p2c_w, self.arena)
         self._apply_limits()
         self.started = time.monotonic()
 
@@ -418,6 +421,7 @@ class Worker:
         except subprocess.TimeoutExpired:
             pass
         self.channel.close()
+        self.arena.close()
         try:
             self._log.close()
         except OSError:

@@ -62,7 +62,7 @@ import torch  # noqa: E402
 
 from kernelrl.judge import protocol as P  # noqa: E402
 from kernelrl.judge.builds import PrecompiledHeaderLoader, exclusive_build_dir  # noqa: E402
-from kernelrl.judge.channel import Channel  # noqa: E402
+from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError  # noqa: E402
 from kernelrl.judge.compare import exactly_equal, flatten  # noqa: E402
 
 _Tensor = torch.Tensor
@@ -551,11 +551,16 @@ _HANDLERS = {
 
 
 def send(channel: Channel, kind: P.Kind, header: P.Header | None, payload: Any = None) -> None:
-    channel.send(kind.value, P.encode(kind, header), payload)
+    try:
+        channel.send(kind.value, P.encode(kind, header), payload)
+    except ChannelProtocolError as e:
+        # An answer that cannot cross the channel (an object of a type it does not carry, say)
+        # is an error the judge reads, not the end of the worker.
+        channel.send(P.Kind.ERROR.value, P.encode(P.Kind.ERROR, P.Error(phase=P.Phase.RUN, message=str(e))))
 
 
 def main(argv: list[str]) -> int:
-    channel = Channel(int(argv[1]), int(argv[2]))
+    channel = Channel(int(argv[1]), int(argv[2]), Arena(int(argv[3]), int(argv[4])))
     state = WorkerState(channel)
     send(channel, P.Kind.HELLO, P.Hello(pid=os.getpid(), torch=torch.__version__, python=sys.version.split()[0]))
     while True:

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from kernelrl.train.bench import BenchReport
     from kernelrl.train.collect import CollectSummary
     from kernelrl.train.recipe import StageReport
-    from kernelrl.train.reward_fn import BatchLog
 
 
 def speedup_text(v: float | None) -> str:
@@ -264,25 +263,6 @@ def render_calibration(runs: Sequence[Calibration], console: Console, *, toleran
 
 # ---------------------------------------------------------------------------------------------
 # training (kernelrl.train)
-
-
-def render_reward_batch(batch: BatchLog, console: Console) -> None:
-    """One line per reward call: the verdicts, then raw -> clipped rewards (x: dropped by RoC)."""
-    statuses = ", ".join(f"{n} {s}" for s, n in sorted(batch.statuses.items()))
-    parts = []
-    for r in batch.rollouts:
-        if r.raw is None:
-            parts.append("none")
-            continue
-        text = f"{r.raw:+.3f}"
-        if r.clipped and r.value is not None:
-            text += f"->{r.value:+.3f}"
-        if not r.kept:
-            text += "x"
-        parts.append(text)
-    console.print(f"[bold]reward[/bold] step {batch.step}: {len(batch.rollouts)} rollouts ({statuses}); "
-                  f"{batch.evaluated} judged; {batch.clipped} clipped; raw->clipped: {' '.join(parts)}",
-                  highlight=False, soft_wrap=True)  # one line per batch, whole, so logs can be searched
 
 
 def render_stage_report(report: StageReport, console: Console) -> None:

@@ -249,9 +249,7 @@ class KernelRewardFunction:
         log.info("step %d: %s; raw %s; trained on %s", batch.step, batch.statuses,
                  [round(x, 3) for x in raws], [None if r.value is None else round(r.value, 3) for r in batch.rollouts])
         if self.console is not None:
-            from kernelrl.report.console import render_reward_batch
-
-            render_reward_batch(batch, self.console)
+            print_batch(batch, self.console)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -277,3 +275,22 @@ def _rollout_log(j: Judged, r: Reward | None, kept: bool, value: float | None) -
     return RolloutLog(task=j.rollout.task, status=j.status, speedup=j.result.speedup if j.result else None,
                       raw=r.raw if r is not None else None, value=value, clipped=bool(r and r.clipped), kept=kept,
                       candidate_id=j.candidate_id, reused=j.reused_from is not None)
+
+
+def print_batch(batch: BatchLog, console: Any) -> None:
+    """One line per reward call: the verdicts, then raw -> clipped rewards (x: dropped by RoC)."""
+    statuses = ", ".join(f"{n} {s}" for s, n in sorted(batch.statuses.items()))
+    parts = []
+    for r in batch.rollouts:
+        if r.raw is None:
+            parts.append("none")
+            continue
+        text = f"{r.raw:+.3f}"
+        if r.clipped and r.value is not None:
+            text += f"->{r.value:+.3f}"
+        if not r.kept:
+            text += "x"
+        parts.append(text)
+    console.print(f"[bold]reward[/bold] step {batch.step}: {len(batch.rollouts)} rollouts ({statuses}); "
+                  f"{batch.evaluated} judged; {batch.clipped} clipped; raw->clipped: {' '.join(parts)}",
+                  highlight=False, soft_wrap=True)  # one line per batch, whole, so logs can be searched

@@ -1,10 +1,11 @@
-"""The judge's channel: framing, deadlines, closed pipes, and refusal of anything but tensors."""
+"""The judge's channel: framing, deadlines, closed pipes, the shared arena, and refusal of anything
+but plain data and tensors."""
 
 from __future__ import annotations
 
-import io
+import fcntl
+import json
 import os
-import pickle
 import struct
 import time
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from kernelrl.judge.channel import (
+    Arena,
     Channel,
     ChannelClosed,
     ChannelProtocolError,
@@ -19,18 +21,42 @@ from kernelrl.judge.channel import (
 )
 
 
-def _pair() -> tuple[Channel, Channel]:
+def _pair(capacity: int = 1 << 26) -> tuple[Channel, Channel]:
     a_r, b_w = os.pipe()
     b_r, a_w = os.pipe()
-    return Channel(a_r, a_w), Channel(b_r, b_w)
+    arena = Arena.create(capacity)
+    return Channel(a_r, a_w, arena), Channel(b_r, b_w, Arena(arena.fd, arena.capacity))
 
 
-def test_round_trip_header_and_tensors():
+def _raw(a: Channel, header: dict) -> None:
+    """A frame written by hand, as a hostile worker would."""
+    head = json.dumps(header).encode()
+    os.write(a.write_fd, struct.pack(">I", len(head)) + head)
+
+
+def test_round_trip_header_and_every_kind_of_value():
     a, b = _pair()
-    a.send("ran", {"n": 2}, {"outputs": [torch.arange(4.0), (torch.ones(2, 2), 3)]})
+    payload = {"outputs": [torch.arange(4.0), (torch.ones(2, 2, dtype=torch.bfloat16), 3)], "none": None,
+               "dtype": torch.float16, "empty": torch.empty(0, 3), "scalar": torch.tensor(2.5),
+               "mask": torch.tensor([True, False]), "strided": torch.arange(6.0).reshape(2, 3).t(),
+               "args": (3, (1, 1), "same", 0.5, True)}
+    a.send("ran", {"n": 2}, payload)
     msg = b.recv(time.monotonic() + 5)
     assert msg.kind == "ran" and msg.header == {"n": 2}
-    assert torch.equal(msg.payload["outputs"][0], torch.arange(4.0))
+    got = msg.payload
+    assert torch.equal(got["outputs"][0], torch.arange(4.0)) and got["outputs"][1][1] == 3
+    assert got["outputs"][1][0].dtype is torch.bfloat16 and got["dtype"] is torch.float16 and got["none"] is None
+    assert got["empty"].shape == (0, 3) and got["scalar"].shape == () and got["mask"].dtype is torch.bool
+    assert torch.equal(got["strided"], torch.arange(6.0).reshape(2, 3).t())
+    assert got["args"] == (3, (1, 1), "same", 0.5, True) and isinstance(got["args"][1], tuple)
+
+
+def test_what_is_read_is_a_copy_the_sender_cannot_change_later():
+    a, b = _pair()
+    a.send("output_data", {}, {"output": torch.ones(1000)})
+    got = b.recv(time.monotonic() + 5).payload["output"]
+    a.send("output_data", {}, {"output": torch.zeros(1000)})  # the same bytes of the arena, rewritten
+    assert torch.equal(got, torch.ones(1000))
 
 
 def test_recv_times_out():
@@ -46,36 +72,66 @@ def test_closed_pipe_is_reported():
         b.recv(time.monotonic() + 5)
 
 
-class _Evil:
-    def __reduce__(self):
-        return (os.system, ("echo pwned",))
-
-
-def test_pickled_objects_are_refused():
-    # A worker that sends a crafted pickle must not execute code in the judge.
-    a, b = _pair()
-    head = b'{"kind": "ran"}'
-    body = io.BytesIO()
-    torch.save({"x": _Evil()}, body, pickle_module=pickle)
-    os.write(a.write_fd, struct.pack(">IQ", len(head), len(body.getvalue())) + head + body.getvalue())
-    with pytest.raises(ChannelProtocolError):
-        b.recv(time.monotonic() + 5)
-
-
 class Lazy(torch.Tensor):
     pass
 
 
-def test_tensor_subclass_is_refused():
+def test_a_tensor_subclass_cannot_be_sent():
+    a, _b = _pair()
+    with pytest.raises(ChannelProtocolError, match="Lazy"):
+        a.send("output", {}, {"output": torch.ones(3).as_subclass(Lazy)})
+
+
+def test_objects_cannot_be_sent():
+    a, _b = _pair()
+    with pytest.raises(ChannelProtocolError):
+        a.send("output", {}, {"output": object()})
+    with pytest.raises(ChannelProtocolError, match="string keys"):
+        a.send("output", {}, {1: torch.ones(1)})
+
+
+@pytest.mark.parametrize("payload", [
+    {"bytes": 64, "tree": ["T", "float32", [16], 10 ** 9]},  # outside the arena
+    {"bytes": 64, "tree": ["T", "float32", [1000], 0]},  # longer than the payload it claims
+    {"bytes": 64, "tree": ["T", "object", [1], 0]},  # not a tensor dtype
+    {"bytes": 64, "tree": ["T", "float32", [-4], 0]},  # a negative dimension
+    {"bytes": 1 << 40, "tree": ["v", 1]},  # more than the arena holds
+    {"bytes": 0, "tree": ["x", "os.system"]},  # an unknown node
+    {"bytes": 0, "tree": ["d", [[1, ["v", 1]]]]},  # a dict key that is not a string
+    {"bytes": 0, "tree": ["v", {"nested": "object"}]},  # a value that is not a scalar
+    "not a description",
+])
+def test_a_forged_payload_description_is_refused(payload):
     a, b = _pair()
-    a.send("output", {}, {"output": torch.ones(3).as_subclass(Lazy)})
+    _raw(a, {"kind": "ran", "payload": payload})
     with pytest.raises(ChannelProtocolError):
         b.recv(time.monotonic() + 5)
 
 
-def test_oversized_frame_is_refused():
+def test_a_deeply_nested_header_is_a_protocol_error_not_a_crash():
     a, b = _pair()
-    b.max_payload_bytes = 16
-    a.send("output", {}, {"output": torch.ones(100)})
+    head = b'{"kind": "ran", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    os.write(a.write_fd, struct.pack(">I", len(head)) + head)
     with pytest.raises(ChannelProtocolError):
         b.recv(time.monotonic() + 5)
+
+
+def test_oversized_header_is_refused():
+    a, b = _pair()
+    os.write(a.write_fd, struct.pack(">I", 1 << 30))
+    with pytest.raises(ChannelProtocolError):
+        b.recv(time.monotonic() + 5)
+
+
+def test_a_payload_larger_than_the_arena_is_refused_before_anything_is_written():
+    a, _b = _pair(capacity=1 << 16)
+    with pytest.raises(ChannelProtocolError, match="exceeds"):
+        a.send("output", {}, {"output": torch.ones(1 << 16)})
+
+
+def test_the_arena_cannot_be_resized_by_the_other_side():
+    a, b = _pair()
+    for size in (0, 1 << 30):
+        with pytest.raises(PermissionError):
+            os.ftruncate(b.arena.fd, size)
+    assert fcntl.fcntl(a.arena.fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SEAL

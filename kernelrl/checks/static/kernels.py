@@ -95,7 +95,7 @@ def has_custom_kernel(source: str) -> bool:
     """True when the source builds or defines at least one real custom kernel (see `no_custom_kernel`)."""
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return any(k.real for k in custom_kernels(SourceInfo(tree, source)))
 
