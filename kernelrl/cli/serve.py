@@ -28,6 +28,8 @@ SERVE_FLAGS: dict[str, str] = {
     "build_timeout": "eval.build_timeout_s",
     "queue_limit": "max_pending_items",
     "log_level": "log_level",
+    "allowed_hosts": "allowed_hosts",
+    "retain_days": "retain_days",
 }
 
 
@@ -44,24 +46,25 @@ def serve_config(args: argparse.Namespace) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from kernelrl.serve.server import ServeError, run_server
+    from kernelrl.serve.server import StartError, run_server
 
     config = serve_config(args)
     check_device(config.eval.device)
     try:
         run_server(config, announce=lambda line: print(line, flush=True))
-    except ServeError as e:
+    except StartError as e:
         raise UsageError(str(e)) from e
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register this module's commands."""
     p = sub.add_parser("serve", help="run the reward server (HTTP) for RL frameworks and remote clients")
     p.add_argument("--config", default=None, help="server config (.toml) whose settings the flags override")
     p.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1; others need --token-file)")
     p.add_argument("--port", type=int, default=None, help="port (default 8177; 0: any free port)")
-    p.add_argument("--token-file", default=None, help="file holding the bearer token clients must send")
+    p.add_argument("--token-file", default=None,
+                   help="clients' bearer tokens, one NAME TOKEN per line (mode 0600, tokens of 32+ characters)")
     p.add_argument("--devices", default=None, help="lanes: cpu, or cuda:0,cuda:1,... (one evaluator per device)")
     p.add_argument("--db", default=None, help="SQLite job store (default kernelrl-serve.db)")
     p.add_argument("--backend", choices=("local", "ray"), default=None,
@@ -73,4 +76,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--build-timeout", type=float, default=None, metavar="SECONDS", help=BUILD_TIMEOUT_HELP)
     p.add_argument("--queue-limit", type=int, default=None, help="evaluations queued or running before 429")
     p.add_argument("--log-level", default=None, choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--allowed-hosts", default=None, metavar="NAMES",
+                   help="Host names served besides loopback's and this machine's (comma-separated; * any, with a token)")
+    p.add_argument("--retain-days", type=float, default=None, metavar="DAYS",
+                   help="remove finished jobs older than this (default: keep every job)")
     p.set_defaults(func=cmd_serve)
