@@ -14,7 +14,12 @@ Backends:
 
 Bounded: `--clients` x `--batches` x `--items`, and no batch starts after `--time-limit` seconds.
 
+`--profiles N` (fake backend) then sends N profile requests at once, each costing `--profile-ms`
+on a lane, and times `GET /v1/jobs/ID` every 50 ms while they drain: profiles go through the
+job queue, so the status of a job must stay fast however many are waiting.
+
 Usage: python benchmarks/serve_load.py [--clients 8] [--batches 25] [--items 4] [--eval-ms 20] [--lanes 2]
+                                      [--profiles 40 --profile-ms 500]
 Numbers depend on the machine and its load; compare figures from one run.
 """
 
@@ -32,8 +37,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kernelrl.candidate import Candidate, source_hash
+from kernelrl.judge.profile import TaskProfile
 from kernelrl.result import EvalResult, Status
+from kernelrl.serve.api import ItemIn, wire_item
 from kernelrl.serve.client import ClientConfig, RewardClient
+from kernelrl.serve.tokens import client_token
 from kernelrl.tasks.task import Task
 
 TASK = Task(name="bench/relu_scale", source='''
@@ -68,9 +76,16 @@ class ModelNew(nn.Module):
 class SleepBackend:
     """Costs `eval_s` per item, `lanes` batches at once; verdicts made up (correct, 1x)."""
 
-    def __init__(self, eval_s: float, lanes: int) -> None:
+    def __init__(self, eval_s: float, lanes: int, profile_s: float = 0.0) -> None:
         self.eval_s = eval_s
         self.capacity = lanes
+        self.profile_s = profile_s
+
+    def profile(self, task: Task, *, size: object = None) -> TaskProfile:
+        time.sleep(self.profile_s)
+        return TaskProfile(task=task.name, size=str(size or "small"), constants={}, inputs=["float32[64, 256]"],
+                           init_args=[], outputs=["float32[64, 256]"], flops=None, input_bytes=65536,
+                           output_bytes=65536, param_bytes=0, dtype="float32")
 
     def evaluate_batch(self, items: Sequence[tuple[Task, Candidate | str]], *, size: object = None,
                        policy: object = None) -> list[EvalResult]:
@@ -138,6 +153,35 @@ def run_clients(url: str, token: str | None, args: argparse.Namespace) -> dict:
     return {"wall": time.monotonic() - t0, "latencies": latencies, "outcome": outcome, "retried": retried}
 
 
+def profile_storm(url: str, token: str | None, job_id: str, n: int) -> dict:
+    """`n` clients ask for a profile at once; job status is timed every 50 ms until they are answered."""
+    statuses: list[float] = []
+    failures: list[str] = []
+    client = RewardClient(url, token=token, config=ClientConfig(wait_s=10.0))
+
+    def ask(i: int) -> None:
+        try:
+            client.profile(Task(name=f"bench/profile-{i}", source=TASK.source))
+        except Exception as e:  # noqa: BLE001 - counted and printed, the storm goes on
+            failures.append(f"{type(e).__name__}: {e}")
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            s0 = time.monotonic()
+            client.job(job_id)
+            statuses.append(time.monotonic() - s0)
+            time.sleep(0.05)
+    finally:
+        for t in threads:
+            t.join()
+        client.close()
+    return {"wall": time.monotonic() - t0, "statuses": statuses, "failures": failures}
+
+
 def server_counters(url: str, token: str | None) -> str:
     client = RewardClient(url, token=token)
     try:
@@ -162,11 +206,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--time-limit", type=float, default=300.0, help="no batch starts after this many seconds")
     p.add_argument("--url", default=None, help="an external server instead of one in this process")
     p.add_argument("--token-file", default=None)
+    p.add_argument("--profiles", type=int, default=0, help="then this many profile requests at once (fake backend)")
+    p.add_argument("--profile-ms", type=float, default=500.0, help="fake backend: cost of one profile")
     args = p.parse_args(argv)
-    if min(args.clients, args.batches, args.items, args.lanes) < 1:
-        p.error("--clients, --batches, --items and --lanes must be >= 1")
+    if min(args.clients, args.batches, args.items, args.lanes) < 1 or args.profiles < 0:
+        p.error("--clients, --batches, --items and --lanes must be >= 1, --profiles >= 0")
 
-    token = Path(args.token_file).read_text().strip() if args.token_file else None
+    token = client_token(args.token_file) if args.token_file else None
+    storm = None
     planned = args.clients * args.batches
     with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
         server = None
@@ -180,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             backend = None
             if args.backend == "fake":
-                backend = SleepBackend(args.eval_ms / 1000, args.lanes)
+                backend = SleepBackend(args.eval_ms / 1000, args.lanes, args.profile_ms / 1000)
                 what = f"fake backend ({args.eval_ms:g} ms per evaluation, {args.lanes} lanes)"
             else:
                 what = "real evaluator (one CPU lane, quick timing)"
@@ -192,6 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"serve_load: {args.clients} clients x {args.batches} batches x {args.items} items on {what}")
         try:
             r = run_clients(url, token, args)
+            if args.profiles and args.backend == "fake" and not args.url:
+                with RewardClient(url, token=token) as one:
+                    job_id = one.submit([one_item()]).job
+                    one.wait(job_id)
+                storm = profile_storm(url, token, job_id, args.profiles)
             counters = server_counters(url, token)
         finally:
             if server is not None:
@@ -211,8 +263,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         ms = [x * 1000 for x in lat]
         print(f"batch latency ms: p50 {percentile(ms, 50):.0f}, p90 {percentile(ms, 90):.0f}, "
               f"p99 {percentile(ms, 99):.0f}, max {max(ms):.0f}, mean {statistics.fmean(ms):.0f}")
+    if storm is not None:
+        ms = [x * 1000 for x in storm["statuses"]]
+        print(f"{args.profiles} profiles at once ({args.profile_ms:g} ms each, {args.lanes} lanes): answered in "
+              f"{storm['wall']:.2f} s, {len(storm['failures'])} failed; GET /v1/jobs/ID during them ({len(ms)} "
+              f"requests) ms: p50 {percentile(ms, 50):.1f}, p99 {percentile(ms, 99):.1f}, max {max(ms):.1f}")
+        for failure in storm["failures"][:5]:
+            print(f"  profile failed: {failure}")
     print("server counters:\n" + counters)
-    return 0 if o["failed"] == 0 and o["lost_items"] == 0 else 1
+    ok = o["failed"] == 0 and o["lost_items"] == 0 and (storm is None or not storm["failures"])
+    return 0 if ok else 1
+
+
+def one_item() -> ItemIn:
+    return wire_item(TASK, CANDIDATE + "\n# status probe\n")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ SERVE_FLAGS = FlagTable(
     helps={
         "host": "address to listen on (default 127.0.0.1; others need --token-file)",
         "port": "port (default 8177; 0: any free port)",
-        "token_file": "file holding the bearer token clients must send",
+        "token_file": "clients' bearer tokens, one NAME TOKEN per line (mode 0600, tokens of 32+ characters)",
+        "allowed_hosts": "Host names served besides loopback's and this machine's (comma-separated; * any, with a token)",
+        "retain_days": "remove finished jobs older than this many days (default: keep every job)",
         "devices": "cpu, or cuda:0,cuda:1,... (one evaluator per device)",
         "db_path": "SQLite job store (default kernelrl-serve.db)",
         "backend": "local: evaluators in this process; ray: one Ray actor per device",
@@ -39,18 +41,18 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from kernelrl.serve.server import ServeError, run_server
+    from kernelrl.serve.server import StartError, run_server
 
     config = serve_config(args)
     check_device(config.eval.device)
     try:
         run_server(config, announce=lambda line: print(line, flush=True))
-    except ServeError as e:
+    except StartError as e:
         raise UsageError(str(e)) from e
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register this module's commands."""
     p = sub.add_parser("serve", help="run the reward server (HTTP) for RL frameworks and remote clients")
     p.add_argument("--config", default=None, help="server config (.toml) whose settings the flags override")

@@ -5,10 +5,19 @@ builds them with `wire_item`.
 
 - `POST /v1/evaluate` takes `EvaluateRequest`: items of {task, candidate, key?, name?}, an
   optional size and policy; it answers 202 `Accepted` {job, items, reused, state}.
-- `GET /v1/jobs/ID[?wait=S]` answers `JobReply` {job, state, items, results}: one
-  `EvalResult.to_dict()` per item (what `kernelrl eval --json` prints), None while pending.
-- errors are `ErrorReply` {error}: 400 bad request, 401 no or wrong token, 404 unknown job,
-  409 idempotency key reused for something else, 413 too large, 429 queue full (Retry-After).
+- `POST /v1/profile` takes `ProfileRequest` {task, name?, size?} and answers 202 `Accepted`: a
+  profile job, queued like any other.
+- `GET /v1/jobs/ID[?wait=S]` answers `JobReply` {job, kind, state, items, results, error}: per
+  item, `EvalResult.to_dict()` (what `kernelrl eval --json` prints) in an evaluate job,
+  `ProfileOutcome.to_dict()` {task, profile, error} in a profile job; None while pending; a
+  failed job has `error` and no results.
+- errors are `ErrorReply` {error}: 400 bad request, 401 no or wrong token, 403 foreign Host or
+  a web page's request, 404 unknown job (or another client's), 409 idempotency key reused for
+  something else, 413 too large, 415 a body that is not JSON, 429 queue full (Retry-After).
+
+`check_body` bounds a body's cost before it is parsed: it counts the JSON tokens and the items
+and measures the strings with one regular-expression pass that stops at the first limit passed,
+so a body of a million tiny items is refused after reading a few thousand of them.
 
 An item's `task` is either a built-in task name (resolved with `builtin_task`, never as a path)
 or a full KernelBench-format source; `resolve_task` checks a source with `ast` only and never
@@ -18,12 +27,13 @@ executes it: task code runs only in the evaluator's sandboxed workers.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kernelrl.checks.policy import PolicyName
-from kernelrl.serve.jobs import JobState
+from kernelrl.serve.jobs import JobKind, JobState
 from kernelrl.tasks.source import is_task_source
 from kernelrl.tasks.suites import builtin_task
 from kernelrl.tasks.task import Size, Task, TaskError
@@ -32,6 +42,12 @@ API_VERSION = "v1"
 MAX_KEY_CHARS = 200
 # Names are labels only (they name the result and the reward's smoothing window): printable, short.
 NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"
+# JSON tokens that check_body counts: a string, or a structural character (scalars need a comma
+# or a colon next to them, so these bound every value).
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\],:]', re.DOTALL)
+TOKENS_PER_ITEM = 20  # {, four keys with their colons and values, commas, }: 17 at most
+TOKENS_ENVELOPE = 32  # the request's own object, its keys and values
+ESCAPED_BYTES_PER_BYTE = 6  # a JSON string may spell one byte as \uXXXX
 
 
 class ItemIn(BaseModel):
@@ -61,9 +77,11 @@ class Accepted(BaseModel):
 
 class JobReply(BaseModel):
     job: str
+    kind: JobKind = JobKind.EVALUATE
     state: JobState
     items: int
     results: list[dict[str, Any] | None]
+    error: str | None = None  # why a failed job failed
 
 
 class ServerInfo(BaseModel):
@@ -93,6 +111,38 @@ class ProfileRequest(BaseModel):
 
 class BadItem(ValueError):
     """An item the server cannot accept; the message names the item and says why."""
+
+
+class TooLarge(ValueError):
+    """A request over a limit (items, tokens, one string's size); the message says which."""
+
+
+def check_body(body: bytes, *, max_items: int, max_string_bytes: int) -> None:
+    """Refuse (TooLarge) a JSON body with more than `max_items` items (objects inside the
+    top-level object's arrays), more tokens than that many items can hold, or a string that
+    cannot decode to `max_string_bytes` or fewer, before anything is parsed. Reads at most
+    `TOKENS_PER_ITEM * max_items + TOKENS_ENVELOPE` tokens (regular-expression matches)."""
+    limit = TOKENS_PER_ITEM * max_items + TOKENS_ENVELOPE
+    longest = ESCAPED_BYTES_PER_BYTE * max_string_bytes + 2
+    depth = items = 0
+    for n, m in enumerate(_JSON_TOKEN.finditer(body), 1):
+        if n > limit:
+            raise TooLarge(f"the request holds more than {limit} JSON values (more than {max_items} items in one "
+                           "job?); split the batch")
+        first = body[m.start()]
+        if first == 0x22:  # a string
+            if m.end() - m.start() > longest:
+                raise TooLarge(f"a string of {m.end() - m.start() - 2} bytes; a source is at most {max_string_bytes} "
+                               "bytes")
+        elif first in b"{[":
+            depth += 1
+            if depth == 3 and first == 0x7B:  # an object in an array of the request
+                items += 1
+                if items > max_items:
+                    raise TooLarge(f"more than {max_items} items in one job; the limit is {max_items} "
+                                   "(split the batch)")
+        elif first in b"}]":
+            depth -= 1
 
 
 def is_task_name(spec: str) -> bool:

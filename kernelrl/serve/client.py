@@ -14,8 +14,11 @@ Guarantees:
 - the server dying and coming back (same database) costs nothing: jobs are persisted, and
   waiting retries until it answers again (within `retries` with backoff, about a minute with
   the defaults);
-- other client errors (400, 401, 404, 409, 413) raise `ServeError` at once with the server's
-  message; results come back in the order given.
+- other client errors (400, 401, 403, 404, 409, 413, 415) raise `ServeError` at once with the
+  server's message; results come back in the order given;
+- every call ends: `evaluate_batch` and `profile` give up after `timeout_s` (an hour by
+  default; `math.inf` waits for ever), each HTTP request after `request_timeout_s` plus its long
+  poll, and a job the server could not finish (`failed`) raises `ServeError` with its reason.
 
 Does not hold results across processes: a caller that must survive its own crash passes its
 own keys (`(task, candidate, key)` items) and submits again.
@@ -23,6 +26,7 @@ own keys (`(task, candidate, key)` items) and submits again.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -48,16 +52,18 @@ from kernelrl.serve.api import (
     ServerInfo,
     wire_item,
 )
-from kernelrl.serve.jobs import JobState
+from kernelrl.serve.jobs import JobKind, JobState, ProfileOutcome
+from kernelrl.serve.tokens import client_token
 from kernelrl.tasks.task import Size, Task, TaskError
 
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
+DEFAULT_TIMEOUT_S = 3600.0  # one evaluate_batch or profile call, queueing included
 # Room left in a body for JSON quoting and the envelope when splitting a batch by size.
 _BODY_MARGIN = 0.8
 
 
 class ServeError(Exception):
-    """The server refused a request, or could not be reached in time."""
+    """The server refused a request, could not finish a job, or could not be reached in time."""
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)
@@ -74,7 +80,7 @@ class ClientConfig:
     backoff_max_s: float = 30.0
     queue_wait_s: float = 900.0  # keep retrying 429 (queue full) this long
     wait_s: float = 20.0  # long poll per job status request (the server holds at most 30 s)
-    timeout_s: float | None = None  # whole evaluate_batch; None: no limit
+    timeout_s: float = DEFAULT_TIMEOUT_S  # whole evaluate_batch or profile call; math.inf: no limit
     items_per_job: int | None = None  # None: the server's limit
 
     def __post_init__(self) -> None:
@@ -90,6 +96,12 @@ class ClientConfig:
             raise ValueError("request_timeout_s must be positive and queue_wait_s >= 0")
         if self.items_per_job is not None and self.items_per_job < 1:
             raise ValueError("items_per_job must be >= 1")
+        if not self.timeout_s > 0:
+            raise ValueError("timeout_s must be positive (math.inf: no limit)")
+
+    def deadline(self) -> float | None:
+        """The monotonic time a call started now must end by; None without a limit."""
+        return None if math.isinf(self.timeout_s) else time.monotonic() + self.timeout_s
 
 
 class RewardClient:
@@ -100,7 +112,7 @@ class RewardClient:
         if token is not None and token_file is not None:
             raise ValueError("give a token or a token file, not both")
         if token_file is not None:
-            token = Path(token_file).read_text().strip()
+            token = client_token(token_file)  # TokenFileError (a ValueError) with the reason
         self.url = url.rstrip("/")
         self.config = config or ClientConfig()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -191,7 +203,11 @@ class RewardClient:
         return JobReply.model_validate_json(resp.content)
 
     def wait(self, job_id: str, *, deadline: float | None = None) -> list[EvalResult]:
-        """The results of a job, once it is done (long polls; survives server restarts)."""
+        """The results of an evaluate job, once it is done (long polls; survives server restarts)."""
+        return [EvalResult.from_dict(r) for r in self._wait(job_id, JobKind.EVALUATE, deadline)]
+
+    def _wait(self, job_id: str, kind: JobKind, deadline: float | None) -> list[dict[str, Any]]:
+        """A job's results once it is done; ServeError when it failed or the deadline passed."""
         while True:
             wait_s = self.config.wait_s
             if deadline is not None:
@@ -201,10 +217,14 @@ class RewardClient:
                                      f"(wait for it with RewardClient.wait({job_id!r}))")
                 wait_s = min(wait_s, max(left, 0.0))
             reply = self.job(job_id, wait_s=wait_s, deadline=deadline)
+            if reply.state is JobState.FAILED:
+                raise ServeError(f"job {job_id} failed on the server: {reply.error}")
             if reply.state is JobState.DONE:
+                if reply.kind is not kind:
+                    raise ServeError(f"job {job_id} is a {reply.kind} job, not a {kind} job")
                 if any(r is None for r in reply.results) or len(reply.results) != reply.items:
                     raise ServeError(f"job {job_id} is done but its results are incomplete")
-                return [EvalResult.from_dict(r) for r in reply.results if r is not None]
+                return [r for r in reply.results if r is not None]
 
     # -- the backend interface ------------------------------------------------------------------
 
@@ -213,12 +233,12 @@ class RewardClient:
         """Judge every (task, candidate[, key]) on the server; results in the order given."""
         if not items:
             return []
-        deadline = time.monotonic() + self.config.timeout_s if self.config.timeout_s is not None else None
+        deadline = self.config.deadline()
         call = uuid.uuid4().hex
         wire = []
         for i, entry in enumerate(items):
             task, cand = entry[0], entry[1]
-            key = entry[2] if len(entry) > 2 else f"{call}-{i}"  # type: ignore[misc]
+            key = entry[2] if len(entry) > 2 else f"{call}-{i}"
             source = cand.source if isinstance(cand, Candidate) else cand
             wire.append(wire_item(task, source, key))
         jobs = [self.submit(chunk, size=size, policy=policy, deadline=deadline).job for chunk in self._chunks(wire)]
@@ -228,21 +248,21 @@ class RewardClient:
         return self.evaluate_batch([(task, candidate)])[0]
 
     def profile(self, task: Task, *, size: Size | None = None) -> TaskProfile | None:
-        """What the server's reference worker reads about a task (shapes, FLOPs, traits).
+        """What the server's reference worker reads about a task (shapes, FLOPs, traits): a
+        profile job, queued on the server like evaluations.
 
         Raises TaskError with the server's one-line reason when the task's reference fails.
         """
+        deadline = self.config.deadline()
         builtin = task.suite == "builtin"
         body = ProfileRequest(task=task.name if builtin else task.source, name=None if builtin else task.name or None,
-                              size=size).model_dump_json(exclude_none=True).encode()
-        try:
-            reply = self._request("POST", "/v1/profile", body=body)
-        except ServeError as e:
-            if e.status == 422:
-                raise TaskError(str(e)) from None
-            raise
-        found = reply.json().get("profile")
-        return TaskProfile.from_dict(found) if found else None
+                              size=size or self.config.size).model_dump_json(exclude_none=True).encode()
+        accepted = Accepted.model_validate_json(self._request("POST", "/v1/profile", body=body,
+                                                              deadline=deadline).content)
+        (outcome,) = [ProfileOutcome.from_dict(r) for r in self._wait(accepted.job, JobKind.PROFILE, deadline)]
+        if outcome.error is not None:
+            raise TaskError(outcome.error)
+        return TaskProfile.from_dict(outcome.profile) if outcome.profile else None
 
     def _chunks(self, wire: list[ItemIn]) -> list[list[ItemIn]]:
         info = self.info()

@@ -1,19 +1,23 @@
 """The reward server's settings: one typed config, built from flags or a TOML file.
 
 Guarantees (checked in `ServeConfig.__post_init__`):
-- the server never listens on an address other than loopback without a token file;
+- the server never listens on an address other than loopback without a token file, and never
+  accepts any Host header (`allowed_hosts` holding `*`) without one;
+- `allowed_hosts` holds host names or addresses only (no scheme, port or path), lower case;
 - `devices` parses into lanes of one kind, and the evaluator settings follow them (`eval.device`
   is set from the lanes; a conflicting one is an error, never silently replaced);
 - every limit is positive, and one job always fits the queue (`max_items_per_job <=
   max_pending_items`), so a client that waits long enough is always served.
 
-Does not read the token file (the server does, at start) or check that a GPU exists.
+Does not read the token file (the server does, at start: `kernelrl.serve.tokens`) or check that
+a GPU exists.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +25,8 @@ from kernelrl.judge.device import Device
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.serve.backend import BackendKind
 from kernelrl.serve.lanes import LaneSpec, lane_config, parse_devices
+
+_HOST_ENTRY = re.compile(r"^(?:[a-z0-9.-]+|[0-9a-f:.]*:[0-9a-f:.]*)$")  # a DNS name, an IPv4 or an IPv6 address
 
 
 def is_loopback(host: str) -> bool:
@@ -36,7 +42,8 @@ def is_loopback(host: str) -> bool:
 class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8177  # 0: any free port (printed at start)
-    token_file: Path | None = None  # holds the bearer token; required off loopback
+    token_file: Path | None = None  # clients' bearer tokens, one `NAME TOKEN` per line (mode 0600); required off loopback
+    allowed_hosts: tuple[str, ...] = ()  # Host names served besides loopback's and this machine's; "*": any (needs a token)
     devices: tuple[str, ...] = ("cpu",)  # lanes: cpu, or cuda:0,cuda:1,...
     backend: BackendKind = BackendKind.LOCAL
     ray_address: str | None = None  # ray backend: None starts (or joins) a local Ray; "auto" or an address joins
@@ -49,6 +56,7 @@ class ServeConfig:
     max_source_bytes: int = 256 << 10  # one task or candidate source
     max_attempts: int = 3  # a job interrupted (server killed, backend failed) this often ends as task_error
     job_concurrency: int = 0  # jobs handed to the backend at once; 0: one per lane
+    retain_days: float | None = None  # finished jobs older than this are removed; None: kept for ever
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
@@ -69,6 +77,18 @@ class ServeConfig:
         if not is_loopback(self.host) and self.token_file is None:
             raise ValueError(f"refusing to listen on {self.host} without a token: give a token file "
                              "(only loopback addresses may go without one)")
+        hosts = (self.allowed_hosts,) if isinstance(self.allowed_hosts, str) else self.allowed_hosts
+        hosts = tuple(h.strip().lower() for entry in hosts for h in entry.split(",") if h.strip())
+        object.__setattr__(self, "allowed_hosts", hosts)
+        for entry in hosts:
+            if entry != "*" and not _HOST_ENTRY.match(entry):
+                raise ValueError(f"allowed_hosts: {entry[:100]!r} is not a host name or address (no scheme, port, "
+                                 "path or brackets)")
+        if "*" in hosts and self.token_file is None:
+            raise ValueError("allowed_hosts '*' needs a token file: without one, any web page could reach the "
+                             "server through DNS rebinding")
+        if self.retain_days is not None and not self.retain_days > 0:
+            raise ValueError("retain_days must be positive (or unset: keep every job)")
         if not 0 <= self.port <= 65535:
             raise ValueError("port must be in 0..65535")
         if self.max_items_per_job is None:
@@ -76,12 +96,18 @@ class ServeConfig:
         for name in ("max_pending_items", "max_items_per_job", "max_body_bytes", "max_source_bytes", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.max_items_per_job > self.max_pending_items:
+        if self.item_limit > self.max_pending_items:
             raise ValueError("max_items_per_job must be <= max_pending_items (or a full job could never be queued)")
         if self.job_concurrency < 0:
             raise ValueError("job_concurrency must be >= 0 (0: one per lane)")
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
             raise ValueError("log_level must be one of critical, error, warning, info, debug, trace")
+
+    @property
+    def item_limit(self) -> int:
+        """Items in one job at most (`max_items_per_job`, resolved)."""
+        assert self.max_items_per_job is not None, "set in __post_init__"
+        return self.max_items_per_job
 
     @property
     def lanes(self) -> tuple[LaneSpec, ...]:

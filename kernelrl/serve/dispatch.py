@@ -2,12 +2,16 @@
 
 Guarantees:
 - jobs are taken oldest first, `workers` at a time (one per lane by default), each as one
-  `evaluate_batch` call, and their results are written back with `JobStore.complete` (exactly
-  once, all items together);
+  `evaluate_batch` call (a profile job: one `profile` call per task), and their results are
+  written back with `JobStore.complete` (exactly once, all items together);
+- a job whose results cannot be stored (the store raised: disk full, a result that does not
+  serialise) ends `failed` with the reason (`JobStore.fail`), and its waiters are woken: no job
+  stays `running` while the server runs;
 - a job whose batch raises (the backend's own failure: an actor died, a lane broke) is queued
   again after a pause, up to `max_attempts` starts; at the last attempt its items are evaluated
   one at a time, so an item that still breaks the backend gets a `task_error` result of its own
-  and the others keep their verdicts; a job started `max_attempts` times without finishing (the
+  (a profile, an error of its own) and the others keep their verdicts; a task whose reference
+  fails (`TaskError`) is a profile's answer, not a backend failure; a job started `max_attempts` times without finishing (the
   server died each time) is closed with `task_error` results. No job stays queued for ever;
 - the dispatcher only turns jobs into `evaluate_batch` calls: verdicts are the backend's.
 
@@ -26,8 +30,10 @@ from dataclasses import dataclass
 from kernelrl.candidate import Candidate, source_hash
 from kernelrl.result import EvalResult, Status
 from kernelrl.serve.backend import EvalBackend
-from kernelrl.serve.jobs import ClaimedJob, JobStore
-from kernelrl.tasks.task import Task
+from kernelrl.serve.jobs import ClaimedJob, JobKind, JobStore, ProfileOutcome
+from kernelrl.tasks.task import Task, TaskError
+
+Outcome = EvalResult | ProfileOutcome
 
 log = logging.getLogger("kernelrl.serve")
 
@@ -46,8 +52,10 @@ class DispatchStats:
 
 
 def failure_result(task: Task, candidate: str, job: ClaimedJob, message: str, errors: list[str] | None = None
-                   ) -> EvalResult:
+                   ) -> Outcome:
     """No verdict: the evaluation could not be carried out (not the candidate's fault)."""
+    if job.kind is JobKind.PROFILE:
+        return ProfileOutcome(task=task.name, error=message)
     return EvalResult(task=task.name, status=Status.TASK_ERROR, message=message, errors=errors or [],
                       size=str(job.size), policy=str(job.policy), candidate_hash=source_hash(candidate))
 
@@ -126,25 +134,35 @@ class Dispatcher:
                 self._busy += 1
             try:
                 self._run(job)
-            except Exception:
-                # Left running in the store: the next start queues it again (attempts count it).
-                if self._stop.is_set():
+            except Exception as e:
+                if self._stop.is_set():  # the store may be closed: the next start queues it again
                     log.warning("job %s left running at shutdown; it is queued again at the next start", job.job_id)
                 else:
-                    log.exception("job %s failed in the dispatcher", job.job_id)
+                    log.exception("job %s could not be finished", job.job_id)
+                    self._fail(job, f"the server could not finish this job (storing its results failed): "
+                                    f"{type(e).__name__}: {e}")
             finally:
                 with self._lock:
                     self._busy -= 1
+
+    def _fail(self, job: ClaimedJob, reason: str) -> None:
+        try:
+            failed = self.store.fail(job.seq, reason)
+        except Exception:  # the store is unusable: the job stays running (clients time out)
+            log.exception("job %s: cannot mark it failed either", job.job_id)
+            return
+        if failed and self.on_complete is not None:
+            self.on_complete(job.job_id)
 
     def _run(self, job: ClaimedJob) -> None:
         if job.attempts > self.max_attempts:
             msg = (f"the evaluation of this job was interrupted {job.attempts - 1} times (the server stopped "
                    "while judging it); no verdict")
-            results = [failure_result(task, cand, job, msg) for _, task, cand in job.items]
+            results: list[Outcome] | None = [failure_result(task, cand, job, msg) for _, task, cand in job.items]
         else:
             results = self._evaluate(job)
-            if results is None:
-                return  # queued again
+        if results is None:
+            return  # queued again
         if self.store.complete(job.seq, [(idx, r) for (idx, _, _), r in zip(job.items, results)]):
             with self._lock:
                 self._evaluations += len(results)
@@ -153,7 +171,7 @@ class Dispatcher:
             if self.on_complete is not None:
                 self.on_complete(job.job_id)
 
-    def _evaluate(self, job: ClaimedJob) -> list[EvalResult] | None:
+    def _evaluate(self, job: ClaimedJob) -> list[Outcome] | None:
         pairs = [(task, Candidate(source=cand)) for _, task, cand in job.items]
         try:
             return self._call(pairs, job)
@@ -173,7 +191,7 @@ class Dispatcher:
                 return [failure_result(pairs[0][0], pairs[0][1].source, job, f"the evaluator failed: {e}",
                                        [repr(e)])]
         # Last attempt: one item at a time, so an item that breaks the backend costs only its own verdict.
-        out = []
+        out: list[Outcome] = []
         for task, cand in pairs:
             try:
                 out.extend(self._call([(task, cand)], job))
@@ -181,8 +199,18 @@ class Dispatcher:
                 out.append(failure_result(task, cand.source, job, f"the evaluator failed: {e}", [repr(e)]))
         return out
 
-    def _call(self, pairs: list[tuple[Task, Candidate]], job: ClaimedJob) -> list[EvalResult]:
+    def _call(self, pairs: list[tuple[Task, Candidate]], job: ClaimedJob) -> list[Outcome]:
+        if job.kind is JobKind.PROFILE:
+            return [self._profile(task, job) for task, _ in pairs]
         results = self.backend.evaluate_batch(pairs, size=job.size, policy=job.policy)
         if len(results) != len(pairs) or not all(isinstance(r, EvalResult) for r in results):
             raise RuntimeError(f"the backend returned {len(results)} results for {len(pairs)} items")
         return list(results)
+
+    def _profile(self, task: Task, job: ClaimedJob) -> ProfileOutcome:
+        try:
+            found = self.backend.profile(task, size=job.size)
+        except TaskError as e:  # the task's own fault: the answer, not a backend failure
+            first = (str(e).splitlines() or [type(e).__name__])[0]
+            return ProfileOutcome(task=task.name, error=f"the task's reference fails: {first}")
+        return ProfileOutcome(task=task.name, profile=found.to_dict() if found else None)

@@ -1,18 +1,28 @@
 """The job store: every accepted job, its items, idempotency keys and results, in SQLite.
 
+A job is one of two kinds: `evaluate` (items of a task and a candidate, each ending with an
+`EvalResult`) or `profile` (one task, ending with a `ProfileOutcome`: what a reference worker
+read about it). Both go through the same bounded queue and the same dispatcher.
+
 Guarantees:
 - a job is written (WAL, `synchronous=FULL`) before the server answers 202, so an accepted job
-  survives a SIGKILL of the server, and a power cut;
-- a job completes exactly once: `complete` records all of its results and marks it done in one
-  transaction, and only if it is still running; a job that was running when the server died is
-  queued again by `recover` at the next start and evaluated again from scratch (evaluation is
-  at-least-once, completion exactly once); after `max_attempts` starts it is closed with
-  task_error results instead of being retried forever;
-- an idempotency key names one evaluation for ever: an item whose key is already stored is not
-  evaluated again, its result is the stored item's (the first result); the same key with another
-  task, candidate, size or policy is refused (`KeyConflict`);
+  survives a SIGKILL of the server, and a power cut; the database and its WAL files are created
+  readable by their owner only (0600), and an existing one is made so;
+- a job ends exactly once: `complete` records all of its results and marks it done in one
+  transaction, and only if it is still running; `fail` marks a running job failed with the
+  reason (its results could not be stored) and frees its idempotency keys, so a retry judges
+  again; a job that was running when the server died is queued again by `recover` at the next
+  start and evaluated again from scratch (evaluation is at-least-once, completion exactly once);
+  after `max_attempts` starts it is closed with task_error results instead of being retried;
+- jobs belong to the client that submitted them (its token's name, `owner`): `state` and `job`
+  answer None for another owner's job, and idempotency keys are per owner;
+- an idempotency key names one evaluation for as long as its job is kept: an item whose key is
+  already stored is not evaluated again, its result is the stored item's (the first result); the
+  same key with another task, candidate, size or policy is refused (`KeyConflict`);
 - the queue is bounded: `submit` refuses (`QueueFull`) a job whose new evaluations would take
-  the evaluations queued or running past the limit; items answered from keys cost nothing.
+  the evaluations queued or running past the limit; items answered from keys cost nothing;
+- `purge` removes finished jobs older than a cutoff, except those whose results a kept job
+  reuses through a key (and jobs still waiting on another's result).
 
 Does not run anything and does not parse task code beyond what the caller gives it; it is safe
 to call from several threads (one connection, one lock). One server per database file: the
@@ -25,7 +35,10 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import logging
+import os
 import sqlite3
+import stat
 import threading
 import time
 import uuid
@@ -39,11 +52,17 @@ from kernelrl.checks.policy import PolicyName
 from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Size, Task
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
+log = logging.getLogger("kernelrl.serve")
+
+SCHEMA_VERSION = 2  # PRAGMA user_version; 0 with a jobs table: the first schema (migrated)
+
+JOBS_TABLE = """
+CREATE TABLE IF NOT EXISTS {name} (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE,
-    state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'done')),
+    kind TEXT NOT NULL DEFAULT 'evaluate' CHECK (kind IN ('evaluate', 'profile')),
+    owner TEXT NOT NULL DEFAULT '',  -- the client (token name) that submitted it, '' without tokens
+    state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'done', 'failed')),
     size TEXT NOT NULL,
     policy TEXT NOT NULL,
     n_items INTEGER NOT NULL,
@@ -51,27 +70,43 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempts INTEGER NOT NULL DEFAULT 0,
     created_s REAL NOT NULL,
     started_s REAL,
-    finished_s REAL
+    finished_s REAL,
+    error TEXT  -- why a failed job failed
 );
+"""
+SCHEMA = JOBS_TABLE.format(name="jobs") + """
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, seq);
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_s);
 CREATE TABLE IF NOT EXISTS items (
     job_seq INTEGER NOT NULL REFERENCES jobs (seq),
     idx INTEGER NOT NULL,
     task TEXT NOT NULL,  -- JSON: name, source, level, suite, presets
     task_hash TEXT NOT NULL,
-    candidate TEXT NOT NULL,
+    candidate TEXT NOT NULL,  -- '' in a profile job
     candidate_hash TEXT NOT NULL,
-    key TEXT,
+    key TEXT,  -- idempotency key, per owner
     origin_seq INTEGER,  -- set when the key was already stored: that item holds the result
     origin_idx INTEGER,
-    status TEXT,
-    result TEXT,  -- JSON: EvalResult.to_dict()
+    status TEXT,  -- the verdict (evaluations only)
+    result TEXT,  -- JSON: EvalResult.to_dict(), or ProfileOutcome.to_dict() in a profile job
     finished_s REAL,
+    owner TEXT NOT NULL DEFAULT '',  -- the job's owner (keys are unique per owner)
     PRIMARY KEY (job_seq, idx)
 );
-CREATE UNIQUE INDEX IF NOT EXISTS items_key ON items (key) WHERE key IS NOT NULL AND origin_seq IS NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS items_owner_key ON items (owner, key) WHERE key IS NOT NULL AND origin_seq IS NULL;
 CREATE INDEX IF NOT EXISTS items_status ON items (status);
 CREATE INDEX IF NOT EXISTS items_finished ON items (finished_s);
+CREATE INDEX IF NOT EXISTS items_origin ON items (origin_seq) WHERE origin_seq IS NOT NULL;
+"""
+# From the first schema: jobs gains kind, owner, error and the failed state (a CHECK: the table
+# is rebuilt), items an owner, and keys become unique per owner.
+MIGRATE_1_TO_2 = JOBS_TABLE.format(name="jobs_v2") + """
+INSERT INTO jobs_v2 (seq, id, state, size, policy, n_items, n_eval, attempts, created_s, started_s, finished_s)
+    SELECT seq, id, state, size, policy, n_items, n_eval, attempts, created_s, started_s, finished_s FROM jobs;
+DROP TABLE jobs;
+ALTER TABLE jobs_v2 RENAME TO jobs;
+ALTER TABLE items ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+DROP INDEX IF EXISTS items_key;
 """
 
 
@@ -79,9 +114,16 @@ class JobState(enum.StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     DONE = "done"
+    FAILED = "failed"  # its results could not be stored; `error` says why
+
+
+class JobKind(enum.StrEnum):
+    EVALUATE = "evaluate"  # candidates judged against tasks
+    PROFILE = "profile"  # what a reference worker reads about a task
 
 
 _ORDER = {JobState.QUEUED: 0, JobState.RUNNING: 1, JobState.DONE: 2}
+FINISHED = (JobState.DONE, JobState.FAILED)
 
 
 class QueueFull(Exception):
@@ -98,14 +140,35 @@ class KeyConflict(Exception):
     """An idempotency key is already stored for another evaluation."""
 
 
+class StoreError(Exception):
+    """The database cannot be used (written by a newer kernelrl, say); the message says why."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ItemSpec:
-    """One evaluation asked for: a task (already resolved, never executed), a candidate source,
-    and an optional idempotency key."""
+    """One evaluation asked for: a task (already resolved, never executed), a candidate source
+    ('' in a profile job), and an optional idempotency key."""
 
     task: Task
     candidate: str
     key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfileOutcome:
+    """The result of a profile job: the task's profile (`TaskProfile.to_dict()`, None when the
+    reference worker found nothing to report), or why its reference failed."""
+
+    task: str
+    profile: dict[str, Any] | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "profile": self.profile, "error": self.error}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ProfileOutcome:
+        return cls(task=str(d["task"]), profile=d.get("profile"), error=d.get("error"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,6 +185,7 @@ class ClaimedJob:
 
     seq: int
     job_id: str
+    kind: JobKind
     size: Size
     policy: PolicyName
     attempts: int  # including this one
@@ -131,12 +195,14 @@ class ClaimedJob:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobView:
     job_id: str
+    kind: JobKind
     state: JobState
     n_items: int
-    results: list[dict[str, Any] | None]  # EvalResult.to_dict() per item, None while pending
+    results: list[dict[str, Any] | None]  # to_dict() of each item's result, None while pending
     attempts: int
     created_s: float
     finished_s: float | None
+    error: str | None  # why a failed job failed
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -162,17 +228,57 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _private(path: Path) -> None:
+    """Create `path` readable by its owner only, or make an existing one so (SQLite gives the
+    WAL and shared-memory files the database's mode)."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            mode = stat.S_IMODE(os.stat(p).st_mode)
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            os.chmod(p, mode & 0o700)
+            log.warning("%s was readable by others (mode %04o): now %04o", p, mode, mode & 0o700)
+
+
 class JobStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private(self.path)
         self._lock = threading.Lock()
         # autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        self._migrate()
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
+
+    def _migrate(self) -> None:
+        db = self._db
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            db.close()
+            raise StoreError(f"{self.path} was written by a newer kernelrl (schema {version}; this one reads "
+                             f"{SCHEMA_VERSION})")
+        if version == SCHEMA_VERSION:
+            return
+        old = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if old:  # foreign keys are off here (turned on after), as a table rebuild needs
+                for statement in _statements(MIGRATE_1_TO_2):
+                    db.execute(statement)
+            for statement in _statements(SCHEMA):
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        if old:
+            log.warning("%s: the job store was brought to schema %d (jobs kept)", self.path, SCHEMA_VERSION)
 
     def close(self) -> None:
         with self._lock:
@@ -191,11 +297,12 @@ class JobStore:
 
     # -- accepting ------------------------------------------------------------------------------
 
-    def submit(self, items: Sequence[ItemSpec], *, size: Size, policy: PolicyName, max_pending: int) -> Submitted:
+    def submit(self, items: Sequence[ItemSpec], *, size: Size, policy: PolicyName, max_pending: int,
+               owner: str = "", kind: JobKind = JobKind.EVALUATE) -> Submitted:
         """Store a job; raises QueueFull or KeyConflict (nothing is stored then)."""
         if not items:
             raise ValueError("a job needs at least one item")
-        size, policy = Size(size), PolicyName(policy)
+        size, policy, kind = Size(size), PolicyName(policy), JobKind(kind)
         job_id = uuid.uuid4().hex
         now = time.time()
         rows = [(task_to_json(it.task), _sha(it.task.source), it.candidate, _sha(it.candidate), it.key)
@@ -207,29 +314,32 @@ class JobStore:
                     origins.append(None)
                     continue
                 found = db.execute(
-                    "SELECT i.job_seq, i.idx, i.task_hash, i.candidate_hash, j.size, j.policy FROM items i "
-                    "JOIN jobs j ON j.seq = i.job_seq WHERE i.key = ? AND i.origin_seq IS NULL", (key,)).fetchone()
+                    "SELECT i.job_seq, i.idx, i.task_hash, i.candidate_hash, j.size, j.policy, j.kind FROM items i "
+                    "JOIN jobs j ON j.seq = i.job_seq WHERE i.owner = ? AND i.key = ? AND i.origin_seq IS NULL",
+                    (owner, key)).fetchone()
                 if found is None:
                     origins.append(None)
                     continue
-                if (found[2], found[3], found[4], found[5]) != (task_hash, cand_hash, str(size), str(policy)):
+                if tuple(found[2:]) != (task_hash, cand_hash, str(size), str(policy), str(kind)):
                     raise KeyConflict(f"item {i}: key {key!r} was already used for another task, candidate, "
                                       "size or policy")
                 origins.append((found[0], found[1]))
             n_eval = sum(o is None for o in origins)
-            pending = db.execute("SELECT COALESCE(SUM(n_eval), 0) FROM jobs WHERE state != 'done'").fetchone()[0]
+            pending = db.execute("SELECT COALESCE(SUM(n_eval), 0) FROM jobs WHERE state IN ('queued', 'running')"
+                                 ).fetchone()[0]
             if n_eval and pending + n_eval > max_pending:
                 raise QueueFull(pending, n_eval, max_pending)
             state = JobState.QUEUED if n_eval else JobState.DONE
             cur = db.execute(
-                "INSERT INTO jobs (id, state, size, policy, n_items, n_eval, created_s, finished_s) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, str(state), str(size), str(policy), len(items), n_eval, now, None if n_eval else now))
+                "INSERT INTO jobs (id, kind, owner, state, size, policy, n_items, n_eval, created_s, finished_s) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, str(kind), owner, str(state), str(size), str(policy), len(items), n_eval, now,
+                 None if n_eval else now))
             seq = cur.lastrowid
             db.executemany(
                 "INSERT INTO items (job_seq, idx, task, task_hash, candidate, candidate_hash, key, origin_seq, "
-                "origin_idx) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(seq, i, t, th, c, ch, k, o[0] if o else None, o[1] if o else None)
+                "origin_idx, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(seq, i, t, th, c, ch, k, o[0] if o else None, o[1] if o else None, owner)
                  for i, ((t, th, c, ch, k), o) in enumerate(zip(rows, origins))])
         return Submitted(job_id=job_id, n_items=len(items), reused=len(items) - n_eval, state=state)
 
@@ -243,19 +353,19 @@ class JobStore:
     def claim(self) -> ClaimedJob | None:
         """Take the oldest queued job (it becomes running), or None."""
         with self._write() as db:
-            row = db.execute("SELECT seq, id, size, policy, attempts FROM jobs WHERE state = 'queued' "
+            row = db.execute("SELECT seq, id, kind, size, policy, attempts FROM jobs WHERE state = 'queued' "
                              "ORDER BY seq LIMIT 1").fetchone()
             if row is None:
                 return None
-            seq, job_id, size, policy, attempts = row
+            seq, job_id, kind, size, policy, attempts = row
             db.execute("UPDATE jobs SET state = 'running', attempts = attempts + 1, started_s = ? WHERE seq = ?",
                        (time.time(), seq))
             items = db.execute("SELECT idx, task, candidate FROM items WHERE job_seq = ? AND origin_seq IS NULL "
                                "ORDER BY idx", (seq,)).fetchall()
-        return ClaimedJob(seq=seq, job_id=job_id, size=Size(size), policy=PolicyName(policy), attempts=attempts + 1,
-                          items=tuple((idx, task_from_json(t), c) for idx, t, c in items))
+        return ClaimedJob(seq=seq, job_id=job_id, kind=JobKind(kind), size=Size(size), policy=PolicyName(policy),
+                          attempts=attempts + 1, items=tuple((idx, task_from_json(t), c) for idx, t, c in items))
 
-    def complete(self, seq: int, results: Sequence[tuple[int, EvalResult]]) -> bool:
+    def complete(self, seq: int, results: Sequence[tuple[int, EvalResult | ProfileOutcome]]) -> bool:
         """Record a running job's results and mark it done, atomically. False (nothing written)
         when the job is not running (already done). Raises ValueError (nothing written) when a
         result is missing."""
@@ -266,13 +376,24 @@ class JobStore:
                 return False
             written = 0
             for idx, res in results:
+                status = res.status.value if isinstance(res, EvalResult) else None
                 written += db.execute(
                     "UPDATE items SET status = ?, result = ?, finished_s = ? WHERE job_seq = ? AND idx = ? "
                     "AND origin_seq IS NULL AND result IS NULL",
-                    (res.status.value, json.dumps(res.to_dict()), now, seq, idx)).rowcount
+                    (status, json.dumps(res.to_dict()), now, seq, idx)).rowcount
             if written != row[1]:
                 raise ValueError(f"job {seq}: {written} results for its {row[1]} items")  # rolled back
             db.execute("UPDATE jobs SET state = 'done', finished_s = ? WHERE seq = ?", (now, seq))
+        return True
+
+    def fail(self, seq: int, reason: str) -> bool:
+        """End a running job as failed, with the reason, and free its keys (a retry judges again);
+        False when it was not running."""
+        with self._write() as db:
+            if not db.execute("UPDATE jobs SET state = 'failed', error = ?, finished_s = ? WHERE seq = ? "
+                              "AND state = 'running'", (reason, time.time(), seq)).rowcount:
+                return False
+            db.execute("UPDATE items SET key = NULL WHERE job_seq = ? AND origin_seq IS NULL", (seq,))
         return True
 
     def requeue(self, seq: int) -> bool:
@@ -281,52 +402,88 @@ class JobStore:
             return bool(db.execute("UPDATE jobs SET state = 'queued' WHERE seq = ? AND state = 'running'",
                                    (seq,)).rowcount)
 
+    def purge(self, *, finished_before_s: float) -> int:
+        """Remove the jobs finished before this time (and their items), except those whose
+        results a kept job reuses and those still waiting on another job. Returns how many."""
+        with self._write() as db:
+            seqs = [seq for (seq,) in db.execute(
+                "SELECT j.seq FROM jobs j WHERE j.state IN ('done', 'failed') AND j.finished_s < ?1 "
+                "AND NOT EXISTS (SELECT 1 FROM items r JOIN jobs rj ON rj.seq = r.job_seq WHERE r.origin_seq = j.seq "
+                "    AND NOT (rj.state IN ('done', 'failed') AND rj.finished_s < ?1)) "
+                "AND NOT EXISTS (SELECT 1 FROM items i JOIN jobs o ON o.seq = i.origin_seq WHERE i.job_seq = j.seq "
+                "    AND o.state IN ('queued', 'running'))", (finished_before_s,))]
+            db.executemany("DELETE FROM items WHERE job_seq = ?", [(s,) for s in seqs])
+            db.executemany("DELETE FROM jobs WHERE seq = ?", [(s,) for s in seqs])
+        return len(seqs)
+
     # -- reading --------------------------------------------------------------------------------
 
-    def _state(self, seq: int, stored: str) -> JobState:
-        """A job's state as clients see it: a job whose own items are done but which reuses
-        results of jobs still pending (through keys) is as far as the least advanced of those."""
+    def _state(self, seq: int, stored: str) -> tuple[JobState, str | None]:
+        """A job's state as clients see it, and why it failed: a job whose own items are done but
+        which reuses results of other jobs (through keys) is as far as the least advanced of
+        those, and failed when one of them failed."""
         if stored != JobState.DONE:
-            return JobState(stored)
+            return JobState(stored), None
         waiting = self._db.execute(
-            "SELECT oj.state FROM items i JOIN items o ON o.job_seq = i.origin_seq AND o.idx = i.origin_idx "
+            "SELECT oj.state, oj.error FROM items i JOIN items o ON o.job_seq = i.origin_seq AND o.idx = i.origin_idx "
             "JOIN jobs oj ON oj.seq = i.origin_seq WHERE i.job_seq = ? AND o.result IS NULL", (seq,)).fetchall()
-        return min((JobState(s) for (s,) in waiting), key=_ORDER.__getitem__, default=JobState.DONE)
+        for state, error in waiting:
+            if state == JobState.FAILED:
+                return JobState.FAILED, f"an item reuses (by its key) the result of a job that failed: {error}"
+        return min((JobState(s) for s, _ in waiting), key=_ORDER.__getitem__, default=JobState.DONE), None
 
-    def state(self, job_id: str) -> JobState | None:
-        """A job's state (cheap: no results are read), or None for an unknown job."""
+    def state(self, job_id: str, *, owner: str = "") -> JobState | None:
+        """A job's state (cheap: no results are read), or None for an unknown job or another owner's."""
         with self._lock:
-            row = self._db.execute("SELECT seq, state FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            return None if row is None else self._state(*row)
+            row = self._db.execute("SELECT seq, state FROM jobs WHERE id = ? AND owner = ?",
+                                   (job_id, owner)).fetchone()
+            return None if row is None else self._state(*row)[0]
 
-    def job(self, job_id: str) -> JobView | None:
+    def job(self, job_id: str, *, owner: str = "") -> JobView | None:
+        """A job and its results, or None for an unknown job or another owner's."""
         with self._lock:
-            row = self._db.execute("SELECT seq, state, n_items, attempts, created_s, finished_s FROM jobs "
-                                   "WHERE id = ?", (job_id,)).fetchone()
+            row = self._db.execute("SELECT seq, kind, state, n_items, attempts, created_s, finished_s, error FROM jobs "
+                                   "WHERE id = ? AND owner = ?", (job_id, owner)).fetchone()
             if row is None:
                 return None
-            seq, state, n_items, attempts, created_s, finished_s = row
-            view_state = self._state(seq, state)
+            seq, kind, state, n_items, attempts, created_s, finished_s, error = row
+            view_state, reuse_error = self._state(seq, state)
             items = self._db.execute(
                 "SELECT COALESCE(o.result, i.result) FROM items i "
                 "LEFT JOIN items o ON o.job_seq = i.origin_seq AND o.idx = i.origin_idx "
                 "WHERE i.job_seq = ? ORDER BY i.idx", (seq,)).fetchall()
         results = [json.loads(r) if r is not None else None for (r,) in items]
-        return JobView(job_id=job_id, state=view_state, n_items=n_items, results=results, attempts=attempts,
-                       created_s=created_s, finished_s=finished_s if view_state is JobState.DONE else None)
+        return JobView(job_id=job_id, kind=JobKind(kind), state=view_state, n_items=n_items, results=results,
+                       attempts=attempts, created_s=created_s,
+                       finished_s=finished_s if view_state in FINISHED else None, error=error or reuse_error)
 
     def pending_items(self) -> int:
         with self._lock:
-            return self._db.execute("SELECT COALESCE(SUM(n_eval), 0) FROM jobs WHERE state != 'done'").fetchone()[0]
+            return int(self._db.execute("SELECT COALESCE(SUM(n_eval), 0) FROM jobs "
+                                        "WHERE state IN ('queued', 'running')").fetchone()[0])
 
     def stats(self, *, since: float) -> StoreStats:
         with self._lock:
             jobs = dict(self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
-            pending = dict(self._db.execute("SELECT state, COALESCE(SUM(n_eval), 0) FROM jobs WHERE state != 'done' "
-                                            "GROUP BY state").fetchall())
+            pending = dict(self._db.execute("SELECT state, COALESCE(SUM(n_eval), 0) FROM jobs "
+                                            "WHERE state IN ('queued', 'running') GROUP BY state").fetchall())
             by_status = dict(self._db.execute("SELECT status, COUNT(*) FROM items WHERE status IS NOT NULL "
                                               "GROUP BY status").fetchall())
-            recent = self._db.execute("SELECT COUNT(*) FROM items WHERE finished_s >= ?", (since,)).fetchone()[0]
+            recent = self._db.execute("SELECT COUNT(*) FROM items WHERE finished_s >= ? AND status IS NOT NULL",
+                                      (since,)).fetchone()[0]
         return StoreStats(jobs={s: int(jobs.get(str(s), 0)) for s in JobState},
                           pending_items={s: int(pending.get(str(s), 0)) for s in (JobState.QUEUED, JobState.RUNNING)},
                           by_status={str(k): int(v) for k, v in by_status.items()}, finished_since=int(recent))
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of a schema script, to run one by one inside a transaction
+    (`executescript` would commit first)."""
+    out, pending = [], ""
+    for part in script.split(";"):
+        pending += part + ";"
+        if sqlite3.complete_statement(pending):  # a ';' in a comment or a string does not end one
+            if pending.strip(" \n;"):
+                out.append(pending.strip())
+            pending = ""
+    return out

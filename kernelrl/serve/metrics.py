@@ -6,9 +6,10 @@ Series (all prefixed `kernelrl_serve_`):
 - `evaluations_total{status}`: evaluations recorded in the store, by verdict (all time);
 - `evaluations_per_hour`: evaluations recorded over the last hour, or since this process
   started when that is shorter, scaled to an hour;
-- `jobs_total{state}`: jobs in the store, by state;
+- `jobs_total{state}`: jobs in the store, by state (queued, running, done, failed);
 - `rejected_total{reason}`: requests refused by this process (unauthorized, too_large,
-  bad_request, key_conflict, queue_full);
+  bad_request, key_conflict, queue_full, forbidden_host, forbidden_origin,
+  unsupported_media_type);
 - `lanes`, `dispatch_busy`, `job_retries_total`, `backend_failures_total`, `up`.
 
 Does not keep history: every value is read from the store or the dispatcher when scraped.
@@ -24,7 +25,8 @@ from kernelrl.serve.jobs import JobState, StoreStats
 
 PREFIX = "kernelrl_serve_"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-REJECT_REASONS = ("unauthorized", "too_large", "bad_request", "key_conflict", "queue_full")
+REJECT_REASONS = ("unauthorized", "too_large", "bad_request", "key_conflict", "queue_full", "forbidden_host",
+                  "forbidden_origin", "unsupported_media_type")
 
 
 def _label(value: str) -> str:

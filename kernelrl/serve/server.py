@@ -4,16 +4,26 @@ Routes (wire format in `kernelrl.serve.api`):
 - `POST /v1/evaluate`: validate, resolve each item's task without running it, store the job
   (`kernelrl.serve.jobs`), answer 202 {job}; 400 bad items, 409 key reused for something else,
   413 body or job too large, 429 queue full with Retry-After;
+- `POST /v1/profile`: the same for a profile job (what a reference worker reads about a task);
 - `GET /v1/jobs/ID[?wait=S]`: the job's state and results; with `wait`, the answer is held up to
-  S seconds (at most 30) until the job is done, so clients need not poll fast;
+  S seconds (at most 30) until the job has ended, so clients need not poll fast;
 - `GET /v1/info`: the server's limits and settings; `GET /metrics`: Prometheus text;
 - `GET /healthz`: liveness, the only route without the bearer token.
 
 Guarantees:
-- every route but /healthz needs `Authorization: Bearer TOKEN` when the server has a token (it
-  must have one off loopback: `ServeConfig`), compared in constant time; the token is read from
-  a file and never put in the environment;
-- a body is refused with 413 as soon as it passes `max_body_bytes` (declared or streamed);
+- every route, /healthz included, refuses a foreign Host, a request sent by a web page (Origin)
+  and a body that is not JSON (`kernelrl.serve.guard`), before anything else is looked at;
+- every route but /healthz needs `Authorization: Bearer TOKEN` when the server has tokens (it
+  must have them off loopback: `ServeConfig`), one per client (`kernelrl.serve.tokens`), compared
+  in constant time; tokens are read from a private file and never put in the environment; a job
+  is visible only to the client that submitted it (another gets 404);
+- a body is refused with 413 as soon as it passes `max_body_bytes` (declared or streamed), and
+  before it is parsed when it holds too many items or values, or a string too long to be a
+  source (`api.check_body`); bodies are checked and parsed in the thread pool, never on the
+  event loop;
+- every route that judges (evaluate and profile) only queues a job: the judging happens in the
+  dispatcher's threads, bounded by the queue and the lanes, so no request waits on an evaluator
+  and no number of slow requests delays the others;
 - the server's process never runs task or candidate code: tasks sent as source are checked with
   `ast` only, and all judging happens in the backend's evaluators, whose workers are sandboxed;
 - one server per database: a lock file beside the database (held until the process ends, even
@@ -27,27 +37,28 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import hmac
 import logging
 import math
 import os
 import re
 import socket
+import sqlite3
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from kernelrl.checks.policy import PolicyName
 from kernelrl.serve.api import (
     Accepted,
     BadItem,
@@ -55,22 +66,30 @@ from kernelrl.serve.api import (
     JobReply,
     ProfileRequest,
     ServerInfo,
+    TooLarge,
+    check_body,
     resolve_task,
 )
 from kernelrl.serve.backend import EvalBackend, build_backend
 from kernelrl.serve.config import ServeConfig
 from kernelrl.serve.dispatch import Dispatcher
-from kernelrl.serve.jobs import ItemSpec, JobState, JobStore, KeyConflict, QueueFull
+from kernelrl.serve.guard import RequestGuard, default_hosts
+from kernelrl.serve.jobs import FINISHED, ItemSpec, JobKind, JobStore, KeyConflict, QueueFull, StoreError
 from kernelrl.serve.metrics import CONTENT_TYPE, render_metrics
-from kernelrl.tasks.task import TaskError
+from kernelrl.serve.tokens import ANONYMOUS, ClientToken, TokenFileError, match_token, read_tokens
+from kernelrl.tasks.task import Size
 
 log = logging.getLogger("kernelrl.serve")
 
+M = TypeVar("M", bound=BaseModel)
 MAX_WAIT_S = 30.0
 _JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
-class ServeError(Exception):
+RETENTION_CHECK_S = 3600.0  # how often finished jobs past `retain_days` are looked for
+
+
+class StartError(Exception):
     """The server cannot start: the message says why, for a person."""
 
 
@@ -82,16 +101,6 @@ class ApiError(Exception):
         self.message = message
         self.reason = reason  # counted in rejected_total
         self.headers = headers or {}
-
-
-def read_token(path: Path) -> str:
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as e:
-        raise ServeError(f"cannot read the token file {path}: {e.strerror}") from None
-    if not token or len(token.split()) != 1:
-        raise ServeError(f"the token file {path} must hold one token (no spaces), not be empty")
-    return token
 
 
 class CompletionSignal:
@@ -129,19 +138,25 @@ class CompletionSignal:
 
 
 class RewardService:
-    """What the routes use: the store, the dispatcher, the token and the counters."""
+    """What the routes use: the store, the dispatcher, the clients' tokens and the counters."""
 
-    def __init__(self, config: ServeConfig, *, backend: EvalBackend, token: str | None) -> None:
+    def __init__(self, config: ServeConfig, *, backend: EvalBackend, tokens: tuple[ClientToken, ...]) -> None:
         self.config = config
         self.backend = backend
-        self.token = token
-        self.store = JobStore(config.db_path)
+        self.tokens = tokens  # empty: no token needed (loopback only)
+        try:
+            self.store = JobStore(config.db_path)
+        except (StoreError, sqlite3.Error) as e:
+            raise StartError(f"cannot open the job store {config.db_path}: {e}") from None
         self.signal = CompletionSignal()
         self.dispatcher = Dispatcher(self.store, backend, workers=config.job_concurrency or backend.capacity,
                                      max_attempts=config.max_attempts, on_complete=lambda _: self.signal.notify())
         self.rejected: Counter[str] = Counter()
         self.started_s = time.time()
         self.recovered = 0
+        self.purged = 0
+        self._retention_stop = threading.Event()
+        self._retention: threading.Thread | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.signal.bind(loop)
@@ -149,8 +164,33 @@ class RewardService:
         if self.recovered:
             log.warning("queued again %d job(s) left running by the previous server", self.recovered)
         self.dispatcher.start()
+        if self.config.retain_days is not None:
+            self.purge_expired()
+            self._retention = threading.Thread(target=self._retain, name="kernelrl-retention", daemon=True)
+            self._retention.start()
+
+    def purge_expired(self) -> int:
+        """Remove the jobs that finished more than `retain_days` ago (see `JobStore.purge`)."""
+        assert self.config.retain_days is not None
+        n = self.store.purge(finished_before_s=time.time() - self.config.retain_days * 86400.0)
+        self.purged += n
+        if n:
+            log.info("removed %d job(s) finished more than %g days ago", n, self.config.retain_days)
+        return n
+
+    def _retain(self) -> None:
+        assert self.config.retain_days is not None
+        every_s = min(RETENTION_CHECK_S, self.config.retain_days * 86400.0 / 4)
+        while not self._retention_stop.wait(every_s):
+            try:
+                self.purge_expired()
+            except Exception:  # a store error (disk full, say) must not end the server
+                log.exception("removing old jobs failed")
 
     def stop(self) -> None:
+        self._retention_stop.set()
+        if self._retention is not None:
+            self._retention.join(30)
         self.dispatcher.stop()
         # Closed before the backend is (RewardServer.close): an evaluation still running now can
         # no longer write its result, so one cut short by the closing backend is never stored;
@@ -160,13 +200,15 @@ class RewardService:
     def info(self) -> ServerInfo:
         c = self.config
         return ServerInfo(backend=str(c.backend), devices=list(c.devices), size=c.eval.size, policy=c.eval.policy,
-                          max_items_per_job=c.max_items_per_job, max_pending_items=c.max_pending_items,
+                          max_items_per_job=c.item_limit, max_pending_items=c.max_pending_items,
                           max_body_bytes=c.max_body_bytes, max_source_bytes=c.max_source_bytes)
 
-    def submit(self, request: EvaluateRequest) -> Accepted:
+    def submit(self, body: bytes, owner: str) -> Accepted:
+        """Check, parse and store an evaluate job (in a worker thread: bodies are large)."""
         c = self.config
-        if len(request.items) > c.max_items_per_job:
-            raise ApiError(413, f"{len(request.items)} items in one job; the limit is {c.max_items_per_job} "
+        request = _parse(EvaluateRequest, body, max_items=c.item_limit, max_string_bytes=c.max_source_bytes)
+        if len(request.items) > c.item_limit:
+            raise ApiError(413, f"{len(request.items)} items in one job; the limit is {c.item_limit} "
                            "(split the batch)", reason="too_large")
         specs, problems, keys = [], [], set()
         for i, item in enumerate(request.items):
@@ -186,22 +228,13 @@ class RewardService:
         if problems:
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise ApiError(400, "; ".join(problems[:5]) + more, reason="bad_request")
-        try:
-            sub = self.store.submit(specs, size=request.size or c.eval.size, policy=request.policy or c.eval.policy,
-                                    max_pending=c.max_pending_items)
-        except KeyConflict as e:
-            raise ApiError(409, str(e), reason="key_conflict") from None
-        except QueueFull as e:
-            wait = self.retry_after_s(e.pending + e.wanted - e.limit)
-            raise ApiError(429, f"{e}; retry in about {wait} s", reason="queue_full",
-                           headers={"Retry-After": str(wait)}) from None
-        if sub.state is not JobState.DONE:
-            self.dispatcher.notify()
-        return Accepted(job=sub.job_id, items=sub.n_items, reused=sub.reused, state=sub.state)
+        return self._store(specs, size=request.size, policy=request.policy, owner=owner, kind=JobKind.EVALUATE)
 
-    def profile(self, request: ProfileRequest) -> dict[str, Any]:
-        """What a reference worker reads about a task (prompts need it; no task code runs here)."""
+    def profile(self, body: bytes, owner: str) -> Accepted:
+        """Queue a profile job: what a reference worker reads about a task (prompts need it; no
+        task code runs here, and no request waits on a worker)."""
         c = self.config
+        request = _parse(ProfileRequest, body, max_items=0, max_string_bytes=c.max_source_bytes)
         if len(request.task.encode()) > c.max_source_bytes:
             raise ApiError(413, f"the task is {len(request.task.encode())} bytes; the limit is {c.max_source_bytes}",
                            reason="too_large")
@@ -209,11 +242,24 @@ class RewardService:
             task = resolve_task(request.task, request.name)
         except BadItem as e:
             raise ApiError(400, str(e), reason="bad_request") from None
+        return self._store([ItemSpec(task=task, candidate="")], size=request.size, policy=None, owner=owner,
+                           kind=JobKind.PROFILE)
+
+    def _store(self, specs: list[ItemSpec], *, size: Size | None, policy: PolicyName | None, owner: str,
+               kind: JobKind) -> Accepted:
+        c = self.config
         try:
-            found = self.backend.profile(task, size=request.size)
-        except TaskError as e:
-            raise ApiError(422, f"the task's reference fails: {str(e).splitlines()[0]}", reason="task_error") from None
-        return {"task": task.name, "profile": found.to_dict() if found else None}
+            sub = self.store.submit(specs, size=size or c.eval.size, policy=policy or c.eval.policy,
+                                    max_pending=c.max_pending_items, owner=owner, kind=kind)
+        except KeyConflict as e:
+            raise ApiError(409, str(e), reason="key_conflict") from None
+        except QueueFull as e:
+            wait = self.retry_after_s(e.pending + e.wanted - e.limit)
+            raise ApiError(429, f"{e}; retry in about {wait} s", reason="queue_full",
+                           headers={"Retry-After": str(wait)}) from None
+        if sub.state not in FINISHED:
+            self.dispatcher.notify()
+        return Accepted(job=sub.job_id, items=sub.n_items, reused=sub.reused, state=sub.state)
 
     def retry_after_s(self, excess: int) -> int:
         """Seconds until `excess` evaluations have probably drained, from the recent rate."""
@@ -228,6 +274,18 @@ class RewardService:
         return render_metrics(store=self.store.stats(since=now - window), dispatch=self.dispatcher.stats(),
                               rejected=self.rejected, lanes=len(self.config.devices),
                               queue_limit=self.config.max_pending_items, window_s=window)
+
+
+def _parse(model: type[M], body: bytes, *, max_items: int, max_string_bytes: int) -> M:
+    """A request model from a body, its size checked first (`check_body`)."""
+    try:
+        check_body(body, max_items=max_items, max_string_bytes=max_string_bytes)
+    except TooLarge as e:
+        raise ApiError(413, str(e), reason="too_large") from None
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise ApiError(400, _validation_message(e), reason="bad_request") from None
 
 
 def _validation_message(e: ValidationError | RequestValidationError) -> str:
@@ -284,13 +342,25 @@ def create_app(service: RewardService, *, on_ready: Callable[[], None] | None = 
         service.rejected["bad_request"] += 1
         return JSONResponse({"error": _validation_message(e)}, status_code=400)
 
-    def authorized(request: Request) -> None:
-        if service.token is None:
-            return
+    config = service.config
+    allowed = None if "*" in config.allowed_hosts else default_hosts(config.host) | set(config.allowed_hosts)
+
+    def refused(reason: str) -> None:
+        service.rejected[reason] += 1
+
+    app.add_middleware(RequestGuard, allowed_hosts=allowed, on_refuse=refused)
+
+    async def authorized(request: Request) -> str:
+        """The client's name (the owner of the jobs it submits); on the event loop, since a
+        thread pool full of other work must not hold up the refusal of a wrong token."""
+        if not service.tokens:
+            return ANONYMOUS
         scheme, _, value = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), service.token.encode()):
+        name = match_token(service.tokens, value.strip()) if scheme.lower() == "bearer" else None
+        if name is None:
             raise ApiError(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)", reason="unauthorized",
                            headers={"WWW-Authenticate": "Bearer"})
+        return name
 
     auth = [Depends(authorized)]
 
@@ -302,28 +372,21 @@ def create_app(service: RewardService, *, on_ready: Callable[[], None] | None = 
     async def info() -> dict[str, Any]:
         return service.info().model_dump(mode="json")
 
-    @app.post("/v1/evaluate", dependencies=auth, status_code=202)
-    async def evaluate(request: Request) -> JSONResponse:
-        body = await _read_body(request, service.config.max_body_bytes)
-        try:
-            req = EvaluateRequest.model_validate_json(body)
-        except ValidationError as e:
-            raise ApiError(400, _validation_message(e), reason="bad_request") from None
-        accepted = await run_in_threadpool(service.submit, req)
-        return JSONResponse(accepted.model_dump(mode="json"), status_code=202,
-                            headers={"Location": f"/v1/jobs/{accepted.job}"})
+    def accepted(reply: Accepted) -> JSONResponse:
+        return JSONResponse(reply.model_dump(mode="json"), status_code=202, headers={"Location": f"/v1/jobs/{reply.job}"})
 
-    @app.post("/v1/profile", dependencies=auth)
-    async def profile(request: Request) -> dict[str, Any]:
-        body = await _read_body(request, service.config.max_body_bytes)
-        try:
-            req = ProfileRequest.model_validate_json(body)
-        except ValidationError as e:
-            raise ApiError(400, _validation_message(e), reason="bad_request") from None
-        return await run_in_threadpool(service.profile, req)
+    @app.post("/v1/evaluate", status_code=202)
+    async def evaluate(request: Request, owner: str = Depends(authorized)) -> JSONResponse:
+        body = await _read_body(request, config.max_body_bytes)
+        return accepted(await run_in_threadpool(service.submit, body, owner))
 
-    @app.get("/v1/jobs/{job_id}", dependencies=auth)
-    async def job(job_id: str, wait: float = 0.0) -> dict[str, Any]:
+    @app.post("/v1/profile", status_code=202)
+    async def profile(request: Request, owner: str = Depends(authorized)) -> JSONResponse:
+        body = await _read_body(request, config.max_body_bytes)
+        return accepted(await run_in_threadpool(service.profile, body, owner))
+
+    @app.get("/v1/jobs/{job_id}")
+    async def job(job_id: str, wait: float = 0.0, owner: str = Depends(authorized)) -> dict[str, Any]:
         if not _JOB_ID.match(job_id):
             raise ApiError(404, f"no job {job_id!r}")
         if not 0.0 <= wait <= MAX_WAIT_S:
@@ -333,14 +396,16 @@ def create_app(service: RewardService, *, on_ready: Callable[[], None] | None = 
         while True:
             event = service.signal.current()
             # The state alone while waiting (cheap); the results once, when answering.
-            state = await run_in_threadpool(service.store.state, job_id)
+            state = await run_in_threadpool(lambda: service.store.state(job_id, owner=owner))
             if state is None:
                 raise ApiError(404, f"no job {job_id!r}")
             remaining = deadline - loop.time()
-            if state is JobState.DONE or remaining <= 0:
-                view = await run_in_threadpool(service.store.job, job_id)
-                return JobReply(job=view.job_id, state=view.state, items=view.n_items,
-                                results=view.results).model_dump(mode="json")
+            if state in FINISHED or remaining <= 0:
+                view = await run_in_threadpool(lambda: service.store.job(job_id, owner=owner))
+                if view is None:  # removed meanwhile (retention)
+                    raise ApiError(404, f"no job {job_id!r}")
+                return JobReply(job=view.job_id, kind=view.kind, state=view.state, items=view.n_items,
+                                results=view.results, error=view.error).model_dump(mode="json")
             try:
                 await asyncio.wait_for(event.wait(), remaining)
             except TimeoutError:
@@ -361,12 +426,13 @@ class DbLock:
     def __init__(self, db_path: Path) -> None:
         self.path = Path(str(db_path) + ".lock")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a+")  # noqa: SIM115 - held open for the server's life (the lock)
+        # held open for the server's life (the lock); private like the database beside it
+        self._f = open(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600), "a+")  # noqa: SIM115
         try:
             fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._f.close()
-            raise ServeError(f"another server is using {db_path} (lock {self.path} is held)") from None
+            raise StartError(f"another server is using {db_path} (lock {self.path} is held)") from None
         self._f.seek(0)
         self._f.truncate()
         self._f.write(f"{os.getpid()}\n")
@@ -388,7 +454,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as e:
         sock.close()
-        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+        raise StartError(f"cannot listen on {host}:{port}: {e.strerror}") from None
     sock.setblocking(False)
     return sock
 
@@ -404,7 +470,10 @@ class RewardServer:
     def __init__(self, config: ServeConfig, *, backend: EvalBackend | None = None,
                  announce: Callable[[str], None] | None = None) -> None:
         self.config = config
-        token = read_token(config.token_file) if config.token_file is not None else None
+        try:
+            tokens = read_tokens(config.token_file) if config.token_file is not None else ()
+        except TokenFileError as e:
+            raise StartError(str(e)) from None
         self._lock = DbLock(config.db_path)
         self._sock: socket.socket | None = None
         self._own_backend = backend is None
@@ -419,13 +488,15 @@ class RewardServer:
                 self.backend = backend or build_backend(config.backend, config.lane_configs(),
                                                         ray_address=config.ray_address, pool_name=config.ray_pool)
             except Exception as e:  # Ray cannot start, a lane cannot be built: a reason to print, not a trace
-                raise ServeError(f"cannot start the {config.backend} backend: {e}") from e
-            self.service = RewardService(config, backend=self.backend, token=token)
+                raise StartError(f"cannot start the {config.backend} backend: {e}") from e
+            self.service = RewardService(config, backend=self.backend, tokens=tokens)
         except BaseException:
             self.close()
             raise
+        who = (f"tokens of {len(tokens)} client(s)" if tokens else
+               "no token: any program on this machine may submit (web pages may not)")
         message = (f"kernelrl serve: listening on {self.url} (backend {config.backend}, lanes "
-                   f"{','.join(config.devices)}, database {config.db_path}, token {'on' if token else 'off'})")
+                   f"{','.join(config.devices)}, database {config.db_path}, {who})")
         self._server = uvicorn.Server(uvicorn.Config(
             create_app(self.service, on_ready=(lambda: announce(message)) if announce else None),
             log_level=config.log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5))
@@ -434,6 +505,7 @@ class RewardServer:
 
     def run(self) -> None:
         try:
+            assert self._sock is not None
             self._server.run(sockets=[self._sock])
         finally:
             self.close()
@@ -450,10 +522,10 @@ class RewardServer:
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
             if not self._thread.is_alive():
-                raise ServeError(f"the server stopped while starting: {self._failure!r}")
+                raise StartError(f"the server stopped while starting: {self._failure!r}")
             if time.monotonic() > deadline:
                 self.stop()
-                raise ServeError(f"the server did not start within {timeout_s:g} s")
+                raise StartError(f"the server did not start within {timeout_s:g} s")
             time.sleep(0.01)
         return self
 

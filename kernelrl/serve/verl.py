@@ -14,12 +14,18 @@ KernelBench-format source) and may hold `extra_info.task_name` (the name of a ta
 source) and `extra_info.level` (the reward's smoothing window falls back to the level's).
 
 Where the verdicts come from, first match wins: keyword arguments (verl's
-`custom_reward_function.reward_kwargs`: `url`, `token_file`, `eval` — a table of
-`kernelrl.judge.evaluator.EvalConfig` settings (device, size, policy, timeout_s, timing...) —
-and `reward` — a table of `kernelrl.reward.RewardConfig` settings), then the environment
-(`KERNELRL_SERVE_URL`, `KERNELRL_SERVE_TOKEN_FILE`); with a URL the reward server judges
+`custom_reward_function.reward_kwargs`: `url`, `token_file`, `timeout_s` — one call to the
+server, an hour by default —, `eval` — a table of `kernelrl.judge.evaluator.EvalConfig`
+settings (device, size, policy, timeout_s, timing...) — and `reward` — a table of
+`kernelrl.reward.RewardConfig` settings), then the environment (`KERNELRL_SERVE_URL`,
+`KERNELRL_SERVE_TOKEN_FILE`); with a URL the reward server judges
 (`kernelrl.serve.client.RewardClient`; the `eval` table's size and policy go with each job),
 without one an in-process `Evaluator` built from the `eval` table.
+
+Other keywords are accepted and not used: verl's reward loop adds its own to every call
+(`reward_router_address` and `reward_model_tokenizer` in its naive, dapo and limited reward
+managers, with a reward model), and a later verl may add more. Those not known to come from
+verl are named once in a warning, so a misspelt setting does not go unnoticed.
 
 Guarantees: the answer's code is extracted like everywhere else (`extract_code`), and an answer
 without a complete code block gets the reward model's `no_code` penalty without being evaluated;
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -48,9 +55,15 @@ from kernelrl.reward import Reward, RewardConfig, RewardModel
 from kernelrl.serve.api import BadItem, is_task_name, resolve_task
 from kernelrl.tasks.task import Task
 
+log = logging.getLogger("kernelrl.serve")
+
 ENV_URL = "KERNELRL_SERVE_URL"
 ENV_TOKEN_FILE = "KERNELRL_SERVE_TOKEN_FILE"
 SCORE_KEYS = ("score", "raw", "clipped", "correct", "scored")
+SETTINGS = ("url", "token_file", "timeout_s", "eval", "reward")
+# What verl's reward loop passes to compute_score besides its own arguments (not ours to use).
+VERL_KEYWORDS = frozenset({"reward_router_address", "reward_model_tokenizer"})
+_warned: set[str] = set()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,16 +73,21 @@ class VerlSettings:
 
     url: str | None = None
     token_file: str | None = None
+    timeout_s: float | None = None  # one call to the server; None: the client's default
     eval: str = "{}"  # EvalConfig settings
     reward: str = "{}"  # RewardConfig settings
 
     @classmethod
     def resolve(cls, kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None) -> VerlSettings:
         env = os.environ if env is None else env
-        unknown = set(kwargs) - {"url", "token_file", "eval", "reward"}
+        unknown = sorted(set(kwargs) - set(SETTINGS) - VERL_KEYWORDS - _warned)
         if unknown:
-            raise TypeError(f"unknown kernelrl reward setting(s): {', '.join(sorted(unknown))} "
-                            "(known: url, token_file, eval, reward)")
+            _warned.update(unknown)
+            log.warning("kernelrl reward: ignoring keyword(s) %s (the settings are %s)", ", ".join(unknown),
+                        ", ".join(SETTINGS))
+        timeout = kwargs.get("timeout_s")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+            raise TypeError(f"timeout_s must be a positive number of seconds, not {timeout!r}")
         tables = {}
         for name in ("eval", "reward"):
             table = kwargs.get(name) or {}
@@ -77,7 +95,8 @@ class VerlSettings:
                 raise TypeError(f"{name} must be a table of settings, not {type(table).__name__}")
             tables[name] = json.dumps(_plain(table), sort_keys=True)
         return cls(url=kwargs.get("url") or env.get(ENV_URL) or None,
-                   token_file=kwargs.get("token_file") or env.get(ENV_TOKEN_FILE) or None, **tables)
+                   token_file=kwargs.get("token_file") or env.get(ENV_TOKEN_FILE) or None,
+                   timeout_s=float(timeout) if timeout is not None else None, **tables)
 
 
 def _plain(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -97,11 +116,12 @@ class VerlScorer:
         table = json.loads(settings.eval)
         eval_config = build(EvalConfig, table)  # checked even when a server judges
         if settings.url:
-            from kernelrl.serve.client import ClientConfig, RewardClient
+            from kernelrl.serve.client import DEFAULT_TIMEOUT_S, ClientConfig, RewardClient
 
             self.backend: Any = RewardClient(settings.url, token_file=settings.token_file, config=ClientConfig(
                 size=eval_config.size if "size" in table else None,
-                policy=eval_config.policy if "policy" in table else None))
+                policy=eval_config.policy if "policy" in table else None,
+                timeout_s=settings.timeout_s or DEFAULT_TIMEOUT_S))
         else:
             from kernelrl.judge.evaluator import Evaluator
 

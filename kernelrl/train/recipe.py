@@ -45,7 +45,7 @@ class BackendConfig:
 
     url: str | None = None  # `kernelrl serve`'s address; None: an Evaluator in this process
     token_file: Path | None = None
-    timeout_s: float | None = None  # one batch, client side; None: the client's default (no limit)
+    timeout_s: float | None = None  # one batch, client side; None: the client's default (an hour)
 
     def __post_init__(self) -> None:
         if self.token_file is not None:
@@ -171,11 +171,11 @@ def make_backend(config: TrainConfig) -> tuple[Any, Any]:
     from kernelrl.train.rollouts import EvalSettings
 
     if config.backend.url:
-        from kernelrl.serve.client import ClientConfig, RewardClient
+        from kernelrl.serve.client import DEFAULT_TIMEOUT_S, ClientConfig, RewardClient
 
         client = RewardClient(config.backend.url, token_file=config.backend.token_file,
                               config=ClientConfig(size=config.eval.size, policy=config.eval.policy,
-                                                  timeout_s=config.backend.timeout_s))
+                                                  timeout_s=config.backend.timeout_s or DEFAULT_TIMEOUT_S))
         # The server's device is its own: stored local verdicts do not stand for its.
         return client, None
     from kernelrl.judge.evaluator import Evaluator

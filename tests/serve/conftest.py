@@ -11,14 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_helpers import TOKEN
+from serve_helpers import write_token_file
 
 
 @pytest.fixture
 def token_file(tmp_path: Path) -> Path:
-    path = tmp_path / "token.txt"
-    path.write_text(TOKEN + "\n")
-    return path
+    return write_token_file(tmp_path / "token.txt")
 
 
 @pytest.fixture
@@ -52,7 +50,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> It
     from kernelrl.serve.server import RewardServer
 
     root = tmp_path_factory.mktemp("real-server")
-    (root / "token.txt").write_text(TOKEN)
+    write_token_file(root / "token.txt")
     timing = TimingConfig(min_rounds=5, max_rounds=40, max_timing_s=2.0, warmup_calls=2, min_spot_checks=2)
     config = ServeConfig(port=0, db_path=root / "serve.db", token_file=root / "token.txt",
                          eval=EvalConfig(cache_dir=cache_dir, timeout_s=120, timing=timing))

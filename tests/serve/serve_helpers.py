@@ -22,9 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from kernelrl.candidate import Candidate, source_hash
+from kernelrl.judge.profile import TaskProfile
 from kernelrl.result import EvalResult, Status
+from kernelrl.tasks.task import TaskError
 
-TOKEN = "test-token-5b1f0c"
+TOKEN = "test-token-5b1f0c9a2e7d4c13b8f60e95a1d27c4f"  # 32+ characters, as the server requires
+
+
+def write_token_file(path: Path, text: str = TOKEN) -> Path:
+    """A token file as the server wants it: private (mode 0600)."""
+    path.write_text(text + "\n")
+    path.chmod(0o600)
+    return path
 
 # A candidate that is right for the root conftest's tiny task, and one that is wrong (drops the relu).
 TINY_CORRECT = """
@@ -92,6 +101,12 @@ class ServerProcess:
         self.proc.wait(30)
 
 
+def fake_profile(task_name: str, size: object = "small") -> TaskProfile:
+    return TaskProfile(task=task_name, size=str(size), constants={"n": 4}, inputs=["float32[4]"], init_args=[],
+                       outputs=["float32[4]"], flops=4, input_bytes=16, output_bytes=16, param_bytes=0,
+                       dtype="float32")
+
+
 def fake_result(task_name: str, candidate: str, size: object = "small", policy: object = "open") -> EvalResult:
     h = source_hash(candidate)
     return EvalResult(task=task_name, status=Status.CORRECT, message=f"fake {h}", speedup=1.0 + int(h[:4], 16) / 65536,
@@ -100,14 +115,26 @@ def fake_result(task_name: str, candidate: str, size: object = "small", policy: 
 
 class FakeBackend:
     def __init__(self, *, delay_s: float = 0.0, capacity: int = 2, log_path: Path | None = None,
-                 gate: threading.Event | None = None) -> None:
+                 gate: threading.Event | None = None, profile_gate: threading.Event | None = None) -> None:
         self.delay_s = delay_s
         self.capacity = capacity
         self.log_path = log_path
         self.gate = gate  # when given, every batch waits for it
+        self.profile_gate = profile_gate  # when given, every profile waits for it
         self.evaluated: list[str] = []  # candidate hashes, in order
+        self.profiled: list[str] = []  # task names, in order
         self.batches = 0
         self._lock = threading.Lock()
+
+    def profile(self, task: Any, *, size: object = None) -> TaskProfile:
+        """A made-up profile; a task whose source holds 'broken' fails like a broken reference."""
+        if self.profile_gate is not None:
+            self.profile_gate.wait()
+        with self._lock:
+            self.profiled.append(task.name)
+        if "broken" in task.source:
+            raise TaskError("Traceback ...\nRuntimeError: broken task")
+        return fake_profile(task.name, size or "small")
 
     def evaluate_batch(self, items: Sequence[tuple[object, Candidate | str]], *, size: object = None,
                        policy: object = None) -> list[EvalResult]:

@@ -3,6 +3,7 @@ make a retried submission safe, and no retry for a client error."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from serve_helpers import FakeBackend, fake_result, fast_client, free_port
 
-from kernelrl.serve.client import ClientConfig, RewardClient, ServeError
+from kernelrl.serve.client import DEFAULT_TIMEOUT_S, ClientConfig, RewardClient, ServeError
 from kernelrl.serve.config import ServeConfig
 from kernelrl.serve.server import RewardServer
 from kernelrl.tasks.task import Task
@@ -157,4 +158,27 @@ def test_retried_submission_is_not_evaluated_twice(tmp_path) -> None:
         stats = server.service.store.stats(since=0)
         assert stats.jobs["done"] == 2 and stats.by_status == {"correct": 1}  # two jobs, one evaluation
     finally:
+        server.stop()
+
+
+def test_calls_time_out_by_default(tmp_path) -> None:
+    """A server whose evaluator never answers: the call ends at the client's deadline, which
+    every client has unless told to wait for ever."""
+    assert math.isfinite(ClientConfig().timeout_s) and ClientConfig().timeout_s == DEFAULT_TIMEOUT_S
+    assert ClientConfig(timeout_s=math.inf).deadline() is None
+    with pytest.raises(ValueError, match="timeout_s must be positive"):
+        ClientConfig(timeout_s=0)
+    gate = threading.Event()
+    server = RewardServer(ServeConfig(port=0, db_path=tmp_path / "s.db"), backend=FakeBackend(gate=gate,
+                                                                                               profile_gate=gate))
+    server.start_in_thread()
+    try:
+        client = fast_client(server.url, timeout_s=1.5, wait_s=0.5)
+        for call in (lambda: client.evaluate_batch([(TASK, "never judged")]), lambda: client.profile(TASK)):
+            t0 = time.monotonic()
+            with pytest.raises(ServeError, match="not done by the call's deadline"):
+                call()
+            assert 1.4 <= time.monotonic() - t0 < 5
+    finally:
+        gate.set()
         server.stop()

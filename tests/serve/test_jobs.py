@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -168,6 +169,111 @@ def test_stats(tmp_path: Path) -> None:
     run_job(store)
     submit(store, items("c"))
     stats = store.stats(since=0)
-    assert stats.jobs == {JobState.QUEUED: 1, JobState.RUNNING: 0, JobState.DONE: 1}
+    assert stats.jobs == {JobState.QUEUED: 1, JobState.RUNNING: 0, JobState.DONE: 1, JobState.FAILED: 0}
     assert stats.pending_items == {JobState.QUEUED: 1, JobState.RUNNING: 0}
     assert stats.by_status == {"correct": 2} and stats.finished_since == 2
+
+
+def test_a_failed_job_says_why_and_frees_its_keys(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "s.db")
+    sub = submit(store, items("a", keys=("k",)))
+    follower = submit(store, items("a", keys=("k",)))  # waits on the first job's result
+    job = store.claim()
+    assert store.fail(job.seq, "disk full")
+    assert not store.fail(job.seq, "again") and not store.complete(job.seq, [(0, fake_result("t", "a"))])
+    view = store.job(sub.job_id)
+    assert (view.state, view.error, view.results) == (JobState.FAILED, "disk full", [None])
+    assert view.finished_s is not None and store.pending_items() == 0
+    assert store.job(follower.job_id).state is JobState.FAILED and "disk full" in store.job(follower.job_id).error
+    # The key is free again: a retry is judged, not answered with the failure.
+    retry = submit(store, items("a", keys=("k",)))
+    assert retry.reused == 0 and store.claim().job_id == retry.job_id
+
+
+def test_jobs_and_keys_belong_to_their_owner(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "s.db")
+    alice = store.submit(items("a", keys=("k",)), size=Size.SMALL, policy=PolicyName.OPEN, max_pending=10, owner="alice")
+    assert store.state(alice.job_id, owner="alice") is JobState.QUEUED
+    assert store.state(alice.job_id, owner="bob") is None and store.job(alice.job_id, owner="bob") is None
+    assert store.state(alice.job_id) is None  # nor to a server without tokens
+    # bob's "k" is another key (no conflict, nothing reused); alice's "k" is hers.
+    bob = store.submit(items("other", keys=("k",)), size=Size.SMALL, policy=PolicyName.OPEN, max_pending=10, owner="bob")
+    assert bob.reused == 0
+    with pytest.raises(KeyConflict):
+        store.submit(items("other", keys=("k",)), size=Size.SMALL, policy=PolicyName.OPEN, max_pending=10, owner="alice")
+
+
+def test_the_database_is_private(tmp_path: Path) -> None:
+    import stat
+
+    path = tmp_path / "s.db"
+    store = JobStore(path)
+    submit(store, items("a"))
+    run_job(store)
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+    store.close()
+    path.chmod(0o644)  # made by an older server
+    JobStore(path).close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_purge_removes_old_finished_jobs_only(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "s.db")
+    old = submit(store, items("a"))
+    run_job(store)
+    origin = submit(store, items("b", keys=("kb",)))  # old, but its result is reused by a kept job
+    run_job(store)
+    failed = submit(store, items("c"))
+    store.fail(store.claim().seq, "disk full")
+    pending = submit(store, items("d"))  # old but not finished
+    store._db.execute("UPDATE jobs SET created_s = 0, finished_s = CASE WHEN finished_s IS NULL THEN NULL ELSE 1 END")
+    reuser = submit(store, items("b", keys=("kb",)))  # recent: keeps `origin`
+    assert store.purge(finished_before_s=1000) == 2
+    assert store.job(old.job_id) is None and store.job(failed.job_id) is None
+    assert store.job(pending.job_id).state is JobState.QUEUED
+    assert store.job(reuser.job_id).results == store.job(origin.job_id).results != [None]
+    assert store._db.execute("SELECT COUNT(*) FROM items WHERE job_seq NOT IN (SELECT seq FROM jobs)").fetchone() == (0,)
+    assert store.purge(finished_before_s=1000) == 0
+
+
+FIRST_SCHEMA = """
+CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
+    state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'done')), size TEXT NOT NULL, policy TEXT NOT NULL,
+    n_items INTEGER NOT NULL, n_eval INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, created_s REAL NOT NULL,
+    started_s REAL, finished_s REAL);
+CREATE INDEX jobs_state ON jobs (state, seq);
+CREATE TABLE items (job_seq INTEGER NOT NULL REFERENCES jobs (seq), idx INTEGER NOT NULL, task TEXT NOT NULL,
+    task_hash TEXT NOT NULL, candidate TEXT NOT NULL, candidate_hash TEXT NOT NULL, key TEXT, origin_seq INTEGER,
+    origin_idx INTEGER, status TEXT, result TEXT, finished_s REAL, PRIMARY KEY (job_seq, idx));
+CREATE UNIQUE INDEX items_key ON items (key) WHERE key IS NOT NULL AND origin_seq IS NULL;
+CREATE INDEX items_status ON items (status);
+CREATE INDEX items_finished ON items (finished_s);
+"""
+
+
+def test_a_database_of_the_first_schema_is_migrated_with_its_jobs(tmp_path: Path) -> None:
+    from kernelrl.serve.jobs import _sha, task_to_json
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(FIRST_SCHEMA)
+        db.execute("INSERT INTO jobs (id, state, size, policy, n_items, n_eval, created_s, finished_s) "
+                   "VALUES ('0' || hex(randomblob(15)), 'done', 'small', 'open', 1, 1, 1.0, 2.0)")
+        db.execute("INSERT INTO jobs (id, state, size, policy, n_items, n_eval, created_s) "
+                   "VALUES ('f' || hex(randomblob(15)), 'running', 'small', 'open', 1, 1, 3.0)")
+        for seq, key, result in ((1, "k-done", json.dumps(fake_result("t", "a").to_dict())), (2, None, None)):
+            db.execute("INSERT INTO items (job_seq, idx, task, task_hash, candidate, candidate_hash, key, result) "
+                       "VALUES (?, 0, ?, ?, 'a', ?, ?, ?)", (seq, task_to_json(TASK), _sha(TASK.source), _sha("a"),
+                                                            key, result))
+        ids = [r[0] for r in db.execute("SELECT id FROM jobs ORDER BY seq")]
+    store = JobStore(path)
+    assert store._db.execute("PRAGMA user_version").fetchone() == (2,)
+    done = store.job(ids[0])
+    assert done.state is JobState.DONE and done.results[0]["message"] == fake_result("t", "a").message
+    assert store.recover() == 1 and store.claim().job_id == ids[1]
+    # The stored key still answers; the new states work on old jobs.
+    assert submit(store, items("a", keys=("k-done",))).state is JobState.DONE
+    assert store.fail(2, "disk full") and store.job(ids[1]).state is JobState.FAILED
+    store.close()
+    JobStore(path).close()  # opening again does nothing more

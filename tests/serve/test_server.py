@@ -4,6 +4,8 @@ tested here; tests/serve/test_end_to_end.py goes through the real evaluator)."""
 from __future__ import annotations
 
 import re
+import resource
+import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,12 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import TOKEN, FakeBackend, fake_result, fast_client
+from serve_helpers import TOKEN, FakeBackend, fake_profile, fake_result, fast_client
 
 from kernelrl.serve.client import ServeError
-from kernelrl.serve.server import RewardServer
-from kernelrl.serve.server import ServeError as StartError
-from kernelrl.tasks.task import Task
+from kernelrl.serve.server import RewardServer, StartError
+from kernelrl.tasks.task import Task, TaskError
 
 TASK_SOURCE = """import torch
 class Model(torch.nn.Module):
@@ -139,7 +140,7 @@ def test_too_large_is_413(start_server) -> None:
     r = httpx.post(f"{url}/v1/evaluate", content=chunks(), headers={"Content-Type": "application/json"})
     assert r.status_code == 413 and "passed the limit of 20000" in r.json()["error"]
     r = httpx.post(f"{url}/v1/evaluate", json={"items": [item(str(i)) for i in range(4)]})
-    assert r.status_code == 413 and "4 items in one job; the limit is 3" in r.json()["error"]
+    assert r.status_code == 413 and "more than 3 items in one job; the limit is 3" in r.json()["error"]
 
 
 def test_queue_full_is_429_with_retry_after(start_server) -> None:
@@ -251,3 +252,133 @@ def test_load_8_clients_25_batches_nothing_lost(start_server) -> None:
     stats = server.service.store.stats(since=0)
     assert stats.jobs["done"] == 200 and stats.by_status == {"correct": 800}
     assert elapsed < 60
+
+
+def test_profiles_go_through_the_queue(start_server) -> None:
+    backend = FakeBackend()
+    url = start_server(backend).url
+    r = httpx.post(f"{url}/v1/profile", json={"task": TASK_SOURCE, "name": "mine/plus", "size": "full"})
+    assert r.status_code == 202 and r.headers["location"] == f"/v1/jobs/{r.json()['job']}"
+    reply = wait_done(url, r.json()["job"])
+    assert reply["kind"] == "profile" and reply["items"] == 1 and reply["error"] is None
+    assert reply["results"] == [{"task": "mine/plus", "profile": fake_profile("mine/plus", "full").to_dict(),
+                                 "error": None}]
+    client = fast_client(url)
+    assert client.profile(TASK) == fake_profile(TASK.name)
+    broken = Task(name="broken", source=TASK_SOURCE + "\n# broken\n")
+    with pytest.raises(TaskError, match="the task's reference fails: Traceback"):
+        client.profile(broken)
+    assert backend.profiled == ["mine/plus", TASK.name, "broken"] and backend.batches == 0
+    # A profile is not an evaluation: no verdict is counted for it.
+    text = httpx.get(f"{url}/metrics").text
+    assert metric(text, "evaluations_total", status="correct") == 0 and metric(text, "jobs_total", state="done") == 3
+
+
+def test_40_slow_profiles_do_not_delay_the_other_routes(start_server) -> None:
+    """40 clients ask for profiles whose references hang: job status, metrics and new jobs still
+    answer within a second each, and every profile comes back once the references return."""
+    gate = threading.Event()
+    backend = FakeBackend(profile_gate=gate, capacity=2)
+    server = start_server(backend)
+    url = server.url
+    done = wait_done(url, httpx.post(f"{url}/v1/evaluate", json={"items": [item("a")]}).json()["job"])["job"]
+    client = fast_client(url)
+    tasks = [Task(name=f"slow/{i}", source=TASK_SOURCE) for i in range(40)]
+    pool = ThreadPoolExecutor(40)
+    try:
+        futures = [pool.submit(client.profile, task) for task in tasks]
+        deadline = time.monotonic() + 20
+        while sum(server.service.store.stats(since=0).jobs[s] for s in ("queued", "running")) < 40:
+            assert time.monotonic() < deadline, "the 40 profile requests were not all accepted"
+            time.sleep(0.05)
+        slowest = 0.0
+        with httpx.Client(timeout=10) as http:
+            for i in range(10):
+                for method, path, body in (("GET", f"/v1/jobs/{done}", None), ("GET", "/metrics", None),
+                                           ("POST", "/v1/evaluate", {"items": [item(f"during {i}")]})):
+                    t0 = time.monotonic()
+                    r = http.request(method, url + path, json=body)
+                    slowest = max(slowest, time.monotonic() - t0)
+                    assert r.status_code in (200, 202), (path, r.text)
+        assert slowest < 1.0, f"a request took {slowest:.2f} s while 40 profiles waited"
+        assert backend.profiled == []  # the references were still hanging all along
+        gate.set()
+        profiles = [f.result(timeout=60) for f in futures]
+    finally:
+        gate.set()
+        pool.shutdown(wait=True)
+    assert [p.task for p in profiles] == [t.name for t in tasks]
+
+
+def test_a_32_mib_body_of_tiny_items_is_refused_in_under_a_second(start_server) -> None:
+    url = start_server(FakeBackend()).url  # the default limits: 32 MiB bodies, 1024 items per job
+    one = b'{"task":"a","candidate":"b"},'
+    bodies = {  # what is sent, and why it is refused
+        "more than 1024 items in one job": b'{"items":[' + one * ((32 << 20) // len(one) - 1) + one[:-1] + b"]}",
+        "more than 20512 JSON values": b'{"items":[' + b'"",' * ((32 << 20) // 3 - 10) + b'""]}',
+        "more than 20512 JSON values ": b'{"size":[' + b"1," * ((32 << 20) // 2 - 20) + b'1],"items":[]}',
+        "a string of 20971520 bytes": b'{"items":[{"task":"' + b"x" * (20 << 20) + b'","candidate":"y"}]}',
+    }
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with httpx.Client(timeout=30) as http:
+        for reason, body in bodies.items():
+            assert len(body) <= 32 << 20
+            t0 = time.monotonic()
+            r = http.post(f"{url}/v1/evaluate", content=body, headers={"Content-Type": "application/json"})
+            elapsed = time.monotonic() - t0
+            assert r.status_code == 413 and reason.strip() in r.json()["error"], (reason, r.text[:300])
+            assert elapsed < 1.0, f"{reason}: refused after {elapsed:.2f} s"
+    # Nothing was parsed in full: the server (this process) grew by far less than a parse costs (1.3 GB).
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - grown) * 1024 < 400 << 20
+
+
+def test_a_job_whose_results_cannot_be_stored_ends_failed(start_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = FakeBackend()
+    server = start_server(backend)
+    store = server.service.store
+
+    def disk_full(seq: int, results: object) -> bool:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(store, "complete", disk_full)
+    client = fast_client(server.url, timeout_s=30.0)  # were the job left running, the wait would end here
+    t0 = time.monotonic()
+    with pytest.raises(ServeError, match="failed on the server: the server could not finish this job .*"
+                                         "OperationalError: database or disk is full"):
+        client.evaluate_batch([(TASK, "a", "key-a")])
+    assert time.monotonic() - t0 < 10  # the wait ended with the job, not at a timeout
+    (job_id,) = [row[0] for row in store._db.execute("SELECT id FROM jobs")]
+    reply = httpx.get(f"{server.url}/v1/jobs/{job_id}").json()
+    assert reply["state"] == "failed" and "database or disk is full" in reply["error"]
+    assert reply["results"] == [None]
+    text = httpx.get(f"{server.url}/metrics").text
+    assert metric(text, "jobs_total", state="failed") == 1 and metric(text, "queue_items", state="running") == 0
+    # Once storing works again, the same key is judged again (the failed job freed it).
+    monkeypatch.undo()
+    (res,) = client.evaluate_batch([(TASK, "a", "key-a")])
+    assert res.message == fake_result(TASK.name, "a").message and len(backend.evaluated) == 2
+
+
+def test_finished_jobs_older_than_retain_days_are_removed(start_server, tmp_path: Path) -> None:
+    from kernelrl.checks.policy import PolicyName
+    from kernelrl.serve.jobs import ItemSpec, JobStore
+    from kernelrl.tasks.task import Size
+
+    db = tmp_path / "serve.db"
+    store = JobStore(db)
+    ids = []
+    for cand in ("old", "recent", "unfinished"):
+        ids.append(store.submit([ItemSpec(task=TASK, candidate=cand)], size=Size.SMALL, policy=PolicyName.OPEN,
+                                max_pending=10).job_id)
+        if cand != "unfinished":
+            job = store.claim()
+            store.complete(job.seq, [(0, fake_result(TASK.name, cand))])
+    day = 86400.0
+    store._db.execute("UPDATE jobs SET finished_s = ?, created_s = ? WHERE id = ?", (time.time() - 8 * day, 0, ids[0]))
+    store._db.execute("UPDATE jobs SET created_s = 0 WHERE id = ?", (ids[2],))
+    store.close()
+    server = start_server(FakeBackend(), db_path=db, retain_days=7)
+    assert server.service.purged == 1
+    assert httpx.get(f"{server.url}/v1/jobs/{ids[0]}").status_code == 404
+    assert httpx.get(f"{server.url}/v1/jobs/{ids[1]}").json()["state"] == "done"
+    assert wait_done(server.url, ids[2])["state"] == "done"  # an old job that never finished is kept and judged

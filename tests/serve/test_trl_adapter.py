@@ -24,3 +24,21 @@ def test_trl_reward_function_through_the_server(real_server, tiny_task) -> None:
     # judged by the server, in one job of the two answers that hold code
     assert after.jobs["done"] == before.jobs["done"] + 1
     assert sum(after.by_status.values()) == sum(before.by_status.values()) + 2
+
+
+def test_the_trainer_s_client_times_out_by_default(tmp_path) -> None:
+    import math
+
+    from kernelrl.serve.client import DEFAULT_TIMEOUT_S
+    from kernelrl.train.model import ModelConfig
+    from kernelrl.train.recipe import BackendConfig, TrainConfig, make_backend
+
+    def client_timeout(backend: BackendConfig) -> float:
+        config = TrainConfig(tasks=("softmax",), output_dir=tmp_path, model=ModelConfig(path="unused"), backend=backend)
+        client, _ = make_backend(config)
+        client.close()
+        return client.config.timeout_s
+
+    assert client_timeout(BackendConfig(url="http://127.0.0.1:9")) == DEFAULT_TIMEOUT_S
+    assert math.isfinite(DEFAULT_TIMEOUT_S)
+    assert client_timeout(BackendConfig(url="http://127.0.0.1:9", timeout_s=60.0)) == 60.0

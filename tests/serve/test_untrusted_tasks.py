@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serve_helpers import TOKEN, ServerProcess, fast_client, free_port
+from serve_helpers import TOKEN, ServerProcess, fast_client, free_port, write_token_file
 
 from kernelrl.result import Status
 from kernelrl.tasks.task import Task
@@ -91,7 +91,7 @@ def hostile(kind: str) -> str:
 @pytest.fixture(scope="module")
 def cli_server(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[tuple[ServerProcess, str]]:
     root = tmp_path_factory.mktemp("untrusted")
-    (root / "token.txt").write_text(TOKEN)
+    write_token_file(root / "token.txt")
     (root / "serve.toml").write_text(f"""
 [eval]
 timeout_s = 12.0
@@ -136,7 +136,7 @@ def test_the_snooper_finds_a_secret_it_can_see(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    (tmp_path / "token.txt").write_text(TOKEN)
+    write_token_file(tmp_path / "token.txt")
     done = subprocess.run([sys.executable, "-c", hostile("body_env"), str(tmp_path / "token.txt")], check=False,
                           capture_output=True, text=True, env={**os.environ, SECRET_NAME: "visible-secret"}, timeout=60)
     assert done.returncode != 0 and "visible-secret" in done.stderr and TOKEN in done.stderr

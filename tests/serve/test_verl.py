@@ -33,10 +33,36 @@ def test_settings_from_kwargs_then_environment() -> None:
     s = VerlSettings.resolve({"url": "http://127.0.0.1:7", "reward": {"correct_bonus": 0.3}}, env)
     assert s.url == "http://127.0.0.1:7" and s.reward == '{"correct_bonus": 0.3}'
     assert VerlSettings.resolve({}, {}).url is None  # no URL anywhere: in-process
-    with pytest.raises(TypeError, match="unknown kernelrl reward setting"):
-        VerlSettings.resolve({"adress": "x"}, {})
     with pytest.raises(TypeError, match="eval must be a table"):
         VerlSettings.resolve({"eval": "cuda"}, {})
+    with pytest.raises(TypeError, match="timeout_s must be a positive number"):
+        VerlSettings.resolve({"timeout_s": "soon"}, {})
+    assert VerlSettings.resolve({"timeout_s": 90}, {}).timeout_s == 90.0
+
+
+def test_keywords_verl_adds_are_accepted(caplog: pytest.LogCaptureFixture) -> None:
+    """verl's reward loop calls compute_score(data_source=..., solution_str=..., ground_truth=...,
+    extra_info=..., reward_router_address=..., reward_model_tokenizer=...): the extra keywords do
+    not change the settings; one we do not know is named in a warning, once."""
+    plain = VerlSettings.resolve({"url": "http://127.0.0.1:7"}, {})
+    verl_call = {"url": "http://127.0.0.1:7", "reward_router_address": "10.0.0.1:30000",
+                 "reward_model_tokenizer": object()}
+    with caplog.at_level("WARNING", logger="kernelrl.serve"):
+        assert VerlSettings.resolve(verl_call, {}) == plain
+        assert not caplog.records
+        assert VerlSettings.resolve({**verl_call, "adress": "x"}, {}) == plain
+        assert VerlSettings.resolve({**verl_call, "adress": "x"}, {}) == plain
+    assert [r.getMessage() for r in caplog.records] == [
+        "kernelrl reward: ignoring keyword(s) adress (the settings are url, token_file, timeout_s, eval, reward)"]
+
+
+def test_the_server_s_client_times_out_by_default() -> None:
+    from kernelrl.serve.client import DEFAULT_TIMEOUT_S
+
+    used = verl.scorer(VerlSettings.resolve({"url": "http://127.0.0.1:7"}, {}))
+    assert used.backend.config.timeout_s == DEFAULT_TIMEOUT_S
+    assert verl.scorer(VerlSettings.resolve({"url": "http://127.0.0.1:7", "timeout_s": 90}, {})
+                       ).backend.config.timeout_s == 90.0
 
 
 def test_in_process(cache_dir: Path, tiny_task) -> None:
@@ -53,8 +79,11 @@ def test_in_process(cache_dir: Path, tiny_task) -> None:
     assert wrong == {"score": Penalties().incorrect, "raw": Penalties().incorrect, "clipped": 0.0, "correct": 0.0,
                      "scored": 1.0}
     assert no_code["score"] == Penalties().no_code and no_code["correct"] == 0.0
-    # The per-sample function shares the scorer (and its evaluator's cache).
-    single = compute_score("kernelrl", answer(TINY_WRONG), tiny_task.source, extra, **kwargs)
+    # The per-sample function shares the scorer (and its evaluator's cache), called as verl's
+    # reward loop calls it (keywords only, its own extra ones included).
+    single = compute_score(data_source="kernelrl", solution_str=answer(TINY_WRONG), ground_truth=tiny_task.source,
+                           extra_info={**extra, "num_turns": 1, "rollout_reward_scores": {}},
+                           reward_router_address=None, reward_model_tokenizer=None, **kwargs)
     assert single == wrong
     with pytest.raises(ValueError, match="ground truth is not a task"):
         compute_score("kernelrl", answer(TINY_CORRECT), "no_such_task", None, **kwargs)
