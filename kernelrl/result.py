@@ -149,7 +149,10 @@ class GroupPhases:
     reference_outputs_s: float = 0.0
     candidate_checks_s: float = 0.0
     timing_pool_s: float = 0.0
-    timing_s: float = 0.0
+    timing_s: float = 0.0  # the measurement, holding the device's lock; of which:
+    timing_setup_s: float = 0.0  # pools sent, warm-up
+    timing_samples_s: float = 0.0  # the timed rounds
+    timing_spot_checks_s: float = 0.0  # outputs and inputs fetched and compared
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +177,7 @@ class TimingRecord:
     wall_s: float = 0.0  # the group's measurement
     device_wait_s: float = 0.0  # waiting for the device's lock, over the evaluator's life
     spot_checks: int = 0
+    spot_check_bytes: int = 0  # outputs and inputs the group's spot checks fetched from workers
     # cross-checks against the judge's clock and /proc (`kernelrl.checks.dynamic.timing_findings`)
     clock_excess_ms: float = 0.0
     prepare_excess_ms: float = 0.0

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelrl.candidate import Candidate, extract_code
 from kernelrl.checks import rules as R
-from kernelrl.checks.policy import Policy, get_policy
+from kernelrl.checks.policy import Policy, PolicyName, get_policy
 from kernelrl.checks.static import check_source
 from kernelrl.result import EvalResult, Finding, Severity, Status
 from kernelrl.tasks.source import is_task_source
@@ -316,17 +316,20 @@ def _row_entry(row: Any, index: int, level: int | None, default_task: Task | Non
         return AuditEntry(name=name, code=None, note=f"row is a {type(row).__name__}, not an object")
     name, level = _row_name(row, index, level, prefix)
     meta = {k: v for k, v in row.items() if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) < 200)}
-    code = _first(row, _CODE_KEYS)
-    note = ""
-    if code is None:
+    raw = _first(row, _CODE_KEYS)
+    if raw is None:
         answer = _first(row, _ANSWER_KEYS)
-        code = extract_code(answer) if isinstance(answer, str) else None
-    if code is not None and not isinstance(code, str):
-        code, note = None, f"code is a {type(code).__name__}, not a string"
-    elif code is None:
+        raw = extract_code(answer) if isinstance(answer, str) else None
+    code: str | None = None
+    note = ""
+    if raw is None:
         note = "no code in row"
-    elif code.strip().lower() in _NO_CODE_TEXT:
-        code, note = None, f"code is {code.strip()!r}"
+    elif not isinstance(raw, str):
+        note = f"code is a {type(raw).__name__}, not a string"
+    elif raw.strip().lower() in _NO_CODE_TEXT:
+        note = f"code is {raw.strip()!r}"
+    else:
+        code = raw
     ref = _first(row, _REF_KEYS)
     spec = _first(row, _TASK_KEYS)
     task, task_ref, task_note = None, str(spec or name), ""
@@ -451,7 +454,7 @@ def _dynamic_config(eval_config: EvalConfig | None, policy: str) -> EvalConfig:
     )
 
     base = eval_config or EvalConfig()
-    return dataclasses.replace(base, policy=policy)
+    return dataclasses.replace(base, policy=PolicyName(policy))
 
 
 def _run_dynamic(record: AuditRecord, config: EvalConfig) -> None:

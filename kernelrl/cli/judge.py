@@ -150,7 +150,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register this module's commands."""
     p = sub.add_parser("tasks", help="list tasks of a suite, folder or KernelBench checkout")
     p.add_argument("--suite", default="builtin", help="suite name, task folder or KernelBench checkout (default builtin)")

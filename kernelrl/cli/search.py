@@ -50,7 +50,8 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
 def cmd_optimize(args: argparse.Namespace) -> int:
     from kernelrl.report.console import render_summary
     from kernelrl.search.database import DatabaseError
-    from kernelrl.search.loop import StopReason, run_search
+    from kernelrl.search.loop import run_search
+    from kernelrl.search.summary import StopReason
     from kernelrl.search.proposers import ProposerError
     from kernelrl.tasks.task import TaskError
 
@@ -109,7 +110,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register this module's commands."""
     p = sub.add_parser("optimize", help="search for faster programs with a proposer")
     p.add_argument("--config", default=None, help="named run config (kernelrl/configs/NAME.toml) or a .toml file")

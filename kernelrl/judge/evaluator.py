@@ -80,7 +80,8 @@ class Evaluator:
         if cfg.llm_judge.enabled:
             reviewer = LLMJudge(dataclasses.replace(cfg.llm_judge, cache_path=cfg.cache_dir / LLM_JUDGE_CACHE))
         self.context = JudgeContext(
-            config=cfg, fingerprint=self.fingerprint, pool=pool, lock=lock, secrets=Secrets(), tasks=TaskStore(cfg), baselines=BaselineStore(),
+            config=cfg, fingerprint=self.fingerprint, pool=pool, lock=lock, secrets=Secrets(), tasks=TaskStore(cfg),
+            baselines=BaselineStore(),
             peaks=PeakStore(enabled=cfg.roofline, device=cfg.device, sandbox=cfg.sandbox, cache_dir=cfg.cache_dir,
                             device_index=cfg.device_index, lock=lock),
             reviewer=reviewer)

@@ -186,6 +186,8 @@ class Group:
                                            tol_scale=cfg.tol_scale, cores=self.cores)
                 self.timing = dataclasses.replace(timing, device_wait_s=waited)
                 self._phase("timing_s")
+                self._phases.update(timing_setup_s=round(timing.setup_s, 3), timing_samples_s=round(timing.samples_s, 3),
+                                    timing_spot_checks_s=round(timing.spot_checks_s, 3))
                 self._record_baseline(self.timing)
         except (ReferenceFailed, ReferenceTimingFailed, TaskError) as e:
             self._task_error(e)

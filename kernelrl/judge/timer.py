@@ -187,6 +187,11 @@ class GroupTiming:
     stopped_by: TimingStop
     wall_s: float
     device_wait_s: float = 0.0  # how long the group waited for the device's lock (set by the group)
+    # where the measurement's wall time went: pools and warm-up, timed rounds, spot checks (s)
+    setup_s: float = 0.0
+    samples_s: float = 0.0
+    spot_checks_s: float = 0.0
+    spot_check_bytes: int = 0  # outputs and inputs fetched for spot checks
 
 
 def median_ci(ratios: Sequence[float]) -> tuple[float, float, float]:
@@ -265,6 +270,8 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
             fail(m, e)
             return None
 
+    spent = {"setup_s": 0.0, "samples_s": 0.0, "spot_checks_s": 0.0}  # where the measurement's time went
+    clock = time.monotonic()
     pool_header = P.Pool(noise_seed=rng.getrandbits(31), jitter=config.jitter)
     for m in members:
         guarded(m, lambda m=m: m.request(pool_header, None, pool, deadline=call_deadline()))
@@ -286,7 +293,10 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
     overheads_ns: list[int] = []  # the reference's samples: the judge's round trip less the reported time
     rounds = 0
     output_bytes = 0
+    spent["setup_s"] = time.monotonic() - clock
+    spot_bytes = 0
     for r in range(config.max_rounds):
+        clock = time.monotonic()
         if cands and not live:
             stopped_by = TimingStop.FAILED
             break
@@ -326,6 +336,8 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
         for m in live:
             m.pairs.append((round_rt[id(ref)], round_rt[id(m)]))
 
+        spent["samples_s"] += time.monotonic() - clock
+        clock = time.monotonic()
         # Which rounds are checked is decided only now, after the calls returned.
         rounds_left = config.max_rounds - r - 1
         ref_outs: dict[int, dict[str, Any]] = {}
@@ -342,17 +354,20 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
                     break
                 ref_outs[call] = answer.payload
                 output_bytes = _nbytes(answer.payload["output"])
+                spot_bytes += _nbytes(answer.payload["output"]) + _nbytes(answer.payload["inputs"])
             ref_out = ref_outs[call]
             got = guarded(m, lambda m=m: m.request(P.Output(call=call), deadline=call_deadline()))  # noqa: B023 - called at once, inside this iteration
             if got is None:
                 continue
             m.spot_checks += 1
+            spot_bytes += _nbytes(got.payload["output"]) + _nbytes(got.payload["inputs"])
             cmp = compare_outputs(got.payload["output"], ref_out["output"], tol_scale=tol_scale)
             if not cmp.ok:
                 m.spot_mismatches.append(f"round {r}: {cmp.reason}")
             if not exactly_equal(got.payload["inputs"], ref_out["inputs"]):
                 m.input_mismatches += 1
         live = [m for m in alive() if m is not ref]
+        spent["spot_checks_s"] += time.monotonic() - clock
 
         if rounds >= config.min_rounds and live:
             overhead = statistics.median(overheads_ns)
@@ -388,6 +403,8 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
                                          failure=None,
                                          output_bytes=output_bytes)
     return GroupTiming(reference_ms=_judged_ms(ref, overhead, k), candidates=results, rounds=rounds, calls_per_sample=k,
+                       setup_s=spent["setup_s"], samples_s=spent["samples_s"], spot_checks_s=spent["spot_checks_s"],
+                       spot_check_bytes=spot_bytes,
                        stopped_by=stopped_by, wall_s=time.monotonic() - t_start)
 
 

@@ -19,7 +19,7 @@ from rich.table import Table
 from kernelrl.result import EvalResult, Status
 
 if TYPE_CHECKING:
-    from kernelrl.checks.audit import AuditReport
+    from kernelrl.checks.audit import AuditRecord, AuditReport
     from kernelrl.judge.baseline import Baseline
     from kernelrl.judge.calibration import Calibration
     from kernelrl.report.report import Report
@@ -184,7 +184,7 @@ def render_audit(report: AuditReport, console: Console, *, max_listed: int = 50)
             console.print(f"  degeneracy filter could not run {task}: {why}", markup=False, highlight=False)
 
 
-def _render_audit_entries(records: Sequence, title: str, console: Console, max_listed: int, *, reason: bool) -> None:
+def _render_audit_entries(records: Sequence[AuditRecord], title: str, console: Console, max_listed: int, *, reason: bool) -> None:
     if not records:
         if title.startswith("flagged"):
             console.print("no entry flagged")

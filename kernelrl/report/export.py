@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TextIO
 
 from kernelrl.result import Status
-from kernelrl.search.database import CandidateState, Database
+from kernelrl.search.database import Database
+from kernelrl.search.records import CandidateRecord, CandidateState
 
 
 def export_jsonl(db_path: str | Path, out: str | Path | TextIO, *, only_correct: bool = False) -> int:
@@ -30,7 +31,7 @@ def export_jsonl(db_path: str | Path, out: str | Path | TextIO, *, only_correct:
     return _write(records, sys.stdout if isinstance(out, (str, Path)) else out, only_correct)
 
 
-def _write(records: list, f: TextIO, only_correct: bool) -> int:
+def _write(records: list[CandidateRecord], f: TextIO, only_correct: bool) -> int:
     n = 0
     for rec in records:
         if rec.result is None or (only_correct and rec.result.status is not Status.CORRECT):

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from kernelrl.report.metrics import fast_p, geometric_mean
 from kernelrl.result import Severity, Status
-from kernelrl.search.database import CandidateRecord, Database
+from kernelrl.search.database import Database
+from kernelrl.search.records import CandidateRecord
 
 FAST_P = (0.0, 1.0, 1.5, 2.0)
 
@@ -125,7 +126,7 @@ def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
             b = baselines.get((name, best.result.device, best.result.size))
             if b is not None:
                 eager_ms, compile_ms = b.eager_ms, b.compile_ms
-                if compile_ms is not None:
+                if compile_ms is not None and best.speedup is not None:
                     vs_compile = best.speedup * compile_ms / eager_ms
         task_rec = known.get(name)
         rows.append(TaskReport(task=name, level=task_rec.level if task_rec else None, candidates=len(own),

@@ -271,7 +271,7 @@ class Database:
         with self._tx() as c:
             cur = c.execute("INSERT INTO runs (config, started, status) VALUES (?, ?, ?)",
                             (json.dumps(config, sort_keys=True, default=str), time.time(), RunStatus.RUNNING.value))
-            return int(cur.lastrowid)
+            return int(cur.lastrowid or 0)
 
     def finish_run(self, run_id: int, status: RunStatus) -> None:
         with self._tx() as c:
@@ -334,7 +334,7 @@ class Database:
                 (new.run_id, new.task, new.hash, new.source, json.dumps(list(new.parents)), new.chain, new.step,
                  new.proposer, new.prompt, new.answer, new.prompt_tokens, new.completion_tokens, created,
                  CandidateState.PROPOSED.value, json.dumps(new.meta, default=str)))
-            cid = int(cur.lastrowid)
+            cid = int(cur.lastrowid or 0)
         return CandidateRecord(id=cid, run_id=new.run_id, task=new.task, hash=new.hash, source=new.source,
                                parents=tuple(new.parents), chain=new.chain, step=new.step, proposer=new.proposer,
                                prompt=new.prompt, answer=new.answer, prompt_tokens=new.prompt_tokens,
@@ -478,7 +478,8 @@ class Database:
 
     def hack_cases(self, *, task: str | None = None, limit: int | None = None) -> list[HackCase]:
         """Refused programs with the rule that refused each, newest first (one row per rule)."""
-        where, params = (" WHERE h.task = ?", [task]) if task is not None else ("", [])
+        params: list[Any] = [task] if task is not None else []
+        where = " WHERE h.task = ?" if task is not None else ""
         sql = ("SELECT h.candidate_id, h.task, h.hash, h.rule, h.stage, h.message, h.line, h.created, c.source "
                f"FROM hack_cases h JOIN candidates c ON c.id = h.candidate_id{where} ORDER BY h.id DESC")
         if limit is not None:
@@ -525,7 +526,8 @@ class Database:
 
 
 def _where(*, task: str | None, run_id: int | None, state: CandidateState | None) -> tuple[str, tuple[Any, ...]]:
-    clauses, params = [], []
+    clauses: list[str] = []
+    params: list[Any] = []
     if task is not None:
         clauses.append("c.task = ?")
         params.append(task)

@@ -42,6 +42,7 @@ resume (its result never reached the database); fairness between tasks beyond ro
 from __future__ import annotations
 
 import dataclasses
+import functools
 import queue
 import random
 import signal
@@ -68,13 +69,7 @@ from kernelrl.judge.evaluator import EvalConfig, Evaluator, config_fingerprint
 from kernelrl.judge.roofline import prompt_peaks
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.chains import Chain, TaskState, better, fmt_speedup, rebuild
-from kernelrl.search.database import (
-    CandidateRecord,
-    CandidateState,
-    Database,
-    NewCandidate,
-    RunStatus,
-)
+from kernelrl.search.database import Database
 from kernelrl.search.proposers import (
     Exhausted,
     ProposalRequest,
@@ -82,6 +77,7 @@ from kernelrl.search.proposers import (
     ProposerUnavailable,
     make_proposer,
 )
+from kernelrl.search.records import CandidateRecord, CandidateState, NewCandidate, RunStatus
 from kernelrl.search.summary import SearchSummary, StopReason, TaskSummary
 from kernelrl.tasks.suites import load_tasks
 from kernelrl.tasks.task import Task
@@ -308,7 +304,7 @@ class _Search:
             return
         for name in self.task_order:
             self.state[name].profile_pending = True
-            self._spawn("profile", self.profile_slots, lambda t=self.tasks[name]: self.profile(t), name)
+            self._spawn("profile", self.profile_slots, functools.partial(self.profile, self.tasks[name]), name)
 
     def on_profile(self, name: str, out: Any) -> None:
         ts = self.state[name]
@@ -329,7 +325,7 @@ class _Search:
                 task = self.tasks[name]
                 self.state[name].baseline_pending = True
                 self.baselines_in_flight += 1
-                self._spawn("baseline", self.eval_slots, lambda t=task: self.measure_baseline(t), name)
+                self._spawn("baseline", self.eval_slots, functools.partial(self.measure_baseline, task), name)
 
     # ------------------------------------------------------------ events
     def on_proposal(self, payload: tuple[str, int, int, str, CandidateRecord | None], out: Any) -> None:
@@ -629,5 +625,5 @@ def run_search(config: SearchConfig, *, console: Console | None = None, tasks: l
     finally:
         if owned and proposer is not None:
             proposer.close()
-        if owned_evaluator:
+        if owned_evaluator and evaluator is not None:
             evaluator.close()

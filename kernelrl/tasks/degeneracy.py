@@ -91,8 +91,9 @@ def outputs_degenerate(outputs: list[Any], tolerance: dict[str, tuple[float, flo
 
     tol = dict(DEFAULT_TOLERANCE)
     tol.update(tolerance or {})
-    outs = [_tensors(o) for o in outputs]
-    if len(outs) < 2 or any(o is None for o in outs) or any(not o for o in outs):
+    found = [_tensors(o) for o in outputs]
+    outs = [o for o in found if o]
+    if len(outs) < 2 or len(outs) != len(found):
         return []
     if any(not bool(torch.isfinite(t).all()) for out in outs for t in out if t.is_floating_point()):
         return []

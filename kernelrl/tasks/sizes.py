@@ -320,7 +320,7 @@ def _write_tracker() -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
-    class LargestWrite(TorchDispatchMode):
+    class LargestWrite(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's class is untyped
         largest = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -331,7 +331,7 @@ def _write_tracker() -> Any:
                         self.largest = max(self.largest, t.numel())
             return out
 
-    return LargestWrite()
+    return LargestWrite()  # type: ignore[no-untyped-call]
 
 
 def _meta_footprint(task: Task, consts: dict[str, int], *, forward: bool = True) -> int | None:

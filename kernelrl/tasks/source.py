@@ -100,13 +100,13 @@ def _constant_assignments(node: ast.stmt) -> dict[str, int]:
     if len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) and isinstance(node.value, ast.Tuple):
         names, values = node.targets[0].elts, node.value.elts
         ints = [_int_literal(v) for v in values]
-        if len(names) == len(values) and all(isinstance(n, ast.Name) for n in names) and None not in ints:
-            return {n.id: v for n, v in zip(names, ints)}  # type: ignore[union-attr]
-        return {}
+        pairs = [(n.id, v) for n, v in zip(names, ints) if isinstance(n, ast.Name) and v is not None]
+        return dict(pairs) if len(pairs) == len(names) == len(values) else {}
     value = _int_literal(node.value)
-    if value is None or not all(isinstance(t, ast.Name) for t in node.targets):
+    targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
+    if value is None or len(targets) != len(node.targets):
         return {}
-    return {t.id: value for t in node.targets}  # type: ignore[union-attr]
+    return dict.fromkeys(targets, value)
 
 
 def _sequence_assignment(node: ast.stmt) -> tuple[str, list[ast.expr]] | None:

@@ -83,7 +83,8 @@ class TaskModule:
 
     @property
     def Model(self) -> type:  # noqa: N802 - KernelBench's name
-        return self.module.Model
+        model: type = self.module.Model
+        return model
 
     def get_inputs(self) -> list[Any]:
         return list(self.module.get_inputs())

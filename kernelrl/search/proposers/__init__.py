@@ -78,10 +78,10 @@ def make_proposer(spec: str, **opts: Any) -> Proposer:
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()
     if kind == "openai":
+        from kernelrl.endpoint import RetryPolicy
         from kernelrl.search.proposers.openai_compat import (
             OpenAIConfig,
             OpenAIProposer,
-            RetryPolicy,
         )
 
         o = _check_opts(kind, {k: v for k, v in opts.items() if k not in ("policy", "device")}, _OPENAI_OPTS)

@@ -65,7 +65,8 @@ class HFProposer(Proposer):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(self.config.path)
-        self._model = AutoModelForCausalLM.from_pretrained(self.config.path).to(self.config.device)
+        model = AutoModelForCausalLM.from_pretrained(self.config.path)
+        self._model = model.to(self.config.device)  # type: ignore[arg-type]  # transformers' stubs
         self._model.eval()
 
     def _encode(self, prompt: str) -> Any:

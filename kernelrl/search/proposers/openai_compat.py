@@ -116,7 +116,7 @@ class OpenAIProposer(Proposer):
             try:
                 # The slot is held only while a request is in flight, not while backing off.
                 with self._slots:
-                    response = self._client.chat.completions.create(
+                    response = self._client.chat.completions.create(  # type: ignore[call-overload]
                         model=cfg.model, messages=self._messages(request.prompt),
                         temperature=cfg.temperature, **{self._tokens_field: cfg.max_tokens})
             except Exception as e:  # noqa: BLE001 - classified below; anything unknown is re-raised

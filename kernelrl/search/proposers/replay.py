@@ -67,6 +67,7 @@ def _read_replay_jsonl(path: Path) -> list[ReplayRow]:
         if not isinstance(code, str) and not isinstance(answer, str):
             raise ProposerError(f"replay: {path}:{n} needs a string field `code` or `answer`")
         if not isinstance(answer, str):
+            assert isinstance(code, str)
             answer = f"```python\n{code.rstrip()}\n```\n"
         if not isinstance(code, str):
             code = extract_code(answer)
