@@ -226,6 +226,9 @@ class EvalResult:
     message: str = ""  # one line a person reads first
     speedup: float | None = None  # reference median / candidate median; CORRECT only
     speedup_ci: tuple[float, float] | None = None  # 95 % interval of the speedup
+    # The speedups identical code measured on this task (its A/A calibration, `kernelrl calibrate`),
+    # when it has one: a speedup inside it cannot be told from noise. CORRECT only.
+    noise_band: tuple[float, float] | None = None
     ref_time: TimingStats | None = None
     cand_time: TimingStats | None = None
     max_abs_err: float | None = None

@@ -10,7 +10,7 @@ Guarantees:
 - `Secrets.generator()` hands out generators seeded from one secret drawn from the OS at start;
   the seed never leaves this process (no program under test, no log, no result sees it);
 - `TaskStore` keeps what the judge learned about a task (constants at the judged size, profile,
-  degeneracy) in memory and on disk, keyed by the task's source, the size, its presets and the
+  degeneracy, and its A/A noise band once calibrated) in memory and on disk, keyed by the task's source, the size, its presets and the
   explicit overrides, written atomically; a damaged or older file is ignored (learned again).
 
 Does not run anything itself: the group and the reference session do.
@@ -93,8 +93,27 @@ class TaskStore:
         tmp.write_text(json.dumps(info.to_dict()))
         tmp.replace(path)
 
+    def band(self, task: Task, fingerprint: str) -> tuple[float, float] | None:
+        """The task's A/A noise band under an evaluator config (`kernelrl.judge.calibration`), if calibrated."""
+        try:
+            lo, hi = json.loads(self._band_path(self.key(task), fingerprint).read_text())["band"]
+            return float(lo), float(hi)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put_band(self, task: Task, fingerprint: str, band: tuple[float, float]) -> None:
+        path = self._band_path(self.key(task), fingerprint)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps({"task": task.name, "band": list(band)}))
+        tmp.replace(path)
+
     def _path(self, key: str) -> Path:
         return self._folder / f"{key}-v{TASK_INFO_VERSION}.json"
+
+    def _band_path(self, key: str, fingerprint: str) -> Path:
+        # the band belongs to this machine (the cache folder) and the timing settings (the fingerprint)
+        return self._folder / f"{key}-band-{fingerprint}.json"
 
 
 @dataclass(frozen=True, kw_only=True)
