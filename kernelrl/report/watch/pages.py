@@ -317,7 +317,7 @@ def task_page(view: TaskView, links: Links, *, max_details: int = 300) -> str:
     body += ["<h2>Refused (hack cases) and the rule that caught each</h2>",
              table_html("hacks", _table(["candidate", "rule", "stage", "line", "message"], hack_rows,
                                         "No candidate of this task was refused."))]
-    rules = {h.candidate_id: [] for h in view.hack_cases}
+    rules: dict[int, list[str]] = {h.candidate_id: [] for h in view.hack_cases}
     for h in view.hack_cases:
         rules[h.candidate_id].append(h.rule)
     cand_rows: list[list[Cell]] = []

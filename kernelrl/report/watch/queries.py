@@ -183,6 +183,10 @@ def candidates(conn: sqlite3.Connection, run_id: int, task: str | None = None) -
             for r in conn.execute(sql + " ORDER BY c.id", params).fetchall()]
 
 
+def count_candidates(conn: sqlite3.Connection, run_id: int) -> int:
+    return int(conn.execute("SELECT COUNT(*) FROM candidates WHERE run_id = ?", (run_id,)).fetchone()[0])
+
+
 def results(conn: sqlite3.Connection, ids: list[int]) -> dict[int, EvalResult]:
     """The full stored results of these candidates."""
     out: dict[int, EvalResult] = {}

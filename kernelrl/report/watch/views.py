@@ -8,8 +8,9 @@ this run; against torch.compile = speedup x compile_ms / eager_ms of the stored 
 same device and size; fast_p over all the run's tasks, counting tasks with no candidate). Added:
 - the interval: the best candidate's 95 % speedup interval, as the evaluator stored it;
 - progress: a search's evaluated candidates out of budget x tasks; a GRPO run's steps out of
-  `max_steps`; ETA = what is left / the rate of the last `RATE_WINDOW` units, only while the run
-  is marked running (a killed run stays "running": `idle_s` says how long nothing happened);
+  `max_steps`; ETA = what is left / the rate of the last `RATE_WINDOW` units (over the time
+  since the unit before them, or since the run started), only while the run is marked running
+  (a killed run stays "running": `idle_s` says how long nothing happened);
 - speedup over time: each task's best-so-far at every evaluation time of the run;
 - training (GRPO runs): per step, from the stored rollouts: mean raw reward, mean clipped reward
   of the rollouts given to the trainer (kept by RoC), the share correct and the share correct
@@ -260,12 +261,14 @@ def _progress(run: RunRecord, cands: list[CandidateRow], training: Training | No
         total = budget * n_tasks if run_kind(run) == SEARCH and isinstance(budget, int) else None
         times = sorted(c.evaluated for c in cands if c.evaluated is not None)
         unit, done = "candidates", len(times)
+    # Units finish in batches (a batch of candidates is stored at once): the rate is the last
+    # RATE_WINDOW units over the time since the unit before them, or since the run started.
     rate = None
-    window = times[-RATE_WINDOW:]
-    if len(window) >= 2 and window[-1] > window[0]:
-        rate = (len(window) - 1) / (window[-1] - window[0])
-    elif times and times[-1] > run.started:
-        rate = len(times) / (times[-1] - run.started)
+    if times:
+        n = min(len(times), RATE_WINDOW)
+        since = times[-n - 1] if len(times) > n else run.started
+        if times[-1] > since:
+            rate = n / (times[-1] - since)
     eta = None
     running = run.status is RunStatus.RUNNING
     if running and total is not None and rate and done < total:
@@ -309,8 +312,7 @@ def task_view(conn: sqlite3.Connection, run_id: int, task: str) -> TaskView:
     details = [d for d in (queries.candidate(conn, c.id) for c in rows) if d is not None]
     parent_ids = sorted({p for d in details for p in d.parents[:1]})
     line = _task_lines(conn, run_id, [task], rows, known)[0]
-    n = len(queries.candidates(conn, run_id))
-    return TaskView(run=summary(run, n), task=task, level=known[task].level if task in known else None,
+    return TaskView(run=summary(run, queries.count_candidates(conn, run_id)), task=task, level=known[task].level if task in known else None,
                     reference=known[task].source if task in known else "", line=line, candidates=details,
                     parents=queries.sources(conn, parent_ids), hack_cases=queries.hack_cases(conn, run_id, task))
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from watch_fixtures import EVIL_TASK, HOSTILE, MISMATCH, RunWriter, fill_search_run, wait_for
 
 from kernelrl.report.watch.app import bind, create_app
+from watch_fixtures import EVIL_TASK, HOSTILE, MISMATCH, RunWriter, fill_search_run, wait_for
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 pytestmark = pytest.mark.skipif(not (Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file()),
@@ -70,11 +70,17 @@ def browser(tmp_path: Path) -> Iterator[object]:
 
 
 def _cell(driver, table: str, task: str, column: int) -> str:
-    for row in driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr"):
-        cells = row.find_elements(By.TAG_NAME, "td")
-        if cells and cells[0].text == task:
-            return cells[column].text
-    return ""
+    """One cell of a table's row, read in one script call (the page may rebuild the table between calls)."""
+    return driver.execute_script(
+        "for (const tr of document.querySelectorAll('#' + arguments[0] + ' tbody tr')) {"
+        "  if (tr.cells[0].textContent === arguments[1]) return tr.cells[arguments[2]].textContent; }"
+        "return '';", table, task, column)
+
+
+def _open_run(driver, url: str) -> None:
+    """Load a run page and wait for its first refresh (after it, unchanged tables are left alone)."""
+    driver.get(url)
+    assert wait_for(lambda: driver.execute_script("return document.body.dataset.updates") is not None)
 
 
 def _errors(driver) -> list[str]:
@@ -83,8 +89,7 @@ def _errors(driver) -> list[str]:
 
 def test_run_page_updates_while_the_run_is_written(live, browser) -> None:
     base, db, ids = live
-    browser.get(f"{base}/runs/{ids['run']}")
-    assert wait_for(lambda: browser.execute_script("return document.body.dataset.updates") is not None)
+    _open_run(browser, f"{base}/runs/{ids['run']}")
     browser.execute_script("window.__sameDocument = true")  # gone if the page reloads
     before = int(_cell(browser, "tasks", "b", 2))
     writer = RunWriter(db, ids["run"], "b", n=4, every_s=0.3)
@@ -105,7 +110,7 @@ def test_run_page_updates_while_the_run_is_written(live, browser) -> None:
 
 def test_task_page_shows_rule_and_first_mismatch(live, browser) -> None:
     base, _, ids = live
-    browser.get(f"{base}/runs/{ids['run']}")
+    _open_run(browser, f"{base}/runs/{ids['run']}")
     browser.find_element(By.LINK_TEXT, "a").click()
     assert wait_for(lambda: browser.find_elements(By.ID, "hacks"))
     hacks = browser.find_element(By.ID, "hacks").text
@@ -124,8 +129,7 @@ def test_task_page_shows_rule_and_first_mismatch(live, browser) -> None:
 
 def test_hostile_task_name_links_to_its_own_page(live, browser) -> None:
     base, _, ids = live
-    browser.get(f"{base}/runs/{ids['run']}")
-    assert wait_for(lambda: browser.find_elements(By.LINK_TEXT, EVIL_TASK))
+    _open_run(browser, f"{base}/runs/{ids['run']}")
     browser.find_element(By.LINK_TEXT, EVIL_TASK).click()
     assert wait_for(lambda: browser.find_elements(By.TAG_NAME, "h1"))
     assert browser.find_element(By.TAG_NAME, "h1").text == EVIL_TASK

@@ -36,11 +36,18 @@
     }
   }
 
+  var shown = {};  // table id -> the rows last written, so an unchanged table is left alone
+
   function fillTable(id, table) {
     var t = document.getElementById(id);
     if (!t || !table) {
       return;
     }
+    var signature = JSON.stringify(table.rows);
+    if (shown[id] === signature) {
+      return;  // rebuilding it would replace the links under the reader's pointer for nothing
+    }
+    shown[id] = signature;
     var rows = document.createDocumentFragment();
     table.rows.forEach(function (row) {
       var tr = document.createElement("tr");
