@@ -23,7 +23,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register this module's commands."""
     p = sub.add_parser("watch", help="web pages of a run database, updated while the run goes (read-only)")
     p.add_argument("--db", required=True, help="the code database (it may not exist yet: the page waits for it)")

@@ -334,8 +334,8 @@ def task_page(view: TaskView, links: Links, *, max_details: int = 300) -> str:
         body.append(f"<p class='note'>Details of the latest {len(shown)} candidates below; every candidate has its "
                     "own page (its id in the table).</p>")
     for d in shown:
-        parent = view.parents.get(d.parents[0]) if d.parents else None
-        body.append(candidate_section(d, view.reference, parent, links))
+        parent_source = view.parents.get(d.parents[0]) if d.parents else None
+        body.append(candidate_section(d, view.reference, parent_source, links))
     body.append(f"<details><summary>reference program</summary><pre class='code'>{esc(view.reference)}</pre></details>")
     return page(f"{view.task}: run {run_id}", "".join(body), links)
 

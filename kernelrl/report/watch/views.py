@@ -312,9 +312,11 @@ def task_view(conn: sqlite3.Connection, run_id: int, task: str) -> TaskView:
     details = [d for d in (queries.candidate(conn, c.id) for c in rows) if d is not None]
     parent_ids = sorted({p for d in details for p in d.parents[:1]})
     line = _task_lines(conn, run_id, [task], rows, known)[0]
-    return TaskView(run=summary(run, queries.count_candidates(conn, run_id)), task=task, level=known[task].level if task in known else None,
-                    reference=known[task].source if task in known else "", line=line, candidates=details,
-                    parents=queries.sources(conn, parent_ids), hack_cases=queries.hack_cases(conn, run_id, task))
+    own = known.get(task)
+    return TaskView(run=summary(run, queries.count_candidates(conn, run_id)), task=task,
+                    level=own.level if own else None, reference=own.source if own else "", line=line,
+                    candidates=details, parents=queries.sources(conn, parent_ids),
+                    hack_cases=queries.hack_cases(conn, run_id, task))
 
 
 def candidate_view(conn: sqlite3.Connection, candidate_id: int) -> tuple[CandidateDetail, str, str | None]:

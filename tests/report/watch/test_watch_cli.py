@@ -10,9 +10,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from watch_fixtures import fill_search_run
-
 from kernelrl.cli import main
+from watch_fixtures import fill_search_run
 
 ROOT = Path(__file__).resolve().parents[3]
 
