@@ -15,7 +15,8 @@ Registration in `kernelrl.train.grpo.train_grpo` (the trainer's callbacks list):
 
 Guarantees: only the main process writes (`state.is_world_process_zero`); each row is one
 committed transaction on its own connection (SQLite serialises it with the database's writer);
-a row logged again for the same step (a resumed run) replaces the earlier one; only finite
+a step logged again (TRL's summary at the last step, a resumed run) adds its metrics to the
+row, later values winning, and replaces the weights; only finite
 numbers are kept from TRL's logs (strings, None and NaN are dropped, so the JSON is valid);
 the table is created when missing, and reading a file without it gives no rows.
 
@@ -81,15 +82,24 @@ def finite_numbers(logs: dict[str, Any] | None) -> dict[str, float]:
 
 
 def write_step(db_path: str | Path, record: StepRecord) -> None:
-    """Store one step (replacing an earlier row for the same run and step)."""
+    """Store one step; a second write of the same run and step adds its metrics to the row (the
+    later value of a metric wins) and replaces its weights."""
     conn = sqlite3.connect(Path(db_path), timeout=30.0, isolation_level=None)
     try:
         conn.execute(_CREATE)
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute(f"INSERT OR REPLACE INTO {TABLE} (run_id, step, logged, metrics, weights, open_levels) "
-                     "VALUES (?, ?, ?, ?, ?, ?)",
-                     (record.run_id, record.step, record.logged, json.dumps(record.metrics, sort_keys=True),
-                      json.dumps(record.weights, sort_keys=True), json.dumps(list(record.open_levels))))
+        try:
+            # TRL logs twice at the last step (its metrics, then the run's summary): keep both.
+            row = conn.execute(f"SELECT metrics FROM {TABLE} WHERE run_id = ? AND step = ?",
+                               (record.run_id, record.step)).fetchone()
+            metrics = {**(json.loads(row[0]) if row else {}), **record.metrics}
+            conn.execute(f"INSERT OR REPLACE INTO {TABLE} (run_id, step, logged, metrics, weights, open_levels) "
+                         "VALUES (?, ?, ?, ?, ?, ?)",
+                         (record.run_id, record.step, record.logged, json.dumps(metrics, sort_keys=True),
+                          json.dumps(record.weights, sort_keys=True), json.dumps(list(record.open_levels))))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
         conn.execute("COMMIT")
     finally:
         conn.close()

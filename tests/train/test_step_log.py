@@ -43,14 +43,14 @@ def test_each_logging_step_is_a_row_with_weights(tmp_path: Path) -> None:
                            "flag": True})
         cur.observe("easy", [0.0, 0.0], any_correct=False)  # flat group: drawn 3x as often next
         _log(cb, path, 2, {"loss": 0.25})
-        _log(cb, path, 2, {"loss": 0.2})  # the same step again (a resumed run): replaced
+        _log(cb, path, 2, {"loss": 0.2, "train_runtime": 9.0})  # the same step again: merged, later wins
         _log(cb, path, 3, {"loss": 0.1}, main=False)  # another process: not written
         _log(cb, path, 4, {})  # nothing to record
         rows = _rows(path, run)
         assert [r.step for r in rows] == [1, 2]
         assert rows[0].metrics == {"loss": 0.5, "kernelrl/raw_reward": -0.2}  # only finite numbers
         assert rows[0].weights == {"easy": 1.0, "hard": 0.0} and rows[0].open_levels == (1,)
-        assert rows[1].weights == {"easy": 3.0, "hard": 0.0} and rows[1].metrics == {"loss": 0.2}
+        assert rows[1].weights == {"easy": 3.0, "hard": 0.0} and rows[1].metrics == {"loss": 0.2, "train_runtime": 9.0}
         # the database's own writer goes on: the table sits beside its tables
         assert db.runs()[0].id == run
 
