@@ -104,6 +104,9 @@ def test_run_page_updates_while_the_run_is_written(live, browser) -> None:
     assert browser.find_element(By.ID, "progress").text.startswith(f"{8 + 4 - 1}/12 ")  # pending one not counted
     # the speedup chart was drawn by the vendored uPlot, served from the package
     assert browser.find_elements(By.CSS_SELECTOR, "#chart-speedup .uplot")
+    # the script rebuilt the refused table from JSON: the hostile message is text in it, no element
+    assert "<script>window.__pwned = 1</script>" in browser.find_element(By.ID, "refused").text
+    assert browser.execute_script("return document.querySelectorAll('img, iframe, script:not([src])').length") == 0
     assert browser.execute_script("return window.__pwned") is None
     assert _errors(browser) == []
 
