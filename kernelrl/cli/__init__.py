@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kernelrl.cli import judge, search, serve, train
+from kernelrl.cli import judge, search, serve, train, watch
 from kernelrl.cli.options import UsageError
 from kernelrl.cli.search import OPTIMIZE_ACTIONS, OPTIMIZE_TABLES, search_config
 from kernelrl.cli.serve import SERVE_TABLES, serve_config
@@ -27,7 +27,7 @@ __all__ = ["OPTIMIZE_ACTIONS", "OPTIMIZE_TABLES", "SERVE_TABLES", "build_parser"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernelrl", description="Faster PyTorch programs with LLM-written kernels.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for commands in (judge, search, serve, train):
+    for commands in (judge, search, serve, train, watch):
         commands.add_parsers(sub)
     return parser
 

@@ -52,6 +52,7 @@ from kernelrl.train.reward_fn import KernelRewardFunction
 from kernelrl.train.roc import RoCConfig
 from kernelrl.train.rollouts import EvalSettings, task_profiles
 from kernelrl.train.stage import StageOutcome, checkpoint_to_resume
+from kernelrl.train.step_log import step_log_callback
 from kernelrl.train.stream import PromptStream
 from kernelrl.train.trl_args import build_args, check_keys, trl_class
 
@@ -161,7 +162,7 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
     probe = norm_probe()
     trainer = GRPOTrainer(model=policy, reward_funcs=[reward_fn], args=args, train_dataset=stream.dataset(),
                           processing_class=tokenizer, peft_config=peft_config(model),
-                          callbacks=[state_callback(reward_fn), probe])
+                          callbacks=[state_callback(reward_fn), probe, step_log_callback(db, run_id=run_id, curriculum=curriculum)])  # noqa: E501
     before = trainable_norm(trainer.model)
     db_before = db.count_candidates() if db is not None else 0
     result = trainer.train(resume_from_checkpoint=checkpoint)

@@ -1,0 +1,233 @@
+"""The run page as a web app: `watch_router(db_path)` for any FastAPI app, `create_app` alone.
+
+Routes, relative to where the router is included:
+- `GET /`: the runs in the database (polls `GET /api/runs`; waits for a database not yet made);
+- `GET /runs/{id}`: a run's page, refreshed from `GET /api/runs/{id}` every 2 s while it runs;
+- `GET /runs/{id}/tasks/{task}`: every candidate of a task with its verdict, evidence, code and
+  diffs, and the hack cases with their rules (JSON: `GET /api/runs/{id}/tasks/{task}`);
+- `GET /runs/{id}/candidates/{cid}`: one candidate alone;
+- `GET /static/{name}`: the page's script, styles and the vendored uPlot (nothing else is served).
+
+Mounting under the reward server, behind its bearer token:
+
+    app.include_router(watch_router(db_path), prefix="/watch", dependencies=[Depends(authorized)])
+
+Links are built from the path the router is reached under, so a prefix needs no setting.
+
+Guarantees: the database is opened read-only for each request (`queries.snapshot`); every
+response carries `Content-Security-Policy` (scripts and styles from this site only, no inline
+script, no framing), `X-Content-Type-Options: nosniff` and `Cache-Control: no-store`; a missing
+run, task or candidate is 404, a database that is not there yet or not readable 503, each
+with a message; JSON holds no NaN or infinity (they become null).
+
+Does not authenticate: alone (`kernelrl watch`) it is meant for loopback; off it, put it behind
+`kernelrl serve` or a proxy that does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import socket
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from kernelrl.report.watch import pages, views
+from kernelrl.report.watch.queries import NoDatabase, WatchError, snapshot
+from kernelrl.result import EvalResult
+
+STATIC_DIR = Path(__file__).parent / "static"
+STATIC_FILES = {  # name -> media type: the only files served
+    "uPlot.iife.min.js": "text/javascript",
+    "uPlot.min.css": "text/css",
+    "watch.js": "text/javascript",
+    "watch.css": "text/css",
+    "LICENSE.uPlot": "text/plain",
+}
+HEADERS = {
+    "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                                "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+                                "frame-ancestors 'none'"),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+DEFAULT_PORT = 8178
+
+
+def jsonable(obj: Any) -> Any:
+    """Dataclasses, enums, tuples and results as JSON values; non-finite floats as null."""
+    if isinstance(obj, EvalResult):
+        return jsonable(obj.to_dict())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return jsonable(obj.value)
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _html(text: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(text, status_code=status, headers=HEADERS)
+
+
+def _json(content: Any, status: int = 200) -> JSONResponse:
+    return JSONResponse(jsonable(content), status_code=status, headers=HEADERS)
+
+
+def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = None,
+                 clock: Callable[[], float] = time.time) -> APIRouter:
+    """The pages and JSON endpoints over one database file (read-only)."""
+    path = Path(db_path)
+    shown = str(path)
+    router = APIRouter(dependencies=list(dependencies or []))
+
+    def links(request: Request) -> pages.Links:
+        return pages.Links(base=str(request.url_for("watch_index").path).rstrip("/"))
+
+    def failure(request: Request, e: Exception, *, as_json: bool) -> Response:
+        status = 404 if isinstance(e, views.NotFound) else 503
+        title = "not found" if status == 404 else "database not readable"
+        if isinstance(e, NoDatabase):
+            title = "waiting for the run"
+        if as_json:
+            return _json({"error": str(e)}, status)
+        return _html(pages.message_page(title, str(e), links(request), status_line=shown), status)
+
+    @router.get("/", name="watch_index", response_class=HTMLResponse)
+    def index(request: Request) -> Response:
+        try:
+            with snapshot(path) as conn:
+                return _html(pages.index_page(views.run_list(conn), links(request), db_path=shown))
+        except NoDatabase as e:
+            return _html(pages.index_page([], links(request), db_path=shown, waiting=str(e)))
+        except WatchError as e:
+            return failure(request, e, as_json=False)
+
+    @router.get("/api/runs", name="watch_runs_api")
+    def runs_api(request: Request) -> Response:
+        try:
+            with snapshot(path) as conn:
+                runs = views.run_list(conn)
+        except NoDatabase as e:
+            return _json({"runs": [], "waiting": str(e), "display": pages.runs_display([], links(request))})
+        except WatchError as e:
+            return failure(request, e, as_json=True)
+        return _json({"runs": runs, "display": pages.runs_display(runs, links(request))})
+
+    @router.get("/runs/latest", name="watch_latest")
+    def latest(request: Request) -> Response:
+        try:
+            with snapshot(path) as conn:
+                runs = views.run_list(conn)
+        except WatchError as e:
+            return failure(request, e, as_json=False)
+        target = links(request).run(runs[0].id) if runs else links(request).index()
+        return RedirectResponse(target, status_code=307, headers=HEADERS)
+
+    @router.get("/runs/{run_id}", name="watch_run", response_class=HTMLResponse)
+    def run_page(request: Request, run_id: int) -> Response:
+        try:
+            with snapshot(path) as conn:
+                view = views.run_view(conn, run_id, now=clock())
+        except (WatchError, views.NotFound) as e:
+            return failure(request, e, as_json=False)
+        return _html(pages.run_page(view, links(request), db_path=shown))
+
+    @router.get("/api/runs/{run_id}", name="watch_run_api")
+    def run_api(request: Request, run_id: int) -> Response:
+        try:
+            with snapshot(path) as conn:
+                view = views.run_view(conn, run_id, now=clock())
+        except (WatchError, views.NotFound) as e:
+            return failure(request, e, as_json=True)
+        return _json({"view": view, "display": pages.run_display(view, links(request))})
+
+    @router.get("/runs/{run_id}/tasks/{task:path}", name="watch_task", response_class=HTMLResponse)
+    def task_page(request: Request, run_id: int, task: str) -> Response:
+        try:
+            with snapshot(path) as conn:
+                view = views.task_view(conn, run_id, task)
+        except (WatchError, views.NotFound) as e:
+            return failure(request, e, as_json=False)
+        return _html(pages.task_page(view, links(request)))
+
+    @router.get("/api/runs/{run_id}/tasks/{task:path}", name="watch_task_api")
+    def task_api(request: Request, run_id: int, task: str) -> Response:
+        try:
+            with snapshot(path) as conn:
+                view = views.task_view(conn, run_id, task)
+        except (WatchError, views.NotFound) as e:
+            return failure(request, e, as_json=True)
+        return _json({"view": view})
+
+    @router.get("/runs/{run_id}/candidates/{candidate_id}", name="watch_candidate", response_class=HTMLResponse)
+    def candidate_page(request: Request, run_id: int, candidate_id: int) -> Response:
+        try:
+            with snapshot(path) as conn:
+                d, reference, parent = views.candidate_view(conn, candidate_id)
+        except (WatchError, views.NotFound) as e:
+            return failure(request, e, as_json=False)
+        return _html(pages.candidate_page(d, reference, parent, links(request)))
+
+    @router.get("/static/{name}", name="watch_static")
+    def static(name: str) -> Response:
+        media = STATIC_FILES.get(name)
+        if media is None:
+            return Response("not found", status_code=404, media_type="text/plain", headers=HEADERS)
+        return Response((STATIC_DIR / name).read_bytes(), media_type=media,
+                        headers={**HEADERS, "Cache-Control": "max-age=3600"})
+
+    return router
+
+
+def create_app(db_path: str | Path) -> FastAPI:
+    """The standalone app of `kernelrl watch`."""
+    app = FastAPI(title="kernelrl watch", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(watch_router(db_path))
+    return app
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: any free port), so the address can be announced before serving."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def run_watch(db_path: str | Path, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+              announce: Callable[[str], None] = print) -> None:
+    """Serve the pages until interrupted."""
+    import uvicorn
+
+    sock = bind(host, port)
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    announce(f"kernelrl watch: http://{shown}:{bound}/ (database {db_path}, read-only)")
+    if not is_loopback(host):
+        announce("warning: these pages have no authentication; anyone who reaches this address reads every "
+                 "candidate. Behind kernelrl serve's token, or loopback, is the safe way.")
+    server = uvicorn.Server(uvicorn.Config(create_app(db_path), log_level="warning", access_log=False))
+    server.run(sockets=[sock])

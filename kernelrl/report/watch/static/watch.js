@@ -1,0 +1,170 @@
+// The run page's only script: poll the page's JSON endpoint and refresh its tables, texts and
+// charts. Text goes into the page through textContent only (never innerHTML), and a link is
+// followed only when the server built it as a path on this site ("/..." or "#...").
+(function () {
+  "use strict";
+  var body = document.body;
+  var api = body.dataset.api;
+  var kind = body.dataset.page;
+  if (!api) {
+    return;
+  }
+  var COLORS = ["#264653", "#e76f51", "#2a9d8f", "#e9c46a", "#8d5a97", "#f4a261", "#457b9d", "#6a994e",
+                "#bc4749", "#3d405b", "#9c6644", "#118ab2"];
+  var charts = {};
+  var updates = 0;
+
+  function safeHref(href) {
+    return typeof href === "string" && /^[\/#]/.test(href) && !/^\/\//.test(href);
+  }
+
+  function fillCell(td, cell) {
+    if (typeof cell === "string") {
+      td.textContent = cell;
+      return;
+    }
+    if (cell.cls) {
+      td.className = cell.cls;
+    }
+    if (cell.href && safeHref(cell.href)) {
+      var a = document.createElement("a");
+      a.setAttribute("href", cell.href);
+      a.textContent = cell.text;
+      td.appendChild(a);
+    } else {
+      td.textContent = cell.text;
+    }
+  }
+
+  var shown = {};  // table id -> the rows last written, so an unchanged table is left alone
+
+  function fillTable(id, table) {
+    var t = document.getElementById(id);
+    if (!t || !table) {
+      return;
+    }
+    var signature = JSON.stringify(table.rows);
+    if (shown[id] === signature) {
+      return;  // rebuilding it would replace the links under the reader's pointer for nothing
+    }
+    shown[id] = signature;
+    var rows = document.createDocumentFragment();
+    table.rows.forEach(function (row) {
+      var tr = document.createElement("tr");
+      row.forEach(function (cell) {
+        var td = document.createElement("td");
+        fillCell(td, cell);
+        tr.appendChild(td);
+      });
+      rows.appendChild(tr);
+    });
+    t.tBodies[0].replaceChildren(rows);
+    t.hidden = table.rows.length === 0;
+    var empty = document.getElementById(id + "-empty");
+    if (empty) {
+      empty.hidden = table.rows.length > 0;
+    }
+  }
+
+  function setText(id, text) {
+    var el = document.getElementById(id);
+    if (el && el.textContent !== text) {
+      el.textContent = text;
+    }
+  }
+
+  function speedupTicks(u, values) {
+    return values.map(function (v) { return v == null ? "" : (+v.toPrecision(3)) + "x"; });
+  }
+
+  function drawChart(id, spec) {
+    var el = document.getElementById("chart-" + id);
+    if (!el) {
+      return;
+    }
+    if (!spec || !spec.x.length || !spec.series.length || typeof uPlot === "undefined") {
+      el.hidden = true;
+      return;
+    }
+    el.hidden = false;
+    var data = [spec.x].concat(spec.series.map(function (s) { return s.values; }));
+    var key = spec.series.map(function (s) { return s.label; }).join("\u0000");
+    var have = charts[id];
+    if (have && have.key === key) {
+      have.plot.setData(data);
+      return;
+    }
+    if (have) {
+      have.plot.destroy();
+    }
+    var series = [{}].concat(spec.series.map(function (s, i) {
+      var line = {label: s.label, stroke: COLORS[i % COLORS.length], width: 1.6};
+      if (spec.time) {
+        line.paths = uPlot.paths.stepped({align: 1});  // a best-so-far holds until the next improvement
+      }
+      return line;
+    }));
+    var opts = {
+      title: spec.title,
+      width: Math.max(320, el.clientWidth || 800),
+      height: 280,
+      scales: {x: {time: !!spec.time}, y: spec.log ? {distr: 3} : {}},
+      series: series,
+      axes: [{}, spec.log ? {values: speedupTicks, size: 60} : {size: 60}]
+    };
+    charts[id] = {key: key, plot: new uPlot(opts, data, el)};
+  }
+
+  function renderRun(d) {
+    Object.keys(d.texts).forEach(function (k) { setText(k, d.texts[k]); });
+    var bar = document.getElementById("bar");
+    if (bar) {
+      bar.max = Math.max(d.progress.max, 1);
+      bar.value = d.progress.value;
+    }
+    d.cards.forEach(function (c, i) {
+      var el = document.querySelector("[data-card='" + i + "']");
+      if (el) {
+        el.textContent = c.value;
+      }
+    });
+    Object.keys(d.tables).forEach(function (k) { fillTable(k, d.tables[k]); });
+    Object.keys(d.charts).forEach(function (k) { drawChart(k, d.charts[k]); });
+  }
+
+  function renderIndex(d) {
+    fillTable("runs", d.tables.runs);
+    var waiting = document.getElementById("waiting");
+    if (waiting && d.tables.runs.rows.length) {
+      waiting.hidden = true;
+    }
+  }
+
+  function poll() {
+    var next = 2000;
+    fetch(api, {headers: {"Accept": "application/json"}, credentials: "same-origin", cache: "no-store"})
+      .then(function (r) {
+        if (!r.ok) {
+          throw new Error("HTTP " + r.status);
+        }
+        return r.json();
+      })
+      .then(function (j) {
+        if (kind === "run") {
+          renderRun(j.display);
+          next = j.display.running ? 2000 : 10000;
+        } else {
+          renderIndex(j.display);
+        }
+        updates += 1;
+        body.dataset.updates = String(updates);
+      })
+      .catch(function (e) {
+        setText("updated", "no answer from the server (" + e.message + "); retrying");
+        next = 5000;
+      })
+      .finally(function () { window.setTimeout(poll, next); });
+  }
+
+  poll();
+})();

@@ -1,0 +1,164 @@
+"""The run page in a real browser: headless Chromium (Debian's) driven by selenium.
+
+The page of a run that a thread keeps writing updates without a reload; its task page shows the
+refused candidate with its rule and the first mismatch of the incorrect one; hostile text from
+candidates stays text (no script of theirs runs); the browser logs no script or policy error.
+The screenshot test (slow) writes the run and task pages as PNGs (to $KERNELRL_SCREENSHOTS, or
+the test's temp folder).
+
+Skipped when /usr/bin/chromium or /usr/bin/chromedriver is missing (`.ci/run` installs both).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from kernelrl.report.watch.app import bind, create_app
+from watch_fixtures import EVIL_TASK, HOSTILE, MISMATCH, RunWriter, fill_search_run, wait_for
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+pytestmark = pytest.mark.skipif(not (Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file()),
+                                reason="needs Debian's chromium and chromium-driver (apt-get install -y chromium "
+                                       "chromium-driver)")
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, int]]]:
+    """A database with one search run, served on a free loopback port: (base URL, db, ids)."""
+    db = tmp_path / "run.db"
+    ids = fill_search_run(db)
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(db), log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    assert wait_for(lambda: server.started, 20)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", db, ids
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[object]:
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    profile = tmp_path / "chromium-profile"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,1400",
+                f"--user-data-dir={profile}"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _cell(driver, table: str, task: str, column: int) -> str:
+    """One cell of a table's row, read in one script call (the page may rebuild the table between calls)."""
+    return driver.execute_script(
+        "for (const tr of document.querySelectorAll('#' + arguments[0] + ' tbody tr')) {"
+        "  if (tr.cells[0].textContent === arguments[1]) return tr.cells[arguments[2]].textContent; }"
+        "return '';", table, task, column)
+
+
+def _open_run(driver, url: str) -> None:
+    """Load a run page and wait for its first refresh (after it, unchanged tables are left alone)."""
+    driver.get(url)
+    assert wait_for(lambda: driver.execute_script("return document.body.dataset.updates") is not None)
+
+
+def _errors(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_run_page_updates_while_the_run_is_written(live, browser) -> None:
+    base, db, ids = live
+    _open_run(browser, f"{base}/runs/{ids['run']}")
+    browser.execute_script("window.__sameDocument = true")  # gone if the page reloads
+    before = int(_cell(browser, "tasks", "b", 2))
+    writer = RunWriter(db, ids["run"], "b", n=4, every_s=0.3)
+    writer.start()
+    try:
+        assert wait_for(lambda: _cell(browser, "tasks", "b", 2) == str(before + 4), 30), _cell(browser, "tasks", "b", 2)
+    finally:
+        writer.stop.set()
+        writer.join(10)
+    assert browser.execute_script("return window.__sameDocument") is True
+    assert _cell(browser, "tasks", "b", 5) == "3.00x"  # the live writer's best: 1 + 0.5 * 4
+    assert browser.find_element(By.ID, "progress").text.startswith(f"{8 + 4 - 1}/12 ")  # pending one not counted
+    # the speedup chart was drawn by the vendored uPlot, served from the package
+    assert browser.find_elements(By.CSS_SELECTOR, "#chart-speedup .uplot")
+    # the script rebuilt the refused table from JSON: the hostile message is text in it, no element
+    assert "<script>window.__pwned = 1</script>" in browser.find_element(By.ID, "refused").text
+    assert browser.execute_script("return document.querySelectorAll('img, iframe, script:not([src])').length") == 0
+    assert browser.execute_script("return window.__pwned") is None
+    assert _errors(browser) == []
+
+
+def test_task_page_shows_rule_and_first_mismatch(live, browser) -> None:
+    base, _, ids = live
+    _open_run(browser, f"{base}/runs/{ids['run']}")
+    browser.find_element(By.LINK_TEXT, "a").click()
+    assert wait_for(lambda: browser.find_elements(By.ID, "hacks"))
+    hacks = browser.find_element(By.ID, "hacks").text
+    assert "cached_output" in hacks and f"#{ids['refused']}" in hacks
+    section = browser.find_element(By.ID, f"c{ids['incorrect']}")
+    assert "first mismatch" in section.text and MISMATCH in section.text
+    refused = browser.find_element(By.ID, f"c{ids['refused']}")
+    assert "cached_output" in refused.text
+    # hostile source and messages are shown as text, and none of their markup became elements
+    browser.find_element(By.CSS_SELECTOR, f"#c{ids['refused']} details:has(> pre.code) > summary").click()
+    assert "window.__pwned = 1" in refused.find_element(By.CSS_SELECTOR, "pre.code").text
+    assert browser.execute_script("return window.__pwned") is None
+    assert browser.execute_script("return document.querySelectorAll('img, script, iframe').length") == 0
+    assert _errors(browser) == []
+
+
+def test_hostile_task_name_links_to_its_own_page(live, browser) -> None:
+    base, _, ids = live
+    _open_run(browser, f"{base}/runs/{ids['run']}")
+    browser.find_element(By.LINK_TEXT, EVIL_TASK).click()
+    assert wait_for(lambda: browser.find_elements(By.TAG_NAME, "h1"))
+    assert browser.find_element(By.TAG_NAME, "h1").text == EVIL_TASK
+    assert browser.execute_script("return window.__pwned") is None
+
+
+@pytest.mark.slow
+def test_screenshots(live, browser, tmp_path: Path) -> None:
+    base, db, ids = live
+    out = Path(os.environ.get("KERNELRL_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    writer = RunWriter(db, ids["run"], "b", n=3, every_s=0.1)
+    writer.start()
+    writer.join(10)
+    browser.get(f"{base}/runs/{ids['run']}")
+    assert wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#chart-speedup .uplot"))
+    shots = {"run": out / "watch-run.png"}
+    browser.save_screenshot(str(shots["run"]))
+    browser.get(f"{base}/runs/{ids['run']}/tasks/a")
+    for summary in browser.find_elements(By.CSS_SELECTOR, f"#c{ids['fast']} details:not([open]) > summary"):
+        summary.click()
+    browser.execute_script("arguments[0].scrollIntoView()", browser.find_element(By.ID, f"c{ids['fast']}"))
+    shots["task"] = out / "watch-task.png"
+    browser.save_screenshot(str(shots["task"]))
+    for path in shots.values():
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, (path, len(data))
+    assert HOSTILE not in browser.page_source  # the raw markup never reaches the document
+    assert _errors(browser) == []
