@@ -51,8 +51,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from kernelrl.report.console import render_summary
     from kernelrl.search.database import DatabaseError
     from kernelrl.search.loop import run_search
-    from kernelrl.search.summary import StopReason
     from kernelrl.search.proposers import ProposerError
+    from kernelrl.search.summary import StopReason
     from kernelrl.tasks.task import TaskError
 
     config = search_config(args)

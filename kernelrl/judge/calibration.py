@@ -40,6 +40,10 @@ class Calibration:
     stopped_by: TimingStop
     reference_ms: float
 
+    def speedups(self) -> tuple[float, float, float]:
+        """What identical code measured in this run: each copy against the reference, and B against A."""
+        return self.speedup_a, self.speedup_b, self.b_over_a
+
     def within(self, tolerance: float) -> bool:
         return all(abs(s - 1.0) <= tolerance for s in (self.speedup_a, self.speedup_b, self.b_over_a))
 
@@ -79,3 +83,11 @@ def calibrate(ctx: JudgeContext, task: Task, *, runs: int = 5) -> list[Calibrati
                                stopped_by=timing.stopped_by,
                                reference_ms=a.ref_time.median_ms if a.ref_time else float("nan")))
     return out
+
+
+def noise_band(runs: list[Calibration]) -> tuple[float, float]:
+    """The band of speedups identical code measured over A/A runs: a speedup inside it is noise."""
+    values = [s for r in runs for s in r.speedups()]
+    if not values:
+        raise ValueError("no calibration runs")
+    return min(values), max(values)

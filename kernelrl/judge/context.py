@@ -10,8 +10,9 @@ Guarantees:
 - `Secrets.generator()` hands out generators seeded from one secret drawn from the OS at start;
   the seed never leaves this process (no program under test, no log, no result sees it);
 - `TaskStore` keeps what the judge learned about a task (constants at the judged size, profile,
-  degeneracy, and its A/A noise band once calibrated) in memory and on disk, keyed by the task's source, the size, its presets and the
-  explicit overrides, written atomically; a damaged or older file is ignored (learned again).
+  degeneracy, and its A/A noise band once calibrated) in memory and on disk, keyed by the task's
+  source, the size, its presets and the explicit overrides, written atomically; a damaged or
+  older file is ignored (learned again).
 
 Does not run anything itself: the group and the reference session do.
 """

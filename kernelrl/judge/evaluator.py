@@ -42,7 +42,7 @@ from kernelrl.candidate import Candidate
 from kernelrl.checks.llm_judge import CACHE_FILE as LLM_JUDGE_CACHE
 from kernelrl.checks.llm_judge import LLMJudge
 from kernelrl.judge.baseline import Baseline, BaselineStore
-from kernelrl.judge.calibration import Calibration, calibrate
+from kernelrl.judge.calibration import Calibration, calibrate, noise_band
 from kernelrl.judge.context import JudgeContext, Secrets, TaskStore
 from kernelrl.judge.devicelock import DeviceLock
 from kernelrl.judge.eval_config import EvalConfig, config_fingerprint, default_cache_dir
@@ -159,8 +159,12 @@ class Evaluator:
         return self.context.baselines.get(self.context.tasks.key(task))
 
     def calibrate(self, task: Task, *, runs: int = 5) -> list[Calibration]:
-        """A/A check (`kernelrl.judge.calibration`): identical code must measure 1.00."""
-        return calibrate(self.context, task, runs=runs)
+        """A/A check (`kernelrl.judge.calibration`): identical code must measure 1.00. The band the
+        runs span is stored for the task, and every later correct result of it carries it
+        (`EvalResult.noise_band`): a speedup inside it cannot be told from noise."""
+        measured = calibrate(self.context, task, runs=runs)
+        self.context.tasks.put_band(task, self.fingerprint, noise_band(measured))
+        return measured
 
     # -- what the judge knows of tasks and the machine ----------------------------------------
 

@@ -220,12 +220,14 @@ class Group:
             return V.failed_in_timing(self.setting, checked, measured, timing, env)
         roofline = self._roofline(measured)
         slack = self.ctx.config.floor_slack
-        result = V.timed(self.setting, checked, measured, timing, roofline=roofline,
-                         roofline_error=self.ctx.peaks.error, floor_slack=slack, environment=env)
+        band = self.ctx.tasks.band(self.task, self.ctx.fingerprint)
+        result = V.timed(self.setting, checked, measured, timing, roofline=roofline, roofline_error=self.ctx.peaks.error,
+                         floor_slack=slack, noise_band=band, environment=env)
         review = self._review(trial, result)
         if review is not None:
             result = V.timed(self.setting, checked, measured, timing, roofline=roofline,
-                             roofline_error=self.ctx.peaks.error, review=review, floor_slack=slack, environment=env)
+                             roofline_error=self.ctx.peaks.error, review=review, floor_slack=slack, noise_band=band,
+                             environment=env)
         return result
 
     def _roofline(self, measured: CandidateTiming) -> V.Roofline | None:

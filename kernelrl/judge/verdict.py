@@ -124,7 +124,8 @@ def failed_in_timing(setting: Setting, checked: Checked, measured: CandidateTimi
 
 def timed(setting: Setting, checked: Checked, measured: CandidateTiming, timing: GroupTiming, *,
           roofline: Roofline | None, roofline_error: str = "", review: Review | None = None,
-          floor_slack: float = dynamic.FLOOR_SLACK, environment: Environment) -> EvalResult:
+          floor_slack: float = dynamic.FLOOR_SLACK, noise_band: tuple[float, float] | None = None,
+          environment: Environment) -> EvalResult:
     """The result of a candidate timed to the end of its group's measurement."""
     assert measured.failure is None and measured.facts is not None and measured.speedup is not None
     findings = list(checked.findings)
@@ -150,7 +151,7 @@ def timed(setting: Setting, checked: Checked, measured: CandidateTiming, timing:
         findings.append(review_finding)
     return _result(setting, checked, None, findings, env, ref_time=_stats(timing.reference_ms),
                    cand_time=_stats(measured.times_ms), speedup=measured.speedup, speedup_ci=measured.speedup_ci,
-                   roofline_pct=cand_pct, ref_roofline_pct=ref_pct)
+                   noise_band=noise_band, roofline_pct=cand_pct, ref_roofline_pct=ref_pct)
 
 
 def beyond_floor(measured: CandidateTiming, roofline: Roofline, *, floor_slack: float) -> bool:
@@ -187,7 +188,8 @@ def review_to_finding(review: Review | None) -> Finding | None:
 def _result(setting: Setting, checked: Checked, verdict: Verdict | None, findings: list[Finding],
             environment: Environment, *, ref_time: TimingStats | None = None, cand_time: TimingStats | None = None,
             speedup: float | None = None, speedup_ci: tuple[float, float] | None = None,
-            roofline_pct: float | None = None, ref_roofline_pct: float | None = None) -> EvalResult:
+            noise_band: tuple[float, float] | None = None, roofline_pct: float | None = None,
+            ref_roofline_pct: float | None = None) -> EvalResult:
     """The result, with the policy applied to every finding once."""
     weighed = get_policy(setting.policy).apply(findings)
     rejecting = sorted({f.rule for f in weighed if f.severity is Severity.REJECT})
@@ -206,6 +208,7 @@ def _result(setting: Setting, checked: Checked, verdict: Verdict | None, finding
     return EvalResult(
         task=setting.task, status=verdict.status, message=verdict.message,
         speedup=speedup if correct else None, speedup_ci=speedup_ci if correct else None,
+        noise_band=noise_band if correct else None,
         ref_time=ref_time, cand_time=cand_time,
         max_abs_err=verdict.max_abs_err if verdict.max_abs_err is not None else checked.max_abs_err,
         max_rel_err=verdict.max_rel_err if verdict.max_rel_err is not None else checked.max_rel_err,

@@ -184,7 +184,8 @@ def render_audit(report: AuditReport, console: Console, *, max_listed: int = 50)
             console.print(f"  degeneracy filter could not run {task}: {why}", markup=False, highlight=False)
 
 
-def _render_audit_entries(records: Sequence[AuditRecord], title: str, console: Console, max_listed: int, *, reason: bool) -> None:
+def _render_audit_entries(records: Sequence[AuditRecord], title: str, console: Console, max_listed: int, *,
+                          reason: bool) -> None:
     if not records:
         if title.startswith("flagged"):
             console.print("no entry flagged")

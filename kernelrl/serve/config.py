@@ -57,6 +57,7 @@ class ServeConfig:
     max_attempts: int = 3  # a job interrupted (server killed, backend failed) this often ends as task_error
     job_concurrency: int = 0  # jobs handed to the backend at once; 0: one per lane
     retain_days: float | None = None  # finished jobs older than this are removed; None: kept for ever
+    watch_db: Path | None = None  # a run database whose pages are served at /watch/, behind the tokens
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
@@ -74,6 +75,8 @@ class ServeConfig:
         if self.token_file is not None:
             object.__setattr__(self, "token_file", Path(self.token_file))
         object.__setattr__(self, "db_path", Path(self.db_path))
+        if self.watch_db is not None:
+            object.__setattr__(self, "watch_db", Path(self.watch_db))
         if not is_loopback(self.host) and self.token_file is None:
             raise ValueError(f"refusing to listen on {self.host} without a token: give a token file "
                              "(only loopback addresses may go without one)")

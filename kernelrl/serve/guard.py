@@ -15,6 +15,11 @@ refuses on every route (/healthz and unknown paths included):
   whose `Content-Type` is not `application/json` (415): a page cannot send JSON across origins
   without a CORS preflight, which is refused as well (it carries an Origin).
 
+Where the server serves pages to browsers (`pages`: the run pages under `/watch`,
+`kernelrl.serve.watch`), requests a page of this very server sends are let through:
+`Sec-Fetch-Site` of `none` or `same-origin`, an `Origin` naming the same host and port, and on
+the sign-in form's post a form body; a page of any other site is still refused.
+
 Refusals are `{"error": ...}` JSON answers like every other error, counted by reason
 (`forbidden_host`, `forbidden_origin`, `unsupported_media_type`).
 
@@ -79,10 +84,13 @@ class RequestGuard:
     """ASGI middleware: refuses foreign hosts, browser requests and non-JSON bodies (see the module)."""
 
     def __init__(self, app: App, *, allowed_hosts: frozenset[str] | None,
-                 on_refuse: Callable[[str], None] | None = None) -> None:
+                 on_refuse: Callable[[str], None] | None = None, pages: str | None = None) -> None:
         self.app = app
         self.allowed_hosts = allowed_hosts  # None: any host
         self.on_refuse = on_refuse
+        # Where this server serves pages to browsers (the run pages, `kernelrl.serve.watch`):
+        # there, what a page of this very server sends is let through.
+        self.pages = pages
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -113,7 +121,12 @@ class RequestGuard:
         if self.allowed_hosts is not None and name not in self.allowed_hosts:
             return 403, "forbidden_host", (f"host {name[:100]!r} is not served here (a rebound DNS name?); "
                                            "start the server with --allowed-hosts NAME to serve it")
-        if "origin" in headers or any(v.strip().lower() != "none" for v in headers.get("sec-fetch-site", [])):
+        path = str(scope.get("path", ""))
+        pages = self.pages is not None and (path == self.pages or path.startswith(self.pages + "/"))
+        if pages:
+            if not _same_origin(headers, hosts[0]):
+                return 403, "forbidden_origin", "the run pages answer only pages of this server"
+        elif "origin" in headers or any(v.strip().lower() != "none" for v in headers.get("sec-fetch-site", [])):
             return 403, "forbidden_origin", ("requests sent by web pages (Origin or Sec-Fetch-Site headers) are "
                                              "refused: this API has no browser clients")
         declared = headers.get("content-length", ["0"])
@@ -121,8 +134,24 @@ class RequestGuard:
                     or any(v.strip() not in ("", "0") for v in declared))
         if has_body:
             types = headers.get("content-type", [])
-            if len(types) != 1 or not is_json(types[0]):
+            form = (pages and scope["method"] == "POST" and path == f"{self.pages}/login" and len(types) == 1
+                    and types[0].partition(";")[0].strip().lower() == "application/x-www-form-urlencoded")
+            if not form and (len(types) != 1 or not is_json(types[0])):
                 shown = types[0][:100] if types else "none"
                 return 415, "unsupported_media_type", (f"a request body must be JSON (Content-Type: "
                                                        f"application/json), not {shown}")
         return None
+
+
+def _same_origin(headers: dict[str, list[str]], host: str) -> bool:
+    """A request a page of this very server sent (or one typed into the address bar)."""
+    sites = [v.strip().lower() for v in headers.get("sec-fetch-site", [])]
+    if any(s not in ("none", "same-origin") for s in sites):
+        return False
+    origins = headers.get("origin", [])
+    if not origins:
+        return True
+    if len(origins) != 1:
+        return False
+    _, sep, rest = origins[0].strip().lower().partition("://")
+    return bool(sep) and rest == host.strip().lower()

@@ -77,6 +77,8 @@ from kernelrl.serve.guard import RequestGuard, default_hosts
 from kernelrl.serve.jobs import FINISHED, ItemSpec, JobKind, JobStore, KeyConflict, QueueFull, StoreError
 from kernelrl.serve.metrics import CONTENT_TYPE, render_metrics
 from kernelrl.serve.tokens import ANONYMOUS, ClientToken, TokenFileError, match_token, read_tokens
+from kernelrl.serve.watch import PREFIX as WATCH_PREFIX
+from kernelrl.serve.watch import mount_watch
 from kernelrl.tasks.task import Size
 
 log = logging.getLogger("kernelrl.serve")
@@ -348,7 +350,8 @@ def create_app(service: RewardService, *, on_ready: Callable[[], None] | None = 
     def refused(reason: str) -> None:
         service.rejected[reason] += 1
 
-    app.add_middleware(RequestGuard, allowed_hosts=allowed, on_refuse=refused)
+    app.add_middleware(RequestGuard, allowed_hosts=allowed, on_refuse=refused,
+                       pages=WATCH_PREFIX if config.watch_db is not None else None)
 
     async def authorized(request: Request) -> str:
         """The client's name (the owner of the jobs it submits); on the event loop, since a
@@ -410,6 +413,10 @@ def create_app(service: RewardService, *, on_ready: Callable[[], None] | None = 
                 await asyncio.wait_for(event.wait(), remaining)
             except TimeoutError:
                 pass
+
+    if config.watch_db is not None:
+        mount_watch(app, config.watch_db, tokens=service.tokens, unauthorized=lambda: ApiError(
+            401, f"sign in at {WATCH_PREFIX}/login, or send Authorization: Bearer TOKEN", reason="unauthorized"))
 
     @app.get("/metrics", dependencies=auth)
     async def metrics() -> Response:
