@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 from serve_helpers import TOKEN, FakeBackend
+
 from watch_fixtures import fill_search_run
 
 
