@@ -27,6 +27,14 @@ class Status(str, enum.Enum):
     TASK_ERROR = "task_error"
 
 
+class Containment(str, enum.Enum):
+    """How the worker that ran a program was walled off (`kernelrl.judge.containment` says what each means)."""
+
+    FULL = "full"  # bubblewrap: own uid, read-only system, private scratch, no network, no judge state
+    NAMESPACES = "namespaces"  # own PID and mount namespaces, no capabilities; the judge's files and network
+    NONE = "none"  # a plain child process
+
+
 class Severity(str, enum.Enum):
     REJECT = "reject"  # the finding alone makes the verdict FLAGGED
     WARN = "warn"  # recorded and shown, verdict unchanged
@@ -111,6 +119,7 @@ class EvalResult:
     policy: str = "open"
     candidate_hash: str = ""
     build_cached: bool = False
+    containment: Containment = Containment.NONE
 
     def __post_init__(self) -> None:
         if self.status is not Status.CORRECT and (self.speedup is not None or self.roofline_pct is not None):
@@ -143,6 +152,7 @@ class EvalResult:
             "policy": self.policy,
             "candidate_hash": self.candidate_hash,
             "build_cached": self.build_cached,
+            "containment": self.containment.value,
         }
 
     @classmethod
@@ -170,4 +180,5 @@ class EvalResult:
             policy=d.get("policy", "open"),
             candidate_hash=d.get("candidate_hash", ""),
             build_cached=bool(d.get("build_cached", False)),
+            containment=Containment(d.get("containment", "none")),
         )

@@ -172,6 +172,7 @@ class Evaluator:
         self.pool = WorkerPool(config=cfg.sandbox, device=cfg.device, device_index=cfg.device_index,
                                size=cfg.concurrency + 1 if warm_workers is None else warm_workers,
                                starting=lambda: self.lane.work(uses_device=False))
+        self.pool.warn_if_uncontained()
         self._peaks: MachinePeaks | None = None
         self._peaks_error = ""
         self._peaks_lock = threading.RLock()
@@ -508,6 +509,7 @@ class Evaluator:
         return EvalResult(task=task.name, status=verdict.status, message=verdict.message,
                           errors=[e for e in verdict.errors if e], findings=findings, device=cfg.device,
                           size=cfg.size, policy=cfg.policy, candidate_hash=cand.hash, environment=env,
+                          containment=self.pool.containment,
                           eval_time_s=round(time.monotonic() - started, 3) if started else None, **fields)
 
 
