@@ -189,6 +189,9 @@ def timing_cores(config: SandboxConfig) -> frozenset[int] | None:
     return frozenset(cores[-min(config.effective_threads, len(cores) - 1):])
 
 
+_SIGNALS = frozenset(int(sig) for sig in signal.Signals)
+
+
 def _process_limit(pid: int) -> int | None:
     """The soft limit on processes of `pid`, as the kernel shows it (None: unlimited or unreadable)."""
     try:
@@ -439,6 +442,8 @@ class Worker:
             rc = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             rc = None
+        if rc is not None and rc > 128 and self.containment is Containment.FULL and rc - 128 in _SIGNALS:
+            rc = 128 - rc  # bubblewrap exits 128 + N when its program was killed by signal N
         if rc is not None and rc < 0:
             try:
                 sig = signal.Signals(-rc).name
