@@ -92,7 +92,10 @@ class WorkerPool:
             started = []
             with self._ready:
                 while not self._closed and len(self._idle) + len(self._booting) < self.size:
-                    w = self._spawn()
+                    try:
+                        w = self._spawn()
+                    except (OSError, RuntimeError):
+                        break  # no process now (the judge exiting, no descriptors left): `take` starts one or says why
                     self._booting.append(w)
                     started.append(w)
             for w in started:
