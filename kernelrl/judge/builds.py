@@ -216,7 +216,8 @@ class PrecompiledHeaderLoader:
     Torch keeps one precompiled `torch/extension.h` per install, valid for one set of compiler
     flags; rebuilding it for every new flag set would cost more than it saves. So the header is
     built for the first flag set seen under this cache root, and used only by builds with those
-    same flags; other builds compile plainly.
+    same flags; other builds compile plainly. Where torch's folder is read-only (full
+    containment), a header that is there with the same flags is used, none is made or removed.
     """
 
     def __init__(self, cache_root: str):
@@ -238,6 +239,17 @@ class PrecompiledHeaderLoader:
 
         load_inline.__wrapped__ = original  # type: ignore[attr-defined]
         cpp_extension.load_inline = load_inline
+        remove = getattr(cpp_extension, "remove_extension_h_precompiler_headers", None)
+        if remove is not None:
+            # Without a precompiled header torch deletes the one in its own folder; under full
+            # containment that folder is read-only: the header stays (gcc skips one whose flags differ).
+            def keep_when_read_only() -> None:
+                try:
+                    remove()
+                except OSError:
+                    pass
+
+            cpp_extension.remove_extension_h_precompiler_headers = keep_when_read_only
 
     def prepare_pch(self, prepare: Any, cflags: Any, include_paths: Any) -> bool:
         import json
