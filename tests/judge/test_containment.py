@@ -220,3 +220,19 @@ def test_seal_refuses_links_and_files_the_worker_does_not_own(worker_scratch, tm
     if os.geteuid() == 0:
         assert not seal(scratch, tmp_path / "sealed" / "b")
     os.close(fd)
+
+
+def test_a_build_without_precompiled_header_does_not_fail_on_a_read_only_torch(monkeypatch, tmp_path: Path):
+    """Torch deletes its precompiled header when a build does not use it; in a read-only torch
+    (full containment) that deletion must not fail the build."""
+    from torch.utils import cpp_extension
+
+    from kernelrl.judge.builds import PrecompiledHeaderLoader
+
+    def read_only() -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(cpp_extension, "load_inline", cpp_extension.load_inline)
+    monkeypatch.setattr(cpp_extension, "remove_extension_h_precompiler_headers", read_only)
+    PrecompiledHeaderLoader(str(tmp_path)).install()
+    cpp_extension.remove_extension_h_precompiler_headers()  # raised before the loader was installed
