@@ -89,6 +89,17 @@ def test_without_bwrap_the_pool_falls_back_and_says_why(monkeypatch, capsys):
         containment.namespaces_available.cache_clear()
 
 
+def test_a_bwrap_that_cannot_make_namespaces_falls_back_and_says_why(monkeypatch, tmp_path: Path):
+    fake = tmp_path / "bin" / "bwrap"  # what bwrap says in a container without the privilege
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    got = probe(Containment.FULL, SandboxConfig().uids)
+    assert got.level is (Containment.NAMESPACES if containment.namespaces_available() else Containment.NONE)
+    assert "Creating new namespace failed" in got.reason
+
+
 def test_asking_for_less_is_said_too():
     assert probe(Containment.NONE, SandboxConfig().uids) == containment.Probe(
         Containment.NONE, "containment none was asked for")
