@@ -33,6 +33,14 @@ class Status(str, enum.Enum):
     TASK_ERROR = "task_error"
 
 
+class Containment(str, enum.Enum):
+    """How the worker that ran a program was walled off (`kernelrl.judge.containment` says what each means)."""
+
+    FULL = "full"  # bubblewrap: own uid, read-only system, private scratch, no network, no judge state
+    NAMESPACES = "namespaces"  # own PID and mount namespaces, no capabilities; the judge's files and network
+    NONE = "none"  # a plain child process
+
+
 class Severity(str, enum.Enum):
     REJECT = "reject"  # the finding alone makes the verdict FLAGGED
     WARN = "warn"  # recorded and shown, verdict unchanged
@@ -248,6 +256,7 @@ class EvalResult:
     # the evaluator config it was judged under (`kernelrl.judge.eval_config.config_fingerprint`);
     # a stored result is reused only under the same one
     config_fingerprint: str = ""
+    containment: Containment = Containment.NONE  # how far the candidate's worker was contained
 
     def __post_init__(self) -> None:
         if self.status is not Status.CORRECT and (self.speedup is not None or self.roofline_pct is not None):

@@ -8,3 +8,12 @@ if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
     "$PYTHON" -m pip install -q "torch==2.13.0"
 fi
 "$PYTHON" -m pip install -q -e ".[dev]"
+# Worker containment (kernelrl/judge/containment.py) needs bubblewrap: Debian's package, when missing.
+if ! command -v bwrap >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) \
+            || echo "setup: could not install bubblewrap; workers will be less than fully contained" >&2
+    else
+        echo "setup: bubblewrap (bwrap) is missing; install it (apt-get install bubblewrap) for full containment" >&2
+    fi
+fi

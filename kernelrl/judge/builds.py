@@ -13,6 +13,18 @@ In the worker, `PrecompiledHeaderLoader` makes torch's inline loader use a preco
 `torch/extension.h` for CPU builds, and `exclusive_build_dir` holds the program's build folder
 while it loads.
 
+Under full containment (`kernelrl.judge.containment`) a worker cannot see the cache: it builds in
+its own scratch, and the judge keeps the build in `sealed/KEY/` instead:
+- `seal` copies out of the worker's scratch only torch extension folders (a folder named like an
+  extension, holding a shared library) and in them only the files a load needs (`SEALED_NAMES`):
+  plain files owned by the worker's uid, on its scratch, within `MAX_SEALED_BYTES` in all; the
+  judge writes them, and a manifest of each file's size, SHA-256 and modification time, into
+  `sealed/KEY/`, all owned by the judge;
+- `unseal`, before a worker loads a program, checks the sealed folder against its manifest
+  (nothing missing, nothing more, sizes and hashes equal, owned by the judge and writable by no
+  one else) and only then copies it into the worker's scratch; a folder that fails the check is
+  a build that is not cached (the worker builds again, and `seal` replaces it).
+
 Does not evict old builds: the cache folder grows until a person clears it.
 """
 
@@ -21,12 +33,25 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import json
 import os
 import platform
+import re
+import secrets
+import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from kernelrl.judge.containment import BUILD_SUBDIR, Scratch
+
+# What a cached torch extension folder may hold: what ninja and the loader read back.
+SEALED_NAMES = re.compile(r"^(build\.ninja|\.ninja_log|\.ninja_deps|main\.cpp|cuda\.cu|[A-Za-z0-9_.-]+\.(o|so))$")
+_EXTENSION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_SEALED_BYTES = 1 << 30
+MANIFEST = "MANIFEST.json"
 
 
 @functools.cache
@@ -60,13 +85,139 @@ def has_build(path: Path) -> bool:
     return path.is_dir() and any(path.rglob("*.so"))
 
 
+def sealed_dir(cache_dir: Path, source: str, device: str) -> Path:
+    """Where the judge keeps the build of a fully contained worker (see the module docstring)."""
+    return Path(cache_dir) / "sealed" / build_key(source, device)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verified(sealed: Path) -> dict[str, dict[str, Any]] | None:
+    """The manifest of a sealed build whose files are exactly and only what it lists; else None."""
+    try:
+        manifest = json.loads((sealed / MANIFEST).read_text())["files"]
+        present = {str(p.relative_to(sealed)) for p in sealed.rglob("*") if not p.is_dir()} - {MANIFEST}
+        if not isinstance(manifest, dict) or set(manifest) != present:
+            return None
+        me = os.geteuid()
+        for rel, entry in manifest.items():
+            folder, _, name = rel.partition("/")
+            if not _EXTENSION_NAME.match(folder) or not SEALED_NAMES.match(name):
+                return None
+            path = sealed / rel
+            st = os.lstat(path)
+            if (not stat.S_ISREG(st.st_mode) or st.st_uid != me or st.st_mode & 0o022
+                    or st.st_size != entry["size"] or _sha256(path) != entry["sha256"]):
+                return None
+        return manifest
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def unseal(sealed: Path, scratch: Scratch) -> bool:
+    """Copy a verified sealed build into a worker's scratch, where it builds; False when there is none."""
+    manifest = verified(sealed)
+    if not manifest:
+        return False
+    root = scratch.folder(BUILD_SUBDIR, create=True)
+    if root is None:
+        return False
+    try:
+        for folder in sorted({rel.partition("/")[0] for rel in manifest}):
+            fd = scratch.folder(f"{BUILD_SUBDIR}/{folder}", create=True)
+            if fd is None:
+                return False
+            try:
+                for rel, entry in manifest.items():
+                    if rel.partition("/")[0] == folder:
+                        scratch.write(fd, rel.partition("/")[2], (sealed / rel).read_bytes(), int(entry["mtime_ns"]))
+            finally:
+                os.close(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(root)
+
+
+def seal(scratch: Scratch, sealed: Path) -> bool:
+    """Keep the torch extensions a worker built (see the module docstring); False when nothing was kept."""
+    if verified(sealed):
+        return True
+    root = scratch.folder(BUILD_SUBDIR)
+    if root is None:
+        return False
+    files: dict[str, tuple[bytes, int]] = {}
+    total = 0
+    try:
+        for folder, st in scratch.entries(root):
+            if not stat.S_ISDIR(st.st_mode) or not _EXTENSION_NAME.match(folder):
+                continue
+            fd = scratch.folder(f"{BUILD_SUBDIR}/{folder}")
+            if fd is None:
+                continue
+            try:
+                kept = {}
+                for name, fst in scratch.entries(fd):
+                    if not stat.S_ISREG(fst.st_mode) or not SEALED_NAMES.match(name):
+                        continue  # torch's lock, a precompiled header, anything else: not a build's
+                    got = scratch.read(fd, name, MAX_SEALED_BYTES - total)
+                    if got is None:
+                        return False  # not the worker's own plain file, or too large: keep nothing
+                    kept[f"{folder}/{name}"] = got
+                    total += len(got[0])
+                if any(k.endswith(".so") for k in kept):
+                    files.update(kept)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root)
+    if not files:
+        return False
+    return _write_sealed(sealed, files)
+
+
+def _write_sealed(sealed: Path, files: dict[str, tuple[bytes, int]]) -> bool:
+    parent = sealed.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f".tmp-{sealed.name}-{secrets.token_hex(4)}"
+    try:
+        manifest = {}
+        for rel, (data, mtime_ns) in files.items():
+            path = tmp / rel
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            with open(path, "xb") as f:
+                f.write(data)
+            os.chmod(path, 0o644)
+            os.utime(path, ns=(mtime_ns, mtime_ns))
+            manifest[rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "mtime_ns": mtime_ns}
+        (tmp / MANIFEST).write_text(json.dumps({"files": manifest}, indent=1, sort_keys=True))
+        if sealed.exists():  # a build that failed its check: replaced
+            trash = parent / f".old-{sealed.name}-{secrets.token_hex(4)}"
+            os.rename(sealed, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.rename(tmp, sealed)
+        return True
+    except OSError:
+        return verified(sealed) is not None  # another evaluation sealed the same build first
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 class PrecompiledHeaderLoader:
     """Torch's inline loader, with a precompiled torch header for CPU builds.
 
     Torch keeps one precompiled `torch/extension.h` per install, valid for one set of compiler
     flags; rebuilding it for every new flag set would cost more than it saves. So the header is
     built for the first flag set seen under this cache root, and used only by builds with those
-    same flags; other builds compile plainly.
+    same flags; other builds compile plainly. Where torch's folder is read-only (full
+    containment), a header that is there with the same flags is used, none is made or removed.
     """
 
     def __init__(self, cache_root: str):
@@ -88,6 +239,17 @@ class PrecompiledHeaderLoader:
 
         load_inline.__wrapped__ = original  # type: ignore[attr-defined]
         cpp_extension.load_inline = load_inline
+        remove = getattr(cpp_extension, "remove_extension_h_precompiler_headers", None)
+        if remove is not None:
+            # Without a precompiled header torch deletes the one in its own folder; under full
+            # containment that folder is read-only: the header stays (gcc skips one whose flags differ).
+            def keep_when_read_only() -> None:
+                try:
+                    remove()
+                except OSError:
+                    pass
+
+            cpp_extension.remove_extension_h_precompiler_headers = keep_when_read_only
 
     def prepare_pch(self, prepare: Any, cflags: Any, include_paths: Any) -> bool:
         import json

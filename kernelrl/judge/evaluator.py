@@ -76,6 +76,7 @@ class Evaluator:
         pool = WorkerPool(config=cfg.sandbox, device=cfg.device, device_index=cfg.device_index,
                           size=cfg.concurrency + 1 if warm_workers is None else warm_workers,
                           starting=lambda: lock.work(uses_device=False))
+        pool.warn_if_uncontained()  # one line at start when workers are less than fully contained
         reviewer = None
         if cfg.llm_judge.enabled:
             reviewer = LLMJudge(dataclasses.replace(cfg.llm_judge, cache_path=cfg.cache_dir / LLM_JUDGE_CACHE))

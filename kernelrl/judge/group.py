@@ -103,7 +103,7 @@ class Group:
         self.timing: GroupTiming | None = None
         self.finished = False
         self.setting = V.Setting(task=task.name, device=str(cfg.device), size=str(cfg.size), policy=cfg.policy,
-                                 fingerprint=ctx.fingerprint)
+                                 fingerprint=ctx.fingerprint, containment=ctx.pool.containment)
         self.cores = timing_cores(cfg.sandbox)
         self.machine = MachineRecord(threads=cfg.sandbox.effective_threads, device_lock=ctx.lock.name,
                                      timing_cores=tuple(sorted(self.cores or ())),

@@ -12,6 +12,9 @@ Guarantees:
 - a worker that died while waiting is discarded, never handed out; when workers keep dying
   before they say hello, `take` raises the last one's death instead of starting more.
 
+- `containment` is the level every worker it starts gets (`kernelrl.judge.containment`), decided
+  once when the pool is made; `containment_notice` says, in one line, why it is less than full.
+
 Does not limit how many workers run at once beyond `size` idle ones: owners bound their use.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import sys
 import threading
 import time
 from collections import deque
@@ -26,7 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
+from kernelrl.judge.containment import Probe, probe
 from kernelrl.judge.sandbox import SandboxConfig, Worker, WorkerDied
+from kernelrl.result import Containment
 
 # A worker that has not said hello after this long is broken (torch import takes ~1-5 s).
 _START_LIMIT_S = 120.0
@@ -46,6 +52,7 @@ class WorkerPool:
         self.device_index = device_index
         self.size = size
         self.root = root
+        self._probe: Probe = probe(config.containment, config.uids)
         # Held while a worker starts in the background (an interpreter importing torch uses the
         # cores): the evaluator passes its lane's shared hold, so no start overlaps a measurement.
         self._starting = starting or contextlib.nullcontext
@@ -58,6 +65,24 @@ class WorkerPool:
         threading.Thread(target=self._fill, name="kernelrl-pool-fill", daemon=True).start()
         atexit.register(self.close)
 
+    @property
+    def containment(self) -> Containment:
+        """The containment of every worker this pool hands out (a server refuses less than FULL)."""
+        return self._probe.level
+
+    def containment_notice(self) -> str | None:
+        """One line saying the workers are less than fully contained, and why; None when they are full."""
+        if self._probe.level is Containment.FULL:
+            return None
+        return (f"kernelrl: workers are not fully contained (containment: {self._probe.level.value}): "
+                f"{self._probe.reason}")
+
+    def warn_if_uncontained(self) -> None:
+        """Print `containment_notice` to stderr, where there is one."""
+        notice = self.containment_notice()
+        if notice:
+            print(notice, file=sys.stderr, flush=True)
+
     def _spawn(self) -> Worker:
         self.started += 1
         return Worker(config=self.config, device=self.device, device_index=self.device_index, root=self.root)
@@ -67,7 +92,10 @@ class WorkerPool:
             started = []
             with self._ready:
                 while not self._closed and len(self._idle) + len(self._booting) < self.size:
-                    w = self._spawn()
+                    try:
+                        w = self._spawn()
+                    except (OSError, RuntimeError):
+                        break  # no process now (the judge exiting, no descriptors left): `take` starts one or says why
                     self._booting.append(w)
                     started.append(w)
             for w in started:

@@ -2,30 +2,32 @@
 
 Guarantees:
 - every worker is a fresh interpreter (`python -m kernelrl.judge.worker`), never a fork of the judge,
-  in its own session (process group), with its own temporary directory as cwd, HOME and TMPDIR;
+  in its own session (process group), with its own scratch folder as cwd, HOME and TMPDIR;
+- it is contained as well as this machine allows, no better than `SandboxConfig.containment`
+  (`kernelrl.judge.containment`: FULL through bubblewrap, NAMESPACES through unshare, NONE), and
+  says which (`Worker.containment`); where FULL was asked for and is not available, the level is
+  lower and the pool says why (`WorkerPool.containment_notice`), never silently;
 - its environment is built from an allow-list (`ENV_ALLOW`) plus the variables the judge sets;
   API keys, tokens and the judge's secrets never reach it because nothing else is copied;
-- address-space (CPU device only: CUDA reserves huge virtual ranges) and core-dump limits are set
-  with prlimit before the worker is sent any code;
+- core dumps off; open files and file size capped (`max_open_files`, `max_file_mib`); under FULL
+  containment also the number of processes (`max_processes`, for the worker's uid alone); an
+  address-space cap on CPU (CUDA reserves huge virtual ranges); all set on the interpreter
+  before it is given any program;
 - the glibc allocator is pinned (fixed mmap and trim thresholds) so large-tensor timings do not
   swing with glibc's adaptive threshold; OpenMP threads sleep when idle, so idle CPU is a signal;
-- `kill()` ends the whole process group (compiler children included) and never raises;
-- where the judge runs as root and `unshare` works (`proc_isolation`), the worker runs in its own
-  PID and mount namespaces with a private /proc and an empty capability bounding set: it sees
-  no other process (so it cannot read the judge's or anyone's environment or memory through
-  /proc) and cannot mount the real /proc back;
+- descriptors named in `inherit_fds` (besides the command pipe) reach the worker; no other does;
+- `kill()` ends the whole process group and, when namespaced, the worker's PID namespace (every
+  process the program started, in any session), waits for it, and never raises;
 - the judge reads the worker's CPU time and thread count from its own /proc, which the worker
   cannot forge.
 
-Does not guarantee isolation from the file system or the network namespace the judge runs in;
-without root (no namespaces), a worker can read the /proc of processes of its own user. Run the
-judge in a container for untrusted code at scale.
+Does not guarantee isolation below FULL: under NAMESPACES the worker writes what root can write
+and reaches the network; under NONE it also reads the /proc of the judge's other processes.
 """
 
 from __future__ import annotations
 
 import fcntl
-import functools
 import os
 import resource
 import select
@@ -46,7 +48,25 @@ from kernelrl.judge.channel import (
     ChannelProtocolError,
     ChannelTimeout,
 )
+from kernelrl.judge.containment import (
+    BUILD_DIR_ENV,
+    BUILD_SUBDIR,
+    CACHE_ROOT_ENV,
+    NAMESPACES_PREFIX,
+    SCRATCH,
+    Scratch,
+    allocate_uid,
+    bwrap_prefix,
+    exited,
+    find_in_namespace,
+    namespaces_available,
+    pidfd,
+    probe,
+    release_uid,
+    spawn,
+)
 from kernelrl.judge.protocol import ANSWERS, Header, Hello, Kind, decode, encode
+from kernelrl.result import Containment
 
 # Copied from the judge's environment when present; everything else is dropped.
 ENV_ALLOW = (
@@ -78,25 +98,16 @@ PINNED_ALLOCATOR_ENV = {
 }
 # Read by the worker at start-up: no transparent huge pages in this process (prctl).
 NO_HUGE_PAGES_ENV = "KERNELRL_NO_HUGE_PAGES"
+# Read by the worker at start-up: limits it sets on itself before it says hello ("nofile=4096,nproc=272").
+LIMITS_ENV = "KERNELRL_LIMITS"
 # the folder that holds the kernelrl package (this file is kernelrl/judge/sandbox.py)
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
-# Own PID and mount namespace with a fresh /proc; no capabilities, no privilege gain on exec.
-_ISOLATION_PREFIX = ("unshare", "--pid", "--fork", "--mount-proc",
-                     "setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "--no-new-privs")
 
-
-@functools.cache
 def isolation_available() -> bool:
     """Whether workers can run with a private /proc here (root and working namespaces)."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None:
-        return False
-    try:
-        done = subprocess.run([*_ISOLATION_PREFIX, "true"], capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
+    return namespaces_available()
 
 
 class WorkerDied(RuntimeError):
@@ -116,14 +127,33 @@ class SandboxConfig:
     pin_allocator: bool = True
     # During group timing, every member is bound to the same cores (see `timing_cores`).
     bind_timing: bool = True
-    proc_isolation: bool = True  # private /proc and no capabilities, where available
+    # The most containment to try (kernelrl.judge.containment): FULL falls back, saying so, to
+    # NAMESPACES or NONE where bubblewrap is missing or cannot make namespaces.
+    containment: Containment = Containment.FULL
+    max_processes: int = 0  # processes and threads of one worker (FULL only); 0 = 256 + 8 per core
+    max_open_files: int = 4096
+    max_file_mib: int = 1024  # the largest file a worker may write (its log included)
+    scratch_mib: int = 1024  # size of its /tmp and of its /dev/shm (FULL only; each a tmpfs, in memory)
+    # Worker uids when the judge is root (FULL): one per live worker, drawn from [lo, hi).
+    uids: tuple[int, int] = (1_900_000_000, 1_900_000_000 + (1 << 20))
+    expose: tuple[str, ...] = ()  # more folders shown read-only under FULL (a toolchain outside /usr, /opt)
     log_tail_chars: int = 4000
 
     def __post_init__(self) -> None:
         if self.threads < 0:
             raise ValueError("threads must be >= 0")
+        object.__setattr__(self, "containment", Containment(self.containment))
+        if self.max_processes < 0 or self.max_open_files < 64 or self.max_file_mib < 1 or self.scratch_mib < 16:
+            raise ValueError("max_processes must be >= 0, max_open_files >= 64, max_file_mib >= 1, scratch_mib >= 16")
+        lo, hi = self.uids
+        if not 1000 <= lo < hi <= 2**31 - 1:
+            raise ValueError("uids must be a range [lo, hi) with 1000 <= lo < hi < 2**31")
         if self.memory_limit_gib is not None and self.memory_limit_gib <= 0.5:
             raise ValueError("memory_limit_gib must be > 0.5 GiB (torch alone needs more) or None")
+
+    @property
+    def process_limit(self) -> int:
+        return self.max_processes or 256 + 8 * (os.cpu_count() or 1)
 
     @property
     def effective_threads(self) -> int:
@@ -158,6 +188,22 @@ def timing_cores(config: SandboxConfig) -> frozenset[int] | None:
     if cores is None or len(cores) < 2:
         return None
     return frozenset(cores[-min(config.effective_threads, len(cores) - 1):])
+
+
+_SIGNALS = frozenset(int(sig) for sig in signal.Signals)
+
+
+def _process_limit(pid: int) -> int | None:
+    """The soft limit on processes of `pid`, as the kernel shows it (None: unlimited or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/limits") as f:
+            for line in f:
+                if line.startswith("Max processes"):
+                    value = line.split()[2]
+                    return int(value) if value.isdigit() else None
+    except OSError:
+        pass
+    return None
 
 
 def _widen_pipe(fd: int) -> None:
@@ -221,31 +267,57 @@ class Worker:
     """
 
     def __init__(self, *, config: SandboxConfig, device: str, device_index: int | None = None,
-                 root: Path | None = None, role: str = "worker"):
+                 root: Path | None = None, role: str = "worker", inherit_fds: tuple[int, ...] = ()):
         self.role = role
         self.config = config
         self.device = device
+        # The judge's folder for this worker (its log; under FULL containment nothing else: the
+        # worker's own scratch is a tmpfs the judge reaches through `scratch()`).
         self.workdir = Path(tempfile.mkdtemp(prefix="kernelrl-worker-", dir=root))
         self.log_path = self.workdir / "worker.log"
+        found = probe(config.containment, config.uids)
+        self.containment = found.level
+        self.uid: int | None = None  # the worker's own uid under FULL containment as root
+        self._scratch_dev: int | None = None
+        self._pidfd: int | None = None  # readable once the interpreter has exited
+        self._ns_init: int | None = None  # the first process of its PID namespace (killing it ends them all)
+        self._init_fd: int | None = None  # readable once that one has exited
+        self._inner_pid: int | None = None
+        self.hello: Hello | None = None
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
         self.arena = Arena.create()
         for fd in (p2c_w, c2p_w):
             _widen_pipe(fd)
-        extra = {"CUDA_VISIBLE_DEVICES": str(device_index)} if device_index is not None else None
-        env = worker_env(config, self.workdir, extra)
+        extra = {"CUDA_VISIBLE_DEVICES": str(device_index)} if device_index is not None else {}
+        full = self.containment is Containment.FULL
+        if full:
+            as_root = os.geteuid() == 0
+            self.uid = allocate_uid(config.uids) if as_root else os.getuid()
+            prefix = bwrap_prefix(bwrap=shutil.which("bwrap") or "bwrap", uid=self.uid, device=device,
+                                  scratch_bytes=config.scratch_mib << 20, as_root=as_root, extra=config.expose)
+            extra.update({BUILD_DIR_ENV: f"{SCRATCH}/{BUILD_SUBDIR}", CACHE_ROOT_ENV: f"{SCRATCH}/cache",
+                          "USER": "kernelrl-worker", "LOGNAME": "kernelrl-worker"})
+        else:
+            prefix = list(NAMESPACES_PREFIX) if self.containment is Containment.NAMESPACES else []
+        extra[LIMITS_ENV] = ",".join(f"{k}={v}" for k, v in self.limits().items())
+        env = worker_env(config, Path(SCRATCH) if full else self.workdir, extra)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the worker's life
-        self.isolated = config.proc_isolation and isolation_available()
-        prefix = list(_ISOLATION_PREFIX) if self.isolated else []
-        self._inner_pid: int | None = None
-        self.hello: Hello | None = None
+        argv = [*prefix, sys.executable, "-m", "kernelrl.judge.worker", str(p2c_r), str(c2p_w),
+                str(self.arena.fd), str(self.arena.capacity)]
+
+        def start() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(argv, pass_fds=(p2c_r, c2p_w, self.arena.fd, *inherit_fds), cwd=self.workdir, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True)
+
         try:
-            self.proc = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "kernelrl.judge.worker", str(p2c_r), str(c2p_w),
-                 str(self.arena.fd), str(self.arena.capacity)],
-                pass_fds=(p2c_r, c2p_w, self.arena.fd), cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
-                stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-            )
+            # bwrap dies with the thread that started it: the judge's long-lived one starts it.
+            self.proc = spawn(start) if full else start()
+        except BaseException:
+            if self.uid is not None and full and os.geteuid() == 0:
+                release_uid(self.uid)
+            raise
         finally:
             os.close(p2c_r)
             os.close(c2p_w)
@@ -253,14 +325,48 @@ class Worker:
         self._apply_limits()
         self.started = time.monotonic()
 
+    @property
+    def isolated(self) -> bool:
+        """Whether the worker has its own PID namespace (a private /proc)."""
+        return self.containment is not Containment.NONE
+
     def wait_ready(self, *, deadline: float | None = None) -> Hello:
-        """The worker's hello (interpreter up, torch imported); WorkerDied if it never comes."""
+        """The worker's hello (interpreter up, torch imported); WorkerDied if it never comes.
+
+        On hello, before the worker can be given any program, the judge finds the interpreter's
+        process, sets its limits and notes its scratch's file system.
+        """
         if self.hello is None:
             answer = self._receive(deadline)
             if answer.kind is not Kind.HELLO:
                 raise ChannelProtocolError(f"expected hello, got {answer.kind.value}")
             self.hello = answer.header
+            self._settle(self.hello.pid)
         return self.hello
+
+    def _settle(self, pid_in_namespace: int) -> None:
+        if self.containment is not Containment.NONE:
+            inner, self._ns_init = find_in_namespace(self.proc.pid, pid_in_namespace)
+            if inner is None:
+                raise self._died("the worker's interpreter is not among its sandbox's processes")
+            self._inner_pid = inner
+            self._pidfd = pidfd(inner)
+            if self._ns_init is not None:
+                self._init_fd = pidfd(self._ns_init)
+        if self.containment is Containment.FULL:
+            # Read back from the kernel, not taken on the worker's word.
+            if _process_limit(self.pid) != self.config.process_limit:
+                raise self._died("the worker's process limit is not in force")
+            try:
+                self._scratch_dev = os.stat(f"/proc/{self.pid}/root{SCRATCH}").st_dev
+            except OSError:
+                self._scratch_dev = None  # no build reaches the cache from this worker
+
+    def scratch(self) -> Scratch | None:
+        """The judge's view of this worker's scratch (FULL containment, worker alive); None otherwise."""
+        if self.containment is not Containment.FULL or self._scratch_dev is None or self.uid is None:
+            return None
+        return Scratch.open(self.pid, pid_fd=self._pidfd, dev=self._scratch_dev, uid=self.uid)
 
     def ready_now(self) -> bool:
         """Whether the hello has arrived (without waiting)."""
@@ -276,6 +382,8 @@ class Worker:
         return True
 
     def _apply_limits(self) -> None:
+        """Core dumps and address space on the first process, at once (best effort: the worker sets
+        every limit on itself before it says hello, `LIMITS_ENV`)."""
         pid = self.proc.pid
         try:
             resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
@@ -285,21 +393,20 @@ class Worker:
         except (ProcessLookupError, PermissionError, OSError):
             pass  # the worker already died; the first request reports it
 
+    def limits(self) -> dict[str, int]:
+        """The limits the worker sets on itself before it says hello (resource name -> value)."""
+        cfg = self.config
+        out = {"core": 0, "nofile": cfg.max_open_files, "fsize": cfg.max_file_mib << 20}
+        if cfg.memory_limit_gib is not None and self.device == "cpu":
+            out["as"] = int(cfg.memory_limit_gib * (1 << 30))
+        if self.containment is Containment.FULL:
+            out["nproc"] = cfg.process_limit  # counted for the worker's own uid (or user namespace)
+        return out
+
     @property
     def pid(self) -> int:
-        """The interpreter's pid as the judge sees it (a child of `unshare` when isolated)."""
-        if not self.isolated:
-            return self.proc.pid
-        if self._inner_pid is None:
-            try:
-                with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
-                    kids = f.read().split()
-            except OSError:
-                kids = []
-            if not kids:
-                return self.proc.pid  # not forked yet: the interpreter is not running yet either
-            self._inner_pid = int(kids[0])
-        return self._inner_pid
+        """The interpreter's pid as the judge sees it (found among the sandbox's processes on hello)."""
+        return self._inner_pid if self._inner_pid is not None else self.proc.pid
 
     def request(self, header: Header, payload: Any = None, *, deadline: float | None = None) -> Answer:
         """Send one command and wait for its answer (ChannelTimeout past the deadline).
@@ -338,6 +445,8 @@ class Worker:
             rc = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             rc = None
+        if rc is not None and rc > 128 and self.containment is Containment.FULL and rc - 128 in _SIGNALS:
+            rc = 128 - rc  # bubblewrap exits 128 + N when its program was killed by signal N
         if rc is not None and rc < 0:
             try:
                 sig = signal.Signals(-rc).name
@@ -412,14 +521,32 @@ class Worker:
                 continue  # a thread ended while we bound the others
 
     def kill(self) -> None:
+        """End the worker and everything it started; wait until they are gone (10 s at most)."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        if self._ns_init is not None and self._init_fd is not None and not exited(self._init_fd):
+            # The first process of the PID namespace: the kernel ends every other one with it,
+            # whatever session or process group they moved to. (Only while its pidfd says it
+            # lives: a pid that ended may name another process now.)
+            try:
+                os.kill(self._ns_init, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        # The namespace's first process exits only once every process in it has.
+        exited(self._init_fd, 10.0)
+        for fd in (self._init_fd, self._pidfd):
+            if fd is not None:
+                os.close(fd)
+        self._init_fd = self._pidfd = self._ns_init = None
+        if self.uid is not None and self.containment is Containment.FULL and os.geteuid() == 0:
+            release_uid(self.uid)
+            self.uid = None
         self.channel.close()
         self.arena.close()
         try:

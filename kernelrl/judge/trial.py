@@ -25,13 +25,13 @@ from typing import Any
 from kernelrl.candidate import Candidate, Language
 from kernelrl.checks import dynamic
 from kernelrl.judge import protocol as P
-from kernelrl.judge.builds import build_dir, has_build
+from kernelrl.judge.builds import build_dir, has_build, seal, sealed_dir, unseal
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.compare import Mismatch, compare_outputs, exactly_equal, flatten
 from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
 from kernelrl.judge.sandbox import Worker, WorkerDied
 from kernelrl.judge.verdict import Checked, Verdict
-from kernelrl.result import Finding, Severity, Status
+from kernelrl.result import Containment, Finding, Severity, Status
 
 
 class _End(Exception):
@@ -115,14 +115,20 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
     The trial has `timeout_s` from its start, plus `build_timeout_s` when it compiles (`compiles`).
     """
     # The program's build folder, looked at once: it decides the limit and is where the worker builds.
+    # A fully contained worker builds in its scratch (`scratch`): a sealed build is copied in first.
     bdir = None if trial.compiled_reference else build_dir(cache_dir, trial.candidate.source, spec.device)
+    full = trial.worker is not None and trial.worker.containment is Containment.FULL
+    scratch = trial.worker.scratch() if bdir is not None and full and trial.worker is not None else None
+    sealed = sealed_dir(cache_dir, trial.candidate.source, spec.device)
     if bdir is not None:
-        trial.build_cached = has_build(bdir)
+        trial.build_cached = scratch is not None and unseal(sealed, scratch) if full else has_build(bdir)
     compiling = compiles(trial, build_cached=trial.build_cached)
     limit = timeout_s + (build_timeout_s if compiling else 0.0)
     deadline = trial.started + limit
     try:
         _load(trial, reference, spec, cache_dir, bdir, deadline)
+        if scratch is not None and not trial.build_cached:
+            seal(scratch, sealed)  # what it built, checked, for the next worker that loads this program
         _correctness(trial, sets, deadline, tol_scale)
     except _End as e:
         trial.end(e.verdict)
@@ -135,6 +141,9 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
     except ChannelProtocolError as e:
         trial.findings.append(dynamic.channel_forged(str(e)))
         trial.end(Verdict(status=Status.FLAGGED, message="flagged: result_channel_forged", errors=(str(e),)))
+    finally:
+        if scratch is not None:
+            scratch.close()
 
 
 def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: Any, bdir: Any,

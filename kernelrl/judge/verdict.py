@@ -36,6 +36,7 @@ from kernelrl.judge.profile import TaskProfile
 from kernelrl.judge.roofline import MachinePeaks, roofline_pct
 from kernelrl.judge.timer import CandidateTiming, FailureKind, GroupTiming
 from kernelrl.result import (
+    Containment,
     Environment,
     EvalResult,
     Finding,
@@ -69,6 +70,7 @@ class Setting:
     size: str
     policy: PolicyName
     fingerprint: str  # of the evaluator's config (`kernelrl.judge.eval_config.config_fingerprint`)
+    containment: Containment = Containment.NONE  # of the workers programs ran in
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,7 +176,8 @@ def task_error(setting: Setting, candidate_hash: str, error: str, environment: E
     """The task's reference failed: no verdict on the candidate at all."""
     return EvalResult(task=setting.task, status=Status.TASK_ERROR, message=_first_line(error), errors=[error],
                       device=setting.device, size=setting.size, policy=setting.policy,
-                      candidate_hash=candidate_hash, environment=environment, config_fingerprint=setting.fingerprint)
+                      candidate_hash=candidate_hash, environment=environment, config_fingerprint=setting.fingerprint,
+                      containment=setting.containment)
 
 
 def review_to_finding(review: Review | None) -> Finding | None:
@@ -216,7 +219,7 @@ def _result(setting: Setting, checked: Checked, verdict: Verdict | None, finding
         build_time_s=checked.build_time_s, eval_time_s=checked.eval_time_s, findings=weighed,
         errors=[e for e in verdict.errors if e], environment=environment, device=setting.device, size=setting.size,
         policy=setting.policy, candidate_hash=checked.candidate_hash, build_cached=checked.build_cached,
-        config_fingerprint=setting.fingerprint)
+        config_fingerprint=setting.fingerprint, containment=setting.containment)
 
 
 def _timing_record(measured: CandidateTiming, timing: GroupTiming) -> TimingRecord:

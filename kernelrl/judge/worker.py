@@ -40,7 +40,8 @@ import types  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from kernelrl.judge.sandbox import NO_HUGE_PAGES_ENV  # noqa: E402 - no torch behind it
+from kernelrl.judge.containment import BUILD_DIR_ENV, CACHE_ROOT_ENV  # noqa: E402 - no torch behind it
+from kernelrl.judge.sandbox import LIMITS_ENV, NO_HUGE_PAGES_ENV  # noqa: E402 - no torch behind it
 
 
 def _no_huge_pages() -> None:
@@ -98,6 +99,11 @@ def global_state() -> dict[str, Any]:
         "cuda_matmul_allow_fp16_reduced_precision": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
         "cuda_matmul_allow_bf16_reduced_precision": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
     }
+
+
+def _own(variable: str, named: str) -> str:
+    """The folder the sandbox gave this worker for `variable` (full containment), else the one the judge named."""
+    return os.environ.get(variable) or named
 
 
 def _to_device(x: Any, device: str) -> Any:
@@ -216,9 +222,10 @@ class WorkerState:
         from kernelrl.tasks.task import Task, TaskError, offline_hubs
 
         state_before = self._start(h.device, h.threads, h.evict_bytes)
-        if h.cache_root:
+        cache_root = _own(CACHE_ROOT_ENV, h.cache_root)
+        if cache_root:
             # torch.compile of the reference (a baseline) keeps its compiled graphs between runs
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(h.cache_root, "inductor")
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, "inductor")
         t0 = time.monotonic()
         task = Task(name=h.task_name, source=h.task_source, presets=h.presets)
         try:
@@ -258,11 +265,13 @@ class WorkerState:
 
     def load_program(self, h: P.LoadProgram, payload: Any) -> Reply:
         state_before = self._start(h.device, h.threads, h.evict_bytes)
-        # The program's own build folder (keyed by its source) and the shared inductor cache.
-        os.environ["TORCH_EXTENSIONS_DIR"] = h.build_dir
-        os.environ["TRITON_CACHE_DIR"] = os.path.join(h.build_dir, "triton")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(h.cache_root, "inductor")
-        PrecompiledHeaderLoader(h.cache_root).install()
+        # The program's own build folder (keyed by its source) and the shared inductor cache;
+        # under full containment both are in this worker's scratch (the judge's are not visible).
+        build_dir, cache_root = _own(BUILD_DIR_ENV, h.build_dir), _own(CACHE_ROOT_ENV, h.cache_root)
+        os.environ["TORCH_EXTENSIONS_DIR"] = build_dir
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(build_dir, "triton")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, "inductor")
+        PrecompiledHeaderLoader(cache_root).install()
         t0 = time.monotonic()
         try:
             cls, overridden = self._import_candidate(h.source, h.constants)
@@ -559,8 +568,27 @@ def send(channel: Channel, kind: P.Kind, header: P.Header | None, payload: Any =
         channel.send(P.Kind.ERROR.value, P.encode(P.Kind.ERROR, P.Error(phase=P.Phase.RUN, message=str(e))))
 
 
+def _own_limits() -> None:
+    """The limits the judge chose (`LIMITS_ENV`), set on this process before any program is given.
+
+    Lowering a limit needs no privilege, so this works whatever the worker's uid; the judge reads
+    the process limit back from /proc.
+    """
+    import resource
+
+    names = {"core": resource.RLIMIT_CORE, "nofile": resource.RLIMIT_NOFILE, "fsize": resource.RLIMIT_FSIZE,
+             "as": resource.RLIMIT_AS, "nproc": resource.RLIMIT_NPROC}
+    for item in filter(None, os.environ.get(LIMITS_ENV, "").split(",")):
+        name, _, value = item.partition("=")
+        which = names[name]
+        hard = resource.getrlimit(which)[1]
+        cap = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+        resource.setrlimit(which, (cap, cap))
+
+
 def main(argv: list[str]) -> int:
     channel = Channel(int(argv[1]), int(argv[2]), Arena(int(argv[3]), int(argv[4])))
+    _own_limits()
     state = WorkerState(channel)
     send(channel, P.Kind.HELLO, P.Hello(pid=os.getpid(), torch=torch.__version__, python=sys.version.split()[0]))
     while True:

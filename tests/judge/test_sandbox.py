@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kernelrl.judge.sandbox import PINNED_ALLOCATOR_ENV, SandboxConfig, worker_env
+from kernelrl.result import Containment
 
 
 def test_secrets_never_reach_the_worker(monkeypatch, tmp_path: Path):
@@ -24,21 +27,24 @@ def test_allocator_is_pinned_and_threads_set(tmp_path: Path):
     assert "MALLOC_MMAP_THRESHOLD_" not in worker_env(SandboxConfig(pin_allocator=False), tmp_path)
 
 
-def test_isolated_worker_sees_no_other_process(tmp_path: Path):
-    """With namespaces (root), the worker's /proc holds only itself: no judge environ to read."""
+@pytest.mark.parametrize("level", [Containment.NAMESPACES, Containment.FULL])
+def test_isolated_worker_sees_no_other_process(tmp_path: Path, level: Containment):
+    """With namespaces (root) or bubblewrap, the worker's /proc holds only its sandbox: no judge
+    environ to read. Under namespaces it is its namespace's first process; under bubblewrap the
+    second (bubblewrap's reaper is the first)."""
     import os
     import time
 
-    import pytest
+    from kernelrl.judge.containment import probe
+    from kernelrl.judge.sandbox import Worker
 
-    from kernelrl.judge.sandbox import Worker, isolation_available
-
-    if not isolation_available():
-        pytest.skip("namespaces need root and unshare")
-    w = Worker(role="candidate", config=SandboxConfig(), device="cpu", root=tmp_path)
+    config = SandboxConfig(containment=level)
+    if probe(level, config.uids).level is not level:
+        pytest.skip(f"{level.value} containment is not available here")
+    w = Worker(role="candidate", config=config, device="cpu", root=tmp_path)
     try:
         hello = w.wait_ready(deadline=time.monotonic() + 60)
-        assert hello.pid == 1  # first process of its own PID namespace
+        assert hello.pid == (1 if level is Containment.NAMESPACES else 2)
         assert w.pid != w.proc.pid and os.path.exists(f"/proc/{w.pid}/task")
         assert w.thread_count() and w.cpu_time_ns()
     finally:
@@ -62,8 +68,6 @@ def test_timing_cores_leave_the_lowest_core_to_the_judge(monkeypatch):
 def test_bind_moves_every_thread_of_a_worker_and_back(tmp_path: Path):
     import os
     import time
-
-    import pytest
 
     from kernelrl.judge.sandbox import Worker
 

@@ -1,0 +1,274 @@
+"""Containment: every escape a fixture under tests/fixtures/containment/ tries is contained, and the
+correct kernel judged beside it, in the same batch, gets the verdict it gets alone.
+
+One test per property. Each fixture is judged under the default policy (`open`) when no static
+rule refuses it (the C++ one that finds libc's functions by name, the SQLite one), else with the
+static rules observing only (policy `observe`), so the run shows what containment holds where the
+rules miss. Every check of an escape is made from outside: the file, the database, the
+listener, the process table, the disk. The fixtures also answer SiLU + 1 when their escape went
+through, so an escaping fixture is never `correct`. The last test judges the loopback fixture
+without containment and sees it connect: the fixtures and the listener do detect an escape.
+
+Needs full containment (bubblewrap, namespaces): skipped where the evaluator would fall back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import secrets
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from fixture_spec import FIXTURES, parse_fixture
+
+from kernelrl.candidate import Candidate
+from kernelrl.checks.policy import get_policy
+from kernelrl.checks.static import check_source
+from kernelrl.judge.containment import probe
+from kernelrl.judge.evaluator import EvalConfig, Evaluator
+from kernelrl.judge.sandbox import SandboxConfig
+from kernelrl.judge.timer import TimingConfig
+from kernelrl.result import Containment, EvalResult, Status
+from kernelrl.tasks.task import load_task_file
+
+CONTAINMENT = FIXTURES / "containment"
+PLACEHOLDER = 'TARGET = "/nonexistent/kernelrl-escape-target"'
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / "kernelrl"
+# Small limits, so a fixture reaches them at once.
+SANDBOX = SandboxConfig(scratch_mib=32, max_file_mib=32, max_processes=64)
+
+BESIDE = '''
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return F.silu(x)
+# run {tag}
+'''
+
+pytestmark = pytest.mark.skipif(probe(Containment.FULL, SANDBOX.uids).level is not Containment.FULL,
+                                reason="full containment (bubblewrap, namespaces) is not available here")
+
+
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tuple[EvalResult, EvalResult]]]:
+    """judge(fixture name, target, policy=None) -> (the fixture's result, the result of the correct
+    kernel judged beside it); asserts the kernel beside got the verdict it gets alone."""
+    cache = tmp_path_factory.mktemp("escape-cache")
+    made: dict[tuple[str, Containment], Evaluator] = {}
+    alone: dict[tuple[str, Containment], Status] = {}
+    task = load_task_file(CONTAINMENT.parent / "tasks" / "elementwise_silu.py")
+
+    def evaluator(policy: str, level: Containment) -> Evaluator:
+        if (policy, level) not in made:
+            made[policy, level] = Evaluator(EvalConfig(
+                cache_dir=cache, policy=policy, timeout_s=60, build_timeout_s=300,
+                sandbox=dataclasses.replace(SANDBOX, containment=level),
+                timing=TimingConfig(min_rounds=5, max_rounds=40, max_timing_s=1.0, warmup_calls=2, min_spot_checks=2)))
+        return made[policy, level]
+
+    def run(name: str, target: str, *, level: Containment = Containment.FULL) -> tuple[EvalResult, EvalResult]:
+        spec = parse_fixture(CONTAINMENT / name)
+        assert PLACEHOLDER in spec.source, f"{name} has no {PLACEHOLDER}"
+        source = spec.source.replace(PLACEHOLDER, f"TARGET = {target!r}")
+        policy = "open" if not get_policy("open").rejects(check_source(source)) else "observe"
+        ev = evaluator(policy, level)
+        if (policy, level) not in alone:
+            alone[policy, level] = ev.evaluate(task, BESIDE.format(tag=secrets.token_hex(8))).status
+        escape, beside = ev.evaluate_batch([(task, Candidate(source=source, origin=name)),
+                                            (task, BESIDE.format(tag=secrets.token_hex(8)))])
+        assert escape.containment is level and beside.containment is level
+        assert beside.status is alone[policy, level], (
+            f"the kernel beside {name} got {beside.status.value} ({beside.message}), alone "
+            f"{alone[policy, level].value}")
+        return escape, beside
+
+    yield run
+    for ev in made.values():
+        ev.close()
+
+
+def _comm_count(title: str) -> int:
+    """Processes on this machine whose title (/proc/PID/comm) is `title`."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    n += f.read().strip() == title
+            except OSError:
+                continue
+    return n
+
+
+@contextmanager
+def sampling(measure: Callable[[], float], every_s: float = 0.05) -> Iterator[list[float]]:
+    """Samples of `measure()` taken in a thread while the block runs."""
+    samples: list[float] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            samples.append(measure())
+            stop.wait(every_s)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_torch_package_folder_is_read_only(judge):
+    name = f"kernelrl-escape-{secrets.token_hex(6)}.txt"
+    planted = Path(torch.__path__[0]) / name
+    try:
+        escape, _ = judge("write_torch_package.py", name)
+        assert not planted.exists()
+        assert escape.status is Status.CORRECT, escape.message
+    finally:
+        planted.unlink(missing_ok=True)
+
+
+@pytest.mark.slow
+def test_torch_package_folder_is_read_only_to_native_code_no_rule_sees(judge):
+    name = f"kernelrl-escape-{secrets.token_hex(6)}.txt"
+    planted = Path(torch.__path__[0]) / name
+    source = (CONTAINMENT / "write_torch_package_native.py").read_text().replace(PLACEHOLDER, f"TARGET = {name!r}")
+    assert not get_policy("open").rejects(check_source(source))  # judged under the default policy
+    try:
+        escape, _ = judge("write_torch_package_native.py", name)
+        assert not planted.exists()
+        assert escape.status is Status.CORRECT, escape.message
+    finally:
+        planted.unlink(missing_ok=True)
+
+
+def test_kernelrl_package_is_read_only(judge):
+    planted = PACKAGE_DIR / f"escape-{secrets.token_hex(6)}.txt"
+    try:
+        escape, _ = judge("write_kernelrl_package.py", str(planted))
+        assert not planted.exists()
+        assert escape.status is Status.CORRECT, escape.message
+    finally:
+        planted.unlink(missing_ok=True)
+
+
+def test_build_cache_is_not_visible(judge, tmp_path: Path):
+    cache = tmp_path / "cache"
+    (cache / "extensions").mkdir(parents=True)
+    (cache / "sealed").mkdir()
+    escape, _ = judge("write_build_cache.py", str(cache))
+    assert not [p for p in cache.rglob("*") if "planted" in p.name]
+    assert escape.status is Status.CORRECT, escape.message
+
+
+def test_database_in_the_cache_folder_is_not_visible(judge, tmp_path: Path):
+    path = tmp_path / "cache" / "jobs.db"
+    path.parent.mkdir()
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE jobs (id TEXT, status TEXT)")
+        db.execute("INSERT INTO jobs VALUES ('a', 'done')")
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    escape, _ = judge("write_database.py", str(path))
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    assert escape.status is Status.CORRECT, escape.message
+
+
+def test_token_file_is_not_readable(judge, tmp_path: Path):
+    token = secrets.token_urlsafe(32)
+    path = tmp_path / "token.txt"
+    path.write_text(token)
+    path.chmod(0o600)
+    escape, beside = judge("read_token.py", str(path))
+    assert escape.status is Status.CORRECT, escape.message  # SiLU + 1 had it read a byte
+    assert token not in str(escape.to_dict()) + str(beside.to_dict())
+
+
+def test_loopback_listener_is_unreachable(judge):
+    with _listener() as (port, connections):
+        escape, _ = judge("connect_loopback.py", str(port))
+    assert connections == []
+    assert escape.status is Status.CORRECT, escape.message
+
+
+def test_fork_bomb_stays_within_the_process_limit_and_ends_with_its_worker(judge):
+    title = f"kb{secrets.token_hex(6)}"
+    with sampling(lambda: _comm_count(title)) as counts:
+        escape, _ = judge("fork_bomb.py", title)
+    assert max(counts) > 1, "the bomb never went off"
+    assert max(counts) <= SANDBOX.process_limit
+    assert _comm_count(title) == 0, f"{escape.status.value}: bomb processes left after the batch"
+
+
+def test_filling_the_disk_stops_at_the_limits(judge, tmp_path: Path):
+    attempt = 256 << 20  # per place; the limits are 32 MiB
+
+    def free() -> float:
+        return float(min(os.statvfs(p).f_bavail * os.statvfs(p).f_frsize for p in ("/", "/tmp", str(tmp_path))))
+
+    with sampling(free) as samples:
+        escape, _ = judge("fill_disk.py", str(attempt))
+    assert samples[0] - min(samples) < attempt, "the judge's disks lost as much as one place was asked to take"
+    assert escape.status is Status.CORRECT, escape.message  # SiLU + 1 had any place taken it all
+
+
+def test_no_child_outlives_its_worker(judge):
+    title = f"kc{secrets.token_hex(6)}"
+    with sampling(lambda: _comm_count(title)) as counts:
+        escape, _ = judge("child_left_running.py", title)
+    assert max(counts) >= 1, "the fixture never left a process"
+    assert _comm_count(title) == 0, f"{escape.status.value}: its process outlived the worker"
+
+
+def test_without_containment_the_loopback_fixture_does_connect(judge):
+    """The fixtures and the listener detect an escape: with no containment the fixture connects."""
+    with _listener() as (port, connections):
+        escape, _ = judge("connect_loopback.py", str(port), level=Containment.NONE)
+    assert connections
+    assert escape.status is Status.INCORRECT
+
+
+@contextmanager
+def _listener() -> Iterator[tuple[int, list[bytes]]]:
+    """A TCP listener on 127.0.0.1 that records what every connection sends."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    got: list[bytes] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    got.append(conn.recv(100))
+                except OSError:
+                    got.append(b"")
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield server.getsockname()[1], got
+        time.sleep(0.3)  # a connection made at the very end is still counted
+    finally:
+        stop.set()
+        t.join()
+        server.close()
