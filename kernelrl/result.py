@@ -1,6 +1,7 @@
 """Typed evaluation results: the reward signal every other part of kernelrl optimises.
 
 Guarantees: a result always has a `Status`; `speedup` is set only when the status is CORRECT;
+`timing` says whether its times are the program's (`INTERPRETED`: outputs checked, never timed);
 times carry their unit in the field name; `findings` name the rule or defence that fired.
 Results round-trip through JSON (`to_dict` / `from_dict`) without loss, so the database and the
 CLI share one format. Does not guarantee anything about how the numbers were measured: that is
@@ -25,6 +26,14 @@ class Status(str, enum.Enum):
     # The task's own reference could not be loaded or run (it hangs, crashes, exhausts memory):
     # no verdict on the candidate at all, and no reward.
     TASK_ERROR = "task_error"
+
+
+class Timing(str, enum.Enum):
+    """What a result's times are worth."""
+
+    MEASURED = "measured"  # timed against the reference in a group (a correct result has a speedup)
+    # Ran under an interpreter (Triton on a CPU): outputs checked, times meaningless, never timed.
+    INTERPRETED = "interpreted"
 
 
 class Severity(str, enum.Enum):
@@ -111,10 +120,13 @@ class EvalResult:
     policy: str = "open"
     candidate_hash: str = ""
     build_cached: bool = False
+    timing: Timing = Timing.MEASURED
 
     def __post_init__(self) -> None:
         if self.status is not Status.CORRECT and (self.speedup is not None or self.roofline_pct is not None):
             raise ValueError(f"speedup and roofline are only defined for correct candidates, not {self.status.value}")
+        if self.timing is Timing.INTERPRETED and (self.speedup is not None or self.cand_time is not None):
+            raise ValueError("an interpreted run has no speedup or times")
 
     @property
     def rejecting_rules(self) -> list[str]:
@@ -143,6 +155,7 @@ class EvalResult:
             "policy": self.policy,
             "candidate_hash": self.candidate_hash,
             "build_cached": self.build_cached,
+            "timing": self.timing.value,
         }
 
     @classmethod
@@ -170,4 +183,5 @@ class EvalResult:
             policy=d.get("policy", "open"),
             candidate_hash=d.get("candidate_hash", ""),
             build_cached=bool(d.get("build_cached", False)),
+            timing=Timing(d.get("timing", Timing.MEASURED.value)),
         )

@@ -497,8 +497,9 @@ class Evaluator:
                                   errors=[f.message for f in findings if f.severity is Severity.REJECT])
             else:
                 verdict = Verdict(status=Status.CORRECT, message=f"correct, {fields['speedup']:.3g}x")
-        elif verdict.status is Status.INCORRECT and rejecting:
-            # Wrong, and a defence saw why: the rule is what teaches the next prompt.
+        elif verdict.status in (Status.INCORRECT, Status.CORRECT) and rejecting:
+            # Wrong, and a defence saw why: the rule is what teaches the next prompt. Correct
+            # without timing (an interpreted run) but with a rejecting finding: refused as well.
             verdict = dataclasses.replace(verdict, status=Status.FLAGGED,
                                           message=f"flagged: {', '.join(rejecting)} ({verdict.message})")
         if verdict.status is not Status.CORRECT:

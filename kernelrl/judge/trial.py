@@ -4,7 +4,10 @@ Static checks in the judge; then, in a worker no other program touched: the buil
 construction (with the reference's init arguments, init seed and, when names and shapes match,
 its parameters), and the correctness runs on the judge's input sets, compared in the judge with
 the reference's outputs. A trial ends either with a verdict (`Verdict`) or as a survivor whose
-worker goes on to timing.
+worker goes on to timing. A Triton candidate on a CPU runs under Triton's interpreter
+(`kernelrl.judge.builds`): its outputs are checked as any other's, but its times mean nothing,
+so it is never timed: a correct one ends here, `correct` with `Timing.INTERPRETED` and no speedup.
+A CUDA candidate on a CPU ends at its build: nvcc checks its device code, nothing CUDA loads.
 
 Guarantees:
 - every crash, hang, exit, segfault or protocol violation of the candidate ends the trial with a
@@ -30,7 +33,7 @@ from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.compare import Mismatch, compare_outputs, exactly_equal, flatten
 from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
 from kernelrl.judge.sandbox import Worker, WorkerDied
-from kernelrl.result import Finding, Severity, Status
+from kernelrl.result import Finding, Severity, Status, Timing
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,8 +84,6 @@ def static_verdict(source: str, language: Language, *, device: str, static_findi
         msg, line = (e.msg, e.lineno) if isinstance(e, SyntaxError) else (str(e), None)
         return Verdict(status=Status.COMPILE_ERROR, message=f"candidate does not parse: {msg} (line {line})",
                        errors=[str(e)])
-    if language is Language.CUDA and device != "cuda":
-        return Verdict(status=Status.COMPILE_ERROR, message="a CUDA candidate needs --device cuda (no CUDA device here)")
     rejecting = [f for f in static_findings if f.severity is Severity.REJECT]
     if rejecting:
         return Verdict(status=Status.FLAGGED,
@@ -115,9 +116,15 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
     compiling = compiles(trial, build_cached=trial.fields.get("build_cached", False))
     limit = timeout_s + (build_timeout_s if compiling else 0.0)
     deadline = trial.started + limit
+    interpreted = trial.candidate.language.interpreted_on(str(spec.device))
+    if interpreted:
+        trial.fields["timing"] = Timing.INTERPRETED
     try:
         _load(trial, reference, spec, cache_dir, bdir, deadline)
         _correctness(trial, sets, deadline, tol_scale)
+        if interpreted:
+            raise _End(Verdict(status=Status.CORRECT, message=(
+                "correct under Triton's interpreter (CPU); not timed: interpreted times are not the kernel's")))
     except _End as e:
         trial.end(e.verdict)
     except ChannelTimeout:
