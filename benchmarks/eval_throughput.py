@@ -16,8 +16,16 @@ Prints wall time and candidates/hour of each path, the ratio to the naive loop, 
 evaluator paths agree on every verdict, and how far apart the identical pair measured in each
 group. Then the same on the PyTorch-only half (no C++ candidate).
 
+On a GPU (`--device cuda`, issue 25 item 7) the compiled candidates are the shipped CUDA and
+Triton examples of each task (`TASKS_CUDA`) and the figure is candidates per hour per GPU (one
+evaluator, one GPU); the naive loop runs on the GPU too, synchronising after its timed loops.
+`--warm` measures with a warm build cache, as a trainer sees it after its first steps: a first,
+unmeasured pass of each evaluator path builds every candidate into the path's cache folder, and
+the measured pass is a fresh evaluator (no result cache) over the same batch. `--limit N` takes
+the first N tasks. A machine header (device, driver, CUDA, torch, Triton) is printed first.
+
 Usage: python benchmarks/eval_throughput.py [--timeout 20] [--build-timeout 240] [--only all|pytorch|both]
-       [--paths naive,one,batched]
+       [--paths naive,one,batched] [--device cpu|cuda] [--warm] [--limit N]
 Numbers depend on the machine and its load; compare ratios from one run on a quiet machine.
 """
 
@@ -36,6 +44,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import machine
 import torch
 
 from kernelrl.candidate import Candidate, Language
@@ -51,6 +60,8 @@ from kernelrl.tasks.suites import builtin_task
 from kernelrl.tasks.task import Task
 
 TASKS = ("level1/softmax", "level1/rmsnorm", "level2/linear_bias_gelu_scale", "operators/shift_group_quant")
+# On a GPU: tasks with a shipped CUDA or Triton example, the batch's compiled candidates.
+TASKS_CUDA = ("level1/softmax", "level1/rmsnorm", "level2/linear_bias_gelu_scale", "operators/heat3d_stencil")
 
 
 @dataclass(frozen=True)
@@ -75,15 +86,34 @@ def forward_return(task: Task) -> str:
     return next(line for line in body.splitlines() if line.strip().startswith("return "))
 
 
-def batch() -> list[Item]:
+def tasks_for(device: str) -> tuple[str, ...]:
+    return TASKS_CUDA if device == "cuda" else TASKS
+
+
+def compiled_example(name: str, device: str) -> str:
+    """The task's shipped compiled candidate: C++ on a CPU, CUDA (or Triton) on a GPU."""
+    if device == "cpu":
+        return next(e.source for e in list_examples(device="cpu") if e.task == name and e.name.endswith("cpp_fused"))
+    return next(e.source for e in list_examples(device="cuda") if e.task == name and e.expected == "correct")
+
+
+def second_sample(source: str) -> str:
+    """The same kernel as another sample: a comment more in its compiled text, so a build of its own."""
+    for anchor in ("#include <torch/extension.h>", "@triton.jit"):
+        if anchor in source:
+            return source.replace(anchor, f"{anchor}\n// sample 2" if anchor.startswith("#") else
+                                  f"# sample 2\n{anchor}", 1)
+    raise ValueError("no place for a second sample's comment")
+
+
+def batch(device: str = "cpu", limit: int | None = None) -> list[Item]:
     items = []
-    examples = {e.task: e for e in list_examples(device="cpu") if e.name.endswith("cpp_fused")}
-    for name in TASKS:
+    for name in tasks_for(device)[:limit]:
         task = builtin_task(name)
-        cpp = examples[name].source
-        # A second C++ build of the same kernel: a distinct source (a different comment in the C++
-        # text), so it is a build of its own, as two samples of a policy would be.
-        cpp2 = cpp.replace("#include <torch/extension.h>", "#include <torch/extension.h>\n// sample 2", 1)
+        cpp = compiled_example(name, device)
+        # A second build of the same kernel: a distinct source (a different comment in the
+        # compiled text), so it is a build of its own, as two samples of a policy would be.
+        cpp2 = second_sample(cpp)
         assert cpp2 != cpp, name
         traits = task_traits(task)
         rewrite = render_rewrite(task, Rewrite(inference_mode=True), traits)
@@ -128,8 +158,14 @@ def alarm(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
-def naive(items: list[Item], timeout_s: float, build_timeout_s: float) -> tuple[float, list[str]]:
+def naive(items: list[Item], timeout_s: float, build_timeout_s: float,
+          device: str = "cpu") -> tuple[float, list[str]]:
     """Serial, uncached, in-process: what a simple evaluation script does."""
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
     verdicts = []
     t0 = time.monotonic()
     for i, item in enumerate(items):
@@ -145,20 +181,23 @@ def naive(items: list[Item], timeout_s: float, build_timeout_s: float) -> tuple[
                 mod = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(mod)
                 torch.manual_seed(0)
-                ref = tm.Model(*tm.get_init_inputs())
+                ref = tm.Model(*tm.get_init_inputs()).to(device)
                 torch.manual_seed(0)
-                new = mod.ModelNew(*tm.get_init_inputs())
+                new = mod.ModelNew(*tm.get_init_inputs()).to(device)
                 with torch.no_grad():
                     for s in range(5):
                         torch.manual_seed(100 + s)
-                        inputs = tm.get_inputs()
-                        if not compare_outputs(new(*inputs), ref(*inputs)).ok:
+                        inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in tm.get_inputs()]
+                        got, want = new(*inputs), ref(*inputs)
+                        if not compare_outputs(got.cpu(), want.cpu()).ok:
                             verdict = "incorrect"
                     for model in (ref, new):
                         for _ in range(3):
                             model(*inputs)
+                        sync()
                         for _ in range(50):
                             model(*inputs)
+                        sync()
         except _Alarm:
             verdict = "timeout"
         except Exception:  # noqa: BLE001 - a failing candidate is still judged
@@ -170,9 +209,9 @@ def naive(items: list[Item], timeout_s: float, build_timeout_s: float) -> tuple[
 # ---------------------------------------------------------------------------------------------
 
 
-def config(timeout_s: float, build_timeout_s: float) -> EvalConfig:
+def config(timeout_s: float, build_timeout_s: float, device: str = "cpu") -> EvalConfig:
     cache = Path(tempfile.mkdtemp(prefix="kernelrl-bench-cache-"))
-    return EvalConfig(cache_dir=cache, timeout_s=timeout_s, build_timeout_s=build_timeout_s,
+    return EvalConfig(device=device, cache_dir=cache, timeout_s=timeout_s, build_timeout_s=build_timeout_s,
                       timing=TimingConfig(max_timing_s=6.0))
 
 
@@ -192,7 +231,7 @@ def batched(items: list[Item], cfg: EvalConfig) -> tuple[float, list[EvalResult]
 
 def twins(items: list[Item], results: list[EvalResult]) -> list[str]:
     out = []
-    for name in TASKS:
+    for name in dict.fromkeys(i.task.name for i in items):
         pair = [r for i, r in zip(items, results) if i.task.name == name and i.kind == "twin"]
         if len(pair) == 2 and all(r.speedup for r in pair):
             diff = abs(pair[0].speedup / pair[1].speedup - 1) * 100
@@ -204,7 +243,7 @@ def twins(items: list[Item], results: list[EvalResult]) -> list[str]:
 
 def phases(items: list[Item], results: list[EvalResult]) -> list[str]:
     out = []
-    for name in TASKS:
+    for name in dict.fromkeys(i.task.name for i in items):
         got = next((r.environment.phases for i, r in zip(items, results) if i.task.name == name), None)
         if got:
             out.append(f"{name.split('/')[-1]} " + ", ".join(f"{k} {v:.1f}" for k, v in to_plain(got).items()))
@@ -214,21 +253,26 @@ def phases(items: list[Item], results: list[EvalResult]) -> list[str]:
 PATHS = ("naive", "one", "batched")
 
 
-def run(label: str, items: list[Item], timeout_s: float, build_timeout_s: float, paths: tuple[str, ...]) -> None:
-    print(f"\n== {label}: {len(items)} candidates ({dict(Counter(i.kind for i in items))})", flush=True)
+def run(label: str, items: list[Item], timeout_s: float, build_timeout_s: float, paths: tuple[str, ...],
+        device: str = "cpu", warm: bool = False) -> None:
+    print(f"\n== {label}: {len(items)} candidates ({dict(Counter(i.kind for i in items))})"
+          + (", warm build cache" if warm else ", cold build cache"), flush=True)
+    rate = "candidates/hour/GPU" if device == "cuda" else "candidates/hour"
     rows = []
     results: dict[str, list[EvalResult]] = {}
     for path in paths:
         if path == "naive":
-            wall, verdicts = naive(items, timeout_s, build_timeout_s)
+            wall, verdicts = naive(items, timeout_s, build_timeout_s, device)
             rows.append(("naive serial loop", wall, dict(Counter(verdicts))))
         else:
             judge = one_by_one if path == "one" else batched
-            wall, results[path] = judge(items, config(timeout_s, build_timeout_s))
+            cfg = config(timeout_s, build_timeout_s, device)
+            if warm:
+                judge(items, cfg)  # fills cfg.cache_dir's build cache; the measured pass is a fresh evaluator
+            wall, results[path] = judge(items, cfg)
             rows.append((f"evaluator, {'one by one' if path == 'one' else 'batched'}", wall,
                          dict(Counter(r.status.value for r in results[path]))))
-        print(f"  {rows[-1][0]:24s} {wall:7.1f} s  {len(items) / wall * 3600:7.0f} candidates/hour  {rows[-1][2]}",
-              flush=True)
+        print(f"  {rows[-1][0]:24s} {wall:7.1f} s  {len(items) / wall * 3600:7.0f} {rate}  {rows[-1][2]}", flush=True)
     if "naive" in paths:
         base = rows[0][1]
         print("  against the naive loop: " + ", ".join(f"{name} {base / w:.2f}x" for name, w, _ in rows[1:]))
@@ -261,16 +305,22 @@ def main() -> int:
     parser.add_argument("--only", choices=("all", "pytorch", "both"), default="both")
     parser.add_argument("--paths", default=",".join(PATHS),
                         help=f"which of {', '.join(PATHS)} to run (comma-separated); ratios need naive")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--warm", action="store_true", help="measure evaluator paths with a warm build cache")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     args = parser.parse_args()
     paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
     if not paths or set(paths) - set(PATHS):
         parser.error(f"--paths: choose from {', '.join(PATHS)}")
+    print(machine.header(args.device))
+    print(f"# command: {' '.join(sys.argv)}")
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, python {sys.version.split()[0]}")
-    items = batch()
+    items = batch(args.device, args.limit)
     if args.only in ("all", "both"):
-        run("GRPO-shaped batch", items, args.timeout, args.build_timeout, paths)
+        run("GRPO-shaped batch", items, args.timeout, args.build_timeout, paths, args.device, args.warm)
     if args.only in ("pytorch", "both"):
-        run("PyTorch-only half", [i for i in items if i.kind != "cpp"], args.timeout, args.build_timeout, paths)
+        run("PyTorch-only half", [i for i in items if i.kind != "cpp"], args.timeout, args.build_timeout, paths,
+            args.device, args.warm)
     return 0
 
 

@@ -4,7 +4,10 @@ Guarantees: `extract_code` returns the last *complete* fenced code block of an a
 whose closing fence is missing is ignored, since a truncated answer's last block is unfinished
 code), preferring blocks that define `ModelNew`; `Candidate.hash` depends on the source only;
 `language` is inferred from the source (inline C++/CUDA through torch's extension loader,
-Triton through `triton.jit`, otherwise PyTorch-level code).
+Triton when the source defines a kernel with Triton's `jit`, `autotune` or `heuristics`,
+otherwise PyTorch-level code); `Language.interpreted_on(device)` says where a language's
+kernels run under an interpreter (Triton on CPU), so outputs can be checked but times mean
+nothing.
 
 Does not check that the code is correct, safe or honest: that is the evaluator's and the
 checks' work.
@@ -29,7 +32,17 @@ class Language(str, enum.Enum):
 
     @property
     def needs_gpu(self) -> bool:
+        """Written for a GPU (Triton also runs on a CPU, under its interpreter)."""
         return self in (Language.CUDA, Language.TRITON)
+
+    def interpreted_on(self, device: str) -> bool:
+        """Whether kernels in this language run under an interpreter on `device`.
+
+        Triton on a CPU runs under `TRITON_INTERPRET=1`: every program instance is executed in
+        Python on host tensors, so outputs are real and can be checked, but times are not the
+        kernel's (seconds for what a GPU does in microseconds).
+        """
+        return self is Language.TRITON and device == "cpu"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,8 +64,49 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
+# What makes a function a Triton kernel (triton.jit, triton.autotune, triton.heuristics).
+_TRITON_KERNEL_MAKERS = frozenset({"jit", "autotune", "heuristics"})
+
+
+def defines_triton_kernel(source: str) -> bool:
+    """The source decorates (or wraps) a function with Triton's jit, autotune or heuristics.
+
+    Names are followed through imports (`import triton as t`, `from triton import jit`); an
+    import alone (`try: import triton`) is not a kernel. Unparsable source falls back to a text
+    search for `triton.jit`.
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return re.search(r"\btriton\.(jit|autotune|heuristics)\b", source) is not None
+    modules: set[str] = set()  # names bound to the triton package
+    makers: set[str] = set()  # names bound to triton's jit, autotune or heuristics
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "triton" or (alias.name.startswith("triton.") and alias.asname is None):
+                    modules.add(alias.asname or "triton")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "triton":
+            makers.update(a.asname or a.name for a in node.names if a.name in _TRITON_KERNEL_MAKERS)
+
+    def is_maker(e: ast.expr) -> bool:
+        if isinstance(e, ast.Call):
+            e = e.func  # @triton.autotune(configs=...) and triton.jit(fn)
+        if isinstance(e, ast.Name):
+            return e.id in makers
+        return (isinstance(e, ast.Attribute) and e.attr in _TRITON_KERNEL_MAKERS
+                and isinstance(e.value, ast.Name) and e.value.id in modules)
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(map(is_maker, node.decorator_list)):
+            return True
+        if isinstance(node, ast.Call) and is_maker(node.func):
+            return True
+    return False
+
+
 def detect_language(source: str) -> Language:
-    if re.search(r"\btriton\.jit\b|@\s*triton\.jit|from\s+triton\b|import\s+triton\b", source):
+    if defines_triton_kernel(source):
         return Language.TRITON
     uses_loader = re.search(r"\bload_inline\b|\bcpp_extension\b", source) is not None
     if uses_loader and re.search(r"cuda_sources\s*=|__global__|<<<", source):

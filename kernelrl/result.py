@@ -1,7 +1,8 @@
 """Typed evaluation results: the reward signal every other part of kernelrl optimises.
 
 Guarantees: a result always has a `Status`; `speedup` is set only when the status is CORRECT;
-times carry their unit in the field name; `findings` name the rule or defence that fired; what
+`timing` says whether its times are the program's (`INTERPRETED`: outputs checked, never
+timed); times carry their unit in the field name; `findings` name the rule or defence that fired; what
 the judge recorded about how a result was obtained is typed (`Environment`: the machine, the
 reference, the timing, the roofline, the LLM review), never a dict read by string keys.
 Results round-trip through JSON (`to_dict` / `from_dict`, both `kernelrl.plain`) without loss,
@@ -39,6 +40,14 @@ class Containment(str, enum.Enum):
     FULL = "full"  # bubblewrap: own uid, read-only system, private scratch, no network, no judge state
     NAMESPACES = "namespaces"  # own PID and mount namespaces, no capabilities; the judge's files and network
     NONE = "none"  # a plain child process
+
+
+class Timing(str, enum.Enum):
+    """What a result's times are worth."""
+
+    MEASURED = "measured"  # timed against the reference in a group (a correct result has a speedup)
+    # Ran under an interpreter (Triton on a CPU): outputs checked, times meaningless, never timed.
+    INTERPRETED = "interpreted"
 
 
 class Severity(str, enum.Enum):
@@ -257,10 +266,13 @@ class EvalResult:
     # a stored result is reused only under the same one
     config_fingerprint: str = ""
     containment: Containment = Containment.NONE  # how far the candidate's worker was contained
+    timing: Timing = Timing.MEASURED  # INTERPRETED: outputs checked, times meaningless, never timed
 
     def __post_init__(self) -> None:
         if self.status is not Status.CORRECT and (self.speedup is not None or self.roofline_pct is not None):
             raise ValueError(f"speedup and roofline are only defined for correct candidates, not {self.status.value}")
+        if self.timing is Timing.INTERPRETED and (self.speedup is not None or self.cand_time is not None):
+            raise ValueError("an interpreted run has no speedup or times")
 
     @property
     def rejecting_rules(self) -> list[str]:

@@ -32,3 +32,13 @@ def test_language_detection():
     assert detect_language("from torch.utils.cpp_extension import load_inline\nload_inline(cpp_sources=s)") is Language.CPP
     assert detect_language("load_inline(cpp_sources=a, cuda_sources=b)") is Language.CUDA
     assert detect_language("import triton\n@triton.jit\ndef k(): pass") is Language.TRITON
+    assert detect_language("import triton as t\n@t.autotune(configs=[], key=[])\n@t.jit\ndef k(): pass") is Language.TRITON
+    assert detect_language("from triton import jit\n@jit\ndef k(): pass") is Language.TRITON
+    # importing Triton is not writing a kernel: a PyTorch program that probes for it stays timed on a CPU
+    assert detect_language("try:\n    import triton\nexcept ImportError:\n    triton = None\n") is Language.PYTORCH
+
+
+def test_only_triton_on_cpu_is_interpreted():
+    assert Language.TRITON.interpreted_on("cpu")
+    assert not Language.TRITON.interpreted_on("cuda")
+    assert not any(lang.interpreted_on("cpu") for lang in Language if lang is not Language.TRITON)

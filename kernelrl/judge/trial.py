@@ -4,7 +4,10 @@ Static checks in the judge; then, in a worker no other program touched: the buil
 construction (with the reference's init arguments, init seed and, when names and shapes match,
 its parameters), and the correctness runs on the judge's input sets, compared in the judge with
 the reference's outputs. A trial ends either with a verdict (`Verdict`) or as a survivor whose
-worker goes on to timing.
+worker goes on to timing. A Triton candidate on a CPU runs under Triton's interpreter
+(`kernelrl.judge.builds`): its outputs are checked as any other's, but its times mean nothing,
+so it is never timed: a correct one ends here, `correct` with `Timing.INTERPRETED` and no speedup.
+A CUDA candidate on a CPU ends at its build: nvcc checks its device code, nothing CUDA loads.
 
 Guarantees:
 - every crash, hang, exit, segfault or protocol violation of the candidate ends the trial with a
@@ -31,7 +34,7 @@ from kernelrl.judge.compare import Mismatch, compare_outputs, exactly_equal, fla
 from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
 from kernelrl.judge.sandbox import Worker, WorkerDied
 from kernelrl.judge.verdict import Checked, Verdict
-from kernelrl.result import Containment, Finding, Severity, Status
+from kernelrl.result import Containment, Finding, Severity, Status, Timing
 
 
 class _End(Exception):
@@ -54,6 +57,7 @@ class Trial:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     parameters_shared: bool | None = None
+    timing: Timing = Timing.MEASURED  # INTERPRETED: a Triton program on a CPU, checked but never timed
     state_before: dict[str, Any] = field(default_factory=dict)  # the worker's global state after loading
     started: float = field(default_factory=time.monotonic)
 
@@ -66,7 +70,7 @@ class Trial:
         return Checked(candidate_hash=self.candidate.hash, findings=tuple(self.findings),
                        build_time_s=self.build_time_s, build_cached=self.build_cached,
                        max_abs_err=self.max_abs_err, max_rel_err=self.max_rel_err,
-                       parameters_shared=self.parameters_shared,
+                       parameters_shared=self.parameters_shared, timing=self.timing,
                        eval_time_s=round(time.monotonic() - self.started, 3))
 
     def end(self, verdict: Verdict) -> None:
@@ -87,8 +91,6 @@ def static_verdict(source: str, language: Language, *, device: str, static_findi
         msg, line = (e.msg, e.lineno) if isinstance(e, SyntaxError) else (str(e), None)
         return Verdict(status=Status.COMPILE_ERROR, message=f"candidate does not parse: {msg} (line {line})",
                        errors=(str(e),))
-    if language is Language.CUDA and device != "cuda":
-        return Verdict(status=Status.COMPILE_ERROR, message="a CUDA candidate needs --device cuda (no CUDA device here)")
     rejecting = [f for f in static_findings if f.severity is Severity.REJECT]
     if rejecting:
         return Verdict(status=Status.FLAGGED,
@@ -125,11 +127,17 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
     compiling = compiles(trial, build_cached=trial.build_cached)
     limit = timeout_s + (build_timeout_s if compiling else 0.0)
     deadline = trial.started + limit
+    interpreted = trial.candidate.language.interpreted_on(str(spec.device))
+    if interpreted:
+        trial.timing = Timing.INTERPRETED
     try:
         _load(trial, reference, spec, cache_dir, bdir, deadline)
         if scratch is not None and not trial.build_cached:
             seal(scratch, sealed)  # what it built, checked, for the next worker that loads this program
         _correctness(trial, sets, deadline, tol_scale)
+        if interpreted:
+            raise _End(Verdict(status=Status.CORRECT, message=(
+                "correct under Triton's interpreter (CPU); not timed: interpreted times are not the kernel's")))
     except _End as e:
         trial.end(e.verdict)
     except ChannelTimeout:

@@ -45,6 +45,7 @@ from kernelrl.result import (
     RooflineRecord,
     Severity,
     Status,
+    Timing,
     TimingRecord,
     TimingStats,
 )
@@ -84,6 +85,7 @@ class Checked:
     max_abs_err: float | None = None  # over the correctness sets
     max_rel_err: float | None = None
     parameters_shared: bool | None = None  # the reference's parameters were loaded into the candidate
+    timing: Timing = Timing.MEASURED  # INTERPRETED: checked, never timed (its early verdict says so)
     eval_time_s: float | None = None  # from the start of its checks to this decision
 
 
@@ -203,8 +205,9 @@ def _result(setting: Setting, checked: Checked, verdict: Verdict | None, finding
         else:
             assert speedup is not None
             verdict = Verdict(status=Status.CORRECT, message=f"correct, {speedup:.3g}x")
-    elif verdict.status is Status.INCORRECT and rejecting:
-        # Wrong, and a defence saw why: the rule is what teaches the next prompt.
+    elif verdict.status in (Status.INCORRECT, Status.CORRECT) and rejecting:
+        # Wrong, and a defence saw why: the rule is what teaches the next prompt. Correct without
+        # timing (an interpreted run) but with a rejecting finding: refused as well.
         verdict = dataclasses.replace(verdict, status=Status.FLAGGED,
                                       message=f"flagged: {', '.join(rejecting)} ({verdict.message})")
     correct = verdict.status is Status.CORRECT
@@ -219,7 +222,7 @@ def _result(setting: Setting, checked: Checked, verdict: Verdict | None, finding
         build_time_s=checked.build_time_s, eval_time_s=checked.eval_time_s, findings=weighed,
         errors=[e for e in verdict.errors if e], environment=environment, device=setting.device, size=setting.size,
         policy=setting.policy, candidate_hash=checked.candidate_hash, build_cached=checked.build_cached,
-        config_fingerprint=setting.fingerprint, containment=setting.containment)
+        config_fingerprint=setting.fingerprint, containment=setting.containment, timing=checked.timing)
 
 
 def _timing_record(measured: CandidateTiming, timing: GroupTiming) -> TimingRecord:

@@ -9,11 +9,14 @@ chose), runs and times.
 Guarantees (for an honest worker; the judge checks what it can, see `kernelrl.judge.evaluator`):
 - the clock, the synchronisation call and the tensor type used for timing and checking are
   bound when this module is imported, before any program code runs, so rebinding
-  `time.perf_counter` or `torch.cuda.synchronize` afterwards changes nothing here;
+  `time.perf_counter`, `torch.cuda.synchronize` or the C function behind it
+  (`torch._C._cuda_synchronize`) afterwards changes nothing here;
 - task code (the module body, `get_init_inputs`, `get_inputs`, `Model`) runs only here, in a
   reference worker: the judge receives tensors and plain data;
-- a timed call is bracketed by a device-wide synchronisation (every stream on CUDA), so work
-  queued on side streams is inside the measurement; each call gets freshly made inputs (a new
+- a timed call is bracketed by a device-wide synchronisation (cudaDeviceSynchronize on every GPU
+  the worker sees, whichever device and stream the program left current), so work queued on
+  side streams, or on a stream the program made current and never restored, is inside the
+  measurement; each call gets freshly made inputs (a new
   tensor whose values are scaled by a factor the judge picks per call); every sample starts from
   an evicted cache (last-level cache on CPU, L2 on GPU), outside the timed region;
 - global torch settings are snapshotted before the program is loaded and reported when they
@@ -21,7 +24,9 @@ Guarantees (for an honest worker; the judge checks what it can, see `kernelrl.ju
 
 C++ and CUDA builds through torch's inline loader go to the build folder the judge names (keyed
 by content hash), so a program seen before loads its cached build. On CPU, builds use torch's
-precompiled header for `torch/extension.h` (prepared once, under a file lock).
+precompiled header for `torch/extension.h` (prepared once, under a file lock), Triton kernels
+run under Triton's interpreter, and CUDA sources are compiled by nvcc for their errors and
+refused (`kernelrl.judge.builds`); on a GPU Triton always compiles.
 """
 
 from __future__ import annotations
@@ -62,12 +67,20 @@ _no_huge_pages()
 import torch  # noqa: E402
 
 from kernelrl.judge import protocol as P  # noqa: E402
-from kernelrl.judge.builds import PrecompiledHeaderLoader, exclusive_build_dir  # noqa: E402
+from kernelrl.judge.builds import (  # noqa: E402
+    CudaDeviceCodeCheck,
+    PrecompiledHeaderLoader,
+    configure_triton,
+    exclusive_build_dir,
+)
 from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError  # noqa: E402
 from kernelrl.judge.compare import exactly_equal, flatten  # noqa: E402
 
 _Tensor = torch.Tensor
-_cuda_sync = torch.cuda.synchronize
+# The C functions behind torch.cuda.synchronize, bound now: torch.cuda.synchronize looks
+# `torch._C._cuda_synchronize` up at each call, so a program could otherwise make it a no-op.
+_cuda_synchronize: Any = getattr(torch._C, "_cuda_synchronize", None)  # None in a CPU build of torch
+_cuda_exchange_device: Any = getattr(torch._C, "_cuda_exchangeDevice", None)
 _no_grad = torch.no_grad
 _manual_seed = torch.manual_seed
 _fork_rng = torch.random.fork_rng
@@ -125,8 +138,8 @@ _TENSOR_ATTRS = frozenset(dir(_Tensor))
 
 def _shadows_tensor(x: Any) -> bool:
     """A tensor whose own attributes replace Tensor's (a per-object `detach`, say): not plain."""
-    own = getattr(x, "__dict__", None)
-    return bool(own) and any(name in _TENSOR_ATTRS for name in own)
+    own = getattr(x, "__dict__", None) or {}
+    return any(name in _TENSOR_ATTRS for name in own)
 
 
 def _to_cpu(x: Any) -> Any:
@@ -201,6 +214,7 @@ class WorkerState:
         self.sample_inputs: list[list[Any]] = []  # inputs and outputs of every call of the last sample
         self.sample_outputs: list[Any] = []
         self.evict_buf: torch.Tensor | None = None
+        self.cuda_devices = 0  # GPUs this worker sees (cuda only)
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -208,7 +222,8 @@ class WorkerState:
         self.device = device
         torch.set_num_threads(int(threads))
         if device == "cuda":
-            torch.cuda.init()
+            torch.cuda.init()  # type: ignore[no-untyped-call]
+            self.cuda_devices = torch.cuda.device_count()
         if evict_bytes:
             self.evict_buf = torch.zeros(evict_bytes // 4, dtype=torch.float32, device=device)
             # The first parallel op starts the OpenMP pool: do it now, so threads that appear
@@ -272,6 +287,9 @@ class WorkerState:
         os.environ["TRITON_CACHE_DIR"] = os.path.join(build_dir, "triton")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, "inductor")
         PrecompiledHeaderLoader(cache_root).install()
+        configure_triton(h.device, h.source)  # before the import: triton.jit reads it when a kernel is decorated
+        if h.device == "cpu":
+            CudaDeviceCodeCheck().install()
         t0 = time.monotonic()
         try:
             cls, overridden = self._import_candidate(h.source, h.constants)
@@ -417,7 +435,7 @@ class WorkerState:
         # so no two calls see inputs that are a multiple of each other.
         self.noise = []
         for i, values in enumerate(self.pool):
-            row = []
+            row: list[torch.Tensor | None] = []
             for j, x in enumerate(values):
                 if isinstance(x, _Tensor) and x.is_floating_point() and x.numel():
                     g = torch.Generator(device=x.device).manual_seed(int(h.noise_seed) + 1000 * i + j)
@@ -499,7 +517,7 @@ class WorkerState:
 
     def _sync(self) -> None:
         if self.device == "cuda":
-            _cuda_sync()  # cudaDeviceSynchronize: every stream of the device
+            sync_every_gpu(self.cuda_devices)
 
     # -- machine peaks ------------------------------------------------------------------------
 
@@ -543,7 +561,22 @@ class WorkerState:
                                      bf16_tflops=matmul_rate(torch.bfloat16)), None
 
 
-_HANDLERS = {
+def sync_every_gpu(devices: int) -> None:
+    """cudaDeviceSynchronize on each GPU this process sees: every stream of each.
+
+    A program may have left another device current (work queued on it would escape a
+    synchronisation of the current device only); the current device is put back after.
+    """
+    if devices <= 1 or _cuda_exchange_device is None:
+        _cuda_synchronize()
+        return
+    for index in range(devices):
+        previous = _cuda_exchange_device(index)
+        _cuda_synchronize()
+        _cuda_exchange_device(previous)
+
+
+_HANDLERS: dict[P.Kind, Any] = {
     P.Kind.LOAD_TASK: WorkerState.load_task,
     P.Kind.LOAD_PROGRAM: WorkerState.load_program,
     P.Kind.MAKE_INPUTS: WorkerState.make_inputs,

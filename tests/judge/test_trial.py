@@ -13,7 +13,7 @@ from kernelrl.judge.trial import Trial, compiles
 
 PYTORCH = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
 CPP = "from torch.utils.cpp_extension import load_inline\n" + PYTORCH
-TRITON = "import triton\n" + PYTORCH
+TRITON = "import triton\n\n\n@triton.jit\ndef _kernel(x_ptr):\n    pass\n\n\n" + PYTORCH  # a kernel, not only an import
 
 
 def cached(folder: Path, source: str, device: str) -> bool:

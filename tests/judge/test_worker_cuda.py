@@ -1,0 +1,114 @@
+"""The worker on a GPU (marked gpu, skipped without CUDA): work on any stream is timed in full,
+and Triton compiles there whatever the judge's environment says.
+
+Each test can fail: a worker that synchronised only the stream it started on, or through
+`torch.cuda.synchronize` looked up at call time, reports a few microseconds for a call that left
+a 20 ms spin on a side stream; a worker that kept TRITON_INTERPRET on a GPU gives an interpreted,
+untimed result.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kernelrl.judge import protocol as P
+
+pytestmark = pytest.mark.gpu
+
+SPIN_CYCLES = 20_000_000  # torch.cuda._sleep: about 10-20 ms on current GPUs
+
+SIDE_STREAM = f"""
+import torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.side = torch.cuda.Stream()
+    def forward(self, x):
+        out = torch.empty_like(x)
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            torch.cuda._sleep({SPIN_CYCLES})
+            torch.mul(x, torch.sigmoid(x), out=out)
+        return out
+"""
+SWITCHED = f"""
+import torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.side = torch.cuda.Stream()
+    def forward(self, x):
+        self.side.wait_stream(torch.cuda.current_stream())
+        torch.cuda.set_stream(self.side)
+        torch.cuda._sleep({SPIN_CYCLES})
+        return torch.mul(x, torch.sigmoid(x))
+"""
+SYNC_PATCHED = "import torch\ntorch._C._cuda_synchronize = lambda: None\ntorch.cuda.synchronize = lambda d=None: None\n" \
+    + SIDE_STREAM
+PLAIN = """
+import torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.mul(x, torch.sigmoid(x))
+"""
+
+
+def _call_ms(source: str, tmp_path) -> float:
+    """The worker's own time for one call of the program (its device-wide synchronisation around it)."""
+    import torch
+
+    from kernelrl.judge.sandbox import SandboxConfig, Worker
+
+    worker = Worker(config=SandboxConfig(), device="cuda", root=tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        loaded = worker.request(P.LoadProgram(source=source, constants={}, device="cuda", threads=1, init_seed=0,
+                                              evict_bytes=0, build_dir=str(tmp_path / "build"),
+                                              cache_root=str(tmp_path / "cache")), [], deadline=deadline)
+        assert not loaded.failed, loaded.header.message
+        worker.request(P.Pool(noise_seed=1, jitter=0.0), [[torch.randn(64, 4096)]], deadline=deadline)
+        warm = worker.request(P.Warmup(calls=3, max_s=10.0), deadline=deadline)
+        assert not warm.failed, warm.header.message
+        worker.request(P.Prepare(index=0, scales=[1.0], shifts=[0]), deadline=deadline)
+        called = worker.command(P.Kind.CALL, deadline=deadline)
+        assert not called.failed, called.header.message
+        return called.header.t_ns[0] / 1e6
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("source", [SIDE_STREAM, SWITCHED, SYNC_PATCHED], ids=["side_stream", "current_switched",
+                                                                               "sync_patched"])
+def test_work_left_on_another_stream_is_inside_the_call(source, tmp_path):
+    plain_ms = _call_ms(PLAIN, tmp_path / "plain")
+    spun_ms = _call_ms(source, tmp_path / "spun")
+    # the spin alone is milliseconds; the plain call is microseconds
+    assert spun_ms > 2.0 and spun_ms > 20 * plain_ms, (spun_ms, plain_ms)
+
+
+def test_triton_compiles_on_cuda_even_when_the_judge_asks_for_the_interpreter(monkeypatch, tmp_path):
+    from kernelrl.candidate import Candidate
+    from kernelrl.examples import list_examples
+    from kernelrl.judge.evaluator import EvalConfig, evaluate
+    from kernelrl.result import Status, Timing
+    from kernelrl.tasks.suites import builtin_task
+
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # copied into workers by the sandbox's allow-list
+    example = next(e for e in list_examples() if e.name == "rmsnorm/triton_fused")
+    r = evaluate(builtin_task(example.task), Candidate(source=example.source),
+                 EvalConfig(device="cuda", cache_dir=tmp_path))
+    assert r.status is Status.CORRECT, r.message
+    assert r.timing is Timing.MEASURED and r.speedup is not None
+
+
+def test_identical_code_measures_one_on_cuda(tmp_path):
+    """Item 4's check, one task: the reference against identical copies of itself."""
+    from kernelrl.judge.evaluator import EvalConfig, Evaluator
+    from kernelrl.tasks.suites import builtin_task
+
+    with Evaluator(EvalConfig(device="cuda", size="full", cache_dir=tmp_path, roofline=False)) as ev:
+        runs = ev.calibrate(builtin_task("level1/softmax"), runs=3)
+    assert all(r.within(0.02) for r in runs), [(r.speedup_a, r.speedup_b, r.b_over_a) for r in runs]
