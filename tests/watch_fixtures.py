@@ -14,7 +14,17 @@ import threading
 import time
 from pathlib import Path
 
-from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
+from kernelrl.result import (
+    Environment,
+    EvalResult,
+    Finding,
+    RooflineRecord,
+    Severity,
+    Status,
+    TimingRecord,
+    TimingStats,
+    TimingStop,
+)
 from kernelrl.search.database import Database, NewCandidate
 
 HOSTILE = ("</pre></details></td></table><script>window.__pwned = 1</script>"
@@ -37,9 +47,10 @@ def correct(task: str, speedup: float, *, roofline: float | None = 40.0) -> Eval
                       speedup_ci=(speedup * 0.97, speedup * 1.03), ref_time=t_ref, cand_time=t_cand,
                       roofline_pct=roofline, ref_roofline_pct=(roofline or 0) / speedup if roofline else None,
                       max_abs_err=1e-7, max_rel_err=1e-6,
-                      environment={"timing": {"rounds": 17, "calls_per_sample": 4, "stopped_by": "ci",
-                                              "group_size": 3, "rel_ci_half_width": 0.008, "wall_s": 2.1},
-                                   "roofline": {"memory_floor_ms": 0.2, "compute_floor_ms": 0.05}})
+                      environment=Environment(
+                          timing=TimingRecord(rounds=17, calls_per_sample=4, stopped_by=TimingStop.CI, group_size=3,
+                                              rel_ci_half_width=0.008, wall_s=2.1),
+                          roofline=RooflineRecord(memory_floor_ms=0.2, compute_floor_ms=0.05)))
 
 
 def incorrect(task: str) -> EvalResult:

@@ -381,16 +381,17 @@ def evidence_html(r: EvalResult, *, reused_from: int | None = None) -> str:
     for label, t in (("reference time", r.ref_time), ("candidate time", r.cand_time)):
         if t is not None:
             rows.append((label, f"median {t.median_ms:.4f} ms, IQR {t.iqr_ms:.4f} ms, min {t.min_ms:.4f} ms, n={t.n}"))
-    timing = r.environment.get("timing")
-    if isinstance(timing, dict):
-        bits = [f"{k.replace('_', ' ')} {timing[k]}" for k in ("rounds", "calls_per_sample", "stopped_by", "group_size",
-                                                               "rel_ci_half_width", "wall_s") if k in timing]
-        rows.append(("timing rounds", ", ".join(bits)))
+    if r.noise_band is not None:
+        rows.append(("A/A noise band", interval_text(r.noise_band)))
+    timing = r.environment.timing
+    if timing is not None:
+        rows.append(("timing rounds", f"rounds {timing.rounds}, calls per sample {timing.calls_per_sample}, "
+                                      f"stopped by {timing.stopped_by.value}, group size {timing.group_size}, "
+                                      f"rel ci half width {timing.rel_ci_half_width:.4f}, wall s {timing.wall_s}"))
     if r.roofline_pct is not None:
-        roof = r.environment.get("roofline") or {}
-        floors = ", ".join(f"{name} {v:.4f} ms" for name, v in (("memory floor", roof.get("memory_floor_ms")),
-                                                              ("compute floor", roof.get("compute_floor_ms")))
-                           if isinstance(v, (int, float)) and v)
+        roof = r.environment.roofline
+        known = (("memory floor", roof.memory_floor_ms), ("compute floor", roof.compute_floor_ms)) if roof else ()
+        floors = ", ".join(f"{name} {v:.4f} ms" for name, v in known if v)
         ref = f"; reference {roofline_text(r.ref_roofline_pct)}" if r.ref_roofline_pct is not None else ""
         rows.append(("% of roofline", f"{roofline_text(r.roofline_pct)}{ref} ({floors})"))
     if r.build_time_s is not None:
@@ -399,9 +400,10 @@ def evidence_html(r: EvalResult, *, reused_from: int | None = None) -> str:
         rows.append(("evaluation", f"{r.eval_time_s:.1f} s"))
     if reused_from is not None:
         rows.append(("verdict", f"reused from candidate #{reused_from} (same source, same settings)"))
-    llm = r.environment.get("llm_judge")
-    if isinstance(llm, dict):
-        rows.append(("LLM judge", ", ".join(f"{k}: {v}" for k, v in llm.items())))
+    review = r.environment.review
+    if review is not None:
+        rows.append(("LLM judge", f"{review.answer.value} ({review.model}{', cached' if review.cached else ''}): "
+                                  f"{review.reason}"))
     out = ["<dl class='evidence'>"] + [f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in rows] + ["</dl>"]
     if r.findings:
         out.append("<table class='findings'><thead><tr><th>rule</th><th>severity</th><th>stage</th><th>line</th>"
