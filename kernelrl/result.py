@@ -95,6 +95,7 @@ class EvalResult:
     message: str = ""  # one line a person reads first
     speedup: float | None = None  # reference median / candidate median; CORRECT only
     speedup_ci: tuple[float, float] | None = None  # 95 % interval of the speedup
+    noise_band: tuple[float, float] | None = None  # the task's A/A band: speedups identical code measured at
     ref_time: TimingStats | None = None
     cand_time: TimingStats | None = None
     max_abs_err: float | None = None
@@ -127,6 +128,7 @@ class EvalResult:
             "message": self.message,
             "speedup": self.speedup,
             "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None,
+            "noise_band": list(self.noise_band) if self.noise_band else None,
             "ref_time": self.ref_time.to_dict() if self.ref_time else None,
             "cand_time": self.cand_time.to_dict() if self.cand_time else None,
             "max_abs_err": self.max_abs_err,
@@ -148,12 +150,14 @@ class EvalResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EvalResult:
         ci = d.get("speedup_ci")
+        band = d.get("noise_band")
         return cls(
             task=d["task"],
             status=Status(d["status"]),
             message=d.get("message", ""),
             speedup=d.get("speedup"),
             speedup_ci=tuple(ci) if ci else None,
+            noise_band=tuple(band) if band else None,
             ref_time=TimingStats.from_dict(d.get("ref_time")),
             cand_time=TimingStats.from_dict(d.get("cand_time")),
             max_abs_err=d.get("max_abs_err"),

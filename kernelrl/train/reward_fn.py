@@ -269,7 +269,8 @@ class KernelRewardFunction:
 def _meta(step: int, reward: Reward | None, kept: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"stage": "grpo", "step": step, "kept": kept}
     if reward is not None:
-        out.update(raw=reward.raw, reward=reward.value, clipped=reward.clipped, bound=reward.bound)
+        out.update(raw=reward.raw, reward=reward.value, clipped=reward.clipped, band=reward.band,
+                   within_noise=reward.within_noise)
     return out
 
 
