@@ -114,6 +114,7 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
     from kernelrl.search.database import Database, RunStatus
     from kernelrl.tasks.suites import load_tasks
     from kernelrl.train.model import is_model_folder
+    from kernelrl.train.ranks import current_ranks
     from kernelrl.train.rollouts import EvalSettings
     from kernelrl.train.stage import (
         checkpoint_to_resume,
@@ -125,11 +126,14 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
 
     started = time.monotonic()
     stage = Stage(stage)
+    stage_cfg = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage]
+    ranks = current_ranks(cpu=True if stage_cfg.trl.get("use_cpu") else None)
     tasks = load_tasks(list(config.tasks))
     if config.model.tiny is not None and not is_model_folder(config.model.path):
-        _say(console, f"building the tiny model of this config at {config.model.path}")
-        build_tiny_model(config.model.path, tasks, config.model.tiny)
-    stage_cfg = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage]
+        if ranks.is_main:
+            _say(console, f"building the tiny model of this config at {config.model.path}")
+            build_tiny_model(config.model.path, tasks, config.model.tiny)
+        ranks.barrier()
     init = resolve_init(stage, stage_cfg.init_from, output_dir=config.output_dir, base=config.model.path)
     _say(console, f"{stage.value}: starting from {init.source} ({init.reason})")
     folder = stage_dir(config.output_dir, stage)
@@ -138,10 +142,14 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
     owned = backend is None
     settings = EvalSettings.of(config.eval)
     with Database(config.database) as db:
-        for t in tasks:
-            db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level,
-                           size=config.eval.size)
-        run_id = db.start_run({"stage": stage.value, "resume": resume, "config": to_dict(config)})
+        run_id = None
+        if ranks.is_main:  # one run row per stage invocation, whatever the number of processes
+            for t in tasks:
+                db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level,
+                               size=config.eval.size)
+            run_id = db.start_run({"stage": stage.value, "resume": resume, "processes": ranks.count,
+                                   "config": to_dict(config)})
+        run_id = ranks.broadcast(run_id)
         status = RunStatus.FAILED
         reuse: EvalSettings | None = settings
         try:
@@ -150,16 +158,19 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
             if stage is Stage.SFT:
                 report = _run_sft(config, init, folder, resume=resume)
             elif stage is Stage.RFT:
-                report = _run_rft(config, init, folder, tasks, backend, db, settings, run_id, console)
+                report = _run_rft(config, init, folder, tasks, backend, db, settings, run_id, console, ranks)
             else:
-                report = _run_grpo(config, init, folder, tasks, backend, db, reuse, settings, run_id, resume, console)
-            mark_done(config.output_dir, stage, report["final_dir"], run_id=run_id)
+                report = _run_grpo(config, init, folder, tasks, backend, db, reuse, settings, run_id, resume, console,
+                                   ranks)
+            if ranks.is_main:
+                mark_done(config.output_dir, stage, report["final_dir"], run_id=run_id)
             status = RunStatus.FINISHED
         except KeyboardInterrupt:
             status = RunStatus.INTERRUPTED
             raise
         finally:
-            db.finish_run(run_id, status)
+            if ranks.is_main:
+                db.finish_run(run_id, status)
             if owned and backend is not None and hasattr(backend, "close"):
                 backend.close()
     return StageReport(stage=stage, init=init, db_path=config.database, run_id=run_id,
@@ -202,24 +213,25 @@ def _run_sft(config: TrainConfig, init: Init, folder: Path, *, resume: bool) -> 
 
 
 def _run_rft(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], backend: Any, db: Any,
-             settings: Any, run_id: int, console: Any) -> dict[str, Any]:
+             settings: Any, run_id: int, console: Any, ranks: Any) -> dict[str, Any]:
     from kernelrl.train.rft import train_rft
     from kernelrl.train.sft_set import read_sft_set
 
     sft_rows = read_sft_set(config.sft_data) if config.rft.include_sft_set and config.sft_data.is_file() else []
     rounds = train_rft(config.rft, model=config.model, init_from=init.source, tasks=tasks, backend=backend, db=db,
                        output_dir=folder, eval_settings=settings, sft_rows=sft_rows,
-                       seed=config.seed, console=console, template_dir=config.template_dir, run_id=run_id)
+                       seed=config.seed, console=console, template_dir=config.template_dir, run_id=run_id,
+                       ranks=ranks)
     return {"final_dir": Path(rounds[-1].final), "rounds": tuple(rounds)}
 
 
 def _run_grpo(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], backend: Any, db: Any,
-              reuse: Any, settings: Any, run_id: int, resume: bool, console: Any) -> dict[str, Any]:
+              reuse: Any, settings: Any, run_id: int, resume: bool, console: Any, ranks: Any) -> dict[str, Any]:
     from kernelrl.reward import RewardModel
     from kernelrl.train.grpo import train_grpo
 
     result = train_grpo(config.grpo, model=config.model, init_from=init.source, tasks=tasks, backend=backend, db=db,
                         output_dir=folder, reward=RewardModel(config.reward), eval_settings=reuse,
                         prompt_settings=settings, resume=resume, seed=config.seed, console=console,
-                        template_dir=config.template_dir, run_id=run_id)
+                        template_dir=config.template_dir, run_id=run_id, ranks=ranks)
     return {"final_dir": result.outcome.final_dir, "outcome": result.outcome, "grpo": result}
