@@ -128,7 +128,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         spec = ProposerSpec.parse(args.proposer)
         config = build(BenchConfig, {
-            "tasks": task_specs(args.tasks) or ["small"], "proposer": spec.spec,
+            "tasks": task_specs(args.tasks) or ["builtin"], "split": args.split, "proposer": spec.spec,
             "proposer_opts": {**_endpoint_opts(args), **spec.options()}, "k": args.k,
             "ps": args.fast or [1.0, 1.5, 2.0],
             "compile_baseline": not args.no_compile, "db_path": args.db, "model_concurrency": args.model_concurrency,
@@ -160,7 +160,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tries", type=int, default=20, help="answers per task and proposer, at most (default 20)")
     p.add_argument("--keep", type=int, default=1, help="correct answers per task and proposer before it stops")
     p.add_argument("--out", required=True, help="the SFT set (.jsonl); a datasets.Dataset is written next to it")
-    p.add_argument("--db", default=None, help="code database of every try (default: next to --out)")
+    p.add_argument("--db", default=None, help="code database of every try (default: code.db next to --out, the "
+                                              "database `kernelrl train` reads when --out is its sft.jsonl)")
     p.add_argument("--k-shown", type=int, default=4, help="earlier versions shown in each prompt")
     p.add_argument("--model-concurrency", type=int, default=4, help="model calls at once")
     p.add_argument("--base-url", default=None, help="for openai: proposers without their own base_url")
@@ -186,7 +187,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="hf:PATH | replay:PATH | openai:MODEL | heuristic, optionally with options "
                         "\"hf:P max_new_tokens=512\"")
     p.add_argument("--k", type=int, default=5, help="samples per task (default 5)")
-    p.add_argument("--tasks", nargs="+", default=None, metavar="SPEC", help="default: the small suite")
+    p.add_argument("--tasks", nargs="+", default=None, metavar="SPEC",
+                   help="suites, task names, files or folders (a KernelBench checkout); default: builtin")
+    p.add_argument("--split", default="test", choices=("test", "validation", "train", "all"),
+                   help="evaluate the tasks of this split only (default test: tasks no training run may use); "
+                        "your own task files have no split and are always taken")
     p.add_argument("--fast", type=float, nargs="+", default=None, metavar="P",
                    help="fast_p thresholds (default 1.0 1.5 2.0)")
     p.add_argument("--no-compile", action="store_true", help="do not measure the torch.compile baselines")

@@ -30,6 +30,7 @@ from typing import Any
 from kernelrl.config import CONFIG_DIR, build, load_toml, to_dict, with_overrides
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.reward import RewardConfig
+from kernelrl.tasks.splits import Split, for_training, split_of, split_of_name
 from kernelrl.train.grpo import GRPOResult, GRPOStageConfig
 from kernelrl.train.model import ModelConfig
 from kernelrl.train.rft import RFTStageConfig, RoundResult
@@ -57,6 +58,7 @@ class BackendConfig:
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     tasks: tuple[str, ...]  # suites, task names, files or folders (kernelrl.tasks.suites.load_tasks)
+    splits: tuple[str, ...] = ("train",)  # which split's tasks train (kernelrl.tasks.splits); never test
     output_dir: Path  # stage folders go under it: <output_dir>/sft, /rft, /grpo
     model: ModelConfig
     db_path: Path | None = None  # the code database; None: <output_dir>/code.db
@@ -74,6 +76,9 @@ class TrainConfig:
         object.__setattr__(self, "tasks", tuple(s.strip() for v in specs for s in v.split(",") if s.strip()))
         if not self.tasks:
             raise ValueError("no tasks given")
+        object.__setattr__(self, "splits", tuple(Split(s) for s in self.splits))
+        if Split.TEST in self.splits:
+            raise ValueError("splits: training refuses test tasks (the test split is for `kernelrl bench`)")
         object.__setattr__(self, "output_dir", Path(self.output_dir))
         for name in ("db_path", "template_dir"):
             if getattr(self, name) is not None:
@@ -128,7 +133,10 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
     stage = Stage(stage)
     stage_cfg = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage]
     ranks = current_ranks(cpu=True if stage_cfg.trl.get("use_cpu") else None)
-    tasks = load_tasks(list(config.tasks))
+    tasks, left_out = for_training(load_tasks(list(config.tasks)), config.splits)
+    if left_out and ranks.is_main:
+        _say(console, "left out by their split: " + "; ".join(f"{len(n)} {s.value} task(s)" for s, n in
+                                                              left_out.items()))
     if config.model.tiny is not None and not is_model_folder(config.model.path):
         if ranks.is_main:
             _say(console, f"building the tiny model of this config at {config.model.path}")
@@ -148,7 +156,9 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
                 db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level,
                                size=config.eval.size)
             run_id = db.start_run({"stage": stage.value, "resume": resume, "processes": ranks.count,
-                                   "config": to_dict(config)})
+                                   "config": to_dict(config),
+                                   "splits": {t.name: split_of(t).value for t in tasks},
+                                   "left_out": {s.value: names for s, names in left_out.items()}})
         run_id = ranks.broadcast(run_id)
         status = RunStatus.FAILED
         reuse: EvalSettings | None = settings
@@ -204,7 +214,9 @@ def _run_sft(config: TrainConfig, init: Init, folder: Path, *, resume: bool) -> 
     from kernelrl.train.sft_set import read_sft_set
     from kernelrl.train.stage import StageError
 
-    rows = select_rows(read_sft_set(config.sft_data), config.sft.min_speedup)
+    allowed = {*config.splits, Split.UNSPLIT}
+    rows = [r for r in select_rows(read_sft_set(config.sft_data), config.sft.min_speedup)
+            if split_of_name(r.task) in allowed]  # training refuses test tasks, in the SFT set too
     if not rows:
         raise StageError(f"{config.sft_data}: no rows to train on (min_speedup {config.sft.min_speedup})")
     outcome = finetune(rows, source=init.source, model=config.model, trl=config.sft.trl, output_dir=folder,
@@ -218,6 +230,7 @@ def _run_rft(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], ba
     from kernelrl.train.sft_set import read_sft_set
 
     sft_rows = read_sft_set(config.sft_data) if config.rft.include_sft_set and config.sft_data.is_file() else []
+    sft_rows = [r for r in sft_rows if split_of_name(r.task) in {*config.splits, Split.UNSPLIT}]
     rounds = train_rft(config.rft, model=config.model, init_from=init.source, tasks=tasks, backend=backend, db=db,
                        output_dir=folder, eval_settings=settings, sft_rows=sft_rows,
                        seed=config.seed, console=console, template_dir=config.template_dir, run_id=run_id,
