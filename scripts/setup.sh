@@ -8,3 +8,12 @@ if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
     "$PYTHON" -m pip install -q "torch==2.13.0"
 fi
 "$PYTHON" -m pip install -q -e ".[dev]"
+# The gpu extra (vLLM, DeepSpeed, flash-attn) only where CUDA is present. pip must not replace the
+# installed torch build with the one it would resolve: the installed version is a constraint (pip
+# stops with a conflict instead). flash-attn builds against that torch: no build isolation.
+if "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+    constraint=$(mktemp)
+    "$PYTHON" -c "import torch; print('torch==' + torch.__version__)" > "$constraint"
+    "$PYTHON" -m pip install -q -c "$constraint" --no-build-isolation -e ".[gpu]"
+    rm -f "$constraint"
+fi

@@ -90,6 +90,9 @@ def train_parser() -> argparse.ArgumentParser:
                    help="settings on top of the config, e.g. grpo.trl.max_steps=4 model.path=PATH")
     p.add_argument("--resume", action="store_true", help="continue from the stage's last checkpoint")
     p.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config, every file it names and the launch (any machine; nothing is loaded or "
+                        "trained) and print the launch command; exit 2 when a check fails")
     return p
 
 
@@ -108,6 +111,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(to_dict(config), indent=1, default=str))
         return 0
+    if args.dry_run:
+        return _dry_run(config, Stage(args.stage), args.config)
     check_device(config.eval.device)
     console = console_for()
     try:
@@ -115,6 +120,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     except errors as e:
         raise UsageError(str(e)) from e
     render_stage_report(report, console)
+    return 0
+
+
+def _dry_run(config: Any, stage: Any, name: str) -> int:
+    from kernelrl.train.launch import dry_run
+
+    try:
+        report = dry_run(config, stage, name=name)
+    except _train_errors() as e:
+        raise UsageError(str(e)) from e
+    marks = {"ok": "ok   ", "note": "note ", "error": "ERROR"}
+    for c in report.checks:
+        print(f"{marks[c.level]} {c.what}: {c.detail}")
+    print(f"launch: {report.command}")
+    if not report.ok:
+        errors = [c for c in report.checks if c.level == "error"]
+        raise UsageError(f"dry run of {stage.value} with {name}: {len(errors)} check(s) failed "
+                         f"({'; '.join(c.what for c in errors)})")
+    print(f"dry run of {stage.value} with {name}: every check passed")
     return 0
 
 
@@ -173,7 +197,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("train", help="train a model: sft, rft (rejection sampling) or grpo (contrastive RL), on TRL",
                        usage="kernelrl train {sft,rft,grpo} --config NAME|FILE [--resume] [--print-config] "
-                             "[KEY=VALUE ...]",
+                             "[--dry-run] [KEY=VALUE ...]",
                        epilog="KEY=VALUE sets a dotted setting of the config, e.g. grpo.trl.max_steps=4; "
                               "`kernelrl train grpo -h` lists the options")
     p.add_argument("stage", choices=("sft", "rft", "grpo"))

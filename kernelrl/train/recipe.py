@@ -32,6 +32,7 @@ from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.reward import RewardConfig
 from kernelrl.tasks.splits import Split, for_training, split_of, split_of_name
 from kernelrl.train.grpo import GRPOResult, GRPOStageConfig
+from kernelrl.train.launch import LaunchConfig
 from kernelrl.train.model import ModelConfig
 from kernelrl.train.rft import RFTStageConfig, RoundResult
 from kernelrl.train.sft import SFTStageConfig
@@ -67,6 +68,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)  # processes per stage, the accelerate config
     sft: SFTStageConfig = field(default_factory=SFTStageConfig)
     rft: RFTStageConfig = field(default_factory=RFTStageConfig)
     grpo: GRPOStageConfig = field(default_factory=lambda: GRPOStageConfig(trl={"max_steps": 100}))
@@ -137,6 +139,12 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
     if left_out and ranks.is_main:
         _say(console, "left out by their split: " + "; ".join(f"{len(n)} {s.value} task(s)" for s, n in
                                                               left_out.items()))
+    folder = stage_dir(config.output_dir, stage)
+    if stage is not Stage.RFT:
+        checkpoint_to_resume(folder, resume=resume)  # refused before anything is opened or written
+    if ranks.count != config.launch.processes(stage) and ranks.is_main:
+        _say(console, f"{stage.value} runs on {ranks.count} process(es); the config launches it on "
+                      f"{config.launch.processes(stage)} (`--dry-run` prints its launch command)")
     if config.model.tiny is not None and not is_model_folder(config.model.path):
         if ranks.is_main:
             _say(console, f"building the tiny model of this config at {config.model.path}")
@@ -144,9 +152,6 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
         ranks.barrier()
     init = resolve_init(stage, stage_cfg.init_from, output_dir=config.output_dir, base=config.model.path)
     _say(console, f"{stage.value}: starting from {init.source} ({init.reason})")
-    folder = stage_dir(config.output_dir, stage)
-    if stage is not Stage.RFT:
-        checkpoint_to_resume(folder, resume=resume)  # refused before anything is opened or written
     owned = backend is None
     settings = EvalSettings.of(config.eval)
     with Database(config.database) as db:
