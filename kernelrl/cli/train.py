@@ -57,9 +57,10 @@ def cmd_collect(args: argparse.Namespace) -> int:
     except ConfigError as e:
         raise UsageError(f"bad collect settings: {e}") from e
     console = console_for()
+    errors: tuple[type[Exception], ...] = (*_train_errors(), ValueError)
     try:
         summary = collect(config, console=console)
-    except (*_train_errors(), ValueError) as e:
+    except errors as e:
         raise UsageError(str(e)) from e
     render_collect(summary, console)
     return 0
@@ -173,7 +174,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register this module's commands."""
     p = sub.add_parser("collect", help="build the SFT set: several proposers try every task, the evaluator keeps "
                                        "what is correct")

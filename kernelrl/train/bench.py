@@ -221,10 +221,9 @@ def _sample(proposer: Any, tasks: Sequence[Task], config: BenchConfig, settings:
     from kernelrl.search.prompt import build_prompt
     from kernelrl.search.proposers import Exhausted, ProposalRequest
 
-    extra = {"template_dir": config.template_dir} if config.template_dir is not None else {}
     prompts = {t.name: build_prompt(t, db=None, chain_best=None, policy=settings.policy, device=settings.device,
                                     rng=random.Random(config.seed), size=settings.size,
-                                    profile=profiles.get(t.name), **extra) for t in tasks}
+                                    profile=profiles.get(t.name), template_dir=config.template_dir) for t in tasks}
     jobs = [(t, i) for t in tasks for i in range(config.k)]
 
     def one(job: tuple[Task, int]) -> Rollout | None:

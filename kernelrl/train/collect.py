@@ -171,7 +171,8 @@ def collect(config: CollectConfig, *, console: Any = None, backend: Any = None,
     """Run (or continue) a collection; see the module docstring. `backend` and `proposers` (by
     label) replace the configured evaluator and proposers (tests)."""
     from kernelrl.config import to_dict
-    from kernelrl.search.database import Database, RunStatus
+    from kernelrl.search.database import Database
+    from kernelrl.search.records import RunStatus
     from kernelrl.tasks.splits import for_training
     from kernelrl.tasks.suites import load_tasks
 
@@ -312,11 +313,10 @@ def _ask(pairs: Sequence[_Pair], proposers: Mapping[str, Any], db: Any, config: 
     requests = []
     for p in pairs:
         best = db.top_candidates(p.task.name, 1)
-        extra = {"template_dir": config.template_dir} if config.template_dir is not None else {}
         prompt = build_prompt(p.task, db=db, chain_best=best[0] if best else None, policy=settings.policy,
                               device=settings.device, size=settings.size, k=config.k_shown,
                               rng=random.Random(f"{config.seed}:{p.task.name}:{p.spec.label}:{p.tries}"),
-                              profile=profiles.get(p.task.name), **extra)
+                              profile=profiles.get(p.task.name), template_dir=config.template_dir)
         requests.append((p, prompt, best[0].id if best else None))
 
     def one(item: tuple[_Pair, str, int | None]) -> Any:

@@ -178,7 +178,8 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
     """Train; `output_dir` is the stage's folder. `eval_settings` (None: do not reuse stored
     verdicts) say which database results stand for the backend's; `prompt_settings` give the
     policy, device and size the prompts state; `ranks` are the run's processes (one by default)."""
-    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.grpo_config import GRPOConfig
+    from trl.trainer.grpo_trainer import GRPOTrainer
 
     ranks = ranks or SingleProcess()
     started = time.monotonic()

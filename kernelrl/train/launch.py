@@ -266,7 +266,7 @@ def _check_grpo_batch(cls: type, values: dict[str, Any], processes: int, add: An
     """A generation batch at the launch's process count holds whole groups. TRL checks the same
     when it starts, with the processes it then has; here its config is given the batch size the
     launch will have instead of this machine's one process."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.init}
+    defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(cls) if f.init}
     per_device = int(values.get("per_device_train_batch_size", defaults["per_device_train_batch_size"]))
     steps = int(values.get("steps_per_generation") or values.get("gradient_accumulation_steps")
                 or defaults["gradient_accumulation_steps"])

@@ -118,7 +118,8 @@ class StageReport:
 def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, console: Any = None,
               backend: Any = None) -> StageReport:
     """Run one stage (see the module docstring). `backend` replaces the configured one (tests)."""
-    from kernelrl.search.database import Database, RunStatus
+    from kernelrl.search.database import Database
+    from kernelrl.search.records import RunStatus
     from kernelrl.tasks.suites import load_tasks
     from kernelrl.train.model import is_model_folder
     from kernelrl.train.ranks import current_ranks
@@ -133,7 +134,8 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
 
     started = time.monotonic()
     stage = Stage(stage)
-    stage_cfg = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage]
+    stage_cfg: SFTStageConfig | RFTStageConfig | GRPOStageConfig = (
+        config.sft if stage is Stage.SFT else config.rft if stage is Stage.RFT else config.grpo)
     ranks = current_ranks(cpu=True if stage_cfg.trl.get("use_cpu") else None)
     tasks, left_out = for_training(load_tasks(list(config.tasks)), config.splits)
     if left_out and ranks.is_main:
@@ -165,6 +167,7 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
                                    "splits": {t.name: split_of(t).value for t in tasks},
                                    "left_out": {s.value: names for s, names in left_out.items()}})
         run_id = ranks.broadcast(run_id)
+        assert run_id is not None  # the main process started it
         status = RunStatus.FAILED
         reuse: EvalSettings | None = settings
         try:

@@ -279,7 +279,8 @@ class KernelRewardFunction:
         if not wanted:
             return
         measured = {name: self._measure_compile(self.tasks[name]) for name in wanted} if self.ranks.is_main else None
-        self.compile_speedups.update(self.ranks.broadcast(measured) or {})
+        shared = self.ranks.broadcast(measured)
+        self.compile_speedups.update(shared or {})
 
     def _compile_speedup(self, task: Task, j: Judged) -> float | None:
         """eager/compile time ratio of the task, when the reward is measured against torch.compile."""

@@ -130,9 +130,11 @@ def train_rft(stage: RFTStageConfig, *, model: ModelConfig, init_from: str, task
         folder = round_dir(output_dir, r)
         label = f"rft:round-{r}"
         done = ranks.broadcast(_read_round(folder) if ranks.is_main else None)
+        plan: list[Planned] = []
         if done is None:
-            plan = ranks.broadcast(_plan(stage, tasks, by_name, db, eval_settings, label, seed=seed + r,
-                                         template_dir=template_dir, profiles=profiles) if ranks.is_main else None)
+            planned = ranks.broadcast(_plan(stage, tasks, by_name, db, eval_settings, label, seed=seed + r,
+                                            template_dir=template_dir, profiles=profiles) if ranks.is_main else None)
+            plan = planned or []
             if plan:
                 if ranks.is_main:
                     _say(console, f"rft round {r}: sampling {sum(p.count for p in plan)} answers from {current} "
@@ -142,8 +144,10 @@ def train_rft(stage: RFTStageConfig, *, model: ModelConfig, init_from: str, task
                 store_rollouts(db, judged, proposer=label, step=r, run_id=run_id, settings=eval_settings,
                                meta=[{"stage": "rft", "round": r, "rank": ranks.index}] * len(judged))
             ranks.barrier()  # every rank's samples are stored before the round is read back
-        rollouts, _ = ranks.broadcast(_stored_samples(db, label, by_name, stage.samples_per_task)
-                                      if ranks.is_main else None)
+        stored = ranks.broadcast(_stored_samples(db, label, by_name, stage.samples_per_task)
+                                 if ranks.is_main else None)
+        assert stored is not None  # read by the main process
+        rollouts = stored[0]
         reused = len(rollouts) - (sum(p.count for p in plan) if done is None else 0)
         correct = [j for j in rollouts if j.status is Status.CORRECT and
                    (stage.min_speedup is None or ((j.result and j.result.speedup) or 0) >= stage.min_speedup)]
@@ -211,7 +215,7 @@ def _has_checkpoint(folder: Path) -> bool:
 
 def _read_round(folder: Path) -> dict[str, Any] | None:
     try:
-        done = json.loads((folder / ROUND_FILE).read_text())
+        done: dict[str, Any] = json.loads((folder / ROUND_FILE).read_text())
     except (OSError, ValueError):
         return None
     final = done.get("final")
@@ -262,10 +266,9 @@ def _plan(stage: RFTStageConfig, tasks: Sequence[Task], by_name: Mapping[str, Ta
     out = []
     for name, count in _missing(tasks, have, stage.samples_per_task).items():
         best = db.top_candidates(name, 1)
-        extra = {"template_dir": template_dir} if template_dir is not None else {}
         text = build_prompt(by_name[name], db=db, chain_best=best[0] if best else None, policy=settings.policy,
                             device=settings.device, rng=random.Random(f"{seed}:{name}"), k=stage.k_shown,
-                            size=settings.size, profile=profiles.get(name), **extra)
+                            size=settings.size, profile=profiles.get(name), template_dir=template_dir)
         out.append(Planned(task=name, prompt=text, parents=(best[0].id,) if best else (), count=count))
     return out
 

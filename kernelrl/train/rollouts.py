@@ -124,7 +124,7 @@ def store_rollouts(db: Any, judged: Sequence[Judged], *, proposer: str, step: in
                    run_id: int | None = None, meta: Sequence[Mapping[str, Any]] | None = None,
                    settings: EvalSettings | None = None) -> list[Judged]:
     """Write each rollout and its verdict to the code database; the judged rows with their ids."""
-    from kernelrl.search.database import NewCandidate
+    from kernelrl.search.records import NewCandidate
 
     out = []
     for i, j in enumerate(judged):
@@ -145,9 +145,10 @@ def store_rollouts(db: Any, judged: Sequence[Judged], *, proposer: str, step: in
 
 
 def no_code_result(task: str, settings: EvalSettings | None = None) -> EvalResult:
-    extra = {"device": settings.device, "size": settings.size, "policy": settings.policy} if settings else {}
-    return EvalResult(task=task, status=Status.COMPILE_ERROR, message=NO_CODE_MESSAGE, candidate_hash=source_hash(""),
-                      **extra)
+    result = EvalResult(task=task, status=Status.COMPILE_ERROR, message=NO_CODE_MESSAGE, candidate_hash=source_hash(""))
+    if settings is not None:
+        result.device, result.size, result.policy = settings.device, settings.size, settings.policy
+    return result
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import gc
 import importlib.util
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -36,6 +37,9 @@ from kernelrl.train.model import ModelConfig, Sample, load_model, sample_answers
 from kernelrl.train.ranks import Ranks, local_device_index
 
 T = TypeVar("T")
+# transformers' from_pretrained patches process-wide initialisers while it loads: one load at a time
+# in a process (ranks are processes; tests run ranks as threads of one).
+_LOADING = threading.Lock()
 Prompt = str | list[dict[str, str]]
 
 
@@ -130,7 +134,8 @@ class HFSampler:
         if self._loaded is None:
             import torch
 
-            policy, tokenizer = load_model(self.source, self.model_cfg)
+            with _LOADING:
+                policy, tokenizer = load_model(self.source, self.model_cfg)
             if torch.cuda.is_available():
                 policy = policy.to(f"cuda:{local_device_index(self.ranks)}")
             torch.manual_seed(self.seed + self.ranks.index)
@@ -231,8 +236,8 @@ class VLLMServerSampler:
             policy = policy.to(f"cuda:{local_device_index(ranks)}")
             self.client.init_communicator(device=torch.device(f"cuda:{local_device_index(ranks)}"))
             self.client.update_model_params(policy)
-            self.client.reset_prefix_cache()
-            self.client.close_communicator()
+            self.client.reset_prefix_cache()  # type: ignore[no-untyped-call]
+            self.client.close_communicator()  # type: ignore[no-untyped-call]
             del policy
             gc.collect()
             torch.cuda.empty_cache()
@@ -251,7 +256,7 @@ class VLLMServerSampler:
                 for ids in got["completion_ids"][k * n:(k + 1) * n]:
                     ended = bool(ids) and ids[-1] in eos
                     kept = ids[:-1] if ended else ids
-                    out[i].append(Sample(text=self.tokenizer.decode(kept, skip_special_tokens=True),
+                    out[i].append(Sample(text=str(self.tokenizer.decode(kept, skip_special_tokens=True)),
                                          prompt_tokens=n_prompt, completion_tokens=len(kept), truncated=not ended))
         return out
 

@@ -79,10 +79,9 @@ class PromptStream:
         task = self.curriculum.draw()
         best = self.db.top_candidates(task.name, 1) if self.db is not None else []
         chain_best = best[0] if best else None
-        extra = {"template_dir": self.template_dir} if self.template_dir is not None else {}
         text = build_prompt(task, db=self.db, chain_best=chain_best, policy=self.policy, device=self.device,
                             rng=random.Random(f"{self.seed}:{self.built}"), k=self.k, size=self.size,
-                            profile=self.profiles.get(task.name), **extra)
+                            profile=self.profiles.get(task.name), template_dir=self.template_dir)
         self.built += 1
         prompt = self.as_prompt(text)
         return {"prompt": prompt, "task": task.name, "key": row_key(task.name, prompt),
@@ -91,7 +90,9 @@ class PromptStream:
     def rows(self) -> Iterator[dict[str, Any]]:
         """Rows without end; with several ranks, the main process's rows on every rank."""
         while True:
-            yield self.ranks.broadcast(self.row() if self.ranks.is_main else None)
+            row = self.ranks.broadcast(self.row() if self.ranks.is_main else None)
+            assert row is not None  # the main process always builds one
+            yield row
 
     def state(self) -> dict[str, Any]:
         return {"built": self.built}
