@@ -95,7 +95,7 @@ def test_collect_bad_input_is_one_line(tmp_path, capsys):
     assert main(["collect", "--tasks", "level1/gelu", "--proposer", "openai:m api_key=sk-123",
                  "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "api_key_env" in capsys.readouterr().err
-    assert main(["train", "sft", "--config", "tiny-cpu", f"output_dir={tmp_path}",
+    assert main(["train", "sft", "--config", "tiny-cpu", f"output_dir={tmp_path}", f"model.path={tmp_path / 'base'}",
                  f"sft.data={tmp_path / 'none.jsonl'}"]) == 2
     assert "no SFT set" in capsys.readouterr().err
     assert main(["train", "grpo", "--config", "tiny-cpu", f"output_dir={tmp_path}", "--resume"]) == 2
