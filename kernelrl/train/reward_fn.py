@@ -21,8 +21,9 @@ reward function. For each call (one generation batch of this process's rows):
 5. on every rank, in that one order: CUDA-L1's clip (`RewardModel.clip`, windows of raw values),
    GRPO-RoC's choice per group (`kernelrl.train.roc.select`, one shared seed), and the
    curriculum's observation of each group; so every rank ends the call with the same windows,
-   the same RoC generator and the same curriculum, and RoC selects whole groups even when a
-   group spans ranks. Dropped rollouts and `task_error`s get None (TRL ignores them);
+   the same RoC generator and the same observations (only the main process's curriculum draws
+   tasks, in `kernelrl.train.stream`), and RoC selects whole groups even when a group spans
+   ranks. Dropped rollouts and `task_error`s get None (TRL ignores them);
 6. with a database, this rank's codes and verdicts are written back (raw and clipped reward,
    the band, within noise or not, kept or not, step, rank and group in the candidate's `meta`),
    so later prompts show them and a run page can read every rollout by step;
