@@ -69,6 +69,7 @@ from kernelrl.train.stream import PromptStream
 from kernelrl.train.trl_args import build_args, check_keys, trl_class
 
 STATE_FILE = "kernelrl_state.rank{rank}.json"
+LEGACY_STATE_FILE = "kernelrl_state.json"  # rank 0's state, in checkpoints of earlier versions
 # The prompt stream is endless and built from the database: never shuffled, never replayed.
 FORCED = {"shuffle_dataset": False}
 DEFAULTS = {"ignore_data_skip": True}
@@ -132,8 +133,9 @@ def state_callback(reward_fn: KernelRewardFunction, stream: PromptStream, rank: 
 
 def load_rank_state(checkpoint: Path, rank: int, reward_fn: KernelRewardFunction, stream: PromptStream,
                     console: Any = None) -> Path | None:
-    """Restore this rank's state from `checkpoint` (rank 0's when this rank has none); the file used."""
-    for path in (state_file(checkpoint, rank), state_file(checkpoint, 0)):
+    """Restore this rank's state from `checkpoint` (rank 0's when this rank has none, then the one
+    file of a checkpoint written before states were kept per rank); the file used."""
+    for path in (state_file(checkpoint, rank), state_file(checkpoint, 0), Path(checkpoint) / LEGACY_STATE_FILE):
         if path.is_file():
             text = path.read_text()
             saved = json.loads(text)
