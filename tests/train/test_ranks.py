@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from kernelrl.result import EvalResult, Status
 from kernelrl.reward import RewardConfig, RewardModel, SmoothingConfig
 from kernelrl.search.database import Database
 from kernelrl.tasks.task import Task
@@ -149,3 +150,23 @@ def test_two_processes_train_two_steps_agree_on_every_group_and_resume_both_rank
         third = [r for r in db.candidates() if r.meta["step"] == 2]
     assert len(third) == 4 and {r.meta["rank"] for r in third} == {0, 1} and len({r.task for r in third}) == 1
     assert {r.meta["group"] for r in third} == {0}
+
+
+def test_each_rank_restores_its_own_state_else_rank_0s_else_an_older_single_file(tmp_path):
+    from kernelrl.train.grpo import LEGACY_STATE_FILE, _state_text, load_rank_state, state_file
+
+    def fresh():
+        stream, fn = make(SingleProcess(), shared=True)
+        return fn, stream
+
+    fn, stream = fresh()
+    fn.reward.score(EvalResult(task=TASKS[0].name, status=Status.CORRECT, speedup=2.0))
+    saved = _state_text(fn, stream, 0)
+    (tmp_path / LEGACY_STATE_FILE).write_text(saved)
+    fn1, stream1 = fresh()
+    assert load_rank_state(tmp_path, 1, fn1, stream1) == tmp_path / LEGACY_STATE_FILE
+    assert fn1.reward.window(TASKS[0].name) == fn.reward.window(TASKS[0].name) != []
+    state_file(tmp_path, 0).write_text(saved)
+    assert load_rank_state(tmp_path, 1, *fresh()) == state_file(tmp_path, 0)
+    state_file(tmp_path, 1).write_text(saved)
+    assert load_rank_state(tmp_path, 1, *fresh()) == state_file(tmp_path, 1)
