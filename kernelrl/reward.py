@@ -1,33 +1,55 @@
 """The reward: an evaluator verdict turned into one scalar for a trainer.
 
-One mapping, used by the trainer, the reward server and the RL-framework adapters alike:
+One mapping, used by the trainer, the reward server and the RL-framework adapters alike.
 
-- a correctness gate: only a `correct` result earns a speedup term; every other status gets a
-  fixed value, ordered so that the policy learns "build, then be right, then be fast, and never
-  hack": flagged < timeout, runtime error, incorrect < compile error (validated);
-- the speedup term, measured against eager (the evaluator's speedup) or against
-  `torch.compile` (the evaluator's speedup times the task's eager/compile baseline ratio):
-  `log` (default: log(speedup), symmetric around 1x and gentle on outliers), `speedup` (the
-  ratio itself, the mapping CUDA-L1 describes) or `capped_linear` (min(speedup, cap), a
-  common published choice), plus an optional bonus for being correct;
-- optional format term (the answer holds exactly one complete code block defining `ModelNew`)
-  and length penalty (linear between a soft and a hard token count, as in DAPO's overlong
-  shaping);
-- smoothing and clipping as CUDA-L1 describes: a running window of recent rewards of correct
-  results per task (falling back to the task's level while the task has few), and a reward above
-  mean + k·sigma of that window (k = 1.5) is clipped to the bound. Each `Reward` carries the raw
-  and the clipped value so both can be logged.
+Semantics (each is a property tested in `tests/test_reward.py`, over every shipped config):
 
-Guarantees: `RewardModel.score` never raises for any `EvalResult` (a `task_error` gets None); the window holds clipped
-values, so one exploit cannot widen the bound that clips the next; penalties are fixed values
-and are never clipped; the model is safe to call from several threads.
+1. **Build, then be right, then be fast.** Every correct result scores above every failure,
+   whatever its speedup and whatever the optional format and length terms add or take:
+   `RewardConfig` refuses settings under which the worst correct result could meet the best
+   failure. Early in RL most correct kernels are slower than eager; if a slow correct kernel
+   scored below a compile error, the policy would learn to stop writing code that builds.
+2. **Hacks are the worst outcome.** A flagged result scores below everything else, a correct
+   result and every other failure alike (or the policy learns to hack).
+3. **Among failures**: flagged < timeout, runtime error, incorrect <= compile error, no code
+   (a program that builds and runs wrong must not beat one that does not build).
+4. **Monotone in speedup**: for results that carry the same noise information, a faster
+   correct result never scores lower. Speedups are measured against eager (the evaluator's
+   speedup) or against `torch.compile` (times the task's eager/compile ratio).
+5. **Bounded on both sides**: speedups are held to [`speedup_floor`, `speedup_cap`] before
+   they are mapped, so every reward lies in `RewardModel.bounds()`, and one absurd
+   measurement (0.001x, or an exploit's 1000x) cannot dominate a gradient.
+6. **Noise is no speedup**: a speedup whose 95 % interval (`EvalResult.speedup_ci`) contains
+   1.0, or that lies inside the task's A/A noise band (`EvalResult.noise_band`, from
+   calibration: identical code measured against itself), is paid as exactly 1.0x (so against
+   torch.compile it pays what the reference itself would). `noise = false` turns this off.
+7. **The speed term**: `log` (default: log of the held speedup, 0 at 1x, symmetric, gentle on
+   outliers) or `speedup` (the ratio itself: CUDA-L1's mapping; with a low `speedup_cap` it is
+   the published "capped linear" choice), plus `correct_bonus` for every correct result.
+8. **CUDA-L1's smoothing, both sides**: a running window of recent *raw* rewards of correct,
+   timed results per task (the task's level stands in while the task has fewer than
+   `min_samples`); a reward outside mean +/- k sigma of that window (k = 1.5; the band is at
+   least `min_width` either side, so a flat window still orders better from worse) is clipped
+   to the band. The window holds raw values, so it keeps adapting: a task whose kernels
+   improve keeps paying more for more (a window of clipped values froze: 2x and 10x paid the
+   same). Clipping keeps the ordering above: a clipped correct reward stays within the range
+   of correct rewards, penalties are fixed and never clipped.
 
-Does not decide correctness or detect hacks: the evaluator does; a flagged result is simply the
-lowest reward.
+Each `Reward` carries the raw and the clipped value, the band, and whether the speedup was
+within noise, so all can be logged. `score` = `clip(raw(...))`; a trainer with several
+processes scores raw values locally and clips them all in one agreed order
+(`kernelrl.train.reward_fn`).
+
+Guarantees: `RewardModel.score` never raises for any `EvalResult` (a `task_error`, and an interpreted run that cannot be timed, get None);
+the model is safe to call from several threads; its windows round-trip through `state()`.
+
+Does not decide correctness, measure noise or detect hacks: the evaluator does; a flagged
+result is simply the lowest reward.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import statistics
@@ -37,13 +59,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelrl.candidate import defines_model_new, fenced_blocks
-from kernelrl.result import EvalResult, Status
+from kernelrl.result import EvalResult, Status, Timing
+
+NO_SPEEDUP = 1.0
 
 
 class SpeedupMapping(enum.StrEnum):
     LOG = "log"
-    SPEEDUP = "speedup"
-    CAPPED_LINEAR = "capped_linear"
+    SPEEDUP = "speedup"  # CUDA-L1: the ratio itself
 
 
 class BaselineKind(enum.StrEnum):
@@ -53,39 +76,47 @@ class BaselineKind(enum.StrEnum):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Penalties:
-    """Fixed rewards of the statuses that earn no speedup term."""
+    """Fixed rewards of the outcomes that earn no speedup term (all below every correct result)."""
 
-    flagged: float = -1.0
-    timeout: float = -0.5
-    runtime_error: float = -0.5
-    incorrect: float = -0.5
-    compile_error: float = -0.3
-    no_code: float = -0.3  # the answer held no complete code block
+    flagged: float = -4.0
+    timeout: float = -3.0
+    runtime_error: float = -3.0
+    incorrect: float = -3.0
+    compile_error: float = -2.5
+    no_code: float = -2.5  # the answer held no complete code block
 
     def __post_init__(self) -> None:
-        if not self.flagged < min(self.timeout, self.runtime_error, self.incorrect):
+        if not self.flagged < min(self.timeout, self.runtime_error, self.incorrect, self.compile_error,
+                                  self.no_code):
             raise ValueError("a flagged result must be the lowest reward (or the policy learns to hack)")
-        if not max(self.timeout, self.runtime_error, self.incorrect) <= self.compile_error:
+        if not max(self.timeout, self.runtime_error, self.incorrect) <= min(self.compile_error, self.no_code):
             raise ValueError("a program that builds and runs wrong must not beat one that does not build "
-                             "(incorrect, runtime_error, timeout <= compile_error)")
+                             "(incorrect, runtime_error, timeout <= compile_error, no_code)")
 
     def of(self, status: Status) -> float:
         return {Status.FLAGGED: self.flagged, Status.TIMEOUT: self.timeout, Status.RUNTIME_ERROR: self.runtime_error,
                 Status.INCORRECT: self.incorrect, Status.COMPILE_ERROR: self.compile_error}[status]
 
+    @property
+    def highest(self) -> float:
+        return max(self.timeout, self.runtime_error, self.incorrect, self.compile_error, self.no_code)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SmoothingConfig:
     enabled: bool = True
-    window: int = 64  # recent rewards of correct results kept per task and per level
-    k: float = 1.5  # clip above mean + k * std
+    window: int = 64  # recent raw rewards of correct results kept per task and per level
+    k: float = 1.5  # clip outside mean +/- k * std
     min_samples: int = 8  # a window this full is used; fewer: the level's, then nothing
+    min_width: float = 0.05  # the band reaches at least this far either side of the mean (reward units)
 
     def __post_init__(self) -> None:
         if self.window < 2 or self.min_samples < 2 or self.min_samples > self.window:
             raise ValueError("need 2 <= min_samples <= window")
         if self.k <= 0:
             raise ValueError("k must be positive")
+        if self.min_width < 0:
+            raise ValueError("min_width must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,7 +124,9 @@ class RewardConfig:
     mapping: SpeedupMapping = SpeedupMapping.LOG
     baseline: BaselineKind = BaselineKind.EAGER
     correct_bonus: float = 0.0  # added to every correct result (0.3 is a common published choice)
-    speedup_cap: float = 3.0  # capped_linear only
+    speedup_floor: float = 0.1  # a slower correct result pays as this speedup
+    speedup_cap: float = 10.0  # a faster one pays as this (3.0 with `speedup`: capped linear)
+    noise: bool = True  # a speedup within noise (interval holds 1.0, or inside the A/A band) pays as 1.0x
     penalties: Penalties = field(default_factory=Penalties)
     format_weight: float = 0.0  # added when the answer holds exactly one complete ModelNew block
     length_weight: float = 0.0  # subtracted in full at length_max_tokens, linearly from length_soft_tokens
@@ -104,12 +137,23 @@ class RewardConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "mapping", SpeedupMapping(self.mapping))
         object.__setattr__(self, "baseline", BaselineKind(self.baseline))
-        if self.speedup_cap <= 0:
-            raise ValueError("speedup_cap must be positive")
+        if not 0 < self.speedup_floor <= NO_SPEEDUP <= self.speedup_cap or not math.isfinite(self.speedup_cap):
+            raise ValueError("need 0 < speedup_floor <= 1 <= speedup_cap < inf (the reward is bounded on both sides)")
         if self.format_weight < 0 or self.length_weight < 0:
             raise ValueError("format_weight and length_weight are magnitudes (>= 0)")
         if not 0 < self.length_soft_tokens < self.length_max_tokens:
             raise ValueError("need 0 < length_soft_tokens < length_max_tokens")
+        worst_correct = self.correct_bonus + speed_term(self.mapping, self.speedup_floor) - self.length_weight
+        best_failure = self.penalties.highest + self.format_weight
+        if not worst_correct > best_failure:
+            raise ValueError(
+                f"the slowest correct result ({worst_correct:.3g}: bonus + term at speedup_floor - length_weight) "
+                f"must score above the best failure ({best_failure:.3g}: highest penalty + format_weight); raise "
+                "correct_bonus or speedup_floor, or lower the penalties")
+
+
+def speed_term(mapping: SpeedupMapping, speedup: float) -> float:
+    return math.log(speedup) if mapping is SpeedupMapping.LOG else speedup
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,15 +163,29 @@ class Reward:
     value: float  # what the trainer uses (clipped when smoothing clipped it)
     raw: float  # before clipping
     clipped: bool
-    bound: float | None  # the window's mean + k * std, when a window was used
+    band: tuple[float, float] | None  # the window's mean -/+ k * std, when a window was used
     status: Status | None  # None: no code to evaluate
-    speedup: float | None  # against the configured baseline; correct results only
+    speedup: float | None  # the speedup paid for, against the configured baseline; correct and timed only
+    within_noise: bool  # the measured speedup was within noise and paid as 1.0x
     parts: dict[str, float]  # the terms that add up to `raw`
 
     def to_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "raw": self.raw, "clipped": self.clipped, "bound": self.bound,
-                "status": self.status.value if self.status else None, "speedup": self.speedup,
-                "parts": dict(self.parts)}
+        return {"value": self.value, "raw": self.raw, "clipped": self.clipped,
+                "band": list(self.band) if self.band else None, "status": self.status.value if self.status else None,
+                "speedup": self.speedup, "within_noise": self.within_noise, "parts": dict(self.parts)}
+
+
+def within_noise(result: EvalResult) -> bool:
+    """The measured speedup cannot be told from 1.0x: its interval holds 1.0, or it lies inside the
+    task's A/A band (widened to hold 1.0, so the rule never makes a faster result pay less)."""
+    s = result.speedup
+    if s is None:
+        return False
+    ci = result.speedup_ci
+    if ci is not None and min(ci) <= NO_SPEEDUP <= max(ci):
+        return True
+    band = result.noise_band
+    return band is not None and min(*band, NO_SPEEDUP) <= s <= max(*band, NO_SPEEDUP)
 
 
 class RewardModel:
@@ -136,24 +194,27 @@ class RewardModel:
     def __init__(self, config: RewardConfig | None = None) -> None:
         self.config = config or RewardConfig()
         self._lock = threading.Lock()
-        size = self.config.smoothing.window
+        self._size = self.config.smoothing.window
         self._by_task: dict[str, deque[float]] = {}
         self._by_level: dict[int | None, deque[float]] = {}
-        self._size = size
 
     def speedup_term(self, speedup: float) -> float:
+        """The speed term of a speedup, held to [speedup_floor, speedup_cap] first."""
         cfg = self.config
-        if speedup <= 0 or not math.isfinite(speedup):
+        if speedup <= 0 or math.isnan(speedup):
             raise ValueError(f"speedup must be a positive number, got {speedup}")
-        if cfg.mapping is SpeedupMapping.LOG:
-            return math.log(speedup)
-        if cfg.mapping is SpeedupMapping.SPEEDUP:
-            return speedup
-        return min(speedup, cfg.speedup_cap)
+        return speed_term(cfg.mapping, min(max(speedup, cfg.speedup_floor), cfg.speedup_cap))
+
+    def bounds(self) -> tuple[float, float]:
+        """The lowest and the highest reward this config can give (clipped or not)."""
+        cfg = self.config
+        low = cfg.penalties.flagged - cfg.length_weight
+        high = cfg.correct_bonus + speed_term(cfg.mapping, cfg.speedup_cap) + cfg.format_weight
+        return low, high
 
     def score(self, result: EvalResult | None, *, answer: str | None = None, completion_tokens: int | None = None,
               level: int | None = None, compile_speedup: float | None = None) -> Reward | None:
-        """The reward of one result (`result` None: the answer held no code to evaluate).
+        """The reward of one result (`result` None: the answer held no code to evaluate), clipped.
 
         Returns None for a `task_error` result: the task, not the candidate, failed, so there is
         nothing to reward or punish (TRL ignores a None reward).
@@ -162,18 +223,31 @@ class RewardModel:
         config measures against torch.compile (without it, the speedup against eager is used
         and the parts say so).
         """
+        reward = self.raw(result, answer=answer, completion_tokens=completion_tokens, compile_speedup=compile_speedup)
+        if reward is None or result is None:
+            return reward
+        return self.clip(reward, task=result.task, level=level)
+
+    def raw(self, result: EvalResult | None, *, answer: str | None = None, completion_tokens: int | None = None,
+            compile_speedup: float | None = None) -> Reward | None:
+        """The unclipped reward (`value == raw`); the windows are not touched."""
         cfg = self.config
-        if result is not None and result.status is Status.TASK_ERROR:
+        if result is not None and (result.status is Status.TASK_ERROR or result.timing is Timing.INTERPRETED):
+            # The task failed (not the candidate), or the program ran under an interpreter that
+            # cannot time it (Triton on a CPU): nothing to pay, nothing to punish, and no way to
+            # dodge the timer by choosing a language.
             return None
         parts: dict[str, float] = {}
         speedup = None
+        noisy = False
         if result is None:
             parts["penalty"] = cfg.penalties.no_code
         elif result.status is Status.CORRECT and result.speedup is not None and result.speedup > 0:
-            speedup = result.speedup
+            noisy = cfg.noise and within_noise(result)
+            speedup = NO_SPEEDUP if noisy else result.speedup
             if cfg.baseline is BaselineKind.COMPILE:
                 if compile_speedup is not None and compile_speedup > 0:
-                    speedup = result.speedup / compile_speedup
+                    speedup = speedup / compile_speedup
                 else:
                     parts["baseline_missing"] = 0.0
             parts["speedup"] = self.speedup_term(speedup)
@@ -190,30 +264,34 @@ class RewardModel:
             over = (completion_tokens - cfg.length_soft_tokens) / (cfg.length_max_tokens - cfg.length_soft_tokens)
             parts["length"] = -cfg.length_weight * min(1.0, max(0.0, over))
         raw = sum(parts.values())
-        value, bound = raw, None
-        status = result.status if result is not None else None
-        if speedup is not None and cfg.smoothing.enabled:
-            value, bound = self._clip(result.task, level, raw)
-        return Reward(value=value, raw=raw, clipped=value < raw, bound=bound, status=status, speedup=speedup,
-                      parts=parts)
+        return Reward(value=raw, raw=raw, clipped=False, band=None, status=result.status if result else None,
+                      speedup=speedup, within_noise=noisy, parts=parts)
 
-    def _clip(self, task: str, level: int | None, raw: float) -> tuple[float, float | None]:
+    def clip(self, reward: Reward, *, task: str, level: int | None = None) -> Reward:
+        """`reward` clipped to its task's window band, its raw value added to the windows.
+
+        Only rewards with a speed term are smoothed; the others come back as they are."""
         sm = self.config.smoothing
+        if reward.speedup is None or not sm.enabled:
+            return reward
+        raw = reward.raw
         with self._lock:
             own = self._by_task.setdefault(task, deque(maxlen=self._size))
             by_level = self._by_level.setdefault(level, deque(maxlen=self._size))
             window = own if len(own) >= sm.min_samples else by_level if len(by_level) >= sm.min_samples else None
-            bound = None
+            band = None
             value = raw
             if window is not None:
-                bound = statistics.fmean(window) + sm.k * statistics.pstdev(window)
-                value = min(raw, bound)
-            own.append(value)
-            by_level.append(value)
-        return value, bound
+                mean = statistics.fmean(window)
+                half = max(sm.k * statistics.pstdev(window), sm.min_width)
+                band = (mean - half, mean + half)
+                value = min(max(raw, band[0]), band[1])
+            own.append(raw)
+            by_level.append(raw)
+        return dataclasses.replace(reward, value=value, clipped=value != raw, band=band)
 
     def window(self, task: str) -> list[float]:
-        """The task's current window (for logs and tests)."""
+        """The task's current window of raw rewards (for logs and tests)."""
         with self._lock:
             return list(self._by_task.get(task, ()))
 

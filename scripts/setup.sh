@@ -17,3 +17,12 @@ if ! command -v bwrap >/dev/null 2>&1; then
         echo "setup: bubblewrap (bwrap) is missing; install it (apt-get install bubblewrap) for full containment" >&2
     fi
 fi
+# The gpu extra (vLLM, DeepSpeed, flash-attn) only where CUDA is present. pip must not replace the
+# installed torch build with the one it would resolve: the installed version is a constraint (pip
+# stops with a conflict instead). flash-attn builds against that torch: no build isolation.
+if "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+    constraint=$(mktemp)
+    "$PYTHON" -c "import torch; print('torch==' + torch.__version__)" > "$constraint"
+    "$PYTHON" -m pip install -q -c "$constraint" --no-build-isolation -e ".[gpu]"
+    rm -f "$constraint"
+fi

@@ -1,4 +1,6 @@
-"""The reward mapping: gate, speedup terms, penalties in order, format and length terms, clipping."""
+"""The reward mapping: its semantics as properties (kernelrl.reward's docstring, items 1-8), over the
+default config, CUDA-L1's mapping, capped linear and every shipped training config; then the
+terms, the noise rule and the clip, one example each."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import math
 import statistics
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import (
@@ -13,70 +17,210 @@ from kernelrl.reward import (
     RewardConfig,
     RewardModel,
     SmoothingConfig,
-    well_formed,
+    within_noise,
 )
+from kernelrl.train.recipe import TRAIN_CONFIG_DIR, load_train_config
+
+FAILURES = (Status.FLAGGED, Status.TIMEOUT, Status.RUNTIME_ERROR, Status.INCORRECT, Status.COMPILE_ERROR)
+CONFIGS: dict[str, RewardConfig] = {
+    "default": RewardConfig(),
+    "cuda-l1": RewardConfig(mapping="speedup"),
+    "capped-linear": RewardConfig(mapping="speedup", speedup_cap=3.0, correct_bonus=0.3),
+    "vs-compile": RewardConfig(baseline="compile", correct_bonus=0.3, format_weight=0.1, length_weight=0.2),
+    **{f"train:{p.stem}": load_train_config(p.stem).reward for p in sorted(TRAIN_CONFIG_DIR.glob("*.toml"))},
+}
+GOOD = "```python\nclass ModelNew:\n    pass\n```\n"
+
+speedups = st.floats(min_value=1e-9, max_value=1e9, allow_nan=False, allow_infinity=False)
+configs = st.sampled_from(sorted(CONFIGS))
+answers = st.sampled_from([None, GOOD, "no code", GOOD + GOOD])
+tokens = st.one_of(st.none(), st.integers(min_value=0, max_value=20000))
+intervals = st.one_of(st.none(), st.tuples(speedups, speedups).map(sorted).map(tuple))
+# a window history: raw rewards of earlier correct results of the task
+histories = st.lists(speedups, max_size=24)
 
 
-def correct(speedup: float, task: str = "t") -> EvalResult:
-    return EvalResult(task=task, status=Status.CORRECT, speedup=speedup)
+def correct(speedup: float, *, ci=None, band=None, task: str = "t") -> EvalResult:
+    return EvalResult(task=task, status=Status.CORRECT, speedup=speedup, speedup_ci=ci, noise_band=band)
 
 
-def test_log_speedup_is_symmetric_and_penalties_are_ordered():
-    model = RewardModel(RewardConfig(smoothing=SmoothingConfig(enabled=False)))
-    assert model.score(correct(2.0)).value == pytest.approx(math.log(2.0))
-    assert model.score(correct(0.5)).value == pytest.approx(-math.log(2.0))
-    values = {s: model.score(EvalResult(task="t", status=s)).value
-              for s in (Status.FLAGGED, Status.INCORRECT, Status.RUNTIME_ERROR, Status.TIMEOUT, Status.COMPILE_ERROR)}
-    assert values[Status.FLAGGED] < min(values[Status.INCORRECT], values[Status.RUNTIME_ERROR], values[Status.TIMEOUT])
-    assert max(values[Status.INCORRECT], values[Status.RUNTIME_ERROR]) <= values[Status.COMPILE_ERROR]
-    assert model.score(EvalResult(task="t", status=Status.TASK_ERROR)) is None
-    assert model.score(None).value == Penalties().no_code
+def model_after(name: str, history: list[float]) -> RewardModel:
+    model = RewardModel(CONFIGS[name])
+    for s in history:
+        model.score(correct(s), level=1, compile_speedup=1.5)
+    return model
 
 
-def test_penalties_that_reward_hacks_are_refused():
-    with pytest.raises(ValueError, match="lowest"):
-        Penalties(flagged=0.0)
-    with pytest.raises(ValueError, match="compile_error"):
-        Penalties(incorrect=0.0, compile_error=-0.5)
+def score(model: RewardModel, result: EvalResult | None, answer=None, n=None) -> float:
+    reward = model.score(result, answer=answer, completion_tokens=n, level=1, compile_speedup=1.5)
+    assert reward is not None
+    return reward.value
 
 
-def test_other_mappings_and_the_compile_baseline():
-    off = SmoothingConfig(enabled=False)
-    assert RewardModel(RewardConfig(mapping="speedup", smoothing=off)).score(correct(4.0)).value == 4.0
-    capped = RewardModel(RewardConfig(mapping="capped_linear", speedup_cap=3.0, correct_bonus=0.3, smoothing=off))
-    assert capped.score(correct(10.0)).value == pytest.approx(3.3)
-    vs_compile = RewardModel(RewardConfig(baseline="compile", mapping="speedup", smoothing=off))
-    r = vs_compile.score(correct(3.0), compile_speedup=1.5)
-    assert r.speedup == pytest.approx(2.0) and r.value == pytest.approx(2.0)
+def outcomes(model: RewardModel, answer, n) -> dict[str, float]:
+    out = {s.value: score(model, EvalResult(task="t", status=s), answer, n) for s in FAILURES}
+    out["no_code"] = score(model, None, answer, n)
+    return out
 
 
-def test_format_and_length_terms():
-    model = RewardModel(RewardConfig(format_weight=0.2, length_weight=0.5, length_soft_tokens=100,
-                                     length_max_tokens=200, smoothing=SmoothingConfig(enabled=False)))
-    good = "analysis\n```python\nclass ModelNew:\n    pass\n```\n"
-    assert well_formed(good) and not well_formed(good + good) and not well_formed("no code")
-    r = model.score(correct(1.0), answer=good, completion_tokens=150)
-    assert r.parts["format"] == 0.2 and r.parts["length"] == pytest.approx(-0.25)
-    assert model.score(correct(1.0), answer="no code", completion_tokens=500).parts == {
-        "speedup": 0.0, "format": 0.0, "length": -0.5}
+@settings(max_examples=200, deadline=None)
+@given(name=configs, s=speedups, ci=intervals, history=histories, a1=answers, n1=tokens, a2=answers, n2=tokens)
+def test_every_correct_result_scores_above_every_failure(name, s, ci, history, a1, n1, a2, n2):
+    model = model_after(name, history)
+    assert score(model, correct(s, ci=ci), a1, n1) > max(outcomes(model, a2, n2).values())
 
 
-def test_a_reward_ten_sigma_above_the_window_is_clipped_at_one_and_a_half_sigma():
+@settings(max_examples=200, deadline=None)
+@given(name=configs, s=speedups, history=histories, a1=answers, n1=tokens, a2=answers, n2=tokens)
+def test_flagged_is_the_lowest_outcome(name, s, history, a1, n1, a2, n2):
+    model = model_after(name, history)
+    flagged = score(model, EvalResult(task="t", status=Status.FLAGGED), a1, n1)
+    others = {k: v for k, v in outcomes(model, a2, n2).items() if k != "flagged"}
+    assert flagged < min(*others.values(), score(model, correct(s), a2, n2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=configs, a=speedups, b=speedups, ci=intervals, band=intervals, history=histories)
+def test_monotone_in_speedup_for_the_same_noise_information(name, a, b, ci, band, history):
+    lo, hi = sorted((a, b))
+    state = model_after(name, history).state()
+    first, second = RewardModel(CONFIGS[name]), RewardModel(CONFIGS[name])
+    first.load_state(state)
+    second.load_state(state)  # the same window for both
+    assert score(first, correct(lo, ci=ci, band=band)) <= score(second, correct(hi, ci=ci, band=band))
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=configs, s=speedups, ci=intervals, history=histories, a=answers, n=tokens,
+       status=st.sampled_from(FAILURES))
+def test_bounded_on_both_sides(name, s, ci, history, a, n, status):
+    model = model_after(name, history)
+    low, high = model.bounds()
+    assert math.isfinite(low) and math.isfinite(high)
+    for value in (score(model, correct(s, ci=ci), a, n), score(model, EvalResult(task="t", status=status), a, n),
+                  score(model, None, a, n)):
+        assert low <= value <= high
+
+
+def test_a_task_that_improves_keeps_paying_more_for_more():
+    """Correct speedups rising from 1x to 3x over 200 samples: at the end 3x still pays above 2x."""
+    model = RewardModel(RewardConfig())
+    for i in range(200):
+        model.score(correct(1.0 + 2.0 * i / 199))
+    at_end = model.state()
+    three, two = RewardModel(model.config), RewardModel(model.config)
+    three.load_state(at_end)
+    two.load_state(at_end)
+    r3, r2 = three.score(correct(3.0)), two.score(correct(2.0))
+    assert r3.value > r2.value
+    assert r2.clipped and r2.value > r2.raw  # clipped from below too: the band is mean +/- 1.5 sigma
+    # the window holds raw values: the last one is log(3), not its clipped value
+    assert three.window("t")[-1] == pytest.approx(math.log(3.0))
+
+
+def test_an_outlier_is_clipped_at_one_and_a_half_sigma_on_either_side():
     model = RewardModel(RewardConfig(mapping="speedup", smoothing=SmoothingConfig(window=16, k=1.5, min_samples=8)))
     history = [1.0, 1.2, 0.8, 1.1, 0.9, 1.0, 1.05, 0.95]
     for s in history:
         assert not model.score(correct(s)).clipped
     mean, sigma = statistics.fmean(history), statistics.pstdev(history)
-    r = model.score(correct(mean + 10 * sigma))
-    assert r.raw == pytest.approx(mean + 10 * sigma)
-    assert r.clipped and r.value == pytest.approx(mean + 1.5 * sigma) and r.bound == pytest.approx(r.value)
-    # the window keeps the clipped value, so the exploit does not widen the next bound
-    assert model.window("t")[-1] == pytest.approx(mean + 1.5 * sigma)
+    r = model.score(correct(mean + 4 * sigma))
+    assert r.raw == pytest.approx(mean + 4 * sigma)
+    assert r.clipped and r.value == pytest.approx(mean + 1.5 * sigma) and r.band[1] == pytest.approx(r.value)
+    assert model.window("t")[-1] == pytest.approx(r.raw)  # the raw value, not the clipped one
+    low = model.score(correct(0.2))
+    assert low.clipped and low.value == pytest.approx(low.band[0]) and low.value > low.raw
+
+
+def test_a_flat_window_still_orders_better_from_worse():
+    model = RewardModel(RewardConfig(smoothing=SmoothingConfig(window=8, min_samples=4, min_width=0.05)))
+    for _ in range(8):
+        model.score(correct(1.0))
+    state = model.state()
+    faster, same = RewardModel(model.config), RewardModel(model.config)
+    faster.load_state(state)
+    same.load_state(state)
+    assert faster.score(correct(2.0)).value == pytest.approx(0.05) and same.score(correct(1.0)).value == 0.0
 
 
 def test_a_new_task_is_clipped_by_its_level_until_it_has_a_window():
     model = RewardModel(RewardConfig(mapping="speedup", smoothing=SmoothingConfig(window=8, min_samples=4)))
     for s in (1.0, 1.1, 0.9, 1.0):
         model.score(correct(s, task="a"), level=1)
-    assert model.score(correct(50.0, task="b"), level=1).clipped
-    assert not model.score(correct(50.0, task="c"), level=2).clipped  # level 2 has no window yet
+    assert model.score(correct(5.0, task="b"), level=1).clipped
+    assert not model.score(correct(5.0, task="c"), level=2).clipped  # level 2 has no window yet
+
+
+def test_a_speedup_within_noise_pays_as_no_speedup():
+    model = RewardModel(RewardConfig(smoothing=SmoothingConfig(enabled=False), correct_bonus=0.3))
+    no_speedup = model.score(correct(1.0)).value
+    assert no_speedup == pytest.approx(0.3)
+    # identical code: 1.03x measured, its interval holds 1.0
+    r = model.score(correct(1.03, ci=(0.98, 1.07)))
+    assert r.within_noise and r.speedup == 1.0 and r.value == no_speedup
+    # inside the task's A/A band, even with a tight interval
+    r = model.score(correct(1.02, ci=(1.015, 1.025), band=(0.97, 1.04)))
+    assert r.within_noise and r.value == no_speedup
+    # a real speedup, and a real slowdown, pay as measured
+    assert model.score(correct(1.5, ci=(1.4, 1.6), band=(0.97, 1.04))).value == pytest.approx(0.3 + math.log(1.5))
+    assert model.score(correct(0.8, ci=(0.75, 0.85))).value == pytest.approx(0.3 + math.log(0.8))
+    # a band that misses 1.0 is widened to hold it: 0.99 inside (0.95, 0.98) + 1.0 pays 1.0x
+    assert within_noise(correct(0.99, band=(0.95, 0.98))) and not within_noise(correct(0.9, band=(0.95, 0.98)))
+    off = RewardModel(RewardConfig(noise=False, smoothing=SmoothingConfig(enabled=False)))
+    assert off.score(correct(1.03, ci=(0.98, 1.07))).value == pytest.approx(math.log(1.03))
+    # against torch.compile, noise pays what the reference itself does against it
+    vs = RewardModel(RewardConfig(baseline="compile", smoothing=SmoothingConfig(enabled=False)))
+    assert vs.score(correct(1.03, ci=(0.98, 1.07)), compile_speedup=2.0).speedup == pytest.approx(0.5)
+
+
+def test_the_interval_of_a_result_survives_json():
+    r = correct(1.01, ci=(0.99, 1.03), band=(0.97, 1.04))
+    back = EvalResult.from_dict(r.to_dict())
+    assert back.speedup_ci == (0.99, 1.03) and back.noise_band == (0.97, 1.04)
+
+
+def test_fixed_values_and_the_order_of_penalties():
+    model = RewardModel(RewardConfig(smoothing=SmoothingConfig(enabled=False)))
+    assert model.score(correct(2.0)).value == pytest.approx(math.log(2.0))
+    assert model.score(correct(0.5)).value == pytest.approx(-math.log(2.0))
+    assert model.score(correct(1e-6)).value == pytest.approx(math.log(0.1))  # held at the floor
+    assert model.score(correct(1e6)).value == pytest.approx(math.log(10.0))  # and at the cap
+    assert model.score(EvalResult(task="t", status=Status.TASK_ERROR)) is None
+    assert model.score(None).value == Penalties().no_code
+    assert model.score(EvalResult(task="t", status=Status.CORRECT)).value == 0.0  # correct, not timed
+
+
+def test_settings_that_would_reward_failing_or_hacking_are_refused():
+    with pytest.raises(ValueError, match="lowest"):
+        Penalties(flagged=-2.0)
+    with pytest.raises(ValueError, match="compile_error"):
+        Penalties(incorrect=-2.0, compile_error=-2.6)
+    with pytest.raises(ValueError, match="slowest correct result"):
+        RewardConfig(speedup_floor=0.01)  # log(0.01) = -4.6 would sit below a compile error
+    with pytest.raises(ValueError, match="slowest correct result"):
+        RewardConfig(length_weight=0.5)  # a long correct answer would sit below a short compile error
+    with pytest.raises(ValueError, match="bounded"):
+        RewardConfig(speedup_cap=math.inf)
+
+
+def test_cuda_l1_mapping_capped_linear_and_the_compile_baseline():
+    off = SmoothingConfig(enabled=False)
+    assert RewardModel(RewardConfig(mapping="speedup", smoothing=off)).score(correct(4.0)).value == 4.0
+    capped = RewardModel(RewardConfig(mapping="speedup", speedup_cap=3.0, correct_bonus=0.3, smoothing=off))
+    assert capped.score(correct(10.0)).value == pytest.approx(3.3)
+    vs_compile = RewardModel(RewardConfig(baseline="compile", mapping="speedup", smoothing=off))
+    r = vs_compile.score(correct(3.0), compile_speedup=1.5)
+    assert r.speedup == pytest.approx(2.0) and r.value == pytest.approx(2.0)
+    assert "baseline_missing" in vs_compile.score(correct(3.0)).parts
+
+
+def test_format_and_length_terms():
+    model = RewardModel(RewardConfig(format_weight=0.1, length_weight=0.05, length_soft_tokens=100,
+                                     length_max_tokens=200, smoothing=SmoothingConfig(enabled=False)))
+    from kernelrl.reward import well_formed
+
+    assert well_formed(GOOD) and not well_formed(GOOD + GOOD) and not well_formed("no code")
+    r = model.score(correct(1.0), answer=GOOD, completion_tokens=150)
+    assert r.parts["format"] == 0.1 and r.parts["length"] == pytest.approx(-0.025)
+    assert model.score(correct(1.0), answer="no code", completion_tokens=500).parts == {
+        "speedup": 0.0, "format": 0.0, "length": -0.05}

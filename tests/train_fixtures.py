@@ -7,8 +7,11 @@ real evaluator is used by the tests that show the recipe end to end): it records
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from kernelrl.candidate import Candidate
 from kernelrl.result import EvalResult, Finding, Severity, Status
@@ -57,3 +60,86 @@ class ScriptedBackend:
 
     def close(self) -> None:
         pass
+
+
+class ThreadRanks:
+    """`count` ranks as threads of one process, for tests of what ranks must agree on: the same
+    collectives as `kernelrl.train.ranks.AccelerateRanks`, every object copied as a pickle would be."""
+
+    def __init__(self, index: int, hub: _Hub) -> None:
+        self.index, self._hub = index, hub
+
+    @classmethod
+    def group(cls, count: int) -> list[ThreadRanks]:
+        hub = _Hub(count)
+        return [cls(i, hub) for i in range(count)]
+
+    @property
+    def count(self) -> int:
+        return self._hub.count
+
+    @property
+    def is_main(self) -> bool:
+        return self.index == 0
+
+    def broadcast(self, obj):
+        import copy
+
+        if self.is_main:
+            self._hub.value = obj
+        self._hub.barrier.wait()
+        value = copy.deepcopy(self._hub.value)
+        self._hub.barrier.wait()
+        return value
+
+    def gather(self, items):
+        import copy
+
+        self._hub.slots[self.index] = copy.deepcopy(list(items))
+        self._hub.barrier.wait()
+        out = [x for slot in self._hub.slots for x in copy.deepcopy(slot)]
+        self._hub.barrier.wait()
+        return out
+
+    def barrier(self) -> None:
+        self._hub.barrier.wait()
+
+
+class _Hub:
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.barrier = threading.Barrier(count, timeout=60)
+        self.slots: list[object] = [None] * count
+        self.value: object = None
+
+
+def run_ranks(count: int, body: Callable[[ThreadRanks], object]) -> list[object]:
+    """`body(ranks)` on `count` threads at once; each thread's result, or the exception it raised."""
+    ranks = ThreadRanks.group(count)
+    out: list[object] = [None] * count
+
+    def one(i: int) -> None:
+        try:
+            out[i] = body(ranks[i])
+        except BaseException as e:  # noqa: BLE001 - handed back to the test to inspect
+            out[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+def launch_stage(stage: str, run: Path, cache_dir: Path, *more: str) -> subprocess.CompletedProcess[str]:
+    """`kernelrl train STAGE --config tiny-cpu` on two processes (gloo on the CPU). accelerate's own
+    `--cpu --num_processes 2` starts one process (its simple launcher); `--multi_gpu` starts two
+    through torchrun, and with no CUDA they meet on the CPU."""
+    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "kernelrl", "train", stage,
+           "--config", "tiny-cpu", f"output_dir={run}", f"model.path={run / 'base'}", f"eval.cache_dir={cache_dir}",
+           *more]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+                          timeout=900)

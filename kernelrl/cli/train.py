@@ -83,6 +83,9 @@ def train_parser() -> argparse.ArgumentParser:
                    help="settings on top of the config, e.g. grpo.trl.max_steps=4 model.path=PATH")
     p.add_argument("--resume", action="store_true", help="continue from the stage's last checkpoint")
     p.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config, every file it names and the launch (any machine; nothing is loaded or "
+                        "trained) and print the launch command; exit 2 when a check fails")
     return p
 
 
@@ -101,6 +104,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(to_dict(config), indent=1, default=str))
         return 0
+    if args.dry_run:
+        return _dry_run(config, Stage(args.stage), args.config)
     check_device(config.eval.device)
     console = console_for()
     try:
@@ -108,6 +113,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     except errors as e:
         raise UsageError(str(e)) from e
     render_stage_report(report, console)
+    return 0
+
+
+def _dry_run(config: Any, stage: Any, name: str) -> int:
+    from kernelrl.train.launch import dry_run
+
+    try:
+        report = dry_run(config, stage, name=name)
+    except _train_errors() as e:
+        raise UsageError(str(e)) from e
+    marks = {"ok": "ok   ", "note": "note ", "error": "ERROR"}
+    for c in report.checks:
+        print(f"{marks[c.level]} {c.what}: {c.detail}")
+    print(f"launch: {report.command}")
+    if not report.ok:
+        errors = [c for c in report.checks if c.level == "error"]
+        raise UsageError(f"dry run of {stage.value} with {name}: {len(errors)} check(s) failed "
+                         f"({'; '.join(c.what for c in errors)})")
+    print(f"dry run of {stage.value} with {name}: every check passed")
     return 0
 
 
@@ -120,7 +144,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         spec = ProposerSpec.parse(args.proposer)
         config = build(BenchConfig, {
-            "tasks": task_specs(args.tasks) or ["small"], "proposer": spec.spec,
+            "tasks": task_specs(args.tasks) or ["builtin"], "split": args.split, "proposer": spec.spec,
             "proposer_opts": {**_endpoint_opts(args), **spec.options()}, "k": args.k,
             "ps": args.fast or [1.0, 1.5, 2.0],
             "compile_baseline": not args.no_compile, "db_path": args.db, "model_concurrency": args.model_concurrency,
@@ -152,7 +176,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--tries", type=int, default=20, help="answers per task and proposer, at most (default 20)")
     p.add_argument("--keep", type=int, default=1, help="correct answers per task and proposer before it stops")
     p.add_argument("--out", required=True, help="the SFT set (.jsonl); a datasets.Dataset is written next to it")
-    p.add_argument("--db", default=None, help="code database of every try (default: next to --out)")
+    p.add_argument("--db", default=None, help="code database of every try (default: code.db next to --out, the "
+                                              "database `kernelrl train` reads when --out is its sft.jsonl)")
     p.add_argument("--k-shown", type=int, default=4, help="earlier versions shown in each prompt")
     p.add_argument("--model-concurrency", type=int, default=4, help="model calls at once")
     p.add_argument("--base-url", default=None, help="for openai: proposers without their own base_url")
@@ -163,7 +188,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     p = sub.add_parser("train", help="train a model: sft, rft (rejection sampling) or grpo (contrastive RL), on TRL",
                        usage="kernelrl train {sft,rft,grpo} --config NAME|FILE [--resume] [--print-config] "
-                             "[KEY=VALUE ...]",
+                             "[--dry-run] [KEY=VALUE ...]",
                        epilog="KEY=VALUE sets a dotted setting of the config, e.g. grpo.trl.max_steps=4; "
                               "`kernelrl train grpo -h` lists the options")
     p.add_argument("stage", choices=("sft", "rft", "grpo"))
@@ -177,7 +202,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="hf:PATH | replay:PATH | openai:MODEL | heuristic, optionally with options "
                         "\"hf:P max_new_tokens=512\"")
     p.add_argument("--k", type=int, default=5, help="samples per task (default 5)")
-    p.add_argument("--tasks", nargs="+", default=None, metavar="SPEC", help="default: the small suite")
+    p.add_argument("--tasks", nargs="+", default=None, metavar="SPEC",
+                   help="suites, task names, files or folders (a KernelBench checkout); default: builtin")
+    p.add_argument("--split", default="test", choices=("test", "validation", "train", "all"),
+                   help="evaluate the tasks of this split only (default test: tasks no training run may use); "
+                        "your own task files have no split and are always taken")
     p.add_argument("--fast", type=float, nargs="+", default=None, metavar="P",
                    help="fast_p thresholds (default 1.0 1.5 2.0)")
     p.add_argument("--no-compile", action="store_true", help="do not measure the torch.compile baselines")

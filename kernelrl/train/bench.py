@@ -1,6 +1,8 @@
 """Evaluation of a model (or any proposer) on a suite: the numbers a paper prints.
 
-`run_bench(config)` asks the proposer for `k` answers per task, every task with the same
+`run_bench(config)` takes the tasks of the configured split (`kernelrl.tasks.splits`: test by
+default, so a trained model is measured on tasks it never trained on; `split = "all"` takes
+every task given), asks the proposer for `k` answers per task, every task with the same
 first-attempt prompt (no earlier versions: `build_prompt` with no database), judges all of them
 in one evaluator batch, and reports, over the tasks:
 
@@ -36,6 +38,7 @@ from typing import Any
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.report.metrics import fast_p_at_k, geometric_mean, pass_at_k
 from kernelrl.result import Status
+from kernelrl.tasks.splits import Split, SplitError, select
 from kernelrl.tasks.task import Task
 from kernelrl.train.rollouts import (
     EvalSettings,
@@ -50,6 +53,7 @@ from kernelrl.train.rollouts import (
 class BenchConfig:
     tasks: tuple[str, ...]
     proposer: str
+    split: str = "test"  # the split evaluated (kernelrl.tasks.splits); "all": every task given
     proposer_opts: dict[str, Any] = field(default_factory=dict)
     k: int = 5  # samples per task; pass@1..k
     ps: tuple[float, ...] = (1.0, 1.5, 2.0)  # fast_p thresholds (speedup over eager)
@@ -70,6 +74,8 @@ class BenchConfig:
             raise ValueError("k and model_concurrency must be >= 1")
         if any(p < 0 for p in self.ps):
             raise ValueError("fast_p thresholds must be >= 0")
+        if self.split != "all":
+            Split(self.split)  # a ValueError naming it otherwise
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +137,11 @@ def run_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = None,
     from kernelrl.tasks.suites import load_tasks
 
     tasks = list(tasks) if tasks is not None else load_tasks(list(config.tasks))
+    if config.split != "all":
+        tasks, _ = select(tasks, [config.split])
+        if not tasks:
+            raise SplitError(f"no task of the {config.split} split among {', '.join(config.tasks)} "
+                             "(--split all takes every task given)")
     settings = EvalSettings.of(config.eval)
     owned_proposer, owned_backend = proposer is None, backend is None
     if proposer is None:
@@ -210,10 +221,9 @@ def _sample(proposer: Any, tasks: Sequence[Task], config: BenchConfig, settings:
     from kernelrl.search.prompt import build_prompt
     from kernelrl.search.proposers import Exhausted, ProposalRequest
 
-    extra = {"template_dir": config.template_dir} if config.template_dir is not None else {}
     prompts = {t.name: build_prompt(t, db=None, chain_best=None, policy=settings.policy, device=settings.device,
                                     rng=random.Random(config.seed), size=settings.size,
-                                    profile=profiles.get(t.name), **extra) for t in tasks}
+                                    profile=profiles.get(t.name), template_dir=config.template_dir) for t in tasks}
     jobs = [(t, i) for t in tasks for i in range(config.k)]
 
     def one(job: tuple[Task, int]) -> Rollout | None:

@@ -49,6 +49,7 @@ from kernelrl.train.sft_set import SFTRow, dataset_dir, write_sft_set
 
 MAX_FAILURES = 3
 STAGE = "collect"
+DEFAULT_DB = "code.db"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,7 +104,8 @@ class CollectConfig:
     out: Path  # the SFT set as JSONL; the Dataset goes next to it (<name>.dataset/)
     tries: int = 20  # answers per task and proposer, at most
     keep: int = 1  # correct answers per task and proposer after which it stops asking
-    db_path: Path | None = None  # None: <out without .jsonl>.db
+    db_path: Path | None = None  # None: code.db next to `out`, the database training reads by default
+    splits: tuple[str, ...] = ("train",)  # which split's tasks to collect for (never test: kernelrl.tasks.splits)
     k_shown: int = 4
     model_concurrency: int = 4
     seed: int = 0
@@ -128,8 +130,9 @@ class CollectConfig:
 
     @property
     def database(self) -> Path:
-        return self.db_path if self.db_path is not None else self.out.with_name(
-            self.out.name.removesuffix(".jsonl") + ".db")
+        """`code.db` next to the SFT set: with `--out <output_dir>/sft.jsonl` (a training config's
+        `sft_data`), the very database its rft and grpo stages read (`<output_dir>/code.db`)."""
+        return self.db_path if self.db_path is not None else self.out.with_name(DEFAULT_DB)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,10 +171,16 @@ def collect(config: CollectConfig, *, console: Any = None, backend: Any = None,
     """Run (or continue) a collection; see the module docstring. `backend` and `proposers` (by
     label) replace the configured evaluator and proposers (tests)."""
     from kernelrl.config import to_dict
-    from kernelrl.search.database import Database, RunStatus
+    from kernelrl.search.database import Database
+    from kernelrl.search.records import RunStatus
+    from kernelrl.tasks.splits import for_training
     from kernelrl.tasks.suites import load_tasks
 
     tasks = list(tasks) if tasks is not None else load_tasks(list(config.tasks))
+    tasks, left_out = for_training(tasks, config.splits)  # collected answers are training data
+    if left_out and console is not None:
+        console.print("collect: left out by their split: " + "; ".join(
+            f"{s.value} {', '.join(names)}" for s, names in left_out.items()), soft_wrap=True)
     specs = [ProposerSpec.parse(p) for p in config.proposers]
     settings = EvalSettings.of(config.eval)
     owned_backend = backend is None
@@ -304,11 +313,10 @@ def _ask(pairs: Sequence[_Pair], proposers: Mapping[str, Any], db: Any, config: 
     requests = []
     for p in pairs:
         best = db.top_candidates(p.task.name, 1)
-        extra = {"template_dir": config.template_dir} if config.template_dir is not None else {}
         prompt = build_prompt(p.task, db=db, chain_best=best[0] if best else None, policy=settings.policy,
                               device=settings.device, size=settings.size, k=config.k_shown,
                               rng=random.Random(f"{config.seed}:{p.task.name}:{p.spec.label}:{p.tries}"),
-                              profile=profiles.get(p.task.name), **extra)
+                              profile=profiles.get(p.task.name), template_dir=config.template_dir)
         requests.append((p, prompt, best[0].id if best else None))
 
     def one(item: tuple[_Pair, str, int | None]) -> Any:

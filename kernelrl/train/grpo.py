@@ -7,8 +7,18 @@ What kernelrl adds around TRL, and nothing else:
 - the reward: `kernelrl.train.reward_fn.KernelRewardFunction` (the evaluator's verdicts through
   `kernelrl.reward.RewardModel`, CUDA-L1's clip, GRPO-RoC selection, every code and verdict
   written back to the database);
-- kernelrl's state in each checkpoint (`kernelrl_state.json`: the reward's clip windows, the
-  curriculum, measured compile baselines), restored on resume with TRL's own checkpoint.
+- kernelrl's state in each checkpoint, one file per rank (`kernelrl_state.rank<R>.json`: the
+  reward's clip windows, the curriculum, GRPO-RoC's generator, measured compile baselines, the
+  prompt stream's count), restored on resume with TRL's own checkpoint, each rank its own;
+- rank consistency under accelerate (`kernelrl.train.ranks`): the main process builds every
+  prompt and broadcasts it, every rank applies every group's rewards in one order, and every
+  completion is checked against the task its prompt came from (`kernelrl.train.reward_fn`).
+
+The single-turn path is `GRPOTrainer(..., reward_funcs=[reward_fn], train_dataset=stream)`:
+TRL generates one answer per row and the reward function judges it. A multi-turn path would
+plug in at the trainer's construction (TRL's `environment_factory`, or `rollout_func`): an
+environment whose turns show the previous code and its verdict, scoring each turn through
+`KernelRewardFunction.score_rollouts` and owning the episode's return in `get_reward`.
 
 Everything else is TRL's, set in `[grpo.trl]` under TRL's names: `num_generations`, `beta`
 (0: no KL term), `epsilon_high` (Clip-Higher), `loss_type`, `scale_rewards`,
@@ -17,16 +27,18 @@ Everything else is TRL's, set in `[grpo.trl]` under TRL's names: `num_generation
 endless). Two settings are fixed because the stream needs them: `shuffle_dataset = false` and,
 unless set, `ignore_data_skip = true` (see `kernelrl.train.stream`).
 
-Guarantees: with `resume`, TRL continues from the stage's last checkpoint and kernelrl's state
-from the same checkpoint (`StageError` when there is none); the final model is saved before the
-stage is marked done; the database is written batch by batch, so an interrupted run keeps every
-judged rollout.
+Guarantees: with `resume`, TRL continues from the stage's last checkpoint and every rank's
+kernelrl state from the same checkpoint (`StageError` when there is none; a rank whose file is
+missing, a run resumed on more processes than it was saved with, takes rank 0's and says so);
+the final model is saved before the stage is marked done; the database is written batch by
+batch, so an interrupted run keeps every judged rollout.
 
 Does not evaluate: the backend (an `Evaluator`, the reward server's client) does.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -48,6 +60,7 @@ from kernelrl.train.model import (
     system_text,
     trainable_norm,
 )
+from kernelrl.train.ranks import Ranks, SingleProcess
 from kernelrl.train.reward_fn import KernelRewardFunction
 from kernelrl.train.roc import RoCConfig
 from kernelrl.train.rollouts import EvalSettings, task_profiles
@@ -56,7 +69,8 @@ from kernelrl.train.step_log import step_log_callback
 from kernelrl.train.stream import PromptStream
 from kernelrl.train.trl_args import build_args, check_keys, trl_class
 
-STATE_FILE = "kernelrl_state.json"
+STATE_FILE = "kernelrl_state.rank{rank}.json"
+LEGACY_STATE_FILE = "kernelrl_state.json"  # rank 0's state, in checkpoints of earlier versions
 # The prompt stream is endless and built from the database: never shuffled, never replayed.
 FORCED = {"shuffle_dataset": False}
 DEFAULTS = {"ignore_data_skip": True}
@@ -97,20 +111,51 @@ class GRPOResult:
     db_candidates: int  # candidates this invocation added to the code database
 
 
-def state_callback(reward_fn: KernelRewardFunction) -> Any:
-    """A TrainerCallback writing kernelrl's state next to TRL's in every checkpoint."""
+def state_file(checkpoint: Path, rank: int) -> Path:
+    return Path(checkpoint) / STATE_FILE.format(rank=rank)
+
+
+def state_callback(reward_fn: KernelRewardFunction, stream: PromptStream, rank: int) -> Any:
+    """A TrainerCallback writing this rank's kernelrl state next to TRL's in every checkpoint."""
     from transformers import TrainerCallback
 
     class KernelrlState(TrainerCallback):
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if state.is_world_process_zero and folder.is_dir():
-                tmp = folder / (STATE_FILE + ".tmp")
-                tmp.write_text(json.dumps(reward_fn.state()))
-                tmp.replace(folder / STATE_FILE)
+            folder.mkdir(parents=True, exist_ok=True)  # as the Trainer does for each rank's RNG state
+            path = state_file(folder, rank)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(_state_text(reward_fn, stream, rank))
+            tmp.replace(path)
             return control
 
     return KernelrlState()
+
+
+def load_rank_state(checkpoint: Path, rank: int, reward_fn: KernelRewardFunction, stream: PromptStream,
+                    console: Any = None) -> Path | None:
+    """Restore this rank's state from `checkpoint` (rank 0's when this rank has none, then the one
+    file of a checkpoint written before states were kept per rank); the file used."""
+    for path in (state_file(checkpoint, rank), state_file(checkpoint, 0), Path(checkpoint) / LEGACY_STATE_FILE):
+        if path.is_file():
+            text = path.read_text()
+            saved = json.loads(text)
+            reward_fn.load_state(saved)
+            stream.load_state(saved.get("stream") or {})
+            note = "" if path.name == state_file(checkpoint, rank).name else " (none saved for this rank)"
+            # what is in memory now, written as it was saved: equal when the restore is faithful
+            now = _state_text(reward_fn, stream, int(saved.get("rank", rank)))
+            if console is not None:
+                console.print(f"rank {rank}: kernelrl state restored from {path}{note}; "
+                              f"{'identical to' if now == text else 'DIFFERS from'} the saved state "
+                              f"(sha256 {hashlib.sha256(now.encode()).hexdigest()[:12]})", highlight=False,
+                              soft_wrap=True)
+            return path
+    return None
+
+
+def _state_text(reward_fn: KernelRewardFunction, stream: PromptStream, rank: int) -> str:
+    return json.dumps({**reward_fn.state(), "stream": stream.state(), "rank": rank})
 
 
 def _quiet_dropped_rollouts() -> None:
@@ -132,12 +177,14 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
                db: Any, output_dir: Path, reward: RewardModel, eval_settings: EvalSettings | None,
                prompt_settings: EvalSettings, resume: bool = False, seed: int = 0, console: Any = None,
                template_dir: Path | None = None, run_id: int | None = None,
-               profiles: dict[str, Any] | None = None) -> GRPOResult:
+               profiles: dict[str, Any] | None = None, ranks: Ranks | None = None) -> GRPOResult:
     """Train; `output_dir` is the stage's folder. `eval_settings` (None: do not reuse stored
     verdicts) say which database results stand for the backend's; `prompt_settings` give the
-    policy, device and size the prompts state."""
-    from trl import GRPOConfig, GRPOTrainer
+    policy, device and size the prompts state; `ranks` are the run's processes (one by default)."""
+    from trl.trainer.grpo_config import GRPOConfig
+    from trl.trainer.grpo_trainer import GRPOTrainer
 
+    ranks = ranks or SingleProcess()
     started = time.monotonic()
     output_dir = Path(output_dir)
     checkpoint = checkpoint_to_resume(output_dir, resume=resume)
@@ -146,23 +193,25 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
     policy, tokenizer = load_model(init_from, model)
     system = system_text(model)
     curriculum = Curriculum(tasks, stage.curriculum, seed=seed)
+    if profiles is None:  # only the main process builds prompts
+        profiles = task_profiles(backend, tasks) if ranks.is_main else {}
     stream = PromptStream(curriculum, db, as_prompt=lambda text: as_prompt(tokenizer, text, system),
                           policy=prompt_settings.policy, device=prompt_settings.device, size=prompt_settings.size,
                           k=stage.k_shown, seed=seed, template_dir=template_dir, chat=has_chat_template(tokenizer),
-                          profiles=profiles if profiles is not None else task_profiles(backend, tasks))
+                          profiles=profiles, ranks=ranks)
     reward_fn = KernelRewardFunction(backend, tasks={t.name: t for t in tasks}, reward=reward, db=db, roc=stage.roc,
                                      curriculum=curriculum, proposer="grpo", reuse=eval_settings, run_id=run_id,
-                                     max_completion_tokens=args.max_completion_length, console=console, seed=seed)
+                                     max_completion_tokens=args.max_completion_length, console=console, seed=seed,
+                                     ranks=ranks, group_size=args.num_generations)
     if checkpoint is not None:
-        saved = Path(checkpoint) / STATE_FILE
-        if saved.is_file():
-            reward_fn.load_state(json.loads(saved.read_text()))
+        load_rank_state(Path(checkpoint), ranks.index, reward_fn, stream, console)
     if stage.roc.enabled:
         _quiet_dropped_rollouts()
     probe = norm_probe()
     trainer = GRPOTrainer(model=policy, reward_funcs=[reward_fn], args=args, train_dataset=stream.dataset(),
                           processing_class=tokenizer, peft_config=peft_config(model),
-                          callbacks=[state_callback(reward_fn), probe, step_log_callback(db, run_id=run_id, curriculum=curriculum)])  # noqa: E501
+                          callbacks=[state_callback(reward_fn, stream, ranks.index), probe,
+                                     step_log_callback(db, run_id=run_id, curriculum=curriculum)])
     before = trainable_norm(trainer.model)
     db_before = db.count_candidates() if db is not None else 0
     result = trainer.train(resume_from_checkpoint=checkpoint)

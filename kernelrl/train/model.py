@@ -9,7 +9,8 @@
   made for: chat messages (system + user, then assistant) when the tokenizer has a chat template,
   else the text `system + "\\n\\n" + prompt`, exactly as the `hf:` proposer asks, so what a stage
   trains on is what `kernelrl bench --proposer hf:PATH` later asks;
-- `sample_answers` draws n answers per prompt with `generate` (rejection-sampling fine-tuning);
+- `sample_answers` draws n answers per prompt with `generate` (the CPU fallback of
+  `kernelrl.train.sampling`);
 - `save_final` writes a stage's model and tokenizer to one folder, a LoRA adapter merged into its
   base when `lora.merge_on_save`, so the next stage and `hf:PATH` load a plain model.
 
@@ -83,13 +84,21 @@ def is_model_folder(path: str | Path) -> bool:
     return p.is_dir() and ((p / "config.json").is_file() or (p / "adapter_config.json").is_file())
 
 
-def load_model(source: str | Path, config: ModelConfig) -> tuple[Any, Any]:
-    """(model, tokenizer) from a folder or hub id, with the config's dtype and attention."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(source: str | Path, config: ModelConfig) -> Any:
+    """The tokenizer of a folder or hub id, padding on the left (as generation needs)."""
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(source), trust_remote_code=config.trust_remote_code)
     tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_model(source: str | Path, config: ModelConfig) -> tuple[Any, Any]:
+    """(model, tokenizer) from a folder or hub id, with the config's dtype and attention."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(source, config)
     kwargs: dict[str, Any] = {"trust_remote_code": config.trust_remote_code,
                               "dtype": "auto" if config.dtype == "auto" else getattr(torch, config.dtype)}
     if config.attn_implementation:

@@ -30,7 +30,9 @@ from typing import Any
 from kernelrl.config import CONFIG_DIR, build, load_toml, to_dict, with_overrides
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.reward import RewardConfig
+from kernelrl.tasks.splits import Split, for_training, split_of, split_of_name
 from kernelrl.train.grpo import GRPOResult, GRPOStageConfig
+from kernelrl.train.launch import LaunchConfig
 from kernelrl.train.model import ModelConfig
 from kernelrl.train.rft import RFTStageConfig, RoundResult
 from kernelrl.train.sft import SFTStageConfig
@@ -57,6 +59,7 @@ class BackendConfig:
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     tasks: tuple[str, ...]  # suites, task names, files or folders (kernelrl.tasks.suites.load_tasks)
+    splits: tuple[str, ...] = ("train",)  # which split's tasks train (kernelrl.tasks.splits); never test
     output_dir: Path  # stage folders go under it: <output_dir>/sft, /rft, /grpo
     model: ModelConfig
     db_path: Path | None = None  # the code database; None: <output_dir>/code.db
@@ -65,6 +68,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)  # processes per stage, the accelerate config
     sft: SFTStageConfig = field(default_factory=SFTStageConfig)
     rft: RFTStageConfig = field(default_factory=RFTStageConfig)
     grpo: GRPOStageConfig = field(default_factory=lambda: GRPOStageConfig(trl={"max_steps": 100}))
@@ -74,6 +78,9 @@ class TrainConfig:
         object.__setattr__(self, "tasks", tuple(s.strip() for v in specs for s in v.split(",") if s.strip()))
         if not self.tasks:
             raise ValueError("no tasks given")
+        object.__setattr__(self, "splits", tuple(Split(s) for s in self.splits))
+        if Split.TEST in self.splits:
+            raise ValueError("splits: training refuses test tasks (the test split is for `kernelrl bench`)")
         object.__setattr__(self, "output_dir", Path(self.output_dir))
         for name in ("db_path", "template_dir"):
             if getattr(self, name) is not None:
@@ -111,9 +118,11 @@ class StageReport:
 def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, console: Any = None,
               backend: Any = None) -> StageReport:
     """Run one stage (see the module docstring). `backend` replaces the configured one (tests)."""
-    from kernelrl.search.database import Database, RunStatus
+    from kernelrl.search.database import Database
+    from kernelrl.search.records import RunStatus
     from kernelrl.tasks.suites import load_tasks
     from kernelrl.train.model import is_model_folder
+    from kernelrl.train.ranks import current_ranks
     from kernelrl.train.rollouts import EvalSettings
     from kernelrl.train.stage import (
         checkpoint_to_resume,
@@ -125,23 +134,40 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
 
     started = time.monotonic()
     stage = Stage(stage)
-    tasks = load_tasks(list(config.tasks))
-    if config.model.tiny is not None and not is_model_folder(config.model.path):
-        _say(console, f"building the tiny model of this config at {config.model.path}")
-        build_tiny_model(config.model.path, tasks, config.model.tiny)
-    stage_cfg = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage]
-    init = resolve_init(stage, stage_cfg.init_from, output_dir=config.output_dir, base=config.model.path)
-    _say(console, f"{stage.value}: starting from {init.source} ({init.reason})")
+    stage_cfg: SFTStageConfig | RFTStageConfig | GRPOStageConfig = (
+        config.sft if stage is Stage.SFT else config.rft if stage is Stage.RFT else config.grpo)
+    ranks = current_ranks(cpu=True if stage_cfg.trl.get("use_cpu") else None)
+    tasks, left_out = for_training(load_tasks(list(config.tasks)), config.splits)
+    if left_out and ranks.is_main:
+        _say(console, "left out by their split: " + "; ".join(f"{len(n)} {s.value} task(s)" for s, n in
+                                                              left_out.items()))
     folder = stage_dir(config.output_dir, stage)
     if stage is not Stage.RFT:
         checkpoint_to_resume(folder, resume=resume)  # refused before anything is opened or written
+    if ranks.count != config.launch.processes(stage) and ranks.is_main:
+        _say(console, f"{stage.value} runs on {ranks.count} process(es); the config launches it on "
+                      f"{config.launch.processes(stage)} (`--dry-run` prints its launch command)")
+    if config.model.tiny is not None and not is_model_folder(config.model.path):
+        if ranks.is_main:
+            _say(console, f"building the tiny model of this config at {config.model.path}")
+            build_tiny_model(config.model.path, tasks, config.model.tiny)
+        ranks.barrier()
+    init = resolve_init(stage, stage_cfg.init_from, output_dir=config.output_dir, base=config.model.path)
+    _say(console, f"{stage.value}: starting from {init.source} ({init.reason})")
     owned = backend is None
     settings = EvalSettings.of(config.eval)
     with Database(config.database) as db:
-        for t in tasks:
-            db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level,
-                           size=config.eval.size)
-        run_id = db.start_run({"stage": stage.value, "resume": resume, "config": to_dict(config)})
+        run_id = None
+        if ranks.is_main:  # one run row per stage invocation, whatever the number of processes
+            for t in tasks:
+                db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level,
+                               size=config.eval.size)
+            run_id = db.start_run({"stage": stage.value, "resume": resume, "processes": ranks.count,
+                                   "config": to_dict(config),
+                                   "splits": {t.name: split_of(t).value for t in tasks},
+                                   "left_out": {s.value: names for s, names in left_out.items()}})
+        run_id = ranks.broadcast(run_id)
+        assert run_id is not None  # the main process started it
         status = RunStatus.FAILED
         reuse: EvalSettings | None = settings
         try:
@@ -150,16 +176,19 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
             if stage is Stage.SFT:
                 report = _run_sft(config, init, folder, resume=resume)
             elif stage is Stage.RFT:
-                report = _run_rft(config, init, folder, tasks, backend, db, settings, run_id, console)
+                report = _run_rft(config, init, folder, tasks, backend, db, settings, run_id, console, ranks)
             else:
-                report = _run_grpo(config, init, folder, tasks, backend, db, reuse, settings, run_id, resume, console)
-            mark_done(config.output_dir, stage, report["final_dir"], run_id=run_id)
+                report = _run_grpo(config, init, folder, tasks, backend, db, reuse, settings, run_id, resume, console,
+                                   ranks)
+            if ranks.is_main:
+                mark_done(config.output_dir, stage, report["final_dir"], run_id=run_id)
             status = RunStatus.FINISHED
         except KeyboardInterrupt:
             status = RunStatus.INTERRUPTED
             raise
         finally:
-            db.finish_run(run_id, status)
+            if ranks.is_main:
+                db.finish_run(run_id, status)
             if owned and backend is not None and hasattr(backend, "close"):
                 backend.close()
     return StageReport(stage=stage, init=init, db_path=config.database, run_id=run_id,
@@ -193,7 +222,9 @@ def _run_sft(config: TrainConfig, init: Init, folder: Path, *, resume: bool) -> 
     from kernelrl.train.sft_set import read_sft_set
     from kernelrl.train.stage import StageError
 
-    rows = select_rows(read_sft_set(config.sft_data), config.sft.min_speedup)
+    allowed = {*config.splits, Split.UNSPLIT}
+    rows = [r for r in select_rows(read_sft_set(config.sft_data), config.sft.min_speedup)
+            if split_of_name(r.task) in allowed]  # training refuses test tasks, in the SFT set too
     if not rows:
         raise StageError(f"{config.sft_data}: no rows to train on (min_speedup {config.sft.min_speedup})")
     outcome = finetune(rows, source=init.source, model=config.model, trl=config.sft.trl, output_dir=folder,
@@ -202,24 +233,26 @@ def _run_sft(config: TrainConfig, init: Init, folder: Path, *, resume: bool) -> 
 
 
 def _run_rft(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], backend: Any, db: Any,
-             settings: Any, run_id: int, console: Any) -> dict[str, Any]:
+             settings: Any, run_id: int, console: Any, ranks: Any) -> dict[str, Any]:
     from kernelrl.train.rft import train_rft
     from kernelrl.train.sft_set import read_sft_set
 
     sft_rows = read_sft_set(config.sft_data) if config.rft.include_sft_set and config.sft_data.is_file() else []
+    sft_rows = [r for r in sft_rows if split_of_name(r.task) in {*config.splits, Split.UNSPLIT}]
     rounds = train_rft(config.rft, model=config.model, init_from=init.source, tasks=tasks, backend=backend, db=db,
                        output_dir=folder, eval_settings=settings, sft_rows=sft_rows,
-                       seed=config.seed, console=console, template_dir=config.template_dir, run_id=run_id)
+                       seed=config.seed, console=console, template_dir=config.template_dir, run_id=run_id,
+                       ranks=ranks)
     return {"final_dir": Path(rounds[-1].final), "rounds": tuple(rounds)}
 
 
 def _run_grpo(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], backend: Any, db: Any,
-              reuse: Any, settings: Any, run_id: int, resume: bool, console: Any) -> dict[str, Any]:
+              reuse: Any, settings: Any, run_id: int, resume: bool, console: Any, ranks: Any) -> dict[str, Any]:
     from kernelrl.reward import RewardModel
     from kernelrl.train.grpo import train_grpo
 
     result = train_grpo(config.grpo, model=config.model, init_from=init.source, tasks=tasks, backend=backend, db=db,
                         output_dir=folder, reward=RewardModel(config.reward), eval_settings=reuse,
                         prompt_settings=settings, resume=resume, seed=config.seed, console=console,
-                        template_dir=config.template_dir, run_id=run_id)
+                        template_dir=config.template_dir, run_id=run_id, ranks=ranks)
     return {"final_dir": result.outcome.final_dir, "outcome": result.outcome, "grpo": result}

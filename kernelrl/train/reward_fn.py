@@ -1,27 +1,44 @@
 """The TRL reward function: a batch of completions in, one reward (or None) per completion out.
 
 `KernelRewardFunction(backend, tasks=..., reward=..., db=...)` is passed to `GRPOTrainer` as a
-reward function. For each call (one generation batch):
+reward function. For each call (one generation batch of this process's rows):
 
-1. each completion (a string, or chat messages) becomes the answer's text; its code is the last
-   complete fenced block (`kernelrl.candidate.extract_code`);
-2. the whole batch is judged by one `backend.evaluate_batch` call (`kernelrl.train.rollouts`),
-   so the evaluator runs the candidates in its own workers, each under its own limits: a step
-   waits for its batch no longer than the evaluator's per-candidate limits allow;
-3. each verdict is scored by `kernelrl.reward.RewardModel.score` with the task's level (the
-   clip window falls back to it), the completion's token count (length term) and, when the
-   reward is measured against torch.compile, the task's eager/compile ratio; an answer without
-   code gets the no-code penalty; a `task_error` gets None (TRL ignores it);
-4. with GRPO-RoC on, each group (a prompt's consecutive rollouts) keeps the share `roc.keep`
-   chosen by `kernelrl.train.roc.select`; dropped rollouts get None;
-5. the curriculum hears how each group went (flat or no correct sample: resample it sooner);
-6. with a database, every generated code and its verdict is written back (raw and clipped
-   reward, kept or not, in the candidate's `meta`), so later prompts show them;
-7. raw and clipped rewards and the verdicts are logged: to TRL's metrics (`kernelrl/...`), to
-   its completions table (`log_extra`), and one line per batch to the console.
+1. each row's task must be the task its prompt was built for: the row's `key` column
+   (`kernelrl.train.stream.row_key`) is checked against its task and prompt, and a mismatch is a
+   `TaskMismatch`, never a reward;
+2. each completion (a string, or chat messages) becomes the answer's text; its code is the last
+   complete fenced block (`kernelrl.candidate.extract_code`); the batch is judged by one
+   `backend.evaluate_batch` call (`kernelrl.train.rollouts`), so the evaluator runs the
+   candidates in its own workers, each under its own limits;
+3. each verdict gets its raw reward (`kernelrl.reward.RewardModel.raw`, with the task's level,
+   the completion's token count and, against torch.compile, the task's eager/compile ratio);
+4. every rank's raw rewards are gathered in the global batch's order (`kernelrl.train.ranks`;
+   one process: its own), and the global batch is cut into groups of `group_size` rows (TRL's
+   `num_generations`): every group must hold one task and one prompt across all ranks, or the
+   call is a `TaskMismatch` (in vLLM server mode TRL generates a group's completions from its
+   first row's prompt: a group that mixed prompts would score completions against another
+   task). Without `group_size`, groups are runs of equal keys;
+5. on every rank, in that one order: CUDA-L1's clip (`RewardModel.clip`, windows of raw values),
+   GRPO-RoC's choice per group (`kernelrl.train.roc.select`, one shared seed), and the
+   curriculum's observation of each group; so every rank ends the call with the same windows,
+   the same RoC generator and the same observations (only the main process's curriculum draws
+   tasks, in `kernelrl.train.stream`), and RoC selects whole groups even when a group spans
+   ranks. Dropped rollouts and `task_error`s get None (TRL ignores them);
+6. with a database, this rank's codes and verdicts are written back (raw and clipped reward,
+   the band, within noise or not, kept or not, step, rank and group in the candidate's `meta`),
+   so later prompts show them and a run page can read every rollout by step;
+7. raw and clipped rewards and the verdicts are logged: to TRL's metrics (`kernelrl/...`, over
+   the global batch), to its completions table (`log_extra`, this rank's rows), one line per
+   call to the console, and with several ranks one line naming every group's task.
+
+`score_rollouts` is steps 2-6 for rollouts built by any caller: the single-turn path is
+`__call__`, which turns TRL's columns into `Rollout`s; a multi-turn episode would build its
+turns' rollouts itself and call `score_rollouts` per turn.
 
 Guarantees: returns exactly one value per completion, in order; never raises for a candidate's
-or task's fault; one `evaluate_batch` call per invocation at most.
+or task's fault (only for a caller's bug: an unknown task, a row whose task is not its
+prompt's); one `evaluate_batch` call per invocation at most; `state()` / `load_state()` carry
+the windows, the curriculum, the RoC generator and measured compile baselines.
 
 Does not generate, and does not decide verdicts (the backend does) or the mapping (the reward
 model does).
@@ -35,7 +52,7 @@ import statistics
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kernelrl.result import Status
@@ -43,6 +60,7 @@ from kernelrl.reward import BaselineKind, Reward, RewardModel
 from kernelrl.tasks.task import Task
 from kernelrl.train.curriculum import Curriculum
 from kernelrl.train.model import completion_text, prompt_text
+from kernelrl.train.ranks import Ranks, SingleProcess
 from kernelrl.train.roc import RoCConfig, groups, problems, select
 from kernelrl.train.rollouts import (
     EvalSettings,
@@ -51,8 +69,26 @@ from kernelrl.train.rollouts import (
     evaluate_rollouts,
     store_rollouts,
 )
+from kernelrl.train.stream import row_key
 
 log = logging.getLogger("kernelrl.train.reward")
+
+
+class TaskMismatch(RuntimeError):
+    """A completion would be scored against a task other than the one its prompt came from."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scored:
+    """One rollout as every rank sees it after the gather."""
+
+    rank: int
+    task: str
+    key: str
+    level: int | None
+    reward: Reward | None  # raw; None: task_error
+    problems: int  # GRPO-RoC's uncleanliness count
+    correct: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,15 +102,20 @@ class RolloutLog:
     kept: bool
     candidate_id: int | None
     reused: bool  # the verdict came from the code database
+    group: int = 0  # index of its group in the global batch
 
 
 @dataclass(frozen=True, kw_only=True)
 class BatchLog:
-    """One reward call: what the evaluator said and what the trainer got."""
+    """One reward call on this rank: what the evaluator said and what the trainer got."""
 
     step: int
     rollouts: tuple[RolloutLog, ...]
     evaluated: int  # candidates sent to the backend (reused and code-less ones are not)
+    groups: tuple[str, ...] = ()  # every group's task and prompt key in the global batch, in order
+    rank: int = 0
+    ranks: int = 1
+    metrics: dict[str, float] = field(default_factory=dict)  # over the global batch: the same on every rank
 
     @property
     def statuses(self) -> dict[str, int]:
@@ -106,7 +147,10 @@ class KernelRewardFunction:
                  db: Any = None, roc: RoCConfig | None = None, curriculum: Curriculum | None = None,
                  proposer: str = "grpo", reuse: EvalSettings | None = None, run_id: int | None = None,
                  max_completion_tokens: int | None = None, compile_speedups: Mapping[str, float] | None = None,
-                 console: Any = None, seed: int = 0, keep_logs: int = 100) -> None:
+                 console: Any = None, seed: int = 0, keep_logs: int = 100, ranks: Ranks | None = None,
+                 group_size: int | None = None) -> None:
+        if group_size is not None and group_size < 1:
+            raise ValueError("group_size must be >= 1")
         self.backend = backend
         self.tasks = dict(tasks)
         self.reward = reward or RewardModel()
@@ -119,74 +163,137 @@ class KernelRewardFunction:
         self.max_completion_tokens = max_completion_tokens
         self.compile_speedups: dict[str, float | None] = dict(compile_speedups or {})
         self.console = console
-        self.rng = random.Random(seed)
+        self.ranks: Ranks = ranks or SingleProcess()
+        self.group_size = group_size
+        self.rng = random.Random(seed)  # RoC's draws: the same seed and the same calls on every rank
         self.logs: deque[BatchLog] = deque(maxlen=keep_logs)  # the latest batches
         self.calls = 0
-        # totals over this object's life
+        # totals over this object's life, this rank's rollouts
         self.rollouts = 0
         self.evaluated = 0
         self.clipped = 0
         self.statuses: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    # -- TRL's entry point ---------------------------------------------------------------------
+    # -- TRL's entry point (the single-turn path) ----------------------------------------------
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], task: Sequence[str],
                  completion_ids: Sequence[Sequence[int]] | None = None, trainer_state: Any = None,
                  log_metric: Any = None, log_extra: Any = None, parents: Sequence[Sequence[int]] | None = None,
-                 **kwargs: Any) -> list[float | None]:
+                 key: Sequence[str] | None = None, **kwargs: Any) -> list[float | None]:
         if not (len(prompts) == len(completions) == len(task)):
             raise ValueError(f"{len(prompts)} prompts, {len(completions)} completions and {len(task)} task names")
         unknown = sorted({name for name in task if name not in self.tasks})
         if unknown:
             raise KeyError(f"task(s) not in this run: {', '.join(unknown)}")
+        keys = [row_key(name, p) for name, p in zip(task, prompts)]
+        if key is not None:
+            for i, (mine, carried) in enumerate(zip(keys, key)):
+                if mine != carried:
+                    raise TaskMismatch(f"row {i}: task {task[i]!r} is not the task its prompt was built for "
+                                       f"(key {carried}, expected {mine}); its completion would be scored against "
+                                       "another task")
+        rollouts = [Rollout(task=name, prompt=prompt_text(p), answer=completion_text(c),
+                            completion_tokens=len(completion_ids[i]) if completion_ids is not None else None,
+                            parents=tuple(parents[i]) if parents is not None else ())
+                    for i, (name, p, c) in enumerate(zip(task, prompts, completions))]
         step = int(getattr(trainer_state, "global_step", 0) or 0)
+        values, batch = self.score_rollouts(rollouts, keys=keys, step=step)
+        self._report(batch, log_metric, log_extra)
+        return values
+
+    # -- the scoring path (any caller) ---------------------------------------------------------
+
+    def score_rollouts(self, rollouts: Sequence[Rollout], *, keys: Sequence[str], step: int = 0
+                       ) -> tuple[list[float | None], BatchLog]:
+        """Judge, score, share across ranks, store (steps 2-6 of the module docstring)."""
         with self._lock:
             self.calls += 1
-            rollouts = [Rollout(task=name, prompt=prompt_text(p), answer=completion_text(c),
-                                completion_tokens=len(completion_ids[i]) if completion_ids is not None else None,
-                                parents=tuple(parents[i]) if parents is not None else ())
-                        for i, (name, p, c) in enumerate(zip(task, prompts, completions))]
             judged = evaluate_rollouts(self.backend, rollouts, self.tasks, db=self.db, reuse=self.reuse)
-            rewards = [self._score(j) for j in judged]
-            kept = self._select(judged, rewards)
-            values = [r.value if r is not None and k else None for r, k in zip(rewards, kept)]
-            self._tell_curriculum(judged, rewards, kept)
+            self._share_compile_baselines(judged)
+            mine = [Scored(rank=self.ranks.index, task=j.rollout.task, key=k, level=self.tasks[j.rollout.task].level,
+                           reward=self._raw(j),
+                           problems=problems(j.rollout.answer, j.result, truncated=self._truncated(j)),
+                           correct=j.status is Status.CORRECT)
+                    for j, k in zip(judged, keys)]
+            every = self.ranks.gather(mine)
+            start = sum(1 for s in every if s.rank < self.ranks.index)
+            parts = self._groups(every, step)
+            rewards = [self.reward.clip(s.reward, task=s.task, level=s.level) if s.reward is not None else None
+                       for s in every]
+            kept = self._select(every, rewards, parts)
+            self._tell_curriculum(every, rewards, kept, parts)
+            group_of = {i: g for g, members in enumerate(parts) for i in members}
+            here = range(start, start + len(judged))
+            values = [rewards[i].value if rewards[i] is not None and kept[i] else None  # type: ignore[union-attr]
+                      for i in here]
             if self.db is not None:
                 judged = store_rollouts(self.db, judged, proposer=self.proposer, step=step, run_id=self.run_id,
-                                        settings=self.reuse, meta=[_meta(step, r, k) for r, k in zip(rewards, kept)])
+                                        settings=self.reuse,
+                                        meta=[_meta(step, rewards[i], kept[i], rank=self.ranks.index,
+                                                    group=group_of[i]) for i in here])
             evaluated = sum(1 for j in judged if j.code is not None and j.reused_from is None)
-            logs = tuple(_rollout_log(j, r, k, v) for j, r, k, v in zip(judged, rewards, kept, values))
-            batch = BatchLog(step=step, evaluated=evaluated, rollouts=logs)
+            logs = tuple(_rollout_log(j, rewards[i], kept[i], v, group_of[i])
+                         for j, i, v in zip(judged, here, values))
+            batch = BatchLog(step=step, evaluated=evaluated, rollouts=logs, rank=self.ranks.index,
+                             ranks=self.ranks.count, metrics=_metrics(every, rewards, kept),
+                             groups=tuple(f"{every[m[0]].task}#{every[m[0]].key[:8]}" for m in parts))
             self.logs.append(batch)
             self.rollouts += len(batch.rollouts)
             self.evaluated += batch.evaluated
             self.clipped += batch.clipped
-            for key, n in batch.statuses.items():
-                self.statuses[key] = self.statuses.get(key, 0) + n
-        self._report(batch, log_metric, log_extra)
-        return values
+            for name, n in batch.statuses.items():
+                self.statuses[name] = self.statuses.get(name, 0) + n
+        return values, batch
 
     # -- pieces --------------------------------------------------------------------------------
 
-    def _score(self, j: Judged) -> Reward | None:
+    def _raw(self, j: Judged) -> Reward | None:
         task = self.tasks[j.rollout.task]
-        return self.reward.score(j.result, answer=j.rollout.answer, completion_tokens=j.rollout.completion_tokens,
-                                 level=task.level, compile_speedup=self._compile_speedup(task, j))
+        return self.reward.raw(j.result, answer=j.rollout.answer, completion_tokens=j.rollout.completion_tokens,
+                               compile_speedup=self._compile_speedup(task, j))
+
+    def _groups(self, every: Sequence[Scored], step: int) -> list[list[int]]:
+        """The global batch's groups; each must hold one task and one prompt, whatever rank holds it."""
+        if self.group_size is None:
+            return groups([(s.task, s.key) for s in every])
+        size = self.group_size
+        if len(every) % size:
+            raise TaskMismatch(f"step {step}: {len(every)} rows in the global batch is not a whole number of groups "
+                               f"of {size}")
+        out = [list(range(i, i + size)) for i in range(0, len(every), size)]
+        for g, members in enumerate(out):
+            seen = {(every[i].task, every[i].key) for i in members}
+            if len(seen) > 1:
+                held = ", ".join(f"{every[i].task}#{every[i].key[:8]} (rank {every[i].rank})" for i in members)
+                raise TaskMismatch(f"step {step}: group {g} mixes prompts: {held}; completions would be scored "
+                                   "against another task (are the ranks' prompt streams shared?)")
+        return out
+
+    def _share_compile_baselines(self, judged: Sequence[Judged]) -> None:
+        """Against torch.compile, each task's eager/compile ratio is measured once, by the main
+        process, and shared: every rank pays a task's results against the same baseline."""
+        if self.reward.config.baseline is not BaselineKind.COMPILE:
+            return
+        needed = self.ranks.gather([j.rollout.task for j in judged if j.status is Status.CORRECT])
+        wanted = sorted(set(needed) - set(self.compile_speedups))
+        if not wanted:
+            return
+        measured = {name: self._measure_compile(self.tasks[name]) for name in wanted} if self.ranks.is_main else None
+        shared = self.ranks.broadcast(measured)
+        self.compile_speedups.update(shared or {})
 
     def _compile_speedup(self, task: Task, j: Judged) -> float | None:
         """eager/compile time ratio of the task, when the reward is measured against torch.compile."""
         if self.reward.config.baseline is not BaselineKind.COMPILE or j.status is not Status.CORRECT:
             return None
-        if task.name not in self.compile_speedups:
-            self.compile_speedups[task.name] = self._measure_compile(task)
-        return self.compile_speedups[task.name]
+        return self.compile_speedups.get(task.name)
 
     def _measure_compile(self, task: Task) -> float | None:
         if self.db is not None and self.reuse is not None:
             rec = self.db.get_baseline(task.name, self.reuse.device, self.reuse.size)
             if rec is not None and rec.compile_ms:
-                return rec.eager_ms / rec.compile_ms
+                return float(rec.eager_ms / rec.compile_ms)
         measure = getattr(self.backend, "baseline", None)
         if measure is None:
             return None
@@ -198,18 +305,16 @@ class KernelRewardFunction:
         if self.db is not None and getattr(b, "eager_ms", None):
             self.db.put_baseline(task=task.name, device=b.device, size=b.size, eager_ms=b.eager_ms,
                                  compile_ms=b.compile_ms)
-        return b.compile_speedup
+        return b.compile_speedup  # type: ignore[no-any-return]
 
-    def _select(self, judged: Sequence[Judged], rewards: Sequence[Reward | None]) -> list[bool]:
+    def _select(self, every: Sequence[Scored], rewards: Sequence[Reward | None],
+                parts: Sequence[Sequence[int]]) -> list[bool]:
         if not self.roc.enabled:
             return [r is not None for r in rewards]
-        kept = [False] * len(judged)
-        keys = [(j.rollout.task, j.rollout.prompt) for j in judged]
-        for group in groups(keys):
+        kept = [False] * len(every)
+        for group in parts:
             raws = [rewards[i].raw if rewards[i] is not None else None for i in group]  # type: ignore[union-attr]
-            counts = [problems(judged[i].rollout.answer, judged[i].result, truncated=self._truncated(judged[i]))
-                      for i in group]
-            for i, keep in zip(group, select(raws, counts, self.roc, self.rng)):
+            for i, keep in zip(group, select(raws, [every[i].problems for i in group], self.roc, self.rng)):
                 kept[i] = keep
         return kept
 
@@ -217,64 +322,77 @@ class KernelRewardFunction:
         n = j.rollout.completion_tokens
         return self.max_completion_tokens is not None and n is not None and n >= self.max_completion_tokens
 
-    def _tell_curriculum(self, judged: Sequence[Judged], rewards: Sequence[Reward | None],
-                         kept: Sequence[bool]) -> None:
+    def _tell_curriculum(self, every: Sequence[Scored], rewards: Sequence[Reward | None], kept: Sequence[bool],
+                         parts: Sequence[Sequence[int]]) -> None:
         if self.curriculum is None:
             return
-        keys = [(j.rollout.task, j.rollout.prompt) for j in judged]
-        for group in groups(keys):
+        for group in parts:
             values = [rewards[i].value for i in group if rewards[i] is not None and kept[i]]  # type: ignore[union-attr]
-            correct = any(judged[i].status is Status.CORRECT for i in group)
-            self.curriculum.observe(judged[group[0]].rollout.task, values, any_correct=correct)
+            self.curriculum.observe(every[group[0]].task, values, any_correct=any(every[i].correct for i in group))
 
     def _report(self, batch: BatchLog, log_metric: Any, log_extra: Any) -> None:
-        n = max(1, len(batch.rollouts))
-        raws, values = batch.raws, batch.values
-        metrics = {
-            "kernelrl/raw_reward": statistics.fmean(raws) if raws else 0.0,
-            "kernelrl/clipped_reward": statistics.fmean(values) if values else 0.0,
-            "kernelrl/clipped_share": batch.clipped / n,
-            "kernelrl/correct_share": batch.statuses.get(Status.CORRECT.value, 0) / n,
-            "kernelrl/flagged_share": batch.statuses.get(Status.FLAGGED.value, 0) / n,
-            "kernelrl/no_code_share": batch.statuses.get("no_code", 0) / n,
-            "kernelrl/kept_share": sum(r.kept for r in batch.rollouts) / n,
-        }
         if callable(log_metric):
-            for name, value in metrics.items():
+            for name, value in batch.metrics.items():
                 log_metric(name, value)
         if callable(log_extra):
             log_extra("verdict", [r.status.value if r.status else "no_code" for r in batch.rollouts])
             log_extra("raw_reward", [r.raw for r in batch.rollouts])
             log_extra("clipped_reward", [r.value for r in batch.rollouts])
-        log.info("step %d: %s; raw %s; trained on %s", batch.step, batch.statuses,
-                 [round(x, 3) for x in raws], [None if r.value is None else round(r.value, 3) for r in batch.rollouts])
+        log.info("step %d rank %d: %s; raw %s; trained on %s; groups %s", batch.step, batch.rank, batch.statuses,
+                 [round(x, 3) for x in batch.raws],
+                 [None if r.value is None else round(r.value, 3) for r in batch.rollouts], list(batch.groups))
         if self.console is not None:
             print_batch(batch, self.console)
+            if batch.ranks > 1:
+                self.console.print(f"groups step {batch.step} rank {batch.rank}/{batch.ranks}: "
+                                   + " ".join(f"{g}={name}" for g, name in enumerate(batch.groups)),
+                                   highlight=False, soft_wrap=True)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
+        version, internal, gauss = self.rng.getstate()
         return {"reward": self.reward.state(), "curriculum": self.curriculum.state() if self.curriculum else None,
-                "compile_speedups": self.compile_speedups}
+                "compile_speedups": self.compile_speedups, "roc_rng": [version, list(internal), gauss]}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         self.reward.load_state(state.get("reward") or {})
         if self.curriculum is not None and state.get("curriculum"):
             self.curriculum.load_state(state["curriculum"])
         self.compile_speedups.update(state.get("compile_speedups") or {})
+        if state.get("roc_rng"):
+            version, internal, gauss = state["roc_rng"]
+            self.rng.setstate((version, tuple(internal), gauss))
 
 
-def _meta(step: int, reward: Reward | None, kept: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"stage": "grpo", "step": step, "kept": kept}
+def _metrics(every: Sequence[Scored], rewards: Sequence[Reward | None], kept: Sequence[bool]) -> dict[str, float]:
+    n = max(1, len(every))
+    scored = [r for r in rewards if r is not None]
+    values = [r.value for r, k in zip(rewards, kept) if r is not None and k]
+    return {
+        "kernelrl/raw_reward": statistics.fmean(r.raw for r in scored) if scored else 0.0,
+        "kernelrl/clipped_reward": statistics.fmean(values) if values else 0.0,
+        "kernelrl/clipped_share": sum(r.clipped for r in scored) / n,
+        "kernelrl/correct_share": sum(s.correct for s in every) / n,
+        "kernelrl/flagged_share": sum(r.status is Status.FLAGGED for r in scored) / n,
+        "kernelrl/no_code_share": sum(r.status is None for r in scored) / n,
+        "kernelrl/kept_share": sum(kept) / n,
+        "kernelrl/within_noise_share": sum(r.within_noise for r in scored) / n,
+    }
+
+
+def _meta(step: int, reward: Reward | None, kept: bool, *, rank: int, group: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"stage": "grpo", "step": step, "kept": kept, "rank": rank, "group": group}
     if reward is not None:
-        out.update(raw=reward.raw, reward=reward.value, clipped=reward.clipped, bound=reward.bound)
+        out.update(raw=reward.raw, reward=reward.value, clipped=reward.clipped,
+                   band=list(reward.band) if reward.band else None, within_noise=reward.within_noise)
     return out
 
 
-def _rollout_log(j: Judged, r: Reward | None, kept: bool, value: float | None) -> RolloutLog:
+def _rollout_log(j: Judged, r: Reward | None, kept: bool, value: float | None, group: int) -> RolloutLog:
     return RolloutLog(task=j.rollout.task, status=j.status, speedup=j.result.speedup if j.result else None,
                       raw=r.raw if r is not None else None, value=value, clipped=bool(r and r.clipped), kept=kept,
-                      candidate_id=j.candidate_id, reused=j.reused_from is not None)
+                      candidate_id=j.candidate_id, reused=j.reused_from is not None, group=group)
 
 
 def print_batch(batch: BatchLog, console: Any) -> None:

@@ -1,19 +1,26 @@
 """Stage 2, rejection-sampling fine-tuning (CUDA-L1's self-supervised stage), K rounds.
 
 Each round: the current model answers every task `samples_per_task` times (the task's
-contrastive prompt from the code database, as in GRPO); the whole round is judged in one
-evaluator batch and stored in the database (proposer `rft:round-R`); answers that are
-executable and correct are kept (speed does not matter in this stage, unless `min_speedup` is
-set); the model is fine-tuned (`kernelrl.train.sft.finetune`, TRL's `SFTTrainer`) on everything
-kept so far (plus the SFT set when `include_sft_set`), and the next round samples from the
-result.
+contrastive prompt from the code database, as in GRPO); the answers are judged and stored in
+the database (proposer `rft:round-R`); answers that are executable and correct are kept (speed
+does not matter in this stage, unless `min_speedup` is set); the model is fine-tuned
+(`kernelrl.train.sft.finetune`, TRL's `SFTTrainer`) on everything kept so far (plus the SFT set
+when `include_sft_set`), and the next round samples from the result.
+
+Sampling goes through `kernelrl.train.sampling`: vLLM when it is installed on a CUDA machine
+(colocated, or a `trl vllm-serve` server), transformers' `generate` otherwise. With several
+processes (accelerate), the main process plans the round (what is missing, one prompt per task)
+and broadcasts the plan; each rank samples, judges and stores its own share of the samples
+(`sampling.share`: disjoint, together the whole round); after a barrier the main process reads
+the round back from the database and every rank fine-tunes on the same rows.
 
 Guarantees: a finished round is not run again (its folder holds `final/` and `round.json`); a
 round interrupted after sampling reuses its stored samples from the database instead of asking
-the model again; a round that keeps nothing (and has nothing earlier to train on) leaves the
-model as it was and says so.
+the model again; no sample of a round is drawn twice, whatever the number of processes; a round
+that keeps nothing (and has nothing earlier to train on) leaves the model as it was and says so.
 
-Does not sample with vLLM: generation is `transformers`' `generate` on the training device.
+Does not judge (the backend does) or choose the fine-tuning recipe (TRL's `SFTTrainer` with
+`[rft.trl]`).
 """
 
 from __future__ import annotations
@@ -32,10 +39,10 @@ from kernelrl.train.model import (
     ModelConfig,
     as_prompt,
     is_model_folder,
-    load_model,
-    sample_answers,
+    load_tokenizer,
     system_text,
 )
+from kernelrl.train.ranks import Ranks, SingleProcess
 from kernelrl.train.rollouts import (
     EvalSettings,
     Judged,
@@ -44,6 +51,7 @@ from kernelrl.train.rollouts import (
     store_rollouts,
     task_profiles,
 )
+from kernelrl.train.sampling import SamplingConfig, open_sampler, share
 from kernelrl.train.sft import finetune
 from kernelrl.train.sft_set import SFTRow, unique_rows
 from kernelrl.train.stage import StageOutcome
@@ -59,10 +67,11 @@ class RFTStageConfig:
     samples_per_task: int = 4
     max_new_tokens: int = 2048
     temperature: float = 0.8
-    batch_size: int = 4  # prompts generated at once
+    batch_size: int = 4  # prompts generated at once (hf engine)
     include_sft_set: bool = True  # the SFT set's rows join every round's training data
     min_speedup: float | None = None  # None: correct is enough (CUDA-L1's stage 2)
     k_shown: int = 4  # earlier versions shown in each prompt
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # vLLM or generate (kernelrl.train.sampling)
     trl: dict[str, Any] = field(default_factory=dict)  # TRL SFTConfig settings for each round's fine-tune
 
     def __post_init__(self) -> None:
@@ -92,35 +101,54 @@ def round_dir(stage_folder: Path, r: int) -> Path:
     return Path(stage_folder) / f"round-{r}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Planned:
+    """One prompt of a round and how many answers it still needs (the main process's plan)."""
+
+    task: str
+    prompt: str  # the text kernelrl wrote (stored with each answer)
+    parents: tuple[int, ...]
+    count: int
+
+
 def train_rft(stage: RFTStageConfig, *, model: ModelConfig, init_from: str, tasks: Sequence[Task], backend: Any,
               db: Any, output_dir: Path, eval_settings: EvalSettings, sft_rows: Sequence[SFTRow] = (),
               seed: int = 0, console: Any = None, template_dir: Path | None = None,
-              run_id: int | None = None) -> list[RoundResult]:
+              run_id: int | None = None, ranks: Ranks | None = None) -> list[RoundResult]:
     """Run (or continue) the rounds; the results in order. `output_dir` is the stage's folder.
 
     No resume flag: finished rounds are skipped, an interrupted round reuses its stored samples
     and continues its fine-tune from its last checkpoint."""
+    ranks = ranks or SingleProcess()
     output_dir = Path(output_dir)
     by_name = {t.name: t for t in tasks}
-    profiles = task_profiles(backend, tasks)
+    profiles = task_profiles(backend, tasks) if ranks.is_main else {}
     current = init_from
     kept: list[SFTRow] = []
     results: list[RoundResult] = []
     for r in range(1, stage.rounds + 1):
         folder = round_dir(output_dir, r)
         label = f"rft:round-{r}"
-        done = _read_round(folder)
-        rollouts, reused = _stored_samples(db, label, by_name, stage.samples_per_task)
+        done = ranks.broadcast(_read_round(folder) if ranks.is_main else None)
+        plan: list[Planned] = []
         if done is None:
-            missing = _missing(tasks, rollouts, stage.samples_per_task)
-            if missing:
-                _say(console, f"rft round {r}: sampling {sum(missing.values())} answers from {current}")
-                fresh = _sample(stage, model, current, missing, by_name, db, eval_settings, seed=seed + r,
-                                template_dir=template_dir, profiles=profiles)
+            planned = ranks.broadcast(_plan(stage, tasks, by_name, db, eval_settings, label, seed=seed + r,
+                                            template_dir=template_dir, profiles=profiles) if ranks.is_main else None)
+            plan = planned or []
+            if plan:
+                if ranks.is_main:
+                    _say(console, f"rft round {r}: sampling {sum(p.count for p in plan)} answers from {current} "
+                                  f"on {ranks.count} process(es)")
+                fresh = sample_share(stage, model, current, plan, ranks, seed=seed + r)
                 judged = evaluate_rollouts(backend, fresh, by_name, db=db, reuse=eval_settings)
                 store_rollouts(db, judged, proposer=label, step=r, run_id=run_id, settings=eval_settings,
-                               meta=[{"stage": "rft", "round": r}] * len(judged))
-                rollouts += judged
+                               meta=[{"stage": "rft", "round": r, "rank": ranks.index}] * len(judged))
+            ranks.barrier()  # every rank's samples are stored before the round is read back
+        stored = ranks.broadcast(_stored_samples(db, label, by_name, stage.samples_per_task)
+                                 if ranks.is_main else None)
+        assert stored is not None  # read by the main process
+        rollouts = stored[0]
+        reused = len(rollouts) - (sum(p.count for p in plan) if done is None else 0)
         correct = [j for j in rollouts if j.status is Status.CORRECT and
                    (stage.min_speedup is None or ((j.result and j.result.speedup) or 0) >= stage.min_speedup)]
         kept = unique_rows([*kept, *(_row(j, label) for j in correct)])
@@ -142,13 +170,38 @@ def train_rft(stage: RFTStageConfig, *, model: ModelConfig, init_from: str, task
         else:
             _say(console, f"rft round {r}: no correct sample and nothing earlier to train on; model unchanged")
             final = current
-        if done is None:
+        if done is None and ranks.is_main:
             _write_round(folder, final=final, correct=len(correct), sampled=len(rollouts))
+        ranks.barrier()
         results.append(RoundResult(round=r, source=current, sampled=len(rollouts), reused_samples=reused,
                                    correct=len(correct), kept_rows=len(rows), statuses=statuses, outcome=outcome,
                                    final=final))
         current = final
     return results
+
+
+def sample_share(stage: RFTStageConfig, model_cfg: ModelConfig, source: str, plan: Sequence[Planned], ranks: Ranks,
+                 *, seed: int) -> list[Rollout]:
+    """This rank's share of a round's plan, sampled: sample k of the round goes to rank k mod count."""
+    items = [(i, k) for i, p in enumerate(plan) for k in range(p.count)]
+    mine: dict[int, int] = {}
+    for i, _ in share(items, ranks):
+        mine[i] = mine.get(i, 0) + 1
+    sampler = open_sampler(stage.sampling, source=source, model=model_cfg, ranks=ranks, seed=seed)
+    try:
+        if not mine:
+            return []
+        tokenizer = load_tokenizer(source, model_cfg)
+        system = system_text(model_cfg)
+        order = sorted(mine)
+        samples = sampler.sample([as_prompt(tokenizer, plan[i].prompt, system) for i in order],
+                                 [mine[i] for i in order], max_new_tokens=stage.max_new_tokens,
+                                 temperature=stage.temperature)
+    finally:
+        sampler.close()
+    return [Rollout(task=plan[i].task, prompt=plan[i].prompt, answer=s.text, prompt_tokens=s.prompt_tokens,
+                    completion_tokens=s.completion_tokens, parents=plan[i].parents)
+            for i, per in zip(order, samples) for s in per]
 
 
 def _say(console: Any, text: str) -> None:
@@ -162,7 +215,7 @@ def _has_checkpoint(folder: Path) -> bool:
 
 def _read_round(folder: Path) -> dict[str, Any] | None:
     try:
-        done = json.loads((folder / ROUND_FILE).read_text())
+        done: dict[str, Any] = json.loads((folder / ROUND_FILE).read_text())
     except (OSError, ValueError):
         return None
     final = done.get("final")
@@ -204,39 +257,20 @@ def _missing(tasks: Sequence[Task], have: Sequence[Judged], per_task: int) -> di
     return {t.name: per_task - count.get(t.name, 0) for t in tasks if count.get(t.name, 0) < per_task}
 
 
-def _sample(stage: RFTStageConfig, model_cfg: ModelConfig, source: str, missing: Mapping[str, int],
-            tasks: Mapping[str, Task], db: Any, settings: EvalSettings, *, seed: int,
-            template_dir: Path | None, profiles: Mapping[str, Any]) -> list[Rollout]:
-    import torch
-
+def _plan(stage: RFTStageConfig, tasks: Sequence[Task], by_name: Mapping[str, Task], db: Any, settings: EvalSettings,
+          label: str, *, seed: int, template_dir: Path | None, profiles: Mapping[str, Any]) -> list[Planned]:
+    """What the round still needs: one prompt per task with samples missing (the main process)."""
     from kernelrl.search.prompt import build_prompt
 
-    policy, tokenizer = load_model(source, model_cfg)
-    if torch.cuda.is_available():
-        policy = policy.to("cuda")
-    torch.manual_seed(seed)
-    system = system_text(model_cfg)
-    names = list(missing)
-    texts, rollouts = [], []
-    for name in names:
+    have, _ = _stored_samples(db, label, by_name, stage.samples_per_task)
+    out = []
+    for name, count in _missing(tasks, have, stage.samples_per_task).items():
         best = db.top_candidates(name, 1)
-        extra = {"template_dir": template_dir} if template_dir is not None else {}
-        texts.append(build_prompt(tasks[name], db=db, chain_best=best[0] if best else None, policy=settings.policy,
-                                  device=settings.device, rng=random.Random(f"{seed}:{name}"), k=stage.k_shown,
-                                  size=settings.size, profile=profiles.get(name), **extra))
-    # One generate call per prompt batch, `max(missing)` samples each; extra ones are dropped.
-    n = max(missing.values())
-    samples = sample_answers(policy, tokenizer, [as_prompt(tokenizer, t, system) for t in texts], n=n,
-                             max_new_tokens=stage.max_new_tokens, temperature=stage.temperature,
-                             batch_size=stage.batch_size)
-    for name, text, per in zip(names, texts, samples):
-        best = db.top_candidates(name, 1)
-        for s in per[: missing[name]]:
-            rollouts.append(Rollout(task=name, prompt=text, answer=s.text, prompt_tokens=s.prompt_tokens,
-                                    completion_tokens=s.completion_tokens,
-                                    parents=(best[0].id,) if best else ()))
-    del policy
-    return rollouts
+        text = build_prompt(by_name[name], db=db, chain_best=best[0] if best else None, policy=settings.policy,
+                            device=settings.device, rng=random.Random(f"{seed}:{name}"), k=stage.k_shown,
+                            size=settings.size, profile=profiles.get(name), template_dir=template_dir)
+        out.append(Planned(task=name, prompt=text, parents=(best[0].id,) if best else (), count=count))
+    return out
 
 
 def _row(j: Judged, label: str) -> SFTRow:

@@ -23,21 +23,18 @@ Does not score: `kernelrl.reward.RewardModel` does that.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from kernelrl.candidate import Candidate, extract_code, source_hash
+from kernelrl.judge.contract import BatchJudge
+from kernelrl.judge.eval_config import EvalConfig, config_fingerprint
 from kernelrl.result import EvalResult, Status
 from kernelrl.tasks.task import Task
 
 NO_CODE_MESSAGE = "the answer holds no complete code block"
-
-
-class Backend(Protocol):
-    """An `Evaluator`, the reward server's `RewardClient`, a Ray pool, or a test double."""
-
-    def evaluate_batch(self, items: Sequence[tuple[Task, Candidate | str]]) -> list[EvalResult]: ...
 
 
 def task_profiles(backend: Any, tasks: Sequence[Task]) -> dict[str, Any]:
@@ -56,15 +53,19 @@ def task_profiles(backend: Any, tasks: Sequence[Task]) -> dict[str, Any]:
 
 @dataclass(frozen=True, kw_only=True)
 class EvalSettings:
-    """What makes a stored verdict reusable: the evaluator's device, size and policy."""
+    """What makes a stored verdict reusable: the evaluator config it was judged under (its
+    fingerprint, `kernelrl.judge.eval_config.config_fingerprint`); device, size and policy are
+    also recorded on results that were never judged (no code)."""
 
     device: str
     size: str
     policy: str
+    fingerprint: str
 
     @classmethod
-    def of(cls, config: Any) -> EvalSettings:
-        return cls(device=str(config.device), size=str(config.size), policy=str(config.policy))
+    def of(cls, config: EvalConfig) -> EvalSettings:
+        return cls(device=str(config.device), size=str(config.size), policy=str(config.policy),
+                   fingerprint=config_fingerprint(config))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +93,7 @@ class Judged:
         return self.result.status if self.result is not None else None
 
 
-def evaluate_rollouts(backend: Backend, rollouts: Sequence[Rollout], tasks: Mapping[str, Task], *,
+def evaluate_rollouts(backend: BatchJudge, rollouts: Sequence[Rollout], tasks: Mapping[str, Task], *,
                       db: Any = None, reuse: EvalSettings | None = None) -> list[Judged]:
     """Judge every rollout (see the module docstring); one `evaluate_batch` call at most."""
     codes = [extract_code(r.answer) for r in rollouts]
@@ -104,8 +105,7 @@ def evaluate_rollouts(backend: Backend, rollouts: Sequence[Rollout], tasks: Mapp
             out[i] = Judged(rollout=r, code=None, result=None)
             continue
         if db is not None and reuse is not None:
-            hit = db.find_result(task.name, source_hash(code), device=reuse.device, size=reuse.size,
-                                 policy=reuse.policy)
+            hit = db.find_result(task.name, source_hash(code), fingerprint=reuse.fingerprint)
             if hit is not None and hit[1].status is not Status.TASK_ERROR:
                 out[i] = Judged(rollout=r, code=code, result=hit[1], reused_from=hit[0])
                 continue
@@ -124,7 +124,7 @@ def store_rollouts(db: Any, judged: Sequence[Judged], *, proposer: str, step: in
                    run_id: int | None = None, meta: Sequence[Mapping[str, Any]] | None = None,
                    settings: EvalSettings | None = None) -> list[Judged]:
     """Write each rollout and its verdict to the code database; the judged rows with their ids."""
-    from kernelrl.search.database import NewCandidate
+    from kernelrl.search.records import NewCandidate
 
     out = []
     for i, j in enumerate(judged):
@@ -136,6 +136,9 @@ def store_rollouts(db: Any, judged: Sequence[Judged], *, proposer: str, step: in
             completion_tokens=max(0, int(r.completion_tokens or 0)), run_id=run_id,
             meta=dict(meta[i]) if meta is not None else {}))
         result = j.result if j.result is not None else no_code_result(r.task, settings)
+        if j.result is not None and not result.config_fingerprint and settings is not None:
+            # A judge that does not say (a test double, an older server) judged under the run's config.
+            result = dataclasses.replace(result, config_fingerprint=settings.fingerprint)
         if j.reused_from is not None:
             db.store_reused_result(rec.id, j.reused_from, result)
         else:
@@ -145,9 +148,10 @@ def store_rollouts(db: Any, judged: Sequence[Judged], *, proposer: str, step: in
 
 
 def no_code_result(task: str, settings: EvalSettings | None = None) -> EvalResult:
-    extra = {"device": settings.device, "size": settings.size, "policy": settings.policy} if settings else {}
-    return EvalResult(task=task, status=Status.COMPILE_ERROR, message=NO_CODE_MESSAGE, candidate_hash=source_hash(""),
-                      **extra)
+    result = EvalResult(task=task, status=Status.COMPILE_ERROR, message=NO_CODE_MESSAGE, candidate_hash=source_hash(""))
+    if settings is not None:
+        result.device, result.size, result.policy = settings.device, settings.size, settings.policy
+    return result
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -63,7 +63,8 @@ def sft_dataset(rows: Sequence[SFTRow], tokenizer: Any, system: str) -> Any:
 def finetune(rows: Sequence[SFTRow], *, source: str, model: ModelConfig, trl: Mapping[str, Any], output_dir: Path,
              resume: bool = False, where: str = "sft.trl") -> StageOutcome:
     """One SFT pass over `rows`, starting from `source`; the model lands in `output_dir/final`."""
-    from trl import SFTConfig, SFTTrainer
+    from trl.trainer.sft_config import SFTConfig
+    from trl.trainer.sft_trainer import SFTTrainer
 
     if not rows:
         raise StageError("no rows to fine-tune on")

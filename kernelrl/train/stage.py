@@ -71,7 +71,7 @@ def checkpoint_to_resume(folder: Path, *, resume: bool) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
     folder = Path(folder)
-    last = get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    last = get_last_checkpoint(str(folder)) if folder.is_dir() else None  # type: ignore[no-untyped-call]
     if resume and last is None:
         raise StageError(f"--resume: no checkpoint in {folder}")
     if not resume and last is not None:

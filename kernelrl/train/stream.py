@@ -1,11 +1,13 @@
 """The GRPO prompt stream: contrastive prompts rebuilt from the code database as the trainer reads.
 
-Each row is `{"prompt": ..., "task": NAME, "parents": [ids]}`: the curriculum picks the task,
-and `kernelrl.search.prompt.build_prompt` writes the prompt from what the database holds for it
-at that moment (the best correct code as the version to improve, earlier codes of the task with
-their measured speedups, refused hacks, then the protocol: analysis first, then code). The
-reward function writes every generated code and its verdict back to the same database, so later
-prompts show what the policy wrote before: weights and database evolve together.
+Each row is `{"prompt": ..., "task": NAME, "key": ..., "parents": [ids]}`: the curriculum picks
+the task, and `kernelrl.search.prompt.build_prompt` writes the prompt from what the database
+holds for it at that moment (the best correct code as the version to improve, earlier codes of
+the task with their measured speedups, refused hacks, then the protocol: analysis first, then
+code). The reward function writes every generated code and its verdict back to the same
+database, so later prompts show what the policy wrote before: weights and database evolve
+together. `key` is `row_key(task, prompt)`: the task travels with its prompt, and the reward
+function checks that every completion is scored against the task its prompt was built for.
 
 It is a `datasets.IterableDataset` over an endless generator; TRL repeats each row
 `num_generations` times, so a group shares its prompt. The trainer must not shuffle it (TRL's
@@ -13,15 +15,22 @@ buffered shuffle would read a thousand prompts ahead) and must not skip rows on 
 are rebuilt from the database, not replayed): the GRPO stage fixes `shuffle_dataset = false` and
 `ignore_data_skip = true`.
 
+With several processes (accelerate), every rank reads the whole stream and keeps its slice of
+each generation batch, and a group of `num_generations` rows may span ranks. So the rows are
+decided once: the main process draws the task and builds the prompt, and broadcasts the row;
+every rank yields the same rows in the same order (`kernelrl.train.ranks`). Only the main
+process's curriculum draws.
+
 Guarantees: a prompt is built when the data loader asks for it, which with TRL is one
 generation batch ahead of training (the loader reads one batch ahead), so a step's prompts see
-the database as the step before last left it.
+the database as the step before last left it; every rank yields identical rows.
 
 Does not choose tasks (the curriculum does) or write to the database.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import random
 import weakref
@@ -30,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from kernelrl.train.curriculum import Curriculum
+from kernelrl.train.model import prompt_text
+from kernelrl.train.ranks import Ranks, SingleProcess
 
 # `datasets` pickles a generator to fingerprint it, and a stream holds a database connection:
 # the dataset's generator names its stream by number instead.
@@ -41,11 +52,18 @@ def _rows(stream: int) -> Iterator[dict[str, Any]]:
     yield from _STREAMS[stream].rows()
 
 
+def row_key(task: str, prompt: Any) -> str:
+    """What ties a row's task to its prompt (a string, or chat messages): a hash of both."""
+    text = f"{task}\0{prompt_text(prompt)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class PromptStream:
     def __init__(self, curriculum: Curriculum, db: Any, *, as_prompt: Callable[[str], Any], policy: str,
                  device: str, size: str, k: int = 4, seed: int = 0, template_dir: Path | None = None,
-                 chat: bool = False, profiles: dict[str, Any] | None = None) -> None:
+                 chat: bool = False, profiles: dict[str, Any] | None = None, ranks: Ranks | None = None) -> None:
         self.curriculum = curriculum
+        self.ranks: Ranks = ranks or SingleProcess()
         self.db = db
         self.as_prompt = as_prompt
         self.policy, self.device, self.size, self.k = policy, device, size, k
@@ -61,23 +79,33 @@ class PromptStream:
         task = self.curriculum.draw()
         best = self.db.top_candidates(task.name, 1) if self.db is not None else []
         chain_best = best[0] if best else None
-        extra = {"template_dir": self.template_dir} if self.template_dir is not None else {}
         text = build_prompt(task, db=self.db, chain_best=chain_best, policy=self.policy, device=self.device,
                             rng=random.Random(f"{self.seed}:{self.built}"), k=self.k, size=self.size,
-                            profile=self.profiles.get(task.name), **extra)
+                            profile=self.profiles.get(task.name), template_dir=self.template_dir)
         self.built += 1
-        return {"prompt": self.as_prompt(text), "task": task.name,
+        prompt = self.as_prompt(text)
+        return {"prompt": prompt, "task": task.name, "key": row_key(task.name, prompt),
                 "parents": [chain_best.id] if chain_best is not None else []}
 
     def rows(self) -> Iterator[dict[str, Any]]:
+        """Rows without end; with several ranks, the main process's rows on every rank."""
         while True:
-            yield self.row()
+            row = self.ranks.broadcast(self.row() if self.ranks.is_main else None)
+            assert row is not None  # the main process always builds one
+            yield row
+
+    def state(self) -> dict[str, Any]:
+        return {"built": self.built}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.built = int(state.get("built", 0))
 
     def dataset(self) -> Any:
         from datasets import Features, IterableDataset, List, Value
 
         prompt = List({"role": Value("string"), "content": Value("string")}) if self.chat else Value("string")
-        features = Features({"prompt": prompt, "task": Value("string"), "parents": List(Value("int64"))})
+        features = Features({"prompt": prompt, "task": Value("string"), "key": Value("string"),
+                             "parents": List(Value("int64"))})
         number = next(_NUMBERS)
         _STREAMS[number] = self  # weakly: the stream lives as long as its owner (the GRPO stage) holds it
         return IterableDataset.from_generator(_rows, gen_kwargs={"stream": number}, features=features)

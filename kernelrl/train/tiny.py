@@ -100,8 +100,8 @@ def build_tiny_model(folder: str | Path, tasks: Sequence[Task], config: TinyMode
     # the whole-program tokens are a sizeable share of it.
     bpe.train_from_iterator(texts, trainer=trainers.BpeTrainer(vocab_size=config.bpe_vocab,
                                                                special_tokens=[UNK, EOS], show_progress=False))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token=UNK, eos_token=EOS, pad_token=EOS,
-                                        padding_side="left")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token=UNK, eos_token=EOS,  # type: ignore[no-untyped-call]
+                                        pad_token=EOS, padding_side="left")
     tokenizer.add_tokens(program_tokens(tasks, config.program_variants))
     torch.manual_seed(config.seed)
     model_config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=config.hidden_size,

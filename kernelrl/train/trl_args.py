@@ -36,7 +36,8 @@ def trl_class(name: str) -> type:
         import trl
     except ImportError:
         raise ConfigError("training needs the optional extra: pip install 'kernelrl[train]' (trl)") from None
-    return getattr(trl, name)
+    cls: type = getattr(trl, name)
+    return cls
 
 
 def check_keys(cls: type, values: Mapping[str, Any], *, where: str) -> None:

@@ -46,13 +46,15 @@ def test_tiny_cpu_grpo_two_steps_with_the_evaluator_then_resume(tmp_path, cache_
         assert len(rows) == 6 and all(r.result is not None and r.proposer == "grpo" for r in rows)
         assert {r.meta["step"] for r in rows} == {0, 1} and all("raw" in r.meta for r in rows)
         assert {r.status for r in rows} <= set(Status)
-    assert (out / "grpo" / "checkpoint-2" / "kernelrl_state.json").is_file()
+    saved = json.loads((out / "grpo" / "checkpoint-2" / "kernelrl_state.rank0.json").read_text())
+    assert saved["rank"] == 0 and saved["curriculum"]["draws"] >= 2 and saved["stream"]["built"] >= 2
     assert main(["train", "grpo", *common]) == 2  # a fresh run would overwrite these checkpoints
     assert "--resume continues it" in capsys.readouterr().err
 
     assert main(["train", "grpo", *common, "--resume", "grpo.trl.max_steps=3"]) == 0
     log = capsys.readouterr().out
     assert re.search(r"resumed\s+from\s+\S*checkpoint-2", log)
+    assert re.search(r"rank 0: kernelrl state restored from \S*checkpoint-2/kernelrl_state\.rank0\.json", log)
     assert re.findall(r"reward step (\d+):", log) == ["2"]
     state = json.loads((out / "grpo" / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3

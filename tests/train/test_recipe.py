@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kernelrl.cli import main
 from kernelrl.search.database import Database
+from kernelrl.train.recipe import load_train_config
 from kernelrl.train.sft_set import SFTRow, dataset_dir, read_sft_set, write_sft_set
 from kernelrl.train.stage import Stage, finished_model
 
@@ -33,7 +34,8 @@ def test_collect_writes_the_sft_set_and_sft_trains_on_it(tmp_path, tiny_task, ca
     replay = tmp_path / "replay.jsonl"
     replay.write_text("\n".join(json.dumps({"task": tiny_task.name, "code": code}) for code in (
         wrong_program(tiny_task.source), right_program(tiny_task.source))) + "\n")
-    out = tmp_path / "sft.jsonl"
+    run = tmp_path / "run"
+    out = run / "sft.jsonl"  # the training config's sft_data for output_dir=run
     collect = ["collect", "--tasks", str(tiny_task.path), "--proposer",
                f"openai:scripted-model base_url={openai_server.base_url} api_key_env=KRL_TEST_KEY",
                "--proposer", f"replay:{replay}", "--tries", "3", "--out", str(out)]
@@ -45,16 +47,18 @@ def test_collect_writes_the_sft_set_and_sft_trains_on_it(tmp_path, tiny_task, ca
     assert sorted(r.proposer.split("@")[0] for r in rows) == sorted([f"replay:{replay}", "openai:scripted-model"])
     assert all(r.verdict == "correct" and r.speedup and r.prompt.startswith("# Task") for r in rows)
     assert dataset_dir(out).is_dir() and "SFT set: 2 accepted answers" in printed
-    with Database(tmp_path / "sft.db", readonly=True) as db:
+    # one default database from collect to rft and grpo: code.db next to the SFT set, which is the
+    # training config's database for the same output_dir
+    config = load_train_config("tiny-cpu", {"output_dir": str(run)})
+    assert config.sft_data == out and config.database == run / "code.db"
+    with Database(config.database, readonly=True) as db:
         assert [r.status.value for r in db.candidates()].count("incorrect") == 1 and len(db.candidates()) == 3
     asked = len(openai_server.requests)
     assert main(collect) == 0  # resumable: every pair already has what it needs
     assert len(openai_server.requests) == asked and len(read_sft_set(out)) == 2
     capsys.readouterr()
 
-    run = tmp_path / "run"
-    assert main(["train", "sft", *train_args(run, tiny_task.path, cache_dir, f"sft.data={out}",
-                                             "sft.trl.max_steps=2")]) == 0
+    assert main(["train", "sft", *train_args(run, tiny_task.path, cache_dir, "sft.trl.max_steps=2")]) == 0
     printed = capsys.readouterr().out
     assert "trained on 2 rows" in printed and "(changed)" in printed
     assert finished_model(run, Stage.SFT) == run / "sft" / "final"
@@ -91,8 +95,19 @@ def test_collect_bad_input_is_one_line(tmp_path, capsys):
     assert main(["collect", "--tasks", "level1/gelu", "--proposer", "openai:m api_key=sk-123",
                  "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "api_key_env" in capsys.readouterr().err
-    assert main(["train", "sft", "--config", "tiny-cpu", f"output_dir={tmp_path}",
+    assert main(["train", "sft", "--config", "tiny-cpu", f"output_dir={tmp_path}", f"model.path={tmp_path / 'base'}",
                  f"sft.data={tmp_path / 'none.jsonl'}"]) == 2
     assert "no SFT set" in capsys.readouterr().err
     assert main(["train", "grpo", "--config", "tiny-cpu", f"output_dir={tmp_path}", "--resume"]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+    # training refuses test tasks: named ones, and the test split itself
+    assert main(["train", "grpo", "--config", "tiny-cpu", f"output_dir={tmp_path}", 'tasks=["level1/softmax"]']) == 2
+    assert "training refuses test tasks" in capsys.readouterr().err
+    assert main(["train", "grpo", "--config", "tiny-cpu", 'splits=["train", "test"]']) == 2
+    assert "training refuses test tasks" in capsys.readouterr().err
+    assert main(["collect", "--tasks", "level1/softmax", "--proposer", "heuristic",
+                 "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert "training refuses test tasks" in capsys.readouterr().err
+    # and bench measures the test split unless told otherwise
+    assert main(["bench", "--proposer", "heuristic", "--tasks", "level1/gelu"]) == 2
+    assert "no task of the test split" in capsys.readouterr().err

@@ -40,13 +40,13 @@ def test_one_batch_call_and_the_mapping_of_every_outcome():
 
 def test_chat_message_completions_and_token_counts():
     backend = ScriptedBackend()
-    cfg = RewardConfig(length_weight=1.0, length_soft_tokens=10, length_max_tokens=20,
+    cfg = RewardConfig(length_weight=0.1, length_soft_tokens=10, length_max_tokens=20,
                        smoothing=SmoothingConfig(enabled=False))
     fn = KernelRewardFunction(backend, tasks=TASKS, reward=RewardModel(cfg))
     completions = [[{"role": "assistant", "content": answer("fast1.0")}]] * 2
     values = fn(prompts=[[{"role": "user", "content": "p"}]] * 2, completions=completions, task=[TASK.name] * 2,
                 completion_ids=[[0] * 5, [0] * 15])
-    assert values == [pytest.approx(0.0), pytest.approx(-0.5)]  # the second is half-way into the length penalty
+    assert values == [pytest.approx(0.0), pytest.approx(-0.05)]  # the second is half-way into the length penalty
 
 
 def test_a_reward_ten_sigma_above_the_window_is_logged_raw_and_clipped(capsys):
@@ -71,8 +71,8 @@ def test_metrics_and_completion_columns_reach_trl():
     call(fn, [answer("fast1.5"), answer("wrong")], log_metric=lambda k, v: metrics.setdefault(k, v),
          log_extra=lambda k, v: extra.setdefault(k, v))
     assert metrics["kernelrl/correct_share"] == 0.5
-    assert metrics["kernelrl/raw_reward"] == pytest.approx((math.log(1.5) - 0.5) / 2)
-    assert extra["verdict"] == ["correct", "incorrect"] and extra["raw_reward"][1] == -0.5
+    assert metrics["kernelrl/raw_reward"] == pytest.approx((math.log(1.5) + Penalties().incorrect) / 2)
+    assert extra["verdict"] == ["correct", "incorrect"] and extra["raw_reward"][1] == Penalties().incorrect
 
 
 def test_every_code_and_verdict_goes_to_the_database_and_is_reused(tmp_path):

@@ -1,0 +1,295 @@
+"""How a stage is launched, and the dry run that checks a launch could start, on any machine.
+
+`LaunchConfig` (`[launch]` in a run config) says how many processes each stage runs on and
+which accelerate config file starts them (a name in `kernelrl/configs/accelerate/`, e.g.
+`zero3`, or a .yaml path); `launch_command(config, stage, name)` is the command line.
+
+`dry_run(config, stage)` checks everything a launch needs that can be checked here, without
+loading a model, starting a process or judging anything:
+
+- the run config itself (already parsed and validated when it was loaded) and the TRL table of
+  the stage, built into TRL's own config object (on a machine without CUDA with `bf16`/`fp16`
+  off and `use_cpu` on, which only a GPU machine accepts otherwise);
+- every file and folder it names: the tasks (loaded, split: training refuses test tasks), the
+  model (a folder holding a model, a tiny model this config builds, or a hub id: fetched on the
+  training machine), `init_from`, the SFT set (the sft stage needs it), the prompt templates,
+  the reward server's token file, the database's folder, the accelerate config file (parsed:
+  its process count, DeepSpeed's ZeRO stage and 16-bit save) and a DeepSpeed JSON named in the
+  TRL table;
+- GRPO's batch arithmetic at the launch's process count: a generation batch
+  (`per_device_train_batch_size` x processes x `steps_per_generation`) must hold whole groups of
+  `num_generations`;
+- the packages the launch will import (TRL, accelerate, and where the config asks for them
+  vLLM, DeepSpeed, flash-attn): missing ones are listed as needed on the training machine
+  (`pip install 'kernelrl[gpu]'`), not as errors, so a GPU config passes on a CPU machine.
+
+Guarantees: `DryRun.ok` is False exactly when a check found an error; every check says what it
+looked at.
+
+Does not download, check that a hub id exists, or reserve GPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelrl.config import CONFIG_DIR, ConfigError
+from kernelrl.tasks.splits import for_training, split_of
+from kernelrl.tasks.suites import load_tasks
+from kernelrl.tasks.task import TaskError
+from kernelrl.train.grpo import DEFAULTS, FORCED
+from kernelrl.train.model import is_model_folder
+from kernelrl.train.stage import AUTO, Stage
+from kernelrl.train.trl_args import build_args, trl_class
+
+ACCELERATE_CONFIG_DIR = CONFIG_DIR / "accelerate"
+CPU_ONLY = {"bf16": False, "fp16": False, "use_cpu": True}  # what a machine without CUDA accepts
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    accelerate_config: str | None = None  # kernelrl/configs/accelerate/NAME.yaml or a .yaml file; None: one process
+    sft_processes: int = 1
+    rft_processes: int = 1
+    grpo_processes: int = 1
+    grpo_visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES of the GRPO launch (a GPU left for vLLM)
+
+    def __post_init__(self) -> None:
+        if min(self.sft_processes, self.rft_processes, self.grpo_processes) < 1:
+            raise ValueError("launch: process counts must be >= 1")
+        if self.accelerate_config is None and max(self.sft_processes, self.rft_processes, self.grpo_processes) > 1:
+            raise ValueError("launch: several processes need an accelerate_config")
+
+    def processes(self, stage: Stage) -> int:
+        return int(getattr(self, f"{Stage(stage).value}_processes"))
+
+    def accelerate_file(self) -> Path | None:
+        if self.accelerate_config is None:
+            return None
+        path = Path(self.accelerate_config)
+        if path.suffix in (".yaml", ".yml", ".json"):
+            return path
+        return ACCELERATE_CONFIG_DIR / f"{self.accelerate_config}.yaml"
+
+
+def launch_command(config: Any, stage: Stage, name: str) -> str:
+    """The command line that starts `stage` of the run config `name` as the config says."""
+    launch: LaunchConfig = config.launch
+    n = launch.processes(stage)
+    tail = f"-m kernelrl train {Stage(stage).value} --config {shlex.quote(name)}"
+    if launch.accelerate_config is None:
+        return f"python3 {tail}"
+    env = f"CUDA_VISIBLE_DEVICES={launch.grpo_visible_devices} " if (
+        stage is Stage.GRPO and launch.grpo_visible_devices) else ""
+    return (f"{env}accelerate launch --config_file {shlex.quote(_shown(launch.accelerate_file()))} "
+            f"--num_processes {n} {tail}")
+
+
+def _shown(path: Path | None) -> str:
+    """A path as a command line in the current folder names it (relative when it is below it)."""
+    absolute = Path(path or "").resolve()
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    what: str
+    level: str  # "ok", "note" (needed elsewhere, not here) or "error"
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DryRun:
+    stage: Stage
+    command: str
+    checks: tuple[Check, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.level != "error" for c in self.checks)
+
+
+def dry_run(config: Any, stage: Stage, *, name: str) -> DryRun:
+    stage = Stage(stage)
+    checks: list[Check] = []
+
+    def add(what: str, level: str, detail: str) -> None:
+        checks.append(Check(what=what, level=level, detail=detail))
+
+    _check_tasks(config, add)
+    _check_model(config, stage, add)
+    _check_files(config, stage, add)
+    processes = config.launch.processes(stage)
+    accel = _check_accelerate(config, stage, processes, add)
+    trl_values = _check_trl(config, stage, processes, add)
+    _check_packages(config, stage, accel, trl_values, add)
+    return DryRun(stage=stage, command=launch_command(config, stage, name), checks=tuple(checks))
+
+
+def _check_tasks(config: Any, add: Any) -> None:
+    try:
+        tasks, left = for_training(load_tasks(list(config.tasks)), config.splits)
+    except TaskError as e:
+        add("tasks", "error", str(e))
+        return
+    kinds: dict[str, int] = {}
+    for t in tasks:
+        kinds[split_of(t).value] = kinds.get(split_of(t).value, 0) + 1
+    gone = ", ".join(f"{len(v)} {k.value}" for k, v in left.items())
+    add("tasks", "ok", f"{len(tasks)} to train on ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))})"
+        + (f"; left out by their split: {gone}" if gone else ""))
+
+
+def _is_local(text: str) -> bool:
+    return text.startswith((".", "/", "~")) or Path(text).exists() or text.count("/") != 1
+
+
+def _check_model(config: Any, stage: Stage, add: Any) -> None:
+    path = config.model.path
+    if is_model_folder(path):
+        add("model.path", "ok", f"{path}: a model folder")
+    elif config.model.tiny is not None:
+        add("model.path", "ok", f"{path}: the tiny model is built there on first use")
+    elif _is_local(path):
+        add("model.path", "error", f"{path}: no model there (no config.json) and not a hub id")
+    else:
+        add("model.path", "note", f"{path}: a hub id, fetched on the training machine (not checked offline)")
+    init = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage].init_from
+    if init != AUTO:
+        if is_model_folder(init):
+            add("init_from", "ok", f"{init}: a model folder")
+        elif _is_local(init):
+            add("init_from", "error", f"{init}: no model there")
+        else:
+            add("init_from", "note", f"{init}: a hub id (not checked offline)")
+
+
+def _check_files(config: Any, stage: Stage, add: Any) -> None:
+    data = config.sft_data
+    if stage is Stage.SFT:
+        add("sft.data", "ok" if data.is_file() else "error",
+            f"{data}: {'present' if data.is_file() else 'missing: run `kernelrl collect --out ' + str(data) + '` first'}")
+    elif stage is Stage.RFT and config.rft.include_sft_set:
+        add("sft.data", "ok" if data.is_file() else "note",
+            f"{data}: {'present' if data.is_file() else 'absent: rounds train on their own samples only'}")
+    if config.template_dir is not None:
+        there = Path(config.template_dir).is_dir()
+        add("template_dir", "ok" if there else "error", f"{config.template_dir}: {'a folder' if there else 'missing'}")
+    token = config.backend.token_file
+    if config.backend.url and stage is not Stage.SFT:
+        if token is None:
+            add("backend.token_file", "note", f"unset: {config.backend.url} is asked without a token")
+        else:
+            readable = Path(token).is_file()
+            add("backend.token_file", "ok" if readable else "error", f"{token}: {'present' if readable else 'missing'}")
+    folder = Path(config.database).parent
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    writable = existing is not None and existing.is_dir()
+    add("database", "ok" if writable else "error", f"{config.database}: "
+        + ("its folder exists or can be made" if writable else "its folder cannot be made"))
+
+
+def _check_accelerate(config: Any, stage: Stage, processes: int, add: Any) -> dict[str, Any]:
+    path = config.launch.accelerate_file()
+    if path is None:
+        add("launch", "ok", "one process, no accelerate config")
+        return {}
+    if not path.is_file():
+        add("launch.accelerate_config", "error", f"{path}: missing")
+        return {}
+    import yaml
+
+    try:
+        values = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        add("launch.accelerate_config", "error", f"{path}: not YAML ({e})")
+        return {}
+    if not isinstance(values, dict) or "distributed_type" not in values:
+        add("launch.accelerate_config", "error", f"{path}: not an accelerate config (no distributed_type)")
+        return {}
+    detail = f"{path}: {values['distributed_type']}, {processes} process(es) for {stage.value}"
+    level = "ok"
+    ds = values.get("deepspeed_config") or {}
+    if values["distributed_type"] == "DEEPSPEED":
+        detail += f", ZeRO stage {ds.get('zero_stage')}"
+        if ds.get("zero_stage") == 3 and not ds.get("zero3_save_16bit_model"):
+            level, detail = "error", detail + ": zero3_save_16bit_model is off, so final/ would hold shards only"
+    add("launch.accelerate_config", level, detail)
+    return values
+
+
+def _check_trl(config: Any, stage: Stage, processes: int, add: Any) -> dict[str, Any]:
+    table = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage].trl
+    values = dict(table)
+    name = "GRPOConfig" if stage is Stage.GRPO else "SFTConfig"
+    import torch
+
+    overrides = {} if torch.cuda.is_available() else CPU_ONLY
+    if stage is Stage.GRPO:
+        values = {**DEFAULTS, **values}
+    deepspeed_file = values.get("deepspeed")
+    if isinstance(deepspeed_file, str):
+        there = Path(deepspeed_file).is_file()
+        add(f"{stage.value}.trl.deepspeed", "ok" if there else "error",
+            f"{deepspeed_file}: {'present' if there else 'missing'}")
+        if there:
+            try:
+                json.loads(Path(deepspeed_file).read_text())
+            except ValueError as e:
+                add(f"{stage.value}.trl.deepspeed", "error", f"{deepspeed_file}: not JSON ({e})")
+        values.pop("deepspeed")
+    asks = {"use_vllm": bool(values.get("use_vllm"))}
+    cls = trl_class(name)
+    if stage is Stage.GRPO:
+        values = _check_grpo_batch(cls, values, processes, add)
+    try:
+        build_args(cls, {**values, **overrides}, output_dir=Path(config.output_dir) / stage.value,
+                   where=f"{stage.value}.trl", forced=FORCED if stage is Stage.GRPO else None)
+    except ConfigError as e:
+        add(f"{stage.value}.trl", "error", str(e))
+        return asks
+    checked = "checked as on a CPU: bf16/fp16 off, use_cpu on" if overrides else "checked as on this GPU machine"
+    add(f"{stage.value}.trl", "ok", f"TRL's {name} accepts the table ({checked})")
+    return asks
+
+
+def _check_grpo_batch(cls: type, values: dict[str, Any], processes: int, add: Any) -> dict[str, Any]:
+    """A generation batch at the launch's process count holds whole groups. TRL checks the same
+    when it starts, with the processes it then has; here its config is given the batch size the
+    launch will have instead of this machine's one process."""
+    defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(cls) if f.init}
+    per_device = int(values.get("per_device_train_batch_size", defaults["per_device_train_batch_size"]))
+    steps = int(values.get("steps_per_generation") or values.get("gradient_accumulation_steps")
+                or defaults["gradient_accumulation_steps"])
+    n = int(values.get("num_generations") or defaults["num_generations"])
+    batch = int(values.get("generation_batch_size") or per_device * processes * steps)
+    whole = batch % n == 0
+    add("grpo batch", "ok" if whole else "error",
+        f"{per_device} per device x {processes} processes x {steps} steps per generation = {batch} rollouts = "
+        f"{batch / n:g} groups of {n}" + ("" if whole else ": not whole groups"))
+    if not whole:
+        return values
+    return {**{k: v for k, v in values.items() if k != "steps_per_generation"}, "generation_batch_size": batch}
+
+
+def _check_packages(config: Any, stage: Stage, accel: dict[str, Any], trl_values: dict[str, Any], add: Any) -> None:
+    wanted = {"trl": "training", "accelerate": "training"}
+    if accel.get("distributed_type") == "DEEPSPEED":
+        wanted["deepspeed"] = "the accelerate config's DeepSpeed"
+    if config.model.attn_implementation == "flash_attention_2":
+        wanted["flash_attn"] = "model.attn_implementation = flash_attention_2"
+    if trl_values.get("use_vllm") or (stage is Stage.RFT and config.rft.sampling.engine.value == "vllm"):
+        wanted["vllm"] = "sampling through vLLM"
+    for module, why in wanted.items():
+        there = importlib.util.find_spec(module) is not None
+        where = "installed" if there else "not installed here; on the training machine: pip install 'kernelrl[gpu]'"
+        add(f"package {module}", "ok" if there else "note", f"{why}: {where}")
