@@ -40,8 +40,9 @@ within noise, so all can be logged. `score` = `clip(raw(...))`; a trainer with s
 processes scores raw values locally and clips them all in one agreed order
 (`kernelrl.train.reward_fn`).
 
-Guarantees: `RewardModel.score` never raises for any `EvalResult` (a `task_error`, and an interpreted run that cannot be timed, get None);
-the model is safe to call from several threads; its windows round-trip through `state()`.
+Guarantees: `RewardModel.score` never raises for any `EvalResult` (a `task_error`, and an
+interpreted run that cannot be timed, get None); the model is safe to call from several threads;
+its windows round-trip through `state()`.
 
 Does not decide correctness, measure noise or detect hacks: the evaluator does; a flagged
 result is simply the lowest reward.
