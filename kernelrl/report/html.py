@@ -12,6 +12,7 @@ import io
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 from kernelrl.report.console import percent_text, roofline_text, speedup_text
 from kernelrl.report.report import Report
@@ -19,7 +20,7 @@ from kernelrl.report.report import Report
 _GOOD, _BAD, _INK, _GRID = "#2a9d8f", "#e76f51", "#264653", "#d9d9d9"
 
 
-def _png(fig) -> str:
+def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt
@@ -28,7 +29,7 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _style(ax) -> None:
+def _style(ax: Any) -> None:
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     ax.grid(True, which="major", color=_GRID, linewidth=0.8)
@@ -39,7 +40,7 @@ _NICE = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4
          30.0, 50.0, 75.0, 100.0, 200.0, 500.0, 1000.0)
 
 
-def _speedup_axis(axis, lo: float, hi: float) -> None:
+def _speedup_axis(axis: Any, lo: float, hi: float) -> None:
     """Readable ticks on a log speedup axis: round factors like 0.5x 1x 1.5x 2x 3x, at most about 8."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
@@ -64,6 +65,7 @@ def plot_distribution(report: Report) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib import ticker
 
     values = [r.speedup_vs_eager for r in report.tasks if r.speedup_vs_eager is not None]
     if not values:
@@ -71,8 +73,8 @@ def plot_distribution(report: Report) -> str | None:
     lo, hi = min(min(values), 1.0) / 1.15, max(max(values), 1.0) * 1.15
     bins = np.geomspace(lo, hi, max(8, min(30, 2 * len(values))))
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
-    _, edges, patches = ax.hist(values, bins=bins, edgecolor="white", linewidth=0.8)
-    for left, right, patch in zip(edges[:-1], edges[1:], patches):
+    _, edges, patches = ax.hist(values, bins=list(bins), edgecolor="white", linewidth=0.8)
+    for left, right, patch in zip(edges[:-1], edges[1:], list(patches)):  # type: ignore[arg-type]
         patch.set_facecolor(_GOOD if math.sqrt(left * right) >= 1.0 else _BAD)
     ax.set_xscale("log")
     ax.set_xlim(lo, hi)
@@ -84,7 +86,7 @@ def plot_distribution(report: Report) -> str | None:
         ax.text(report.geomean_vs_eager, 0.9, f" geomean {report.geomean_vs_eager:.2f}x",
                 transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=8, color=_INK,
                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.5})
-    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_xlabel("best speedup against eager PyTorch (log scale)")
     ax.set_ylabel("tasks")
     faster = sum(v > 1.0 for v in values)
@@ -102,16 +104,17 @@ def plot_per_task(report: Report) -> str | None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    rows = sorted((r for r in report.tasks if r.speedup_vs_eager is not None), key=lambda r: r.speedup_vs_eager)
+    solved = [(r.speedup_vs_eager, r) for r in report.tasks if r.speedup_vs_eager is not None]
+    rows = [r for _, r in sorted(solved, key=lambda pair: pair[0])]
     if not rows:
         return None
     rows = rows[-60:]  # the fastest 60: more bars are not readable
     y = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(7.5, 0.8 + 0.32 * len(rows)))
-    eager = [r.speedup_vs_eager for r in rows]
+    eager = [float(r.speedup_vs_eager or 1.0) for r in rows]
     ax.barh(y, [e - 1 for e in eager], left=1, height=0.6, color=[_GOOD if e >= 1 else _BAD for e in eager],
             label="against eager")
-    comp = [(i, r.speedup_vs_compile) for i, r in enumerate(rows) if r.speedup_vs_compile is not None]
+    comp = [(i, float(r.speedup_vs_compile)) for i, r in enumerate(rows) if r.speedup_vs_compile is not None]
     if comp:
         ax.scatter([c for _, c in comp], [i for i, _ in comp], marker="D", s=22, color=_INK, zorder=3,
                    label="against torch.compile")
@@ -142,6 +145,7 @@ def plot_best_so_far(report: Report) -> str | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     rows = [r for r in report.tasks if any(v is not None for v in r.best_so_far)]
     if not rows:
@@ -165,7 +169,7 @@ def plot_best_so_far(report: Report) -> str | None:
     ax.axhline(1.0, color=_INK, linewidth=1.0, linestyle=":")
     ax.set_xlabel("candidates evaluated for the task")
     ax.set_ylabel("best correct speedup so far")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_title("Search progress: best speedup so far", loc="left", fontsize=11)
     if len(rows) <= 12:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
