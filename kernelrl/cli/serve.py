@@ -26,6 +26,7 @@ SERVE_FLAGS = FlagTable(
         "backend": "local: evaluators in this process; ray: one Ray actor per device",
         "ray_address": "with --backend ray: auto or ray://HOST:PORT (default: local Ray)",
         "max_pending_items": "evaluations queued or running before 429",
+        "allow_uncontained": "judge client code even where workers cannot be fully contained (bubblewrap missing)",
         "watch_db": "a run database whose live pages are served at /watch/ (sign in with a client token)",
     },
     skip=frozenset({"eval"}))

@@ -57,6 +57,8 @@ class ServeConfig:
     max_attempts: int = 3  # a job interrupted (server killed, backend failed) this often ends as task_error
     job_concurrency: int = 0  # jobs handed to the backend at once; 0: one per lane
     retain_days: float | None = None  # finished jobs older than this are removed; None: kept for ever
+    # Judge client code in workers less than fully contained (no bubblewrap here): the operator's risk.
+    allow_uncontained: bool = False
     watch_db: Path | None = None  # a run database whose pages are served at /watch/, behind the tokens
     log_level: str = "warning"
 

@@ -59,6 +59,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from kernelrl.checks.policy import PolicyName
+from kernelrl.judge.containment import probe
+from kernelrl.result import Containment
 from kernelrl.serve.api import (
     Accepted,
     BadItem,
@@ -481,6 +483,14 @@ class RewardServer:
             tokens = read_tokens(config.token_file) if config.token_file is not None else ()
         except TokenFileError as e:
             raise StartError(str(e)) from None
+        # Client code is hostile by construction: judged only in fully contained workers, unless asked.
+        sandbox = config.eval.sandbox
+        found = probe(sandbox.containment, sandbox.uids)
+        self.containment = found.level
+        if found.level is not Containment.FULL and not config.allow_uncontained:
+            raise StartError(f"workers here would be contained only as {found.level.value} ({found.reason}); "
+                             "the server judges code clients send, so it refuses to start: install bubblewrap, "
+                             "or start with --allow-uncontained to accept the risk")
         self._lock = DbLock(config.db_path)
         self._sock: socket.socket | None = None
         self._own_backend = backend is None
@@ -503,7 +513,8 @@ class RewardServer:
         who = (f"tokens of {len(tokens)} client(s)" if tokens else
                "no token: any program on this machine may submit (web pages may not)")
         message = (f"kernelrl serve: listening on {self.url} (backend {config.backend}, lanes "
-                   f"{','.join(config.devices)}, database {config.db_path}, {who})")
+                   f"{','.join(config.devices)}, database {config.db_path}, {who}, containment "
+                   f"{self.containment.value})")
         self._server = uvicorn.Server(uvicorn.Config(
             create_app(self.service, on_ready=(lambda: announce(message)) if announce else None),
             log_level=config.log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5))
