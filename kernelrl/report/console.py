@@ -17,6 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from kernelrl.result import EvalResult, Status
+from kernelrl.reward import RewardModel, within_noise
 
 if TYPE_CHECKING:
     from kernelrl.checks.audit import AuditRecord, AuditReport
@@ -51,7 +52,15 @@ def render_result(result: EvalResult, console: Console) -> None:
     table.add_row("message", result.message)
     if result.speedup is not None:
         lo, hi = result.speedup_ci or (float("nan"), float("nan"))
-        table.add_row("speedup", f"[bold]{result.speedup:.3f}x[/]  (95% CI {lo:.3f}-{hi:.3f})")
+        noisy = " [yellow]within noise[/]" if within_noise(result) else ""
+        table.add_row("speedup", f"[bold]{result.speedup:.3f}x[/]  (95% CI {lo:.3f}-{hi:.3f}){noisy}")
+    if result.noise_band is not None:
+        table.add_row("A/A noise band", f"{result.noise_band[0]:.3f}-{result.noise_band[1]:.3f}x "
+                                        "(identical code on this task, `kernelrl calibrate`)")
+    reward = RewardModel().raw(result)
+    if reward is not None:
+        paid = " (paid as 1.0x: within noise)" if reward.within_noise else ""
+        table.add_row("reward", f"{reward.raw:+.3f}{paid} (default mapping, before the clip)")
     for label, t in (("reference", result.ref_time), ("candidate", result.cand_time)):
         if t is not None:
             table.add_row(label, f"median {t.median_ms:.4f} ms, IQR {t.iqr_ms:.4f} ms, n={t.n}")
@@ -102,10 +111,17 @@ def render_report(report: Report, console: Console) -> None:
         t.add_column(col, justify="right")
     for r in sorted(report.tasks, key=lambda r: -(r.speedup_vs_eager or 0.0)):
         style = None if r.speedup_vs_eager is None or r.speedup_vs_eager >= 1 else "red"
-        t.add_row(r.task, str(r.candidates), f"{r.correct}/{r.evaluated}", speedup_text(r.speedup_vs_eager),
-                  speedup_text(r.speedup_vs_compile), roofline_text(r.roofline_pct),
-                  "-" if r.best_candidate is None else f"#{r.best_candidate}", style=style)
+        # ~: within the measurement's noise (the interval, or the task's A/A band, holds 1.0x)
+        eager = speedup_text(r.speedup_vs_eager) + ("~" if r.within_noise else "")
+        compiled = speedup_text(r.speedup_vs_compile) + ("~" if r.speedup_vs_compile and
+                                                         (r.within_noise or r.compile_within_noise) else "")
+        t.add_row(r.task, str(r.candidates), f"{r.correct}/{r.evaluated}", eager, compiled,
+                  roofline_text(r.roofline_pct), "-" if r.best_candidate is None else f"#{r.best_candidate}",
+                  style=style)
     console.print(t)
+    if any(r.within_noise or r.compile_within_noise for r in report.tasks):
+        console.print("~ within the measurement's noise: the speedup's 95 % interval (or the task's A/A band) holds "
+                      "1.0x, or torch.compile and eager could not be told apart on the task", soft_wrap=True)
 
     s = Table(title="candidates per status")
     s.add_column("status")

@@ -231,10 +231,14 @@ def render_html(report: Report) -> str:
             parts.append(f"<h2>{title}</h2><img alt='{title}' src='data:image/png;base64,{png}'>")
     ranked = sorted(report.tasks, key=lambda r: -(r.speedup_vs_eager or 0.0))
     parts.append("<h2>Best candidate per task</h2>")
-    parts.append(_table(["task", "candidates", "correct / evaluated", "vs eager", "vs torch.compile", "eager ms",
-                         "compile ms", "% of roofline", "best candidate"],
-                        [[r.task, str(r.candidates), f"{r.correct}/{r.evaluated}", speedup_text(r.speedup_vs_eager),
-                          speedup_text(r.speedup_vs_compile), _ms(r.eager_ms), _ms(r.compile_ms),
+    parts.append(_table(["task", "candidates", "correct / evaluated", "vs eager", "95% interval", "vs torch.compile",
+                         "eager ms", "compile ms", "% of roofline", "best candidate"],
+                        [[r.task, str(r.candidates), f"{r.correct}/{r.evaluated}",
+                          speedup_text(r.speedup_vs_eager) + (" (within noise)" if r.within_noise else ""),
+                          "-" if r.ci_vs_eager is None else f"{r.ci_vs_eager[0]:.3g}-{r.ci_vs_eager[1]:.3g}x",
+                          speedup_text(r.speedup_vs_compile)
+                          + (" (within noise)" if r.speedup_vs_compile and r.compile_within_noise else ""),
+                          _ms(r.eager_ms), _ms(r.compile_ms),
                           roofline_text(r.roofline_pct),
                           "-" if r.best_candidate is None else str(r.best_candidate)] for r in ranked],
                         ["slow" if r.speedup_vs_eager is not None and r.speedup_vs_eager < 1 else "" for r in ranked]))

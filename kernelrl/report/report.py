@@ -30,6 +30,7 @@ from pathlib import Path
 
 from kernelrl.report.metrics import fast_p, geometric_mean
 from kernelrl.result import Severity, Status
+from kernelrl.reward import within_noise
 from kernelrl.search.database import Database
 from kernelrl.search.records import CandidateRecord
 
@@ -50,6 +51,11 @@ class TaskReport:
     compile_ms: float | None
     best_so_far: tuple[float | None, ...]  # after each evaluated candidate, in order; None: none correct yet
     roofline_pct: float | None = None  # the best candidate's share of this machine's roofline, when measured
+    ci_vs_eager: tuple[float, float] | None = None  # the best speedup's 95 % interval
+    # the best speedup cannot be told from 1.0x (its interval, or the task's A/A band, holds it)
+    within_noise: bool = False
+    # eager / torch.compile could not be told apart when the baseline was measured (its interval holds 1.0)
+    compile_within_noise: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,10 +128,12 @@ def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
                 running = c.speedup if running is None else max(running, c.speedup)
             curve.append(running)
         eager_ms = compile_ms = vs_compile = None
+        compile_noisy = False
         if best is not None and best.result is not None:
             b = baselines.get((name, best.result.device, best.result.size))
             if b is not None:
                 eager_ms, compile_ms = b.eager_ms, b.compile_ms
+                compile_noisy = b.compile_within_noise
                 if compile_ms is not None and best.speedup is not None:
                     vs_compile = best.speedup * compile_ms / eager_ms
         task_rec = known.get(name)
@@ -134,7 +142,10 @@ def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
                                best_candidate=best.id if best else None,
                                speedup_vs_eager=best.speedup if best else None, speedup_vs_compile=vs_compile,
                                eager_ms=eager_ms, compile_ms=compile_ms, best_so_far=tuple(curve),
-                               roofline_pct=best.result.roofline_pct if best and best.result else None))
+                               roofline_pct=best.result.roofline_pct if best and best.result else None,
+                               ci_vs_eager=best.result.speedup_ci if best and best.result else None,
+                               within_noise=bool(best and best.result and within_noise(best.result)),
+                               compile_within_noise=compile_noisy))
 
     eager = [r.speedup_vs_eager for r in rows if r.speedup_vs_eager is not None]
     comp = [r.speedup_vs_compile for r in rows if r.speedup_vs_compile is not None]

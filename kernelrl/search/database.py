@@ -51,7 +51,7 @@ from kernelrl.search.records import (
     TaskRecord,
 )
 
-SCHEMA_VERSION = 3  # 2: hack_cases; 3: results keep the evaluator config's fingerprint
+SCHEMA_VERSION = 4  # 2: hack_cases; 3: results keep the evaluator config's fingerprint; 4: baseline intervals
 
 # A weaker candidate is shown for contrast only when the best is at least this many times faster:
 # close scores are timing noise, not a lesson.
@@ -80,6 +80,9 @@ CREATE TABLE IF NOT EXISTS baselines (
     eager_ms REAL NOT NULL,
     compile_ms REAL,
     measured REAL NOT NULL,
+    -- 95 % interval of eager / compiled, measured in the same rounds (NULL: not known)
+    compile_ci_lo REAL,
+    compile_ci_hi REAL,
     PRIMARY KEY (task, device, size)
 );
 CREATE TABLE IF NOT EXISTS candidates (
@@ -255,6 +258,11 @@ class Database:
                         c.execute("ALTER TABLE results ADD COLUMN fingerprint TEXT NOT NULL DEFAULT ''")
                     c.execute("DROP INDEX IF EXISTS results_dedup")
                     c.execute("CREATE INDEX IF NOT EXISTS results_reuse ON results (task, hash, fingerprint)")
+                if version is not None and version < 4:
+                    columns = {row[1] for row in c.execute("PRAGMA table_info(baselines)")}
+                    for name in ("compile_ci_lo", "compile_ci_hi"):
+                        if name not in columns:
+                            c.execute(f"ALTER TABLE baselines ADD COLUMN {name} REAL")
                 c.execute("DELETE FROM schema_version")
                 c.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
 
@@ -305,23 +313,27 @@ class Database:
         return [TaskRecord(name=r[0], source=r[1], source_hash=r[2], level=r[3], size=r[4])
                 for r in self._query("SELECT name, source, source_hash, level, size FROM tasks ORDER BY name")]
 
-    def put_baseline(self, *, task: str, device: str, size: str, eager_ms: float, compile_ms: float | None) -> None:
+    def put_baseline(self, *, task: str, device: str, size: str, eager_ms: float, compile_ms: float | None,
+                     compile_ci: tuple[float, float] | None = None) -> None:
         if not eager_ms > 0:
             raise ValueError(f"eager_ms must be > 0, got {eager_ms}")
         if compile_ms is not None and not compile_ms > 0:
             raise ValueError(f"compile_ms must be > 0 or None, got {compile_ms}")
         with self._tx() as c:
-            c.execute("INSERT OR REPLACE INTO baselines (task, device, size, eager_ms, compile_ms, measured) "
-                      "VALUES (?, ?, ?, ?, ?, ?)", (task, device, size, eager_ms, compile_ms, time.time()))
+            lo, hi = compile_ci if compile_ci is not None and compile_ms is not None else (None, None)
+            c.execute("INSERT OR REPLACE INTO baselines (task, device, size, eager_ms, compile_ms, measured, "
+                      "compile_ci_lo, compile_ci_hi) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                      (task, device, size, eager_ms, compile_ms, time.time(), lo, hi))
 
     def get_baseline(self, task: str, device: str, size: str) -> BaselineRecord | None:
-        rows = self._query("SELECT task, device, size, eager_ms, compile_ms, measured FROM baselines "
-                           "WHERE task = ? AND device = ? AND size = ?", (task, device, size))
+        rows = self._query("SELECT task, device, size, eager_ms, compile_ms, measured, compile_ci_lo, compile_ci_hi "
+                           "FROM baselines WHERE task = ? AND device = ? AND size = ?", (task, device, size))
         return _baseline(rows[0]) if rows else None
 
     def baselines(self) -> list[BaselineRecord]:
         return [_baseline(r) for r in self._query(
-            "SELECT task, device, size, eager_ms, compile_ms, measured FROM baselines ORDER BY task")]
+            "SELECT task, device, size, eager_ms, compile_ms, measured, compile_ci_lo, compile_ci_hi FROM baselines "
+            "ORDER BY task")]
 
     # ----------------------------------------------------------------- candidates and results
     def add_candidate(self, new: NewCandidate) -> CandidateRecord:
@@ -545,7 +557,9 @@ def _run(r: tuple[Any, ...]) -> RunRecord:
 
 
 def _baseline(r: tuple[Any, ...]) -> BaselineRecord:
-    return BaselineRecord(task=r[0], device=r[1], size=r[2], eager_ms=r[3], compile_ms=r[4], measured=r[5])
+    ci = (float(r[6]), float(r[7])) if r[6] is not None and r[7] is not None else None
+    return BaselineRecord(task=r[0], device=r[1], size=r[2], eager_ms=r[3], compile_ms=r[4], measured=r[5],
+                          compile_ci=ci)
 
 
 def _candidate(r: tuple[Any, ...]) -> CandidateRecord:

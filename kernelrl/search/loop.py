@@ -409,7 +409,8 @@ class _Search:
             b = self.known_baseline(self.tasks[name])
             if b is not None:
                 self.db.put_baseline(task=name, device=cfg.eval.device, size=cfg.eval.size,
-                                     eager_ms=float(b.eager_ms), compile_ms=b.compile_ms)
+                                     eager_ms=float(b.eager_ms), compile_ms=b.compile_ms,
+                                     compile_ci=b.compile_speedup_ci)
 
     def on_evaluation(self, key: tuple[str, str], out: Any) -> None:
         waiting = self.evals_in_flight.pop(key)
@@ -452,7 +453,8 @@ class _Search:
             self.console.print(f"[yellow]{msg}[/yellow]")
             return
         self.db.put_baseline(task=name, device=self.config.eval.device, size=self.config.eval.size,
-                             eager_ms=float(out.eager_ms), compile_ms=out.compile_ms)
+                             eager_ms=float(out.eager_ms), compile_ms=out.compile_ms,
+                             compile_ci=getattr(out, "compile_speedup_ci", None))
 
     def _on_result(self, rec: CandidateRecord, result: EvalResult) -> None:
         rec = dataclasses.replace(rec, result=result, state=CandidateState.EVALUATED)

@@ -51,6 +51,12 @@ class BaselineRecord:
     eager_ms: float
     compile_ms: float | None  # None: torch.compile failed or was not measured
     measured: float  # seconds since the epoch
+    compile_ci: tuple[float, float] | None = None  # 95 % interval of eager / compiled (None: not known)
+
+    @property
+    def compile_within_noise(self) -> bool:
+        """torch.compile and eager cannot be told apart on this task: the ratio's interval holds 1.0."""
+        return self.compile_ci is not None and self.compile_ci[0] <= 1.0 <= self.compile_ci[1]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -304,7 +304,7 @@ class KernelRewardFunction:
             return None
         if self.db is not None and getattr(b, "eager_ms", None):
             self.db.put_baseline(task=task.name, device=b.device, size=b.size, eager_ms=b.eager_ms,
-                                 compile_ms=b.compile_ms)
+                                 compile_ms=b.compile_ms, compile_ci=getattr(b, "compile_speedup_ci", None))
         return b.compile_speedup  # type: ignore[no-any-return]
 
     def _select(self, every: Sequence[Scored], rewards: Sequence[Reward | None],

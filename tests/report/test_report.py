@@ -135,3 +135,23 @@ def test_the_best_candidates_share_of_the_roofline_is_reported(tmp_path: Path) -
     html = tmp_path / "r.html"
     write_html(build_report(path), html)
     assert "% of roofline" in html.read_text() and "25%" in html.read_text()
+
+
+def test_a_result_within_noise_says_so_and_shows_the_no_speedup_reward():
+    from rich.console import Console
+
+    from kernelrl.report.console import render_result
+    from kernelrl.reward import RewardModel
+
+    identical = EvalResult(task="t", status=Status.CORRECT, speedup=1.03, speedup_ci=(0.98, 1.07),
+                           noise_band=(0.96, 1.05), message="correct, 1.03x")
+    console = Console(record=True, width=200)
+    render_result(identical, console)
+    text = console.export_text()
+    no_speedup = RewardModel().raw(EvalResult(task="t", status=Status.CORRECT, speedup=1.0, speedup_ci=(1.0, 1.0)))
+    assert "within noise" in text and "A/A noise band" in text and "0.960-1.050x" in text
+    assert no_speedup is not None and f"{no_speedup.raw:+.3f} (paid as 1.0x: within noise)" in text
+    faster = EvalResult(task="t", status=Status.CORRECT, speedup=2.0, speedup_ci=(1.9, 2.1), message="correct, 2x")
+    console = Console(record=True, width=200)
+    render_result(faster, console)
+    assert "within noise" not in console.export_text()

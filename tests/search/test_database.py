@@ -284,3 +284,14 @@ def test_sigkill_keeps_every_committed_row(tmp_path: Path) -> None:
         for c in db.candidates():
             assert (c.result is None) == (c.state is CandidateState.PROPOSED)
         assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_baselines_keep_their_interval_and_say_when_it_holds_one(tmp_path: Path) -> None:
+    with Database(tmp_path / "k.db") as db:
+        db.put_baseline(task="t", device="cpu", size="small", eager_ms=2.0, compile_ms=1.9, compile_ci=(0.97, 1.08))
+        db.put_baseline(task="u", device="cpu", size="small", eager_ms=2.0, compile_ms=1.0, compile_ci=(1.9, 2.1))
+        db.put_baseline(task="v", device="cpu", size="small", eager_ms=2.0, compile_ms=None, compile_ci=(0.9, 1.1))
+        t, u, v = (db.get_baseline(n, "cpu", "small") for n in "tuv")
+    assert t is not None and t.compile_ci == (0.97, 1.08) and t.compile_within_noise
+    assert u is not None and not u.compile_within_noise
+    assert v is not None and v.compile_ci is None  # no compiled time, no interval
