@@ -17,6 +17,7 @@ The counts are printed at the end of the run (conftest.py).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -73,6 +74,9 @@ def params(specs: list[FixtureSpec], *, pending_xfail: bool = False) -> list:
         if s.device == "cuda":
             marks.append(pytest.mark.gpu)
             marks.append(pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device"))
+        if s.name.startswith("triton_"):
+            marks.append(pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                            reason="needs the triton extra (pip install -e '.[triton]')"))
         out.append(pytest.param(s, id=s.name, marks=marks))
     return out
 
