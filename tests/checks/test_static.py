@@ -211,6 +211,31 @@ def test_cpp_side_streams_need_a_synchronisation():
     assert R.STREAM_CREATION not in rules_of(synced)
 
 
+def test_cpp_in_a_cuda_context_of_its_own_is_side_work_even_when_synchronised():
+    own = 'src = """#include <cuda.h>\nCUcontext c; cuCtxCreate(&c, 0, 0);\ncudaDeviceSynchronize();\n"""\n'
+    pushed = 'src = """#include <cuda.h>\nvoid f(CUcontext c) { cuCtxPushCurrent_v2(c); }\n"""\n'
+    assert R.STREAM_CREATION in rules_of(own) and R.STREAM_CREATION in rules_of(pushed)
+    assert R.STREAM_CREATION not in rules_of('src = """#include <cuda.h>\ncuCtxGetCurrent(&c);\n"""\n')
+
+
+TRITON_KERNEL = """
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def k(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < n).to({dtype})
+        tl.store(x_ptr + offs, x, mask=offs < n)
+"""
+
+
+def test_triton_reduced_precision_types_are_reduced_precision():
+    assert R.REDUCED_PRECISION_COMPUTE in rules_of(TRITON_KERNEL.format(dtype="tl.float16"))
+    assert R.REDUCED_PRECISION_COMPUTE in rules_of(TRITON_KERNEL.format(dtype="tl.bfloat16"))
+    assert R.REDUCED_PRECISION_COMPUTE not in rules_of(TRITON_KERNEL.format(dtype="tl.float32"))
+
+
 def test_subprocess_import_and_fork():
     assert R.PROCESS_CREATION in rules_of("import subprocess\n")
     assert R.PROCESS_CREATION in rules_of("import os\npid = os.fork()\n")

@@ -4,7 +4,10 @@ Rules:
 - `stream_creation`: work put on a side stream (`with torch.cuda.stream(s)`, `set_stream(s)`, a
   launch with `stream=s` or `s.cuda_stream`) that is not joined before the function returns, and
   C++/CUDA sources that take a pool stream or create one (`getStreamFromPool`, `cudaStreamCreate*`)
-  without ever synchronising or waiting. Streams are judged by use: creating one is no finding,
+  without ever synchronising or waiting, and C++/CUDA sources that create or switch a CUDA context
+  of their own (`cuCtxCreate`, `cuCtxPushCurrent`, `cuCtxSetCurrent`, `cuGreenCtxCreate`): the
+  judge's device-wide synchronisation covers the current context's work, not another's, and no
+  kernel needs one. Streams are judged by use: creating one is no finding,
   nor is switching to `torch.cuda.current_stream()`. A join is `torch.cuda.synchronize()`,
   `<x>.synchronize()`, `.wait_stream(...)`, `.wait_event(...)` or `<event>.wait()` after the
   block and before the first `return` that follows it, in the same function; a `return` inside
@@ -39,6 +42,7 @@ _STREAM_SWITCHES = ("torch.cuda.stream", "torch.cuda.StreamContext", "torch.cuda
                     "torch.cuda.streams.StreamContext", "torch.cuda.utils.stream")
 _JOIN_METHODS = frozenset({"synchronize", "wait_stream", "wait_event", "wait"})
 # C++/CUDA sources: side streams, and what joins them.
+_CPP_OWN_CONTEXT = re.compile(r"\bcu(?:Ctx(?:Create|PushCurrent|SetCurrent)|GreenCtxCreate)\w*")
 _CPP_SIDE_STREAM = re.compile(r"\bgetStreamFromPool\b|\bget_stream_from_pool\b|\bcudaStreamCreate\w*|\bcuStreamCreate\w*")
 _CPP_JOIN = re.compile(r"\bcudaStreamSynchronize\b|\bcudaDeviceSynchronize\b|\bcudaStreamWaitEvent\b|"
                        r"\bcudaEventSynchronize\b|\bcuStreamSynchronize\b|\bcuCtxSynchronize\b|"
@@ -131,6 +135,10 @@ def _stream_creation(src: SourceInfo) -> Iterator[Hit]:
             yield Hit(line_of(use), f"{what}, not joined before returning: work on a side stream can escape the "
                                     "timed stream (join it with wait_stream, synchronize or an event)")
     for node, code in cpp_sources(src):
+        ctx = _CPP_OWN_CONTEXT.search(code)
+        if ctx:
+            yield Hit(line_of(node), f"C++/CUDA source calls {ctx.group(0)}: work in a CUDA context of its own escapes "
+                                     "the device-wide synchronisation of the timed call's context")
         m = _CPP_SIDE_STREAM.search(code)
         if m and not _CPP_JOIN.search(code):
             yield Hit(line_of(node), f"C++/CUDA source uses {m.group(0)} and never synchronises or waits on it: "

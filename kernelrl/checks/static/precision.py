@@ -4,7 +4,8 @@ Rules:
 - `reduced_precision_compute` (warns under `open`, rejects under `strict`, like
   `precision_change` in `settings.py`: one precision policy): `torch.float16`/`half`/
   `bfloat16`/`float8_e4m3fn`/`float8_e5m2` named anywhere, autocast (`torch.autocast`,
-  `torch.*.amp.autocast`), `.half()` and `.bfloat16()`. On a task whose reference itself names a reduced-precision dtype
+  `torch.*.amp.autocast`), `.half()` and `.bfloat16()`, and Triton's `tl.float16`/`tl.bfloat16`/
+  fp8 types inside kernels. On a task whose reference itself names a reduced-precision dtype
   (`task_computes_in_reduced_precision`, applied by `check_source` when given `task_source`) the
   candidate is at the task's precision and the rule is dropped.
 - `fast_math` (warns under every policy): `--use_fast_math`, `-use_fast_math`, `-ffast-math` or
@@ -40,7 +41,11 @@ def task_computes_in_reduced_precision(task_source: str) -> bool:
 
 @register(R.REDUCED_PRECISION_COMPUTE)
 def _reduced_precision(src: SourceInfo) -> Iterator[Hit]:
-    low = ("torch.float16", "torch.half", "torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2")
+    low = ("torch.float16", "torch.half", "torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2",
+           # inside Triton kernels: `tl.float16` and friends (a cast in the kernel lowers the compute)
+           "triton.language.float16", "triton.language.bfloat16", "triton.language.float8e4nv",
+           "triton.language.float8e5", "triton.language.float8e4b15", "triton.language.float8e4b8",
+           "triton.language.float8e5b16")
     autocast = ("torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast", "torch.amp.autocast")
     for ref, q in src.refs():
         if q in low:
