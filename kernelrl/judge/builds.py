@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from kernelrl.judge.containment import BUILD_SUBDIR, Scratch
+from kernelrl.judge.device import Device
 
 # What a cached torch extension folder may hold: what ninja and the loader read back.
 SEALED_NAMES = re.compile(r"^(build\.ninja|\.ninja_log|\.ninja_deps|main\.cpp|cuda\.cu|[A-Za-z0-9_.-]+\.(o|so))$")
@@ -82,7 +83,7 @@ MANIFEST = "MANIFEST.json"
 
 
 @functools.cache
-def toolchain_fingerprint(device: str) -> str:
+def toolchain_fingerprint(device: Device) -> str:
     import torch
 
     parts = [torch.__version__, sys.version.split()[0], platform.machine(), device]
@@ -99,12 +100,12 @@ def toolchain_fingerprint(device: str) -> str:
     return "|".join(parts)
 
 
-def build_key(source: str, device: str) -> str:
+def build_key(source: str, device: Device) -> str:
     """Content hash naming a program's build folder: source + toolchain + device."""
     return hashlib.sha256(f"{toolchain_fingerprint(device)}\n{source}".encode()).hexdigest()[:24]
 
 
-def build_dir(cache_dir: Path, source: str, device: str) -> Path:
+def build_dir(cache_dir: Path, source: str, device: Device) -> Path:
     return Path(cache_dir) / "extensions" / build_key(source, device)
 
 
@@ -112,7 +113,7 @@ def has_build(path: Path) -> bool:
     return path.is_dir() and any(path.rglob("*.so"))
 
 
-def sealed_dir(cache_dir: Path, source: str, device: str) -> Path:
+def sealed_dir(cache_dir: Path, source: str, device: Device) -> Path:
     """Where the judge keeps the build of a fully contained worker (see the module docstring)."""
     return Path(cache_dir) / "sealed" / build_key(source, device)
 
@@ -331,7 +332,7 @@ class exclusive_build_dir:
 # -- Triton ------------------------------------------------------------------------------------
 
 
-def configure_triton(device: str, source: str) -> None:
+def configure_triton(device: Device, source: str) -> None:
     """Triton in this worker: interpreted on a CPU, compiled on a GPU (see the module docstring).
 
     Runs before the program is imported. Under the interpreter, `triton.autotune` with several

@@ -54,6 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelrl.judge.device import Device
 from kernelrl.result import Containment
 
 # Ordered from least to most: a pool reports the weakest level it gives.
@@ -127,7 +128,7 @@ def readonly_paths(extra: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
-def device_nodes(device: str) -> list[str]:
+def device_nodes(device: Device) -> list[str]:
     """The device nodes a worker on `device` needs beyond bwrap's minimal /dev (NVIDIA's, on cuda)."""
     if device != "cuda" or not os.path.isdir("/dev"):
         return []
@@ -135,7 +136,7 @@ def device_nodes(device: str) -> list[str]:
     return [n for n in nodes if os.path.exists(n)]
 
 
-def bwrap_prefix(*, bwrap: str, uid: int, device: str, scratch_bytes: int, as_root: bool,
+def bwrap_prefix(*, bwrap: str, uid: int, device: Device, scratch_bytes: int, as_root: bool,
                  extra: tuple[str, ...] = (), setpriv: str = "setpriv") -> list[str]:
     """The command line that runs a program fully contained (the program's own argv follows it)."""
     argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
@@ -188,7 +189,7 @@ def namespaces_available() -> bool:
 def _bwrap_works(bwrap: str, executable: str, euid: int, probe_uid: int) -> str:
     """'' when a contained interpreter starts and imports kernelrl here; else why not."""
     try:
-        argv = bwrap_prefix(bwrap=bwrap, uid=probe_uid, device="cpu", scratch_bytes=16 << 20, as_root=euid == 0)
+        argv = bwrap_prefix(bwrap=bwrap, uid=probe_uid, device=Device.CPU, scratch_bytes=16 << 20, as_root=euid == 0)
     except ValueError as e:
         return str(e)
     if euid == 0 and shutil.which("setpriv") is None:

@@ -162,7 +162,7 @@ def _llc_bytes() -> int:
     return best or (32 << 20)
 
 
-def evict_bytes(device: str) -> int:
+def evict_bytes(device: Device) -> int:
     if device == Device.CUDA:
         return 256 << 20  # larger than any current GPU's L2
     return int(_llc_bytes() * 1.5)

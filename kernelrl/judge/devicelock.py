@@ -28,7 +28,7 @@ from pathlib import Path
 from kernelrl.judge.device import Device
 
 
-def lock_name(device: str, device_index: int | None = None) -> str:
+def lock_name(device: Device, device_index: int | None = None) -> str:
     if device == Device.CPU:
         return "cpu"
     return f"cuda-{device_index if device_index is not None else 0}"
@@ -37,7 +37,7 @@ def lock_name(device: str, device_index: int | None = None) -> str:
 class DeviceLock:
     """See the module docstring. Thread-safe; one per evaluator and device."""
 
-    def __init__(self, cache_dir: Path, device: str, device_index: int | None = None) -> None:
+    def __init__(self, cache_dir: Path, device: Device, device_index: int | None = None) -> None:
         self.name = lock_name(device, device_index)
         self.device = device
         self.path = Path(cache_dir) / "locks" / f"{self.name}.lock"

@@ -348,7 +348,7 @@ def reference_program(task: Task) -> Candidate:
     return Candidate(source=task.source + "\n\n# the task's reference, loaded as a program\nModelNew = Model\n")
 
 
-def run_groups(groups: Sequence[Group], *, device: str, width: int) -> None:
+def run_groups(groups: Sequence[Group], *, device: Device, width: int) -> None:
     """Judge a batch's groups (see the module docstring); every group is finished and closed."""
     checks = threading.Semaphore(max(1, width))
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.containment import Probe, probe
+from kernelrl.judge.device import Device
 from kernelrl.judge.sandbox import SandboxConfig, Worker, WorkerDied
 from kernelrl.result import Containment
 
@@ -42,7 +43,7 @@ _START_FAILURES = 3
 
 
 class WorkerPool:
-    def __init__(self, *, config: SandboxConfig, device: str, device_index: int | None = None, size: int = 2,
+    def __init__(self, *, config: SandboxConfig, device: Device, device_index: int | None = None, size: int = 2,
                  root: Path | None = None,
                  starting: Callable[[], contextlib.AbstractContextManager[None]] | None = None) -> None:
         if size < 0:

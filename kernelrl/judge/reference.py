@@ -26,7 +26,7 @@ from typing import Any
 
 from kernelrl.judge import protocol as P
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
-from kernelrl.judge.device import evict_bytes
+from kernelrl.judge.device import Device, evict_bytes
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.inputs import InputPlan, correctness_plans, plain_plan
 from kernelrl.judge.pool import WorkerPool
@@ -72,7 +72,7 @@ class LoadSpec:
     task: Task
     size: str
     overrides: dict[str, int] = field(default_factory=dict)
-    device: str = "cpu"
+    device: Device = Device.CPU
     threads: int = 1
     init_seed: int = 0
     evict_bytes: int = 0

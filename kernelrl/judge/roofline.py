@@ -65,7 +65,7 @@ class MachinePeaks:
         return dataclasses.asdict(self)
 
 
-def _device_name(device: str) -> str:
+def _device_name(device: Device) -> str:
     if device == Device.CUDA:
         import torch
 
@@ -79,7 +79,7 @@ def _device_name(device: str) -> str:
     return platform.processor() or "cpu"
 
 
-def machine_key(device: str, threads: int, device_index: int | None = None) -> str:
+def machine_key(device: Device, threads: int, device_index: int | None = None) -> str:
     import torch
 
     text = "|".join([device, _device_name(device), str(threads), str(device_index), torch.__version__,
@@ -87,13 +87,13 @@ def machine_key(device: str, threads: int, device_index: int | None = None) -> s
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _peaks_path(cache_dir: Path, device: str, threads: int, device_index: int | None) -> Path:
+def _peaks_path(cache_dir: Path, device: Device, threads: int, device_index: int | None) -> Path:
     folder = Path(cache_dir) / "peaks"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"{machine_key(device, threads, device_index)}.json"
 
 
-def machine_peaks(*, device: str, sandbox: SandboxConfig, cache_dir: Path, device_index: int | None = None,
+def machine_peaks(*, device: Device, sandbox: SandboxConfig, cache_dir: Path, device_index: int | None = None,
                   remeasure: bool = False) -> MachinePeaks:
     """This machine's peaks, from the cache or measured now in a fresh worker (under a lock).
 
@@ -115,7 +115,7 @@ def machine_peaks(*, device: str, sandbox: SandboxConfig, cache_dir: Path, devic
 
 
 def save_peaks(peaks: MachinePeaks, *, cache_dir: Path, device_index: int | None = None) -> None:
-    path = _peaks_path(cache_dir, peaks.device, peaks.threads, device_index)
+    path = _peaks_path(cache_dir, Device(peaks.device), peaks.threads, device_index)
     with open(path.parent / "measure.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         known = _read(path)
@@ -168,7 +168,7 @@ def demonstrated(peaks: MachinePeaks, profile: TaskProfile, time_ms: float) -> M
                                measured_at=time.time())
 
 
-def _measure(device: str, threads: int, sandbox: SandboxConfig, device_index: int | None) -> MachinePeaks:
+def _measure(device: Device, threads: int, sandbox: SandboxConfig, device_index: int | None) -> MachinePeaks:
     name = _device_name(device)
     worker = Worker(config=sandbox, device=device, device_index=device_index, role="peaks")
     try:
@@ -193,7 +193,7 @@ def _measure(device: str, threads: int, sandbox: SandboxConfig, device_index: in
     raise RuntimeError(f"could not measure this machine's peaks: {error}")
 
 
-def prompt_peaks(peaks: MachinePeaks, device: str) -> DevicePeaks:
+def prompt_peaks(peaks: MachinePeaks, device: Device) -> DevicePeaks:
     """The device's description for a prompt: what is known of it, with the measured peaks."""
     known = device_peaks(device)
     return dataclasses.replace(known, fp32_tflops=round(peaks.fp32_tflops, 3),
@@ -226,7 +226,7 @@ class PeakStore:
     Thread-safe. `error` says why there are no peaks ("" when there are).
     """
 
-    def __init__(self, *, enabled: bool, device: str, sandbox: SandboxConfig, cache_dir: Path,
+    def __init__(self, *, enabled: bool, device: Device, sandbox: SandboxConfig, cache_dir: Path,
                  device_index: int | None, lock: DeviceLock) -> None:
         self._enabled = enabled
         self._device = device

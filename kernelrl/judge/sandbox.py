@@ -65,6 +65,7 @@ from kernelrl.judge.containment import (
     release_uid,
     spawn,
 )
+from kernelrl.judge.device import Device
 from kernelrl.judge.protocol import ANSWERS, Header, Hello, Kind, decode, encode
 from kernelrl.result import Containment
 
@@ -266,7 +267,7 @@ class Worker:
     given a second program.
     """
 
-    def __init__(self, *, config: SandboxConfig, device: str, device_index: int | None = None,
+    def __init__(self, *, config: SandboxConfig, device: Device, device_index: int | None = None,
                  root: Path | None = None, role: str = "worker", inherit_fds: tuple[int, ...] = ()):
         self.role = role
         self.config = config

@@ -31,6 +31,7 @@ from kernelrl.judge import protocol as P
 from kernelrl.judge.builds import build_dir, has_build, seal, sealed_dir, unseal
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.compare import Mismatch, compare_outputs, exactly_equal, flatten
+from kernelrl.judge.device import Device
 from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
 from kernelrl.judge.sandbox import Worker, WorkerDied
 from kernelrl.judge.verdict import Checked, Verdict
@@ -83,7 +84,7 @@ class Trial:
             self.worker = None
 
 
-def static_verdict(source: str, language: Language, *, device: str, static_findings: list[Finding]) -> Verdict | None:
+def static_verdict(source: str, language: Language, *, device: Device, static_findings: list[Finding]) -> Verdict | None:
     """What the source alone decides (it does not parse, needs a GPU, or a rule rejects it)."""
     try:
         compile(source, "<candidate>", "exec")

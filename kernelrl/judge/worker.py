@@ -75,6 +75,7 @@ from kernelrl.judge.builds import (  # noqa: E402
 )
 from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError  # noqa: E402
 from kernelrl.judge.compare import exactly_equal, flatten  # noqa: E402
+from kernelrl.judge.device import Device  # noqa: E402
 
 _Tensor = torch.Tensor
 # The C functions behind torch.cuda.synchronize, bound now: torch.cuda.synchronize looks
@@ -287,7 +288,7 @@ class WorkerState:
         os.environ["TRITON_CACHE_DIR"] = os.path.join(build_dir, "triton")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, "inductor")
         PrecompiledHeaderLoader(cache_root).install()
-        configure_triton(h.device, h.source)  # before the import: triton.jit reads it when a kernel is decorated
+        configure_triton(Device(h.device), h.source)  # before the import: triton.jit reads it when a kernel is decorated
         if h.device == "cpu":
             CudaDeviceCodeCheck().install()
         t0 = time.monotonic()

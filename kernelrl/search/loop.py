@@ -600,7 +600,7 @@ def run_search(config: SearchConfig, *, console: Console | None = None, tasks: l
         known_baseline = evaluator.cached_baseline
         peaks = evaluator.peaks()  # measured once per machine, cached: prompts state them
         if peaks is not None:
-            device = prompt_peaks(peaks, str(config.eval.device))
+            device = prompt_peaks(peaks, config.eval.device)
     if not config.baselines:
         measure_baseline = None
     owned = proposer is None
