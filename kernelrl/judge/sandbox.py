@@ -105,7 +105,23 @@ LIMITS_ENV = "KERNELRL_LIMITS"
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
+def set_own_limits() -> None:
+    """The limits the judge chose (`LIMITS_ENV`), set on this process before any program is given.
 
+    Lowering a limit needs no privilege, so this works whatever the worker's uid; the judge reads
+    the process limit back from /proc.
+    """
+    names = {"core": resource.RLIMIT_CORE, "nofile": resource.RLIMIT_NOFILE, "fsize": resource.RLIMIT_FSIZE,
+             "as": resource.RLIMIT_AS, "nproc": resource.RLIMIT_NPROC}
+    for item in filter(None, os.environ.get(LIMITS_ENV, "").split(",")):
+        name, _, value = item.partition("=")
+        which = names[name]
+        hard = resource.getrlimit(which)[1]
+        cap = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+        resource.setrlimit(which, (cap, cap))
+
+
+@functools.cache
 def isolation_available() -> bool:
     """Whether workers can run with a private /proc here (root and working namespaces)."""
     return namespaces_available()

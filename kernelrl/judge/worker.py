@@ -46,7 +46,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from kernelrl.judge.containment import BUILD_DIR_ENV, CACHE_ROOT_ENV  # noqa: E402 - no torch behind it
-from kernelrl.judge.sandbox import LIMITS_ENV, NO_HUGE_PAGES_ENV  # noqa: E402 - no torch behind it
+from kernelrl.judge.sandbox import NO_HUGE_PAGES_ENV, set_own_limits  # noqa: E402 - no torch behind it
 
 
 def _no_huge_pages() -> None:
@@ -602,27 +602,9 @@ def send(channel: Channel, kind: P.Kind, header: P.Header | None, payload: Any =
         channel.send(P.Kind.ERROR.value, P.encode(P.Kind.ERROR, P.Error(phase=P.Phase.RUN, message=str(e))))
 
 
-def _own_limits() -> None:
-    """The limits the judge chose (`LIMITS_ENV`), set on this process before any program is given.
-
-    Lowering a limit needs no privilege, so this works whatever the worker's uid; the judge reads
-    the process limit back from /proc.
-    """
-    import resource
-
-    names = {"core": resource.RLIMIT_CORE, "nofile": resource.RLIMIT_NOFILE, "fsize": resource.RLIMIT_FSIZE,
-             "as": resource.RLIMIT_AS, "nproc": resource.RLIMIT_NPROC}
-    for item in filter(None, os.environ.get(LIMITS_ENV, "").split(",")):
-        name, _, value = item.partition("=")
-        which = names[name]
-        hard = resource.getrlimit(which)[1]
-        cap = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
-        resource.setrlimit(which, (cap, cap))
-
-
 def main(argv: list[str]) -> int:
     channel = Channel(int(argv[1]), int(argv[2]), Arena(int(argv[3]), int(argv[4])))
-    _own_limits()
+    set_own_limits()
     state = WorkerState(channel)
     send(channel, P.Kind.HELLO, P.Hello(pid=os.getpid(), torch=torch.__version__, python=sys.version.split()[0]))
     while True:
