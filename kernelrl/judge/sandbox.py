@@ -121,7 +121,6 @@ def set_own_limits() -> None:
         resource.setrlimit(which, (cap, cap))
 
 
-@functools.cache
 def isolation_available() -> bool:
     """Whether workers can run with a private /proc here (root and working namespaces)."""
     return namespaces_available()
