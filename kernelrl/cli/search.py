@@ -70,6 +70,11 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         return 130
     if args.report:
         return cmd_report(argparse.Namespace(db=str(config.db_path), html=args.html, run=summary.run_id))
+    if config.turns > 1:
+        from kernelrl.report.console import render_by_turn
+        from kernelrl.report.report import build_report
+
+        render_by_turn(build_report(config.db_path, run_id=summary.run_id), console)
     return 0
 
 

@@ -124,6 +124,7 @@ def render_report(report: Report, console: Console) -> None:
                       "1.0x, or torch.compile and eager could not be told apart on the task", soft_wrap=True)
 
     s = Table(title="candidates per status")
+    render_by_turn(report, console)
     s.add_column("status")
     s.add_column("candidates", justify="right")
     for status, count in report.status_counts:
@@ -138,6 +139,19 @@ def render_report(report: Report, console: Console) -> None:
         console.print(f)
     else:
         console.print("no candidate was refused")
+
+
+def render_by_turn(report: Report, console: Console) -> None:
+    """What each refinement turn added (multi-turn runs); nothing for single-turn runs."""
+    if not report.by_turn:
+        return
+    table = Table(title="by refinement turn")
+    for col in ("turn", "candidates", "correct", "faster than eager", "best", "raised a task's best"):
+        table.add_column(col, justify="right")
+    for turn in report.by_turn:
+        table.add_row(str(turn.turn), str(turn.candidates), f"{turn.correct}/{turn.evaluated}", str(turn.faster),
+                      speedup_text(turn.best_speedup), str(turn.raised))
+    console.print(table)
 
 
 def render_summary(summary: SearchSummary, console: Console) -> None:

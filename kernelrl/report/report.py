@@ -68,6 +68,19 @@ class RunReport:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TurnReport:
+    """What the candidates of one turn of refinement episodes did (multi-turn runs)."""
+
+    turn: int
+    candidates: int
+    evaluated: int
+    correct: int
+    faster: int  # correct and faster than eager
+    best_speedup: float | None
+    raised: int  # times a candidate of this turn raised its task's best so far (in the order judged)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Report:
     db_path: str
     run_id: int | None  # None: every run in the file
@@ -86,6 +99,7 @@ class Report:
     status_counts: tuple[tuple[str, int], ...]  # status value (or "proposed") -> candidates
     refused_by_rule: tuple[tuple[str, int], ...]  # rule -> flagged candidates, most frequent first
     runs: tuple[RunReport, ...] = ()
+    by_turn: tuple[TurnReport, ...] = ()  # refinement turns, when any candidate was a turn of an episode
 
     def fast(self, p: float) -> float:
         for q, value in self.fast_p:
@@ -160,7 +174,31 @@ def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
                   solved=len(eager), with_compile=len(comp), candidates=len(cands), evaluated=evaluated_n,
                   correct=correct_n, success_rate=(correct_n / evaluated_n) if evaluated_n else None,
                   status_counts=tuple((s, statuses[s]) for s in order if statuses[s]),
-                  refused_by_rule=tuple(flagged_rules.most_common()), runs=runs)
+                  refused_by_rule=tuple(flagged_rules.most_common()), runs=runs, by_turn=by_turn(cands))
+
+
+def by_turn(cands: list[CandidateRecord]) -> tuple[TurnReport, ...]:
+    """Per refinement turn: candidates, verdicts, the best speedup, and how often a turn raised its
+    task's best so far (what each turn added); () when no candidate was a turn of an episode."""
+    turns = {c.id: c.meta["turn"] for c in cands if isinstance(c.meta.get("turn"), int)}
+    if not turns:
+        return ()
+    best: dict[str, float] = {}
+    raised: Counter[int] = Counter()
+    for c in sorted(cands, key=lambda c: c.id):
+        if c.is_correct and c.speedup is not None and c.speedup > best.get(c.task, 0.0):
+            best[c.task] = c.speedup
+            if c.id in turns:
+                raised[turns[c.id]] += 1
+    out = []
+    for t in sorted(set(turns.values())):
+        own = [c for c in cands if turns.get(c.id) == t]
+        correct = [c for c in own if c.is_correct and c.speedup is not None]
+        out.append(TurnReport(turn=t, candidates=len(own), evaluated=sum(c.result is not None for c in own),
+                              correct=len(correct), faster=sum((c.speedup or 0.0) > 1.0 for c in correct),
+                              best_speedup=max((c.speedup or 0.0 for c in correct), default=None),
+                              raised=raised[t]))
+    return tuple(out)
 
 
 def _refused_by_rule(cands: list[CandidateRecord]) -> Counter[str]:

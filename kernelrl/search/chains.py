@@ -1,8 +1,11 @@
 """Chains: the per-task state of a search, and how a resumed run rebuilds it.
 
 A task has `chains` chains; each chain holds its step and its current best (the candidate it
-asks the proposer to improve on). `rebuild` recovers them from a run's stored candidates: a
-chain's step follows its last stored step, and its best at that step is that step's parent.
+asks the proposer to improve on) and, in a multi-turn run, its refinement episode under way
+(`kernelrl.search.episode`: each turn is shown the chain's earlier turns and their verdicts).
+`rebuild` recovers them from a run's stored candidates: a chain's step follows its last stored
+step, its best at that step is that step's parent, and its unfinished episode is the trailing
+run of turns 1, 2, ... it stored (all judged; otherwise the next step starts a fresh episode).
 
 Guarantees: `better(a, b)` is True only for a correct `a` strictly faster than `b` (a correct
 candidate beats none); rebuilding never asks a model anything.
@@ -11,9 +14,11 @@ candidate beats none); rebuilding never asks a model anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kernelrl.search.database import Database
+from kernelrl.search.episode import Episode, EpisodeConfig
 from kernelrl.search.records import CandidateRecord
 from kernelrl.tasks.task import Task
 
@@ -25,6 +30,9 @@ class Chain:
     step: int = 0  # next step number
     best: CandidateRecord | None = None
     busy: bool = False
+    episode: Episode | None = None  # the refinement episode under way (multi-turn runs)
+    episodes: int = 0  # episodes this chain started
+    last_turn: CandidateRecord | None = None  # the episode's latest judged turn (the next one's parent)
     active: bool = True  # False: a chain beyond `chains` left by an earlier run; finishes its pending work only
 
 
@@ -58,8 +66,10 @@ def fmt_speedup(rec: CandidateRecord | None) -> str:
     return f"best {rec.speedup:.2f}x" if rec is not None and rec.speedup is not None else "best -"
 
 
-def rebuild(ts: TaskState, db: Database, run_id: int) -> None:
-    """Chain state from the run's stored candidates (see the module docstring)."""
+def rebuild(ts: TaskState, db: Database, run_id: int, *, episodes: EpisodeConfig | None = None,
+            template_dir: Path | None = None) -> None:
+    """Chain state from the run's stored candidates (see the module docstring); in a multi-turn
+    run (`episodes`), each chain's unfinished episode too, from the turns stored for it."""
     cands = db.candidates(task=ts.task.name, run_id=run_id)
     ts.proposed = len(cands)
     by_chain: dict[int, list[CandidateRecord]] = {}
@@ -83,3 +93,28 @@ def rebuild(ts: TaskState, db: Database, run_id: int) -> None:
         chain.best = best if best is not None and best.is_correct else None
         if better(chain.best, ts.best):
             ts.best = chain.best
+        if episodes is not None and episodes.turns > 1:
+            _rebuild_episode(chain, own, episodes, template_dir)
+
+
+def _rebuild_episode(chain: Chain, own: list[CandidateRecord], config: EpisodeConfig,
+                     template_dir: Path | None) -> None:
+    """The chain's trailing episode, when it is unfinished and every turn of it was judged."""
+    numbers = [int(c.meta["episode"]) for c in own if isinstance(c.meta.get("episode"), int)]
+    chain.episodes = max(numbers, default=0)
+    trailing: list[CandidateRecord] = []
+    for c in reversed(own):
+        if not isinstance(c.meta.get("turn"), int):
+            break
+        trailing.append(c)
+        if c.meta["turn"] == 1:
+            break
+    trailing.reverse()
+    if ([c.meta.get("turn") for c in trailing] != list(range(1, len(trailing) + 1))
+            or not trailing or len(trailing) >= config.turns or any(c.result is None for c in trailing)):
+        return  # finished, never started, or a turn still unjudged: the next step starts a fresh episode
+    episode = Episode(task=chain.task, config=config, template_dir=template_dir)
+    for c in trailing:
+        judged = bool(c.source.strip())
+        episode.record(c.answer, c.source if judged else None, c.result if judged else None, candidate_id=c.id)
+    chain.episode, chain.last_turn = episode, trailing[-1]

@@ -70,6 +70,7 @@ from kernelrl.judge.roofline import prompt_peaks
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.chains import Chain, TaskState, better, fmt_speedup, rebuild
 from kernelrl.search.database import Database
+from kernelrl.search.episode import Episode, EpisodeConfig
 from kernelrl.search.proposers import (
     Exhausted,
     ProposalRequest,
@@ -108,6 +109,10 @@ class SearchConfig:
     baselines: bool = True  # measure eager and torch.compile times once per task
     batch_wait_s: float = 5.0  # a candidate waits at most this long for others to join its batch
     template_dir: Path | None = None  # prompt templates overriding the built-in ones
+    # Refinement: each chain answers in episodes of this many turns, every turn shown its earlier
+    # answers and their verdicts (kernelrl.search.episode); 1: every prompt fresh.
+    turns: int = 1
+    history_tokens: int = 6000  # the most the earlier turns may take of a prompt (characters / 4)
     # How candidates are judged: device, size, policy, limits, timing, sandbox.
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -136,6 +141,10 @@ class SearchConfig:
             raise ValueError(f"k_shown must be >= 0, got {self.k_shown}")
         if self.batch_wait_s < 0:
             raise ValueError(f"batch_wait_s must be >= 0, got {self.batch_wait_s}")
+        self.episode_config()  # validates turns and history_tokens
+
+    def episode_config(self) -> EpisodeConfig:
+        return EpisodeConfig(turns=self.turns, history_tokens=self.history_tokens)
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)
@@ -211,7 +220,7 @@ class _Search:
             ts = TaskState(task=self.tasks[name], chains=[Chain(task=name, index=i) for i in range(cfg.chains)])
             self.state[name] = ts
             if self.resumed:
-                rebuild(ts, self.db, self.run_id)
+                rebuild(ts, self.db, self.run_id, episodes=cfg.episode_config(), template_dir=cfg.template_dir)
 
     # ------------------------------------------------------------ threads
     def _spawn(self, kind: str, slots: threading.Semaphore, fn: Callable[[], Any], payload: Any) -> None:
@@ -291,12 +300,20 @@ class _Search:
         prompt = self.build_prompt(ts.task, db=self.db, chain_best=chain.best, policy=cfg.eval.policy,
                                    device=self.device or cfg.eval.device, rng=rng, k=cfg.k_shown, size=cfg.eval.size,
                                    **extra)
-        request = ProposalRequest(task=ts.task, prompt=prompt, parent=chain.best.source if chain.best else None,
+        parent = chain.best
+        if cfg.turns > 1:
+            if chain.episode is None or chain.episode.done:
+                chain.episode = Episode(task=ts.task.name, config=cfg.episode_config(), template_dir=cfg.template_dir)
+                chain.episodes += 1
+            prompt = chain.episode.prompt(prompt)
+            if chain.episode.turns and chain.last_turn is not None:  # a later turn refines the previous one
+                parent = chain.last_turn
+        request = ProposalRequest(task=ts.task, prompt=prompt, parent=parent.source if parent else None,
                                   chain=chain.index, step=chain.step, profile=profile)
         chain.busy = True
         ts.in_flight += 1
         self._spawn("proposal", self.model_slots, lambda: self.proposer.propose(request),
-                    (ts.task.name, chain.index, chain.step, prompt, chain.best))
+                    (ts.task.name, chain.index, chain.step, prompt, parent))
         chain.step += 1
 
     def start_profiles(self) -> None:
@@ -360,9 +377,15 @@ class _Search:
             task=name, hash=source_hash(source), source=source, parents=(parent.id,) if parent else (),
             chain=index, step=step, proposer=self.config.proposer, prompt=prompt, answer=out.answer,
             prompt_tokens=int(out.prompt_tokens), completion_tokens=int(out.completion_tokens), run_id=self.run_id,
-            meta=dict(getattr(out, "meta", None) or {})))
+            meta={**dict(getattr(out, "meta", None) or {}), **self._turn_meta(chain)}))
         ts.proposed += 1
         self.dispatch_evaluation(rec)
+
+    def _turn_meta(self, chain: Chain) -> dict[str, int]:
+        """Where a candidate sits in its chain's refinement episodes (nothing in single-turn runs)."""
+        if self.config.turns <= 1 or chain.episode is None:
+            return {}
+        return {"turn": chain.episode.turn, "episode": chain.episodes}
 
     def dispatch_evaluation(self, rec: CandidateRecord) -> None:
         cfg = self.config
@@ -462,6 +485,8 @@ class _Search:
         chain = ts.chains[rec.chain]
         ts.evaluated += 1
         ts.correct += rec.is_correct
+        if self.config.turns > 1 and chain.episode is not None and rec.meta.get("turn") == chain.episode.turn:
+            self._record_turn(chain, rec, result)
         if better(rec, chain.best):
             chain.best = rec
         if better(rec, ts.best):
@@ -471,6 +496,18 @@ class _Search:
             chain.best = ts.best  # exchange: adopt the task's best of this run
         chain.busy = False
         self._update_progress(ts)
+
+    def _record_turn(self, chain: Chain, rec: CandidateRecord, result: EvalResult) -> None:
+        """The verdict joins the chain's episode; the next turn reads it."""
+        assert chain.episode is not None
+        cfg = self.config
+        b = self.db.get_baseline(rec.task, cfg.eval.device, cfg.eval.size)
+        compile_speedup = b.eager_ms / b.compile_ms if b is not None and b.compile_ms else None
+        judged = bool(rec.source.strip())
+        chain.episode.record(rec.answer, rec.source if judged else None, result if judged else None,
+                             compile_speedup=compile_speedup, compile_ci=b.compile_ci if b is not None else None,
+                             candidate_id=rec.id)
+        chain.last_turn = rec
 
     # ------------------------------------------------------------ progress
     def _update_progress(self, ts: TaskState) -> None:
