@@ -15,6 +15,7 @@ from kernelrl.cli.options import (
     read_candidate,
     with_spinner,
 )
+from kernelrl.tasks.splits import split_of
 from kernelrl.tasks.task import Size
 
 
@@ -39,7 +40,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
             render_degeneracy(tasks, reports, console_for())
         return 0
     if args.json:
-        print(json.dumps([{"name": t.name, "level": t.level, "suite": t.suite,
+        print(json.dumps([{"name": t.name, "level": t.level, "suite": t.suite, "split": split_of(t).value,
                            "path": str(t.path) if t.path else None} for t in tasks], indent=1))
         return 0
     shapes = None

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import RewardModel, within_noise
+from kernelrl.tasks.splits import split_of
 
 if TYPE_CHECKING:
     from kernelrl.checks.audit import AuditRecord, AuditReport
@@ -253,7 +254,7 @@ def render_tasks(tasks: Sequence[Task], console: Console, *, title: str,
                  shapes: dict[str, list[str] | str] | None = None) -> None:
     """A suite's tasks with their constants, or with the input shapes a judge read (`shapes`)."""
     table = Table(title=title)
-    for col in ("name", "level", "inputs (small)" if shapes is not None else "constants"):
+    for col in ("name", "level", "split", "inputs (small)" if shapes is not None else "constants"):
         table.add_column(col)
     for t in tasks:
         if shapes is not None:
@@ -261,7 +262,7 @@ def render_tasks(tasks: Sequence[Task], console: Console, *, title: str,
             detail = ", ".join(got) if isinstance(got, list) else f"[red]{got}[/red]"
         else:
             detail = ", ".join(f"{k}={v}" for k, v in t.constants().items())
-        table.add_row(t.name, "" if t.level is None else str(t.level), detail)
+        table.add_row(t.name, "" if t.level is None else str(t.level), split_of(t).value, detail)
     console.print(table)
 
 
