@@ -75,9 +75,14 @@ class ServerProcess:
 
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
+        root = Path(__file__).resolve().parents[2]
+        # A script's own folder leads sys.path, not the working directory: without this, the
+        # server would import the installed kernelrl rather than this checkout's.
+        env = dict(os.environ if env is None else env)
+        env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
         with open(log, "ab") as out:
             self.proc = subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         cwd=Path(__file__).resolve().parents[2])
+                                         cwd=root)
 
     def wait_healthy(self, timeout_s: float = 60.0) -> ServerProcess:
         import httpx
