@@ -164,6 +164,29 @@ class FakeBackend:
         pass
 
 
+COMPILER_LINE = "main.cpp:4:9: error: 'plus_one' was not declared in this scope"
+
+
+class ScriptedBackend(FakeBackend):
+    """FakeBackend's verdicts, except: a candidate marked BUILD_FAILS does not build, one marked
+    WRONG is incorrect."""
+
+    def evaluate_batch(self, items: Sequence[tuple[object, Candidate | str]], *, size: object = None,
+                       policy: object = None) -> list[EvalResult]:
+        out = super().evaluate_batch(items, size=size, policy=policy)
+        for i, (_, cand) in enumerate(items):
+            source = cand.source if isinstance(cand, Candidate) else cand
+            if "BUILD_FAILS" in source:
+                out[i] = EvalResult(task=out[i].task, status=Status.COMPILE_ERROR, message="candidate does not build",
+                                    errors=[f"[1/2] c++ -c main.cpp\n{COMPILER_LINE}\nninja: build stopped"],
+                                    candidate_hash=out[i].candidate_hash)
+            elif "WRONG" in source:
+                out[i] = EvalResult(task=out[i].task, status=Status.INCORRECT, candidate_hash=out[i].candidate_hash,
+                                    message="output 0 differs on input set 1 (plain): 4 of 4 values",
+                                    max_abs_err=1.0, max_rel_err=0.5)
+        return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from kernelrl.serve.config import ServeConfig
     from kernelrl.serve.server import RewardServer

@@ -11,9 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from serve_helpers import TOKEN, FakeBackend, fast_client, write_token_file
+from serve_helpers import COMPILER_LINE, TOKEN, ScriptedBackend, fast_client, write_token_file
 
-from kernelrl.candidate import Candidate
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import RewardModel
 from kernelrl.search.episode import discounted_returns
@@ -33,30 +32,10 @@ TASK = Task(name="plus_one", source=TASK_SOURCE)
 GOOD = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x + 1\n"
 BROKEN = GOOD.replace("x + 1", "x.plus_one()  # BUILD_FAILS")
 WRONG = GOOD.replace("x + 1", "x + 2  # WRONG")
-COMPILER_LINE = "main.cpp:4:9: error: 'plus_one' was not declared in this scope"
 
 
 def answer(code: str, analysis: str = "Analysis: fuse it.") -> str:
     return f"{analysis}\n\n```python\n{code}```\n"
-
-
-class ScriptedBackend(FakeBackend):
-    """FakeBackend's verdicts, except: a candidate marked BUILD_FAILS does not build, one marked
-    WRONG is incorrect."""
-
-    def evaluate_batch(self, items: Any, *, size: object = None, policy: object = None) -> list[EvalResult]:
-        out = super().evaluate_batch(items, size=size, policy=policy)
-        for i, (_, cand) in enumerate(items):
-            source = cand.source if isinstance(cand, Candidate) else cand
-            if "BUILD_FAILS" in source:
-                out[i] = EvalResult(task=out[i].task, status=Status.COMPILE_ERROR, message="candidate does not build",
-                                    errors=[f"[1/2] c++ -c main.cpp\n{COMPILER_LINE}\nninja: build stopped"],
-                                    candidate_hash=out[i].candidate_hash)
-            elif "WRONG" in source:
-                out[i] = EvalResult(task=out[i].task, status=Status.INCORRECT, candidate_hash=out[i].candidate_hash,
-                                    message="output 0 differs on input set 1 (plain): 4 of 4 values",
-                                    max_abs_err=1.0, max_rel_err=0.5)
-        return out
 
 
 def auth(token: str = TOKEN) -> dict[str, str]:
