@@ -148,10 +148,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "proposer_opts": {**_endpoint_opts(args), **spec.options()}, "k": args.k,
             "ps": args.fast or [1.0, 1.5, 2.0],
             "compile_baseline": not args.no_compile, "db_path": args.db, "model_concurrency": args.model_concurrency,
-            "eval": eval_config(args)})
+            "turns": args.turns, "history_tokens": args.history_tokens, "eval": eval_config(args)})
     except (ConfigError, ValueError) as e:
         raise UsageError(f"bad bench settings: {e}") from e
     console = console_for(args.json)
+    if config.turns > 1:
+        return _bench_turns(config, args, console)
     try:
         report = run_bench(config, console=console)
     except _train_errors() as e:
@@ -162,6 +164,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         render_bench(report, console)
     if args.plot:
         console.print(f"plot written to {plot_bench(report, args.plot)}")
+    return 0
+
+
+def _bench_turns(config: Any, args: argparse.Namespace, console: Any) -> int:
+    """`kernelrl bench --turns T`: refinement episodes, reported by turn."""
+    from kernelrl.report.console import render_turn_bench
+    from kernelrl.train.bench_turns import plot_turn_bench, run_turn_bench
+
+    try:
+        report = run_turn_bench(config, console=console)
+    except _train_errors() as e:
+        raise UsageError(str(e)) from e
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        render_turn_bench(report, console)
+    if args.plot:
+        console.print(f"plot written to {plot_turn_bench(report, args.plot)}")
     return 0
 
 
@@ -202,6 +222,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="hf:PATH | replay:PATH | openai:MODEL | heuristic, optionally with options "
                         "\"hf:P max_new_tokens=512\"")
     p.add_argument("--k", type=int, default=5, help="samples per task (default 5)")
+    p.add_argument("--turns", type=int, default=1,
+                   help="turns per sample: each sample refines its answer from its own verdicts, and the report "
+                        "gives pass@k and fast_p@k by turn and T turns against T samples (default 1)")
+    p.add_argument("--history-tokens", type=int, default=6000,
+                   help="with --turns: the most the earlier turns may take of a prompt (default 6000)")
     p.add_argument("--tasks", nargs="+", default=None, metavar="SPEC",
                    help="suites, task names, files or folders (a KernelBench checkout); default: builtin")
     p.add_argument("--split", default="test", choices=("test", "validation", "train", "all"),

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from kernelrl.tasks.degeneracy import DegeneracyReport
     from kernelrl.tasks.task import Task
     from kernelrl.train.bench import BenchReport
+    from kernelrl.train.bench_turns import TurnBenchReport
     from kernelrl.train.collect import CollectSummary
     from kernelrl.train.recipe import StageReport
 
@@ -373,3 +374,39 @@ def render_bench(report: BenchReport, console: Console) -> None:
     verdicts = ", ".join(f"{n} {s}" for s, n in sorted(report.statuses.items()))
     missing = f"; {report.missing_samples} samples missing (counted as failures)" if report.missing_samples else ""
     console.print(f"verdicts: {verdicts}{missing}", highlight=False)
+
+
+def render_turn_bench(report: TurnBenchReport, console: Console) -> None:
+    """The last turn's bench, then pass@k and fast_p@k by turn, then T turns against T samples."""
+    console.print(f"after {report.turns} turns (each sample's best so far):", highlight=False)
+    render_bench(report.by_turn[-1], console)
+    ks = sorted({1, report.k})
+    table = Table(title=f"by turn: each sample's best of its first t turns ({report.k} samples per task)")
+    table.add_column("turn", justify="right")
+    for j in ks:
+        table.add_column(f"pass@{j}", justify="right")
+    for p in report.ps:
+        for j in ks:
+            table.add_column(f"fast_{p:g}@{j}", justify="right")
+    table.add_column("correct at turn", justify="right")
+    table.add_column("geomean vs eager", justify="right")
+    for t, (r, own) in enumerate(zip(report.by_turn, report.correct_at_turn), 1):
+        table.add_row(str(t), *(percent_text(r.pass_at[j]) for j in ks),
+                      *(percent_text(r.fast_at[p][j]) for p in report.ps for j in ks), percent_text(own),
+                      speedup_text(r.geomean_eager_all))
+    console.print(table)
+    budget = Table(title="equal budget: t model calls per task, as 1 sample x t turns or t samples x 1 turn")
+    budget.add_column("t", justify="right")
+    budget.add_column("pass: t turns", justify="right")
+    budget.add_column("pass: t samples", justify="right")
+    for p in report.ps:
+        budget.add_column(f"fast_{p:g}: t turns", justify="right")
+        budget.add_column(f"fast_{p:g}: t samples", justify="right")
+    for b in report.budget:
+        budget.add_row(str(b.calls), percent_text(b.serial_pass), percent_text(b.parallel_pass),
+                       *(text for p in report.ps
+                         for text in (percent_text(b.serial_fast[p]), percent_text(b.parallel_fast[p]))))
+    console.print(budget)
+    if report.k < report.turns:
+        console.print(f"t samples x 1 turn needs t <= k: ask --k {report.turns} or more for the whole table",
+                      highlight=False)

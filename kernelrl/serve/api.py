@@ -11,9 +11,13 @@ builds them with `wire_item`.
   item, `EvalResult.to_dict()` (what `kernelrl eval --json` prints) in an evaluate job,
   `ProfileOutcome.to_dict()` {task, profile, error} in a profile job; None while pending; a
   failed job has `error` and no results.
+- the session routes (`kernelrl.serve.sessions`) take `SessionCreate` and `TurnSubmit` and
+  answer `SessionReply`, `PromptReply` and `TurnReply`;
 - errors are `ErrorReply` {error}: 400 bad request, 401 no or wrong token, 403 foreign Host or
-  a web page's request, 404 unknown job (or another client's), 409 idempotency key reused for
-  something else, 413 too large, 415 a body that is not JSON, 429 queue full (Retry-After).
+  a web page's request, 404 unknown job or session (or another client's), 409 idempotency key
+  reused for something else, or a turn that cannot be taken now, 413 too large, 415 a body that
+  is not JSON, 429 queue full (Retry-After) or too many open sessions. Routes raise `ApiError`;
+  `parse_body` turns a body into a request model, its size checked first.
 
 `check_body` bounds a body's cost before it is parsed: it counts the JSON tokens and the items
 and measures the strings with one regular-expression pass that stops at the first limit passed,
@@ -28,12 +32,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kernelrl.checks.policy import PolicyName
 from kernelrl.serve.jobs import JobKind, JobState
+from kernelrl.serve.session_store import TurnState
 from kernelrl.tasks.source import is_task_source
 from kernelrl.tasks.suites import builtin_task
 from kernelrl.tasks.task import Size, Task, TaskError
@@ -48,6 +54,21 @@ _JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\],:]', re.DOTALL)
 TOKENS_PER_ITEM = 20  # {, four keys with their colons and values, commas, }: 17 at most
 TOKENS_ENVELOPE = 32  # the request's own object, its keys and values
 ESCAPED_BYTES_PER_BYTE = 6  # a JSON string may spell one byte as \uXXXX
+MAX_TURNS = 16  # turns of one session at most
+M = TypeVar("M", bound=BaseModel)
+
+
+class ApiError(Exception):
+    """An HTTP error answer: status, message (the `error` of the body), the reason it is counted
+    under in `rejected_total`, and headers (Retry-After, WWW-Authenticate)."""
+
+    def __init__(self, status: int, message: str, *, reason: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.reason = reason  # counted in rejected_total
+        self.headers = headers or {}
 
 
 class ItemIn(BaseModel):
@@ -107,6 +128,75 @@ class ProfileRequest(BaseModel):
     task: str = Field(min_length=1, description="a built-in task name, or a KernelBench-format source")
     name: str | None = Field(default=None, pattern=NAME_PATTERN, description="name of a task given as source")
     size: Size | None = None
+
+
+class SessionCreate(BaseModel):
+    """Start a refinement episode on a task (`POST /v1/sessions`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: str = Field(min_length=1, description="a built-in task name, or a KernelBench-format source")
+    name: str | None = Field(default=None, pattern=NAME_PATTERN, description="name of a task given as source")
+    turns: int = Field(default=3, ge=1, le=MAX_TURNS, description="answers in the episode")
+    size: Size | None = None
+    policy: PolicyName | None = None
+    gamma: float | None = Field(default=None, ge=0.0, le=1.0, description="discount of later turns' rewards")
+    history_tokens: int | None = Field(default=None, ge=200, le=1 << 20,
+                                       description="the most the earlier turns may take of a prompt")
+    key: str | None = Field(default=None, min_length=1, max_length=MAX_KEY_CHARS,
+                            description="idempotency key: the same key returns the same session")
+
+
+class TurnSubmit(BaseModel):
+    """The next turn's answer (its code is extracted) or a bare candidate source."""
+
+    model_config = ConfigDict(extra="forbid")
+    answer: str | None = Field(default=None, min_length=1, description="the model's answer (code in a fenced block)")
+    candidate: str | None = Field(default=None, min_length=1, description="source defining ModelNew")
+    turn: int | None = Field(default=None, ge=1, le=MAX_TURNS,
+                             description="the turn this answers (a retry of a stored turn returns it)")
+
+    @model_validator(mode="after")
+    def _one(self) -> TurnSubmit:
+        if (self.answer is None) == (self.candidate is None):
+            raise ValueError("give exactly one of answer and candidate")
+        return self
+
+
+class TurnReply(BaseModel):
+    session: str
+    turn: int
+    state: TurnState
+    job: str | None = None  # the evaluate job judging it (its full result: GET /v1/jobs/ID)
+    status: str | None = None  # the verdict's status; "no_code" when the answer held no code
+    speedup: float | None = None  # against eager, correct and timed results only
+    verdict: str | None = None  # the verdict as the next turn's prompt shows it
+    reward: float | None = None  # kernelrl.reward's value; None: nothing to pay (the task failed)
+    done: bool = False  # the episode's last turn was judged
+    prompt: str | None = None  # the next turn's prompt, once this one is judged and more turns remain
+    error: str | None = None  # why a failed turn failed (submit it again)
+
+
+class SessionReply(BaseModel):
+    session: str
+    task: str
+    turns: int
+    next_turn: int | None  # None when the episode is done or closed
+    size: Size
+    policy: PolicyName
+    gamma: float
+    done: bool
+    closed: bool
+    history: list[TurnReply]
+    rewards: list[float | None]  # per judged turn
+    returns: list[float | None]  # per judged turn: reward + gamma * the next turn's return (final once done)
+
+
+class PromptReply(BaseModel):
+    session: str
+    turn: int | None  # the turn the prompt is for; None when none is left
+    state: str  # ready | waiting (the profile, or the previous turn's verdict) | done | closed
+    prompt: str | None = None
+    profile_error: str | None = None  # why the prompt holds no shapes (the task's reference failed, say)
 
 
 class BadItem(ValueError):
@@ -178,3 +268,25 @@ def wire_item(task: Task, candidate: str, key: str | None = None) -> ItemIn:
     if task.suite == "builtin":
         return ItemIn(task=task.name, candidate=candidate, key=key)
     return ItemIn(task=task.source, candidate=candidate, key=key, name=task.name or None)
+
+
+def parse_body(model: type[M], body: bytes, *, max_items: int, max_string_bytes: int) -> M:
+    """A request model from a body, its size checked first (`check_body`): 413 or 400 `ApiError`."""
+    try:
+        check_body(body, max_items=max_items, max_string_bytes=max_string_bytes)
+    except TooLarge as e:
+        raise ApiError(413, str(e), reason="too_large") from None
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise ApiError(400, validation_message(e.errors()), reason="bad_request") from None
+
+
+def validation_message(errors: Sequence[Mapping[str, Any]]) -> str:
+    """One line from pydantic's (or FastAPI's) validation errors: the first five, where and why."""
+    parts = []
+    for err in errors[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg", "invalid")))
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return "bad request: " + "; ".join(parts) + more

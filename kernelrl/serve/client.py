@@ -20,6 +20,12 @@ Guarantees:
   default; `math.inf` waits for ever), each HTTP request after `request_timeout_s` plus its long
   poll, and a job the server could not finish (`failed`) raises `ServeError` with its reason.
 
+Refinement sessions (`kernelrl.serve.sessions`): `open_session(task, turns=3)` returns a
+`RemoteSession` (`prompt()`, `step(answer)` -> the turn's verdict, reward, done and next prompt,
+`state()`, `close()`), on `create_session`, `session_prompt`, `submit_turn`, `session` and
+`close_session`. A retried create carries the same key and a retried turn its number, so
+neither is taken twice.
+
 Does not hold results across processes: a caller that must survive its own crash passes its
 own keys (`(task, candidate, key)` items) and submits again.
 """
@@ -49,10 +55,16 @@ from kernelrl.serve.api import (
     ItemIn,
     JobReply,
     ProfileRequest,
+    PromptReply,
     ServerInfo,
+    SessionCreate,
+    SessionReply,
+    TurnReply,
+    TurnSubmit,
     wire_item,
 )
 from kernelrl.serve.jobs import JobKind, JobState, ProfileOutcome
+from kernelrl.serve.session_store import TurnState
 from kernelrl.serve.tokens import client_token
 from kernelrl.tasks.task import Size, Task, TaskError
 
@@ -264,6 +276,68 @@ class RewardClient:
             raise TaskError(outcome.error)
         return TaskProfile.from_dict(outcome.profile) if outcome.profile else None
 
+    # -- refinement sessions --------------------------------------------------------------------
+
+    def open_session(self, task: Task, **settings: Any) -> RemoteSession:
+        """A refinement episode on the server (see `create_session` for the settings)."""
+        return RemoteSession(self, self.create_session(task, **settings))
+
+    def create_session(self, task: Task, *, turns: int = 3, size: Size | None = None,
+                       policy: PolicyName | None = None, gamma: float | None = None,
+                       history_tokens: int | None = None, key: str | None = None) -> SessionReply:
+        builtin = task.suite == "builtin"
+        body = SessionCreate(task=task.name if builtin else task.source, name=None if builtin else task.name or None,
+                             turns=turns, size=size or self.config.size, policy=policy or self.config.policy,
+                             gamma=gamma, history_tokens=history_tokens, key=key or uuid.uuid4().hex)
+        resp = self._request("POST", "/v1/sessions", body=body.model_dump_json(exclude_none=True).encode())
+        return SessionReply.model_validate_json(resp.content)
+
+    def session(self, session_id: str) -> SessionReply:
+        return SessionReply.model_validate_json(self._request("GET", f"/v1/sessions/{session_id}").content)
+
+    def close_session(self, session_id: str) -> SessionReply:
+        return SessionReply.model_validate_json(self._request("DELETE", f"/v1/sessions/{session_id}").content)
+
+    def session_prompt(self, session_id: str) -> PromptReply:
+        """The next turn's prompt, once the server can build it (long polls within `timeout_s`)."""
+        deadline = self.config.deadline()
+        while True:
+            reply = PromptReply.model_validate_json(self._long_poll(f"/v1/sessions/{session_id}/prompt", deadline))
+            if reply.state != "waiting":
+                return reply
+
+    def submit_turn(self, session_id: str, *, answer: str | None = None, candidate: str | None = None,
+                    turn: int | None = None) -> TurnReply:
+        """Take the next turn (`turn`: its number; asked of the server when not given) and wait
+        for its verdict within `timeout_s`; a turn that could not be judged comes back `failed`."""
+        deadline = self.config.deadline()
+        if turn is None:
+            turn = self.session(session_id).next_turn
+            if turn is None:
+                raise ServeError(f"session {session_id} takes no more turns (done or closed)", status=409)
+        body = TurnSubmit(answer=answer, candidate=candidate, turn=turn).model_dump_json(exclude_none=True).encode()
+        wait_s = self._wait_within(deadline)
+        resp = self._request("POST", f"/v1/sessions/{session_id}/turns", body=body, params={"wait": f"{wait_s:g}"},
+                             timeout_s=self.config.request_timeout_s + wait_s, deadline=deadline)
+        reply = TurnReply.model_validate_json(resp.content)
+        while reply.state is TurnState.PENDING:
+            reply = TurnReply.model_validate_json(self._long_poll(f"/v1/sessions/{session_id}/turns/{turn}",
+                                                                  deadline))
+        return reply
+
+    def _wait_within(self, deadline: float | None) -> float:
+        if deadline is None:
+            return self.config.wait_s
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ServeError("not done by the call's deadline; it goes on on the server")
+        return min(self.config.wait_s, left)
+
+    def _long_poll(self, path: str, deadline: float | None) -> bytes:
+        wait_s = self._wait_within(deadline)
+        return self._request("GET", path, params={"wait": f"{wait_s:g}"}, timeout_s=self.config.request_timeout_s + wait_s,
+                             deadline=deadline).content
+
     def _chunks(self, wire: list[ItemIn]) -> list[list[ItemIn]]:
         info = self.info()
         per_job = min(self.config.items_per_job or info.max_items_per_job, info.max_items_per_job)
@@ -278,6 +352,49 @@ class RewardClient:
             chunks[-1].append(item)
             used += size
         return chunks
+
+
+class RemoteSession:
+    """One refinement episode on the server, in OpenEnv's reset/step/state style: `prompt()` is
+    the observation, `step(answer)` a turn (verdict, reward, done, next prompt), `state()` the
+    session, `close()` ends it (also on leaving a `with` block)."""
+
+    def __init__(self, client: RewardClient, reply: SessionReply) -> None:
+        self.client = client
+        self.id = reply.session
+        self.task = reply.task
+        self.turns = reply.turns
+        self.next_turn: int | None = reply.next_turn
+
+    def __enter__(self) -> RemoteSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def prompt(self) -> str:
+        reply = self.client.session_prompt(self.id)
+        if reply.prompt is None:
+            raise ServeError(f"session {self.id} takes no more turns ({reply.state})", status=409)
+        return reply.prompt
+
+    def step(self, answer: str | None = None, *, candidate: str | None = None) -> TurnReply:
+        if self.next_turn is None:
+            raise ServeError(f"session {self.id} takes no more turns", status=409)
+        reply = self.client.submit_turn(self.id, answer=answer, candidate=candidate, turn=self.next_turn)
+        if reply.state is TurnState.JUDGED:
+            self.next_turn = None if reply.done else reply.turn + 1
+        return reply
+
+    def state(self) -> SessionReply:
+        reply = self.client.session(self.id)
+        self.next_turn = reply.next_turn
+        return reply
+
+    def close(self) -> SessionReply:
+        reply = self.client.close_session(self.id)
+        self.next_turn = None
+        return reply
 
 
 def _error_message(resp: httpx.Response) -> str:

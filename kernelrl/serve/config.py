@@ -23,6 +23,7 @@ from pathlib import Path
 
 from kernelrl.judge.device import Device
 from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.reward import RewardConfig
 from kernelrl.serve.backend import BackendKind
 from kernelrl.serve.lanes import LaneSpec, lane_config, parse_devices
 
@@ -60,6 +61,8 @@ class ServeConfig:
     # Judge client code in workers less than fully contained (no bubblewrap here): the operator's risk.
     allow_uncontained: bool = False
     watch_db: Path | None = None  # a run database whose pages are served at /watch/, behind the tokens
+    max_sessions_per_client: int = 1024  # open refinement sessions per client (kernelrl.serve.sessions)
+    reward: RewardConfig = field(default_factory=RewardConfig)  # how session turns are paid
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
@@ -98,7 +101,8 @@ class ServeConfig:
             raise ValueError("port must be in 0..65535")
         if self.max_items_per_job is None:
             object.__setattr__(self, "max_items_per_job", min(1024, self.max_pending_items))
-        for name in ("max_pending_items", "max_items_per_job", "max_body_bytes", "max_source_bytes", "max_attempts"):
+        for name in ("max_pending_items", "max_items_per_job", "max_body_bytes", "max_source_bytes", "max_attempts",
+                     "max_sessions_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.item_limit > self.max_pending_items:

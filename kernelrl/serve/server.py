@@ -8,6 +8,7 @@ Routes (wire format in `kernelrl.serve.api`):
 - `GET /v1/jobs/ID[?wait=S]`: the job's state and results; with `wait`, the answer is held up to
   S seconds (at most 30) until the job has ended, so clients need not poll fast;
 - `GET /v1/info`: the server's limits and settings; `GET /metrics`: Prometheus text;
+- `/v1/sessions...`: refinement episodes turn by turn (`kernelrl.serve.sessions`);
 - `GET /healthz`: liveness, the only route without the bearer token.
 
 Guarantees:
@@ -16,12 +17,12 @@ Guarantees:
 - every route but /healthz needs `Authorization: Bearer TOKEN` when the server has tokens (it
   must have them off loopback: `ServeConfig`), one per client (`kernelrl.serve.tokens`), compared
   in constant time; tokens are read from a private file and never put in the environment; a job
-  is visible only to the client that submitted it (another gets 404);
+  or a session is visible only to the client that submitted it (another gets 404);
 - a body is refused with 413 as soon as it passes `max_body_bytes` (declared or streamed), and
   before it is parsed when it holds too many items or values, or a string too long to be a
   source (`api.check_body`); bodies are checked and parsed in the thread pool, never on the
   event loop;
-- every route that judges (evaluate and profile) only queues a job: the judging happens in the
+- every route that judges (evaluate, profile, a session's turn) only queues a job: the judging happens in the
   dispatcher's threads, bounded by the queue and the lanes, so no request waits on an evaluator
   and no number of slow requests delays the others;
 - the server's process never runs task or candidate code: tasks sent as source are checked with
@@ -49,28 +50,29 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from kernelrl.checks.policy import PolicyName
 from kernelrl.judge.containment import probe
 from kernelrl.result import Containment
+from kernelrl.reward import RewardModel
 from kernelrl.serve.api import (
     Accepted,
+    ApiError,
     BadItem,
     EvaluateRequest,
     JobReply,
     ProfileRequest,
     ServerInfo,
-    TooLarge,
-    check_body,
+    parse_body,
     resolve_task,
+    validation_message,
 )
 from kernelrl.serve.backend import EvalBackend, build_backend
 from kernelrl.serve.config import ServeConfig
@@ -78,6 +80,8 @@ from kernelrl.serve.dispatch import Dispatcher
 from kernelrl.serve.guard import RequestGuard, default_hosts
 from kernelrl.serve.jobs import FINISHED, ItemSpec, JobKind, JobStore, KeyConflict, QueueFull, StoreError
 from kernelrl.serve.metrics import CONTENT_TYPE, render_metrics
+from kernelrl.serve.session_store import SessionStore
+from kernelrl.serve.sessions import SessionService, mount_sessions
 from kernelrl.serve.tokens import ANONYMOUS, ClientToken, TokenFileError, match_token, read_tokens
 from kernelrl.serve.watch import PREFIX as WATCH_PREFIX
 from kernelrl.serve.watch import mount_watch
@@ -85,7 +89,6 @@ from kernelrl.tasks.task import Size
 
 log = logging.getLogger("kernelrl.serve")
 
-M = TypeVar("M", bound=BaseModel)
 MAX_WAIT_S = 30.0
 _JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -95,16 +98,6 @@ RETENTION_CHECK_S = 3600.0  # how often finished jobs past `retain_days` are loo
 
 class StartError(Exception):
     """The server cannot start: the message says why, for a person."""
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, reason: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.reason = reason  # counted in rejected_total
-        self.headers = headers or {}
 
 
 class CompletionSignal:
@@ -150,8 +143,11 @@ class RewardService:
         self.tokens = tokens  # empty: no token needed (loopback only)
         try:
             self.store = JobStore(config.db_path)
+            session_store = SessionStore(config.db_path)  # its tables, beside the jobs'
         except (StoreError, sqlite3.Error) as e:
             raise StartError(f"cannot open the job store {config.db_path}: {e}") from None
+        self.sessions = SessionService(config, jobs=self.store, store=session_store, submit_job=self._store,
+                                       rewards=RewardModel(config.reward))
         self.signal = CompletionSignal()
         self.dispatcher = Dispatcher(self.store, backend, workers=config.job_concurrency or backend.capacity,
                                      max_attempts=config.max_attempts, on_complete=lambda _: self.signal.notify())
@@ -176,10 +172,14 @@ class RewardService:
     def purge_expired(self) -> int:
         """Remove the jobs that finished more than `retain_days` ago (see `JobStore.purge`)."""
         assert self.config.retain_days is not None
-        n = self.store.purge(finished_before_s=time.time() - self.config.retain_days * 86400.0)
+        cutoff = time.time() - self.config.retain_days * 86400.0
+        n = self.store.purge(finished_before_s=cutoff)
         self.purged += n
         if n:
             log.info("removed %d job(s) finished more than %g days ago", n, self.config.retain_days)
+        sessions = self.sessions.store.purge(idle_before_s=cutoff)
+        if sessions:
+            log.info("removed %d session(s) idle for more than %g days", sessions, self.config.retain_days)
         return n
 
     def _retain(self) -> None:
@@ -199,6 +199,7 @@ class RewardService:
         # Closed before the backend is (RewardServer.close): an evaluation still running now can
         # no longer write its result, so one cut short by the closing backend is never stored;
         # its job stays running and is queued again at the next start.
+        self.sessions.store.close()
         self.store.close()
 
     def info(self) -> ServerInfo:
@@ -210,7 +211,7 @@ class RewardService:
     def submit(self, body: bytes, owner: str) -> Accepted:
         """Check, parse and store an evaluate job (in a worker thread: bodies are large)."""
         c = self.config
-        request = _parse(EvaluateRequest, body, max_items=c.item_limit, max_string_bytes=c.max_source_bytes)
+        request = parse_body(EvaluateRequest, body, max_items=c.item_limit, max_string_bytes=c.max_source_bytes)
         if len(request.items) > c.item_limit:
             raise ApiError(413, f"{len(request.items)} items in one job; the limit is {c.item_limit} "
                            "(split the batch)", reason="too_large")
@@ -238,7 +239,7 @@ class RewardService:
         """Queue a profile job: what a reference worker reads about a task (prompts need it; no
         task code runs here, and no request waits on a worker)."""
         c = self.config
-        request = _parse(ProfileRequest, body, max_items=0, max_string_bytes=c.max_source_bytes)
+        request = parse_body(ProfileRequest, body, max_items=0, max_string_bytes=c.max_source_bytes)
         if len(request.task.encode()) > c.max_source_bytes:
             raise ApiError(413, f"the task is {len(request.task.encode())} bytes; the limit is {c.max_source_bytes}",
                            reason="too_large")
@@ -278,27 +279,6 @@ class RewardService:
         return render_metrics(store=self.store.stats(since=now - window), dispatch=self.dispatcher.stats(),
                               rejected=self.rejected, lanes=len(self.config.devices),
                               queue_limit=self.config.max_pending_items, window_s=window)
-
-
-def _parse(model: type[M], body: bytes, *, max_items: int, max_string_bytes: int) -> M:
-    """A request model from a body, its size checked first (`check_body`)."""
-    try:
-        check_body(body, max_items=max_items, max_string_bytes=max_string_bytes)
-    except TooLarge as e:
-        raise ApiError(413, str(e), reason="too_large") from None
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as e:
-        raise ApiError(400, _validation_message(e), reason="bad_request") from None
-
-
-def _validation_message(e: ValidationError | RequestValidationError) -> str:
-    parts = []
-    for err in e.errors()[:5]:
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg", "invalid")))
-    more = f" (and {len(e.errors()) - 5} more)" if len(e.errors()) > 5 else ""
-    return "bad request: " + "; ".join(parts) + more
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -344,7 +324,7 @@ def create_app(service: RewardService, *, on_ready: Callable[[], None] | None = 
     @app.exception_handler(RequestValidationError)
     async def bad_params(request: Request, e: RequestValidationError) -> JSONResponse:
         service.rejected["bad_request"] += 1
-        return JSONResponse({"error": _validation_message(e)}, status_code=400)
+        return JSONResponse({"error": validation_message(e.errors())}, status_code=400)
 
     config = service.config
     allowed = None if "*" in config.allowed_hosts else default_hosts(config.host) | set(config.allowed_hosts)
@@ -415,6 +395,9 @@ def create_app(service: RewardService, *, on_ready: Callable[[], None] | None = 
                 await asyncio.wait_for(event.wait(), remaining)
             except TimeoutError:
                 pass
+
+    mount_sessions(app, service.sessions, authorized=authorized, wake=service.signal.current, max_wait_s=MAX_WAIT_S,
+                   read_body=lambda request: _read_body(request, config.max_body_bytes))
 
     if config.watch_db is not None:
         mount_watch(app, config.watch_db, tokens=service.tokens, unauthorized=lambda: ApiError(

@@ -18,6 +18,9 @@ count as failures (never as successes), and the report says how many were missin
 
 `plot_bench` draws pass@j and fast_p@j against j, and the per-task best speedups.
 
+With `turns` > 1 the samples are refinement episodes: `kernelrl.train.bench_turns.run_turn_bench`
+runs them and reports these numbers by turn; `run_bench` is the single-turn bench only.
+
 Guarantees: every sample's verdict comes from the evaluator; with `db_path`, every sample and
 its verdict is stored (proposer `bench:<spec>`), and a source already judged under the same
 settings is not judged again.
@@ -38,6 +41,7 @@ from typing import Any
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.report.metrics import fast_p_at_k, geometric_mean, pass_at_k
 from kernelrl.result import Status
+from kernelrl.search.episode import EpisodeConfig
 from kernelrl.tasks.splits import Split, SplitError, select
 from kernelrl.tasks.task import Task
 from kernelrl.train.rollouts import (
@@ -62,6 +66,8 @@ class BenchConfig:
     model_concurrency: int = 4
     seed: int = 0
     template_dir: Path | None = None
+    turns: int = 1  # turns per sample (refinement episodes: kernelrl.train.bench_turns); 1: single-turn
+    history_tokens: int = 6000  # the most the earlier turns may take of a prompt (characters / 4)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
@@ -76,6 +82,7 @@ class BenchConfig:
             raise ValueError("fast_p thresholds must be >= 0")
         if self.split != "all":
             Split(self.split)  # a ValueError naming it otherwise
+        EpisodeConfig(turns=self.turns, history_tokens=self.history_tokens)  # a ValueError naming the bad one
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +143,8 @@ def run_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = None,
     from kernelrl.search.proposers import make_proposer
     from kernelrl.tasks.suites import load_tasks
 
+    if config.turns != 1:
+        raise ValueError("run_bench is the single-turn bench; kernelrl.train.bench_turns.run_turn_bench runs turns > 1")
     tasks = list(tasks) if tasks is not None else load_tasks(list(config.tasks))
     if config.split != "all":
         tasks, _ = select(tasks, [config.split])

@@ -75,9 +75,14 @@ class ServerProcess:
 
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
+        root = Path(__file__).resolve().parents[2]
+        # A script's own folder leads sys.path, not the working directory: without this, the
+        # server would import the installed kernelrl rather than this checkout's.
+        env = dict(os.environ if env is None else env)
+        env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
         with open(log, "ab") as out:
             self.proc = subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         cwd=Path(__file__).resolve().parents[2])
+                                         cwd=root)
 
     def wait_healthy(self, timeout_s: float = 60.0) -> ServerProcess:
         import httpx
@@ -157,6 +162,29 @@ class FakeBackend:
 
     def close(self) -> None:
         pass
+
+
+COMPILER_LINE = "main.cpp:4:9: error: 'plus_one' was not declared in this scope"
+
+
+class ScriptedBackend(FakeBackend):
+    """FakeBackend's verdicts, except: a candidate marked BUILD_FAILS does not build, one marked
+    WRONG is incorrect."""
+
+    def evaluate_batch(self, items: Sequence[tuple[object, Candidate | str]], *, size: object = None,
+                       policy: object = None) -> list[EvalResult]:
+        out = super().evaluate_batch(items, size=size, policy=policy)
+        for i, (_, cand) in enumerate(items):
+            source = cand.source if isinstance(cand, Candidate) else cand
+            if "BUILD_FAILS" in source:
+                out[i] = EvalResult(task=out[i].task, status=Status.COMPILE_ERROR, message="candidate does not build",
+                                    errors=[f"[1/2] c++ -c main.cpp\n{COMPILER_LINE}\nninja: build stopped"],
+                                    candidate_hash=out[i].candidate_hash)
+            elif "WRONG" in source:
+                out[i] = EvalResult(task=out[i].task, status=Status.INCORRECT, candidate_hash=out[i].candidate_hash,
+                                    message="output 0 differs on input set 1 (plain): 4 of 4 values",
+                                    max_abs_err=1.0, max_rel_err=0.5)
+        return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,3 +34,20 @@ def test_task_profiles_through_the_server(real_server, tiny_task) -> None:
 
     with pytest.raises(TaskError, match="broken task"):
         client.profile(broken)
+
+
+def test_a_refinement_session_through_the_real_evaluator(real_server, tiny_task) -> None:
+    client = fast_client(real_server.url, token=TOKEN, wait_s=10.0)
+    with client.open_session(tiny_task, turns=2) as session:
+        first = session.prompt()
+        assert "float32[64, 256]" in first and "return torch.relu(x) * 2.0 + self.bias" in first  # the server's profile
+        wrong = session.step(f"Drop the relu.\n\n```python\n{TINY_WRONG}```\n")
+        assert wrong.status == "incorrect" and wrong.verdict is not None and wrong.verdict.startswith("Incorrect:")
+        assert "seed" not in wrong.verdict.lower() and "/" not in wrong.verdict.split(":", 1)[1]
+        assert wrong.prompt is not None and wrong.verdict in wrong.prompt and "Turn 2 of 2" in wrong.prompt
+        right = session.step(candidate=TINY_CORRECT)
+        assert right.status == "correct" and right.done and right.speedup is not None
+        assert right.reward is not None and wrong.reward is not None and right.reward > wrong.reward
+        state = session.state()
+    assert state.closed is False and state.done and len(state.returns) == 2
+    assert client.session(session.id).closed

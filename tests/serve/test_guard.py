@@ -18,6 +18,7 @@ TASK_SOURCE = ("import torch\nclass Model(torch.nn.Module):\n    def forward(sel
 EVALUATE = {"items": [{"task": TASK_SOURCE, "candidate": "x"}]}
 PROFILE = {"task": TASK_SOURCE}
 JOB = "/v1/jobs/" + "0" * 32
+SESSION = "/v1/sessions/" + "0" * 32
 
 
 # Every route of the app (method, path template), and a request to it with a valid JSON body
@@ -25,6 +26,11 @@ JOB = "/v1/jobs/" + "0" * 32
 ROUTES = {("GET", "/healthz"): ("/healthz", None), ("GET", "/v1/info"): ("/v1/info", None),
           ("GET", "/metrics"): ("/metrics", None), ("GET", "/v1/jobs/{job_id}"): (JOB, None),
           ("POST", "/v1/evaluate"): ("/v1/evaluate", EVALUATE), ("POST", "/v1/profile"): ("/v1/profile", PROFILE),
+          ("POST", "/v1/sessions"): ("/v1/sessions", PROFILE), ("GET", "/v1/sessions/{session_id}"): (SESSION, None),
+          ("DELETE", "/v1/sessions/{session_id}"): (SESSION, None),
+          ("GET", "/v1/sessions/{session_id}/prompt"): (SESSION + "/prompt", None),
+          ("POST", "/v1/sessions/{session_id}/turns"): (SESSION + "/turns", {"candidate": "x"}),
+          ("GET", "/v1/sessions/{session_id}/turns/{number}"): (SESSION + "/turns/1", None),
           ("GET", "/no/such/path"): ("/no/such/path", None)}
 
 
