@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernelrl.result import EvalResult
 from kernelrl.search.database import Database
 from kernelrl.search.episode import Episode, EpisodeConfig
-from kernelrl.search.records import CandidateRecord
+from kernelrl.search.records import BaselineRecord, CandidateRecord
 from kernelrl.tasks.task import Task
 
 
@@ -33,6 +34,35 @@ class Chain:
     episode: Episode | None = None  # the refinement episode under way (multi-turn runs)
     episodes: int = 0  # episodes this chain started
     last_turn: CandidateRecord | None = None  # the episode's latest judged turn (the next one's parent)
+
+    def next_turn(self, prompt: str, config: EpisodeConfig, template_dir: Path | None
+                  ) -> tuple[str, CandidateRecord | None]:
+        """The next turn's prompt (the contrastive one plus the episode's history) and its parent
+        (the previous turn, or the chain's best on an episode's first turn); a new episode starts
+        when none is under way."""
+        if self.episode is None or self.episode.done:
+            self.episode = Episode(task=self.task, config=config, template_dir=template_dir)
+            self.episodes += 1
+            self.last_turn = None
+        parent = self.last_turn if self.episode.turns and self.last_turn is not None else self.best
+        return self.episode.prompt(prompt), parent
+
+    def turn_meta(self) -> dict[str, int]:
+        """Where the next candidate sits in the chain's episodes (nothing in single-turn runs)."""
+        if self.episode is None:
+            return {}
+        return {"turn": self.episode.turn, "episode": self.episodes}
+
+    def record_turn(self, rec: CandidateRecord, result: EvalResult, baseline: BaselineRecord | None) -> None:
+        """A verdict joins the chain's episode; the next turn reads it (against torch.compile too,
+        when the task's baseline is known)."""
+        assert self.episode is not None
+        compile_speedup = baseline.eager_ms / baseline.compile_ms if baseline and baseline.compile_ms else None
+        judged = bool(rec.source.strip())
+        self.episode.record(rec.answer, rec.source if judged else None, result if judged else None,
+                            compile_speedup=compile_speedup, compile_ci=baseline.compile_ci if baseline else None,
+                            candidate_id=rec.id)
+        self.last_turn = rec
     active: bool = True  # False: a chain beyond `chains` left by an earlier run; finishes its pending work only
 
 

@@ -70,7 +70,7 @@ from kernelrl.judge.roofline import prompt_peaks
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.chains import Chain, TaskState, better, fmt_speedup, rebuild
 from kernelrl.search.database import Database
-from kernelrl.search.episode import Episode, EpisodeConfig
+from kernelrl.search.episode import EpisodeConfig
 from kernelrl.search.proposers import (
     Exhausted,
     ProposalRequest,
@@ -302,12 +302,7 @@ class _Search:
                                    **extra)
         parent = chain.best
         if cfg.turns > 1:
-            if chain.episode is None or chain.episode.done:
-                chain.episode = Episode(task=ts.task.name, config=cfg.episode_config(), template_dir=cfg.template_dir)
-                chain.episodes += 1
-            prompt = chain.episode.prompt(prompt)
-            if chain.episode.turns and chain.last_turn is not None:  # a later turn refines the previous one
-                parent = chain.last_turn
+            prompt, parent = chain.next_turn(prompt, cfg.episode_config(), cfg.template_dir)
         request = ProposalRequest(task=ts.task, prompt=prompt, parent=parent.source if parent else None,
                                   chain=chain.index, step=chain.step, profile=profile)
         chain.busy = True
@@ -377,15 +372,9 @@ class _Search:
             task=name, hash=source_hash(source), source=source, parents=(parent.id,) if parent else (),
             chain=index, step=step, proposer=self.config.proposer, prompt=prompt, answer=out.answer,
             prompt_tokens=int(out.prompt_tokens), completion_tokens=int(out.completion_tokens), run_id=self.run_id,
-            meta={**dict(getattr(out, "meta", None) or {}), **self._turn_meta(chain)}))
+            meta={**dict(getattr(out, "meta", None) or {}), **chain.turn_meta()}))
         ts.proposed += 1
         self.dispatch_evaluation(rec)
-
-    def _turn_meta(self, chain: Chain) -> dict[str, int]:
-        """Where a candidate sits in its chain's refinement episodes (nothing in single-turn runs)."""
-        if self.config.turns <= 1 or chain.episode is None:
-            return {}
-        return {"turn": chain.episode.turn, "episode": chain.episodes}
 
     def dispatch_evaluation(self, rec: CandidateRecord) -> None:
         cfg = self.config
@@ -485,8 +474,8 @@ class _Search:
         chain = ts.chains[rec.chain]
         ts.evaluated += 1
         ts.correct += rec.is_correct
-        if self.config.turns > 1 and chain.episode is not None and rec.meta.get("turn") == chain.episode.turn:
-            self._record_turn(chain, rec, result)
+        if chain.episode is not None and rec.meta.get("turn") == chain.episode.turn:
+            chain.record_turn(rec, result, self.db.get_baseline(rec.task, self.config.eval.device, self.config.eval.size))
         if better(rec, chain.best):
             chain.best = rec
         if better(rec, ts.best):
@@ -496,18 +485,6 @@ class _Search:
             chain.best = ts.best  # exchange: adopt the task's best of this run
         chain.busy = False
         self._update_progress(ts)
-
-    def _record_turn(self, chain: Chain, rec: CandidateRecord, result: EvalResult) -> None:
-        """The verdict joins the chain's episode; the next turn reads it."""
-        assert chain.episode is not None
-        cfg = self.config
-        b = self.db.get_baseline(rec.task, cfg.eval.device, cfg.eval.size)
-        compile_speedup = b.eager_ms / b.compile_ms if b is not None and b.compile_ms else None
-        judged = bool(rec.source.strip())
-        chain.episode.record(rec.answer, rec.source if judged else None, result if judged else None,
-                             compile_speedup=compile_speedup, compile_ci=b.compile_ci if b is not None else None,
-                             candidate_id=rec.id)
-        chain.last_turn = rec
 
     # ------------------------------------------------------------ progress
     def _update_progress(self, ts: TaskState) -> None:
