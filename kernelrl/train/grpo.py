@@ -15,10 +15,10 @@ What kernelrl adds around TRL, and nothing else:
   completion is checked against the task its prompt came from (`kernelrl.train.reward_fn`).
 
 The single-turn path is `GRPOTrainer(..., reward_funcs=[reward_fn], train_dataset=stream)`:
-TRL generates one answer per row and the reward function judges it. A multi-turn path would
-plug in at the trainer's construction (TRL's `environment_factory`, or `rollout_func`): an
-environment whose turns show the previous code and its verdict, scoring each turn through
-`KernelRewardFunction.score_rollouts` and owning the episode's return in `get_reward`.
+TRL generates one answer per row and the reward function judges it. With `grpo.episode.turns`
+> 1, TRL's `rollout_func` runs refinement episodes (`kernelrl.train.multiturn`): each turn is
+shown the previous answers and their verdicts, judged through `KernelRewardFunction.score_rollouts`,
+and returned as a sample of its own paid its discounted return (`EpisodeReturn`).
 
 Everything else is TRL's, set in `[grpo.trl]` under TRL's names: `num_generations`, `beta`
 (0: no KL term), `epsilon_high` (Clip-Higher), `loss_type`, `scale_rewards`,
@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelrl.reward import RewardModel
+from kernelrl.search.episode import EpisodeConfig
 from kernelrl.tasks.task import Task
 from kernelrl.train.curriculum import Curriculum, CurriculumConfig
 from kernelrl.train.model import (
@@ -60,6 +61,7 @@ from kernelrl.train.model import (
     system_text,
     trainable_norm,
 )
+from kernelrl.train.multiturn import EpisodeReturn, MultiTurnRollout
 from kernelrl.train.ranks import Ranks, SingleProcess
 from kernelrl.train.reward_fn import KernelRewardFunction
 from kernelrl.train.roc import RoCConfig
@@ -82,6 +84,8 @@ class GRPOStageConfig:
     k_shown: int = 4  # earlier versions of the task shown in each prompt
     roc: RoCConfig = field(default_factory=RoCConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    # turns > 1: refinement episodes, each turn a sample paid its discounted return (kernelrl.train.multiturn)
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     trl: dict[str, Any] = field(default_factory=dict)  # TRL GRPOConfig settings, by TRL's names
 
     def __post_init__(self) -> None:
@@ -94,6 +98,13 @@ class GRPOStageConfig:
         if self.trl.get("shuffle_dataset"):
             raise ValueError("grpo.trl.shuffle_dataset must stay false: the curriculum orders the prompt stream")
         n = self.trl.get("num_generations", 8)
+        turns = self.episode.turns
+        if turns > 1 and self.roc.enabled:
+            raise ValueError("grpo.roc must be disabled with grpo.episode.turns > 1: RoC drops samples, which would "
+                             "cut a trajectory's discounted return short")
+        if turns > 1 and isinstance(n, int) and n % turns:
+            raise ValueError(f"grpo.trl.num_generations ({n}) must be a multiple of grpo.episode.turns ({turns}): "
+                             "a group is cut into trajectories of that many turns")
         if self.roc.enabled and isinstance(n, int) and round(n * self.roc.keep) < 2:
             raise ValueError(f"grpo.roc: num_generations {n} x keep {self.roc.keep} leaves fewer than 2 rollouts "
                              "per group; raise num_generations (RoC samples the oversampled group)")
@@ -208,7 +219,15 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
     if stage.roc.enabled:
         _quiet_dropped_rollouts()
     probe = norm_probe()
-    trainer = GRPOTrainer(model=policy, reward_funcs=[reward_fn], args=args, train_dataset=stream.dataset(),
+    turns: dict[str, Any] = {"reward_funcs": [reward_fn]}
+    if stage.episode.turns > 1:
+        # Refinement episodes: TRL's rollout hook runs the turns, every turn a sample of its own.
+        reward_fn.group_size = int(args.num_generations or 1) // stage.episode.turns
+        turns = {"reward_funcs": [EpisodeReturn()],
+                 "rollout_func": MultiTurnRollout(reward_fn, stream, stage.episode, template_dir=template_dir,
+                                                  as_prompt=lambda text: as_prompt(tokenizer, text, system),
+                                                  console=console)}
+    trainer = GRPOTrainer(model=policy, **turns, args=args, train_dataset=stream.dataset(),
                           processing_class=tokenizer, peft_config=peft_config(model),
                           callbacks=[state_callback(reward_fn, stream, ranks.index), probe,
                                      step_log_callback(db, run_id=run_id, curriculum=curriculum)])

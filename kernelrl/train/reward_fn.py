@@ -55,7 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelrl.result import Status
+from kernelrl.result import EvalResult, Status
 from kernelrl.reward import BaselineKind, Reward, RewardModel
 from kernelrl.tasks.task import Task
 from kernelrl.train.curriculum import Curriculum
@@ -116,6 +116,7 @@ class BatchLog:
     rank: int = 0
     ranks: int = 1
     metrics: dict[str, float] = field(default_factory=dict)  # over the global batch: the same on every rank
+    results: tuple[EvalResult | None, ...] = ()  # this rank's verdicts, in order (None: no code)
 
     @property
     def statuses(self) -> dict[str, int]:
@@ -204,9 +205,10 @@ class KernelRewardFunction:
 
     # -- the scoring path (any caller) ---------------------------------------------------------
 
-    def score_rollouts(self, rollouts: Sequence[Rollout], *, keys: Sequence[str], step: int = 0
-                       ) -> tuple[list[float | None], BatchLog]:
-        """Judge, score, share across ranks, store (steps 2-6 of the module docstring)."""
+    def score_rollouts(self, rollouts: Sequence[Rollout], *, keys: Sequence[str], step: int = 0,
+                       meta: Sequence[Mapping[str, Any]] | None = None) -> tuple[list[float | None], BatchLog]:
+        """Judge, score, share across ranks, store (steps 2-6 of the module docstring); `meta` adds
+        to each stored candidate's meta (a multi-turn episode's turn, say)."""
         with self._lock:
             self.calls += 1
             judged = evaluate_rollouts(self.backend, rollouts, self.tasks, db=self.db, reuse=self.reuse)
@@ -230,12 +232,14 @@ class KernelRewardFunction:
             if self.db is not None:
                 judged = store_rollouts(self.db, judged, proposer=self.proposer, step=step, run_id=self.run_id,
                                         settings=self.reuse,
-                                        meta=[_meta(step, rewards[i], kept[i], rank=self.ranks.index,
-                                                    group=group_of[i]) for i in here])
+                                        meta=[{**_meta(step, rewards[i], kept[i], rank=self.ranks.index,
+                                                       group=group_of[i]), **(meta[n] if meta else {})}
+                                              for n, i in enumerate(here)])
             evaluated = sum(1 for j in judged if j.code is not None and j.reused_from is None)
             logs = tuple(_rollout_log(j, rewards[i], kept[i], v, group_of[i])
                          for j, i, v in zip(judged, here, values))
             batch = BatchLog(step=step, evaluated=evaluated, rollouts=logs, rank=self.ranks.index,
+                             results=tuple(j.result for j in judged),
                              ranks=self.ranks.count, metrics=_metrics(every, rewards, kept),
                              groups=tuple(f"{every[m[0]].task}#{every[m[0]].key[:8]}" for m in parts))
             self.logs.append(batch)

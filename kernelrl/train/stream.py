@@ -34,6 +34,7 @@ import hashlib
 import itertools
 import random
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ from kernelrl.train.ranks import Ranks, SingleProcess
 # the dataset's generator names its stream by number instead.
 _STREAMS: weakref.WeakValueDictionary[int, PromptStream] = weakref.WeakValueDictionary()
 _NUMBERS = itertools.count()
+# Prompts whose task a stream remembers: many generation batches' worth.
+_REMEMBERED = 4096
 
 
 def _rows(stream: int) -> Iterator[dict[str, Any]]:
@@ -72,6 +75,8 @@ class PromptStream:
         self.chat = chat
         self.profiles = dict(profiles or {})  # task name -> the judge's TaskProfile (shapes in prompts)
         self.built = 0  # prompts built so far (for logs and tests)
+        # the task of each prompt this rank yielded lately (a rollout function is handed prompts only)
+        self._tasks: OrderedDict[str, str] = OrderedDict()
 
     def row(self) -> dict[str, Any]:
         from kernelrl.search.prompt import build_prompt
@@ -92,7 +97,17 @@ class PromptStream:
         while True:
             row = self.ranks.broadcast(self.row() if self.ranks.is_main else None)
             assert row is not None  # the main process always builds one
+            self._tasks[prompt_text(row["prompt"])] = row["task"]
+            while len(self._tasks) > _REMEMBERED:
+                self._tasks.popitem(last=False)
             yield row
+
+    def task_of(self, prompt: Any) -> str:
+        """The task a prompt this stream yielded was built for (KeyError for any other prompt)."""
+        text = prompt_text(prompt)
+        if text not in self._tasks:
+            raise KeyError("a prompt this stream did not yield (or yielded too long ago)")
+        return self._tasks[text]
 
     def state(self) -> dict[str, Any]:
         return {"built": self.built}

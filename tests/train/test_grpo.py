@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from kernelrl.cli import main
+from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.database import Database
 from kernelrl.tasks.task import Task, load_task_file
@@ -98,7 +99,7 @@ def test_grpo_with_roc_chat_prompts_and_the_curriculum(tmp_path, tiny_task):
                                  "max_completion_length": 12, "learning_rate": 1e-3, "report_to": "none",
                                  "use_cpu": True, "bf16": False, "save_strategy": "no", "logging_steps": 1})
     backend = ScriptedBackend(tiny_judge)
-    settings = EvalSettings(device="cpu", size="small", policy="open")
+    settings = EvalSettings.of(EvalConfig())
     with Database(tmp_path / "code.db") as db:
         for t in (easy, hard):
             db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level, size="small")

@@ -9,6 +9,7 @@ import statistics
 import pytest
 from rich.console import Console
 
+from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.reward import Penalties, RewardConfig, RewardModel, SmoothingConfig
 from kernelrl.search.database import Database
 from kernelrl.tasks.task import Task
@@ -77,7 +78,7 @@ def test_metrics_and_completion_columns_reach_trl():
 
 def test_every_code_and_verdict_goes_to_the_database_and_is_reused(tmp_path):
     backend = ScriptedBackend()
-    settings = EvalSettings(device="cpu", size="small", policy="open")
+    settings = EvalSettings.of(EvalConfig())
     with Database(tmp_path / "code.db") as db:
         db.upsert_task(name=TASK.name, source=TASK.source, source_hash=TASK.source_hash, level=1, size="small")
         fn = KernelRewardFunction(backend, tasks=TASKS, reward=RewardModel(NO_SMOOTHING), db=db, reuse=settings)
