@@ -11,15 +11,18 @@ from kernelrl.cli.flags import FlagTable, check_tables, flag_paths
 from kernelrl.cli.options import EVAL_FLAGS, eval_config
 from kernelrl.cli.search import OPTIMIZE_TABLES
 from kernelrl.cli.serve import SERVE_TABLES
+from kernelrl.cli.train import BENCH_TABLES, COLLECT_TABLES
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.plain import field_paths
 from kernelrl.search.loop import SearchConfig
 from kernelrl.serve.config import ServeConfig
+from kernelrl.train.bench import BenchConfig
+from kernelrl.train.collect import CollectConfig
 
 # Commands that judge candidates: each takes --config and every evaluator setting.
 JUDGING = ("eval", "baseline", "calibrate", "audit", "optimize", "serve", "collect", "bench")
 # Commands whose every flag is a config field or a named action.
-GENERATED = ("eval", "baseline", "calibrate", "audit", "optimize", "serve")
+GENERATED = ("eval", "baseline", "calibrate", "audit", "optimize", "serve", "collect", "bench")
 
 
 def _sub(name: str) -> argparse.ArgumentParser:
@@ -50,6 +53,13 @@ def test_every_search_and_server_field_has_one_flag_and_every_flag_one_field():
     check_tables(SERVE_TABLES)
 
 
+def test_every_collect_and_bench_field_has_one_flag_and_every_flag_one_field():
+    _tables_cover(CollectConfig, *COLLECT_TABLES)
+    check_tables(COLLECT_TABLES)
+    _tables_cover(BenchConfig, *BENCH_TABLES)
+    check_tables(BENCH_TABLES)
+
+
 @pytest.mark.parametrize("command", JUDGING)
 def test_every_judging_command_takes_the_config_and_every_evaluator_flag(command):
     flags = _flags(_sub(command))
@@ -60,10 +70,11 @@ def test_every_judging_command_takes_the_config_and_every_evaluator_flag(command
 
 @pytest.mark.parametrize("command", GENERATED)
 def test_no_flag_of_a_judging_command_lacks_a_field(command):
-    tables = {"optimize": OPTIMIZE_TABLES, "serve": SERVE_TABLES}.get(command, (EVAL_FLAGS,))
+    tables = {"optimize": OPTIMIZE_TABLES, "serve": SERVE_TABLES, "collect": COLLECT_TABLES,
+              "bench": BENCH_TABLES}.get(command, (EVAL_FLAGS,))
     known = set(flag_paths(*tables))
     actions = {"--help", "--config", "--json", "--no-compile", "--runs", "--tolerance", "--dynamic", "--only",
-               "--limit", "--degeneracy", "--task", "--report", "--html"}
+               "--limit", "--degeneracy", "--task", "--report", "--html", "--plot"}
     # BooleanOptionalAction adds --no-X beside --X
     extra = {f for f in _flags(_sub(command)) - known - actions if not (f.startswith("--no-") and
                                                                           "--" + f[5:] in known)}

@@ -109,7 +109,9 @@ def _add(group: Any, name: str, dest: str, tp: Any, help_text: str) -> None:
     elif tp is Path:
         group.add_argument(name, type=str, metavar="PATH", **kwargs)
     elif origin in (tuple, list):
-        group.add_argument(name, nargs="+", type=_list_item, metavar="VALUE", action=_Extend, **kwargs)
+        item = (typing.get_args(tp) or (str,))[0]
+        group.add_argument(name, nargs="+", type=_list_item(item if item in (int, float) else str), metavar="VALUE",
+                           action=_Extend, **kwargs)
     elif origin is dict or tp is dict:
         args = typing.get_args(tp)
         value_type = args[1] if len(args) == 2 else Any
@@ -126,8 +128,15 @@ def _metavar(name: str, tp: Any) -> str:
     return "N" if tp is int else "X"
 
 
-def _list_item(text: str) -> list[str]:
-    return [s.strip() for s in text.split(",") if s.strip()]
+def _list_item(kind: type) -> Any:
+    """A value of a list flag: one or several comma-separated items of `kind`."""
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(s.strip()) for s in text.split(",") if s.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__} values, got {text!r}") from None
+
+    return parse
 
 
 class _Extend(argparse.Action):

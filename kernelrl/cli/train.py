@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
 
-from kernelrl.cli.options import (
-    UsageError,
-    add_eval_options,
-    check_device,
-    console_for,
-    eval_config,
-    task_specs,
-)
+from kernelrl.cli.flags import FlagTable, add_flags, overrides
+from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
+from kernelrl.train.bench import BenchConfig
+from kernelrl.train.collect import CollectConfig
 
 # collect / train / bench (kernelrl.train)
 
@@ -31,23 +28,76 @@ def _train_errors() -> tuple[type[Exception], ...]:
     return ConfigError, DatabaseError, ProposerError, TaskError, SFTSetError, StageError
 
 
-def _endpoint_opts(args: argparse.Namespace) -> dict[str, Any]:
-    opts = {"base_url": args.base_url, "temperature": args.temperature, "max_tokens": args.max_tokens}
-    return {k: v for k, v in opts.items() if v is not None}
+# `collect`'s and `bench`'s flags: every field of their configs (`kernelrl.cli.flags`), the
+# evaluator's under the same names as on every judging command; `--config` reads a run config.
+COLLECT_FLAGS = FlagTable(
+    config=CollectConfig,
+    names={"proposers": "--proposer", "db_path": "--db", "template_dir": "--templates",
+           "proposer_opts": "--proposer-opts"},
+    helps={
+        "tasks": "suites, task names, files or folders",
+        "proposers": "heuristic | openai:MODEL | hf:PATH | replay:PATH, optionally with options "
+                     "\"openai:M base_url=URL api_key_env=VAR\"; give several, or the flag several times",
+        "out": "the SFT set (.jsonl); a datasets.Dataset is written next to it",
+        "tries": "answers per task and proposer, at most (default 20)",
+        "keep": "correct answers per task and proposer before it stops (default 1)",
+        "db_path": "code database of every try (default: code.db next to --out, the database `kernelrl train` "
+                   "reads when --out is its sft.jsonl)",
+        "k_shown": "earlier versions shown in each prompt",
+        "model_concurrency": "model calls at once",
+        "proposer_opts": "options for every proposer, e.g. base_url=URL temperature=0.7 max_tokens=4096",
+    },
+    skip=frozenset({"eval"}))
+BENCH_FLAGS = FlagTable(
+    config=BenchConfig,
+    names={"ps": "--fast", "compile_baseline": "--compile", "db_path": "--db", "template_dir": "--templates",
+           "proposer_opts": "--proposer-opts"},
+    helps={
+        "proposer": "hf:PATH | replay:PATH | openai:MODEL | heuristic, optionally with options "
+                    "\"hf:P max_new_tokens=512\"",
+        "k": "samples per task (default 5)",
+        "turns": "turns per sample: each sample refines its answer from its own verdicts, and the report gives "
+                 "pass@k and fast_p@k by turn and T turns against T samples (default 1)",
+        "history_tokens": "with --turns: the most the earlier turns may take of a prompt (default 6000)",
+        "tasks": "suites, task names, files or folders (a KernelBench checkout); default: builtin",
+        "split": "evaluate the tasks of this split only: test (default: tasks no training run may use), "
+                 "validation, train or all; your own task files have no split and are always taken",
+        "ps": "fast_p thresholds (default 1.0 1.5 2.0)",
+        "compile_baseline": "measure the torch.compile baselines (--no-compile: do not)",
+        "db_path": "store every sample and verdict in this code database",
+    },
+    skip=frozenset({"eval"}))
+COLLECT_TABLES = (COLLECT_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
+BENCH_TABLES = (BENCH_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
+
+
+def _config(args: argparse.Namespace, tables: tuple[FlagTable, ...], command: str) -> Any:
+    """A command's config: the named run config file, then the flags given on top."""
+    from kernelrl.config import ConfigError, build, load_toml, with_overrides
+    from kernelrl.train.collect import ProposerSpec
+
+    config_type = tables[0].config
+    try:
+        values = with_overrides(load_toml(args.config) if args.config else {}, overrides(args, *tables))
+        if command == "bench":
+            values.setdefault("tasks", ["builtin"])
+            if isinstance(values.get("proposer"), str):
+                # "hf:PATH key=value ...": the spec, and its options on top of --proposer-opts
+                spec = ProposerSpec.parse(values["proposer"])
+                values["proposer"] = spec.spec
+                values["proposer_opts"] = {**dict(values.get("proposer_opts") or {}), **spec.options()}
+        config: Any = build(config_type, values)
+    except (ConfigError, ValueError) as e:
+        raise UsageError(f"bad {command} settings: {e}") from e
+    check_device(config.eval.device)
+    return config
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from kernelrl.config import ConfigError, build
     from kernelrl.report.console import render_collect
-    from kernelrl.train.collect import CollectConfig, collect
+    from kernelrl.train.collect import collect
 
-    try:
-        config = build(CollectConfig, {
-            "tasks": task_specs(args.tasks), "proposers": args.proposer, "out": args.out, "tries": args.tries,
-            "keep": args.keep, "db_path": args.db, "k_shown": args.k_shown, "model_concurrency": args.model_concurrency,
-            "proposer_opts": _endpoint_opts(args), "eval": eval_config(args)})
-    except ConfigError as e:
-        raise UsageError(f"bad collect settings: {e}") from e
+    config = _config(args, COLLECT_TABLES, "collect")
     console = console_for()
     errors: tuple[type[Exception], ...] = (*_train_errors(), ValueError)
     try:
@@ -136,21 +186,10 @@ def _dry_run(config: Any, stage: Any, name: str) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from kernelrl.config import ConfigError, build
     from kernelrl.report.console import render_bench
-    from kernelrl.train.bench import BenchConfig, plot_bench, run_bench
-    from kernelrl.train.collect import ProposerSpec
+    from kernelrl.train.bench import plot_bench, run_bench
 
-    try:
-        spec = ProposerSpec.parse(args.proposer)
-        config = build(BenchConfig, {
-            "tasks": task_specs(args.tasks) or ["builtin"], "split": args.split, "proposer": spec.spec,
-            "proposer_opts": {**_endpoint_opts(args), **spec.options()}, "k": args.k,
-            "ps": args.fast or [1.0, 1.5, 2.0],
-            "compile_baseline": not args.no_compile, "db_path": args.db, "model_concurrency": args.model_concurrency,
-            "turns": args.turns, "history_tokens": args.history_tokens, "eval": eval_config(args)})
-    except (ConfigError, ValueError) as e:
-        raise UsageError(f"bad bench settings: {e}") from e
+    config = _config(args, BENCH_TABLES, "bench")
     console = console_for(args.json)
     if config.turns > 1:
         return _bench_turns(config, args, console)
@@ -189,21 +228,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     """Register this module's commands."""
     p = sub.add_parser("collect", help="build the SFT set: several proposers try every task, the evaluator keeps "
                                        "what is correct")
-    p.add_argument("--tasks", nargs="+", required=True, metavar="SPEC", help="suites, task names, files or folders")
-    p.add_argument("--proposer", action="append", required=True, metavar="SPEC",
-                   help="heuristic | openai:MODEL | hf:PATH | replay:PATH, optionally with options "
-                        "\"openai:M base_url=URL api_key_env=VAR\"; give it several times")
-    p.add_argument("--tries", type=int, default=20, help="answers per task and proposer, at most (default 20)")
-    p.add_argument("--keep", type=int, default=1, help="correct answers per task and proposer before it stops")
-    p.add_argument("--out", required=True, help="the SFT set (.jsonl); a datasets.Dataset is written next to it")
-    p.add_argument("--db", default=None, help="code database of every try (default: code.db next to --out, the "
-                                              "database `kernelrl train` reads when --out is its sft.jsonl)")
-    p.add_argument("--k-shown", type=int, default=4, help="earlier versions shown in each prompt")
-    p.add_argument("--model-concurrency", type=int, default=4, help="model calls at once")
-    p.add_argument("--base-url", default=None, help="for openai: proposers without their own base_url")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--max-tokens", type=int, default=None, help="per answer (openai:)")
-    add_eval_options(p)
+    p.add_argument("--config", default=None, help="run config (.toml) whose settings the flags override")
+    add_flags(p, *COLLECT_TABLES)
     p.set_defaults(func=cmd_collect)
 
     p = sub.add_parser("train", help="train a model: sft, rft (rejection sampling) or grpo (contrastive RL), on TRL",
@@ -218,29 +244,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("bench", help="evaluate a model or proposer on a suite: pass@k, fast_p@k, speedups")
-    p.add_argument("--proposer", required=True, metavar="SPEC",
-                   help="hf:PATH | replay:PATH | openai:MODEL | heuristic, optionally with options "
-                        "\"hf:P max_new_tokens=512\"")
-    p.add_argument("--k", type=int, default=5, help="samples per task (default 5)")
-    p.add_argument("--turns", type=int, default=1,
-                   help="turns per sample: each sample refines its answer from its own verdicts, and the report "
-                        "gives pass@k and fast_p@k by turn and T turns against T samples (default 1)")
-    p.add_argument("--history-tokens", type=int, default=6000,
-                   help="with --turns: the most the earlier turns may take of a prompt (default 6000)")
-    p.add_argument("--tasks", nargs="+", default=None, metavar="SPEC",
-                   help="suites, task names, files or folders (a KernelBench checkout); default: builtin")
-    p.add_argument("--split", default="test", choices=("test", "validation", "train", "all"),
-                   help="evaluate the tasks of this split only (default test: tasks no training run may use); "
-                        "your own task files have no split and are always taken")
-    p.add_argument("--fast", type=float, nargs="+", default=None, metavar="P",
-                   help="fast_p thresholds (default 1.0 1.5 2.0)")
-    p.add_argument("--no-compile", action="store_true", help="do not measure the torch.compile baselines")
-    p.add_argument("--db", default=None, help="store every sample and verdict in this code database")
+    p.add_argument("--config", default=None, help="run config (.toml) whose settings the flags override")
+    add_flags(p, *BENCH_TABLES)
     p.add_argument("--plot", default=None, metavar="FILE.png")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--model-concurrency", type=int, default=4)
-    p.add_argument("--base-url", default=None)
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--max-tokens", type=int, default=None)
-    add_eval_options(p)
     p.set_defaults(func=cmd_bench)
