@@ -69,6 +69,8 @@ def main() -> int:
     parser.add_argument("--policy", choices=("open", "strict", "observe"), default="open")
     parser.add_argument("--quick", action="store_true", help="short timing (a smoke test, not a measurement)")
     parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--concurrency", type=int, default=2,
+                        help="candidates built and checked at once (timing never overlaps on a device)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     try:
@@ -81,7 +83,8 @@ def main() -> int:
     if not chosen:
         parser.error(f"no entry with code and a task in {args.path} ({len(entries)} entries)")
     timing = TimingConfig(min_rounds=5, max_rounds=20, max_timing_s=2.0) if args.quick else TimingConfig()
-    extra = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    extra: dict[str, Any] = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    extra["concurrency"] = args.concurrency
     config = EvalConfig(device=args.device, size=args.size, policy=args.policy, timing=timing, **extra)
     print(machine.header(args.device))
     print(f"# command: {' '.join(sys.argv)}")

@@ -46,7 +46,7 @@ from kernelrl.judge.calibration import Calibration, calibrate, noise_band
 from kernelrl.judge.context import JudgeContext, Secrets, TaskStore
 from kernelrl.judge.devicelock import DeviceLock
 from kernelrl.judge.eval_config import EvalConfig, config_fingerprint, default_cache_dir
-from kernelrl.judge.group import Group, load_task_info, run_group, run_groups
+from kernelrl.judge.group import Group, load_task_info, run_groups
 from kernelrl.judge.inputs import InputPlan
 from kernelrl.judge.pool import WorkerPool
 from kernelrl.judge.profile import TaskProfile
@@ -147,14 +147,36 @@ class Evaluator:
 
     def baseline(self, task: Task, *, compile: bool = True) -> Baseline:
         """Eager and torch.compile times of the task's reference, interleaved in one measurement."""
-        known = self.cached_baseline(task)
-        if known is not None and (known.compile_ms is not None or known.compile_error or not compile):
-            return known
-        run_group(self.context, task, {}, lambda positions, res: None, baseline=True, compile=compile)
-        found = self.cached_baseline(task)
-        if found is None:
-            raise ReferenceFailed(f"{task.name}: the reference could not be timed")
+        (found,) = self.baselines([task], compile=compile)
+        if isinstance(found, ReferenceFailed):
+            raise found
         return found
+
+    def baselines(self, tasks: Sequence[Task], *, compile: bool = True) -> list[Baseline | ReferenceFailed]:
+        """`baseline` of several tasks, their groups judged together as a batch's are: references
+        load and torch.compile builds overlap, while timing still holds the device alone. Where a
+        task's reference failed, its place holds the failure."""
+        todo: dict[str, Task] = {}
+        for task in tasks:
+            known = self.cached_baseline(task)
+            if known is None or (compile and known.compile_ms is None and not known.compile_error):
+                todo.setdefault(self.context.tasks.key(task), task)
+        groups = {key: Group(self.context, task, {}, lambda positions, res: None, baseline=True, compile=compile)
+                  for key, task in todo.items()}
+        try:
+            run_groups(list(groups.values()), device=self.config.device, width=self.config.concurrency)
+        except ReferenceFailed:
+            pass  # every group has ended (run_groups waits for all); each one's failure is read below
+        out: list[Baseline | ReferenceFailed] = []
+        for task in tasks:
+            group = groups.get(self.context.tasks.key(task))
+            found = self.cached_baseline(task)
+            if found is not None:
+                out.append(found)
+            else:
+                why = group.failure if group is not None and group.failure else "the reference could not be timed"
+                out.append(ReferenceFailed(f"{task.name}: {why}" if task.name not in why else why))
+        return out
 
     def cached_baseline(self, task: Task) -> Baseline | None:
         return self.context.baselines.get(self.context.tasks.key(task))

@@ -98,6 +98,7 @@ class Group:
         self.rng = ctx.secrets.generator()
         self.session = session_for(task, cfg, pool=ctx.pool, rng=self.rng)
         self.trials: dict[str, Trial] = {}
+        self.failure: str | None = None  # why the task itself failed (its reference), if it did
         self.sets: list[InputSet] = []
         self.info: TaskInfo | None = None
         self.timing: GroupTiming | None = None
@@ -290,6 +291,7 @@ class Group:
         return self.session.worker
 
     def _task_error(self, e: Exception) -> None:
+        self.failure = str(e)
         env = self.environment()
         for cand, positions in self.members.values():
             self.done(positions, V.task_error(self.setting, cand.hash, str(e), env))

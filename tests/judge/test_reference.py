@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
+from kernelrl.judge.reference import ReferenceFailed
 from kernelrl.result import Status
 from kernelrl.search.loop import SearchConfig, run_search
 from kernelrl.tasks.task import Task, load_task_file
@@ -121,3 +122,12 @@ def test_a_search_goes_on_with_its_other_tasks(tmp_path):
 
 def test_paths_in_this_file_are_not_task_files():
     assert not Path(__file__).name.startswith("task")
+
+
+def test_baselines_of_several_tasks_are_one_batch_and_a_broken_reference_is_none(evaluator):
+    good, other, bad = task("bl_good"), task("bl_other", module="n = 128"), task("bl_bad", module="raise RuntimeError('x')")
+    got = evaluator.baselines([good, bad, other, good], compile=False)
+    assert isinstance(got[1], ReferenceFailed) and "bl_bad" in str(got[1]) and "RuntimeError: x" in str(got[1])
+    assert got[0] is not None and got[0].eager_ms > 0 and got[2] is not None and got[2].eager_ms > 0
+    assert got[3] is got[0] or got[3] == got[0]  # a task given twice is measured once
+    assert evaluator.baseline(good, compile=False) == got[0]  # and what was measured is kept
