@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import machine
 
+from kernelrl.judge.calibration import Calibration
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.reference import ReferenceFailed
 from kernelrl.judge.timer import TimingConfig
@@ -49,26 +51,31 @@ def main() -> int:
     config = EvalConfig(device=args.device, size=args.size, timing=timing, roofline=False, **extra)
     print(machine.header(args.device))
     print(f"# command: {' '.join(sys.argv)}")
-    print(f"{'task':34s} {'run':>3s} {'copy a':>8s} {'copy b':>8s} {'b / a':>8s} {'rounds':>6s} {'ref ms':>9s}  within")
+    print(f"{'task':34s} {'run':>3s} {'copy a':>8s} {'copy b':>8s} {'b / a':>8s} {'rounds':>6s} {'ref ms':>9s}  "
+          "within  elapsed")
     within = total = 0
     worst = 0.0
     failed = []
     t0 = time.monotonic()
     with Evaluator(config) as ev:
         for task in tasks:
-            try:
-                runs = ev.calibrate(task, runs=args.runs)
-            except ReferenceFailed as e:
-                failed.append(f"{task.name}: {str(e).splitlines()[0]}")
-                print(f"{task.name:34s} failed: {str(e).splitlines()[0]}", flush=True)
-                continue
-            for i, r in enumerate(runs):
+            run = iter(range(1, args.runs + 1))
+
+            def report(r: Calibration, name: str = task.name, run: Iterator[int] = run) -> None:
+                nonlocal within, total, worst
                 ok = r.within(args.tolerance)
                 within += ok
                 total += 1
                 worst = max(worst, *(abs(s - 1) for s in (r.speedup_a, r.speedup_b, r.b_over_a)))
-                print(f"{task.name:34s} {i + 1:3d} {r.speedup_a:8.4f} {r.speedup_b:8.4f} {r.b_over_a:8.4f} "
-                      f"{r.rounds:6d} {r.reference_ms:9.4f}  {'yes' if ok else 'NO'}", flush=True)
+                print(f"{name:34s} {next(run):3d} {r.speedup_a:8.4f} {r.speedup_b:8.4f} {r.b_over_a:8.4f} "
+                      f"{r.rounds:6d} {r.reference_ms:9.4f}  {'yes' if ok else 'NO'}  {time.monotonic() - t0:.0f} s",
+                      flush=True)
+
+            try:
+                ev.calibrate(task, runs=args.runs, on_run=report)
+            except ReferenceFailed as e:
+                failed.append(f"{task.name}: {str(e).splitlines()[0]}")
+                print(f"{task.name:34s} failed: {str(e).splitlines()[0]}", flush=True)
     print(f"\n{within}/{total} runs within 1 +- {args.tolerance:g}; largest |speedup - 1| {worst:.4f}; "
           f"{len(failed)} task(s) failed; {time.monotonic() - t0:.0f} s")
     for line in failed:

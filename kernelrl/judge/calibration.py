@@ -13,6 +13,7 @@ Does not correct anything: a bias it shows is a defect to find, never a factor t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,12 +54,14 @@ class Calibration:
         return out
 
 
-def calibrate(ctx: JudgeContext, task: Task, *, runs: int = 5) -> list[Calibration]:
+def calibrate(ctx: JudgeContext, task: Task, *, runs: int = 5,
+              on_run: Callable[[Calibration], None] | None = None) -> list[Calibration]:
     """A/A check: the reference against two identical copies of itself, `runs` times.
 
     Each run times the reference and both copies in one group: the copies' speedups against
     the reference, and the second copy's against the first (the same code in the other
-    role), should all be 1.00 within the measurement's noise.
+    role), should all be 1.00 within the measurement's noise. `on_run` hears each run as it
+    ends (a run at full size on a device can take tens of seconds).
     """
     if runs < 1:
         raise ValueError("runs must be >= 1")
@@ -77,11 +80,14 @@ def calibrate(ctx: JudgeContext, task: Task, *, runs: int = 5) -> list[Calibrati
             bad = next((r for r in (a, b) if r is not None and r.status is not Status.CORRECT), None)
             raise ReferenceFailed(f"{task.name}: calibration failed: {bad.message if bad else 'no result'}")
         timing = a.environment.timing or TimingRecord()
-        out.append(Calibration(task=task.name, speedup_a=a.speedup, speedup_b=b.speedup,
-                               ci_a=a.speedup_ci, ci_b=b.speedup_ci, b_over_a=b.speedup / a.speedup,
-                               rounds=timing.rounds, calls_per_sample=timing.calls_per_sample,
-                               stopped_by=timing.stopped_by,
-                               reference_ms=a.ref_time.median_ms if a.ref_time else float("nan")))
+        made = Calibration(task=task.name, speedup_a=a.speedup, speedup_b=b.speedup,
+                           ci_a=a.speedup_ci, ci_b=b.speedup_ci, b_over_a=b.speedup / a.speedup,
+                           rounds=timing.rounds, calls_per_sample=timing.calls_per_sample,
+                           stopped_by=timing.stopped_by,
+                           reference_ms=a.ref_time.median_ms if a.ref_time else float("nan"))
+        out.append(made)
+        if on_run is not None:
+            on_run(made)
     return out
 
 

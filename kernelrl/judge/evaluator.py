@@ -181,11 +181,12 @@ class Evaluator:
     def cached_baseline(self, task: Task) -> Baseline | None:
         return self.context.baselines.get(self.context.tasks.key(task))
 
-    def calibrate(self, task: Task, *, runs: int = 5) -> list[Calibration]:
+    def calibrate(self, task: Task, *, runs: int = 5,
+                  on_run: Callable[[Calibration], None] | None = None) -> list[Calibration]:
         """A/A check (`kernelrl.judge.calibration`): identical code must measure 1.00. The band the
         runs span is stored for the task, and every later correct result of it carries it
         (`EvalResult.noise_band`): a speedup inside it cannot be told from noise."""
-        measured = calibrate(self.context, task, runs=runs)
+        measured = calibrate(self.context, task, runs=runs, on_run=on_run)
         self.context.tasks.put_band(task, self.fingerprint, noise_band(measured))
         return measured
 
