@@ -1,5 +1,7 @@
 """Multi-turn GRPO: refinement episodes through TRL's rollout hook, every turn a sample paid its
-discounted return (Kevin's attribution)."""
+discounted return (Kevin's attribution). With TRL's generation scripted (a fake trainer, then the
+real GRPOTrainer with its generation patched), ranks as threads, what the stage builds for one
+turn and for more; then (slow) the tiny-cpu-multiturn run and two processes under accelerate."""
 
 from __future__ import annotations
 
@@ -344,3 +346,25 @@ def test_tiny_cpu_multiturn_trains_two_steps_and_logs_both_turns(tmp_path: Path,
         stored = db.candidates()
     assert sorted(c.meta.get("turn") for c in stored) == [1, 1, 1, 1, 2, 2, 2, 2]
     assert all("### Turn 1" in c.prompt for c in stored if c.meta.get("turn") == 2)
+
+
+@pytest.mark.slow
+def test_two_processes_split_a_group_and_agree_on_its_episodes(tmp_path: Path, cache_dir: Path):
+    """Two processes under accelerate (gloo on the CPU), each holding one trajectory of every group."""
+    from train_fixtures import launch_stage
+
+    run = tmp_path / "run"
+    done = launch_stage("grpo", run, cache_dir, "grpo.episode.turns=2", "grpo.trl.num_generations=4",
+                        "grpo.trl.per_device_train_batch_size=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    with Database(run / "code.db", readonly=True) as db:
+        stored = db.candidates()
+    assert len(stored) == 8 and {c.meta["rank"] for c in stored} == {0, 1}
+    for step in (0, 1):
+        turns = [c for c in stored if c.meta["step"] == step]
+        assert len({c.task for c in turns}) == 1  # one group, one task, on both processes
+        assert len({c.meta["episode"] for c in turns}) == 2  # numbered apart across the processes
+    by_id = {c.id: c for c in stored}
+    for c in (c for c in stored if c.meta["turn"] == 2):
+        (parent,) = c.parents
+        assert (by_id[parent].meta["episode"], by_id[parent].meta["rank"]) == (c.meta["episode"], c.meta["rank"])
