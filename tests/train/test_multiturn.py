@@ -72,7 +72,8 @@ def test_turn_two_is_shown_turn_ones_verdict_and_each_turn_is_paid_its_discounte
     first, second = trainer.prompts
     assert first == [PROMPT, PROMPT]
     assert all("### Turn 1" in p and "Does not build: does not build" in p for p in second[:1])
-    assert "Incorrect: wrong values" in second[1] and "## Turn 2 of 2" in second[1]
+    assert "Incorrect: on input set 1 (scaled and shifted): output: 4 of 4 values outside tolerance" in second[1]
+    assert "x1.30" not in second[1] and "## Turn 2 of 2" in second[1]
     model = RewardModel()
     from train_fixtures import judge_by_marker
 
