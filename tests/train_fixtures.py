@@ -35,7 +35,9 @@ def judge_by_marker(task: Task, source: str) -> EvalResult:
         return EvalResult(task=task.name, status=Status.CORRECT, speedup=1.0, message="correct",
                           findings=[Finding(rule="odd_thing", message="odd", severity=Severity.WARN)])
     if "# wrong" in source:
-        return EvalResult(task=task.name, status=Status.INCORRECT, message="wrong values")
+        return EvalResult(task=task.name, status=Status.INCORRECT,
+                          message="incorrect on input set 1 (scaled x1.30 and shifted +0.10 mean-abs): output: 4 of 4 "
+                                  "values outside tolerance (max abs err 1, atol 0.0001, rtol 0.0001)")
     if "# hack" in source:
         return EvalResult(task=task.name, status=Status.FLAGGED, message="flagged: cached_output",
                           findings=[Finding(rule="cached_output", message="returns a stored tensor")])

@@ -6,19 +6,27 @@ refinement episode (`kernelrl.search.episode`):
 - no code: the answer held no complete code block defining `ModelNew`;
 - a compile error: the judge's one-line reason and the compiler's first error lines (at most
   `MAX_ERROR_LINES`, each cut to `MAX_LINE_CHARS`);
-- incorrect: the first mismatch as the judge words it (which output, which input set kind,
-  how many values, the largest error and where) and the largest absolute and relative errors;
+- incorrect: the first mismatch, re-worded from the judge's message through a whitelist of its
+  formats (which output, its shape or dtype against the reference's, how many values lie outside
+  the tolerance, the largest error, which input set and of which kind), and the largest absolute
+  and relative errors;
 - a runtime error: the exception and the last frames of the traceback that are the program's
   own (frames in kernelrl's harness are left out);
 - a timeout: the limit it ran past;
-- refused: each rule that refused it, with the rule's message;
+- refused: each rule that refused it, with `kernelrl.search.prompt.refusal_reason` (a static
+  finding's message, which describes the source, and its line; a dynamic finding's rule summary);
 - correct: the speedup with its 95 % interval against eager, against torch.compile when the
   task's baseline is known, whether it is within the measurement's noise (the task's A/A band),
   both times, and the share of this machine's roofline.
 
 Guarantees: the text is built from the result's own fields through this one function, never
 from the worker's log (a program's prints, which could hold the inputs it was given), never
-with seeds, input values or paths of the judge's harness; every line is bounded.
+with seeds, input values or paths of the judge's harness; every line is bounded. What a
+defence measured at run time is never shown: a dynamic finding's message (spot checks made and
+failed, clock and preparation excesses, idle CPU time) would tell a policy how far it stood from
+each threshold, so only its rule's summary is; nor is the judge's draw of an input set's
+perturbation, the value a non-tensor output was expected to have, or an error of the judge's
+own (`the judge could not run the candidate`).
 
 Does not decide anything: the verdict is the evaluator's; the reward is `kernelrl.reward`'s.
 """
@@ -29,6 +37,7 @@ import re
 
 from kernelrl.result import EvalResult, Severity, Status
 from kernelrl.reward import within_noise
+from kernelrl.search.prompt import refusal_reason
 
 MAX_ERROR_LINES = 8
 MAX_TRACEBACK_LINES = 6
@@ -40,6 +49,27 @@ _PATH = re.compile(r"(?:/[\w.+-]+)+")
 _COMPILER_ERROR = re.compile(r"(\berror\b[:\s]|\bError\b)", re.IGNORECASE)
 # Lines of the build tool, not of the compiler's diagnosis: the commands it ran and its own status.
 _BUILD_TOOL = re.compile(r"^\s*\[\d+/\d+\]|^\s*(c\+\+|g\+\+|gcc|nvcc|ninja)\b|^\s*ninja:|^\s*FAILED:")
+# The judge's incorrect verdict (kernelrl.judge.trial) and the comparison's formats
+# (kernelrl.judge.compare.compare_outputs): only what these patterns capture is shown.
+_INCORRECT = re.compile(r"^incorrect on input set (?P<set>\d+) \((?P<label>[^)]*)\): (?P<reason>.*)$")
+_WHERE = r"(?P<where>output(?: \d+)?)"
+_MISMATCHES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^returned (?P<n>\d+) outputs, expected (?P<m>\d+)$"), "returned {n} outputs, expected {m}"),
+    (re.compile(rf"^{_WHERE} has shape (?P<got>\([\d, ]*\)), expected (?P<want>\([\d, ]*\))$"),
+     "{where} has shape {got}, expected {want}"),
+    (re.compile(rf"^{_WHERE} has dtype (?P<got>torch\.\w+), expected (?P<want>torch\.\w+)$"),
+     "{where} has dtype {got}, expected {want}"),
+    (re.compile(rf"^{_WHERE}: NaN in (?P<n>\d+) places where the reference differs$"),
+     "{where}: NaN in {n} places where the reference differs"),
+    (re.compile(rf"^{_WHERE}: infinite values differ from the reference$"), "{where}: infinite values differ"),
+    (re.compile(rf"^{_WHERE}: (?P<n>\d+) of (?P<total>\d+) values outside tolerance \(max abs err "
+                r"(?P<err>[\w.+-]+), atol (?P<atol>[\w.+-]+), rtol (?P<rtol>[\w.+-]+)\)$"),
+     "{where}: {n} of {total} values outside tolerance (max abs err {err}, atol {atol}, rtol {rtol})"),
+    (re.compile(rf"^{_WHERE} is .*, expected .*$"), "{where} is not the value the reference returns"),
+)
+# Runtime errors that are the program's own doing; any other message is the judge's trouble.
+_PROGRAM_FAILURES = ("candidate raised: ", "candidate crashed: ", "candidate failed to initialise: ",
+                     "candidate failed during timing: ")
 
 
 def feedback(result: EvalResult | None, *, compile_speedup: float | None = None,
@@ -60,12 +90,14 @@ def feedback(result: EvalResult | None, *, compile_speedup: float | None = None,
         head = f"Does not build: {_clip(result.message)}"
         return head + ("\nFirst compiler errors:\n" + "\n".join(f"  {e}" for e in errors) if errors else "")
     if status is Status.INCORRECT:
-        text = f"Incorrect: {_clip(result.message)}"
+        text = f"Incorrect: {_mismatch(result.message)}"
         if result.max_abs_err is not None and result.max_rel_err is not None:
             text += (f"\nLargest errors on that input set: absolute {result.max_abs_err:.3g}, "
                      f"relative {result.max_rel_err:.3g}.")
         return text + "\nFix the computation before making it faster."
     if status is Status.RUNTIME_ERROR:
+        if not result.message.startswith(_PROGRAM_FAILURES):
+            return "The judge could not run the program (not the program's fault); it was not judged."
         frames = _traceback_tail(result)
         head = f"Crashed while running: {_clip(result.message)}"
         return head + ("\nEnd of the traceback (your program's frames):\n" + "\n".join(f"  {f}" for f in frames)
@@ -74,7 +106,9 @@ def feedback(result: EvalResult | None, *, compile_speedup: float | None = None,
         return f"Timed out: {_clip(result.message)}. The program hung or ran far too long."
     if status is Status.FLAGGED:
         rejecting = [f for f in result.findings if f.severity is Severity.REJECT] or list(result.findings)
-        lines = [f"  {f.rule}: {_clip(f.message)}" for f in dict((f.rule, f) for f in rejecting).values()]
+        lines = [f"  {f.rule}: {_clip(refusal_reason(f))}"
+                 + (f" (line {f.line})" if f.stage == "static" and f.line else "")
+                 for f in dict((f.rule, f) for f in rejecting).values()]
         return ("Refused: the program breaks the rules below, so it earns nothing whatever its speed.\n"
                 + "\n".join(lines))
     return "The task's own reference failed to run; this answer was not judged."
@@ -88,6 +122,10 @@ def verdict_line(result: EvalResult | None) -> str:
         return f"correct, {result.speedup:.2f}x against eager"
     if result.status is Status.FLAGGED:
         return f"refused ({', '.join(dict.fromkeys(result.rejecting_rules)) or 'flagged'})"
+    if result.status is Status.INCORRECT:
+        return f"incorrect: {_clip(_mismatch(result.message), 160)}"
+    if result.status is Status.RUNTIME_ERROR and not result.message.startswith(_PROGRAM_FAILURES):
+        return "not judged (the judge could not run it)"
     return f"{result.status.value.replace('_', ' ')}: {_clip(result.message, 160)}"
 
 
@@ -121,6 +159,22 @@ def _correct(result: EvalResult, compile_speedup: float | None, compile_ci: tupl
             text += f" (the least time physically possible is about {roof.floor_ms:.4g} ms)"
         text += "."
     return text + "\nMake it faster, keeping it correct."
+
+
+def _mismatch(message: str) -> str:
+    """The first mismatch of an incorrect verdict, re-worded through the known formats: the input
+    set's kind but not the perturbation the judge drew, no expected value, nothing of an
+    unknown format."""
+    m = _INCORRECT.match(message)
+    if m is None:
+        return "the outputs differ from the reference's"
+    kind = "plain" if m.group("label") == "plain" else "scaled and shifted"
+    where = f"on input set {m.group('set')} ({kind})"
+    for pattern, template in _MISMATCHES:
+        found = pattern.match(m.group("reason"))
+        if found:
+            return f"{where}: {template.format(**found.groupdict())}"
+    return f"{where}: the outputs differ from the reference's"
 
 
 def _compiler_errors(result: EvalResult) -> list[str]:

@@ -7,6 +7,9 @@ Guarantees:
   that cannot be known, never an estimate), up to `k` earlier versions sorted from weakest to
   best with their measured speedups (each source shown once, the chain's current best marked),
   recently refused programs with the rule that fired, the protocol and the policy's text;
+- a refused program is shown with each rule that refused it and why, but never with what a
+  run-time defence measured (`refusal_reason`: a dynamic finding is shown by its rule's summary,
+  a static one by its message, which describes the source);
 - the text comes from template files (`string.Template`, `$name` fields, `$$` for a dollar
   sign). A user overrides them with `template_dir`: a folder whose files replace the built-in
   files of the same name (`prompt.txt`, `version.txt`, `no_versions.txt`, `refused.txt`,
@@ -28,9 +31,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kernelrl.candidate import source_hash
+from kernelrl.checks.rules import RULES
 from kernelrl.judge.device import DevicePeaks, device_peaks
 from kernelrl.judge.profile import TaskProfile
-from kernelrl.result import EvalResult, Status
+from kernelrl.result import EvalResult, Finding, Status
 from kernelrl.tasks.task import Task
 
 BUILTIN_TEMPLATES = Path(__file__).parent / "templates"
@@ -207,6 +211,18 @@ def _excerpt(source: str, line: int | None) -> str:
     return "\n".join("  " + s for s in chunk)
 
 
+def refusal_reason(finding: Finding) -> str:
+    """What a prompt says of one finding that refused a program: a static finding's message (it
+    describes the program's own source), a dynamic finding's rule summary only. A dynamic
+    finding's message holds what the defence measured (spot checks made and failed, clock and
+    preparation excesses over the reference, idle CPU time, the judge's draw of an input set's
+    perturbation), which would tell a policy how far it stood from each threshold."""
+    if finding.stage == "static":
+        return finding.message
+    rule = RULES.get(finding.rule)
+    return rule.summary if rule is not None else "refused by a check made while it ran"
+
+
 def _refused_section(t: Templates, records: Sequence[Record], task: Task) -> str:
     items = []
     seen: set[str] = set()
@@ -218,7 +234,7 @@ def _refused_section(t: Templates, records: Sequence[Record], task: Task) -> str
         seen.add(h)
         rejecting = [f for f in r.findings if f.severity.value == "reject"] or list(r.findings)
         rules = ", ".join(dict.fromkeys(f.rule for f in rejecting)) or r.status.value
-        messages = "; ".join(dict.fromkeys(f.message for f in rejecting)) or r.message or "(no message)"
+        messages = "; ".join(dict.fromkeys(refusal_reason(f) for f in rejecting)) or "(no reason recorded)"
         line = next((f.line for f in rejecting if f.line is not None), None)
         items.append(t.render("refused_item.txt", rules=rules, messages=messages,
                               excerpt=_excerpt(*_elide_keeping_lines(rec.source, task, line))).rstrip("\n"))

@@ -33,9 +33,10 @@ Guarantees:
   the session, the turn and the code's hash, so a server killed at any point and started again
   judges each turn once and keeps every verdict already given;
 - a turn's verdict and reward are recorded exactly once (under one lock, only while pending), the
-  first time anyone reads the turn after its job is done; the reward is the server's one
-  `RewardModel` (its smoothing window is this process's, so rewards recorded before a restart
-  are kept as they were, and the window starts empty after it);
+  first time anyone reads the turn after its job is done; the reward is the client's own
+  `RewardModel` (its smoothing window holds that client's turns only, so no client moves the
+  bound another's rewards are clipped to; it is this process's, so rewards recorded before a
+  restart are kept as they were, and the window starts empty after it);
 - the verdict text is `kernelrl.search.feedback`'s: never the worker's log, seeds, input values
   or the harness's paths; the full result is the job's (`GET /v1/jobs/ID`, same client only).
 
@@ -107,7 +108,10 @@ class SessionService:
         self.jobs = jobs
         self.store = store
         self.submit_job = submit_job
-        self.rewards = rewards
+        # One reward model per client: its clip window is the client's own, so one client's turns
+        # never move the bound another client's rewards are clipped to.
+        self._reward_config = rewards.config
+        self._rewards: dict[str, RewardModel] = {}
         # One lock over every change of a turn: a turn is submitted, resubmitted or scored by
         # one thread at a time, so its job is stored once and its reward drawn once.
         self._lock = threading.RLock()
@@ -188,7 +192,7 @@ class SessionService:
             key = f"kernelrl-session/{rec.id}/{number}/{_sha(code)[:32]}" if code is not None else None
             try:
                 turn = self.store.add_turn(rec.seq, number, answer=req.answer, code=code, key=key,
-                                           **({} if code is not None else self._no_code(req.answer)))
+                                           **({} if code is not None else self._no_code(req.answer, owner)))
             except TurnRefused as e:
                 raise ApiError(409, str(e), reason="turn_conflict") from None
             if code is not None:
@@ -220,8 +224,13 @@ class SessionService:
                                    policy=rec.policy, owner=rec.owner, kind=JobKind.EVALUATE)
         return accepted.job
 
-    def _no_code(self, answer: str | None) -> dict[str, Any]:
-        reward = self.rewards.score(None, answer=answer)
+    def rewards(self, owner: str) -> RewardModel:
+        """The client's own reward model (see `__init__`)."""
+        with self._lock:
+            return self._rewards.setdefault(owner, RewardModel(self._reward_config))
+
+    def _no_code(self, answer: str | None, owner: str) -> dict[str, Any]:
+        reward = self.rewards(owner).score(None, answer=answer)
         return {"verdict": feedback(None), "reward": reward.to_dict() if reward is not None else None}
 
     def _settle(self, rec: SessionRecord) -> SessionRecord:
@@ -253,7 +262,7 @@ class SessionService:
         elif view.state in FINISHED and view.results and view.results[0] is not None:
             stored = view.results[0]
             result = EvalResult.from_dict(stored)
-            reward = self.rewards.score(result, answer=turn.answer, level=rec.task.level)
+            reward = self.rewards(rec.owner).score(result, answer=turn.answer, level=rec.task.level)
             self.store.finish_turn(rec.seq, turn.number, result=stored, verdict=feedback(result),
                                    reward=reward.to_dict() if reward is not None else None)
 

@@ -18,7 +18,8 @@ The single-turn path is `GRPOTrainer(..., reward_funcs=[reward_fn], train_datase
 TRL generates one answer per row and the reward function judges it. With `grpo.episode.turns`
 > 1, TRL's `rollout_func` runs refinement episodes (`kernelrl.train.multiturn`): each turn is
 shown the previous answers and their verdicts, judged through `KernelRewardFunction.score_rollouts`,
-and returned as a sample of its own paid its discounted return (`EpisodeReturn`).
+and returned as a sample of its own paid its discounted return (`EpisodeReturn`, which checks
+each row's task and key as the single-turn reward function does).
 
 Everything else is TRL's, set in `[grpo.trl]` under TRL's names: `num_generations`, `beta`
 (0: no KL term), `epsilon_high` (Clip-Higher), `loss_type`, `scale_rewards`,
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernelrl.config import ConfigError
 from kernelrl.reward import RewardModel
 from kernelrl.search.episode import EpisodeConfig
 from kernelrl.tasks.task import Task
@@ -105,6 +107,12 @@ class GRPOStageConfig:
         if turns > 1 and isinstance(n, int) and n % turns:
             raise ValueError(f"grpo.trl.num_generations ({n}) must be a multiple of grpo.episode.turns ({turns}): "
                              "a group is cut into trajectories of that many turns")
+        share = self.trl.get("per_device_train_batch_size", 8) * (
+            self.trl.get("steps_per_generation") or self.trl.get("gradient_accumulation_steps") or 1)
+        if turns > 1 and "generation_batch_size" not in self.trl and isinstance(share, int) and share % turns:
+            raise ValueError(f"grpo.trl: each process generates {share} rows at a time "
+                             f"(per_device_train_batch_size x steps_per_generation), not a multiple of "
+                             f"grpo.episode.turns ({turns}): a trajectory would span two processes")
         if self.roc.enabled and isinstance(n, int) and round(n * self.roc.keep) < 2:
             raise ValueError(f"grpo.roc: num_generations {n} x keep {self.roc.keep} leaves fewer than 2 rollouts "
                              "per group; raise num_generations (RoC samples the oversampled group)")
@@ -184,6 +192,19 @@ def _quiet_dropped_rollouts() -> None:
         target.addFilter(DroppedByRoC())
 
 
+def check_episode_layout(turns: int, generation_batch_size: int | None, processes: int) -> None:
+    """Each process's share of a generation batch must hold whole trajectories (with num_generations
+    a multiple of turns, a trajectory then never spans two processes)."""
+    if generation_batch_size is None:
+        return
+    share = generation_batch_size // max(1, processes)
+    if share % turns:
+        raise ConfigError(f"grpo.episode.turns = {turns}: each process's {share} rows per generation batch "
+                         f"(generation_batch_size {generation_batch_size} over {processes} process(es)) cannot be "
+                         "cut into whole trajectories; make per_device_train_batch_size x steps_per_generation a "
+                         "multiple of turns")
+
+
 def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, tasks: Sequence[Task], backend: Any,
                db: Any, output_dir: Path, reward: RewardModel, eval_settings: EvalSettings | None,
                prompt_settings: EvalSettings, resume: bool = False, seed: int = 0, console: Any = None,
@@ -222,11 +243,11 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
     turns: dict[str, Any] = {"reward_funcs": [reward_fn]}
     if stage.episode.turns > 1:
         # Refinement episodes: TRL's rollout hook runs the turns, every turn a sample of its own.
-        reward_fn.group_size = int(args.num_generations or 1) // stage.episode.turns
-        turns = {"reward_funcs": [EpisodeReturn()],
-                 "rollout_func": MultiTurnRollout(reward_fn, stream, stage.episode, template_dir=template_dir,
-                                                  as_prompt=lambda text: as_prompt(tokenizer, text, system),
-                                                  console=console)}
+        check_episode_layout(stage.episode.turns, args.generation_batch_size, ranks.count)
+        reward_fn.group_size = int(args.num_generations or 1) // stage.episode.turns  # trajectories per group
+        rollout = MultiTurnRollout(reward_fn, stream, stage.episode, template_dir=template_dir, console=console,
+                                   count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+        turns = {"reward_funcs": [EpisodeReturn(rollout)], "rollout_func": rollout}
     trainer = GRPOTrainer(model=policy, **turns, args=args, train_dataset=stream.dataset(),
                           processing_class=tokenizer, peft_config=peft_config(model),
                           callbacks=[state_callback(reward_fn, stream, ranks.index), probe,

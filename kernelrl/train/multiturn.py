@@ -4,46 +4,89 @@ TRL's `GRPOTrainer` takes a `rollout_func(prompts, trainer)` that returns, for t
 to this process, one completion each (`prompt_ids`, `completion_ids`, `logprobs`, and extra
 fields that reach the reward functions). `MultiTurnRollout` is that function, chosen over
 `environment_factory` because an environment's turns are tool calls inside one completion, judged
-as one sequence with one reward, while Kevin's recipe makes every turn a sample of its own with
-its own return, which only a rollout function can lay out:
+as one sequence with one reward (its `get_reward`), while Kevin's recipe makes every turn a sample
+of its own, with its own prompt (the history rebuilt within a token budget) and its own return,
+which only a rollout function can lay out; it also lets all trajectories' turn t be judged in one
+evaluator batch, where an environment's tool judges one kernel per call:
 
 - a group of `num_generations` rows holding one prompt (TRL's RepeatSampler) is split into
   `num_generations / turns` trajectories of `turns` rows: trajectory j owns rows j*T ... j*T+T-1;
 - turn 1 of every trajectory answers the row's prompt; the answers of all trajectories are
   judged together (`KernelRewardFunction.score_rollouts`: one `evaluate_batch`, the reward's
-  mapping and clip, every rank in one order, every code and verdict stored with its turn and
-  episode, the previous turn as its parent); turn t answers `Episode.prompt` (the row's prompt,
-  then the trajectory's earlier answers and verdicts, `kernelrl.search.episode`), and so on;
+  mapping and CUDA-L1's clip as in the single-turn path, every rank in one order, every code and
+  verdict stored with its `turn`, `turns` and `episode` in the candidate's meta, turn 1's parents
+  the row's (as single-turn rollouts'), a later turn's parent the previous turn's candidate);
+  turn t answers `Episode.prompt` (the row's prompt, then the trajectory's earlier answers and
+  verdicts within `history_tokens` of the policy's tokenizer, `kernelrl.search.episode`), and so
+  on;
 - the row for turn t of a trajectory is returned with that turn's prompt and completion, and its
-  reward is the turn's discounted return (`discounted_returns`: own reward plus gamma times the
-  next turn's return, gamma 0.4 by default), carried to `EpisodeReturn` as the extra field
-  `turn_return`;
-- one console line per turn per step names the turn and its verdicts.
+  reward is the turn's discounted return (Kevin's attribution, `discounted_returns`):
+
+      G_T = r_T,   G_t = r_t + gamma * G_{t+1}   (gamma = grpo.episode.gamma, 0.4 by default)
+
+  where r_t is the turn's own reward (`RewardModel`, clipped; None for a `task_error`, which has
+  no return and passes nothing back). A turn that fails (r_1 = the compile-error penalty) and
+  leads to a correct one (r_2) is paid r_1 + gamma * r_2; the correct turn is paid r_2. TRL then
+  normalises the returns within the group (all turns of its trajectories);
+- `EpisodeReturn` is the reward function: it hands TRL the returns, after checking that each
+  row's completion was judged against the row's own task and that the row's key is its task's and
+  prompt's (`TaskMismatch` otherwise), and logs per-turn metrics (`kernelrl/turn<t>/...`) and
+  completion columns (turn, verdict, reward, return);
+- the curriculum is told once per group, from the returns of all its trajectories (gathered
+  across ranks, in the global batch's order), not once per turn;
+- the console shows one line per turn per step (the turn's verdicts, raw -> clipped rewards) and
+  one line of each trajectory's verdicts and returns, turn by turn.
 
 Guarantees: every returned sample's prompt is the prompt its completion was generated from; a
 turn's return uses only its own and later turns' rewards of its own trajectory; each turn's
 answers are scored against the task of the row they came from (the prompt stream's record,
-`PromptStream.task_of`, and the row key the reward function checks); every rank runs the same
-number of turns in the same order, so rewards gathered across ranks stay aligned; with
-`turns = 1` nothing here is used (the single-turn path is TRL's own generation).
+`PromptStream.row_of`, checked against the row's task and key in `EpisodeReturn`); every rank
+runs the same turns and collectives in the same order, so rewards gathered across ranks stay
+aligned and episode numbers are unique within a run; with `turns = 1` nothing here is used (the
+single-turn path is TRL's own generation and `KernelRewardFunction`).
 
 Does not support GRPO-RoC (it drops samples by giving them no reward, which would cut a
 trajectory's return short: refused at configuration), and uses TRL's own generation
-(`GRPOTrainer._generate_single_turn`: transformers' generate, or vLLM when `use_vllm`) for every
-turn, so a turn waits for the previous turn's verdicts.
+(`GRPOTrainer._generate_single_turn`: transformers' generate, or vLLM when `use_vllm`; TRL calls
+the rollout function experimental, and this private method may move with it) for every turn, so
+a turn waits for the previous turn's verdicts.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kernelrl.candidate import extract_code
+from kernelrl.result import Status
 from kernelrl.search.episode import Episode, EpisodeConfig
 from kernelrl.train.model import completion_text, prompt_text
-from kernelrl.train.reward_fn import KernelRewardFunction, print_batch
+from kernelrl.train.reward_fn import KernelRewardFunction, TaskMismatch, print_batch
 from kernelrl.train.rollouts import Rollout
 from kernelrl.train.stream import PromptStream, row_key
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trajectory:
+    """One refinement episode's rows on this process: its task, its row's prompt, key and parents."""
+
+    task: str
+    prompt: Any
+    key: str
+    parents: tuple[int, ...] = ()  # the versions the row's prompt built on: turn 1's parents
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """One trajectory as every rank sees it after the gather: what the curriculum and the metrics read."""
+
+    rank: int
+    task: str
+    key: str
+    returns: tuple[float | None, ...]
+    correct: bool  # any turn correct
 
 
 class EpisodeReturn:
@@ -51,10 +94,35 @@ class EpisodeReturn:
 
     __name__ = "kernelrl_episode_return"
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], turn_return: Sequence[float | None],
+    def __init__(self, rollout: MultiTurnRollout | None = None) -> None:
+        self.rollout = rollout  # where the latest episodes' metrics are read
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], task: Sequence[str],
+                 turn_task: Sequence[str], turn_return: Sequence[float | None], key: Sequence[str] | None = None,
+                 turn: Sequence[int] | None = None, turn_verdict: Sequence[str] | None = None,
+                 turn_reward: Sequence[float | None] | None = None, log_metric: Any = None, log_extra: Any = None,
                  **kwargs: Any) -> list[float | None]:
-        if len(turn_return) != len(completions):
-            raise ValueError(f"{len(turn_return)} returns for {len(completions)} completions")
+        n = len(completions)
+        if not (len(prompts) == len(task) == len(turn_task) == len(turn_return) == n):
+            raise ValueError(f"{len(prompts)} prompts, {len(task)} tasks, {len(turn_task)} judged tasks and "
+                             f"{len(turn_return)} returns for {n} completions")
+        for i, (row_task, judged) in enumerate(zip(task, turn_task)):
+            if row_task != judged:
+                raise TaskMismatch(f"row {i}: its completion was judged against {judged!r}, but the row's task is "
+                                   f"{row_task!r}")
+        if key is not None:
+            for i, (name, p, carried) in enumerate(zip(task, prompts, key)):
+                if row_key(name, p) != carried:
+                    raise TaskMismatch(f"row {i}: task {name!r} is not the task its prompt was built for "
+                                       f"(key {carried}); its completion would be scored against another task")
+        if callable(log_metric) and self.rollout is not None:
+            for name, value in self.rollout.metrics.items():
+                log_metric(name, value)
+        if callable(log_extra):
+            for name, column in (("turn", turn), ("verdict", turn_verdict), ("turn_reward", turn_reward),
+                                 ("turn_return", turn_return)):
+                if column is not None:
+                    log_extra(name, list(column))
         return list(turn_return)
 
 
@@ -62,67 +130,99 @@ class MultiTurnRollout:
     """TRL `rollout_func` running refinement episodes (see the module docstring)."""
 
     def __init__(self, scorer: KernelRewardFunction, stream: PromptStream, config: EpisodeConfig, *,
-                 as_prompt: Callable[[str], Any], template_dir: Any = None, console: Any = None) -> None:
+                 template_dir: Any = None, console: Any = None,
+                 count_tokens: Callable[[str], int] | None = None) -> None:
         if config.turns < 2:
             raise ValueError("a multi-turn rollout needs turns >= 2 (one turn is TRL's own generation)")
         self.scorer = scorer
         self.stream = stream
         self.config = config
-        self.as_prompt = as_prompt
         self.template_dir = template_dir
         self.console = console
-        self.episodes = 0  # trajectories started on this rank
+        self.count_tokens = count_tokens  # the policy's tokenizer for the history budget; None: characters / 4
+        self.episodes = 0  # trajectories started in this run, over every rank (the same on each)
+        self.metrics: dict[str, float] = {}  # the latest call's, over the global batch
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         T = self.config.turns
+        ranks = self.scorer.ranks
         trajectories = self._trajectories(prompts)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
-        episodes = [Episode(task=task, config=self.config, template_dir=self.template_dir) for task, _, _ in trajectories]
-        numbers = list(range(self.episodes + 1, self.episodes + 1 + len(trajectories)))
-        self.episodes += len(trajectories)
-        turn_prompts: list[list[Any]] = [[] for _ in trajectories]
-        turn_ids: list[list[tuple[list[int], list[int], Any]]] = [[] for _ in trajectories]
+        # Episode numbers unique within the run, whatever rank holds the trajectory.
+        counts = ranks.gather([len(trajectories)])
+        first = self.episodes + sum(counts[:ranks.index]) + 1
+        numbers = list(range(first, first + len(trajectories)))
+        self.episodes += sum(counts)
+        episodes = [Episode(task=t.task, config=self.config, template_dir=self.template_dir,
+                            count_tokens=self.count_tokens) for t in trajectories]
+        keys = [t.key for t in trajectories]
+        samples: list[list[tuple[Any, Any, Any]]] = [[] for _ in trajectories]  # (prompt_ids, completion_ids, logprobs)
         rewards: list[list[float | None]] = [[] for _ in trajectories]
-        parents: list[tuple[int, ...]] = [() for _ in trajectories]
+        verdicts: list[list[str]] = [[] for _ in trajectories]
+        correct = [False] * len(trajectories)
+        parents = [t.parents for t in trajectories]  # turn 1: the row's; then the previous turn's candidate
+        metrics: dict[str, float] = {}
         for turn in range(1, T + 1):
-            now = [self._turn_prompt(row_prompt, ep) for (_, row_prompt, _), ep in zip(trajectories, episodes)]
+            now = [self._turn_prompt(t.prompt, ep) for t, ep in zip(trajectories, episodes)]
             prompt_ids, _, _ = trainer._tokenize_prompts(now)
             completion_ids, logprobs = trainer._generate_single_turn(prompt_ids, None, {}, 1)
             answers = [completion_text(c) for c in trainer.processing_class.batch_decode(
                 completion_ids, skip_special_tokens=True)]
-            rollouts = [Rollout(task=task, prompt=prompt_text(p), answer=a, completion_tokens=len(ids),
+            rollouts = [Rollout(task=t.task, prompt=prompt_text(p), answer=a, completion_tokens=len(ids),
                                 parents=parents[j])
-                        for j, ((task, _, _), p, a, ids) in enumerate(zip(trajectories, now, answers, completion_ids))]
-            keys = [key for _, _, key in trajectories]
-            meta = [{"turn": turn, "episode": n, "turns": T} for n in numbers]
-            values, batch = self.scorer.score_rollouts(rollouts, keys=keys, step=step, meta=meta)
-            for j, (ep, answer, result, log) in enumerate(zip(episodes, answers, batch.results, batch.rollouts)):
-                code = extract_code(answer)
-                ep.record(answer, code if result is not None else None, result, candidate_id=log.candidate_id)
+                        for j, (t, p, a, ids) in enumerate(zip(trajectories, now, answers, completion_ids))]
+            meta = [{"turn": turn, "turns": T, "episode": n} for n in numbers]
+            values, batch = self.scorer.score_rollouts(rollouts, keys=keys, step=step, meta=meta, observe=False)
+            for j, (t, ep, answer, result, log) in enumerate(zip(trajectories, episodes, answers, batch.results,
+                                                                 batch.rollouts)):
+                code = extract_code(answer) if result is not None else None
+                ep.record(answer, code, result, candidate_id=log.candidate_id,
+                          compile_speedup=self.scorer.compile_speedups.get(t.task))
                 parents[j] = (log.candidate_id,) if log.candidate_id is not None else ()
                 rewards[j].append(values[j])
-                turn_prompts[j].append(now[j])
-                turn_ids[j].append((prompt_ids[j], completion_ids[j], logprobs[j] if logprobs is not None else None))
+                verdicts[j].append(log.status.value if log.status is not None else "no_code")
+                correct[j] = correct[j] or log.status is Status.CORRECT
+                samples[j].append((prompt_ids[j], completion_ids[j], logprobs[j] if logprobs is not None else None))
+            metrics.update({name.replace("kernelrl/", f"kernelrl/turn{turn}/", 1): value
+                            for name, value in batch.metrics.items()})
             if self.console is not None:
                 self.console.print(f"[bold]turn {turn}/{T}[/bold]", end=" ", highlight=False)
                 print_batch(batch, self.console)
         returns = [ep.returns(r) for ep, r in zip(episodes, rewards)]
-        out: dict[str, Any] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "turn_return": []}
-        for j in range(len(trajectories)):
-            for t in range(T):
-                p_ids, c_ids, lps = turn_ids[j][t]
+        every = ranks.gather([Outcome(rank=ranks.index, task=t.task, key=t.key, returns=tuple(g), correct=c)
+                              for t, g, c in zip(trajectories, returns, correct)])
+        self._tell_curriculum(every, step)
+        for turn in range(1, T + 1):
+            paid = [g for o in every if (g := o.returns[turn - 1]) is not None]
+            metrics[f"kernelrl/turn{turn}/return"] = statistics.fmean(paid) if paid else 0.0
+        self.metrics = metrics
+        if self.console is not None:  # each trajectory's verdict and return, turn by turn
+            shown = "; ".join(f"episode {n}: " + " -> ".join(f"{v} {'none' if g is None else f'{g:+.3f}'}"
+                                                              for v, g in zip(vs, gs))
+                              for n, vs, gs in zip(numbers, verdicts, returns))
+            self.console.print(f"[bold]returns[/bold] step {step} (turn 1..{T}, gamma {self.config.gamma}): {shown}",
+                               highlight=False, soft_wrap=True)
+        out: dict[str, Any] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "turn": [], "turn_task": [],
+                               "turn_verdict": [], "turn_reward": [], "turn_return": []}
+        for j, t in enumerate(trajectories):
+            for k in range(T):
+                p_ids, c_ids, lps = samples[j][k]
                 out["prompt_ids"].append(p_ids)
                 out["completion_ids"].append(c_ids)
                 out["logprobs"].append(lps)
-                out["turn_return"].append(returns[j][t])
+                out["turn"].append(k + 1)
+                out["turn_task"].append(t.task)
+                out["turn_verdict"].append(verdicts[j][k])
+                out["turn_reward"].append(rewards[j][k])
+                out["turn_return"].append(returns[j][k])
         if all(lp is None for lp in out["logprobs"]):
             out["logprobs"] = None  # transformers' generate gives none; TRL computes them
         return out
 
-    def _trajectories(self, prompts: list[Any]) -> list[tuple[str, Any, str]]:
-        """(task, row prompt, key) per trajectory: each run of equal prompts cut into T rows each."""
+    def _trajectories(self, prompts: list[Any]) -> list[Trajectory]:
+        """One per T rows: each run of equal prompts cut into trajectories of T rows."""
         T = self.config.turns
-        out: list[tuple[str, Any, str]] = []
+        out: list[Trajectory] = []
         i = 0
         while i < len(prompts):
             j = i
@@ -132,10 +232,22 @@ class MultiTurnRollout:
                 raise ValueError(f"{j - i} rows of one prompt on this process cannot be cut into trajectories of "
                                  f"{T} turns: make num_generations (and each process's share of a group) a "
                                  f"multiple of grpo.episode.turns")
-            task = self.stream.task_of(prompts[i])
-            out += [(task, prompts[i], row_key(task, prompts[i]))] * ((j - i) // T)
+            row = self.stream.row_of(prompts[i])
+            task = str(row["task"])
+            out += [Trajectory(task=task, prompt=prompts[i], key=row_key(task, prompts[i]),
+                               parents=tuple(row.get("parents") or ()))] * ((j - i) // T)
             i = j
         return out
+
+    def _tell_curriculum(self, every: Sequence[Outcome], step: int) -> None:
+        """Once per group of the global batch, from all its trajectories' returns (what TRL trains on)."""
+        curriculum = self.scorer.curriculum
+        parts = self.scorer.cut_groups([(o.rank, o.task, o.key) for o in every], step)
+        if curriculum is None:
+            return
+        for members in parts:
+            values = [g for i in members for g in every[i].returns if g is not None]
+            curriculum.observe(every[members[0]].task, values, any_correct=any(every[i].correct for i in members))
 
     def _turn_prompt(self, row_prompt: Any, episode: Episode) -> Any:
         """The row's prompt with the episode's history after its user text (chat or plain)."""

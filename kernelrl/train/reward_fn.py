@@ -32,8 +32,9 @@ reward function. For each call (one generation batch of this process's rows):
    call to the console, and with several ranks one line naming every group's task.
 
 `score_rollouts` is steps 2-6 for rollouts built by any caller: the single-turn path is
-`__call__`, which turns TRL's columns into `Rollout`s; a multi-turn episode would build its
-turns' rollouts itself and call `score_rollouts` per turn.
+`__call__`, which turns TRL's columns into `Rollout`s; the multi-turn path
+(`kernelrl.train.multiturn`) builds each turn's rollouts itself and calls `score_rollouts` once
+per turn, telling the curriculum itself (once per group, from the episodes' returns).
 
 Guarantees: returns exactly one value per completion, in order; never raises for a candidate's
 or task's fault (only for a caller's bug: an unknown task, a row whose task is not its
@@ -206,9 +207,11 @@ class KernelRewardFunction:
     # -- the scoring path (any caller) ---------------------------------------------------------
 
     def score_rollouts(self, rollouts: Sequence[Rollout], *, keys: Sequence[str], step: int = 0,
-                       meta: Sequence[Mapping[str, Any]] | None = None) -> tuple[list[float | None], BatchLog]:
+                       meta: Sequence[Mapping[str, Any]] | None = None, observe: bool = True
+                       ) -> tuple[list[float | None], BatchLog]:
         """Judge, score, share across ranks, store (steps 2-6 of the module docstring); `meta` adds
-        to each stored candidate's meta (a multi-turn episode's turn, say)."""
+        to each stored candidate's meta (a multi-turn episode's turn, say); `observe` False leaves
+        the curriculum to the caller (a multi-turn episode tells it once per group, its returns)."""
         with self._lock:
             self.calls += 1
             judged = evaluate_rollouts(self.backend, rollouts, self.tasks, db=self.db, reuse=self.reuse)
@@ -224,7 +227,8 @@ class KernelRewardFunction:
             rewards = [self.reward.clip(s.reward, task=s.task, level=s.level) if s.reward is not None else None
                        for s in every]
             kept = self._select(every, rewards, parts)
-            self._tell_curriculum(every, rewards, kept, parts)
+            if observe:
+                self._tell_curriculum(every, rewards, kept, parts)
             group_of = {i: g for g, members in enumerate(parts) for i in members}
             here = range(start, start + len(judged))
             values = [rewards[i].value if rewards[i] is not None and kept[i] else None  # type: ignore[union-attr]
@@ -258,18 +262,23 @@ class KernelRewardFunction:
                                compile_speedup=self._compile_speedup(task, j))
 
     def _groups(self, every: Sequence[Scored], step: int) -> list[list[int]]:
-        """The global batch's groups; each must hold one task and one prompt, whatever rank holds it."""
+        return self.cut_groups([(s.rank, s.task, s.key) for s in every], step)
+
+    def cut_groups(self, rows: Sequence[tuple[int, str, str]], step: int) -> list[list[int]]:
+        """A global batch's groups from its rows' (rank, task, key), in order: groups of `group_size`
+        (runs of equal keys without one); each must hold one task and one prompt, whatever rank
+        holds it, or the call is a `TaskMismatch`."""
         if self.group_size is None:
-            return groups([(s.task, s.key) for s in every])
+            return groups([(task, key) for _, task, key in rows])
         size = self.group_size
-        if len(every) % size:
-            raise TaskMismatch(f"step {step}: {len(every)} rows in the global batch is not a whole number of groups "
+        if len(rows) % size:
+            raise TaskMismatch(f"step {step}: {len(rows)} rows in the global batch is not a whole number of groups "
                                f"of {size}")
-        out = [list(range(i, i + size)) for i in range(0, len(every), size)]
+        out = [list(range(i, i + size)) for i in range(0, len(rows), size)]
         for g, members in enumerate(out):
-            seen = {(every[i].task, every[i].key) for i in members}
+            seen = {rows[i][1:] for i in members}
             if len(seen) > 1:
-                held = ", ".join(f"{every[i].task}#{every[i].key[:8]} (rank {every[i].rank})" for i in members)
+                held = ", ".join(f"{rows[i][1]}#{rows[i][2][:8]} (rank {rows[i][0]})" for i in members)
                 raise TaskMismatch(f"step {step}: group {g} mixes prompts: {held}; completions would be scored "
                                    "against another task (are the ranks' prompt streams shared?)")
         return out

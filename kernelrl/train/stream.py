@@ -75,8 +75,8 @@ class PromptStream:
         self.chat = chat
         self.profiles = dict(profiles or {})  # task name -> the judge's TaskProfile (shapes in prompts)
         self.built = 0  # prompts built so far (for logs and tests)
-        # the task of each prompt this rank yielded lately (a rollout function is handed prompts only)
-        self._tasks: OrderedDict[str, str] = OrderedDict()
+        # the row of each prompt this rank yielded lately (a rollout function is handed prompts only)
+        self._rows: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     def row(self) -> dict[str, Any]:
         from kernelrl.search.prompt import build_prompt
@@ -97,17 +97,18 @@ class PromptStream:
         while True:
             row = self.ranks.broadcast(self.row() if self.ranks.is_main else None)
             assert row is not None  # the main process always builds one
-            self._tasks[prompt_text(row["prompt"])] = row["task"]
-            while len(self._tasks) > _REMEMBERED:
-                self._tasks.popitem(last=False)
+            self._rows[prompt_text(row["prompt"])] = row
+            while len(self._rows) > _REMEMBERED:
+                self._rows.popitem(last=False)
             yield row
 
-    def task_of(self, prompt: Any) -> str:
-        """The task a prompt this stream yielded was built for (KeyError for any other prompt)."""
+    def row_of(self, prompt: Any) -> dict[str, Any]:
+        """The row a prompt this stream yielded came in (its task, key and parents); KeyError for
+        any other prompt."""
         text = prompt_text(prompt)
-        if text not in self._tasks:
+        if text not in self._rows:
             raise KeyError("a prompt this stream did not yield (or yielded too long ago)")
-        return self._tasks[text]
+        return self._rows[text]
 
     def state(self) -> dict[str, Any]:
         return {"built": self.built}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kernelrl.result import (
     Environment,
     EvalResult,
@@ -66,7 +68,8 @@ def test_refused_names_each_rule():
                    findings=[Finding(rule="output_cached_across_calls", message="3 of 5 spot checks wrong"),
                              Finding(rule="rng_seeding", message="seeds the RNG", severity=Severity.WARN)])
     text = feedback(r)
-    assert "output_cached_across_calls: 3 of 5 spot checks wrong" in text and "rng_seeding" not in text
+    assert "output_cached_across_calls: " in text and "rng_seeding" not in text
+    assert "3 of 5 spot checks" not in text  # what the defence measured is never shown
     assert verdict_line(r) == "refused (output_cached_across_calls)"
 
 
@@ -87,3 +90,39 @@ def test_correct_gives_the_speedup_with_intervals_against_eager_and_compile_and_
 def test_timeout():
     r = EvalResult(task="t", status=Status.TIMEOUT, message="candidate did not finish within 20 s", errors=[LOG])
     assert feedback(r).startswith("Timed out: candidate did not finish within 20 s") and "0.1234" not in feedback(r)
+
+
+# What the judge's messages and findings hold that must never reach a prompt: how far a program
+# stood from each defence's threshold, the judge's draw of an input set's perturbation, the value
+# a non-tensor output was expected to have, and the judge's own errors.
+JUDGE_SECRETS = ("10 of 47", "round 4", "0.731", "0.41 ms", "x1.37", "+0.42", "424242", "Too many open files")
+
+
+@pytest.mark.parametrize("result", [
+    EvalResult(task="t", status=Status.FLAGGED, message="flagged: output_cached_across_calls",
+               findings=[Finding(rule="output_cached_across_calls", message=(
+                   "10 of 47 spot-checked timed calls returned a wrong output (cached or skipped work): round 4: "
+                   "output: 3 of 65536 values outside tolerance (max abs err 101, atol 0.0001, rtol 0.0001)"))]),
+    EvalResult(task="t", status=Status.FLAGGED, message="flagged: timer_mismatch, work_before_timed_call",
+               findings=[Finding(rule="timer_mismatch", message=(
+                   "reported call times disagree with the judge's clock (median excess 0.731 ms over the "
+                   "reference's overhead, 0 calls reported longer than they took)")),
+                   Finding(rule="work_before_timed_call", message=(
+                       "the candidate's worker took 0.41 ms longer than the reference's to prepare each timed "
+                       "sample (the reference: 0.50 ms): work done before the timer starts"))]),
+    EvalResult(task="t", status=Status.INCORRECT, message=(
+        "incorrect on input set 2 (scaled x1.37 and shifted +0.42 mean-abs): output 0 is 7, expected 424242")),
+    EvalResult(task="t", status=Status.INCORRECT, message=(
+        "incorrect on input set 2 (scaled x1.37 and shifted +0.42 mean-abs): a new format 424242")),
+    EvalResult(task="t", status=Status.RUNTIME_ERROR, message=(
+        "the judge could not run the candidate: OSError: [Errno 24] Too many open files: '/srv/pool'")),
+], ids=["spot_checks", "clock_margins", "expected_value", "unknown_format", "judge_error"])
+def test_nothing_a_defence_measured_or_the_judge_drew_reaches_the_text(result):
+    for text in (feedback(result), verdict_line(result)):
+        assert not [s for s in JUDGE_SECRETS if s in text], text
+
+
+def test_the_incorrect_verdict_keeps_the_input_set_kind_and_the_mismatch():
+    r = EvalResult(task="t", status=Status.INCORRECT, message=(
+        "incorrect on input set 3 (scaled x0.61 and shifted -0.20 mean-abs): output 1 has shape (4, 8), expected (4, 16)"))
+    assert "on input set 3 (scaled and shifted): output 1 has shape (4, 8), expected (4, 16)" in feedback(r)

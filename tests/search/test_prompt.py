@@ -52,9 +52,9 @@ def correct(speedup: float, ref_ms: float = 10.0) -> EvalResult:
                       cand_time=t(ref_ms / speedup))
 
 
-def flagged(rule: str, message: str, line: int | None = None) -> EvalResult:
+def flagged(rule: str, message: str, line: int | None = None, stage: str = "static") -> EvalResult:
     return EvalResult(task=TASK.name, status=Status.FLAGGED, message=message,
-                      findings=[Finding(rule=rule, message=message, severity=Severity.REJECT, line=line),
+                      findings=[Finding(rule=rule, message=message, severity=Severity.REJECT, line=line, stage=stage),
                                 Finding(rule="just-a-warning", message="style", severity=Severity.WARN)])
 
 
@@ -68,6 +68,14 @@ MIDDLE = Rec(program("middle"), correct(1.2))
 THREAD_HACK = Rec("import threading\n" + program("thread", 30) + "t = threading.Thread(target=print)\n",
                   flagged("thread-spawn", "creates a thread: work invisible to the timer", line=32))
 CACHE_HACK = Rec(program("cache"), flagged("output-cache", "output reused across calls"))
+# Refused while it ran: the defence's message holds what it measured (spot checks made, which failed).
+SPOT_CHECKED = Rec(program("spot"), flagged(
+    "output_cached_across_calls", "10 of 47 spot-checked timed calls returned a wrong output (cached or skipped "
+    "work): round 4: output: 3 of 65536 values outside tolerance (max abs err 101, atol 0.0001, rtol 0.0001)",
+    stage="dynamic"))
+CLOCKED = Rec(program("clock"), flagged(
+    "timer_mismatch", "reported call times disagree with the judge's clock (median excess 0.731 ms over the "
+    "reference's overhead, 0 calls reported longer than they took)", stage="dynamic"))
 
 
 class FakeDB:
@@ -112,6 +120,16 @@ def test_chain_best_is_shown_even_when_the_database_did_not_pick_it():
     text = prompt(FakeDB([BEST, WEAK], []), chain_best=other_best, k=2)
     assert "# version chain" in text and "# version best" in text and "# version weak" in text
     assert re.search(r"Version B: correct, speedup 1\.50x .*current best", text)
+
+
+def test_a_refusal_at_run_time_shows_its_rule_but_not_what_the_defence_measured():
+    from kernelrl.checks.rules import RULES
+
+    text = prompt(FakeDB([BEST], [SPOT_CHECKED, CLOCKED]), n_refused=2)
+    assert f"refused by rule `output_cached_across_calls`: {RULES['output_cached_across_calls'].summary}" in text
+    assert f"refused by rule `timer_mismatch`: {RULES['timer_mismatch'].summary}" in text
+    for measured in ("10 of 47", "round 4", "0.731", "median excess"):
+        assert measured not in text
 
 
 def test_failed_versions_show_their_status_not_a_speedup():
