@@ -32,6 +32,9 @@ class Status(str, enum.Enum):
     # The task's own reference could not be loaded or run (it hangs, crashes, exhausts memory):
     # no verdict on the candidate at all, and no reward.
     TASK_ERROR = "task_error"
+    # The judge itself failed while running the candidate (its worker pool, the machine): not the
+    # candidate's doing, so no verdict and no reward; never cached or reused, a later try judges it.
+    JUDGE_ERROR = "judge_error"
 
 
 class Containment(str, enum.Enum):

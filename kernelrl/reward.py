@@ -40,8 +40,8 @@ within noise, so all can be logged. `score` = `clip(raw(...))`; a trainer with s
 processes scores raw values locally and clips them all in one agreed order
 (`kernelrl.train.reward_fn`).
 
-Guarantees: `RewardModel.score` never raises for any `EvalResult` (a `task_error`, and an
-interpreted run that cannot be timed, get None); the model is safe to call from several threads;
+Guarantees: `RewardModel.score` never raises for any `EvalResult` (a `task_error` or
+`judge_error`, and an interpreted run that cannot be timed, get None); the model is safe to call from several threads;
 its windows round-trip through `state()`.
 
 Does not decide correctness, measure noise or detect hacks: the evaluator does; a flagged
@@ -217,8 +217,8 @@ class RewardModel:
               level: int | None = None, compile_speedup: float | None = None) -> Reward | None:
         """The reward of one result (`result` None: the answer held no code to evaluate), clipped.
 
-        Returns None for a `task_error` result: the task, not the candidate, failed, so there is
-        nothing to reward or punish (TRL ignores a None reward).
+        Returns None for a `task_error` or `judge_error` result: the task or the judge, not the
+        candidate, failed, so there is nothing to reward or punish (TRL ignores a None reward).
 
         `compile_speedup` is the task's eager / torch.compile time ratio; it is needed when the
         config measures against torch.compile (without it, the speedup against eager is used
@@ -233,8 +233,9 @@ class RewardModel:
             compile_speedup: float | None = None) -> Reward | None:
         """The unclipped reward (`value == raw`); the windows are not touched."""
         cfg = self.config
-        if result is not None and (result.status is Status.TASK_ERROR or result.timing is Timing.INTERPRETED):
-            # The task failed (not the candidate), or the program ran under an interpreter that
+        if result is not None and (result.status in (Status.TASK_ERROR, Status.JUDGE_ERROR)
+                                   or result.timing is Timing.INTERPRETED):
+            # The task or the judge failed (not the candidate), or the program ran under an interpreter that
             # cannot time it (Triton on a CPU): nothing to pay, nothing to punish, and no way to
             # dodge the timer by choosing a language.
             return None

@@ -186,6 +186,7 @@ def test_fixed_values_and_the_order_of_penalties():
     assert model.score(correct(1e-6)).value == pytest.approx(math.log(0.1))  # held at the floor
     assert model.score(correct(1e6)).value == pytest.approx(math.log(10.0))  # and at the cap
     assert model.score(EvalResult(task="t", status=Status.TASK_ERROR)) is None
+    assert model.score(EvalResult(task="t", status=Status.JUDGE_ERROR)) is None  # the judge failed, not the policy
     assert model.score(None).value == Penalties().no_code
     assert model.score(EvalResult(task="t", status=Status.CORRECT)).value == 0.0  # correct, not timed
 

@@ -52,7 +52,7 @@ from kernelrl.judge.pool import WorkerPool
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.judge.reference import ReferenceFailed, TaskInfo, session_for
 from kernelrl.judge.roofline import MachinePeaks, PeakStore
-from kernelrl.result import EvalResult
+from kernelrl.result import EvalResult, Status
 from kernelrl.tasks.task import Task
 
 __all__ = ["EvalConfig", "Evaluator", "ReferenceFailed", "config_fingerprint", "default_cache_dir", "evaluate",
@@ -133,7 +133,8 @@ class Evaluator:
         def done(positions: list[int], res: EvalResult) -> None:
             task, cand = pairs[positions[0]]
             with self._guard:
-                self._remember(self._key(task, cand), res)
+                if res.status is not Status.JUDGE_ERROR:  # the judge's own failure: the next call tries again
+                    self._remember(self._key(task, cand), res)
                 self.evaluations += 1
             for i in positions:
                 results[i] = res

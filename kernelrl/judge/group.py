@@ -338,7 +338,7 @@ class Group:
                                   cache_dir=cfg.cache_dir, timeout_s=cfg.timeout_s, build_timeout_s=cfg.build_timeout_s,
                                   tol_scale=cfg.tol_scale)
                 except Exception as e:  # noqa: BLE001 - the judge's own trouble must not lose the batch
-                    t.end(Verdict(status=Status.RUNTIME_ERROR,
+                    t.end(Verdict(status=Status.JUDGE_ERROR,
                                   message=f"the judge could not run the candidate: {type(e).__name__}: {e}"))
 
         with ThreadPoolExecutor(max_workers=max(1, min(cfg.concurrency, len(pending)))) as ex:

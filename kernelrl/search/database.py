@@ -394,7 +394,7 @@ class Database:
         if not fingerprint:
             return None
         rows = self._query("SELECT candidate_id, result FROM results WHERE task = ? AND hash = ? AND fingerprint = ? "
-                           "AND reused_from IS NULL "
+                           "AND reused_from IS NULL AND status != 'judge_error' "
                            "AND task_hash = COALESCE((SELECT source_hash FROM tasks WHERE name = ?), '') "
                            "ORDER BY candidate_id LIMIT 1", (task, source_hash, fingerprint, task))
         if not rows:

@@ -26,7 +26,7 @@ defence measured at run time is never shown: a dynamic finding's message (spot c
 failed, clock and preparation excesses, idle CPU time) would tell a policy how far it stood from
 each threshold, so only its rule's summary is; nor is the judge's draw of an input set's
 perturbation, the value a non-tensor output was expected to have, or an error of the judge's
-own (`the judge could not run the candidate`).
+own (a `judge_error`).
 
 Does not decide anything: the verdict is the evaluator's; the reward is `kernelrl.reward`'s.
 """
@@ -95,9 +95,10 @@ def feedback(result: EvalResult | None, *, compile_speedup: float | None = None,
             text += (f"\nLargest errors on that input set: absolute {result.max_abs_err:.3g}, "
                      f"relative {result.max_rel_err:.3g}.")
         return text + "\nFix the computation before making it faster."
+    if status is Status.JUDGE_ERROR or (status is Status.RUNTIME_ERROR
+                                        and not result.message.startswith(_PROGRAM_FAILURES)):
+        return "The judge could not run the program (not the program's fault); it was not judged."
     if status is Status.RUNTIME_ERROR:
-        if not result.message.startswith(_PROGRAM_FAILURES):
-            return "The judge could not run the program (not the program's fault); it was not judged."
         frames = _traceback_tail(result)
         head = f"Crashed while running: {_clip(result.message)}"
         return head + ("\nEnd of the traceback (your program's frames):\n" + "\n".join(f"  {f}" for f in frames)

@@ -298,3 +298,26 @@ def test_a_reference_that_cannot_be_timed_as_a_program_is_timed_in_its_task_work
     reference = res.environment.reference
     assert reference is not None and reference.timed_in is ReferenceWorker.TASK
     assert "only loadable as a task" in reference.copy_failed
+
+
+def test_the_judges_own_failure_is_a_judge_error_and_the_next_call_judges_again(tiny_task, quick_config, monkeypatch):
+    import kernelrl.judge.group as group
+
+    real = group.run_trial
+    calls = []
+
+    def broken_once(trial, *args, **kwargs):
+        if not trial.trusted:  # the candidate's trial, not the timed reference's
+            calls.append(1)
+        if calls == [1] and not trial.trusted:
+            raise OSError(24, "Too many open files")
+        return real(trial, *args, **kwargs)
+
+    monkeypatch.setattr(group, "run_trial", broken_once)
+    from kernelrl.judge.evaluator import Evaluator
+
+    with Evaluator(_no_static(quick_config)) as ev:
+        first = ev.evaluate(tiny_task, Candidate(source=IDENTICAL))
+        assert first.status is Status.JUDGE_ERROR and "Too many open files" in first.message
+        again = ev.evaluate(tiny_task, Candidate(source=IDENTICAL))  # not served from the result cache
+        assert again.status is Status.CORRECT

@@ -105,6 +105,14 @@ def test_candidate_and_result_round_trip(tmp_path: Path) -> None:
         assert r is not None and r.status is RunStatus.FINISHED and r.config == {"budget": 3} and r.finished
 
 
+def test_a_judge_error_is_never_reused(tmp_path: Path) -> None:
+    with Database(tmp_path / "k.db") as db:
+        _add(db, "t", "x", Status.JUDGE_ERROR)
+        assert db.find_result("t", "h-x", fingerprint=DEFAULT_FP) is None
+        judged = _add(db, "t", "x", Status.CORRECT, 2.0)
+        assert db.find_result("t", "h-x", fingerprint=DEFAULT_FP)[0] == judged
+
+
 def test_dedup_lookup_matches_task_and_settings(tmp_path: Path) -> None:
     with Database(tmp_path / "k.db") as db:
         first = _add(db, "t", "x", Status.CORRECT, 2.0)
