@@ -34,12 +34,19 @@ from kernelrl.judge.timer import TimingConfig
 from kernelrl.report.metrics import geometric_mean
 from kernelrl.result import EvalResult, Severity, Status
 
-SPEEDUP_KEYS = ("speedup", "speedup_ratio", "score", "mean_speedup", "speedup_vs_ref")
+# `score_default` is the published files' field (optimized_cuda_code/h100.json: JSON Lines, speedup over
+# eager); their codes/ files carry `score` as text.
+SPEEDUP_KEYS = ("score_default", "speedup", "speedup_ratio", "score", "mean_speedup", "speedup_vs_ref")
 
 
 def published_speedup(entry: AuditEntry, keys: list[str]) -> float | None:
     for key in keys:
         value = entry.meta.get(key)
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                continue
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             return float(value)
     return None
