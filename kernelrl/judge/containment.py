@@ -150,20 +150,33 @@ def bwrap_prefix(*, bwrap: str, uid: int, device: Device, scratch_bytes: int, as
         if os.path.islink(p):
             argv += ["--symlink", os.readlink(p), p]
     made: set[str] = set()
-    for p in readonly_paths(extra):
+    paths = readonly_paths(extra)
+    # A path under the scratch folder (a checkout in /tmp) is bound after the scratch tmpfs is
+    # mounted there, or the tmpfs would hide it.
+    later = [p for p in paths if _under(p, [SCRATCH])]
+
+    def bind(p: str) -> list[str]:
+        out: list[str] = []
         # bwrap makes missing parents 0700 (root's): the worker could not walk through them.
         for parent in reversed(Path(p).parents):
             q = str(parent)
-            if q != "/" and q not in made and not _under(q, ["/" + s.strip("/") for s in SYSTEM_PATHS]):
-                argv += ["--perms", "0755", "--dir", q]
+            if q not in ("/", SCRATCH) and q not in made and not _under(q, ["/" + s.strip("/") for s in SYSTEM_PATHS]):
+                out += ["--perms", "0755", "--dir", q]
                 made.add(q)
-        argv += ["--ro-bind", p, p]
+        return [*out, "--ro-bind", p, p]
+
+    for p in paths:
+        if p not in later:
+            argv += bind(p)
     argv += ["--proc", "/proc", "--dev", "/dev"]
     for node in device_nodes(device):
         argv += ["--dev-bind", node, node]
     argv += ["--perms", "1777", "--size", str(scratch_bytes), "--tmpfs", SCRATCH,
              "--perms", "1777", "--size", str(scratch_bytes), "--tmpfs", "/dev/shm",
-             "--perms", "0755", "--dir", "/var", "--symlink", "../tmp", "/var/tmp", "--chdir", SCRATCH]
+             "--perms", "0755", "--dir", "/var", "--symlink", "../tmp", "/var/tmp"]
+    for p in later:
+        argv += bind(p)
+    argv += ["--chdir", SCRATCH]
     if as_root:
         return [*argv, "--", setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
                 "--bounding-set=-all", "--no-new-privs", "--"]

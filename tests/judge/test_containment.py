@@ -247,3 +247,14 @@ def test_a_build_without_precompiled_header_does_not_fail_on_a_read_only_torch(m
     monkeypatch.setattr(cpp_extension, "remove_extension_h_precompiler_headers", read_only)
     PrecompiledHeaderLoader(str(tmp_path)).install()
     cpp_extension.remove_extension_h_precompiler_headers()  # raised before the loader was installed
+
+
+def test_a_folder_under_the_scratch_is_bound_after_the_scratch_is_mounted(tmp_path):
+    # A checkout in /tmp: bound before the scratch tmpfs, the tmpfs would hide it from the worker.
+    shown = tmp_path / "checkout"
+    shown.mkdir()
+    argv = bwrap_prefix(bwrap="bwrap", uid=60001, device="cpu", scratch_bytes=1 << 20, as_root=True,
+                        extra=(str(shown),))
+    scratch = next(i for i in range(len(argv) - 1) if argv[i] == "--tmpfs" and argv[i + 1] == "/tmp")
+    bound = next(i for i in range(len(argv) - 2) if argv[i] == "--ro-bind" and argv[i + 1] == str(shown))
+    assert str(shown).startswith("/tmp/") and bound > scratch
