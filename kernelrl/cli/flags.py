@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernelrl.config import load_toml, with_overrides
 from kernelrl.plain import field_paths
 
 # The argparse dest of a generated flag: its dotted path, made a valid attribute name.
@@ -74,6 +75,12 @@ def overrides(args: argparse.Namespace, *tables: FlagTable) -> dict[str, Any]:
             if value is not None:
                 out[table.prefix + path] = value
     return out
+
+
+def given_values(args: argparse.Namespace, *tables: FlagTable) -> dict[str, Any]:
+    """A command's settings: the run config `--config` names (if any), then the flags given on top.
+    Raises `kernelrl.config.ConfigError` for a config file that cannot be read."""
+    return with_overrides(load_toml(args.config) if args.config else {}, overrides(args, *tables))
 
 
 def flag_paths(*tables: FlagTable) -> dict[str, str]:

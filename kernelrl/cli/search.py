@@ -7,9 +7,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from kernelrl.cli.flags import FlagTable, add_flags, overrides
+from kernelrl.cli.flags import FlagTable, add_flags, given_values
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
-from kernelrl.config import ConfigError, build, load_toml, with_overrides
+from kernelrl.config import ConfigError, build
 from kernelrl.search.loop import SearchConfig
 
 # optimize / report / export
@@ -39,7 +39,7 @@ OPTIMIZE_ACTIONS = ("config", "report", "html")
 def search_config(args: argparse.Namespace) -> SearchConfig:
     """The run's `SearchConfig`: the named config file, then the flags given on top."""
     try:
-        values = with_overrides(load_toml(args.config) if args.config else {}, overrides(args, *OPTIMIZE_TABLES))
+        values = given_values(args, *OPTIMIZE_TABLES)
         if "db_path" not in values:
             raise UsageError("--db PATH is required (or db_path in the run config)")
         return build(SearchConfig, values)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from kernelrl.cli.flags import FlagTable, add_flags, overrides
+from kernelrl.cli.flags import FlagTable, add_flags, given_values
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device
-from kernelrl.config import ConfigError, build, load_toml, with_overrides
+from kernelrl.config import ConfigError, build
 from kernelrl.serve.config import ServeConfig
 
 # `serve`'s flags: every field of ServeConfig (`kernelrl.cli.flags`), the evaluator's under the same
@@ -36,8 +36,7 @@ SERVE_TABLES = (SERVE_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     """The server's `ServeConfig`: the config file, then the flags given on top."""
     try:
-        return build(ServeConfig, with_overrides(load_toml(args.config) if args.config else {},
-                                                 overrides(args, *SERVE_TABLES)))
+        return build(ServeConfig, given_values(args, *SERVE_TABLES))
     except ConfigError as e:
         raise UsageError(f"bad server configuration: {e}") from e
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from kernelrl.cli.flags import FlagTable, add_flags, overrides
+from kernelrl.cli.flags import FlagTable, add_flags, given_values
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
 from kernelrl.train.bench import BenchConfig
 from kernelrl.train.collect import CollectConfig
@@ -71,26 +71,33 @@ COLLECT_TABLES = (COLLECT_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval.")
 BENCH_TABLES = (BENCH_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
 
 
-def _config(args: argparse.Namespace, tables: tuple[FlagTable, ...], command: str) -> Any:
-    """A command's config: the named run config file, then the flags given on top."""
-    from kernelrl.config import ConfigError, build, load_toml, with_overrides
-    from kernelrl.train.collect import ProposerSpec
+def _config(args: argparse.Namespace, tables: tuple[FlagTable, ...], command: str,
+            adjust: Callable[[dict[str, Any]], None] | None = None) -> Any:
+    """A command's config: the named run config file, then the flags given on top; `adjust`
+    rewrites the merged settings before they are built."""
+    from kernelrl.config import ConfigError, build
 
-    config_type = tables[0].config
     try:
-        values = with_overrides(load_toml(args.config) if args.config else {}, overrides(args, *tables))
-        if command == "bench":
-            values.setdefault("tasks", ["builtin"])
-            if isinstance(values.get("proposer"), str):
-                # "hf:PATH key=value ...": the spec, and its options on top of --proposer-opts
-                spec = ProposerSpec.parse(values["proposer"])
-                values["proposer"] = spec.spec
-                values["proposer_opts"] = {**dict(values.get("proposer_opts") or {}), **spec.options()}
-        config: Any = build(config_type, values)
+        values = given_values(args, *tables)
+        if adjust is not None:
+            adjust(values)
+        config: Any = build(tables[0].config, values)
     except (ConfigError, ValueError) as e:
         raise UsageError(f"bad {command} settings: {e}") from e
     check_device(config.eval.device)
     return config
+
+
+def _bench_values(values: dict[str, Any]) -> None:
+    """`bench`: the builtin suite by default; "hf:PATH key=value ...": the spec, its options on top of
+    --proposer-opts."""
+    from kernelrl.train.collect import ProposerSpec
+
+    values.setdefault("tasks", ["builtin"])
+    if isinstance(values.get("proposer"), str):
+        spec = ProposerSpec.parse(values["proposer"])
+        values["proposer"] = spec.spec
+        values["proposer_opts"] = {**dict(values.get("proposer_opts") or {}), **spec.options()}
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -189,7 +196,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from kernelrl.report.console import render_bench
     from kernelrl.train.bench import plot_bench, run_bench
 
-    config = _config(args, BENCH_TABLES, "bench")
+    config = _config(args, BENCH_TABLES, "bench", adjust=_bench_values)
     console = console_for(args.json)
     if config.turns > 1:
         return _bench_turns(config, args, console)
