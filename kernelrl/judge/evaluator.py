@@ -164,10 +164,7 @@ class Evaluator:
                 todo.setdefault(self.context.tasks.key(task), task)
         groups = {key: Group(self.context, task, {}, lambda positions, res: None, baseline=True, compile=compile)
                   for key, task in todo.items()}
-        try:
-            run_groups(list(groups.values()), device=self.config.device, width=self.config.concurrency)
-        except ReferenceFailed:
-            pass  # every group has ended (run_groups waits for all); each one's failure is read below
+        run_groups(list(groups.values()), device=self.config.device, width=self.config.concurrency)
         out: list[Baseline | ReferenceFailed] = []
         for task in tasks:
             group = groups.get(self.context.tasks.key(task))

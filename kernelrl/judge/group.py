@@ -98,7 +98,9 @@ class Group:
         self.rng = ctx.secrets.generator()
         self.session = session_for(task, cfg, pool=ctx.pool, rng=self.rng)
         self.trials: dict[str, Trial] = {}
-        self.failure: str | None = None  # why the task itself failed (its reference), if it did
+        # Why the task itself failed (its reference), if it did: a baseline group has no member to
+        # tell, so its caller reads it here.
+        self.failure: str | None = None
         self.sets: list[InputSet] = []
         self.info: TaskInfo | None = None
         self.timing: GroupTiming | None = None
@@ -297,8 +299,6 @@ class Group:
             self.done(positions, V.task_error(self.setting, cand.hash, str(e), env))
         self.finished = True
         self.close()
-        if self.baseline:
-            raise ReferenceFailed(str(e)) from e
 
     def _check_all(self, checks: threading.Semaphore) -> None:
         """Static checks, builds and correctness of every candidate, `checks` at a time batch-wide."""
