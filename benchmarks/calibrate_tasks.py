@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterator
+from collections import Counter
 from pathlib import Path
 
 import machine
@@ -57,20 +57,20 @@ def main() -> int:
     worst = 0.0
     failed = []
     t0 = time.monotonic()
+    runs_of: Counter[str] = Counter()
+
+    def report(r: Calibration) -> None:
+        nonlocal within, total, worst
+        ok = r.within(args.tolerance)
+        within += ok
+        total += 1
+        runs_of[r.task] += 1
+        worst = max(worst, *(abs(s - 1) for s in (r.speedup_a, r.speedup_b, r.b_over_a)))
+        print(f"{r.task:34s} {runs_of[r.task]:3d} {r.speedup_a:8.4f} {r.speedup_b:8.4f} {r.b_over_a:8.4f} "
+              f"{r.rounds:6d} {r.reference_ms:9.4f}  {'yes' if ok else 'NO'}  {time.monotonic() - t0:.0f} s", flush=True)
+
     with Evaluator(config) as ev:
         for task in tasks:
-            run = iter(range(1, args.runs + 1))
-
-            def report(r: Calibration, name: str = task.name, run: Iterator[int] = run) -> None:
-                nonlocal within, total, worst
-                ok = r.within(args.tolerance)
-                within += ok
-                total += 1
-                worst = max(worst, *(abs(s - 1) for s in (r.speedup_a, r.speedup_b, r.b_over_a)))
-                print(f"{name:34s} {next(run):3d} {r.speedup_a:8.4f} {r.speedup_b:8.4f} {r.b_over_a:8.4f} "
-                      f"{r.rounds:6d} {r.reference_ms:9.4f}  {'yes' if ok else 'NO'}  {time.monotonic() - t0:.0f} s",
-                      flush=True)
-
             try:
                 ev.calibrate(task, runs=args.runs, on_run=report)
             except ReferenceFailed as e:

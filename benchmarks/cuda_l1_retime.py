@@ -90,9 +90,9 @@ def main() -> int:
     if not chosen:
         parser.error(f"no entry with code and a task in {args.path} ({len(entries)} entries)")
     timing = TimingConfig(min_rounds=5, max_rounds=20, max_timing_s=2.0) if args.quick else TimingConfig()
-    extra: dict[str, Any] = {"cache_dir": args.cache_dir} if args.cache_dir else {}
-    extra["concurrency"] = args.concurrency
-    config = EvalConfig(device=args.device, size=args.size, policy=args.policy, timing=timing, **extra)
+    extra = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    config = EvalConfig(device=args.device, size=args.size, policy=args.policy, timing=timing,
+                        concurrency=args.concurrency, **extra)
     print(machine.header(args.device))
     print(f"# command: {' '.join(sys.argv)}")
     print(f"# {len(chosen)} of {len(usable)} usable entries ({len(entries)} read), seed {args.seed}\n")

@@ -114,9 +114,8 @@ def main() -> int:
     if not tasks:
         parser.error(f"no level {args.levels} tasks under {args.kernelbench}")
     timing = TimingConfig(min_rounds=5, max_rounds=20, max_timing_s=2.0) if args.quick else TimingConfig()
-    extra: dict[str, Any] = {"cache_dir": args.cache_dir} if args.cache_dir else {}
-    extra["concurrency"] = args.concurrency
-    config = EvalConfig(device=args.device, size=args.size, timing=timing, **extra)
+    extra = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    config = EvalConfig(device=args.device, size=args.size, timing=timing, concurrency=args.concurrency, **extra)
     print(machine.header(args.device))
     print(f"# command: {' '.join(sys.argv)}")
     out: dict[str, Any] = {"machine": machine.describe(args.device), "baselines": [], "examples": [], "replay": [],
