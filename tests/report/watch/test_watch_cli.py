@@ -21,7 +21,10 @@ def test_serves_the_database_and_stops_on_sigint(tmp_path: Path) -> None:
     fill_search_run(db)
     proc = subprocess.Popen([sys.executable, "-m", "kernelrl", "watch", "--db", str(db), "--port", "0"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            # Ctrl-C as a terminal delivers it: a runner started in the background
+                            # (SIGINT ignored, which children inherit) must not change the outcome.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stdout.readline()
         assert line.startswith("kernelrl watch: http://127.0.0.1:"), line + proc.stderr.read()
