@@ -39,6 +39,7 @@ from kernelrl.judge.reference import ReferenceFailed
 from kernelrl.judge.timer import TimingConfig
 from kernelrl.report.metrics import fast_p, geometric_mean
 from kernelrl.result import EvalResult, Status
+from kernelrl.reward import within_noise
 from kernelrl.tasks.suites import builtin_task
 from kernelrl.tasks.task import Task, TaskError, load_task_dir
 
@@ -68,10 +69,11 @@ def replay_rows(path: Path, tasks: list[Task]) -> list[tuple[Task, Candidate]]:
 
 def summary(label: str, results: list[EvalResult], ratio: dict[str, float]) -> dict[str, Any]:
     speedups = [r.speedup if r.status is Status.CORRECT else None for r in results]
+    noisy = [within_noise(r) for r in results]
     timed = [s for s in speedups if s is not None]
     vs_compile = [r.speedup * ratio[r.task] for r in results if r.speedup is not None and r.task in ratio]
     row = {"group": label, "n": len(results), "verdicts": dict(Counter(r.status.value for r in results)),
-           "fast_0": fast_p(speedups, 0.0), "fast_1": fast_p(speedups, 1.0),
+           "fast_0": fast_p(speedups, 0.0, within_noise=noisy), "fast_1": fast_p(speedups, 1.0, within_noise=noisy),
            "geomean_vs_eager": geometric_mean(timed), "geomean_vs_compile": geometric_mean(vs_compile),
            "interpreted": sum(r.timing.value == "interpreted" for r in results)}
     geo = row["geomean_vs_eager"]

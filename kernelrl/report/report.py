@@ -9,8 +9,10 @@ Definitions (per task, its *best* candidate is its fastest correct one):
   measured in the same evaluation);
 - speedup against torch.compile = speedup against eager x compile_ms / eager_ms of the task's
   stored baseline (the same device and size); tasks without a compile baseline have none;
-- fast_p = fraction of all tasks whose best candidate is correct and more than p times faster
-  than eager; fast_0 is the fraction of tasks with any correct candidate;
+- fast_p = fraction of all tasks whose best candidate counts as more than p times faster than
+  eager (`kernelrl.report.metrics.counts_as_faster`: above p and, for p >= 1, not within noise);
+  fast_0 is the fraction of tasks with any correct candidate; every "faster" count (by turn, the
+  plots' titles) uses the same function;
 - geomean and median speedups are over the tasks that have a best candidate (the count is shown);
 - success rate = correct / evaluated candidates; refused counts = candidates flagged, per
   rejecting rule.
@@ -28,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelrl.report.metrics import fast_p, geometric_mean
+from kernelrl.report.metrics import counts_as_faster, fast_p, geometric_mean
 from kernelrl.result import Severity, Status
 from kernelrl.reward import within_noise
 from kernelrl.search.database import Database
@@ -75,7 +77,7 @@ class TurnReport:
     candidates: int
     evaluated: int
     correct: int
-    faster: int  # correct and faster than eager
+    faster: int  # correct and faster than eager (`counts_as_faster`: within noise does not count)
     best_speedup: float | None
     raised: int  # times a candidate of this turn raised its task's best so far (in the order judged)
 
@@ -91,6 +93,10 @@ class Report:
     geomean_vs_compile: float | None
     median_vs_compile: float | None
     solved: int  # tasks with a correct candidate
+    # tasks whose best counts as faster than eager (`counts_as_faster`), and solved tasks whose best
+    # is above 1.0x but within noise (shown apart, never counted as faster)
+    faster: int = 0
+    noisy_above_one: int = 0
     with_compile: int  # solved tasks with a compile baseline
     candidates: int
     evaluated: int
@@ -163,7 +169,8 @@ def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
 
     eager = [r.speedup_vs_eager for r in rows if r.speedup_vs_eager is not None]
     comp = [r.speedup_vs_compile for r in rows if r.speedup_vs_compile is not None]
-    fast = tuple((p, fast_p([r.speedup_vs_eager for r in rows], p)) for p in FAST_P)
+    fast = tuple((p, fast_p([r.speedup_vs_eager for r in rows], p, within_noise=[r.within_noise for r in rows]))
+                 for p in FAST_P)
     evaluated_n = sum(r.evaluated for r in rows)
     correct_n = sum(r.correct for r in rows)
     statuses = Counter(c.result.status.value if c.result else "proposed" for c in cands)
@@ -171,7 +178,11 @@ def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
     return Report(db_path=str(db_path), run_id=run_id, tasks=tuple(rows), fast_p=fast,
                   geomean_vs_eager=geometric_mean(eager), median_vs_eager=statistics.median(eager) if eager else None,
                   geomean_vs_compile=geometric_mean(comp), median_vs_compile=statistics.median(comp) if comp else None,
-                  solved=len(eager), with_compile=len(comp), candidates=len(cands), evaluated=evaluated_n,
+                  solved=len(eager), with_compile=len(comp),
+                  faster=sum(counts_as_faster(r.speedup_vs_eager, 1.0, within_noise=r.within_noise) for r in rows),
+                  noisy_above_one=sum(1 for r in rows
+                                      if r.within_noise and (r.speedup_vs_eager or 0.0) > 1.0),
+                  candidates=len(cands), evaluated=evaluated_n,
                   correct=correct_n, success_rate=(correct_n / evaluated_n) if evaluated_n else None,
                   status_counts=tuple((s, statuses[s]) for s in order if statuses[s]),
                   refused_by_rule=tuple(flagged_rules.most_common()), runs=runs, by_turn=by_turn(cands))
@@ -194,8 +205,10 @@ def by_turn(cands: list[CandidateRecord]) -> tuple[TurnReport, ...]:
     for t in sorted(set(turns.values())):
         own = [c for c in cands if turns.get(c.id) == t]
         correct = [c for c in own if c.is_correct and c.speedup is not None]
+        faster = sum(counts_as_faster(c.speedup, 1.0, within_noise=c.result is not None and within_noise(c.result))
+                     for c in correct)
         out.append(TurnReport(turn=t, candidates=len(own), evaluated=sum(c.result is not None for c in own),
-                              correct=len(correct), faster=sum((c.speedup or 0.0) > 1.0 for c in correct),
+                              correct=len(correct), faster=faster,
                               best_speedup=max((c.speedup or 0.0 for c in correct), default=None),
                               raised=raised[t]))
     return tuple(out)

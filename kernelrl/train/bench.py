@@ -7,7 +7,8 @@ first-attempt prompt (no earlier versions: `build_prompt` with no database), jud
 in one evaluator batch, and reports, over the tasks:
 
 - pass@j and fast_p@j for j = 1..k (unbiased estimator, `kernelrl.report.metrics`): the chance
-  that j samples hold a correct one, or a correct one faster than p times the reference;
+  that j samples hold a correct one, or a correct one faster than p times the reference (a
+  sample within noise never counts as faster: `counts_as_faster`, as in every report);
 - per task the best correct speedup against eager and, when the torch.compile baseline is
   measured, against torch.compile; their geometric mean and median over the tasks solved, and
   the geometric mean over all tasks with an unsolved task counted as 1.0x (the reference kept);
@@ -41,6 +42,7 @@ from typing import Any
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.report.metrics import fast_p_at_k, geometric_mean, pass_at_k
 from kernelrl.result import Status
+from kernelrl.reward import within_noise
 from kernelrl.search.episode import EpisodeConfig
 from kernelrl.tasks.splits import Split, SplitError, select
 from kernelrl.tasks.task import Task
@@ -92,6 +94,7 @@ class TaskBench:
     samples: int  # answers the proposer gave (at most k)
     correct: int
     speedups: tuple[float | None, ...]  # per sample (k entries: missing ones are None)
+    within_noise: tuple[bool, ...]  # per sample: its speedup cannot be told from 1.0x (k entries)
     best_speedup: float | None  # best correct speedup against eager
     compile_speedup: float | None  # the task's eager / torch.compile ratio, when measured
     statuses: dict[str, int]
@@ -200,8 +203,11 @@ def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str,
         missing += config.k - len(judged)
         speedups: list[float | None] = [j.result.speedup if j.status is Status.CORRECT else None for j in judged]
         correct = sum(1 for j in judged if j.status is Status.CORRECT)
-        # Correct but untimed samples count for pass@k; for fast_p they need a speed.
+        # Correct but untimed samples count for pass@k; for fast_p they need a speed, and one within
+        # noise never counts as faster (`counts_as_faster`).
+        noisy = [j.result is not None and within_noise(j.result) for j in judged]
         speedups += [None] * (config.k - len(judged))
+        noisy += [False] * (config.k - len(judged))
         own: dict[str, int] = {}
         for j in judged:
             key = j.status.value if j.status is not None else "no_code"
@@ -209,11 +215,13 @@ def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str,
             statuses[key] = statuses.get(key, 0) + 1
         timed = [s for s in speedups if s is not None]
         rows.append(TaskBench(task=t.name, level=t.level, samples=len(judged), correct=correct,
-                              speedups=tuple(speedups), best_speedup=max(timed) if timed else None,
+                              speedups=tuple(speedups), within_noise=tuple(noisy),
+                              best_speedup=max(timed) if timed else None,
                               compile_speedup=compile_speedups.get(t.name), statuses=own))
     ks = range(1, config.k + 1)
     pass_at = {j: statistics.fmean(pass_at_k(config.k, r.correct, j) for r in rows) for j in ks}
-    fast_at = {p: {j: statistics.fmean(fast_p_at_k(r.speedups, p, j) for r in rows) for j in ks} for p in config.ps}
+    fast_at = {p: {j: statistics.fmean(fast_p_at_k(r.speedups, p, j, within_noise=r.within_noise) for r in rows)
+                   for j in ks} for p in config.ps}
     solved = [r.best_speedup for r in rows if r.best_speedup is not None]
     vs_compile = [r.best_vs_compile for r in rows if r.best_vs_compile is not None]
     return BenchReport(proposer=config.proposer, k=config.k, ps=config.ps, tasks=tuple(rows), pass_at=pass_at,

@@ -155,3 +155,39 @@ def test_a_result_within_noise_says_so_and_shows_the_no_speedup_reward():
     console = Console(record=True, width=200)
     render_result(faster, console)
     assert "within noise" not in console.export_text()
+
+
+def test_faster_has_one_definition_a_speedup_within_noise_never_counts() -> None:
+    from kernelrl.report.metrics import counts_as_faster, fast_p, fast_p_at_k
+
+    assert counts_as_faster(1.08, 1.0, within_noise=False)
+    assert not counts_as_faster(1.08, 1.0, within_noise=True)  # row_sum 1.08x, interval 0.81-1.26x
+    assert not counts_as_faster(1.6, 1.5, within_noise=True)
+    assert counts_as_faster(1.08, 0.0, within_noise=True)  # fast_0: solved, noise or not
+    assert not counts_as_faster(None, 0.0, within_noise=False) and not counts_as_faster(1.0, 1.0, within_noise=False)
+    assert fast_p([1.08, 2.0, None], 1.0, within_noise=[True, False, False]) == pytest.approx(1 / 3)
+    assert fast_p([1.08, 2.0, None], 0.0, within_noise=[True, False, False]) == pytest.approx(2 / 3)
+    assert fast_p_at_k([1.08, 1.08], 1.0, 1, within_noise=[True, True]) == 0.0
+    assert fast_p_at_k([1.08, 1.08], 1.0, 1, within_noise=[False, True]) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        fast_p([1.0], 1.0, within_noise=[])
+
+
+def test_a_best_within_noise_is_not_counted_faster_in_the_terminal_or_the_html(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    with Database(path) as db:
+        run = db.start_run({"task_names": ["row_sum", "clear"]})
+        for task, speedup, ci in (("row_sum", 1.08, (0.81, 1.26)), ("clear", 1.5, (1.4, 1.6))):
+            db.upsert_task(name=task, source=f"# {task}", source_hash=task, level=1, size="small")
+            rec = db.add_candidate(NewCandidate(task=task, hash=task, source=task, run_id=run))
+            t = TimingStats(median_ms=1 / speedup, mean_ms=1 / speedup, min_ms=1 / speedup, iqr_ms=0, n=3)
+            db.store_result(rec.id, EvalResult(task=task, status=Status.CORRECT, speedup=speedup, speedup_ci=ci,
+                                               cand_time=t))
+    r = build_report(path)
+    assert r.fast(1.0) == 0.5 and r.fast(0.0) == 1.0 and (r.faster, r.noisy_above_one) == (1, 1)
+    console = Console(record=True, width=160)
+    render_report(r, console)
+    text = console.export_text()
+    assert "1 of 2 tasks (1 more above 1.0x but within noise)" in text and "50%" in text
+    page = write_html(r, tmp_path / "r.html").read_text()
+    assert "(within noise)" in page and "fast_1" in page and ">50%<" in page

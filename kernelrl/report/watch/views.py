@@ -5,7 +5,8 @@ render them (`kernelrl.report.watch.pages`) and the JSON endpoints return them a
 
 Definitions follow `kernelrl.report.report` (a task's best is its fastest correct candidate of
 this run; against torch.compile = speedup x compile_ms / eager_ms of the stored baseline on the
-same device and size; fast_p over all the run's tasks, counting tasks with no candidate). Added:
+same device and size; fast_p over all the run's tasks, counting tasks with no candidate, and a
+best within noise never counting as faster: `kernelrl.report.metrics.counts_as_faster`). Added:
 - the interval: the best candidate's 95 % speedup interval, as the evaluator stored it;
 - progress: a search's evaluated candidates out of budget x tasks; a GRPO run's steps out of
   `max_steps`; ETA = what is left / the rate of the last `RATE_WINDOW` units (over the time
@@ -29,10 +30,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelrl.report.metrics import fast_p, geometric_mean
+from kernelrl.report.metrics import counts_as_faster, fast_p, geometric_mean
 from kernelrl.report.report import FAST_P
 from kernelrl.report.watch import queries
 from kernelrl.report.watch.queries import CandidateDetail, CandidateRow, HackRow
+from kernelrl.reward import within_noise
 from kernelrl.search.records import RunRecord, RunStatus
 from kernelrl.train.step_log import StepRecord, read_steps
 
@@ -78,6 +80,7 @@ class TaskLine:
     eager_ms: float | None
     compile_ms: float | None
     roofline_pct: float | None
+    within_noise: bool = False  # the best speedup cannot be told from 1.0x (`kernelrl.reward.within_noise`)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,7 +186,8 @@ def run_view(conn: sqlite3.Connection, run_id: int, *, now: float) -> RunView:
     training = _training(conn, run_id, cands) if run_kind(run) == "grpo" else None
     return RunView(
         run=summary(run, len(cands)), progress=_progress(run, cands, training, len(names), now), tasks=lines,
-        fast_p=[(p, fast_p([t.speedup_vs_eager for t in lines], p)) for p in FAST_P], solved=len(eager),
+        fast_p=[(p, fast_p([t.speedup_vs_eager for t in lines], p, within_noise=[t.within_noise for t in lines]))
+                for p in FAST_P], solved=len(eager),
         geomean_vs_eager=geometric_mean(eager), median_vs_eager=statistics.median(eager) if eager else None,
         geomean_vs_compile=geometric_mean(comp), median_vs_compile=statistics.median(comp) if comp else None,
         status_counts=dict(statuses.most_common()),
@@ -219,7 +223,8 @@ def _task_lines(conn: sqlite3.Connection, run_id: int, names: list[str], cands: 
             best_candidate=b.id if b else None, speedup_vs_eager=b.speedup if b else None,
             interval=res.speedup_ci if res is not None else None, speedup_vs_compile=vs_compile,
             eager_ms=base.eager_ms if base else None, compile_ms=base.compile_ms if base else None,
-            roofline_pct=res.roofline_pct if res is not None else None))
+            roofline_pct=res.roofline_pct if res is not None else None,
+            within_noise=res is not None and within_noise(res)))
     return lines
 
 
@@ -291,11 +296,14 @@ def _training(conn: sqlite3.Connection, run_id: int, cands: list[CandidateRow]) 
         raws = [float(c.meta["raw"]) for c in own if _number(c.meta.get("raw"))]
         given = [float(c.meta["reward"]) for c in own if c.meta.get("kept") and _number(c.meta.get("reward"))]
         correct = [c for c in own if c.status == "correct"]
+        full = queries.results(conn, [c.id for c in correct if c.speedup is not None])
         lines.append(StepLine(step=step, rollouts=len(own), raw_reward=statistics.fmean(raws) if raws else None,
                               clipped_reward=statistics.fmean(given) if given else None,
                               clipped=sum(1 for c in own if c.meta.get("clipped")),
                               correct_share=len(correct) / len(own),
-                              fast_1_share=sum(1 for c in correct if (c.speedup or 0.0) > 1.0) / len(own)))
+                              fast_1_share=sum(counts_as_faster(c.speedup, 1.0, within_noise=c.id in full
+                                                                and within_noise(full[c.id])) for c in correct)
+                              / len(own)))
     return Training(steps=lines, logged=read_steps(conn, run_id))
 
 
