@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# One command that measures the judge on a GPU: at most 9 minutes on one H100, with only what the
+# image has (torch with CUDA, Triton, pytest; no package registry: kernelrl runs from this checkout
+# through PYTHONPATH, bubblewrap comes from the .deb beside this script when bwrap is missing).
+#
+#   bash benchmarks/gpu_check.sh OUT [--kernelbench DIR] [--cuda-l1 PATH] [--budget SECONDS] [--dry-run]
+#
+# KernelBench and CUDA-L1's published kernels are data the user brings: --kernelbench (or
+# $KERNELBENCH) names a KernelBench checkout, --cuda-l1 (or $CUDA_L1) the published kernels
+# (optimized_cuda_code/h100.json); without one, its step writes a line saying it was skipped.
+#
+# Steps, most valuable first, each under its own time limit (clipped to what is left of --budget,
+# 540 s by default; a step with under 5 s left is skipped and says so):
+#   env         environment and clocks (gpu_env.py)                                  -> env.txt
+#   streams     side-stream, second-context, event and graph tests (pytest, gpu)     -> tests.jsonl
+#   floor       the per-call floor of the worker's timing bracket (call_floor.py)    -> floor.jsonl
+#   aa          A/A: the reference against copies of itself on 2 tasks (calibrate)   -> log.txt
+#   kernelbench a KernelBench level-1 sample, eager and torch.compile baselines      -> kernelbench.json
+#   cuda_l1     a sample of CUDA-L1's H100 kernels re-timed                          -> cuda_l1.json
+#   throughput  evaluations per hour, the evaluator's batch (eval_throughput.py)     -> log.txt
+#   gpu_tests   every other gpu-marked test                                          -> tests.jsonl
+# OUT gets at most 8 files, each appended to as results end: env.txt, steps.jsonl (one line per step:
+# name, limit, seconds, exit code, timed_out, skipped), tests.jsonl (one line per test, written by
+# gpu_check_plugin.py as each test ends), log.txt (every step's output), floor.jsonl,
+# kernelbench.json and cuda_l1.json (written by those scripts when they finish).
+#
+# --dry-run: on a CPU, every step starts with tiny CPU settings and stops within its own short
+# limit ($GPU_CHECK_DRY_LIMIT, 20 s by default); a step cut by its limit is recorded as timed_out.
+# tests/test_benchmarks.py runs it. Nothing is claimed from a dry run's figures.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=""
+DRY=0
+BUDGET=540
+KB=${KERNELBENCH:-}
+CL1=${CUDA_L1:-}
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) DRY=1 ;;
+        --kernelbench) KB=$2; shift ;;
+        --cuda-l1) CL1=$2; shift ;;
+        --budget) BUDGET=$2; shift ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        -*) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
+        *) [ -z "$OUT" ] || { echo "gpu_check: one output folder only" >&2; exit 2; }; OUT=$1 ;;
+    esac
+    shift
+done
+[ -n "$OUT" ] || { echo "usage: gpu_check.sh OUT [--kernelbench DIR] [--cuda-l1 PATH] [--budget S] [--dry-run]" >&2; exit 2; }
+mkdir -p "$OUT" || exit 2
+OUT=$(cd "$OUT" && pwd)
+LOG=$OUT/log.txt
+STEPS=$OUT/steps.jsonl
+export GPU_CHECK_TESTS=$OUT/tests.jsonl
+PYTHON=${PYTHON:-python3}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
+export PYTHONPATH="$ROOT:$ROOT/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
+export KERNELRL_CACHE=${KERNELRL_CACHE:-$WORK/cache}
+export PYTHONUNBUFFERED=1
+START=$(date +%s)
+DEADLINE=$((START + BUDGET))
+DRY_LIMIT=${GPU_CHECK_DRY_LIMIT:-20}
+
+if [ "$DRY" = 1 ]; then
+    DEV=cpu; SIZE=small; QUICK=--quick
+else
+    DEV=cuda; SIZE=full; QUICK=
+fi
+
+note() { echo "gpu_check: $*" | tee -a "$LOG" >&2; }
+
+# A step's line in steps.jsonl. Every value is a number or a word this script chose.
+record() {  # name limit seconds rc timed_out skipped reason
+    printf '{"step": "%s", "limit_s": %s, "seconds": %s, "rc": %s, "timed_out": %s, "skipped": %s, "reason": "%s"}\n' \
+        "$1" "$2" "$3" "$4" "$5" "$6" "$7" >> "$STEPS"
+}
+
+run_step() {  # name limit command...
+    local name=$1 limit=$2 left t0 t1 rc timed_out
+    shift 2
+    [ "$DRY" = 1 ] && limit=$DRY_LIMIT
+    left=$((DEADLINE - $(date +%s)))
+    [ "$left" -lt "$limit" ] && limit=$left
+    if [ "$limit" -lt 5 ]; then
+        note "step $name skipped: ${left}s of the budget left"
+        record "$name" "$limit" 0 null false true "budget spent"
+        return
+    fi
+    echo "=== step $name, limit ${limit}s, $(date -u +%Y-%m-%dT%H:%M:%SZ): $*" >> "$LOG"
+    t0=$(date +%s.%N)
+    # timeout signals the step's whole process group (workers included); KILL 5 s after TERM.
+    GPU_CHECK_STEP=$name timeout --kill-after=5 "$limit" "$@" >> "$LOG" 2>&1
+    rc=$?
+    t1=$(date +%s.%N)
+    timed_out=false
+    { [ "$rc" = 124 ] || [ "$rc" = 137 ]; } && timed_out=true
+    record "$name" "$limit" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')" "$rc" "$timed_out" false ""
+    echo "=== step $name: rc $rc, timed_out $timed_out" >> "$LOG"
+}
+
+skip_step() {  # name reason
+    note "step $1 skipped: $2"
+    record "$1" 0 0 null false true "$2"
+}
+
+# bubblewrap from the .deb beside this script where bwrap is missing (no registry needed).
+if ! command -v bwrap >/dev/null 2>&1; then
+    deb=$(ls "$ROOT"/benchmarks/bubblewrap_*.deb 2>/dev/null | head -n 1)
+    if [ -n "$deb" ]; then
+        mkdir -p "$WORK/deb"
+        if command -v dpkg-deb >/dev/null 2>&1; then
+            dpkg-deb -x "$deb" "$WORK/deb"
+        else
+            "$PYTHON" "$ROOT/benchmarks/gpu_env.py" --extract-deb "$deb" "$WORK/deb"
+        fi
+        if [ -x "$WORK/deb/usr/bin/bwrap" ] && "$WORK/deb/usr/bin/bwrap" --version >/dev/null 2>&1; then
+            export PATH="$WORK/deb/usr/bin:$PATH"
+            note "bwrap from $(basename "$deb") put on PATH"
+        else
+            note "bwrap from $(basename "$deb") does not run here; workers will be less than fully contained"
+        fi
+    else
+        note "no bwrap and no bubblewrap .deb; workers will be less than fully contained"
+    fi
+fi
+
+if [ "$DRY" = 1 ]; then
+    STREAM_TESTS=(tests/judge/test_worker_cuda.py)
+else
+    # pytest runs node ids in the order given: the torch-level ones (no build) first.
+    STREAM_TESTS=(tests/judge/test_worker_cuda.py)
+    for f in side_stream_cuda current_stream_switched_cuda cuda_event_disable_timing cuda_event_timer_patch \
+             cuda_graph_stale_replay precision_flags_cuda freed_memory_cuda second_context_cuda \
+             sync_patched_side_stream_cuda token_paste_stream_cuda cpp_pool_stream_cuda; do
+        [ -f "$ROOT/tests/fixtures/redteam/$f.py" ] && STREAM_TESTS+=("tests/checks/test_redteam.py::test_redteam_dynamic_defences_alone[$f]")
+    done
+fi
+PYTEST=("$PYTHON" -m pytest -p gpu_check_plugin -p no:cacheprovider -q -rA)
+
+cd "$ROOT" || exit 2
+run_step env 30 bash -c '"$0" benchmarks/gpu_env.py "$1" | tee "$2"' "$PYTHON" "$DEV" "$OUT/env.txt"
+run_step streams 100 "${PYTEST[@]}" -m gpu "${STREAM_TESTS[@]}"
+run_step floor 25 "$PYTHON" benchmarks/call_floor.py --device "$DEV" --n "$([ "$DRY" = 1 ] && echo 200 || echo 2000)" \
+    --json "$OUT/floor.jsonl"
+run_step aa 80 "$PYTHON" benchmarks/calibrate_tasks.py --device "$DEV" --size "$SIZE" --runs 2 --tolerance 0.02 \
+    --tasks level1/softmax level1/rmsnorm $QUICK
+if [ -n "$KB" ] && [ -d "$KB" ]; then
+    run_step kernelbench 90 "$PYTHON" benchmarks/kernelbench_gpu.py "$KB" --device "$DEV" --size "$SIZE" --levels 1 \
+        --sample "$([ "$DRY" = 1 ] && echo 1 || echo 4)" --no-examples --concurrency 4 $QUICK \
+        $([ "$DRY" = 1 ] && echo --no-compile) --json "$OUT/kernelbench.json"
+else
+    skip_step kernelbench "no KernelBench checkout: pass --kernelbench DIR or set KERNELBENCH"
+fi
+if [ -n "$CL1" ] && [ -e "$CL1" ]; then
+    run_step cuda_l1 90 "$PYTHON" benchmarks/cuda_l1_retime.py "$CL1" --device "$DEV" --size "$SIZE" \
+        --sample "$([ "$DRY" = 1 ] && echo 1 || echo 6)" --seed 0 --concurrency 4 $QUICK --json "$OUT/cuda_l1.json"
+else
+    skip_step cuda_l1 "no CUDA-L1 kernels: pass --cuda-l1 PATH or set CUDA_L1"
+fi
+run_step throughput 60 "$PYTHON" benchmarks/eval_throughput.py --device "$DEV" --only pytorch --paths batched \
+    --limit "$([ "$DRY" = 1 ] && echo 1 || echo 2)"
+DESELECT=()
+for t in "${STREAM_TESTS[@]}"; do DESELECT+=(--deselect "$t"); done
+run_step gpu_tests 600 "${PYTEST[@]}" -m gpu tests "${DESELECT[@]}"
+
+note "done in $(($(date +%s) - START)) s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+rm -rf "$WORK"

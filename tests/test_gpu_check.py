@@ -1,0 +1,90 @@
+"""`benchmarks/gpu_check.sh --dry-run` on a CPU: every step starts, writes its line and stops within its
+own limit; the output folder holds at most 8 files; absent user data is a clear skip. And the pytest
+plugin behind tests.jsonl writes one line per test with its outcome, as each test ends.
+
+The dry run's figures mean nothing (tiny CPU settings, steps cut by a short limit); what is tested
+is that the one GPU command cannot overrun or lose what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = ["env", "streams", "floor", "aa", "kernelbench", "cuda_l1", "throughput", "gpu_tests"]
+LIMIT = 6
+KILL_AFTER = 5
+
+
+def test_gpu_check_dry_run_starts_every_step_and_stops_in_time(tmp_path):
+    out = tmp_path / "out"
+    checkout = tmp_path / "kb" / "KernelBench" / "level1"
+    checkout.mkdir(parents=True)
+    (checkout / "1_silu.py").write_text((ROOT / "tests" / "fixtures" / "tasks" / "elementwise_silu.py").read_text())
+    cuda_l1 = tmp_path / "h100.json"
+    cuda_l1.write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("KERNELBENCH", "CUDA_L1", "KERNELRL_CACHE")}
+    env["GPU_CHECK_DRY_LIMIT"] = str(LIMIT)
+    t0 = time.monotonic()
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(out), "--dry-run",
+                           "--kernelbench", str(checkout.parent.parent)], capture_output=True, text=True, env=env,
+                          timeout=len(STEPS) * (LIMIT + KILL_AFTER) + 60)
+    wall = time.monotonic() - t0
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == STEPS
+    by = {s["step"]: s for s in steps}
+    for s in steps:
+        assert s["seconds"] <= s["limit_s"] + KILL_AFTER + 1, s
+    assert by["kernelbench"]["skipped"] is False and by["kernelbench"]["limit_s"] == LIMIT
+    assert by["cuda_l1"]["skipped"] is True and "CUDA_L1" in by["cuda_l1"]["reason"]
+    assert by["env"]["rc"] == 0 and by["floor"]["rc"] == 0
+    assert wall < len(STEPS) * (LIMIT + KILL_AFTER) + 30
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and {"env.txt", "steps.jsonl", "log.txt", "floor.jsonl", "tests.jsonl"} <= set(files)
+    assert "# torch:" in (out / "env.txt").read_text()
+    floors = {json.loads(line)["measure"] for line in (out / "floor.jsonl").read_text().splitlines()}
+    assert {"sync", "python_call", "empty_kernel"} <= floors
+    tests = [json.loads(line) for line in (out / "tests.jsonl").read_text().splitlines()]
+    assert any(t["step"] == "streams" and "test_worker_cuda" in t["nodeid"] for t in tests)
+    log = (out / "log.txt").read_text()
+    for name in STEPS:
+        assert f"step {name}" in log
+
+
+def test_gpu_check_needs_an_output_folder():
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True)
+    assert done.returncode == 2 and "usage" in done.stderr
+
+
+def test_plugin_writes_one_line_per_test_as_it_ends(tmp_path):
+    (tmp_path / "test_some.py").write_text(
+        "import pytest\n"
+        "def test_ok(): pass\n"
+        "def test_bad(): assert 1 == 2\n"
+        "@pytest.mark.skip(reason='no device')\n"
+        "def test_skip(): pass\n"
+        "@pytest.mark.xfail(strict=True)\n"
+        "def test_xf(): assert 0\n"
+        "@pytest.fixture\n"
+        "def boom(): raise RuntimeError('setup broke')\n"
+        "def test_err(boom): pass\n")
+    (tmp_path / "test_broken.py").write_text("import no_such_module_here\n")
+    target = tmp_path / "tests.jsonl"
+    env = dict(os.environ, GPU_CHECK_TESTS=str(target), GPU_CHECK_STEP="s1",
+               PYTHONPATH=str(ROOT / "benchmarks"))
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "gpu_check_plugin", "-p", "no:cacheprovider",
+                    "--continue-on-collection-errors", "-c", os.devnull, str(tmp_path)],
+                   capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    rows = {r["nodeid"].split("::")[-1]: r for r in map(json.loads, target.read_text().splitlines())}
+    assert {k: r["outcome"] for k, r in rows.items()} == {
+        "test_ok": "passed", "test_bad": "failed", "test_skip": "skipped", "test_xf": "xfailed",
+        "test_err": "error", "test_broken.py": "collection_error"}
+    assert "no device" in rows["test_skip"]["message"] and "setup broke" in rows["test_err"]["message"]
+    assert "no_such_module_here" in rows["test_broken.py"]["message"]
+    assert all(r["step"] == "s1" for r in rows.values())
