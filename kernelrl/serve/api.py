@@ -20,8 +20,10 @@ builds them with `wire_item`.
   `parse_body` turns a body into a request model, its size checked first.
 
 `check_body` bounds a body's cost before it is parsed: it counts the JSON tokens and the items
-and measures the strings with one regular-expression pass that stops at the first limit passed,
-so a body of a million tiny items is refused after reading a few thousand of them.
+and measures the strings in one pass, linear in the body's length whatever it holds, that stops
+at the first limit passed, so a body of a million tiny items is refused after reading a few
+thousand of them, and no body (unterminated strings of escaped quotes included) costs more than
+reading it once.
 
 An item's `task` is either a built-in task name (resolved with `builtin_task`, never as a path)
 or a full KernelBench-format source; `resolve_task` checks a source with `ast` only and never
@@ -49,8 +51,13 @@ MAX_KEY_CHARS = 200
 # Names are labels only (they name the result and the reward's smoothing window): printable, short.
 NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"
 # JSON tokens that check_body counts: a string, or a structural character (scalars need a comma
-# or a colon next to them, so these bound every value).
-_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\],:]', re.DOTALL)
+# or a colon next to them, so these bound every value). A string's start is found by `_JSON_TOKEN_START`
+# and its rest read once by `_JSON_STRING_REST` (no backtracking, never retried from inside it):
+# the scan is linear in the body whatever it holds (an unterminated string of escaped quotes
+# included, which a single alternation pattern scanned in quadratic time).
+_JSON_TOKEN_START = re.compile(rb'["{}\[\],:]')
+_JSON_STRING_REST = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)
+_SCAN_SLICE = 1 << 16
 TOKENS_PER_ITEM = 20  # {, four keys with their colons and values, commas, }: 17 at most
 TOKENS_ENVELOPE = 32  # the request's own object, its keys and values
 ESCAPED_BYTES_PER_BYTE = 6  # a JSON string may spell one byte as \uXXXX
@@ -207,24 +214,47 @@ class TooLarge(ValueError):
     """A request over a limit (items, tokens, one string's size); the message says which."""
 
 
+def _string_end(body: bytes, pos: int, bound: int) -> int:
+    """Where the JSON string whose content starts at `pos` ends (its closing quote), `bound` when
+    it runs past `bound`, or `len(body)` when it is never closed. Reads each byte once, in slices
+    of `_SCAN_SLICE` so that no single regular-expression call holds the interpreter for long."""
+    while True:
+        stop = min(bound, pos + _SCAN_SLICE)
+        rest = _JSON_STRING_REST.match(body, pos, stop)
+        end = rest.end() if rest is not None else pos
+        if end < len(body) and body[end] == 0x22:
+            return end
+        if end >= len(body) or stop >= bound:
+            return len(body) if end >= len(body) else bound
+        pos = end  # cut at the slice's end (an escape's backslash may be its last byte): go on from there
+
+
 def check_body(body: bytes, *, max_items: int, max_string_bytes: int) -> None:
     """Refuse (TooLarge) a JSON body with more than `max_items` items (objects inside the
     top-level object's arrays), more tokens than that many items can hold, or a string that
     cannot decode to `max_string_bytes` or fewer, before anything is parsed. Reads at most
-    `TOKENS_PER_ITEM * max_items + TOKENS_ENVELOPE` tokens (regular-expression matches)."""
+    `TOKENS_PER_ITEM * max_items + TOKENS_ENVELOPE` tokens, each byte once."""
     limit = TOKENS_PER_ITEM * max_items + TOKENS_ENVELOPE
     longest = ESCAPED_BYTES_PER_BYTE * max_string_bytes + 2
-    depth = items = 0
-    for n, m in enumerate(_JSON_TOKEN.finditer(body), 1):
+    depth = items = n = pos = 0
+    while (m := _JSON_TOKEN_START.search(body, pos)) is not None:
+        n += 1
         if n > limit:
             raise TooLarge(f"the request holds more than {limit} JSON values (more than {max_items} items in one "
                            "job?); split the batch")
-        first = body[m.start()]
-        if first == 0x22:  # a string
-            if m.end() - m.start() > longest:
-                raise TooLarge(f"a string of {m.end() - m.start() - 2} bytes; a source is at most {max_string_bytes} "
+        start = m.start()
+        first = body[start]
+        if first == 0x22:  # a string: its rest, read once
+            end = _string_end(body, start + 1, min(len(body), start + longest))
+            if end - start + 1 > longest:
+                raise TooLarge(f"a string of more than {longest - 2} bytes; a source is at most {max_string_bytes} "
                                "bytes")
-        elif first in b"{[":
+            if end >= len(body):  # unterminated: not JSON (the parser says so), and nothing follows
+                return
+            pos = end + 1
+            continue
+        pos = start + 1
+        if first in b"{[":
             depth += 1
             if depth == 3 and first == 0x7B:  # an object in an array of the request
                 items += 1

@@ -8,7 +8,7 @@ Rules:
   `CUDA_VISIBLE_DEVICES`, `TRITON_INTERPRET`) are no finding: the judge sets them, they hold no
   secret.
 - `environment_write` (warns): setting ordinary variables (`TORCH_CUDA_ARCH_LIST` before a
-  build, say). Variables that change precision (`PRECISION_ENV`), thread counts (`THREAD_ENV`)
+  build, say). Variables that change precision (`PRECISION_ENV`), thread counts (`is_thread_env`)
   or a backend (`PYTORCH_*`, `TORCHINDUCTOR_*`, `TORCH_*`, `CUDA_LAUNCH*`, `CUBLAS_*`,
   `CUDNN_*` other than build settings) are left to the settings rules (`settings.py`), which
   read the same writes through `env_writes`.
@@ -34,8 +34,22 @@ from kernelrl.checks.static.syntax import const_str, line_of, under
 # Variables that change float precision, thread counts, or only a build: what each settings rule
 # reports instead of environment_write.
 PRECISION_ENV = ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
-THREAD_ENV = re.compile(r"^(OMP|MKL|OPENBLAS|NUMEXPR|VECLIB|BLIS|GOTO|KMP|GOMP|TORCH)_?\w*(THREADS|AFFINITY|"
-                        r"PROC_BIND|PLACES|DYNAMIC)\w*$")
+_THREAD_ENV_PREFIXES = ("OMP", "MKL", "OPENBLAS", "NUMEXPR", "VECLIB", "BLIS", "GOTO", "KMP", "GOMP", "TORCH")
+_THREAD_ENV_WORDS = ("THREADS", "AFFINITY", "PROC_BIND", "PLACES", "DYNAMIC")
+_WORD = re.compile(r"\w+")
+
+
+def is_thread_env(key: str) -> bool:
+    """A variable that sets thread counts or placement: a word (letters, digits, `_`) that starts
+    with a threading library's prefix and holds one of the settings' words after it.
+
+    What `^(OMP|...)_?\\w*(THREADS|...)\\w*$` matched, read in linear time: that pattern took
+    time quadratic in a long word holding many `THREADS` (the key is the candidate's text).
+    """
+    key = key[:-1] if key.endswith("\n") else key  # as `$` allowed one final newline
+    if _WORD.fullmatch(key) is None:
+        return False
+    return any(key.startswith(p) and any(w in key[len(p):] for w in _THREAD_ENV_WORDS) for p in _THREAD_ENV_PREFIXES)
 BUILD_ENV = ("TORCH_CUDA_ARCH_LIST", "TORCH_EXTENSIONS_DIR", "CXX", "CC", "MAX_JOBS", "CUDA_HOME",
              "CUDA_PATH", "CXXFLAGS", "CFLAGS", "LDFLAGS", "NVCC_FLAGS", "TRITON_CACHE_DIR")
 # Build settings a program may read by name: what the judge sets for builds, never a secret.
@@ -104,7 +118,7 @@ def _environment_access(src: SourceInfo) -> Iterator[Hit]:
 @register(R.ENVIRONMENT_WRITE)
 def _environment_write(src: SourceInfo) -> Iterator[Hit]:
     for node, key, _ in env_writes(src):
-        if key in PRECISION_ENV or (key and THREAD_ENV.match(key)):
+        if key in PRECISION_ENV or (key and is_thread_env(key)):
             continue  # reported by the precision / thread rules
         if key and key.startswith(("PYTORCH_", "TORCHINDUCTOR_", "CUDA_LAUNCH", "CUBLAS_", "CUDNN_")) \
                 and key not in BUILD_ENV:

@@ -8,7 +8,7 @@ access, SIMD intrinsics or OpenMP; `cpp_extension.load` (sources from files); `@
 Raw/Elementwise/Reduction kernels and `torch.cuda.jiterator`. Sources held in variables,
 f-strings, concatenations and lists are followed. `has_custom_kernel` answers the same question
 for callers outside the rules. `cpp_sources` gives every string constant that holds C/C++/CUDA
-code (comments removed), for the stream and dynamic-code rules.
+code (comments removed, in linear time: `strip_c_comments`), for the stream and dynamic-code rules.
 
 Does not catch: a C++ source that only calls ATen (`torch::matmul`) is a wrapper, not a kernel;
 a source the tree cannot read (built by a function, read from disk) gets the benefit of the doubt
@@ -33,7 +33,7 @@ _KERNEL_DECORATORS = ("triton.jit", "triton.autotune", "triton.heuristics", "num
                       "numba.jit", "cuda.jit", "tilelang.jit", "helion.kernel")
 _KERNEL_CALLS = ("cupy.RawKernel", "cupy.RawModule", "cupy.ElementwiseKernel", "cupy.ReductionKernel",
                  "torch.cuda.jiterator._create_jit_fn", "torch.cuda.jiterator._create_multi_output_jit_fn")
-_C_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+_COMMENT_START = re.compile(r"/[/*]")
 _REAL_CPP = re.compile(r"\bfor\s*\(|\bwhile\s*\(|parallel_for|data_ptr|\.accessor<|packed_accessor|__m\d+|"
                        r"_mm\d*_|#pragma\s+omp|\bvec_\w+|at::vec::", re.IGNORECASE)
 # What makes a string constant C/C++/CUDA code.
@@ -48,11 +48,41 @@ class KernelInfo:
     note: str = ""
 
 
+def strip_c_comments(text: str) -> str:
+    """`text` without its `// ...` and `/* ... */` comments, in time linear in its length.
+
+    The same text as `re.sub(r"//[^\\n]*|/\\*.*?\\*/", "", text, flags=re.DOTALL)`, whose lazy
+    pattern is quadratic on comments that open and never close (each `/*` read to the end): an
+    unclosed `/*` stays as text, as there, and once one `/*` has found no `*/` after it, none of
+    the later ones is looked for again.
+    """
+    out: list[str] = []
+    pos = 0
+    unclosed_after = len(text) + 1  # no "*/" starts at or after this index
+    while (m := _COMMENT_START.search(text, pos)) is not None:
+        start = m.start()
+        if text[start + 1] == "/":
+            end = text.find("\n", start + 2)
+            out.append(text[pos:start])
+            pos = len(text) if end < 0 else end
+            continue
+        close = text.find("*/", start + 2) if start + 2 < unclosed_after else -1
+        if close < 0:
+            unclosed_after = min(unclosed_after, start + 2)
+            out.append(text[pos:start + 1])  # the "/" stays; the scan goes on after it
+            pos = start + 1
+            continue
+        out.append(text[pos:start])
+        pos = close + 2
+    out.append(text[pos:])
+    return "".join(out)
+
+
 def cpp_sources(src: SourceInfo) -> Iterator[tuple[ast.AST, str]]:
     """String constants that hold C/C++/CUDA code, with their comments removed."""
     for node in ast.walk(src.tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CPP_MARKER.search(node.value):
-            yield node, _C_COMMENT.sub("", node.value)
+            yield node, strip_c_comments(node.value)
 
 
 def custom_kernels(src: SourceInfo) -> list[KernelInfo]:
@@ -71,8 +101,8 @@ def custom_kernels(src: SourceInfo) -> list[KernelInfo]:
                 # of the doubt; the strict policy is about fallbacks, not about proving a kernel.
                 out.append(KernelInfo(kind="cpp", line=line_of(node), real=True, note="source not resolvable"))
                 continue
-            cuda_code = _C_COMMENT.sub("", cuda_text or "")
-            cpp_code = _C_COMMENT.sub("", cpp_text or "")
+            cuda_code = strip_c_comments(cuda_text or "")
+            cpp_code = strip_c_comments(cpp_text or "")
             if "__global__" in cuda_code:
                 out.append(KernelInfo(kind="cuda", line=line_of(node), real=True))
             elif _REAL_CPP.search(cpp_code) or _REAL_CPP.search(cuda_code):

@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterator
 
 from kernelrl.checks import rules as R
-from kernelrl.checks.static.environment import BUILD_ENV, PRECISION_ENV, THREAD_ENV, env_writes
+from kernelrl.checks.static.environment import BUILD_ENV, PRECISION_ENV, env_writes, is_thread_env
 from kernelrl.checks.static.registry import Hit, register
 from kernelrl.checks.static.source import SourceInfo
 from kernelrl.checks.static.syntax import const_str, line_of, store_targets, under
@@ -140,7 +140,7 @@ def _thread_setting_change(src: SourceInfo) -> Iterator[Hit]:
         if under(q, calls):
             yield Hit(line_of(node), f"{q}() changes global threading or scheduling")
     for write, key, _ in env_writes(src):
-        if key and THREAD_ENV.match(key):
+        if key and is_thread_env(key):
             yield Hit(line_of(write), f"sets environment variable {key}, which changes thread counts")
 
 
@@ -166,5 +166,5 @@ def _backend_setting_change(src: SourceInfo) -> Iterator[Hit]:
             yield Hit(line_of(call), f"{q}() as a statement changes global state for everything that runs later")
     for write, key, _ in env_writes(src):
         if key and (key.startswith(("PYTORCH_", "TORCHINDUCTOR_", "TORCH_", "CUDA_LAUNCH", "CUBLAS_", "CUDNN_"))
-                    and key not in BUILD_ENV and key not in PRECISION_ENV and not THREAD_ENV.match(key)):
+                    and key not in BUILD_ENV and key not in PRECISION_ENV and not is_thread_env(key)):
             yield Hit(line_of(write), f"sets environment variable {key}, a backend setting")
