@@ -88,3 +88,42 @@ def test_plugin_writes_one_line_per_test_as_it_ends(tmp_path):
     assert "no device" in rows["test_skip"]["message"] and "setup broke" in rows["test_err"]["message"]
     assert "no_such_module_here" in rows["test_broken.py"]["message"]
     assert all(r["step"] == "s1" for r in rows.values())
+
+
+BLOCKER = '''
+import importlib.abc, sys
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("httpx", "vllm"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _Block())
+'''
+
+
+def _collect(tmp_path: Path, *marks: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "blk"), str(ROOT / "tests"), str(ROOT)]))
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "block_extras", "-p", "conftest", "-p",
+                           "no:cacheprovider", "-c", os.devnull, "--collect-only", "-q", *marks, str(tmp_path / "t")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+
+def test_gpu_selection_skips_modules_whose_optional_extra_is_missing(tmp_path):
+    """`pytest -m gpu` on a machine without vllm or httpx collects the rest; elsewhere it is an error."""
+    (tmp_path / "blk").mkdir()
+    (tmp_path / "blk" / "block_extras.py").write_text(BLOCKER)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "test_needs_vllm.py").write_text("import vllm\ndef test_a(): pass\n")
+    (tmp_path / "t" / "test_needs_httpx.py").write_text("from httpx import Client\ndef test_b(): pass\n")
+    (tmp_path / "t" / "test_gpu_here.py").write_text("import pytest\n@pytest.mark.gpu\ndef test_c(): pass\n")
+    (tmp_path / "t" / "test_broken.py").write_text("import not_an_extra_at_all\n")
+    gpu = _collect(tmp_path, "-m", "gpu")
+    assert "test_gpu_here.py::test_c" in gpu.stdout
+    assert "ERROR collecting t/test_needs_vllm.py" not in gpu.stdout and "ERROR collecting t/test_needs_httpx.py" \
+        not in gpu.stdout
+    assert "1 error" in gpu.stdout and "not_an_extra_at_all" in gpu.stdout  # a missing non-extra stays an error
+    (tmp_path / "t" / "test_broken.py").unlink()
+    gpu = _collect(tmp_path, "-m", "gpu")
+    assert gpu.returncode == 0, gpu.stdout[-2000:]
+    fast = _collect(tmp_path, "-m", "not slow and not gpu")
+    assert fast.returncode != 0 and "No module named 'vllm'" in fast.stdout
