@@ -11,8 +11,10 @@ Semantics (each is a property tested in `tests/test_reward.py`, over every shipp
    scored below a compile error, the policy would learn to stop writing code that builds.
 2. **Hacks are the worst outcome.** A flagged result scores below everything else, a correct
    result and every other failure alike (or the policy learns to hack).
-3. **Among failures**: flagged < timeout, runtime error, incorrect <= compile error, no code
-   (a program that builds and runs wrong must not beat one that does not build).
+3. **Among failures**: flagged < no code <= timeout, runtime error, incorrect <= compile error
+   (a program that builds and runs wrong must not beat one that does not build, and an answer
+   with no program at all must not beat any program that ran: abstaining never pays more than
+   trying).
 4. **Monotone in speedup**: for results that carry the same noise information, a faster
    correct result never scores lower. Speedups are measured against eager (the evaluator's
    speedup) or against `torch.compile` (times the task's eager/compile ratio).
@@ -26,7 +28,12 @@ Semantics (each is a property tested in `tests/test_reward.py`, over every shipp
 7. **The speed term**: `log` (default: log of the held speedup, 0 at 1x, symmetric, gentle on
    outliers) or `speedup` (the ratio itself: CUDA-L1's mapping; with a low `speedup_cap` it is
    the published "capped linear" choice), plus `correct_bonus` for every correct result.
-8. **CUDA-L1's smoothing, both sides**: a running window of recent *raw* rewards of correct,
+8. **A copy earns nothing**: a correct program that is the same as a version its prompt showed
+   (`kernelrl.train.copies`: after normalising whitespace, comments and names) is paid as no
+   speedup (1.0x, the reward of the reference itself), whatever its stored speedup. CUDA-L1 pays
+   the absolute speedup, so a policy shown a 3x version earns 3x by repeating it; here only
+   writing something other than what was shown can earn more than the reference.
+9. **CUDA-L1's smoothing, both sides**: a running window of recent *raw* rewards of correct,
    timed results per task (the task's level stands in while the task has fewer than
    `min_samples`); a reward outside mean +/- k sigma of that window (k = 1.5; the band is at
    least `min_width` either side, so a flat window still orders better from worse) is clipped
@@ -34,11 +41,17 @@ Semantics (each is a property tested in `tests/test_reward.py`, over every shipp
    improve keeps paying more for more (a window of clipped values froze: 2x and 10x paid the
    same). Clipping keeps the ordering above: a clipped correct reward stays within the range
    of correct rewards, penalties are fixed and never clipped.
+10. **Batch-invariant clip**: a batch's rewards (`clip_batch`) are clipped to bands computed from
+   the windows as they stood before the batch; only then are the batch's raw values appended.
+   So a group's rewards do not depend on the order of its rollouts, and within one batch and
+   task the clipped rewards of correct results are in the order of their speedups (the clamp to
+   one band is monotone). Clipping one reward at a time, appending as it goes, let a 4x kernel
+   early in a group widen the band for the ones after it and be paid less than a 1.5x one.
 
 Each `Reward` carries the raw and the clipped value, the band, and whether the speedup was
 within noise, so all can be logged. `score` = `clip(raw(...))`; a trainer with several
-processes scores raw values locally and clips them all in one agreed order
-(`kernelrl.train.reward_fn`).
+processes scores raw values locally and clips each global batch at once (`clip_batch`,
+`kernelrl.train.reward_fn`).
 
 Guarantees: `RewardModel.score` never raises for any `EvalResult` (a `task_error` or
 `judge_error`, and an interpreted run that cannot be timed, get None); the model is safe to call from several threads;
@@ -56,6 +69,7 @@ import math
 import statistics
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,15 +98,18 @@ class Penalties:
     runtime_error: float = -3.0
     incorrect: float = -3.0
     compile_error: float = -2.5
-    no_code: float = -2.5  # the answer held no complete code block
+    no_code: float = -3.5  # the answer held no complete code block: never above a program that ran
 
     def __post_init__(self) -> None:
         if not self.flagged < min(self.timeout, self.runtime_error, self.incorrect, self.compile_error,
                                   self.no_code):
             raise ValueError("a flagged result must be the lowest reward (or the policy learns to hack)")
-        if not max(self.timeout, self.runtime_error, self.incorrect) <= min(self.compile_error, self.no_code):
+        if not max(self.timeout, self.runtime_error, self.incorrect) <= self.compile_error:
             raise ValueError("a program that builds and runs wrong must not beat one that does not build "
-                             "(incorrect, runtime_error, timeout <= compile_error, no_code)")
+                             "(incorrect, runtime_error, timeout <= compile_error)")
+        if not self.no_code <= min(self.timeout, self.runtime_error, self.incorrect):
+            raise ValueError("an answer with no code must not pay more than a program that ran "
+                             "(no_code <= timeout, runtime_error, incorrect): abstaining would beat trying")
 
     def of(self, status: Status) -> float:
         return {Status.FLAGGED: self.flagged, Status.TIMEOUT: self.timeout, Status.RUNTIME_ERROR: self.runtime_error,
@@ -169,11 +186,13 @@ class Reward:
     speedup: float | None  # the speedup paid for, against the configured baseline; correct and timed only
     within_noise: bool  # the measured speedup was within noise and paid as 1.0x
     parts: dict[str, float]  # the terms that add up to `raw`
+    copy: bool = False  # the program was one its prompt showed: paid as no speedup
 
     def to_dict(self) -> dict[str, Any]:
         return {"value": self.value, "raw": self.raw, "clipped": self.clipped,
                 "band": list(self.band) if self.band else None, "status": self.status.value if self.status else None,
-                "speedup": self.speedup, "within_noise": self.within_noise, "parts": dict(self.parts)}
+                "speedup": self.speedup, "within_noise": self.within_noise, "parts": dict(self.parts),
+                "copy": self.copy}
 
 
 def within_noise(result: EvalResult) -> bool:
@@ -214,7 +233,7 @@ class RewardModel:
         return low, high
 
     def score(self, result: EvalResult | None, *, answer: str | None = None, completion_tokens: int | None = None,
-              level: int | None = None, compile_speedup: float | None = None) -> Reward | None:
+              level: int | None = None, compile_speedup: float | None = None, copy: bool = False) -> Reward | None:
         """The reward of one result (`result` None: the answer held no code to evaluate), clipped.
 
         Returns None for a `task_error` or `judge_error` result: the task or the judge, not the
@@ -222,16 +241,18 @@ class RewardModel:
 
         `compile_speedup` is the task's eager / torch.compile time ratio; it is needed when the
         config measures against torch.compile (without it, the speedup against eager is used
-        and the parts say so).
+        and the parts say so). `copy`: the program is one its prompt showed (paid as no speedup).
         """
-        reward = self.raw(result, answer=answer, completion_tokens=completion_tokens, compile_speedup=compile_speedup)
+        reward = self.raw(result, answer=answer, completion_tokens=completion_tokens, compile_speedup=compile_speedup,
+                          copy=copy)
         if reward is None or result is None:
             return reward
         return self.clip(reward, task=result.task, level=level)
 
     def raw(self, result: EvalResult | None, *, answer: str | None = None, completion_tokens: int | None = None,
-            compile_speedup: float | None = None) -> Reward | None:
-        """The unclipped reward (`value == raw`); the windows are not touched."""
+            compile_speedup: float | None = None, copy: bool = False) -> Reward | None:
+        """The unclipped reward (`value == raw`); the windows are not touched. A correct `copy` of a
+        version the prompt showed is paid as no speedup (1.0x against eager), whatever it measured."""
         cfg = self.config
         if result is not None and (result.status in (Status.TASK_ERROR, Status.JUDGE_ERROR)
                                    or result.timing is Timing.INTERPRETED):
@@ -244,6 +265,12 @@ class RewardModel:
         noisy = False
         if result is None:
             parts["penalty"] = cfg.penalties.no_code
+        elif result.status is Status.CORRECT and result.speedup is not None and result.speedup > 0 and copy:
+            speedup = NO_SPEEDUP  # nothing was improved on what the prompt showed
+            parts["speedup"] = self.speedup_term(speedup)
+            parts["copy"] = 0.0
+            if cfg.correct_bonus:
+                parts["correct"] = cfg.correct_bonus
         elif result.status is Status.CORRECT and result.speedup is not None and result.speedup > 0:
             noisy = cfg.noise and within_noise(result)
             speedup = NO_SPEEDUP if noisy else result.speedup
@@ -267,30 +294,56 @@ class RewardModel:
             parts["length"] = -cfg.length_weight * min(1.0, max(0.0, over))
         raw = sum(parts.values())
         return Reward(value=raw, raw=raw, clipped=False, band=None, status=result.status if result else None,
-                      speedup=speedup, within_noise=noisy, parts=parts)
+                      speedup=speedup, within_noise=noisy, parts=parts, copy=copy and speedup is not None)
 
     def clip(self, reward: Reward, *, task: str, level: int | None = None) -> Reward:
-        """`reward` clipped to its task's window band, its raw value added to the windows.
+        """`reward` clipped to its task's window band, its raw value added to the windows (a batch
+        of one: `clip_batch`)."""
+        out = self.clip_batch([(reward, task, level)])[0]
+        assert out is not None
+        return out
 
-        Only rewards with a speed term are smoothed; the others come back as they are."""
+    def clip_batch(self, batch: Sequence[tuple[Reward | None, str, int | None]]) -> list[Reward | None]:
+        """Each (reward, task, level) of one batch clipped to the band its task's (or level's)
+        window had before the batch; then every raw value of the batch is appended, in order.
+
+        Only rewards with a speed term are smoothed; the others (and None) come back as they
+        are. The result does not depend on the batch's order: permuting the batch permutes the
+        rewards, nothing else (the windows end the same up to the order of their newest values,
+        which their mean and spread ignore)."""
         sm = self.config.smoothing
-        if reward.speedup is None or not sm.enabled:
-            return reward
-        raw = reward.raw
+        if not sm.enabled:
+            return list(r for r, _, _ in batch)
         with self._lock:
-            own = self._by_task.setdefault(task, deque(maxlen=self._size))
-            by_level = self._by_level.setdefault(level, deque(maxlen=self._size))
-            window = own if len(own) >= sm.min_samples else by_level if len(by_level) >= sm.min_samples else None
-            band = None
-            value = raw
-            if window is not None:
-                mean = statistics.fmean(window)
-                half = max(sm.k * statistics.pstdev(window), sm.min_width)
-                band = (mean - half, mean + half)
-                value = min(max(raw, band[0]), band[1])
-            own.append(raw)
-            by_level.append(raw)
-        return dataclasses.replace(reward, value=value, clipped=value != raw, band=band)
+            bands: dict[tuple[str, int | None], tuple[float, float] | None] = {}
+            out: list[Reward | None] = []
+            for reward, task, level in batch:
+                if reward is None or reward.speedup is None:
+                    out.append(reward)
+                    continue
+                if (task, level) not in bands:
+                    bands[(task, level)] = self._band(task, level)
+                band = bands[(task, level)]
+                value = reward.raw if band is None else min(max(reward.raw, band[0]), band[1])
+                out.append(dataclasses.replace(reward, value=value, clipped=value != reward.raw, band=band))
+            for reward, task, level in batch:
+                if reward is not None and reward.speedup is not None:
+                    self._by_task.setdefault(task, deque(maxlen=self._size)).append(reward.raw)
+                    self._by_level.setdefault(level, deque(maxlen=self._size)).append(reward.raw)
+        return out
+
+    def _band(self, task: str, level: int | None) -> tuple[float, float] | None:
+        """mean -/+ k sigma of the task's window (the level's while the task's is short); None
+        while neither holds `min_samples` values. Called with the lock held."""
+        sm = self.config.smoothing
+        own = self._by_task.get(task, ())
+        by_level = self._by_level.get(level, ())
+        window = own if len(own) >= sm.min_samples else by_level if len(by_level) >= sm.min_samples else None
+        if window is None:
+            return None
+        mean = statistics.fmean(window)
+        half = max(sm.k * statistics.pstdev(window), sm.min_width)
+        return (mean - half, mean + half)
 
     def window(self, task: str) -> list[float]:
         """The task's current window of raw rewards (for logs and tests)."""

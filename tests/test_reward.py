@@ -4,6 +4,7 @@ terms, the noise rule and the clip, one example each."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
@@ -225,3 +226,56 @@ def test_format_and_length_terms():
     assert r.parts["format"] == 0.1 and r.parts["length"] == pytest.approx(-0.025)
     assert model.score(correct(1.0), answer="no code", completion_tokens=500).parts == {
         "speedup": 0.0, "format": 0.0, "length": -0.05}
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=configs, history=histories, a1=answers, n1=tokens)
+def test_abstaining_never_pays_more_than_a_program_that_ran(name, history, a1, n1):
+    """Item 3: no code <= every failure of a program that ran (timeout, runtime error, incorrect)."""
+    model = model_after(name, history)
+    out = outcomes(model, a1, n1)
+    assert out["no_code"] <= min(out["timeout"], out["runtime_error"], out["incorrect"])
+    with pytest.raises(ValueError, match="abstaining"):
+        Penalties(no_code=-2.9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(name=configs, history=histories, speeds=st.lists(speedups, min_size=2, max_size=8), seed=st.integers(0, 99))
+def test_a_batch_clip_does_not_depend_on_the_order_of_the_batch(name, history, speeds, seed):
+    """Item 10: permuting a batch permutes its rewards and changes nothing else; within the batch
+    (one task) the clipped rewards are in the order of the speedups."""
+    import random
+
+    batch = [(model_after(name, history).raw(correct(s), compile_speedup=1.5), "t", 1) for s in speeds]
+    order = list(range(len(batch)))
+    random.Random(seed).shuffle(order)
+    first, second = model_after(name, history), model_after(name, history)
+    straight = first.clip_batch(batch)
+    shuffled = second.clip_batch([batch[i] for i in order])
+    assert [r.value for r in shuffled] == [straight[i].value for i in order]  # type: ignore[union-attr]
+    assert sorted(first.window("t")) == sorted(second.window("t"))
+    by_speed = sorted(zip(speeds, (r.value for r in straight)))  # type: ignore[union-attr]
+    assert all(a[1] <= b[1] for a, b in itertools.pairwise(by_speed))
+
+
+def test_a_group_clipped_one_at_a_time_no_longer_reorders_it():
+    """The 7B reward config, a window of earlier 1.0-1.3x results, then a group of 4x, 2x, 1.5x and
+    1.05x kernels: clipping one result at a time (appending as it went) paid the 4x kernel less
+    than the 1.5x one; as one batch the order is the speedups'."""
+    model = RewardModel(load_train_config("qwen7b-lora-1gpu").reward)
+    for s in (1.0, 1.1, 1.2, 1.3, 1.0, 1.1, 1.2, 1.3):
+        model.score(correct(s), level=1)
+    group = [model.raw(correct(s)) for s in (4.0, 2.0, 1.5, 1.05)]
+    values = [r.value for r in model.clip_batch([(r, "t", 1) for r in group])]  # type: ignore[union-attr]
+    assert values == sorted(values, reverse=True)
+
+
+def test_a_copy_of_a_shown_version_is_paid_as_no_speedup():
+    model = RewardModel(RewardConfig(correct_bonus=0.3, smoothing=SmoothingConfig(enabled=False)))
+    fresh = model.score(correct(4.0))
+    copied = model.score(correct(4.0), copy=True)
+    assert fresh is not None and copied is not None
+    assert fresh.value == pytest.approx(0.3 + math.log(4.0)) and not fresh.copy
+    assert copied.value == pytest.approx(0.3) and copied.copy and copied.speedup == 1.0
+    wrong = model.score(EvalResult(task="t", status=Status.INCORRECT), copy=True)
+    assert wrong is not None and wrong.value == Penalties().incorrect and not wrong.copy  # a failure stays a failure

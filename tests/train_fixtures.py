@@ -22,26 +22,33 @@ CORRECT = "```python\nclass ModelNew:\n    pass  # fast\n```\n"
 
 def answer(marker: str, *, prose: str = "Analysis first.") -> str:
     """An answer whose program carries `marker` (see `judge_by_marker`)."""
-    return f"{prose}\n\n```python\nclass ModelNew:\n    pass  # {marker}\n```\n"
+    # The marker is a string constant, not a comment: programs that differ only in comments are
+    # the same program (kernelrl.train.copies), and these must be different programs.
+    return f"{prose}\n\n```python\nclass ModelNew:\n    MARKER = {marker!r}\n```\n"
 
 
 def judge_by_marker(task: Task, source: str) -> EvalResult:
-    """`# fast2.0` -> correct at 2.0x, `# wrong` -> incorrect, `# hack` -> flagged, `# taskerror` ->
-    task_error, `# warn` -> correct 1.0x with a warning, anything else -> compile_error."""
-    if "# fast" in source:
-        speed = float(source.split("# fast", 1)[1].split()[0] or 1.0)
+    """`fast2.0` -> correct at 2.0x, `wrong` -> incorrect, `hack` -> flagged, `taskerror` ->
+    task_error, `warn` -> correct 1.0x with a warning, anything else -> compile_error; the marker
+    is `MARKER = '...'` (what `answer` writes) or a `# ...` comment."""
+    if "MARKER = '" in source:
+        marker = "# " + source.split("MARKER = '", 1)[1].split("'", 1)[0]
+    else:
+        marker = source
+    if "# fast" in marker:
+        speed = float(marker.split("# fast", 1)[1].split()[0] or 1.0)
         return EvalResult(task=task.name, status=Status.CORRECT, speedup=speed, message="correct")
-    if "# warn" in source:
+    if "# warn" in marker:
         return EvalResult(task=task.name, status=Status.CORRECT, speedup=1.0, message="correct",
                           findings=[Finding(rule="odd_thing", message="odd", severity=Severity.WARN)])
-    if "# wrong" in source:
+    if "# wrong" in marker:
         return EvalResult(task=task.name, status=Status.INCORRECT,
                           message="incorrect on input set 1 (scaled x1.30 and shifted +0.10 mean-abs): output: 4 of 4 "
                                   "values outside tolerance (max abs err 1, atol 0.0001, rtol 0.0001)")
-    if "# hack" in source:
+    if "# hack" in marker:
         return EvalResult(task=task.name, status=Status.FLAGGED, message="flagged: cached_output",
                           findings=[Finding(rule="cached_output", message="returns a stored tensor")])
-    if "# taskerror" in source:
+    if "# taskerror" in marker:
         return EvalResult(task=task.name, status=Status.TASK_ERROR, message="the reference hangs")
     return EvalResult(task=task.name, status=Status.COMPILE_ERROR, message="does not build")
 

@@ -63,7 +63,7 @@ from kernelrl.train.model import (
     system_text,
     trainable_norm,
 )
-from kernelrl.train.multiturn import EpisodeReturn, MultiTurnRollout
+from kernelrl.train.multiturn import EpisodeReturn, MultiTurnRollout, TurnCredit
 from kernelrl.train.ranks import Ranks, SingleProcess
 from kernelrl.train.reward_fn import KernelRewardFunction
 from kernelrl.train.roc import RoCConfig
@@ -88,9 +88,13 @@ class GRPOStageConfig:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     # turns > 1: refinement episodes, each turn a sample paid its discounted return (kernelrl.train.multiturn)
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    # turns > 1: returns centred per turn index within each group ("turn"), or handed to TRL as
+    # they are ("group": all turns normalised together, which teaches turn position; for comparison)
+    credit: TurnCredit = TurnCredit.TURN
     trl: dict[str, Any] = field(default_factory=dict)  # TRL GRPOConfig settings, by TRL's names
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "credit", TurnCredit(self.credit))
         if self.k_shown < 0:
             raise ValueError("grpo.k_shown must be >= 0")
         check_keys(trl_class("GRPOConfig"), self.trl, where="grpo.trl")
@@ -246,7 +250,8 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
         check_episode_layout(stage.episode.turns, args.generation_batch_size, ranks.count)
         reward_fn.group_size = int(args.num_generations or 1) // stage.episode.turns  # trajectories per group
         rollout = MultiTurnRollout(reward_fn, stream, stage.episode, template_dir=template_dir, console=console,
-                                   count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+                                   count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
+                                   credit=stage.credit)
         turns = {"reward_funcs": [EpisodeReturn(rollout)], "rollout_func": rollout}
     trainer = GRPOTrainer(model=policy, **turns, args=args, train_dataset=stream.dataset(),
                           processing_class=tokenizer, peft_config=peft_config(model),

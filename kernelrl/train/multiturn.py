@@ -26,8 +26,16 @@ evaluator batch, where an environment's tool judges one kernel per call:
 
   where r_t is the turn's own reward (`RewardModel`, clipped; None for a `task_error`, which has
   no return and passes nothing back). A turn that fails (r_1 = the compile-error penalty) and
-  leads to a correct one (r_2) is paid r_1 + gamma * r_2; the correct turn is paid r_2. TRL then
-  normalises the returns within the group (all turns of its trajectories);
+  leads to a correct one (r_2) is paid r_1 + gamma * r_2; the correct turn is paid r_2;
+- TRL normalises what it is handed within the group (all turns of its trajectories), so the
+  returns are first centred per turn index (`TurnCredit.TURN`, `turn_credit`): each turn's return
+  minus the mean return of that turn over the group's trajectories (gathered across ranks). With
+  negative failure rewards, G_1 = r_1 + gamma G_2 is below G_2 whenever both fail, and returns
+  normalised together taught turn position, not content; centred per turn, every turn index
+  averages zero, equal outcomes get equal credit and a group of equal outcomes gets none. Kevin's
+  alternative (failures at 0) would give up the reward's order among failures (a program that
+  ran above no code, hacks lowest). The measured effect is in benchmarks/README.md (the
+  learning check, `--credit group` against `turn`);
 - `EpisodeReturn` is the reward function: it hands TRL the returns, after checking that each
   row's completion was judged against the row's own task and that the row's key is its task's and
   prompt's (`TaskMismatch` otherwise), and logs per-turn metrics (`kernelrl/turn<t>/...`) and
@@ -54,6 +62,7 @@ a turn waits for the previous turn's verdicts.
 
 from __future__ import annotations
 
+import enum
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -89,6 +98,40 @@ class Outcome:
     correct: bool  # any turn correct
 
 
+class TurnCredit(enum.StrEnum):
+    """What TRL is handed for each turn (it then normalises within the group).
+
+    TURN: the turn's return minus the mean return of the same turn index over the group's
+    trajectories. Every turn index then averages zero, so no position is preferred: with
+    failures paid -2.5 to -4, G_1 = r_1 + gamma G_2 is lower than G_2 whenever both fail, and
+    normalising all turns together pushed every first answer down and every refinement up
+    whatever it held. Equal outcomes at one turn get equal credit; a group whose trajectories
+    all had the same outcomes gets none (no gradient).
+    GROUP: the return itself (all turns normalised together by TRL): kept to measure the bias
+    (benchmarks/learning_check.py), not for training."""
+
+    TURN = "turn"
+    GROUP = "group"
+
+
+def turn_credit(every: Sequence[Outcome], parts: Sequence[Sequence[int]], credit: TurnCredit
+                ) -> list[tuple[float | None, ...]]:
+    """Each trajectory's per-turn values for TRL, for the global batch `every` cut into groups
+    `parts` (indices into `every`); a turn with no return (None) stays None."""
+    if credit is TurnCredit.GROUP:
+        return [o.returns for o in every]
+    out: list[tuple[float | None, ...]] = [o.returns for o in every]
+    for members in parts:
+        turns = max((len(every[i].returns) for i in members), default=0)
+        means = []
+        for t in range(turns):
+            paid = [g for i in members if t < len(every[i].returns) and (g := every[i].returns[t]) is not None]
+            means.append(statistics.fmean(paid) if paid else 0.0)
+        for i in members:
+            out[i] = tuple(None if g is None else g - means[t] for t, g in enumerate(every[i].returns))
+    return out
+
+
 class EpisodeReturn:
     """TRL reward function of multi-turn rows: the turn's discounted return, computed by the rollout."""
 
@@ -100,8 +143,8 @@ class EpisodeReturn:
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], task: Sequence[str],
                  turn_task: Sequence[str], turn_return: Sequence[float | None], key: Sequence[str] | None = None,
                  turn: Sequence[int] | None = None, turn_verdict: Sequence[str] | None = None,
-                 turn_reward: Sequence[float | None] | None = None, log_metric: Any = None, log_extra: Any = None,
-                 **kwargs: Any) -> list[float | None]:
+                 turn_reward: Sequence[float | None] | None = None, turn_credit: Sequence[float | None] | None = None,
+                 log_metric: Any = None, log_extra: Any = None, **kwargs: Any) -> list[float | None]:
         n = len(completions)
         if not (len(prompts) == len(task) == len(turn_task) == len(turn_return) == n):
             raise ValueError(f"{len(prompts)} prompts, {len(task)} tasks, {len(turn_task)} judged tasks and "
@@ -120,10 +163,12 @@ class EpisodeReturn:
                 log_metric(name, value)
         if callable(log_extra):
             for name, column in (("turn", turn), ("verdict", turn_verdict), ("turn_reward", turn_reward),
-                                 ("turn_return", turn_return)):
+                                 ("turn_return", turn_return), ("turn_credit", turn_credit)):
                 if column is not None:
                     log_extra(name, list(column))
-        return list(turn_return)
+        if turn_credit is not None and len(turn_credit) != n:
+            raise ValueError(f"{len(turn_credit)} credits for {n} completions")
+        return list(turn_credit if turn_credit is not None else turn_return)
 
 
 class MultiTurnRollout:
@@ -131,9 +176,10 @@ class MultiTurnRollout:
 
     def __init__(self, scorer: KernelRewardFunction, stream: PromptStream, config: EpisodeConfig, *,
                  template_dir: Any = None, console: Any = None,
-                 count_tokens: Callable[[str], int] | None = None) -> None:
+                 count_tokens: Callable[[str], int] | None = None, credit: TurnCredit = TurnCredit.TURN) -> None:
         if config.turns < 2:
             raise ValueError("a multi-turn rollout needs turns >= 2 (one turn is TRL's own generation)")
+        self.credit = TurnCredit(credit)
         self.scorer = scorer
         self.stream = stream
         self.config = config
@@ -191,7 +237,10 @@ class MultiTurnRollout:
         returns = [ep.returns(r) for ep, r in zip(episodes, rewards)]
         every = ranks.gather([Outcome(rank=ranks.index, task=t.task, key=t.key, returns=tuple(g), correct=c)
                               for t, g, c in zip(trajectories, returns, correct)])
-        self._tell_curriculum(every, step)
+        parts = self.scorer.cut_groups([(o.rank, o.task, o.key) for o in every], step)
+        start = sum(counts[:ranks.index])
+        credits = turn_credit(every, parts, self.credit)[start:start + len(trajectories)]
+        self._tell_curriculum(every, parts)
         for turn in range(1, T + 1):
             paid = [g for o in every if (g := o.returns[turn - 1]) is not None]
             metrics[f"kernelrl/turn{turn}/return"] = statistics.fmean(paid) if paid else 0.0
@@ -203,7 +252,7 @@ class MultiTurnRollout:
             self.console.print(f"[bold]returns[/bold] step {step} (turn 1..{T}, gamma {self.config.gamma}): {shown}",
                                highlight=False, soft_wrap=True)
         out: dict[str, Any] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "turn": [], "turn_task": [],
-                               "turn_verdict": [], "turn_reward": [], "turn_return": []}
+                               "turn_verdict": [], "turn_reward": [], "turn_return": [], "turn_credit": []}
         for j, t in enumerate(trajectories):
             for k in range(T):
                 p_ids, c_ids, lps = samples[j][k]
@@ -215,6 +264,7 @@ class MultiTurnRollout:
                 out["turn_verdict"].append(verdicts[j][k])
                 out["turn_reward"].append(rewards[j][k])
                 out["turn_return"].append(returns[j][k])
+                out["turn_credit"].append(credits[j][k])
         if all(lp is None for lp in out["logprobs"]):
             out["logprobs"] = None  # transformers' generate gives none; TRL computes them
         return out
@@ -239,10 +289,9 @@ class MultiTurnRollout:
             i = j
         return out
 
-    def _tell_curriculum(self, every: Sequence[Outcome], step: int) -> None:
-        """Once per group of the global batch, from all its trajectories' returns (what TRL trains on)."""
+    def _tell_curriculum(self, every: Sequence[Outcome], parts: Sequence[Sequence[int]]) -> None:
+        """Once per group of the global batch, from all its trajectories' returns."""
         curriculum = self.scorer.curriculum
-        parts = self.scorer.cut_groups([(o.rank, o.task, o.key) for o in every], step)
         if curriculum is None:
             return
         for members in parts:

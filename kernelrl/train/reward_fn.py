@@ -11,14 +11,19 @@ reward function. For each call (one generation batch of this process's rows):
    `backend.evaluate_batch` call (`kernelrl.train.rollouts`), so the evaluator runs the
    candidates in its own workers, each under its own limits;
 3. each verdict gets its raw reward (`kernelrl.reward.RewardModel.raw`, with the task's level,
-   the completion's token count and, against torch.compile, the task's eager/compile ratio);
+   the completion's token count and, against torch.compile, the task's eager/compile ratio); a
+   correct program that is one of the versions its prompt showed (`kernelrl.train.copies`:
+   the same after normalising layout, comments and names) is paid as no speedup and recorded
+   as a copy: only improving on what was shown pays;
 4. every rank's raw rewards are gathered in the global batch's order (`kernelrl.train.ranks`;
    one process: its own), and the global batch is cut into groups of `group_size` rows (TRL's
    `num_generations`): every group must hold one task and one prompt across all ranks, or the
    call is a `TaskMismatch` (in vLLM server mode TRL generates a group's completions from its
    first row's prompt: a group that mixed prompts would score completions against another
    task). Without `group_size`, groups are runs of equal keys;
-5. on every rank, in that one order: CUDA-L1's clip (`RewardModel.clip`, windows of raw values),
+5. on every rank, in that one order: CUDA-L1's clip (`RewardModel.clip_batch`, windows of raw
+   values; every band is the window's before this call, so no reward depends on the order of
+   the rollouts in the batch),
    GRPO-RoC's choice per group (`kernelrl.train.roc.select`, one shared seed), and the
    curriculum's observation of each group; so every rank ends the call with the same windows,
    the same RoC generator and the same observations (only the main process's curriculum draws
@@ -59,6 +64,7 @@ from typing import Any
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import BaselineKind, Reward, RewardModel
 from kernelrl.tasks.task import Task
+from kernelrl.train.copies import is_copy, shown_keys
 from kernelrl.train.curriculum import Curriculum
 from kernelrl.train.model import completion_text, prompt_text
 from kernelrl.train.ranks import Ranks, SingleProcess
@@ -104,6 +110,7 @@ class RolloutLog:
     candidate_id: int | None
     reused: bool  # the verdict came from the code database
     group: int = 0  # index of its group in the global batch
+    copy: bool = False  # a correct program its prompt showed: paid as no speedup
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,16 +223,18 @@ class KernelRewardFunction:
             self.calls += 1
             judged = evaluate_rollouts(self.backend, rollouts, self.tasks, db=self.db, reuse=self.reuse)
             self._share_compile_baselines(judged)
+            copies = self._copies(judged)
             mine = [Scored(rank=self.ranks.index, task=j.rollout.task, key=k, level=self.tasks[j.rollout.task].level,
-                           reward=self._raw(j),
+                           reward=self._raw(j, copy=c),
                            problems=problems(j.rollout.answer, j.result, truncated=self._truncated(j)),
                            correct=j.status is Status.CORRECT)
-                    for j, k in zip(judged, keys)]
+                    for j, k, c in zip(judged, keys, copies)]
             every = self.ranks.gather(mine)
             start = sum(1 for s in every if s.rank < self.ranks.index)
             parts = self._groups(every, step)
-            rewards = [self.reward.clip(s.reward, task=s.task, level=s.level) if s.reward is not None else None
-                       for s in every]
+            # One batch, one band per task: the bands are the windows' before this batch, so a
+            # group's rewards do not depend on the order of its rollouts (RewardModel.clip_batch).
+            rewards = self.reward.clip_batch([(s.reward, s.task, s.level) for s in every])
             kept = self._select(every, rewards, parts)
             if observe:
                 self._tell_curriculum(every, rewards, kept, parts)
@@ -256,10 +265,24 @@ class KernelRewardFunction:
 
     # -- pieces --------------------------------------------------------------------------------
 
-    def _raw(self, j: Judged) -> Reward | None:
+    @staticmethod
+    def _copies(judged: Sequence[Judged]) -> list[bool]:
+        """Which programs are versions their own prompt showed (`kernelrl.train.copies`)."""
+        shown: dict[str, frozenset[str]] = {}  # a group's rows share their prompt: parse it once
+        out = []
+        for j in judged:
+            if j.code is None:
+                out.append(False)
+                continue
+            if j.rollout.prompt not in shown:
+                shown[j.rollout.prompt] = shown_keys(j.rollout.prompt)
+            out.append(is_copy(j.code, shown[j.rollout.prompt]))
+        return out
+
+    def _raw(self, j: Judged, *, copy: bool = False) -> Reward | None:
         task = self.tasks[j.rollout.task]
         return self.reward.raw(j.result, answer=j.rollout.answer, completion_tokens=j.rollout.completion_tokens,
-                               compile_speedup=self._compile_speedup(task, j))
+                               compile_speedup=self._compile_speedup(task, j), copy=copy)
 
     def _groups(self, every: Sequence[Scored], step: int) -> list[list[int]]:
         return self.cut_groups([(s.rank, s.task, s.key) for s in every], step)
@@ -391,6 +414,7 @@ def _metrics(every: Sequence[Scored], rewards: Sequence[Reward | None], kept: Se
         "kernelrl/no_code_share": sum(r.status is None for r in scored) / n,
         "kernelrl/kept_share": sum(kept) / n,
         "kernelrl/within_noise_share": sum(r.within_noise for r in scored) / n,
+        "kernelrl/copy_share": sum(r.copy for r in scored) / n,
     }
 
 
@@ -398,14 +422,16 @@ def _meta(step: int, reward: Reward | None, kept: bool, *, rank: int, group: int
     out: dict[str, Any] = {"stage": "grpo", "step": step, "kept": kept, "rank": rank, "group": group}
     if reward is not None:
         out.update(raw=reward.raw, reward=reward.value, clipped=reward.clipped,
-                   band=list(reward.band) if reward.band else None, within_noise=reward.within_noise)
+                   band=list(reward.band) if reward.band else None, within_noise=reward.within_noise,
+                   copy=reward.copy)
     return out
 
 
 def _rollout_log(j: Judged, r: Reward | None, kept: bool, value: float | None, group: int) -> RolloutLog:
     return RolloutLog(task=j.rollout.task, status=j.status, speedup=j.result.speedup if j.result else None,
                       raw=r.raw if r is not None else None, value=value, clipped=bool(r and r.clipped), kept=kept,
-                      candidate_id=j.candidate_id, reused=j.reused_from is not None, group=group)
+                      candidate_id=j.candidate_id, reused=j.reused_from is not None, group=group,
+                      copy=bool(r and r.copy))
 
 
 def print_batch(batch: BatchLog, console: Any) -> None:

@@ -227,8 +227,8 @@ def program_judge(task: Task, source: str) -> EvalResult:
 def test_through_trl_a_failed_turn_then_a_correct_one_is_paid_as_the_docstring_says(tmp_path: Path, tiny_task: Task,
                                                                                   monkeypatch: pytest.MonkeyPatch):
     """TRL's GRPOTrainer end to end on a tiny model, its generation scripted: every turn 1 writes a
-    program that does not build, every turn 2 the correct one. multiturn's docstring: turn 1 is
-    paid r_1 + gamma * r_2, turn 2 r_2; those are the rewards TRL trains on."""
+    program that does not build, every turn 2 the correct one. multiturn's docstring: turn 1's
+    return is r_1 + gamma * r_2, turn 2's r_2; TRL trains on them centred per turn index."""
     import json
 
     from transformers import AutoTokenizer
@@ -257,7 +257,8 @@ def test_through_trl_a_failed_turn_then_a_correct_one_is_paid_as_the_docstring_s
 
     def spy(self: EpisodeReturn, *args: Any, **kw: Any) -> list[float | None]:
         values = original(self, *args, **kw)
-        paid.append({"turn": list(kw["turn"]), "value": values, "verdict": list(kw["turn_verdict"])})
+        paid.append({"turn": list(kw["turn"]), "value": values, "verdict": list(kw["turn_verdict"]),
+                     "return": list(kw["turn_return"])})
         return values
 
     monkeypatch.setattr(EpisodeReturn, "__call__", spy)
@@ -281,7 +282,10 @@ def test_through_trl_a_failed_turn_then_a_correct_one_is_paid_as_the_docstring_s
     assert result.outcome.steps == 2 and len(paid) == 2
     for call in paid:  # one generation batch: two trajectories of two turns
         assert call["turn"] == [1, 2, 1, 2] and call["verdict"] == ["compile_error", "correct"] * 2
-        assert call["value"] == pytest.approx([r_fail + gamma * r_correct, r_correct] * 2)
+        assert call["return"] == pytest.approx([r_fail + gamma * r_correct, r_correct] * 2)
+        # TRL is handed each return centred on its turn's mean: two trajectories with the same
+        # outcomes, so no credit at all (no turn position is preferred)
+        assert call["value"] == pytest.approx([0.0] * 4)
     # every turn stored: turn 2 shown turn 1's verdict, its parent turn 1's candidate
     assert sorted(c.meta["turn"] for c in stored) == [1] * 4 + [2] * 4
     by_id = {c.id: c for c in stored}
@@ -369,3 +373,26 @@ def test_two_processes_split_a_group_and_agree_on_its_episodes(tmp_path: Path, c
     for c in (c for c in stored if c.meta["turn"] == 2):
         (parent,) = c.parents
         assert (by_id[parent].meta["episode"], by_id[parent].meta["rank"]) == (c.meta["episode"], c.meta["rank"])
+
+
+def test_turn_credit_prefers_no_turn_position():
+    """Returns centred per turn index: equal outcomes get equal credit whatever the turn, a group
+    where nothing is correct (and everything failed alike) gets none, and every turn index of a
+    group sums to zero; `group` hands TRL the returns themselves."""
+    from kernelrl.train.multiturn import Outcome, TurnCredit, turn_credit
+
+    def outcome(*returns: float | None) -> Outcome:
+        return Outcome(rank=0, task="t", key="k", returns=tuple(returns), correct=False)
+
+    fail = -3.0
+    g1 = fail + 0.4 * fail
+    flat = [outcome(g1, fail), outcome(g1, fail)]  # nothing correct, the same failures
+    assert turn_credit(flat, [[0, 1]], TurnCredit.TURN) == [(0.0, 0.0), (0.0, 0.0)]
+    assert turn_credit(flat, [[0, 1]], TurnCredit.GROUP) == [(g1, fail), (g1, fail)]  # position alone differs
+    mixed = [outcome(fail + 0.4 * 0.7, 0.7), outcome(g1, fail), outcome(0.7 + 0.4 * 0.7, 0.7), outcome(None, 0.7)]
+    credit = turn_credit(mixed, [[0, 1, 2, 3]], TurnCredit.TURN)
+    for t in range(2):
+        assert sum(c[t] for c in credit if c[t] is not None) == pytest.approx(0.0)
+    assert credit[0][1] == credit[2][1] == credit[3][1]  # the same correct turn 2: the same credit
+    assert credit[3][0] is None  # a turn with no return passes nothing back
+    assert credit[2][0] > credit[0][0] > credit[1][0]  # turn 1: right first > fixed later > never right

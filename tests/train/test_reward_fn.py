@@ -145,3 +145,47 @@ def test_unknown_task_names_are_a_clear_error():
     fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS)
     with pytest.raises(KeyError, match="nope"):
         fn(prompts=["p"], completions=["c"], task=["nope"])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shuffling_a_group_changes_no_reward(seed):
+    """Through the trainer's reward function with the 7B reward config and a window already full:
+    a group's rollouts in any order get the same rewards, and the correct ones are paid in the
+    order of their speedups (one call clipped one result at a time used to pay 4x below 1.5x)."""
+    import random
+
+    from kernelrl.train.recipe import load_train_config
+
+    group = [answer("fast4.0"), answer("fast2.0"), answer("fast1.5"), answer("fast1.05"), answer("wrong"),
+             "no code", answer("hack"), answer("broken")]
+    order = list(range(len(group)))
+    random.Random(seed).shuffle(order)
+
+    def paid(answers):
+        fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS,
+                                  reward=RewardModel(load_train_config("qwen7b-lora-1gpu").reward))
+        call(fn, [answer(f"fast{s}") for s in (1.0, 1.1, 1.2, 1.3, 1.0, 1.1, 1.2, 1.3)])  # the window
+        return call(fn, answers)
+
+    straight, shuffled = paid(group), paid([group[i] for i in order])
+    assert shuffled == [straight[i] for i in order]
+    correct = straight[:4]
+    assert correct == sorted(correct, reverse=True) and min(correct) > max(straight[4:])
+
+
+def test_a_copy_of_a_version_the_prompt_showed_is_paid_as_no_speedup(tmp_path):
+    """A program the prompt showed (verbatim, or re-commented and re-indented) earns no speedup and
+    is recorded as a copy, its stored 3x notwithstanding; a different program is paid its speedup."""
+    shown = "```python\nclass ModelNew:\n    MARKER = 'fast3.0'\n```\n"
+    prompt = f"Improve on this version (3.00x):\n{shown}\nWrite a faster one."
+    relaid = "Same again.\n\n```python\n# my kernel\nclass ModelNew:  # mine\n\n        MARKER = 'fast3.0'\n```\n"
+    settings = EvalSettings.of(EvalConfig())
+    with Database(tmp_path / "code.db") as db:
+        db.upsert_task(name=TASK.name, source=TASK.source, source_hash=TASK.source_hash, level=1, size="small")
+        fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS, reward=RewardModel(NO_SMOOTHING), db=db,
+                                  reuse=settings)
+        values = call(fn, ["Copy.\n\n" + shown, answer("fast2.0"), relaid], prompt=prompt)
+        assert values == [pytest.approx(0.0), pytest.approx(math.log(2.0)), pytest.approx(0.0)]
+        assert [r.copy for r in fn.logs[-1].rollouts] == [True, False, True]
+        assert [c.meta.get("copy") for c in db.candidates()] == [True, False, True]
+        assert fn.logs[-1].metrics["kernelrl/copy_share"] == pytest.approx(2 / 3)
