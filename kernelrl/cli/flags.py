@@ -15,7 +15,9 @@ field that may be None takes a value of its type (set None in a config file).
 
 Guarantees: `flag_paths(table)` is exactly the config's field paths (tests/test_cli_flags.py
 fails when a field has no flag or a flag no field); a value of the wrong type is refused by
-argparse with the flag's name, and one the config refuses raises `ConfigError` naming the key.
+argparse with the flag's name, and one the config refuses raises `ConfigError` naming the key,
+which `user_words` puts in the flags' words ("SearchConfig: turns must be >= 1, got 0" -> "--turns
+must be at least 1, got 0"): no message a command prints names a config class.
 
 Does not decide defaults: the configs do.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import re
 import tomllib
 import types
 import typing
@@ -86,6 +89,35 @@ def given_values(args: argparse.Namespace, *tables: FlagTable) -> dict[str, Any]
 def flag_paths(*tables: FlagTable) -> dict[str, str]:
     """Flag name -> the dotted config key it sets, over all tables."""
     return {t.flag_name(p): t.prefix + p for t in tables for p in t.paths()}
+
+
+# "SearchConfig: x" (the root config) or "eval.timing: x" (a nested one): where a config refusal happened
+_WHERE = re.compile(r"^(?:[A-Z]\w*|[a-z_][\w.]*): (.*)$", re.S)
+_COMPARE = ((r"must be >= ", "must be at least "), (r"must be > ", "must be above "),
+            (r"must be <= ", "must be at most "), (r"must be < ", "must be below "))
+
+
+def user_words(message: str, *tables: FlagTable) -> str:
+    """A config's refusal in the words of the command line: the config's name dropped, each field
+    named by its flag, comparisons in words."""
+    scope = ""
+    text = message
+    while (m := _WHERE.match(text)) is not None:
+        head = text.split(":", 1)[0]
+        if not head[0].isupper():
+            scope = head + "."
+        text = m.group(1)
+    names: dict[str, str] = {}
+    for table in tables:
+        for path in table.paths():
+            full = table.prefix + path
+            if full.startswith(scope) and "." not in full[len(scope):]:
+                names[full[len(scope):]] = table.flag_name(path)
+    for field_name in sorted(names, key=len, reverse=True):
+        text = re.sub(rf"(?<![\w.-]){re.escape(field_name)}(?![\w-])", names[field_name], text)
+    for old, new in _COMPARE:
+        text = text.replace(old, new)
+    return re.sub(r"\b[A-Z]\w*Config takes\b", "the settings are", text)
 
 
 # ---------------------------------------------------------------------------------------------

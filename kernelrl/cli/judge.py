@@ -15,19 +15,16 @@ from kernelrl.cli.options import (
     read_candidate,
     with_spinner,
 )
+from kernelrl.cli.preflight import check_suite
 from kernelrl.tasks.splits import split_of
 from kernelrl.tasks.task import Size
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     from kernelrl.report.console import render_degeneracy, render_tasks
-    from kernelrl.tasks.suites import load_tasks
     from kernelrl.tasks.task import TaskError
 
-    try:
-        tasks = load_tasks(args.suite)
-    except TaskError as e:
-        raise UsageError(str(e)) from e
+    tasks = check_suite(args.suite)
     if args.check_degeneracy:
         from kernelrl.judge.degeneracy import check_tasks
 
@@ -109,7 +106,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     config = eval_config(args)
     console = console_for(args.json)
     if args.runs < 1:
-        raise UsageError("--runs must be >= 1")
+        raise UsageError(f"--runs must be at least 1, got {args.runs}")
     try:
         with Evaluator(config) as ev:
             runs = with_spinner(console, f"timing {task.name} against identical copies of itself, {args.runs} times",

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from kernelrl.cli.flags import FlagTable, add_flags, overrides
+from kernelrl.cli.flags import FlagTable, add_flags, overrides, user_words
 from kernelrl.config import ConfigError, build, load_toml, with_overrides
 from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import EvalConfig
@@ -59,7 +59,7 @@ def eval_config(args: argparse.Namespace, *, check: bool = True) -> EvalConfig:
         values = load_toml(args.config).get("eval", {}) if args.config else {}
         config = build(EvalConfig, with_overrides(values, overrides(args, EVAL_FLAGS)))
     except ConfigError as e:
-        raise UsageError(f"bad evaluator configuration: {e}") from e
+        raise UsageError(user_words(str(e), EVAL_FLAGS)) from e
     if check:
         check_device(config.device)
     return config

@@ -5,10 +5,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
+from typing import Any
 
-from kernelrl.cli.flags import FlagTable, add_flags, given_values
+from kernelrl.cli.flags import FlagTable, add_flags, given_values, user_words
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
+from kernelrl.cli.preflight import (
+    check_files,
+    check_new_database,
+    check_proposer,
+    check_run_database,
+    check_tasks,
+    check_writable_parent,
+)
 from kernelrl.config import ConfigError, build
 from kernelrl.search.loop import SearchConfig
 
@@ -44,7 +52,20 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
             raise UsageError("--db PATH is required (or db_path in the run config)")
         return build(SearchConfig, values)
     except ConfigError as e:
-        raise UsageError(f"bad run configuration: {e}") from e
+        raise UsageError(user_words(str(e), *OPTIMIZE_TABLES)) from e
+
+
+def preflight(config: SearchConfig, args: argparse.Namespace) -> list[Any]:
+    """Every check `optimize` can make before it starts a worker or a model: the database (and
+    `--resume`), the proposer spec, the tasks, the templates folder and the HTML file; its tasks."""
+    check_new_database(config.db_path, resume=config.resume)
+    opts = dict(config.proposer_opts)
+    check_proposer(config.proposer, {**opts, "policy": config.eval.policy, "device": config.eval.device})
+    tasks = check_tasks(config.tasks)
+    check_files([("--templates", config.template_dir)], folder=True)
+    if getattr(args, "html", None):
+        check_writable_parent(args.html, flag="--html")
+    return tasks
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
@@ -57,12 +78,13 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     config = search_config(args)
     check_device(config.eval.device)
+    tasks = preflight(config, args)
     console = console_for()
     if not config.resume and config.db_path.exists():
         # A new run in the same database: stored results are reused, never re-evaluated.
         console.print(f"{config.db_path} exists: starting a new run in it (--resume continues the last one)")
     try:
-        summary = run_search(config, console=console)
+        summary = run_search(config, console=console, tasks=tasks)
     except (TaskError, DatabaseError, ProposerError) as e:
         raise UsageError(str(e)) from e
     render_summary(summary, console)
@@ -84,8 +106,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from kernelrl.report.report import build_report
     from kernelrl.search.database import DatabaseError
 
-    if not Path(args.db).is_file():
-        raise UsageError(f"no such database: {args.db}")
+    check_run_database(args.db)
+    if args.html:
+        check_writable_parent(args.html, flag="--html")
     try:
         report = build_report(args.db, run_id=args.run)
     except (DatabaseError, ValueError) as e:
@@ -102,8 +125,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from kernelrl.report.export import export_jsonl
     from kernelrl.search.database import DatabaseError
 
-    if not Path(args.db).is_file():
-        raise UsageError(f"no such database: {args.db}")
+    check_run_database(args.db)
+    if args.out:
+        check_writable_parent(args.out, flag="--out")
     try:
         if args.out:
             n = export_jsonl(args.db, args.out, only_correct=args.only_correct)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from kernelrl.cli.flags import FlagTable, add_flags, given_values
+from kernelrl.cli.flags import FlagTable, add_flags, given_values, user_words
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device
+from kernelrl.cli.preflight import check_port, check_run_database, check_writable_parent
 from kernelrl.config import ConfigError, build
 from kernelrl.serve.config import ServeConfig
 
@@ -38,7 +39,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     try:
         return build(ServeConfig, given_values(args, *SERVE_TABLES))
     except ConfigError as e:
-        raise UsageError(f"bad server configuration: {e}") from e
+        raise UsageError(user_words(str(e), *SERVE_TABLES)) from e
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -46,6 +47,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = serve_config(args)
     check_device(config.eval.device)
+    if config.watch_db is not None:
+        check_run_database(config.watch_db, flag="--watch-db")
+    check_writable_parent(config.db_path, flag="--db")
+    check_port(config.host, config.port)
     try:
         run_server(config, announce=lambda line: print(line, flush=True))
     except StartError as e:

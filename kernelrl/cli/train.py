@@ -8,8 +8,9 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kernelrl.cli.flags import FlagTable, add_flags, given_values
+from kernelrl.cli.flags import FlagTable, add_flags, given_values, user_words
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
+from kernelrl.cli.preflight import check_files, check_proposer, check_run_database, check_tasks, check_writable_parent
 from kernelrl.train.bench import BenchConfig
 from kernelrl.train.collect import CollectConfig
 
@@ -83,9 +84,36 @@ def _config(args: argparse.Namespace, tables: tuple[FlagTable, ...], command: st
             adjust(values)
         config: Any = build(tables[0].config, values)
     except (ConfigError, ValueError) as e:
-        raise UsageError(f"bad {command} settings: {e}") from e
+        raise UsageError(user_words(str(e), *tables)) from e
     check_device(config.eval.device)
     return config
+
+
+def _preflight(config: Any, proposers: list[tuple[str, dict[str, Any]]]) -> None:
+    """What `collect` and `bench` can check before a worker or a model starts: each proposer spec
+    (with its own options), the tasks, the templates folder and the database."""
+    from kernelrl.train.collect import ProposerSpec
+
+    for text, shared in proposers:
+        try:
+            spec = ProposerSpec.parse(text)
+            opts = {**shared, **spec.options()}
+        except ValueError as e:
+            raise UsageError(f"--proposer {text}: {e}") from e
+        if not spec.spec.startswith("openai"):
+            # as `kernelrl.train.collect` makes them: endpoint options given for every proposer
+            # apply to the OpenAI-compatible ones only
+            for key in ("base_url", "temperature", "max_tokens"):
+                if key not in spec.opts:
+                    opts.pop(key, None)
+        check_proposer(spec.spec, {**opts, "policy": config.eval.policy, "device": config.eval.device})
+    check_tasks(config.tasks)
+    check_files([("--templates", config.template_dir)], folder=True)
+    if config.db_path is not None:
+        if config.db_path.exists():
+            check_run_database(config.db_path)
+        else:
+            check_writable_parent(config.db_path, flag="--db")
 
 
 def _bench_values(values: dict[str, Any]) -> None:
@@ -105,6 +133,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from kernelrl.train.collect import collect
 
     config = _config(args, COLLECT_TABLES, "collect")
+    _preflight(config, [(spec, dict(config.proposer_opts)) for spec in config.proposers])
+    check_writable_parent(config.out, flag="--out")
     console = console_for()
     errors: tuple[type[Exception], ...] = (*_train_errors(), ValueError)
     try:
@@ -197,6 +227,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from kernelrl.train.bench import plot_bench, run_bench
 
     config = _config(args, BENCH_TABLES, "bench", adjust=_bench_values)
+    _preflight(config, [(config.proposer, dict(config.proposer_opts))])
+    if args.plot:
+        check_writable_parent(args.plot, flag="--plot")
     console = console_for(args.json)
     if config.turns > 1:
         return _bench_turns(config, args, console)

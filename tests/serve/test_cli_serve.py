@@ -38,10 +38,10 @@ def test_hardening_flags_are_config_fields(tmp_path: Path) -> None:
     (["--devices", "gpu"], "'gpu' is not cpu, cuda or cuda:N"),
     (["--devices", "cpu,cuda:0"], "one kind"),
     (["--token-file", "/nonexistent/token"], "cannot read the token file /nonexistent/token"),
-    (["--queue-limit", "0"], "max_pending_items must be >= 1"),
-    (["--retain-days", "0"], "retain_days must be positive"),
+    (["--queue-limit", "0"], "--queue-limit must be at least 1"),
+    (["--retain-days", "0"], "--retain-days must be positive"),
     (["--allowed-hosts", "http://a.lan"], "is not a host name"),
-    (["--allowed-hosts", "*"], "allowed_hosts '*' needs a token file"),
+    (["--allowed-hosts", "*"], "--allowed-hosts '*' needs a token file"),
 ])
 def test_bad_invocations(argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["serve", "--port", "0", "--db", str(tmp_path / "s.db"), *argv]) == 2

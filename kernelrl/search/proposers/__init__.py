@@ -29,7 +29,11 @@ Guarantees:
   requested task; the caller ends that chain;
 - an endpoint that still fails after the retry policy is spent raises `ProposerUnavailable`;
   a bad spec or option raises `ProposerError` with a one-line message;
-- proposers are safe to call from several threads at once.
+- proposers are safe to call from several threads at once;
+- `check_spec(spec, **opts)` raises the `ProposerError` `make_proposer` would for a bad kind, a
+  missing argument, an option the kind does not take, a `replay:` path that does not exist or a
+  heuristic under `strict`, without loading, calling or importing anything heavy (the command
+  line checks a spec before it starts workers).
 
 Does not judge the programs: that is the evaluator's work.
 """
@@ -50,7 +54,7 @@ from kernelrl.search.proposers.base import (
 )
 
 __all__ = ["Exhausted", "Proposal", "ProposalRequest", "Proposer", "ProposerError", "ProposerUnavailable",
-           "make_proposer", "proposal_from_answer"]
+           "check_spec", "make_proposer", "proposal_from_answer"]
 
 
 _OPENAI_OPTS = {"base_url", "api_key", "temperature", "max_tokens", "max_tokens_field", "concurrency", "timeout_s",
@@ -67,6 +71,40 @@ def _check_opts(kind: str, opts: dict[str, Any], allowed: set[str]) -> dict[str,
         raise ProposerError(f"{kind} proposer does not take option(s) {', '.join(unknown)}; "
                             f"it takes {', '.join(sorted(allowed))}")
     return given
+
+
+def check_spec(spec: str, **opts: Any) -> None:
+    """What `make_proposer` would refuse in `spec` and `opts`, found without making the proposer."""
+    kind, _, arg = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind == "openai":
+        _check_opts(kind, {k: v for k, v in opts.items() if k not in ("policy", "device")}, _OPENAI_OPTS)
+        if not arg.strip():
+            raise ProposerError("openai proposer needs a model name: openai:MODEL")
+    elif kind == "hf":
+        _check_opts(kind, {k: v for k, v in opts.items() if k != "policy"}, _HF_OPTS)
+        if not arg.strip():
+            raise ProposerError("hf proposer needs a model: hf:PATH (a local folder or a Hugging Face name)")
+    elif kind == "replay":
+        _check_opts(kind, {k: v for k, v in opts.items() if k not in ("policy", "device")}, set())
+        if not arg.strip():
+            raise ProposerError("replay proposer needs a path: replay:PATH")
+        from pathlib import Path
+
+        if not Path(arg.strip()).exists():
+            raise ProposerError(f"replay proposer: no such file or folder: {arg.strip()}")
+    elif kind == "heuristic":
+        if arg.strip():
+            raise ProposerError(f"heuristic proposer takes no argument, got {spec!r}")
+        from kernelrl.search.proposers.heuristic import HeuristicConfig
+
+        HeuristicConfig(**_check_opts(kind, opts, _HEURISTIC_OPTS))
+    else:
+        raise ProposerError(_unknown(spec))
+
+
+def _unknown(spec: str) -> str:
+    return f"unknown proposer {spec!r}; expected openai:MODEL, hf:PATH, replay:PATH or heuristic"
 
 
 def make_proposer(spec: str, **opts: Any) -> Proposer:
@@ -114,4 +152,4 @@ def make_proposer(spec: str, **opts: Any) -> Proposer:
         )
 
         return HeuristicProposer(HeuristicConfig(**_check_opts(kind, opts, _HEURISTIC_OPTS)))
-    raise ProposerError(f"unknown proposer {spec!r}; expected openai:MODEL, hf:PATH, replay:PATH or heuristic")
+    raise ProposerError(_unknown(spec))
