@@ -6,7 +6,8 @@ Guarantees (checked in `ServeConfig.__post_init__`):
 - `allowed_hosts` holds host names or addresses only (no scheme, port or path), lower case;
 - `devices` parses into lanes of one kind, and the evaluator settings follow them (`eval.device`
   is set from the lanes; a conflicting one is an error, never silently replaced);
-- every limit is positive, and one job always fits the queue (`max_items_per_job <=
+- every limit is positive, the HTTP limits (`kernelrl.serve.http.HttpLimits`) in their ranges,
+  and one job always fits the queue (`max_items_per_job <=
   max_pending_items`), so a client that waits long enough is always served.
 
 Does not read the token file (the server does, at start: `kernelrl.serve.tokens`) or check that
@@ -25,6 +26,7 @@ from kernelrl.judge.device import Device
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.reward import RewardConfig
 from kernelrl.serve.backend import BackendKind
+from kernelrl.serve.http import limits_of
 from kernelrl.serve.lanes import LaneSpec, lane_config, parse_devices
 
 _HOST_ENTRY = re.compile(r"^(?:[a-z0-9.-]+|[0-9a-f:.]*:[0-9a-f:.]*)$")  # a DNS name, an IPv4 or an IPv6 address
@@ -61,9 +63,17 @@ class ServeConfig:
     # Judge client code in workers less than fully contained (no bubblewrap here): the operator's risk.
     allow_uncontained: bool = False
     watch_db: Path | None = None  # a run database whose pages are served at /watch/, behind the tokens
+    watch_session_hours: float = 12.0  # a /watch sign-in lasts this long (or until sign-out or a restart)
+    watch_login_attempts: int = 10  # failed /watch sign-ins per minute before every sign-in gets 429
     max_sessions_per_client: int = 1024  # open refinement sessions per client (kernelrl.serve.sessions)
     reward: RewardConfig = field(default_factory=RewardConfig)  # how session turns are paid
     log_level: str = "warning"
+    # HTTP limits (kernelrl.serve.http): slow or idle connections are closed, bodies are read in bounded time.
+    header_timeout_s: float = 10.0  # a request head must arrive whole within this
+    body_timeout_s: float = 120.0  # a body must arrive whole within this once its route reads it (408)
+    keep_alive_s: float = 5.0  # an idle kept-alive connection is closed after this
+    max_connections: int = 512  # open at once (kept below the open-file limit); more are closed at once
+    max_header_bytes: int = 16 << 10  # a request head larger than this is refused
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backend", BackendKind(self.backend))
@@ -102,13 +112,16 @@ class ServeConfig:
         if self.max_items_per_job is None:
             object.__setattr__(self, "max_items_per_job", min(1024, self.max_pending_items))
         for name in ("max_pending_items", "max_items_per_job", "max_body_bytes", "max_source_bytes", "max_attempts",
-                     "max_sessions_per_client"):
+                     "max_sessions_per_client", "watch_login_attempts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.item_limit > self.max_pending_items:
             raise ValueError("max_items_per_job must be <= max_pending_items (or a full job could never be queued)")
         if self.job_concurrency < 0:
             raise ValueError("job_concurrency must be >= 0 (0: one per lane)")
+        if not 0 < self.watch_session_hours <= 24 * 30:
+            raise ValueError("watch_session_hours must be in (0, 720]")
+        limits_of(self)  # raises ValueError with the reason
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
             raise ValueError("log_level must be one of critical, error, warning, info, debug, trace")
 

@@ -18,7 +18,9 @@ refuses on every route (/healthz and unknown paths included):
 Where the server serves pages to browsers (`pages`: the run pages under `/watch`,
 `kernelrl.serve.watch`), requests a page of this very server sends are let through:
 `Sec-Fetch-Site` of `none` or `same-origin`, an `Origin` naming the same host and port, and on
-the sign-in form's post a form body; a page of any other site is still refused.
+the sign-in and sign-out forms' posts a form body; a page of any other site is still refused
+(`Origin: null`, what a sandboxed or a no-referrer page sends, included). `pages=""` makes every
+path a page (`kernelrl watch` alone).
 
 Refusals are `{"error": ...}` JSON answers like every other error, counted by reason
 (`forbidden_host`, `forbidden_origin`, `unsupported_media_type`).
@@ -134,7 +136,8 @@ class RequestGuard:
                     or any(v.strip() not in ("", "0") for v in declared))
         if has_body:
             types = headers.get("content-type", [])
-            form = (pages and scope["method"] == "POST" and path == f"{self.pages}/login" and len(types) == 1
+            form = (pages and scope["method"] == "POST" and path in (f"{self.pages}/login", f"{self.pages}/logout")
+                    and len(types) == 1
                     and types[0].partition(";")[0].strip().lower() == "application/x-www-form-urlencoded")
             if not form and (len(types) != 1 or not is_json(types[0])):
                 shown = types[0][:100] if types else "none"

@@ -26,7 +26,8 @@ from kernelrl.serve.jobs import JobState, StoreStats
 PREFIX = "kernelrl_serve_"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REJECT_REASONS = ("unauthorized", "too_large", "bad_request", "key_conflict", "queue_full", "forbidden_host",
-                  "forbidden_origin", "unsupported_media_type")
+                  "forbidden_origin", "unsupported_media_type", "body_timeout", "header_timeout", "connection_limit",
+                  "watch_login_failed", "watch_login_limited")
 
 
 def _label(value: str) -> str:

@@ -78,6 +78,7 @@ from kernelrl.serve.backend import EvalBackend, build_backend
 from kernelrl.serve.config import ServeConfig
 from kernelrl.serve.dispatch import Dispatcher
 from kernelrl.serve.guard import RequestGuard, default_hosts
+from kernelrl.serve.http import BodyError, limits_of, read_body, uvicorn_config
 from kernelrl.serve.jobs import FINISHED, ItemSpec, JobKind, JobStore, KeyConflict, QueueFull, StoreError
 from kernelrl.serve.metrics import CONTENT_TYPE, render_metrics
 from kernelrl.serve.session_store import SessionStore
@@ -281,22 +282,12 @@ class RewardService:
                               queue_limit=self.config.max_pending_items, window_s=window)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise ApiError(400, "bad Content-Length header", reason="bad_request") from None
-        if size > limit:
-            raise ApiError(413, f"the body is {size} bytes; the limit is {limit}", reason="too_large")
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise ApiError(413, f"the body passed the limit of {limit} bytes", reason="too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    try:
+        return await read_body(request, limit=limit, timeout_s=timeout_s)
+    except BodyError as e:
+        reason = {413: "too_large", 408: "body_timeout"}.get(e.status, "bad_request")
+        raise ApiError(e.status, e.message, reason=reason) from None
 
 
 def create_app(service: RewardService, *, on_ready: Callable[[], None] | None = None) -> FastAPI:
@@ -362,12 +353,12 @@ def create_app(service: RewardService, *, on_ready: Callable[[], None] | None = 
 
     @app.post("/v1/evaluate", status_code=202)
     async def evaluate(request: Request, owner: str = Depends(authorized)) -> JSONResponse:
-        body = await _read_body(request, config.max_body_bytes)
+        body = await _read_body(request, config.max_body_bytes, config.body_timeout_s)
         return accepted(await run_in_threadpool(service.submit, body, owner))
 
     @app.post("/v1/profile", status_code=202)
     async def profile(request: Request, owner: str = Depends(authorized)) -> JSONResponse:
-        body = await _read_body(request, config.max_body_bytes)
+        body = await _read_body(request, config.max_body_bytes, config.body_timeout_s)
         return accepted(await run_in_threadpool(service.profile, body, owner))
 
     @app.get("/v1/jobs/{job_id}")
@@ -397,11 +388,13 @@ def create_app(service: RewardService, *, on_ready: Callable[[], None] | None = 
                 pass
 
     mount_sessions(app, service.sessions, authorized=authorized, wake=service.signal.current, max_wait_s=MAX_WAIT_S,
-                   read_body=lambda request: _read_body(request, config.max_body_bytes))
+                   read_body=lambda request: _read_body(request, config.max_body_bytes, config.body_timeout_s))
 
     if config.watch_db is not None:
         mount_watch(app, config.watch_db, tokens=service.tokens, unauthorized=lambda: ApiError(
-            401, f"sign in at {WATCH_PREFIX}/login, or send Authorization: Bearer TOKEN", reason="unauthorized"))
+            401, f"sign in at {WATCH_PREFIX}/login, or send Authorization: Bearer TOKEN", reason="unauthorized"),
+            count=refused, session_s=config.watch_session_hours * 3600.0,
+            login_attempts=config.watch_login_attempts, body_timeout_s=config.body_timeout_s)
 
     @app.get("/metrics", dependencies=auth)
     async def metrics() -> Response:
@@ -498,11 +491,15 @@ class RewardServer:
         message = (f"kernelrl serve: listening on {self.url} (backend {config.backend}, lanes "
                    f"{','.join(config.devices)}, database {config.db_path}, {who}, containment "
                    f"{self.containment.value})")
-        self._server = uvicorn.Server(uvicorn.Config(
+        self._server = uvicorn.Server(uvicorn_config(
             create_app(self.service, on_ready=(lambda: announce(message)) if announce else None),
-            log_level=config.log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5))
+            limits_of(config), log_level=config.log_level, on_refuse=self._refused, lifespan="on",
+            timeout_graceful_shutdown=5))
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
+
+    def _refused(self, reason: str) -> None:
+        self.service.rejected[reason] += 1
 
     def run(self) -> None:
         try:

@@ -317,7 +317,7 @@ def test_a_32_mib_body_of_tiny_items_is_refused_in_under_a_second(start_server) 
         "more than 1024 items in one job": b'{"items":[' + one * ((32 << 20) // len(one) - 1) + one[:-1] + b"]}",
         "more than 20512 JSON values": b'{"items":[' + b'"",' * ((32 << 20) // 3 - 10) + b'""]}',
         "more than 20512 JSON values ": b'{"size":[' + b"1," * ((32 << 20) // 2 - 20) + b'1],"items":[]}',
-        "a string of 20971520 bytes": b'{"items":[{"task":"' + b"x" * (20 << 20) + b'","candidate":"y"}]}',
+        "a string of more than 1572864 bytes": b'{"items":[{"task":"' + b"x" * (20 << 20) + b'","candidate":"y"}]}',
     }
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with httpx.Client(timeout=30) as http:

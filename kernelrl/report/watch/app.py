@@ -20,8 +20,9 @@ script, no framing), `X-Content-Type-Options: nosniff` and `Cache-Control: no-st
 run, task or candidate is 404, a database that is not there yet or not readable 503, each
 with a message; JSON holds no NaN or infinity (they become null).
 
-Does not authenticate: alone (`kernelrl watch`) it is meant for loopback; off it, put it behind
-`kernelrl serve` or a proxy that does.
+Does not authenticate: alone (`kernelrl watch`, `kernelrl.serve.watch.run_standalone`, which adds
+the reward server's request guard and HTTP limits) it is meant for loopback; off it, put it
+behind `kernelrl serve` or a proxy that does.
 """
 
 from __future__ import annotations
@@ -211,23 +212,3 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-def run_watch(db_path: str | Path, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-              announce: Callable[[str], None] = print) -> None:
-    """Serve the pages until interrupted."""
-    import uvicorn
-
-    sock = bind(host, port)
-    bound = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
-    announce(f"kernelrl watch: http://{shown}:{bound}/ (database {db_path}, read-only)")
-    if not is_loopback(host):
-        announce("warning: these pages have no authentication; anyone who reaches this address reads every "
-                 "candidate. Behind kernelrl serve's token, or loopback, is the safe way.")
-    server = uvicorn.Server(uvicorn.Config(create_app(db_path), log_level="warning", access_log=False))
-    server.run(sockets=[sock])
