@@ -137,3 +137,21 @@ def test_the_api_still_refuses_every_browser_request(start_server, token_file, t
     assert r.status_code == 403
     form = httpx.post(srv.url + "/v1/evaluate", data={"items": "x"}, headers={"Authorization": f"Bearer {TOKEN}"})
     assert form.status_code == 415
+
+
+def test_kernelrl_watch_alone_refuses_rebound_names_and_other_sites(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from kernelrl.serve.watch import standalone_app
+
+    db = tmp_path / "run.db"
+    fill_search_run(db)
+    client = TestClient(standalone_app(db, host="127.0.0.1"), base_url="http://127.0.0.1:8178")
+    assert client.get("/api/runs").status_code == 200
+    assert client.get("/api/runs", headers={"Sec-Fetch-Site": "same-origin"}).status_code == 200
+    for headers in ({"Host": "attacker.example:8178"}, {"Origin": "http://attacker.example"},
+                    {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"}):
+        r = client.get("/api/runs", headers=headers)
+        assert r.status_code in (400, 403) and "runs" not in r.json(), headers
+    assert client.post("/api/runs", content=b"a=b",
+                       headers={"Content-Type": "application/x-www-form-urlencoded"}).status_code == 415

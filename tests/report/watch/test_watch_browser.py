@@ -3,8 +3,12 @@
 The page of a run that a thread keeps writing updates without a reload; its task page shows the
 refused candidate with its rule and the first mismatch of the incorrect one; hostile text from
 candidates stays text (no script of theirs runs); the browser logs no script or policy error.
-The screenshot test (slow) writes the run and task pages as PNGs (to $KERNELRL_SCREENSHOTS, or
-the test's temp folder).
+The pages are served as `kernelrl watch` serves them (behind the request guard and the HTTP
+limits), so these tests also show the guard lets a real browser's own requests through. Signing
+in to `kernelrl serve --watch-db` works from the browser (its form post names its origin), and a
+page of another site rebound to 127.0.0.1 (Chromium's host resolver rules stand in for DNS
+rebinding) reads nothing. The screenshot test (slow) writes the run and task pages as PNGs (to
+$KERNELRL_SCREENSHOTS, or the test's temp folder).
 
 Skipped when /usr/bin/chromium or /usr/bin/chromedriver is missing (`.ci/run` installs both).
 """
@@ -20,7 +24,9 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from kernelrl.report.watch.app import bind, create_app
+from kernelrl.report.watch.app import bind
+from kernelrl.serve.http import HttpLimits, uvicorn_config
+from kernelrl.serve.watch import standalone_app
 from watch_fixtures import EVIL_TASK, HOSTILE, MISMATCH, RunWriter, fill_search_run, wait_for
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -38,7 +44,7 @@ def live(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, int]]]:
     db = tmp_path / "run.db"
     ids = fill_search_run(db)
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(db), log_level="warning", access_log=False))
+    server = uvicorn.Server(uvicorn_config(standalone_app(db, host="127.0.0.1"), HttpLimits()))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     assert wait_for(lambda: server.started, 20)
@@ -50,6 +56,9 @@ def live(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, int]]]:
         sock.close()
 
 
+REBOUND = "rebound.example"
+
+
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[object]:
     opts = webdriver.ChromeOptions()
@@ -57,7 +66,7 @@ def browser(tmp_path: Path) -> Iterator[object]:
     profile = tmp_path / "chromium-profile"
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,1400",
-                f"--user-data-dir={profile}"):
+                f"--user-data-dir={profile}", f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1"):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
@@ -162,3 +171,58 @@ def test_screenshots(live, browser, tmp_path: Path) -> None:
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, (path, len(data))
     assert HOSTILE not in browser.page_source  # the raw markup never reaches the document
     assert _errors(browser) == []
+
+
+def test_a_rebound_host_name_reads_nothing(live, browser) -> None:
+    """A page of another site whose name now resolves to 127.0.0.1 (DNS rebinding) is the
+    pages' origin to the browser; `kernelrl watch` refuses its Host, so nothing of the run shows."""
+    base, _, ids = live
+    port = base.rsplit(":", 1)[1]
+    for path in ("/", f"/runs/{ids['run']}", "/api/runs"):
+        browser.get(f"http://{REBOUND}:{port}{path}")
+        text = browser.find_element(By.TAG_NAME, "body").text
+        assert "is not served here" in text and "tasks" not in text, text[:200]
+    browser.get(f"{base}/api/runs")  # the same pages by their own name answer
+    assert '"runs"' in browser.find_element(By.TAG_NAME, "body").text
+
+
+@pytest.fixture
+def reward_server(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """`kernelrl serve --watch-db` with a token file, on a free loopback port: (URL, token)."""
+    from kernelrl.serve.config import ServeConfig
+    from kernelrl.serve.server import RewardServer
+    from serve.serve_helpers import TOKEN, FakeBackend, write_token_file
+
+    db = tmp_path / "run.db"
+    fill_search_run(db)
+    config = ServeConfig(port=0, db_path=tmp_path / "serve.db", watch_db=db,
+                         token_file=write_token_file(tmp_path / "token.txt"))
+    server = RewardServer(config, backend=FakeBackend()).start_in_thread()
+    try:
+        yield server.url, TOKEN
+    finally:
+        server.stop()
+
+
+def test_a_browser_signs_in_and_out(reward_server, browser) -> None:
+    url, token = reward_server
+    browser.get(f"{url}/watch/")
+    assert "sign in" in browser.find_element(By.TAG_NAME, "body").text  # 401 before signing in
+    browser.get(f"{url}/watch/login")
+    browser.find_element(By.NAME, "token").send_keys("not-the-token-" + "x" * 30)
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    assert wait_for(lambda: "failed=1" in browser.current_url)
+    browser.find_element(By.NAME, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    assert wait_for(lambda: browser.current_url.rstrip("/").endswith("/watch")), browser.current_url
+    assert wait_for(lambda: browser.find_elements(By.TAG_NAME, "h1"))
+    assert "forbidden" not in browser.page_source and "not served" not in browser.page_source
+    cookie = browser.get_cookie(f"kernelrl_watch_{url.rsplit(':', 1)[1]}")
+    assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    browser.get(f"{url}/watch/api/runs")
+    assert '"runs"' in browser.find_element(By.TAG_NAME, "body").text
+    browser.get(f"{url}/watch/logout")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    assert wait_for(lambda: browser.current_url.endswith("/watch/login"))
+    browser.get(f"{url}/watch/api/runs")
+    assert "sign in" in browser.find_element(By.TAG_NAME, "body").text
