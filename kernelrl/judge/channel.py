@@ -17,9 +17,15 @@ Guarantees for the judging side:
   `ChannelProtocolError`, never an exception of another kind;
 - the judge copies what it reads out of the arena before it looks at it, so a worker that keeps
   writing into the arena (a thread of the candidate's) changes nothing the judge compares;
-- the arena cannot be shrunk or grown by anyone once created (memfd seals), so a worker cannot
-  make the judge's read of it fault; sizes are bounded (`MAX_HEADER_BYTES`, the arena's
-  capacity), so a worker cannot exhaust the judge's memory with one message;
+- the arena is made empty and sized by the judge before the worker is given any command
+  (`Arena.seal`): for a candidate, to what the task's messages need (`arena_need`), so that
+  memory the worker pins in it (writing, `posix_fallocate`) is bounded by that size; once sized
+  nobody, the judge included, can shrink or grow it (memfd seals), so a worker cannot make the
+  judge's read of it fault;
+- a message's claims are checked before anything is allocated or copied: its byte count within
+  the arena's size, and its tensors laid out as a sender lays them (in order, each at the
+  aligned end of the one before, none overlapping), so what the judge copies out of one message
+  is at most the arena's size; the header is bounded by `MAX_HEADER_BYTES`;
 - `recv` honours a deadline and reports a closed pipe as `ChannelClosed`.
 
 Does not authenticate the worker: the candidate runs inside the worker and could write frames
@@ -83,7 +89,9 @@ class Arena:
 
     def __init__(self, fd: int, capacity: int) -> None:
         self.fd = fd
-        self.capacity = capacity
+        # 0: not known yet (a worker's side, before the judge sized it): read from the memfd on use
+        self._capacity = capacity
+        self._judge = False  # made by `create`: the judge's side, which reads nothing before sizing it
         # Mapped once and kept (grown to the largest payload so far): mapping afresh per message
         # faulted every page in again, which cost more than the copy itself (64 MiB: 45-89 ms
         # against 2-12 ms into a kept mapping, on this machine).
@@ -104,13 +112,39 @@ class Arena:
                 pass  # a view still holds it (an error was raised while copying): unmapped with the view
             self._mm = None
 
+    @property
+    def capacity(self) -> int:
+        return self._capacity if self._capacity > 0 else os.fstat(self.fd).st_size
+
+    @property
+    def sealed(self) -> bool:
+        return self._capacity > 0
+
     @classmethod
-    def create(cls, capacity: int = DEFAULT_ARENA_BYTES) -> Arena:
+    def create(cls, capacity: int | None = DEFAULT_ARENA_BYTES) -> Arena:
+        """A new arena, sized and sealed at `capacity`; None: empty, to be sized once (`seal`)."""
         fd = os.memfd_create("kernelrl-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        os.ftruncate(fd, capacity)
-        # Fixed size for good: nobody, the worker included, can shrink it under a reader.
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-        return cls(fd, capacity)
+        arena = cls(fd, 0)
+        arena._judge = True
+        if capacity is not None:
+            arena.seal(capacity)
+        return arena
+
+    def seal(self, capacity: int) -> None:
+        """Size the arena at `capacity` bytes for good (the judge's side, before the worker's first command).
+
+        Seals: no one can shrink it under a reader, grow it past what was decided, or unseal it.
+        """
+        if self.sealed:
+            raise ValueError(f"the arena is already sized ({self._capacity} B)")
+        capacity = _aligned_page(max(capacity, 1))
+        os.ftruncate(self.fd, capacity)
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        self._capacity = capacity
+
+    def allocated(self) -> int:
+        """Bytes of memory the arena holds now (its pages, whoever wrote or allocated them)."""
+        return os.fstat(self.fd).st_blocks * 512
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -144,9 +178,11 @@ class Arena:
         if not isinstance(description, dict) or not isinstance(description.get("bytes"), int):
             raise ChannelProtocolError("payload description is not an object with a byte count")
         total = description["bytes"]
+        if self._judge and not self.sealed:
+            raise ChannelProtocolError("a payload came before the arena was sized")
         if not 0 <= total <= self.capacity:
             raise ChannelProtocolError(f"payload of {total} B outside the arena's {self.capacity} B")
-        count = [0]
+        count = [0, 0]  # nodes seen, where the next tensor must start
         if total == 0:
             return _build(description.get("tree"), None, 0, count)
         mm = self._map(total)
@@ -162,6 +198,18 @@ class Arena:
             os.close(self.fd)
         except OSError:
             pass
+
+
+def payload_bytes(payload: Any) -> int:
+    """The arena bytes a payload takes (tensors aligned as `Arena.write` lays them)."""
+    tensors: list[Any] = []
+    _describe(payload, tensors, [0])
+    return sum(_aligned(t.numel() * t.element_size()) for t in tensors)
+
+
+def arena_need(*payloads: Any) -> int:
+    """The arena size that carries each of `payloads` (the largest of them), plus a page."""
+    return max((payload_bytes(p) for p in payloads if p is not None), default=0) + mmap.PAGESIZE
 
 
 class Channel:
@@ -310,7 +358,7 @@ def _build(node: Any, mm: mmap.mmap | None, total: int, count: list[int]) -> Any
 
             return torch.device(node[1])
         if tag == "T" and len(node) == 4:
-            return _tensor(node, mm, total)
+            return _tensor(node, mm, total, count)
     except (RecursionError, TypeError, ValueError, RuntimeError) as e:
         if isinstance(e, ChannelProtocolError):
             raise
@@ -318,7 +366,7 @@ def _build(node: Any, mm: mmap.mmap | None, total: int, count: list[int]) -> Any
     raise ChannelProtocolError(f"malformed payload node {tag!r}")
 
 
-def _tensor(node: list[Any], mm: mmap.mmap | None, total: int) -> Any:
+def _tensor(node: list[Any], mm: mmap.mmap | None, total: int, count: list[int]) -> Any:
     import torch
 
     _, dtype_name, shape, offset = node
@@ -334,6 +382,11 @@ def _tensor(node: list[Any], mm: mmap.mmap | None, total: int) -> Any:
         return torch.empty(shape, dtype=dtype)
     if mm is None or not isinstance(offset, int) or isinstance(offset, bool) or offset < 0 or offset + nbytes > total:
         raise ChannelProtocolError("a payload tensor lies outside the payload")
+    # Laid out as a sender lays them: in order, each at the aligned end of the one before. Two
+    # nodes naming one range would make the judge copy it twice (a 3 GiB claim, 6 GiB copied).
+    if offset != count[1]:
+        raise ChannelProtocolError(f"a payload tensor starts at {offset}, not where the one before ended ({count[1]})")
+    count[1] = offset + _aligned(nbytes)
     # Copied out at once: what the sender writes into the arena later changes nothing here.
     raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=offset)
     out = raw.clone()

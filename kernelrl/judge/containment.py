@@ -308,6 +308,35 @@ def descendants(pid: int, depth: int = 4) -> Iterator[int]:
         yield from level
 
 
+def sandbox_processes(pid: int, depth: int = 64) -> list[int]:
+    """`pid` and every live descendant (orphans of a PID namespace are its first process's children)."""
+    out = [pid] if os.path.exists(f"/proc/{pid}") else []
+    out += descendants(pid, depth)
+    return out
+
+
+_TICK_NS = 1_000_000_000 // (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+def process_cpu_ns(pid: int) -> int:
+    """CPU time of one process from the kernel: its threads (scheduler statistics, ns; or its
+    accounting in ticks where that is more, as ended threads count there) and its reaped children."""
+    threads = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    threads += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # a thread ended while we read
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    except (OSError, ValueError):
+        return threads
+    return max(threads, (utime + stime) * _TICK_NS) + (cutime + cstime) * _TICK_NS
+
+
 def find_in_namespace(outer: int, inner_pid: int) -> tuple[int | None, int | None]:
     """(the process that is `inner_pid` in its own PID namespace, that namespace's first process),
     both as the judge numbers them, among `outer`'s descendants."""

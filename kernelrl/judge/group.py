@@ -41,6 +41,7 @@ from kernelrl.checks.policy import get_policy
 from kernelrl.checks.static import check_source
 from kernelrl.judge import verdict as V
 from kernelrl.judge.baseline import baseline_from_timing
+from kernelrl.judge.channel import arena_need
 from kernelrl.judge.context import JudgeContext
 from kernelrl.judge.device import Device
 from kernelrl.judge.reference import InputSet, ReferenceFailed, ReferenceSession, TaskInfo, session_for
@@ -114,6 +115,16 @@ class Group:
         self.reference = ReferenceRecord()
         self._phases: dict[str, float] = {}  # where the group's wall time went, in seconds
         self._clock = time.monotonic()
+
+    def _arena_need(self, pool_size: int) -> int:
+        """The arena a candidate of this task needs: its largest message (parameters, every input set
+        and its outputs, the timing pool, a spot check), so it can pin no more memory than that."""
+        sets = self.sets
+        first = sets[0] if sets else None
+        return arena_need(self.session.init_inputs, self.session.constants, self.session.state(),
+                          [s.values for s in sets], {"outputs": [s.output for s in [*sets, *sets[:2]]]},
+                          [first.values] * pool_size if first else None,
+                          {"output": first.output, "inputs": first.values} if first else None)
 
     def _phase(self, name: str) -> None:
         now = time.monotonic()
@@ -334,6 +345,7 @@ class Group:
                         # group's measurement is not the candidate's time.
                         t.started = time.monotonic()
                         t.worker = ctx.pool.take("candidate", deadline=t.started + cfg.timeout_s)
+                        t.worker.size_arena(self._arena_need(cfg.timing.pool_size))
                         run_trial(t, reference=self.session, spec=self.session.spec, sets=self.sets,
                                   cache_dir=cfg.cache_dir, timeout_s=cfg.timeout_s, build_timeout_s=cfg.build_timeout_s,
                                   tol_scale=cfg.tol_scale)

@@ -18,8 +18,17 @@ Guarantees:
 - descriptors named in `inherit_fds` (besides the command pipe) reach the worker; no other does;
 - `kill()` ends the whole process group and, when namespaced, the worker's PID namespace (every
   process the program started, in any session), waits for it, and never raises;
-- the judge reads the worker's CPU time and thread count from its own /proc, which the worker
-  cannot forge.
+- every process the worker starts is found whatever its parentage: where cgroups are available
+  (`kernelrl.judge.cgroup`) the worker runs in a cgroup of its own, which `kill()` ends at once;
+  elsewhere the judge walks the sandbox's process tree (orphans are adopted by the sandbox's
+  first process under FULL and NAMESPACES);
+- the judge reads the worker's CPU time from the kernel, never the worker's word: the cgroup's
+  count (every process it ever held, dead ones included), else every live process of the sandbox
+  (each one's threads and reaped children); and its thread count from /proc;
+- from the timing pool on (`Kind.POOL`), every process of the worker other than its interpreter
+  (and bubblewrap's own) is ended before the command is sent and again as soon as an answer
+  arrives (`end_strays`, counted in `strays_ended`): no helper a program started runs while
+  another member of its group is timed.
 
 Does not guarantee isolation below FULL: under NAMESPACES the worker writes what root can write
 and reaches the network; under NONE it also reads the /proc of the judge's other processes.
@@ -41,7 +50,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernelrl.judge.cgroup import Cgroup, kill_pid
 from kernelrl.judge.channel import (
+    DEFAULT_ARENA_BYTES,
     Arena,
     Channel,
     ChannelClosed,
@@ -62,7 +73,9 @@ from kernelrl.judge.containment import (
     namespaces_available,
     pidfd,
     probe,
+    process_cpu_ns,
     release_uid,
+    sandbox_processes,
     spawn,
 )
 from kernelrl.judge.device import Device
@@ -302,7 +315,9 @@ class Worker:
         self.hello: Hello | None = None
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
-        self.arena = Arena.create()
+        # Sized before its first command: to `size_arena`'s need (a candidate), else the default.
+        self.arena = Arena.create(None)
+        self._arena_need: int | None = None
         for fd in (p2c_w, c2p_w):
             _widen_pipe(fd)
         extra = {"CUDA_VISIBLE_DEVICES": str(device_index)} if device_index is not None else {}
@@ -321,6 +336,12 @@ class Worker:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the worker's life
         argv = [*prefix, sys.executable, "-m", "kernelrl.judge.worker", str(p2c_r), str(c2p_w),
                 str(self.arena.fd), str(self.arena.capacity)]
+        # Its own cgroup, joined before anything is exec'd: every process it ever starts is in it.
+        self.cgroup = Cgroup.make()
+        if self.cgroup is not None:
+            argv = self.cgroup.join_argv(argv)
+        self._timing = False  # from the timing pool on, strays are ended around every exchange
+        self.strays_ended = 0
 
         def start() -> subprocess.Popen[bytes]:
             return subprocess.Popen(argv, pass_fds=(p2c_r, c2p_w, self.arena.fd, *inherit_fds), cwd=self.workdir, env=env,
@@ -333,6 +354,8 @@ class Worker:
         except BaseException:
             if self.uid is not None and full and os.geteuid() == 0:
                 release_uid(self.uid)
+            if self.cgroup is not None:
+                self.cgroup.remove()
             raise
         finally:
             os.close(p2c_r)
@@ -340,6 +363,13 @@ class Worker:
         self.channel = Channel(c2p_r, p2c_w, self.arena)
         self._apply_limits()
         self.started = time.monotonic()
+
+    def size_arena(self, need: int) -> None:
+        """The arena's size for good (`kernelrl.judge.channel.arena_need` of the task's messages): set
+        before the worker is given its program, so a program cannot pin more memory through it."""
+        if self.arena.sealed:
+            raise RuntimeError("the worker's arena is already sized")
+        self._arena_need = need
 
     @property
     def isolated(self) -> bool:
@@ -439,11 +469,21 @@ class Worker:
     def _exchange(self, kind: Kind, header: Header | None, payload: Any, deadline: float | None) -> Answer:
         if self.hello is None:
             self.wait_ready(deadline=deadline)
+        if not self.arena.sealed:
+            self.arena.seal(self._arena_need or DEFAULT_ARENA_BYTES)
+        if kind is Kind.POOL:
+            self._timing = True
+        if self._timing:
+            self.end_strays()
         try:
             self.channel.send(kind.value, encode(kind, header), payload)
         except (BrokenPipeError, OSError) as e:
             raise self._died(f"worker stopped accepting commands ({e})") from e
-        answer = self._receive(deadline)
+        try:
+            answer = self._receive(deadline)
+        finally:
+            if self._timing:
+                self.end_strays()
         if answer.kind is not ANSWERS.get(kind) and answer.kind is not Kind.ERROR:
             raise ChannelProtocolError(f"{kind.value} answered with {answer.kind.value}")
         return answer
@@ -485,33 +525,47 @@ class Worker:
 
     # -- facts the worker cannot forge --------------------------------------------------------
 
+    def processes(self) -> list[int]:
+        """Every live process of the worker, whatever its parentage (its cgroup, else its sandbox's tree)."""
+        if self.cgroup is not None:
+            return self.cgroup.pids()
+        return sandbox_processes(self.proc.pid)
+
+    def strays(self) -> list[int]:
+        """The worker's processes other than its interpreter and bubblewrap's own (a build's compiler
+        while it runs; a helper a program started, wherever it was reparented)."""
+        own = {self.proc.pid, self._ns_init, self.pid}
+        return [p for p in self.processes() if p not in own]
+
+    def end_strays(self) -> int:
+        """Kill every stray (`strays`) until none is left; how many were ended."""
+        ended: set[int] = set()
+        for _ in range(100):
+            found = self.strays()
+            if not found:
+                break
+            for p in found:
+                kill_pid(p)
+            ended.update(found)
+            time.sleep(0.001)  # a killed process leaves the cgroup once it has exited
+        self.strays_ended += len(ended)
+        return len(ended)
+
     def cpu_time_ns(self) -> int | None:
-        """CPU time of all the worker's threads, from the kernel's scheduler statistics."""
-        total = 0
-        try:
-            for tid in os.listdir(f"/proc/{self.pid}/task"):
-                try:
-                    with open(f"/proc/{self.pid}/task/{tid}/schedstat") as f:
-                        total += int(f.read().split()[0])
-                except (FileNotFoundError, ProcessLookupError):
-                    continue  # a thread ended while we read
-        except (FileNotFoundError, ProcessLookupError):
+        """CPU time of every process of the worker (see the module docstring), from the kernel."""
+        if self.cgroup is not None:
+            used = self.cgroup.usage_ns()
+            if used is not None:
+                return used
+        pids = [self.pid] if self.containment is Containment.NONE and self.cgroup is None else self.processes()
+        if self.pid not in pids and not os.path.exists(f"/proc/{self.pid}"):
             return None
-        return total
+        return sum(process_cpu_ns(p) for p in {*pids, self.pid})
 
     def child_count(self) -> int:
-        """Live child processes of the worker (a build's compiler counts while it runs)."""
-        n = 0
-        try:
-            for tid in os.listdir(f"/proc/{self.pid}/task"):
-                try:
-                    with open(f"/proc/{self.pid}/task/{tid}/children") as f:
-                        n += len(f.read().split())
-                except OSError:
-                    continue
-        except OSError:
-            return 0
-        return n
+        """Live processes of the worker besides its interpreter (`strays`): a build's compiler counts
+        while it runs, and so does a helper wherever it was reparented."""
+        return len(self.strays())
 
     def thread_count(self) -> int | None:
         try:
@@ -538,6 +592,8 @@ class Worker:
 
     def kill(self) -> None:
         """End the worker and everything it started; wait until they are gone (10 s at most)."""
+        if self.cgroup is not None:
+            self.cgroup.kill()
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -563,6 +619,8 @@ class Worker:
         if self.uid is not None and self.containment is Containment.FULL and os.geteuid() == 0:
             release_uid(self.uid)
             self.uid = None
+        if self.cgroup is not None:
+            self.cgroup.remove()
         self.channel.close()
         self.arena.close()
         try:

@@ -234,6 +234,35 @@ def test_no_child_outlives_its_worker(judge):
     assert _comm_count(title) == 0, f"{escape.status.value}: its process outlived the worker"
 
 
+# A copy of the reference measures 1.00 against it (A/A); on this noisy 2-core machine the
+# kernel beside a fixture has measured up to ~1.15. A helper-burning fixture was paid 1.9x-16x.
+AA_NOISE = 1.25
+
+
+def _burners_not_paid(judge, name: str) -> None:
+    title = f"kh{secrets.token_hex(6)}"
+    with sampling(lambda: _comm_count(title)) as counts:
+        escape, beside = judge(name, title)
+    assert max(counts) >= 1, "the helpers never started"
+    assert _comm_count(title) == 0, f"{escape.status.value}: helpers outlived the worker"
+    paid = escape.status is Status.CORRECT and (escape.speedup or 0.0) > AA_NOISE
+    assert not paid, f"paid {escape.speedup:.2f}x for slowing the reference (beside: {beside.speedup})"
+    assert escape.status in (Status.CORRECT, Status.FLAGGED), escape.message
+
+
+def test_cpu_burning_helpers_are_not_paid(judge):
+    """Helpers started at import, orphaned into a session of their own, burn CPU whenever the
+    candidate is not inside a call: they end before the group is timed, whoever adopted them."""
+    _burners_not_paid(judge, "burn_cpu_helpers.py")
+
+
+@pytest.mark.slow
+def test_cpu_burning_helpers_from_native_code_are_not_paid(judge):
+    source = (CONTAINMENT / "burn_cpu_helpers_cpp.py").read_text()
+    assert not get_policy("open").rejects(check_source(source))  # judged under the default policy
+    _burners_not_paid(judge, "burn_cpu_helpers_cpp.py")
+
+
 def test_without_containment_the_loopback_fixture_does_connect(judge):
     """The fixtures and the listener detect an escape: with no containment the fixture connects."""
     with _listener() as (port, connections):

@@ -135,3 +135,51 @@ def test_the_arena_cannot_be_resized_by_the_other_side():
         with pytest.raises(PermissionError):
             os.ftruncate(b.arena.fd, size)
     assert fcntl.fcntl(a.arena.fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SEAL
+
+
+def test_two_tensors_claiming_one_range_are_refused():
+    """A forged description naming one byte range twice would have the judge copy it twice."""
+    a, b = _pair()
+    node = ["T", "float32", [16], 0]
+    _raw(a, {"kind": "ran", "payload": {"bytes": 64, "tree": ["l", [node, node]]}})
+    with pytest.raises(ChannelProtocolError, match="where the one before ended"):
+        b.recv(time.monotonic() + 5)
+
+
+def test_an_unsized_arena_accepts_no_payload_on_the_judges_side():
+    a_r, b_w = os.pipe()
+    b_r, a_w = os.pipe()
+    judge = Channel(a_r, a_w, Arena.create(None))
+    head = json.dumps({"kind": "hello", "payload": {"bytes": 0, "tree": ["v", 1]}}).encode()
+    os.write(b_w, struct.pack(">I", len(head)) + head)
+    with pytest.raises(ChannelProtocolError, match="before the arena was sized"):
+        judge.recv(time.monotonic() + 5)
+    for fd in (b_r, b_w):
+        os.close(fd)
+
+
+def test_a_sized_arena_pins_no_more_memory_than_its_size():
+    arena = Arena.create(None)
+    arena.seal(1 << 20)
+    with pytest.raises(OSError):
+        os.posix_fallocate(arena.fd, 0, 1 << 30)  # what a worker tried: past the size, refused
+    os.posix_fallocate(arena.fd, 0, arena.capacity)
+    assert arena.allocated() <= arena.capacity == 1 << 20
+    with pytest.raises(ValueError):
+        arena.seal(1 << 30)
+
+
+def test_arena_need_fits_each_message_and_no_more():
+    from kernelrl.judge.channel import arena_need, payload_bytes
+
+    x = torch.ones(1000)
+    assert payload_bytes({"a": [x, x], "b": 3}) == 2 * 4032
+    need = arena_need([x], {"outputs": [x, x, x]}, None)
+    a_r, b_w = os.pipe()
+    b_r, a_w = os.pipe()
+    arena = Arena.create(need)
+    sender = Channel(b_r, b_w, Arena(arena.fd, 0))  # a worker's side: the size read from the memfd
+    sender.send("ran", {}, {"outputs": [x, x, x]})
+    assert Channel(a_r, a_w, arena).recv(time.monotonic() + 5).payload["outputs"][2].equal(x)
+    with pytest.raises(ChannelProtocolError, match="exceeds"):
+        sender.send("ran", {}, {"outputs": [x] * 5})

@@ -85,3 +85,35 @@ def test_bind_moves_every_thread_of_a_worker_and_back(tmp_path: Path):
         assert all(os.sched_getaffinity(t) == mine for t in tids)
     finally:
         w.close()
+
+
+@pytest.mark.parametrize("level", [Containment.NONE, Containment.FULL])
+def test_from_the_timing_pool_on_every_stray_is_ended_whatever_its_parentage(tmp_path: Path, level: Containment):
+    """A process in the worker's cgroup that is not its interpreter (here one the test started and
+    moved in: no parent in the sandbox at all) is ended before the timing pool is sent, and its CPU
+    is the worker's."""
+    import subprocess
+    import time
+
+    from kernelrl.judge import cgroup
+    from kernelrl.judge.containment import probe
+    from kernelrl.judge.protocol import Kind
+    from kernelrl.judge.sandbox import Worker
+
+    config = SandboxConfig(containment=level)
+    if not cgroup.available() or probe(level, config.uids).level is not level:
+        pytest.skip(f"no cgroups or no {level.value} containment here")
+    w = Worker(role="candidate", config=config, device="cpu", root=tmp_path)
+    try:
+        w.wait_ready(deadline=time.monotonic() + 60)
+        assert w.cgroup is not None and w.strays() == []
+        before = w.cpu_time_ns() or 0
+        burner = subprocess.Popen(w.cgroup.join_argv(["/bin/sh", "-c", "while :; do :; done"]))
+        time.sleep(0.3)
+        assert w.strays() == [burner.pid] and w.child_count() == 1
+        assert (w.cpu_time_ns() or 0) - before > 20_000_000  # a busy machine gives it a share
+        w.command(Kind.POOL, [], deadline=time.monotonic() + 30)  # the worker's answer does not matter
+        assert burner.wait(timeout=5) == -9 and w.strays() == [] and w.strays_ended == 1
+    finally:
+        w.close()
+    assert not w.cgroup.path.exists()
