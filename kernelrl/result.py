@@ -159,6 +159,10 @@ class MachineRecord:
     timing_cores: tuple[int, ...] = ()  # cores every timed member was bound to ( (): unbound )
     pinned_allocator: bool = False  # workers allocate from the heap only (no per-process mmap history)
     proc_isolation: bool | None = None  # the task worker had a private /proc (None: not known)
+    # fp32 precision: whether the evaluation allowed TF32, and the flags as the reference's worker
+    # had them before any task code ran (the same are set in every candidate's worker)
+    allow_tf32: bool = False
+    precision: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,6 +6,22 @@ reference's shape and dtype; values must satisfy |c - r| <= atol + rtol * |r| el
 NaN equal to NaN only where the reference has NaN. The result reports the largest absolute and
 relative errors even when the comparison passes, so reports can show how close a candidate is.
 
+Tolerances per dtype (atol = rtol; multiplied by `EvalConfig.tol_scale`), against KernelBench's
+(`get_tolerance_for_precision` in its eval, after torchbench; its earlier eval used 1e-2 for every
+dtype):
+
+| dtype | here | KernelBench |
+|---|---|---|
+| float64 | 1e-8 | not used |
+| float32, exact (default: TF32 off in every worker) | 1e-4 | 1e-4 |
+| float32 when the evaluation allows TF32 (`EvalConfig.allow_tf32`) | 1e-2 | 1e-4 (TF32 flags left to torch) |
+| float16, bfloat16 | 1e-2 | 1e-2 |
+| integers, bool | exact | exact |
+
+TF32 keeps fp16's 10-bit mantissa, so fp32 computed through it gets fp16's tolerance; where TF32 is
+off (the default) the reference and every candidate run exact fp32 (`precision.set_precision`), and a
+candidate that turns TF32 on for itself is held to 1e-4 and reported (`checks.dynamic`).
+
 Does not decide what a mismatch means (incorrect, cached, nondeterministic): the evaluator does.
 """
 
@@ -49,8 +65,15 @@ class Comparison:
     mismatch: Mismatch | None = None  # None when ok
 
 
-def tolerance(dtype: torch.dtype, scale: float = 1.0) -> tuple[float, float]:
-    atol, rtol = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))  # integers and bools: exact
+# fp32 when the evaluation allows TF32 (matmuls and convolutions with fp16's mantissa): fp16's tolerance.
+TF32_TOLERANCE = DEFAULT_TOLERANCES[torch.float16]
+
+
+def tolerance(dtype: torch.dtype, scale: float = 1.0, *, tf32: bool = False) -> tuple[float, float]:
+    if tf32 and dtype is torch.float32:
+        atol, rtol = TF32_TOLERANCE
+    else:
+        atol, rtol = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))  # integers and bools: exact
     return atol * scale, rtol * scale
 
 
@@ -65,7 +88,7 @@ def _failed(reason: str, mismatch: Mismatch) -> Comparison:
     return Comparison(ok=False, reason=reason, mismatch=mismatch, max_abs_err=math.inf, max_rel_err=math.inf)
 
 
-def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0) -> Comparison:
+def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0, tf32: bool = False) -> Comparison:
     c_leaves, r_leaves = flatten(candidate), flatten(reference)
     if len(c_leaves) != len(r_leaves):
         return _failed(f"returned {len(c_leaves)} outputs, expected {len(r_leaves)}", Mismatch.COUNT)
@@ -89,7 +112,7 @@ def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0) -
             continue
         if torch.equal(c, r):
             continue  # bitwise the same (NaN never equals itself, so NaNs take the long way)
-        atol, rtol = tolerance(r.dtype, tol_scale)
+        atol, rtol = tolerance(r.dtype, tol_scale, tf32=tf32)
         c64, r64 = c.to(torch.float64), r.to(torch.float64)
         r_nan, c_nan = torch.isnan(r64), torch.isnan(c64)
         if bool((r_nan != c_nan).any()):

@@ -47,6 +47,9 @@ class EvalConfig:
     policy: PolicyName = PolicyName.OPEN
     n_correctness: int = 5
     tol_scale: float = 1.0  # multiplies the dtype tolerances (kernelrl.judge.compare)
+    # fp32 matmuls and convolutions may use TF32 on CUDA, in the reference and every candidate alike
+    # (judge.precision). Default: exact fp32 everywhere, whatever torch's own defaults are.
+    allow_tf32: bool = False
     static_checks: bool = True
     concurrency: int = 2  # candidates built and checked at once (timing never overlaps on a device)
     compile_baseline: bool = False  # also time each task's reference under torch.compile (once per task)

@@ -90,6 +90,7 @@ class LoadTask(Header):
     profile: bool  # also count FLOPs and describe inputs, outputs and the model (task profile)
     cache_root: str  # the evaluator's cache (torch.compile's cache persists there)
     compile_mode: str | None = None  # set: this worker runs the reference under torch.compile
+    allow_tf32: bool = False  # the judge's fp32 precision (judge.precision), set before task code runs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +104,7 @@ class LoadProgram(Header):
     evict_bytes: int
     build_dir: str  # TORCH_EXTENSIONS_DIR for this program: its own, keyed by content hash
     cache_root: str  # the evaluator's cache (precompiled header, inductor cache)
+    allow_tf32: bool = False  # the judge's fp32 precision (judge.precision), set before program code runs
 
 
 @dataclass(frozen=True, kw_only=True)

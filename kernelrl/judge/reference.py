@@ -30,6 +30,7 @@ from kernelrl.judge.device import Device, evict_bytes
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.inputs import InputPlan, correctness_plans, plain_plan
 from kernelrl.judge.pool import WorkerPool
+from kernelrl.judge.precision import PRECISION_FLAGS
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.judge.sandbox import Worker, WorkerDied
 from kernelrl.tasks.task import Task, TaskError
@@ -77,12 +78,14 @@ class LoadSpec:
     init_seed: int = 0
     evict_bytes: int = 0
     cache_root: str = ""
+    allow_tf32: bool = False  # the evaluation's fp32 precision (EvalConfig.allow_tf32), in every worker
 
     def header(self, *, profile: bool, compile_mode: str | None = None) -> P.LoadTask:
         return P.LoadTask(task_source=self.task.source, task_name=self.task.name, size=str(self.size),
                           presets=self.task.presets, overrides=dict(self.overrides), device=str(self.device),
                           threads=self.threads, init_seed=self.init_seed, evict_bytes=self.evict_bytes,
-                          profile=profile, cache_root=self.cache_root, compile_mode=compile_mode)
+                          profile=profile, cache_root=self.cache_root, compile_mode=compile_mode,
+                          allow_tf32=self.allow_tf32)
 
 
 class ReferenceSession:
@@ -98,6 +101,7 @@ class ReferenceSession:
         self.profile: TaskProfile | None = None
         self._state: dict[str, Any] | None = None
         self._state_fetched = False
+        self.precision: dict[str, Any] = {}
 
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout_s
@@ -128,6 +132,8 @@ class ReferenceSession:
         answer = self._ask("while loading", lambda: self.worker.request(
             self.spec.header(profile=profile), constants, deadline=self._deadline()))
         self.constants = dict(answer.header.constants)
+        # the precision flags as the worker set them, before the task's code ran (recorded in results)
+        self.precision = {k: answer.header.state_before[k] for k in PRECISION_FLAGS if k in answer.header.state_before}
         self.init_inputs = list(answer.payload or [])
         if answer.header.profile:
             self.profile = TaskProfile.from_dict(answer.header.profile)
@@ -185,7 +191,8 @@ def session_for(task: Task, config: EvalConfig, *, pool: WorkerPool, rng: random
     the model's init seed drawn from the group's secret generator."""
     spec = LoadSpec(task=task, size=config.size, overrides=dict(config.constants), device=config.device,
                     threads=config.sandbox.effective_threads, init_seed=rng.getrandbits(31),
-                    evict_bytes=evict_bytes(config.device), cache_root=str(config.cache_dir))
+                    evict_bytes=evict_bytes(config.device), cache_root=str(config.cache_dir),
+                    allow_tf32=config.allow_tf32)
     return ReferenceSession(spec, pool=pool, rng=rng, timeout_s=config.timeout_s)
 
 

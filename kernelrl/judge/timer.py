@@ -223,7 +223,7 @@ def _nbytes(x: object) -> int:
 
 
 def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: list[list[Any]], config: TimingConfig,
-                  *, rng: random.Random, deadline: float, tol_scale: float = 1.0,
+                  *, rng: random.Random, deadline: float, tol_scale: float = 1.0, tf32: bool = False,
                   cores: frozenset[int] | None = None) -> GroupTiming:
     """Time the reference and the candidates together (see the module docstring).
 
@@ -234,14 +234,15 @@ def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: lis
     for w in workers:
         w.bind(cores)
     try:
-        return _measure(reference, candidates, pool, config, rng=rng, deadline=deadline, tol_scale=tol_scale)
+        return _measure(reference, candidates, pool, config, rng=rng, deadline=deadline, tol_scale=tol_scale,
+                        tf32=tf32)
     finally:
         for w in workers:
             w.bind(None)
 
 
 def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[list[Any]], config: TimingConfig,
-             *, rng: random.Random, deadline: float, tol_scale: float) -> GroupTiming:
+             *, rng: random.Random, deadline: float, tol_scale: float, tf32: bool) -> GroupTiming:
     t_start = time.monotonic()
     ref = _Member(key=None, worker=reference)
     cands = [_Member(key=k, worker=w) for k, w in candidates.items()]
@@ -361,7 +362,7 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
                 continue
             m.spot_checks += 1
             spot_bytes += _nbytes(got.payload["output"]) + _nbytes(got.payload["inputs"])
-            cmp = compare_outputs(got.payload["output"], ref_out["output"], tol_scale=tol_scale)
+            cmp = compare_outputs(got.payload["output"], ref_out["output"], tol_scale=tol_scale, tf32=tf32)
             if not cmp.ok:
                 m.spot_mismatches.append(f"round {r}: {cmp.reason}")
             if not exactly_equal(got.payload["inputs"], ref_out["inputs"]):

@@ -135,7 +135,7 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
         _load(trial, reference, spec, cache_dir, bdir, deadline)
         if scratch is not None and not trial.build_cached:
             seal(scratch, sealed)  # what it built, checked, for the next worker that loads this program
-        _correctness(trial, sets, deadline, tol_scale)
+        _correctness(trial, sets, deadline, tol_scale, spec.allow_tf32)
         if interpreted:
             raise _End(Verdict(status=Status.CORRECT, message=(
                 "correct under Triton's interpreter (CPU); not timed: interpreted times are not the kernel's")))
@@ -167,7 +167,8 @@ def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: 
         source = trial.candidate.source
         answer = worker.request(P.LoadProgram(
             source=source, constants=reference.constants, device=str(spec.device), threads=spec.threads,
-            init_seed=spec.init_seed, evict_bytes=spec.evict_bytes, build_dir=str(bdir), cache_root=str(cache_dir)),
+            init_seed=spec.init_seed, evict_bytes=spec.evict_bytes, build_dir=str(bdir), cache_root=str(cache_dir),
+            allow_tf32=spec.allow_tf32),
             reference.init_inputs, deadline=deadline)
         build_s = answer.header.build_s if not answer.failed else 0.0
     if answer.failed:
@@ -188,7 +189,7 @@ def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: 
         trial.parameters_shared = bool(not loaded.failed and loaded.header.loaded)
 
 
-def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale: float) -> None:
+def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale: float, tf32: bool) -> None:
     worker = trial.worker
     assert worker is not None
     ran = worker.request(P.Run(repeat_first=2), [s.values for s in sets], deadline=deadline)
@@ -211,10 +212,10 @@ def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale:
             _note(trial, dynamic.inputs_mutated(f"input set {i}"))
             break
     max_abs = max_rel = 0.0
-    plain_right = all(compare_outputs(c, s.output, tol_scale=tol_scale).ok
+    plain_right = all(compare_outputs(c, s.output, tol_scale=tol_scale, tf32=tf32).ok
                       for c, s in zip(per_set, sets) if not s.plan.perturbed)
     for i, (c, s) in enumerate(zip(per_set, sets)):
-        cmp = compare_outputs(c, s.output, tol_scale=tol_scale)
+        cmp = compare_outputs(c, s.output, tol_scale=tol_scale, tf32=tf32)
         max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
         if cmp.ok:
             continue
@@ -228,7 +229,7 @@ def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale:
                                                        constant=_is_constant(c)))
         raise _End(Verdict(status=Status.INCORRECT, message=f"incorrect on input set {label}: {cmp.reason}",
                            errors=(cmp.reason,), max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err))
-    twice = compare_outputs(outs[1], outs[0], tol_scale=tol_scale)
+    twice = compare_outputs(outs[1], outs[0], tol_scale=tol_scale, tf32=tf32)
     if not twice.ok:
         trial.findings.append(dynamic.nondeterministic(twice.reason))
     trial.max_abs_err = max_abs

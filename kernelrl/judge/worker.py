@@ -76,6 +76,7 @@ from kernelrl.judge.builds import (  # noqa: E402
 from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError  # noqa: E402
 from kernelrl.judge.compare import exactly_equal, flatten  # noqa: E402
 from kernelrl.judge.device import Device  # noqa: E402
+from kernelrl.judge.precision import set_precision  # noqa: E402
 
 _Tensor = torch.Tensor
 # The C functions behind torch.cuda.synchronize, bound now: torch.cuda.synchronize looks
@@ -219,9 +220,10 @@ class WorkerState:
 
     # -- loading ------------------------------------------------------------------------------
 
-    def _start(self, device: str, threads: int, evict_bytes: int) -> dict[str, Any]:
+    def _start(self, device: str, threads: int, evict_bytes: int, allow_tf32: bool) -> dict[str, Any]:
         self.device = device
         torch.set_num_threads(int(threads))
+        set_precision(bool(allow_tf32))
         if device == "cuda":
             torch.cuda.init()  # type: ignore[no-untyped-call]
             self.cuda_devices = torch.cuda.device_count()
@@ -237,7 +239,7 @@ class WorkerState:
         from kernelrl.tasks.source import compile_task
         from kernelrl.tasks.task import Task, TaskError, offline_hubs
 
-        state_before = self._start(h.device, h.threads, h.evict_bytes)
+        state_before = self._start(h.device, h.threads, h.evict_bytes, h.allow_tf32)
         cache_root = _own(CACHE_ROOT_ENV, h.cache_root)
         if cache_root:
             # torch.compile of the reference (a baseline) keeps its compiled graphs between runs
@@ -280,7 +282,7 @@ class WorkerState:
                                                 state_before=state_before, state_after=global_state()), init_inputs
 
     def load_program(self, h: P.LoadProgram, payload: Any) -> Reply:
-        state_before = self._start(h.device, h.threads, h.evict_bytes)
+        state_before = self._start(h.device, h.threads, h.evict_bytes, h.allow_tf32)
         # The program's own build folder (keyed by its source) and the shared inductor cache;
         # under full containment both are in this worker's scratch (the judge's are not visible).
         build_dir, cache_root = _own(BUILD_DIR_ENV, h.build_dir), _own(CACHE_ROOT_ENV, h.cache_root)
@@ -524,7 +526,7 @@ class WorkerState:
 
     def measure_peaks(self, h: P.MeasurePeaks, payload: Any) -> Reply:
         """Best of a few runs: triad bandwidth (a = b + s * c) and large matmuls (fp32, bf16)."""
-        self._start(h.device, h.threads, 0)
+        self._start(h.device, h.threads, 0, False)  # exact fp32: the peaks of the default precision
         n = (64 << 20) // 4 if h.device == "cpu" else (512 << 20) // 4
         b = torch.rand(n, device=h.device)
         c = torch.rand(n, device=h.device)

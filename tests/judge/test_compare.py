@@ -46,3 +46,13 @@ def test_exactly_equal_is_bitwise():
     x = torch.randn(10)
     assert exactly_equal([x], [x.clone()])
     assert not exactly_equal([x], [x + 1e-7])
+
+
+def test_tf32_allowed_gives_fp32_the_half_tolerance_and_nothing_else():
+    r = torch.ones(64)
+    c = r + 3e-3  # a TF32-sized difference: outside exact fp32's 1e-4, inside fp16's 1e-2
+    assert not compare_outputs(c, r).ok
+    assert compare_outputs(c, r, tf32=True).ok
+    assert not compare_outputs(r + 3e-2, r, tf32=True).ok
+    d = torch.ones(64, dtype=torch.float64)
+    assert not compare_outputs(d + 3e-3, d, tf32=True).ok  # only float32 computes through TF32

@@ -321,3 +321,28 @@ def test_the_judges_own_failure_is_a_judge_error_and_the_next_call_judges_again(
         assert first.status is Status.JUDGE_ERROR and "Too many open files" in first.message
         again = ev.evaluate(tiny_task, Candidate(source=IDENTICAL))  # not served from the result cache
         assert again.status is Status.CORRECT
+
+
+# Raises unless its worker runs under the precision the judge set for the evaluation.
+PRECISION_ASSERTING = IDENTICAL.replace("    def forward(self, x):\n", '''    def forward(self, x):
+        flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                 torch.get_float32_matmul_precision())
+        if flags != EXPECTED:
+            raise RuntimeError(f"precision flags {flags}, expected {EXPECTED}")
+''')
+
+
+@pytest.mark.parametrize("allow_tf32, expected", [(False, (False, False, "highest")), (True, (True, True, "high"))])
+def test_precision_flags_are_set_alike_and_recorded(tiny_task, quick_config, allow_tf32, expected):
+    """torch's own defaults (cuDNN TF32 on) never decide: the judge sets the flags in every worker and
+    records them; a candidate asserting the flags is correct only under the evaluation's precision."""
+    config = EvalConfig(**{**_no_static(quick_config).__dict__, "allow_tf32": allow_tf32})
+    source = PRECISION_ASSERTING.replace("EXPECTED", repr(expected))
+    res = evaluate(tiny_task, source, config)
+    assert res.status is Status.CORRECT, res.message
+    machine = res.environment.machine
+    assert machine is not None and machine.allow_tf32 is allow_tf32
+    assert machine.precision == {"cuda_matmul_allow_tf32": expected[0], "cudnn_allow_tf32": expected[1],
+                                 "float32_matmul_precision": expected[2]}
+    wrong = evaluate(tiny_task, PRECISION_ASSERTING.replace("EXPECTED", repr((not allow_tf32,) + expected[1:])), config)
+    assert wrong.status is Status.RUNTIME_ERROR and "precision flags" in wrong.message
