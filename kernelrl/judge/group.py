@@ -111,7 +111,7 @@ class Group:
         self.cores = timing_cores(cfg.sandbox)
         self.machine = MachineRecord(threads=cfg.sandbox.effective_threads, device_lock=ctx.lock.name,
                                      timing_cores=tuple(sorted(self.cores or ())),
-                                     pinned_allocator=cfg.sandbox.pin_allocator)
+                                     pinned_allocator=cfg.sandbox.pin_allocator, allow_tf32=cfg.allow_tf32)
         self.reference = ReferenceRecord()
         self._phases: dict[str, float] = {}  # where the group's wall time went, in seconds
         self._clock = time.monotonic()
@@ -142,6 +142,7 @@ class Group:
         try:
             info = load_task_info(ctx, self.session, task)
             self._phase("reference_load_s")
+            self.machine = dataclasses.replace(self.machine, precision=dict(self.session.precision))
             if not info.degenerate:
                 with ctx.lock.work(uses_device=True):
                     self.sets = self.session.correctness_sets(cfg.n_correctness)
@@ -197,7 +198,7 @@ class Group:
                     waited = time.monotonic() - asked
                     deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
                     timing = measure_group(reference, workers, pool, cfg.timing, rng=self.rng, deadline=deadline,
-                                           tol_scale=cfg.tol_scale, cores=self.cores)
+                                           tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32, cores=self.cores)
                 self.timing = dataclasses.replace(timing, device_wait_s=waited)
                 self._phase("timing_s")
                 self._phases.update(timing_setup_s=round(timing.setup_s, 3), timing_samples_s=round(timing.samples_s, 3),
