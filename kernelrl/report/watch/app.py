@@ -27,6 +27,7 @@ behind `kernelrl serve` or a proxy that does.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import math
@@ -40,6 +41,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from kernelrl.report.watch import pages, views
+from kernelrl.report.watch.code import PageBudget
 from kernelrl.report.watch.queries import NoDatabase, WatchError, snapshot
 from kernelrl.result import EvalResult
 
@@ -60,6 +62,8 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 DEFAULT_PORT = 8178
+PAGE_BUDGET_S = 10.0  # a page's time for diffs (kernelrl.report.watch.code.PageBudget)
+DISCONNECT_POLL_S = 0.25
 
 
 def jsonable(obj: Any) -> Any:
@@ -85,6 +89,20 @@ def _html(text: str, status: int = 200) -> HTMLResponse:
 
 def _json(content: Any, status: int = 200) -> JSONResponse:
     return JSONResponse(jsonable(content), status_code=status, headers=HEADERS)
+
+
+async def rendered(request: Request, build: Callable[[PageBudget], Response],
+                   budget_s: float = PAGE_BUDGET_S) -> Response:
+    """`build(budget)` in a worker thread; when the client leaves meanwhile, the budget is
+    cancelled so the page stops computing (its answer goes nowhere)."""
+    budget = PageBudget(budget_s)
+    job = asyncio.ensure_future(asyncio.to_thread(build, budget))
+    while True:
+        done, _ = await asyncio.wait({job}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return job.result()
+        if not budget.cancel.is_set() and await request.is_disconnected():
+            budget.cancel.set()
 
 
 def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = None,
@@ -156,13 +174,16 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
         return _json({"view": view, "display": pages.run_display(view, links(request))})
 
     @router.get("/runs/{run_id}/tasks/{task:path}", name="watch_task", response_class=HTMLResponse)
-    def task_page(request: Request, run_id: int, task: str) -> Response:
-        try:
-            with snapshot(path) as conn:
-                view = views.task_view(conn, run_id, task)
-        except (WatchError, views.NotFound) as e:
-            return failure(request, e, as_json=False)
-        return _html(pages.task_page(view, links(request)))
+    async def task_page(request: Request, run_id: int, task: str) -> Response:
+        def build(budget: PageBudget) -> Response:
+            try:
+                with snapshot(path) as conn:
+                    view = views.task_view(conn, run_id, task)
+            except (WatchError, views.NotFound) as e:
+                return failure(request, e, as_json=False)
+            return _html(pages.task_page(view, links(request), budget=budget))
+
+        return await rendered(request, build)
 
     @router.get("/api/runs/{run_id}/tasks/{task:path}", name="watch_task_api")
     def task_api(request: Request, run_id: int, task: str) -> Response:
@@ -174,13 +195,16 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
         return _json({"view": view})
 
     @router.get("/runs/{run_id}/candidates/{candidate_id}", name="watch_candidate", response_class=HTMLResponse)
-    def candidate_page(request: Request, run_id: int, candidate_id: int) -> Response:
-        try:
-            with snapshot(path) as conn:
-                d, reference, parent = views.candidate_view(conn, candidate_id)
-        except (WatchError, views.NotFound) as e:
-            return failure(request, e, as_json=False)
-        return _html(pages.candidate_page(d, reference, parent, links(request)))
+    async def candidate_page(request: Request, run_id: int, candidate_id: int) -> Response:
+        def build(budget: PageBudget) -> Response:
+            try:
+                with snapshot(path) as conn:
+                    d, reference, parent = views.candidate_view(conn, candidate_id)
+            except (WatchError, views.NotFound) as e:
+                return failure(request, e, as_json=False)
+            return _html(pages.candidate_page(d, reference, parent, links(request)))
+
+        return await rendered(request, build)
 
     @router.get("/static/{name}", name="watch_static")
     def static(name: str) -> Response:

@@ -16,14 +16,13 @@ Does not compute numbers (`views.py` does) or read the database.
 
 from __future__ import annotations
 
-import difflib
-import html
 import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from kernelrl.report.console import percent_text, roofline_text, speedup_text
+from kernelrl.report.watch.code import PageBudget, code_html, diff_html, esc, visible
 from kernelrl.report.watch.queries import CandidateDetail
 from kernelrl.report.watch.views import RunSummary, RunView, TaskLine, TaskView
 from kernelrl.result import EvalResult, Status
@@ -58,10 +57,6 @@ class Links:
 
     def candidate(self, run_id: int | None, candidate_id: int) -> str:
         return f"{self.base}/runs/{int(run_id or 0)}/candidates/{int(candidate_id)}"
-
-
-def esc(text: Any) -> str:
-    return html.escape(str(text), quote=True)
 
 
 def when(ts: float | None) -> str:
@@ -122,7 +117,10 @@ def table_html(table_id: str, table: dict[str, Any]) -> str:
 
 
 def _table(header: list[str], rows: list[list[Cell]], empty: str) -> dict[str, Any]:
-    return {"header": header, "rows": rows, "empty": empty}
+    """A table as data; its texts with hidden controls shown (the page's script writes them as they are)."""
+    shown = [[visible(c) if isinstance(c, str) else {**c, "text": visible(c.get("text", ""))} for c in row]
+             for row in rows]
+    return {"header": header, "rows": shown, "empty": empty}
 
 
 # ------------------------------------------------------------------------------------ index
@@ -303,7 +301,7 @@ def evidence_line(d: CandidateDetail, rules: list[str]) -> str:
     return first_line(r.message)
 
 
-def task_page(view: TaskView, links: Links, *, max_details: int = 300) -> str:
+def task_page(view: TaskView, links: Links, *, max_details: int = 300, budget: PageBudget | None = None) -> str:
     run_id, line = view.run.id, view.line
     body = [f"<p class='crumbs'><a href='{esc(links.run(run_id))}'>run {run_id}</a> / task</p>",
             f"<h1>{esc(view.task)}</h1>",
@@ -335,8 +333,10 @@ def task_page(view: TaskView, links: Links, *, max_details: int = 300) -> str:
                     "own page (its id in the table).</p>")
     for d in shown:
         parent_source = view.parents.get(d.parents[0]) if d.parents else None
-        body.append(candidate_section(d, view.reference, parent_source, links))
-    body.append(f"<details><summary>reference program</summary><pre class='code'>{esc(view.reference)}</pre></details>")
+        body.append(candidate_section(d, view.reference, parent_source, links, budget=budget))
+        if budget is not None and budget.cancel.is_set():
+            break  # the client left: nobody reads the rest
+    body.append(f"<details><summary>reference program</summary>{code_html(view.reference)}</details>")
     return page(f"{view.task}: run {run_id}", "".join(body), links)
 
 
@@ -348,7 +348,7 @@ def candidate_page(d: CandidateDetail, reference: str, parent: str | None, links
 
 
 def candidate_section(d: CandidateDetail, reference: str, parent: str | None, links: Links, *,
-                      open_code: bool = False) -> str:
+                      open_code: bool = False, budget: PageBudget | None = None) -> str:
     r = d.result
     status = r.status.value if r else "proposed"
     head = (f"<h3>#{d.id} <span class='st-{esc(status)}'>{esc(status)}</span> "
@@ -359,13 +359,12 @@ def candidate_section(d: CandidateDetail, reference: str, parent: str | None, li
         parts.append(f"<p class='verdict'>{esc(r.message)}</p>")
         parts.append(evidence_html(r, reused_from=d.reused_from))
     op = " open" if open_code else ""
-    parts.append(f"<details{op}><summary>code</summary><pre class='code'>{esc(d.source or '(no code block)')}</pre>"
-                 "</details>")
+    parts.append(f"<details{op}><summary>code</summary>{code_html(d.source or '(no code block)')}</details>")
     if parent is not None:
         parts.append(f"<details{op}><summary>diff against its parent #{d.parents[0]}</summary>"
-                     f"{diff_html(parent, d.source, f'candidate {d.parents[0]}', f'candidate {d.id}')}</details>")
+                     f"{diff_html(parent, d.source, f'candidate {d.parents[0]}', f'candidate {d.id}', budget)}</details>")
     parts.append(f"<details{op if parent is None else ''}><summary>diff against the reference</summary>"
-                 f"{diff_html(reference, d.source, 'reference', f'candidate {d.id}')}</details>")
+                 f"{diff_html(reference, d.source, 'reference', f'candidate {d.id}', budget)}</details>")
     parts.append("</section>")
     return "".join(parts)
 
@@ -419,18 +418,6 @@ def evidence_html(r: EvalResult, *, reused_from: int | None = None) -> str:
             text = "... (" + str(len(text) - MAX_ERROR_CHARS) + " characters before)\n" + text[-MAX_ERROR_CHARS:]
         out.append(f"<details open><summary>{label}</summary><pre class='errors'>{esc(text)}</pre></details>")
     return "".join(out)
-
-
-def diff_html(before: str, after: str, before_name: str, after_name: str) -> str:
-    lines = list(difflib.unified_diff(before.splitlines(), after.splitlines(), before_name, after_name, lineterm=""))
-    if not lines:
-        return "<p class='empty'>identical</p>"
-    out = []
-    for line in lines:
-        cls = ("hunk" if line.startswith("@@") else "file" if line.startswith(("+++", "---"))
-               else "add" if line.startswith("+") else "del" if line.startswith("-") else "ctx")
-        out.append(f"<span class='{cls}'>{esc(line)}</span>")
-    return "<pre class='diff'>" + "\n".join(out) + "</pre>"
 
 
 def message_page(title: str, message: str, links: Links, *, status_line: str = "") -> str:
