@@ -13,13 +13,24 @@ Guarantees:
   (a profile, an error of its own) and the others keep their verdicts; a task whose reference
   fails (`TaskError`) is a profile's answer, not a backend failure; a job started `max_attempts` times without finishing (the
   server died each time) is closed with `task_error` results. No job stays queued for ever;
-- the dispatcher only turns jobs into `evaluate_batch` calls: verdicts are the backend's.
+- the dispatcher only turns jobs into `evaluate_batch` calls: verdicts are the backend's;
+- per-client privacy: each candidate goes to the backend as a `ClientCandidate`, whose identity
+  (the evaluator's result-cache key) is its source and its job's owner, so a client's verdicts
+  and timings are reused only for that client: another client's identical program is judged
+  anew, in its own time, and nothing in its answer tells it someone sent it before. Results
+  carry the source's own hash (`candidate_hash`), as the client computes it.
+
+Does not hide what shared caches below the result cache reveal by time: compiled extensions are
+cached by their native source and device (`build_cached`, a short build time), task baselines
+and profiles by task; a client can learn that the same native source or task was built or
+measured before, not by whom, nor any result of it.
 
 Does not time out a backend call: the evaluator's own deadlines bound each evaluation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -58,6 +69,18 @@ def failure_result(task: Task, candidate: str, job: ClaimedJob, message: str, er
         return ProfileOutcome(task=task.name, error=message)
     return EvalResult(task=task.name, status=Status.TASK_ERROR, message=message, errors=errors or [],
                       size=str(job.size), policy=str(job.policy), candidate_hash=source_hash(candidate))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientCandidate(Candidate):
+    """A candidate as one client sent it: its identity in the evaluator (`hash`, the result
+    cache's key) is its source and the client's name, so results are reused for that client only."""
+
+    client: str = ""
+
+    @property
+    def hash(self) -> str:
+        return source_hash(f"{len(self.client)}:{self.client}:{self.source}")
 
 
 class Dispatcher:
@@ -172,7 +195,8 @@ class Dispatcher:
                 self.on_complete(job.job_id)
 
     def _evaluate(self, job: ClaimedJob) -> list[Outcome] | None:
-        pairs = [(task, Candidate(source=cand)) for _, task, cand in job.items]
+        pairs: list[tuple[Task, Candidate]] = [(task, ClientCandidate(source=cand, client=job.owner))
+                                               for _, task, cand in job.items]
         try:
             return self._call(pairs, job)
         except Exception as e:  # noqa: BLE001 - any evaluator failure is retried one by one
@@ -205,7 +229,8 @@ class Dispatcher:
         results = self.backend.evaluate_batch(pairs, size=job.size, policy=job.policy)
         if len(results) != len(pairs) or not all(isinstance(r, EvalResult) for r in results):
             raise RuntimeError(f"the backend returned {len(results)} results for {len(pairs)} items")
-        return list(results)
+        return [dataclasses.replace(r, candidate_hash=source_hash(cand.source))
+                if r.candidate_hash and r.candidate_hash == cand.hash else r for r, (_, cand) in zip(results, pairs)]
 
     def _profile(self, task: Task, job: ClaimedJob) -> ProfileOutcome:
         try:

@@ -190,6 +190,7 @@ class ClaimedJob:
     policy: PolicyName
     attempts: int  # including this one
     items: tuple[tuple[int, Task, str], ...]
+    owner: str = ""  # the client that submitted it ('' without tokens)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -353,17 +354,18 @@ class JobStore:
     def claim(self) -> ClaimedJob | None:
         """Take the oldest queued job (it becomes running), or None."""
         with self._write() as db:
-            row = db.execute("SELECT seq, id, kind, size, policy, attempts FROM jobs WHERE state = 'queued' "
+            row = db.execute("SELECT seq, id, kind, size, policy, attempts, owner FROM jobs WHERE state = 'queued' "
                              "ORDER BY seq LIMIT 1").fetchone()
             if row is None:
                 return None
-            seq, job_id, kind, size, policy, attempts = row
+            seq, job_id, kind, size, policy, attempts, owner = row
             db.execute("UPDATE jobs SET state = 'running', attempts = attempts + 1, started_s = ? WHERE seq = ?",
                        (time.time(), seq))
             items = db.execute("SELECT idx, task, candidate FROM items WHERE job_seq = ? AND origin_seq IS NULL "
                                "ORDER BY idx", (seq,)).fetchall()
         return ClaimedJob(seq=seq, job_id=job_id, kind=JobKind(kind), size=Size(size), policy=PolicyName(policy),
-                          attempts=attempts + 1, items=tuple((idx, task_from_json(t), c) for idx, t, c in items))
+                          attempts=attempts + 1, items=tuple((idx, task_from_json(t), c) for idx, t, c in items),
+                          owner=owner)
 
     def complete(self, seq: int, results: Sequence[tuple[int, EvalResult | ProfileOutcome]]) -> bool:
         """Record a running job's results and mark it done, atomically. False (nothing written)
