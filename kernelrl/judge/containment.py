@@ -12,7 +12,11 @@ better than `SandboxConfig.containment`, and every result records it:
     cache, databases, peaks), no run folder, no token file;
   - a private scratch: /tmp is a size-limited tmpfs (`scratch_mib`) that is its cwd, HOME and
     TMPDIR, /var/tmp points into it, /dev/shm is a second one; both end with the worker;
-  - its own network (loopback only), PID, IPC, UTS and cgroup namespaces;
+  - its own network (loopback only), PID, IPC, UTS and cgroup namespaces, and no way to make
+    more or to mount anything: a seccomp filter (`kernelrl.judge.seccomp`) refuses unshare, setns,
+    clone with a CLONE_NEW* flag, every mount call, keyctl, bpf, perf_event_open, ptrace and the
+    like; the probe checks from inside a contained process that a user namespace is refused, and
+    FULL is not claimed where the filter cannot be built or does not hold;
   - limits on processes (`max_processes`, counted for its uid alone), open files and file size,
     set on the interpreter before it is given any program;
   - no process outlives it: it is the first process of its PID namespace's only child, and
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import secrets
 import select
 import shutil
@@ -54,6 +59,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelrl.judge import seccomp
 from kernelrl.judge.device import Device
 from kernelrl.result import Containment
 
@@ -137,10 +143,15 @@ def device_nodes(device: Device) -> list[str]:
 
 
 def bwrap_prefix(*, bwrap: str, uid: int, device: Device, scratch_bytes: int, as_root: bool,
-                 extra: tuple[str, ...] = (), setpriv: str = "setpriv") -> list[str]:
-    """The command line that runs a program fully contained (the program's own argv follows it)."""
+                 extra: tuple[str, ...] = (), setpriv: str = "setpriv", seccomp_fd: int | None = None) -> list[str]:
+    """The command line that runs a program fully contained (the program's own argv follows it).
+
+    `seccomp_fd`: a descriptor holding `kernelrl.judge.seccomp.program()`, passed to bwrap (read once).
+    """
     argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     if as_root:
         # Privileged bwrap, no user namespace; setpriv needs these three to drop to the worker's uid.
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
@@ -198,22 +209,41 @@ def namespaces_available() -> bool:
     return done.returncode == 0
 
 
+# Run inside a contained interpreter by the probe: kernelrl imports, and neither a user namespace
+# nor a mount can be made (exit status _PROBE_NAMESPACE_MADE otherwise).
+_PROBE_NAMESPACE_MADE = 97
+_PROBE = ("import ctypes, kernelrl\n"
+          "libc = ctypes.CDLL(None, use_errno=True)\n"
+          f"made = libc.unshare({0x10000000}) == 0 or libc.mount(b'none', b'{SCRATCH}', b'tmpfs', 0, None) == 0\n"
+          f"raise SystemExit({_PROBE_NAMESPACE_MADE} if made else 0)\n")
+
+
 @functools.cache
 def _bwrap_works(bwrap: str, executable: str, euid: int, probe_uid: int) -> str:
     """'' when a contained interpreter starts and imports kernelrl here; else why not."""
+    fd = seccomp.program_fd()
+    if fd is None:
+        return f"no seccomp filter for this architecture ({platform.machine()}): nested namespaces would be allowed"
     try:
-        argv = bwrap_prefix(bwrap=bwrap, uid=probe_uid, device=Device.CPU, scratch_bytes=16 << 20, as_root=euid == 0)
+        argv = bwrap_prefix(bwrap=bwrap, uid=probe_uid, device=Device.CPU, scratch_bytes=16 << 20, as_root=euid == 0,
+                            seccomp_fd=fd)
     except ValueError as e:
+        os.close(fd)
         return str(e)
     if euid == 0 and shutil.which("setpriv") is None:
+        os.close(fd)
         return "setpriv (util-linux) not found on PATH"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(Path(_PACKAGE_DIR).parent),
            "HOME": SCRATCH}
     try:
-        done = subprocess.run([*argv, executable, "-S", "-c", "import kernelrl"], capture_output=True, env=env,
-                              timeout=60, stdin=subprocess.DEVNULL)
+        done = subprocess.run([*argv, executable, "-S", "-c", _PROBE], capture_output=True, env=env,
+                              timeout=60, stdin=subprocess.DEVNULL, pass_fds=(fd,))
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bwrap did not run: {e}"
+    finally:
+        os.close(fd)
+    if done.returncode == _PROBE_NAMESPACE_MADE:
+        return "a contained process could make a user namespace or mount a file system (seccomp filter not in force)"
     if done.returncode != 0:
         lines = done.stderr.decode(errors="replace").strip().splitlines()
         return f"bwrap failed here: {lines[-1] if lines else f'exit status {done.returncode}'}"

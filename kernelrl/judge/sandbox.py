@@ -80,6 +80,7 @@ from kernelrl.judge.containment import (
 )
 from kernelrl.judge.device import Device
 from kernelrl.judge.protocol import ANSWERS, Header, Hello, Kind, decode, encode
+from kernelrl.judge.seccomp import program_fd
 from kernelrl.result import Containment
 
 # Copied from the judge's environment when present; everything else is dropped.
@@ -322,11 +323,14 @@ class Worker:
             _widen_pipe(fd)
         extra = {"CUDA_VISIBLE_DEVICES": str(device_index)} if device_index is not None else {}
         full = self.containment is Containment.FULL
+        seccomp_fd: int | None = None
         if full:
             as_root = os.geteuid() == 0
             self.uid = allocate_uid(config.uids) if as_root else os.getuid()
+            seccomp_fd = program_fd()  # read once by bwrap; the probe made sure there is one
             prefix = bwrap_prefix(bwrap=shutil.which("bwrap") or "bwrap", uid=self.uid, device=device,
-                                  scratch_bytes=config.scratch_mib << 20, as_root=as_root, extra=config.expose)
+                                  scratch_bytes=config.scratch_mib << 20, as_root=as_root, extra=config.expose,
+                                  seccomp_fd=seccomp_fd)
             extra.update({BUILD_DIR_ENV: f"{SCRATCH}/{BUILD_SUBDIR}", CACHE_ROOT_ENV: f"{SCRATCH}/cache",
                           "USER": "kernelrl-worker", "LOGNAME": "kernelrl-worker"})
         else:
@@ -344,7 +348,8 @@ class Worker:
         self.strays_ended = 0
 
         def start() -> subprocess.Popen[bytes]:
-            return subprocess.Popen(argv, pass_fds=(p2c_r, c2p_w, self.arena.fd, *inherit_fds), cwd=self.workdir, env=env,
+            fds = (p2c_r, c2p_w, self.arena.fd, *inherit_fds, *([seccomp_fd] if seccomp_fd is not None else []))
+            return subprocess.Popen(argv, pass_fds=fds, cwd=self.workdir, env=env,
                                     stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                     start_new_session=True, close_fds=True)
 
@@ -358,8 +363,8 @@ class Worker:
                 self.cgroup.remove()
             raise
         finally:
-            os.close(p2c_r)
-            os.close(c2p_w)
+            for fd in (p2c_r, c2p_w, *([seccomp_fd] if seccomp_fd is not None else [])):
+                os.close(fd)
         self.channel = Channel(c2p_r, p2c_w, self.arena)
         self._apply_limits()
         self.started = time.monotonic()

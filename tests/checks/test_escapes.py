@@ -263,6 +263,19 @@ def test_cpu_burning_helpers_from_native_code_are_not_paid(judge):
     _burners_not_paid(judge, "burn_cpu_helpers_cpp.py")
 
 
+def test_no_user_namespace_or_mount_can_be_made(judge):
+    escape, _ = judge("nested_namespace.py", "")
+    assert escape.status is Status.CORRECT, escape.message  # SiLU + 1 had any of them gone through
+
+
+def test_without_containment_the_namespace_fixture_does_make_one(judge):
+    """The fixture detects the escape: the judge is root here, and without containment its worker is too."""
+    if os.geteuid() != 0:
+        pytest.skip("an ordinary user may be refused user namespaces by the system")
+    escape, _ = judge("nested_namespace.py", "", level=Containment.NONE)
+    assert escape.status is Status.INCORRECT
+
+
 def test_without_containment_the_loopback_fixture_does_connect(judge):
     """The fixtures and the listener detect an escape: with no containment the fixture connects."""
     with _listener() as (port, connections):

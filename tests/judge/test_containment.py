@@ -258,3 +258,37 @@ def test_a_folder_under_the_scratch_is_bound_after_the_scratch_is_mounted(tmp_pa
     scratch = next(i for i in range(len(argv) - 1) if argv[i] == "--tmpfs" and argv[i + 1] == "/tmp")
     bound = next(i for i in range(len(argv) - 2) if argv[i] == "--ro-bind" and argv[i + 1] == str(shown))
     assert str(shown).startswith("/tmp/") and bound > scratch
+
+
+def test_the_probe_refuses_a_sandbox_where_a_user_namespace_can_be_made():
+    """The probe's own check fails without the seccomp filter (as root, bwrap makes no user namespace
+    and leaves unshare to the worker) and passes with it."""
+    import shutil
+    import subprocess
+    import sys
+
+    from kernelrl.judge import containment as C
+    from kernelrl.judge.device import Device
+    from kernelrl.judge.seccomp import program_fd
+
+    bwrap = shutil.which("bwrap")
+    if bwrap is None or probe(Containment.FULL, (1_900_000_000, 1_900_001_000)).level is not Containment.FULL:
+        pytest.skip("full containment is not available here")
+
+    def run(fd: int | None) -> int:
+        argv = C.bwrap_prefix(bwrap=bwrap, uid=1_900_000_007, device=Device.CPU, scratch_bytes=16 << 20,
+                              as_root=os.geteuid() == 0, seccomp_fd=fd)
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(C.__file__).parents[2])}
+        return subprocess.run([*argv, sys.executable, "-S", "-c", C._PROBE], env=env, timeout=60,
+                              pass_fds=(fd,) if fd is not None else (), capture_output=True).returncode
+
+    fd = program_fd()
+    assert fd is not None
+    try:
+        assert run(fd) == 0
+    finally:
+        os.close(fd)
+    with open("/proc/sys/user/max_user_namespaces") as f:
+        userns_allowed = int(f.read()) > 0
+    if os.geteuid() == 0 and userns_allowed:  # an ordinary user's bwrap adds --disable-userns of its own
+        assert run(None) == C._PROBE_NAMESPACE_MADE
