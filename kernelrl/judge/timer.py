@@ -26,7 +26,11 @@ Guarantees:
   or `max_rounds` is reached;
 - spot checks: after randomly chosen rounds (decided after the calls returned) the outputs of a
   candidate and of the reference for one call of that round's sample, also chosen after the
-  calls returned, are compared, and the inputs each saw;
+  calls returned, are compared, and the inputs each saw; each output is judged by its value when
+  its call returned (the worker copies it, untimed, before the sample's next call), so a
+  persistent output buffer overwritten by the next call (CUDA graphs' static output,
+  torch.compile's reduce-overhead) is judged on its values and returning one storage every call
+  is not itself a finding, while stale values in it (replay) are a mismatch;
 - a candidate that fails, hangs (past `call_limit_s`) or breaks the protocol during timing leaves
   the measurement with its failure recorded; the others go on; a failing reference ends the
   measurement (`ReferenceTimingFailed`);

@@ -176,6 +176,13 @@ def _clone(x: Any) -> Any:
     return x
 
 
+def _kept(x: Any) -> Any:
+    """A timed call's output as it was when returned: plain tensors copied on their device."""
+    if type(x) is _Tensor and not _shadows_tensor(x):
+        return _clone_tensor(_detach(x))
+    return [_kept(v) for v in x] if isinstance(x, (list, tuple)) else x
+
+
 def _perturb(values: list[Any], scale: float, offset_frac: float) -> list[Any]:
     """Floating inputs become x * scale + offset_frac * mean|x|; integers and booleans stay."""
     out = []
@@ -500,8 +507,11 @@ class WorkerState:
             times.append(_perf_ns() - t0)
             plain = plain and all(type(o) is _Tensor and not _shadows_tensor(o) for o in flatten(out))
             # Every call's output is kept until the next sample: which one is spot-checked is
-            # chosen by the judge after the sample, so no call of a sample can go unchecked.
-            outs.append(out)
+            # chosen by the judge after the sample, so no call of a sample can go unchecked. It is
+            # judged by its value when returned: with more calls to come, a copy (untimed, for every
+            # member alike), since a persistent output buffer (CUDA graphs, reduce-overhead) is
+            # legitimately overwritten by the next call.
+            outs.append(_kept(out) if len(self.staged) > 1 else out)
         self.sample_inputs = self.staged
         self.sample_outputs = outs
         self.staged = []
