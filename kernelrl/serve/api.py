@@ -62,6 +62,9 @@ TOKENS_PER_ITEM = 20  # {, four keys with their colons and values, commas, }: 17
 TOKENS_ENVELOPE = 32  # the request's own object, its keys and values
 ESCAPED_BYTES_PER_BYTE = 6  # a JSON string may spell one byte as \uXXXX
 MAX_TURNS = 16  # turns of one session at most
+# An absolute file path of two or more parts (what tracebacks and compiler output name): shown as
+# its last part. Each part ends at the next "/", so the pattern matches in linear time.
+_SERVER_PATH = re.compile(r"(?:/[\w.+@-]+){2,}")
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -263,6 +266,19 @@ def check_body(body: bytes, *, max_items: int, max_string_bytes: int) -> None:
                                    "(split the batch)")
         elif first in b"}]":
             depth -= 1
+
+
+def scrub_paths(value: Any) -> Any:
+    """`value` (a result as JSON: dicts, lists, strings) with every absolute path of two or more
+    parts cut to its file name: tracebacks and compiler output returned to clients name no
+    folder of the server's machine (where kernelrl, its checkout or its caches live)."""
+    if isinstance(value, str):
+        return _SERVER_PATH.sub(lambda m: m.group(0).rsplit("/", 1)[-1], value) if "/" in value else value
+    if isinstance(value, list):
+        return [scrub_paths(v) for v in value]
+    if isinstance(value, dict):
+        return {k: scrub_paths(v) for k, v in value.items()}
+    return value
 
 
 def is_task_name(spec: str) -> bool:

@@ -25,6 +25,8 @@ Guarantees:
 - every route that judges (evaluate, profile, a session's turn) only queues a job: the judging happens in the
   dispatcher's threads, bounded by the queue and the lanes, so no request waits on an evaluator
   and no number of slow requests delays the others;
+- results and errors returned to clients name no path of the server's machine (`api.scrub_paths`:
+  tracebacks and compiler output keep file names only);
 - the server's process never runs task or candidate code: tasks sent as source are checked with
   `ast` only, and all judging happens in the backend's evaluators, whose workers are sandboxed;
 - one server per database: a lock file beside the database (held until the process ends, even
@@ -72,6 +74,7 @@ from kernelrl.serve.api import (
     ServerInfo,
     parse_body,
     resolve_task,
+    scrub_paths,
     validation_message,
 )
 from kernelrl.serve.backend import EvalBackend, build_backend
@@ -381,7 +384,8 @@ def create_app(service: RewardService, *, on_ready: Callable[[], None] | None = 
                 if view is None:  # removed meanwhile (retention)
                     raise ApiError(404, f"no job {job_id!r}")
                 return JobReply(job=view.job_id, kind=view.kind, state=view.state, items=view.n_items,
-                                results=view.results, error=view.error).model_dump(mode="json")
+                                results=scrub_paths(view.results),
+                                error=scrub_paths(view.error)).model_dump(mode="json")
             try:
                 await asyncio.wait_for(event.wait(), remaining)
             except TimeoutError:

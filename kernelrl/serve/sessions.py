@@ -66,6 +66,7 @@ from kernelrl.search.episode import DEFAULT_GAMMA, Episode, EpisodeConfig, Turn,
 from kernelrl.search.feedback import feedback
 from kernelrl.search.prompt import build_prompt
 from kernelrl.serve.api import (
+    MAX_TURNS,
     Accepted,
     ApiError,
     BadItem,
@@ -76,6 +77,7 @@ from kernelrl.serve.api import (
     TurnSubmit,
     parse_body,
     resolve_task,
+    scrub_paths,
 )
 from kernelrl.serve.config import ServeConfig
 from kernelrl.serve.jobs import FINISHED, ItemSpec, JobKind, JobState, JobStore, ProfileOutcome
@@ -352,7 +354,7 @@ def mount_sessions(app: FastAPI, service: SessionService, *, authorized: Callabl
                 pass
 
     def answer(reply: Any, status: int = 200, **headers: str) -> JSONResponse:
-        return JSONResponse(reply.model_dump(mode="json"), status_code=status, headers=headers or None)
+        return JSONResponse(_scrub_errors(reply.model_dump(mode="json")), status_code=status, headers=headers or None)
 
     @app.post("/v1/sessions", status_code=201)
     async def create(request: Request, owner: str = Depends(authorized)) -> JSONResponse:
@@ -388,6 +390,18 @@ def mount_sessions(app: FastAPI, service: SessionService, *, authorized: Callabl
     @app.get("/v1/sessions/{session_id}/turns/{number}")
     async def turn(session_id: str, number: int, wait: float = 0.0, owner: str = Depends(authorized)) -> JSONResponse:
         check_wait(wait)
+        if not 1 <= number <= MAX_TURNS:  # no such turn (and no integer SQLite could not bind)
+            raise ApiError(404, f"no turn {number} in session {session_id[:40]!r}")
         reply = await waited(lambda: service.turn(session_id, number, owner),
                              lambda r: r.state is not TurnState.PENDING, wait)
         return answer(reply)
+
+
+def _scrub_errors(reply: Any) -> Any:
+    """A reply with the server's paths cut from its error texts (prompts and verdicts are left
+    as they are: the feedback already shows no path)."""
+    if isinstance(reply, list):
+        return [_scrub_errors(v) for v in reply]
+    if isinstance(reply, dict):
+        return {k: scrub_paths(v) if k in ("error", "profile_error") else _scrub_errors(v) for k, v in reply.items()}
+    return reply

@@ -29,7 +29,7 @@ from kernelrl.checks.static.scan import check_source
 from kernelrl.judge import builds
 from kernelrl.search import feedback
 from kernelrl.serve import guard
-from kernelrl.serve.api import TooLarge, check_body
+from kernelrl.serve.api import TooLarge, check_body, scrub_paths
 from kernelrl.serve.config import ServeConfig
 
 BOUND_S = 2.0  # generous on a loaded two-core machine; a quadratic scan at these sizes takes minutes
@@ -212,7 +212,7 @@ def test_static_check_cost_grows_linearly(units: list[str]) -> None:
 
 # -- compiler output and tracebacks ----------------------------------------------------------------
 
-OUTPUT_UNITS = ["error", "error: ", "Error", "fatal error: ", "fatal", ": No such file", "cannot open source file \"",
+OUTPUT_UNITS = ["/a/", "//", "/a.b+c@d", "error", "error: ", "Error", "fatal error: ", "fatal", ": No such file", "cannot open source file \"",
                 "(1): ", "/a", "/", "File \"", "\", line 1, in ", "  ", "[1/2]", "ninja", "incorrect on input set 1 (",
                 "): ", "output 0 is ", ", expected ", "\n", "x"]
 
@@ -225,6 +225,7 @@ def test_output_patterns_are_linear(units: list[str]) -> None:
     assert timed(lambda: builds.first_errors(out)) < BOUND_S
     assert timed(lambda: builds._MISSING_HEADER.search(out)) < BOUND_S
     assert timed(lambda: feedback._clip(line, n=len(line))) < BOUND_S
+    assert timed(lambda: scrub_paths([out])) < BOUND_S
     assert timed(lambda: feedback._mismatch(out)) < BOUND_S
     assert timed(lambda: feedback._mismatch("incorrect on input set 1 (plain): " + line)) < BOUND_S
     assert timed(lambda: [feedback._FRAME.match(x) for x in out.splitlines()]) < BOUND_S

@@ -91,6 +91,17 @@ def _json(content: Any, status: int = 200) -> JSONResponse:
     return JSONResponse(jsonable(content), status_code=status, headers=HEADERS)
 
 
+SQLITE_MAX_ID = (1 << 63) - 1
+
+
+def checked_id(value: int, what: str) -> int:
+    """An id from a URL, or NotFound (a 404) when no row can have it (negative, or past SQLite's
+    integers: binding it would raise OverflowError)."""
+    if not 0 <= value <= SQLITE_MAX_ID:
+        raise views.NotFound(f"no {what} {value}")
+    return value
+
+
 async def rendered(request: Request, build: Callable[[PageBudget], Response],
                    budget_s: float = PAGE_BUDGET_S) -> Response:
     """`build(budget)` in a worker thread; when the client leaves meanwhile, the budget is
@@ -159,7 +170,7 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
     def run_page(request: Request, run_id: int) -> Response:
         try:
             with snapshot(path) as conn:
-                view = views.run_view(conn, run_id, now=clock())
+                view = views.run_view(conn, checked_id(run_id, "run"), now=clock())
         except (WatchError, views.NotFound) as e:
             return failure(request, e, as_json=False)
         return _html(pages.run_page(view, links(request), db_path=shown))
@@ -168,7 +179,7 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
     def run_api(request: Request, run_id: int) -> Response:
         try:
             with snapshot(path) as conn:
-                view = views.run_view(conn, run_id, now=clock())
+                view = views.run_view(conn, checked_id(run_id, "run"), now=clock())
         except (WatchError, views.NotFound) as e:
             return failure(request, e, as_json=True)
         return _json({"view": view, "display": pages.run_display(view, links(request))})
@@ -178,7 +189,7 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
         def build(budget: PageBudget) -> Response:
             try:
                 with snapshot(path) as conn:
-                    view = views.task_view(conn, run_id, task)
+                    view = views.task_view(conn, checked_id(run_id, "run"), task)
             except (WatchError, views.NotFound) as e:
                 return failure(request, e, as_json=False)
             return _html(pages.task_page(view, links(request), budget=budget))
@@ -189,7 +200,7 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
     def task_api(request: Request, run_id: int, task: str) -> Response:
         try:
             with snapshot(path) as conn:
-                view = views.task_view(conn, run_id, task)
+                view = views.task_view(conn, checked_id(run_id, "run"), task)
         except (WatchError, views.NotFound) as e:
             return failure(request, e, as_json=True)
         return _json({"view": view})
@@ -199,7 +210,7 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
         def build(budget: PageBudget) -> Response:
             try:
                 with snapshot(path) as conn:
-                    d, reference, parent = views.candidate_view(conn, candidate_id)
+                    d, reference, parent = views.candidate_view(conn, checked_id(candidate_id, "candidate"))
             except (WatchError, views.NotFound) as e:
                 return failure(request, e, as_json=False)
             return _html(pages.candidate_page(d, reference, parent, links(request)))
