@@ -72,6 +72,7 @@ RNG_SEEDING = "rng_seeding"
 NO_CUSTOM_KERNEL = "no_custom_kernel"
 FORWARD_REBINDING = "forward_rebinding"
 FAST_MATH = "fast_math"
+BIDI_CONTROL = "bidi_control"
 
 STATIC_RULES: dict[str, Rule] = {r.name: r for r in [
     _static(SYNTAX_ERROR, "the source does not parse as Python"),
@@ -126,6 +127,8 @@ STATIC_RULES: dict[str, Rule] = {r.name: r for r in [
                                "the computation"),
     _static(NO_CUSTOM_KERNEL, "no custom kernel found (load_inline with real C++/CUDA code, a Triton "
                               "kernel, numba/cupy kernel)", Severity.WARN),
+    _static(BIDI_CONTROL, "holds bidirectional control characters (Trojan Source: code that reads "
+                          "differently from how it runs), in a comment, a string or C++ source"),
 ]}
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from kernelrl.checks.static import (  # noqa: F401
     processes,
     reference,
     settings,
+    text,
 )
 from kernelrl.checks.static.precision import task_computes_in_reduced_precision
 from kernelrl.checks.static.registry import CHECKS
