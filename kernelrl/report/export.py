@@ -4,12 +4,14 @@ Each row is `{"task", "prompt", "answer", "code", "result"}`: the prompt the mod
 answer, the code extracted from it, and the full `EvalResult` dict. Guarantees: rows come in
 candidate order; only evaluated candidates are written (a proposal without a verdict is no
 training signal); `only_correct` keeps rows whose status is `correct`. Does not deduplicate: the
-same code proposed twice is two rows, since the prompts differ.
+same code proposed twice is two rows, since the prompts differ. A file written here is created
+with mode 0600 (an existing one keeps its mode).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -26,7 +28,8 @@ def export_jsonl(db_path: str | Path, out: str | Path | TextIO, *, only_correct:
     if isinstance(out, (str, Path)) and str(out) != "-":
         path = Path(out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", encoding="utf-8") as f:
+        # prompts, answers and code: the file is its owner's alone (0600), however the umask is set
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
             return _write(records, f, only_correct)
     return _write(records, sys.stdout if isinstance(out, (str, Path)) else out, only_correct)
 

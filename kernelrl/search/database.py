@@ -29,6 +29,7 @@ process crash, the case that matters here).
 from __future__ import annotations
 
 import json
+import os
 import random
 import sqlite3
 import threading
@@ -178,6 +179,9 @@ class Database:
             raise DatabaseError(f"no database at {self.path}")
         if not readonly:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # candidates, prompts and answers: a new database is its owner's alone (0600; SQLite
+            # gives its WAL and shared-memory files the same mode). An existing one keeps its mode.
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
         try:
             if readonly:
                 self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,

@@ -61,3 +61,24 @@ def test_results_name_no_server_path(start_server, tiny_task) -> None:
 def test_scrub_paths_keeps_what_is_not_a_path() -> None:
     assert scrub_paths({"a": ["ms/call", "1/2", "see /a/b/c.py:3"], "n": 1}) == {"a": ["ms/call", "1/2", "see c.py:3"],
                                                                                   "n": 1}
+
+
+def test_run_databases_and_exports_are_created_private(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from kernelrl.report.export import export_jsonl
+
+    old = os.umask(0o022)  # the usual umask: files would be 0644
+    try:
+        db = tmp_path / "runs" / "run.db"
+        fill_search_run(db)
+        out = tmp_path / "rows.jsonl"
+        assert export_jsonl(db, out) > 0
+    finally:
+        os.umask(old)
+    for path in (db, out):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for side in (Path(f"{db}-wal"), Path(f"{db}-shm")):
+        if side.exists():
+            assert stat.S_IMODE(side.stat().st_mode) & 0o077 == 0, side
