@@ -276,6 +276,40 @@ def test_without_containment_the_namespace_fixture_does_make_one(judge):
     assert escape.status is Status.INCORRECT
 
 
+def _meminfo(field: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) << 10
+    raise KeyError(field)
+
+
+def _own_peak_rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) << 10
+    raise KeyError("VmHWM")
+
+
+def test_the_arena_pins_no_more_than_its_task_needs(judge):
+    """posix_fallocate on the inherited arena: before it was sized per task, 16 GiB of shared
+    memory were held (measured); now the arena is a few MiB and sealed."""
+    base = _meminfo("Shmem")
+    with sampling(lambda: float(_meminfo("Shmem") - base)) as grown:
+        escape, _ = judge("grow_arena.py", "")
+    assert max(grown) < 1 << 30, f"shared memory grew by {max(grown) / (1 << 30):.2f} GiB"
+    assert escape.status is Status.CORRECT, escape.message  # SiLU + 1 had it held 1 GiB
+
+
+def test_a_forged_payload_size_is_refused_before_the_judge_allocates_it(judge):
+    """A 3 GiB claim over two tensors naming one range: the judge's peak memory grew 9 GiB (measured)."""
+    before = _own_peak_rss()
+    escape, _ = judge("forge_payload_size.py", "")
+    assert _own_peak_rss() - before < 1 << 30
+    assert escape.status is Status.FLAGGED and "result_channel_forged" in escape.message, escape.message
+
+
 def test_without_containment_the_loopback_fixture_does_connect(judge):
     """The fixtures and the listener detect an escape: with no containment the fixture connects."""
     with _listener() as (port, connections):
