@@ -9,17 +9,19 @@ descriptors and nothing is answered any more. `HttpLimits` bounds each connectio
   opened (or after its previous answer, or after its first byte of a new request) is closed;
 - `max_header_bytes`: h11 refuses a request head larger than this (400);
 - `keep_alive_s`: an idle kept-alive connection is closed after this;
-- `max_connections`: connections open at once; one past it is closed as soon as it is accepted
-  (counted as `connection_limit`), and the limit is kept below the process's descriptor limit;
+- `max_connections`: connections open at once, kept below the process's descriptor limit; when
+  one more is accepted, the connection that has waited longest for its request head is closed
+  to make room (or, when none is waiting, the new one), counted as `connection_limit`;
 - `body_timeout_s`: `read_body` (every route that reads a body uses it) gives up with 408 when
   the body has not arrived whole this long after the route began reading it, and with 413 as
   soon as it passes its route's limit (declared or streamed), before anything is parsed.
 
-Guarantees: under a flood of slow connections, each is closed after `header_timeout_s` and
-no more than `max_connections` are held, so a well-behaved request is answered as soon as the
-flood leaves it a connection (`tests/serve/test_http_limits.py`). Does not guarantee fairness
-between clients (one client can take every connection for `header_timeout_s`), and does not
-bound a response's sending time to a client that reads slowly.
+Guarantees: under a flood of slow connections, each is closed after `header_timeout_s`, no
+more than `max_connections` are held, and a new connection evicts the slowest of them, so a
+client that sends its request at once is answered during the flood
+(`tests/serve/test_http_limits.py`). Does not guarantee fairness between clients that send
+whole requests (a flood of real, slow requests can take every connection), and does not bound a
+response's sending time to a client that reads slowly.
 """
 
 from __future__ import annotations
@@ -72,14 +74,25 @@ def bounded_protocol(limits: HttpLimits, on_refuse: Callable[[str], None] | None
         _deadline: asyncio.TimerHandle | None = None
         _waiting_after: Any = None  # the request cycle that was current when the timer was set
 
+        _armed_at = 0.0
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             if len(self.connections) > most:
+                # Make room: the connection that has waited longest for its request head goes (a
+                # flood of slow connections evicts itself); when none waits, this one goes.
+                waiting = [c for c in self.connections if isinstance(c, BoundedH11Protocol) and c is not self
+                           and c._waiting_for_head()]
+                victim = min(waiting, key=lambda c: c._armed_at) if waiting else self
                 if on_refuse is not None:
                     on_refuse("connection_limit")
-                transport.abort()
-                return
+                victim.transport.abort()
+                if victim is self:
+                    return
             self._arm()
+
+        def _waiting_for_head(self) -> bool:
+            return self._deadline is not None and self.cycle is self._waiting_after and not self.transport.is_closing()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -94,6 +107,7 @@ def bounded_protocol(limits: HttpLimits, on_refuse: Callable[[str], None] | None
         def _arm(self) -> None:
             self._disarm()
             self._waiting_after = self.cycle
+            self._armed_at = self.loop.time()
             self._deadline = self.loop.call_later(limits.header_timeout_s, self._expired)
 
         def _disarm(self) -> None:
