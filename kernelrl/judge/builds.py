@@ -17,9 +17,10 @@ Under full containment (`kernelrl.judge.containment`) a worker cannot see the ca
 its own scratch, and the judge keeps the build in `sealed/KEY/` instead:
 - `seal` copies out of the worker's scratch only torch extension folders (a folder named like an
   extension, holding a shared library) and in them only the files a load needs (`SEALED_NAMES`):
-  plain files owned by the worker's uid, on its scratch, within `MAX_SEALED_BYTES` in all; the
-  judge writes them, and a manifest of each file's size, SHA-256 and modification time, into
-  `sealed/KEY/`, all owned by the judge;
+  plain files owned by the worker's uid, on its scratch, within `MAX_SEALED_BYTES` in all (each
+  file counted by its apparent size, so a sparse file counts as what it claims, and none read
+  when they claim more); the judge writes them, and a manifest of each file's size, SHA-256 and
+  modification time, into `sealed/KEY/`, all owned by the judge;
 - `unseal`, before a worker loads a program, checks the sealed folder against its manifest
   (nothing missing, nothing more, sizes and hashes equal, owned by the judge and writable by no
   one else) and only then copies it into the worker's scratch; a folder that fails the check is
@@ -48,7 +49,12 @@ is parsed and type-checked by nvcc's front end, but not compiled by g++); the C+
 (`cpp_sources`, the bindings), which are not compiled at all; headers this CUDA toolkit lacks
 (cuDNN, CUTLASS, NCCL...: reported as not checkable, not as the program's error).
 
-Does not evict old builds: the cache folder grows until a person clears it.
+- the sealed builds together stay within `MAX_SEALED_CACHE_BYTES` (apparent sizes): after a build
+  is sealed, the least recently used others (a sealed folder's modification time is set when it
+  is sealed or unsealed) are removed until the rest fits.
+
+Does not evict the unsealed build folders of uncontained workers (`extensions/`): that folder grows
+until a person clears it.
 """
 
 from __future__ import annotations
@@ -78,7 +84,9 @@ from kernelrl.judge.device import Device
 # What a cached torch extension folder may hold: what ninja and the loader read back.
 SEALED_NAMES = re.compile(r"^(build\.ninja|\.ninja_log|\.ninja_deps|main\.cpp|cuda\.cu|[A-Za-z0-9_.-]+\.(o|so))$")
 _EXTENSION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MAX_SEALED_BYTES = 1 << 30
+# One build (a CPU extension is a few MiB; a CUDA one for a few architectures tens), and all of them.
+MAX_SEALED_BYTES = 256 << 20
+MAX_SEALED_CACHE_BYTES = 8 << 30
 MANIFEST = "MANIFEST.json"
 
 
@@ -167,6 +175,7 @@ def unseal(sealed: Path, scratch: Scratch) -> bool:
                         scratch.write(fd, rel.partition("/")[2], (sealed / rel).read_bytes(), int(entry["mtime_ns"]))
             finally:
                 os.close(fd)
+        os.utime(sealed)  # used now: the last to be evicted
         return True
     except OSError:
         return False
@@ -192,9 +201,11 @@ def seal(scratch: Scratch, sealed: Path) -> bool:
                 continue
             try:
                 kept = {}
-                for name, fst in scratch.entries(fd):
-                    if not stat.S_ISREG(fst.st_mode) or not SEALED_NAMES.match(name):
-                        continue  # torch's lock, a precompiled header, anything else: not a build's
+                # torch's lock, a precompiled header, anything else: not a build's
+                wanted = [(n, fs) for n, fs in scratch.entries(fd) if stat.S_ISREG(fs.st_mode) and SEALED_NAMES.match(n)]
+                if total + sum(fs.st_size for _, fs in wanted) > MAX_SEALED_BYTES:
+                    return False  # too large by the sizes the files claim (a sparse file too): nothing is read
+                for name, _ in wanted:
                     got = scratch.read(fd, name, MAX_SEALED_BYTES - total)
                     if got is None:
                         return False  # not the worker's own plain file, or too large: keep nothing
@@ -231,11 +242,53 @@ def _write_sealed(sealed: Path, files: dict[str, tuple[bytes, int]]) -> bool:
             os.rename(sealed, trash)
             shutil.rmtree(trash, ignore_errors=True)
         os.rename(tmp, sealed)
+        evict(parent, keep=sealed)
         return True
     except OSError:
         return verified(sealed) is not None  # another evaluation sealed the same build first
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _apparent_bytes(folder: Path) -> int:
+    total = 0
+    for p in folder.rglob("*"):
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    return total
+
+
+def evict(parent: Path, *, keep: Path | None = None, limit: int | None = None) -> list[str]:
+    """Remove the least recently used sealed builds under `parent` until the rest fit in `limit`
+    (`MAX_SEALED_CACHE_BYTES`); `keep` is never removed. The names removed."""
+    limit = MAX_SEALED_CACHE_BYTES if limit is None else limit
+    builds = []
+    for p in parent.iterdir():
+        try:
+            if p.is_dir() and not p.is_symlink():
+                builds.append((p.stat().st_mtime_ns, p, _apparent_bytes(p)))
+        except OSError:
+            continue
+    total = sum(b[2] for b in builds)
+    removed = []
+    for _, path, size in sorted(builds, key=lambda b: b[0]):
+        if total <= limit:
+            break
+        if keep is not None and path == keep:
+            continue
+        trash = parent / f".old-{path.name}-{secrets.token_hex(4)}"
+        try:
+            os.rename(path, trash)
+        except OSError:
+            continue  # another evaluation removed it first
+        shutil.rmtree(trash, ignore_errors=True)
+        total -= size
+        removed.append(path.name)
+    return removed
 
 
 class PrecompiledHeaderLoader:

@@ -94,6 +94,7 @@ def judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tu
             f"{alone[policy, level].value}")
         return escape, beside
 
+    run.cache = cache  # type: ignore[attr-defined]  # the tests that look at the judge's disk
     yield run
     for ev in made.values():
         ev.close()
@@ -308,6 +309,22 @@ def test_a_forged_payload_size_is_refused_before_the_judge_allocates_it(judge):
     escape, _ = judge("forge_payload_size.py", "")
     assert _own_peak_rss() - before < 1 << 30
     assert escape.status is Status.FLAGGED and "result_channel_forged" in escape.message, escape.message
+
+
+def test_a_sparse_file_in_the_build_folder_costs_the_judge_no_disk(judge):
+    """Before sealed builds were capped by apparent size, 1,048,576,000 bytes were kept per source."""
+    def cache_bytes() -> float:
+        return float(sum(p.stat().st_size for p in judge.cache.rglob("*") if p.is_file()))
+
+    def free() -> float:
+        return float(os.statvfs(judge.cache).f_bavail * os.statvfs(judge.cache).f_frsize)
+
+    start = free()
+    with sampling(free) as samples:
+        escape, _ = judge("sparse_build_file.py", "")
+    assert start - min(samples) < 256 << 20, "the judge's disk lost as much as the sparse file claims"
+    assert cache_bytes() < 256 << 20
+    assert escape.status is Status.CORRECT, escape.message
 
 
 def test_without_containment_the_loopback_fixture_does_connect(judge):

@@ -93,3 +93,32 @@ def test_a_recorded_check_is_not_compiled_again(tmp_path, monkeypatch):
     with pytest.raises(builds.CudaUnavailable):  # another source: compiled
         builds.check_device_code("__global__ void k2() {}", name="ext", work_dir=Path(tmp_path))
     assert len(calls) == 2
+
+
+def test_the_least_recently_used_sealed_builds_are_evicted_past_the_cap(tmp_path: Path):
+    sealed = tmp_path / "sealed"
+    for i, name in enumerate(["old", "mid", "new"]):
+        (sealed / name / "ext").mkdir(parents=True)
+        with open(sealed / name / "ext" / "ext.so", "wb") as f:
+            f.truncate(100 << 20)  # sparse: counted by its apparent size
+        os.utime(sealed / name, ns=(i * 10**9, i * 10**9))
+    assert builds.evict(sealed, keep=sealed / "old", limit=150 << 20) == ["mid", "new"]
+    assert sorted(p.name for p in sealed.iterdir()) == ["old"]
+    assert builds.evict(sealed, limit=150 << 20) == []
+
+
+def test_a_build_larger_than_the_cap_is_not_sealed(tmp_path: Path):
+    """A sparse 'library' in a worker's build folder: read by its apparent size, refused past the cap."""
+    from kernelrl.judge.containment import BUILD_SUBDIR, Scratch
+
+    ext = tmp_path / BUILD_SUBDIR / "ext"
+    ext.mkdir(parents=True)
+    with open(ext / "ext.so", "wb") as f:
+        f.truncate(builds.MAX_SEALED_BYTES + 1)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    scratch = Scratch(fd, dev=os.fstat(fd).st_dev, uid=os.geteuid())
+    try:
+        assert builds.seal(scratch, tmp_path / "cache" / "sealed" / "key") is False
+    finally:
+        scratch.close()
+    assert not (tmp_path / "cache").exists()
