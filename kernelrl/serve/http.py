@@ -9,7 +9,8 @@ descriptors and nothing is answered any more. `HttpLimits` bounds each connectio
   opened (or after its previous answer, or after its first byte of a new request) is closed;
 - `max_header_bytes`: h11 refuses a request head larger than this (400);
 - `keep_alive_s`: an idle kept-alive connection is closed after this;
-- `max_connections`: connections open at once, kept below the process's descriptor limit; when
+- `max_connections`: connections open at once, kept below the process's descriptor limit (less
+  what the process needs and one accept burst, `ACCEPT_BATCH`); when
   one more is accepted, the connection that has waited longest for its request head is closed
   to make room (or, when none is waiting, the new one), counted as `connection_limit`;
 - `body_timeout_s`: `read_body` (every route that reads a body uses it) gives up with 408 when
@@ -38,6 +39,9 @@ from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 DESCRIPTORS_KEPT = 128  # file descriptors left for the databases, workers' pipes and logs
+# Connections accepted in one go (asyncio accepts up to the backlog before any is handled), and the
+# listen queue: kept small, so a burst cannot take descriptors past the limit before eviction runs.
+ACCEPT_BATCH = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +67,7 @@ class HttpLimits:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY:
             return self.max_connections
-        return max(8, min(self.max_connections, soft - DESCRIPTORS_KEPT))
+        return max(8, min(self.max_connections, soft - DESCRIPTORS_KEPT - ACCEPT_BATCH))
 
 
 def bounded_protocol(limits: HttpLimits, on_refuse: Callable[[str], None] | None = None) -> type[H11Protocol]:
@@ -131,7 +135,7 @@ def uvicorn_config(app: Any, limits: HttpLimits, *, log_level: str = "warning",
     """A uvicorn config with `limits` applied (h11, the bounded protocol, keep-alive)."""
     return uvicorn.Config(app, http=bounded_protocol(limits, on_refuse), log_level=log_level, access_log=False,
                           timeout_keep_alive=max(1, round(limits.keep_alive_s)),
-                          h11_max_incomplete_event_size=limits.max_header_bytes, **settings)
+                          h11_max_incomplete_event_size=limits.max_header_bytes, backlog=ACCEPT_BATCH, **settings)
 
 
 class BodyError(Exception):

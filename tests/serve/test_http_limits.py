@@ -145,4 +145,4 @@ def test_the_limits_are_validated_and_fit_the_descriptor_limit():
         with pytest.raises(ValueError):
             HttpLimits(**bad)
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    assert HttpLimits(max_connections=1 << 20).connection_limit() <= max(8, soft - 128)
+    assert HttpLimits(max_connections=1 << 20).connection_limit() <= max(8, soft - 128 - 64)
