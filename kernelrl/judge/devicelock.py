@@ -13,13 +13,25 @@ Within a process a waiting measurement goes first: once `timing` is asked for, n
 this process starts until the measurement is over, so the work already under way drains and the
 measurement cannot be starved by work that keeps arriving (`flock` itself prefers no one).
 
-Does not stop programs outside kernelrl from using the device.
+A GPU's lock is named after the device the judge's process sees as that index: its entry in
+`CUDA_VISIBLE_DEVICES` (an index or a UUID, MIG included) when that is set, so lanes that each see
+a different GPU as their device 0 (Ray's actors, a scheduler's subsets) hold different locks, and
+two that see one GPU hold the same. `build()` is what a candidate's build and load hold: on a CPU
+the shared lock (they use the cores being measured); on a GPU nothing, so builds (nvcc, ~60 s
+cold) overlap another group's measurement, and only correctness runs (`work(uses_device=True)`)
+and measurements contend for the GPU.
+
+Does not stop programs outside kernelrl from using the device, nor a program's own construction
+(its `__init__`, run at load, outside the lock on a GPU) from launching GPU work while another
+group is measured: a group's members are interleaved, so such drift lands on all of them alike.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -28,10 +40,17 @@ from pathlib import Path
 from kernelrl.judge.device import Device
 
 
-def lock_name(device: Device, device_index: int | None = None) -> str:
+def lock_name(device: Device, device_index: int | None = None, visible: str | None = None) -> str:
+    """`cpu`, or `cuda-X` where X is the GPU the judge sees as `device_index` (default 0): its entry in
+    `visible` (default: this process's CUDA_VISIBLE_DEVICES) when there is one, else the index."""
     if device == Device.CPU:
         return "cpu"
-    return f"cuda-{device_index if device_index is not None else 0}"
+    index = device_index if device_index is not None else 0
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    physical = entries[index] if index < len(entries) else str(index)
+    return "cuda-" + re.sub(r"[^A-Za-z0-9._-]", "_", physical)
 
 
 class DeviceLock:
@@ -79,6 +98,16 @@ class DeviceLock:
         self.waited_s += time.monotonic() - t0
         with self._hold(fcntl.LOCK_SH):
             yield
+
+    def build(self) -> contextlib.AbstractContextManager[None]:
+        """Around a candidate's build and load: shared on a CPU (the cores), nothing on a GPU."""
+        return self.work(uses_device=False)
+
+    def device_work(self) -> contextlib.AbstractContextManager[None]:
+        """Around a candidate's correctness runs, inside `build()`: the shared lock on a GPU; nothing
+        more on a CPU (`build()` holds it already; taking it again could wait behind a measurement
+        that waits for the first)."""
+        return contextlib.nullcontext() if self.device == Device.CPU else self._work()
 
     def work(self, *, uses_device: bool) -> contextlib.AbstractContextManager[None]:
         """Shared, for work that must not overlap a measurement on this device.

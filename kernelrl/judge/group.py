@@ -341,7 +341,10 @@ class Group:
         def check(t: Trial) -> None:
             with checks:
                 try:
-                    with ctx.lock.work(uses_device=True):
+                    # On a CPU the whole trial holds the device's lock (shared: builds and checks use
+                    # the cores being measured); on a GPU only its correctness runs do
+                    # (`device_work`), so builds overlap measurements.
+                    with ctx.lock.build():
                         # The clock starts once the lock lets the work in: waiting for another
                         # group's measurement is not the candidate's time.
                         t.started = time.monotonic()
@@ -349,7 +352,7 @@ class Group:
                         t.worker.size_arena(self._arena_need(cfg.timing.pool_size))
                         run_trial(t, reference=self.session, spec=self.session.spec, sets=self.sets,
                                   cache_dir=cfg.cache_dir, timeout_s=cfg.timeout_s, build_timeout_s=cfg.build_timeout_s,
-                                  tol_scale=cfg.tol_scale)
+                                  tol_scale=cfg.tol_scale, device_work=ctx.lock.device_work)
                 except Exception as e:  # noqa: BLE001 - the judge's own trouble must not lose the batch
                     t.end(Verdict(status=Status.JUDGE_ERROR,
                                   message=f"the judge could not run the candidate: {type(e).__name__}: {e}"))

@@ -22,6 +22,8 @@ Does not time anything: `kernelrl.judge.timer` does, for all survivors of a task
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,10 +114,14 @@ def compiles(trial: Trial, *, build_cached: bool) -> bool:
 
 
 def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets: list[InputSet], cache_dir: Any,
-              timeout_s: float, build_timeout_s: float = 0.0, tol_scale: float) -> None:
+              timeout_s: float, build_timeout_s: float = 0.0, tol_scale: float,
+              device_work: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
     """Build, construct and check one candidate; sets `trial.verdict` or leaves a survivor.
 
     The trial has `timeout_s` from its start, plus `build_timeout_s` when it compiles (`compiles`).
+    The correctness runs are inside `device_work()` (the device's lock, on a GPU: the build and the
+    load are not, so they overlap another group's measurement); time spent waiting for it is not
+    the candidate's.
     """
     # The program's build folder, looked at once: it decides the limit and is where the worker builds.
     # A fully contained worker builds in its scratch (`scratch`): a sealed build is copied in first.
@@ -135,7 +141,10 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
         _load(trial, reference, spec, cache_dir, bdir, deadline)
         if scratch is not None and not trial.build_cached:
             seal(scratch, sealed)  # what it built, checked, for the next worker that loads this program
-        _correctness(trial, sets, deadline, tol_scale, spec.allow_tf32)
+        asked = time.monotonic()
+        with device_work():
+            deadline += time.monotonic() - asked
+            _correctness(trial, sets, deadline, tol_scale, spec.allow_tf32)
         if interpreted:
             raise _End(Verdict(status=Status.CORRECT, message=(
                 "correct under Triton's interpreter (CPU); not timed: interpreted times are not the kernel's")))

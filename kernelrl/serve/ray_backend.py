@@ -79,7 +79,8 @@ def settings(config: EvalConfig) -> dict[str, Any]:
 
 
 def _lane_config(config: EvalConfig) -> EvalConfig:
-    # Ray sets CUDA_VISIBLE_DEVICES per actor: its GPU is its first visible one.
+    # Ray sets CUDA_VISIBLE_DEVICES per actor: its GPU is its first visible one, and its device lock is
+    # named after that GPU's entry there (devicelock.lock_name), so lanes on one node never share a lock.
     return dataclasses.replace(config, device_index=None) if config.device is Device.CUDA else config
 
 

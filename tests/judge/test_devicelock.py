@@ -48,3 +48,81 @@ def test_work_off_the_device_is_not_held_back_on_a_gpu(tmp_path):
     lock = DeviceLock(tmp_path, "cuda", 0)
     with lock.timing(), lock.work(uses_device=False):  # a build on the CPU overlaps a GPU measurement
         pass
+
+
+def test_gpu_locks_are_named_after_the_device_the_process_sees():
+    from kernelrl.judge.devicelock import lock_name
+
+    assert lock_name("cpu", None, "0,1") == "cpu"
+    assert lock_name("cuda", None, "") == "cuda-0" and lock_name("cuda", 3, "") == "cuda-3"
+    assert lock_name("cuda", None, "5,2") == "cuda-5" and lock_name("cuda", 1, "5,2") == "cuda-2"
+    assert lock_name("cuda", 0, "GPU-8f1c2d3e-aaaa") == "cuda-GPU-8f1c2d3e-aaaa"
+    assert lock_name("cuda", 0, "MIG-GPU-8f1c/1/0") == "cuda-MIG-GPU-8f1c_1_0"  # no path separators
+    assert lock_name("cuda", 0, "../../x") == "cuda-.._.._x"
+
+
+def test_two_lanes_seeing_different_gpus_as_device_0_time_at_once(tmp_path, monkeypatch):
+    """Ray gives each lane's actor one GPU as its device 0: two lanes, two locks; two lanes shown the
+    same GPU share one."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    lane_a = DeviceLock(tmp_path, "cuda")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    lane_b = DeviceLock(tmp_path, "cuda")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    lane_c = DeviceLock(tmp_path, "cuda", 1)
+    assert (lane_a.name, lane_b.name, lane_c.name) == ("cuda-3", "cuda-7", "cuda-3")
+    entered = threading.Event()
+    with lane_a.timing():
+        def other():
+            with lane_b.timing():
+                entered.set()
+        t = threading.Thread(target=other)
+        t.start()
+        assert entered.wait(5)  # another GPU measures while this one does
+        t.join()
+        blocked = threading.Event()
+
+        def same_gpu():
+            with lane_c.timing():
+                blocked.set()
+        t = threading.Thread(target=same_gpu)
+        t.start()
+        assert not blocked.wait(0.5)  # the same physical GPU, seen as another index: it waits
+    assert blocked.wait(5)
+    t.join()
+
+
+def test_a_build_runs_while_another_group_is_timed_on_a_gpu_but_not_on_a_cpu(tmp_path):
+    """Two fake devices, the group code's locks: on a GPU a candidate's build and load (`build()`)
+    start during another group's measurement and only its correctness runs wait; on a CPU the build
+    waits too."""
+    for device, build_waits in (("cuda", False), ("cpu", True)):
+        lock = DeviceLock(tmp_path / device, device)
+        events: list[str] = []
+        timing = threading.Event()
+        release = threading.Event()
+
+        def measurement(lock=lock, events=events, timing=timing, release=release):
+            with lock.timing():
+                timing.set()
+                release.wait(10)
+                events.append("measurement ends")
+
+        def trial(lock=lock, events=events):
+            with lock.build():
+                events.append("build")
+                with lock.device_work():
+                    events.append("correctness")
+
+        m = threading.Thread(target=measurement)
+        m.start()
+        assert timing.wait(5)
+        c = threading.Thread(target=trial)
+        c.start()
+        time.sleep(0.3)
+        assert events == ([] if build_waits else ["build"]), device
+        release.set()
+        m.join()
+        c.join()
+        assert events == ["measurement ends", "build", "correctness"] if build_waits else \
+            ["build", "measurement ends", "correctness"], device
