@@ -1,7 +1,22 @@
-"""`python -m kernelrl ...` is the `kernelrl` command."""
+"""`python -m kernelrl ...` and the `kernelrl` command (`run`).
 
+Light on purpose: a Ctrl-C while the command's modules are still importing (seconds, with torch)
+ends with exit 130 and one line, like one at any later moment (`kernelrl.cli.leave`).
+"""
+
+import signal
 import sys
 
-from kernelrl.cli import main
 
-sys.exit(main())
+def run() -> None:
+    try:
+        from kernelrl.cli import run as command
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("kernelrl: interrupted", file=sys.stderr)
+        sys.exit(130)
+    command()
+
+
+if __name__ == "__main__":
+    run()

@@ -7,21 +7,34 @@ Exit codes: 0 whenever the command did its work (an incorrect or flagged candida
 verdict, not a failure); 2 for a bad invocation (missing file, unknown task, bad option) with a
 one-line message on stderr; 130 when interrupted. Nothing already written (databases, reports)
 is removed on error.
+
+Ctrl-C, once or twice, ends with exit 130 and never an abort: `run` (the `kernelrl` command and
+`python -m kernelrl`) leaves through `leave`, which, when a call or an evaluation a second Ctrl-C
+left behind is still running on another thread, flushes the output, runs the exit hooks (worker
+pools closed, scratch removed) and ends the process without the interpreter's teardown, which
+would destroy native state (torch's threads) under that thread and abort with "terminate called
+without an active exception" (exit 134). A Ctrl-C during that last step leaves at once, still
+with 130. Everything a run stored is committed before this point (`kernelrl.search.loop`).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from kernelrl.cli import judge, search, serve, train, watch
 from kernelrl.cli.options import UsageError
 from kernelrl.cli.search import OPTIMIZE_ACTIONS, OPTIMIZE_TABLES, search_config
 from kernelrl.cli.serve import SERVE_TABLES, serve_config
 
-__all__ = ["OPTIMIZE_ACTIONS", "OPTIMIZE_TABLES", "SERVE_TABLES", "build_parser", "main", "search_config",
-           "serve_config"]
+__all__ = ["OPTIMIZE_ACTIONS", "OPTIMIZE_TABLES", "SERVE_TABLES", "build_parser", "leave", "main", "run",
+           "search_config", "serve_config"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,3 +60,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         # stdout closed early (`kernelrl tasks --json | head`): not an error of ours
         sys.stderr.close()
         return 0
+
+
+def run() -> NoReturn:
+    """The `kernelrl` command: `main` on the process's arguments, left through `leave`."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # a Ctrl-C between the command's end and here
+        print("kernelrl: interrupted", file=sys.stderr)
+        code = 130
+    leave(code)
+
+
+def leave(code: int) -> NoReturn:
+    """End the process with `code`; without the interpreter's teardown when other threads still run
+    (see the module docstring)."""
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    if not others:
+        sys.exit(code)
+
+    def now(signum: int, frame: Any) -> None:
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, now)  # a Ctrl-C during the exit hooks: leave at once
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
