@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,12 +74,13 @@ class HttpLimits:
 def bounded_protocol(limits: HttpLimits, on_refuse: Callable[[str], None] | None = None) -> type[H11Protocol]:
     """uvicorn's h11 protocol with the header timeout and the connection limit of `limits`."""
     most = limits.connection_limit()
+    armed = itertools.count()  # the order request-head waits began in (loop.time() ties within a burst)
 
     class BoundedH11Protocol(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
         _waiting_after: Any = None  # the request cycle that was current when the timer was set
 
-        _armed_at = 0.0
+        _armed_at = 0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -111,7 +113,7 @@ def bounded_protocol(limits: HttpLimits, on_refuse: Callable[[str], None] | None
         def _arm(self) -> None:
             self._disarm()
             self._waiting_after = self.cycle
-            self._armed_at = self.loop.time()
+            self._armed_at = next(armed)
             self._deadline = self.loop.call_later(limits.header_timeout_s, self._expired)
 
         def _disarm(self) -> None:
