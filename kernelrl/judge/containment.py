@@ -43,6 +43,7 @@ memory beyond `memory_limit_gib` (tmpfs pages count against the machine, bounded
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import platform
@@ -336,6 +337,27 @@ def descendants(pid: int, depth: int = 4) -> Iterator[int]:
     for _ in range(depth):
         level = [k for p in level for k in _children(p)]
         yield from level
+
+
+def process_limit(pid: int) -> int | None:
+    """The soft limit on processes of `pid`, as the kernel shows it (None: unlimited or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/limits") as f:
+            for line in f:
+                if line.startswith("Max processes"):
+                    value = line.split()[2]
+                    return int(value) if value.isdigit() else None
+    except OSError:
+        pass
+    return None
+
+
+def widen_pipe(fd: int) -> None:
+    """A 1 MiB pipe buffer (Linux), so tensors cross in fewer, larger writes; else the default."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except OSError:
+        pass
 
 
 def sandbox_processes(pid: int, depth: int = 64) -> list[int]:

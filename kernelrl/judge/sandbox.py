@@ -22,6 +22,9 @@ Guarantees:
   (`kernelrl.judge.cgroup`) the worker runs in a cgroup of its own, which `kill()` ends at once;
   elsewhere the judge walks the sandbox's process tree (orphans are adopted by the sandbox's
   first process under FULL and NAMESPACES);
+- what a worker says that can reach a verdict (an error's message and traceback, its log tail)
+  passes through `kernelrl.judge.redact` first: no host path, system file line, interface name
+  or value of the judge's environment;
 - the judge reads the worker's CPU time from the kernel, never the worker's word: the cgroup's
   count (every process it ever held, dead ones included), else every live process of the sandbox
   (each one's threads and reaped children); and its thread count from /proc;
@@ -36,7 +39,7 @@ and reaches the network; under NONE it also reads the /proc of the judge's other
 
 from __future__ import annotations
 
-import fcntl
+import dataclasses
 import os
 import resource
 import select
@@ -74,12 +77,15 @@ from kernelrl.judge.containment import (
     pidfd,
     probe,
     process_cpu_ns,
+    process_limit,
     release_uid,
     sandbox_processes,
     spawn,
+    widen_pipe,
 )
 from kernelrl.judge.device import Device
-from kernelrl.judge.protocol import ANSWERS, Header, Hello, Kind, decode, encode
+from kernelrl.judge.protocol import ANSWERS, Error, Header, Hello, Kind, decode, encode
+from kernelrl.judge.redact import redact
 from kernelrl.judge.seccomp import program_fd
 from kernelrl.result import Containment
 
@@ -223,27 +229,6 @@ def timing_cores(config: SandboxConfig) -> frozenset[int] | None:
 _SIGNALS = frozenset(int(sig) for sig in signal.Signals)
 
 
-def _process_limit(pid: int) -> int | None:
-    """The soft limit on processes of `pid`, as the kernel shows it (None: unlimited or unreadable)."""
-    try:
-        with open(f"/proc/{pid}/limits") as f:
-            for line in f:
-                if line.startswith("Max processes"):
-                    value = line.split()[2]
-                    return int(value) if value.isdigit() else None
-    except OSError:
-        pass
-    return None
-
-
-def _widen_pipe(fd: int) -> None:
-    """A 1 MiB pipe buffer (Linux), so tensors cross in fewer, larger writes; else the default."""
-    try:
-        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
-    except OSError:
-        pass
-
-
 def worker_env(config: SandboxConfig, workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
     threads = str(config.effective_threads)
@@ -320,7 +305,7 @@ class Worker:
         self.arena = Arena.create(None)
         self._arena_need: int | None = None
         for fd in (p2c_w, c2p_w):
-            _widen_pipe(fd)
+            widen_pipe(fd)
         extra = {"CUDA_VISIBLE_DEVICES": str(device_index)} if device_index is not None else {}
         full = self.containment is Containment.FULL
         seccomp_fd: int | None = None
@@ -406,7 +391,7 @@ class Worker:
                 self._init_fd = pidfd(self._ns_init)
         if self.containment is Containment.FULL:
             # Read back from the kernel, not taken on the worker's word.
-            if _process_limit(self.pid) != self.config.process_limit:
+            if process_limit(self.pid) != self.config.process_limit:
                 raise self._died("the worker's process limit is not in force")
             try:
                 self._scratch_dev = os.stat(f"/proc/{self.pid}/root{SCRATCH}").st_dev
@@ -499,6 +484,8 @@ class Worker:
         except ChannelClosed as e:
             raise self._died("worker exited without answering") from e
         kind, header = decode(msg.kind, msg.header)
+        if isinstance(header, Error):  # shown in a verdict: nothing of the judge's machine in it
+            header = dataclasses.replace(header, message=redact(header.message), traceback=redact(header.traceback))
         return Answer(kind=kind, header=header, payload=msg.payload)
 
     def _died(self, what: str) -> WorkerDied:
@@ -526,7 +513,7 @@ class Worker:
             data = self.log_path.read_bytes()
         except OSError:
             return ""
-        return data[-self.config.log_tail_chars:].decode(errors="replace")
+        return redact(data[-self.config.log_tail_chars:].decode(errors="replace"))
 
     # -- facts the worker cannot forge --------------------------------------------------------
 

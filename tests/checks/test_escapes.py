@@ -327,6 +327,20 @@ def test_a_sparse_file_in_the_build_folder_costs_the_judge_no_disk(judge):
     assert escape.status is Status.CORRECT, escape.message
 
 
+def test_a_verdict_carries_nothing_of_the_host(judge):
+    """The fixture raises what it read of the machine as its error: every fact is taken out of the
+    verdict, and what replaced them is there (the error did reach it)."""
+    with open("/etc/passwd") as f:
+        passwd_line = f.readline().strip()
+    interfaces = [n for n in os.listdir("/sys/class/net") if n != "lo"]
+    escape, _ = judge("leak_host_facts.py", "")
+    assert escape.status is Status.COMPILE_ERROR, escape.message
+    shown = str(escape.to_dict())
+    assert "<a line of a system account file>" in shown and "<PATH>" in shown
+    for fact in [passwd_line, os.environ["PATH"], str(PACKAGE_DIR.parent), *interfaces]:
+        assert fact not in shown, f"the verdict shows {fact!r}"
+
+
 def test_without_containment_the_loopback_fixture_does_connect(judge):
     """The fixtures and the listener detect an escape: with no containment the fixture connects."""
     with _listener() as (port, connections):
