@@ -202,6 +202,10 @@ class TimingRecord:
     device_wait_s: float = 0.0  # waiting for the device's lock, over the evaluator's life
     spot_checks: int = 0
     spot_check_bytes: int = 0  # outputs and inputs the group's spot checks fetched from workers
+    # taken off the judge's clock: the exchange per sample, the per-call floor (the timing bracket
+    # around nothing) per call (`kernelrl.judge.timer`)
+    exchange_ms: float = 0.0
+    call_floor_ms: float = 0.0
     # cross-checks against the judge's clock and /proc (`kernelrl.checks.dynamic.timing_findings`)
     clock_excess_ms: float = 0.0
     prepare_excess_ms: float = 0.0

@@ -11,6 +11,13 @@ a worker runs the candidate's code, which can reach and rewrite anything in its 
 including the list its harness records call times in. The exchange's own cost (pipe, wake-up,
 reply) is taken off both sides of every ratio: its median over the reference's samples, where
 the reference worker's reports (task code, trusted) give the judge's clock less the call time.
+So is the per-call floor, once per call of a sample: what the worker's timing bracket costs
+around nothing (synchronise, clock, synchronise, clock: on a GPU the device-wide synchronisation's
+round trip), measured by `call_floor_ns` in the reference's worker at warm-up; every member pays
+it on every call whatever the call does, and left in, it pulls the ratios of sub-millisecond calls
+toward 1. A kernel's own launch is not in the floor: it is the call's cost. Both are reported
+(`GroupTiming.exchange_ms`, `call_floor_ms`), and the times the physical-floor check
+(`impossible_speedup`) sees are net of both.
 What workers report is still recorded and cross-checked against the judge's clock
 (`timer_mismatch`): a forged report no longer pays, but it is still a hack to refuse.
 
@@ -48,7 +55,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +146,7 @@ class _Member:
     input_mismatches: int = 0
     failure: Failure | None = None
     warm_ms: float = 0.0
+    floor_ns: float = 0.0  # the per-call floor this member's worker measured (only the reference's is used)
     last_round_trip_ns: int = 0
     _idle_since_cpu: int | None = None
 
@@ -196,6 +204,19 @@ class GroupTiming:
     samples_s: float = 0.0
     spot_checks_s: float = 0.0
     spot_check_bytes: int = 0  # outputs and inputs fetched for spot checks
+    exchange_ms: float = 0.0  # taken off every sample: the exchange's median cost (the reference's samples)
+    call_floor_ms: float = 0.0  # taken off every call: the timing bracket around nothing (the reference's worker)
+
+
+def call_floor_ns(sync: Callable[[], None], clock: Callable[[], int], *, n: int = 201) -> float:
+    """The worker's timing bracket around nothing (sync, clock, sync, clock): its median, in ns."""
+    times = []
+    for _ in range(n):
+        sync()
+        t0 = clock()
+        sync()
+        times.append(clock() - t0)
+    return float(statistics.median(times))
 
 
 def median_ci(ratios: Sequence[float]) -> tuple[float, float, float]:
@@ -285,6 +306,7 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
                                                 deadline=call_deadline()))
         if warm is not None:
             m.warm_ms = warm.header.call_ms
+            m.floor_ns = max(0.0, float(warm.header.floor_ns))
             m.threads_warm = m.worker.thread_count()
     live = [m for m in alive() if m is not ref]
     # A program's warm-up time is its own report, which its code can forge (a clock standing still
@@ -296,6 +318,12 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
     stop_at = min(deadline, time.monotonic() + cap_s)
     stopped_by = TimingStop.ROUNDS
     overheads_ns: list[int] = []  # the reference's samples: the judge's round trip less the reported time
+    floor_ns = ref.floor_ns  # trusted: the task's own program's worker; the same for every member
+
+    def taken_off() -> float:
+        """What every sample pays beyond its calls: the exchange, and the floor once per call."""
+        return (statistics.median(overheads_ns) if overheads_ns else 0.0) + k * floor_ns
+
     rounds = 0
     output_bytes = 0
     spent["setup_s"] = time.monotonic() - clock
@@ -375,7 +403,7 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
         spent["spot_checks_s"] += time.monotonic() - clock
 
         if rounds >= config.min_rounds and live:
-            overhead = statistics.median(overheads_ns)
+            overhead = taken_off()
             done = all(_rel_half(_ratios(m.pairs, overhead)) <= config.target_rel_ci
                        and m.spot_checks >= config.min_spot_checks for m in live)
             if done:
@@ -390,7 +418,7 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
 
     results = {}
     ref_timing = _member_timing(ref, k)
-    overhead = statistics.median(overheads_ns) if overheads_ns else 0
+    overhead = taken_off()
     for m in cands:
         if m.failure is not None or not m.pairs:
             results[m.key] = CandidateTiming(speedup=None, speedup_ci=None, rel_ci_half_width=math.inf,
@@ -409,12 +437,13 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
                                          output_bytes=output_bytes)
     return GroupTiming(reference_ms=_judged_ms(ref, overhead, k), candidates=results, rounds=rounds, calls_per_sample=k,
                        setup_s=spent["setup_s"], samples_s=spent["samples_s"], spot_checks_s=spent["spot_checks_s"],
-                       spot_check_bytes=spot_bytes,
+                       spot_check_bytes=spot_bytes, call_floor_ms=floor_ns / 1e6,
+                       exchange_ms=(statistics.median(overheads_ns) if overheads_ns else 0.0) / 1e6,
                        stopped_by=stopped_by, wall_s=time.monotonic() - t_start)
 
 
 def _ratios(pairs: Sequence[tuple[int, int]], overhead_ns: float) -> list[float]:
-    """Per-round speedups from the judge's clock, the reference's exchange overhead taken off both."""
+    """Per-round speedups from the judge's clock, the exchange and the call floor taken off both."""
     return [_net(r, overhead_ns) / _net(c, overhead_ns) for r, c in pairs]
 
 

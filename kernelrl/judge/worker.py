@@ -77,6 +77,7 @@ from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError  # noqa:
 from kernelrl.judge.compare import exactly_equal, flatten  # noqa: E402
 from kernelrl.judge.device import Device  # noqa: E402
 from kernelrl.judge.precision import set_precision  # noqa: E402
+from kernelrl.judge.timer import call_floor_ns  # noqa: E402
 
 _Tensor = torch.Tensor
 # The C functions behind torch.cuda.synchronize, bound now: torch.cuda.synchronize looks
@@ -470,7 +471,8 @@ class WorkerState:
                 break
         # The first call may compile or allocate: the median of the others is the call's cost.
         call_ms = statistics.median(times[1:] if len(times) > 1 else times)
-        return P.Kind.WARM, P.Warm(calls=len(times), call_ms=call_ms, state_after=global_state()), None
+        return P.Kind.WARM, P.Warm(calls=len(times), call_ms=call_ms, state_after=global_state(),
+                                   floor_ns=call_floor_ns(self._sync, _perf_ns)), None
 
     def prepare(self, h: P.Prepare, payload: Any) -> Reply:
         """Fresh inputs for each call of the next sample (new storage, new values)."""

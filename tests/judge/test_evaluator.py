@@ -53,6 +53,9 @@ def test_identical_candidate_is_correct_with_speedup_near_one(tiny_task, quick_c
     assert res.max_abs_err == 0.0
     # the reference timed is its copy loaded as a program, in a worker like the candidate's
     assert res.environment.reference is not None and res.environment.reference.timed_in is ReferenceWorker.PROGRAM
+    # what was taken off the judge's clock is reported: the exchange per sample, the floor per call
+    timing = res.environment.timing
+    assert timing is not None and timing.exchange_ms > 0 and 0 < timing.call_floor_ms < 1.0
 
 
 def test_legitimate_rewrite_is_correct(tiny_task, quick_config):

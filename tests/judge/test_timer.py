@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kernelrl.judge.timer import TimingConfig, _ratios, median_ci
+from kernelrl.judge.timer import TimingConfig, _ratios, call_floor_ns, median_ci
 
 
 def test_median_ci_contains_the_true_ratio_and_narrows_with_n():
@@ -44,3 +44,26 @@ def test_ratios_come_from_round_trips_net_of_the_reference_overhead():
 def test_a_sample_faster_than_the_overhead_cannot_divide_by_zero():
     (r,) = _ratios([(1_000_000, 50_000)], 100_000)
     assert r == pytest.approx(900_000 / 5_000)
+
+
+def test_call_floor_is_the_median_bracket_around_nothing():
+    now = [0]
+    costs = iter([5, 7, 6] * 10)  # each synchronisation's cost, in clock ticks
+
+    def clock() -> int:
+        return now[0]
+
+    def sync() -> None:
+        now[0] += next(costs)
+
+    # each bracket: sync (before t0, not counted), t0, sync, t1: the second sync of each pair counts
+    assert call_floor_ns(sync, clock, n=9) == 6.0
+
+
+def test_the_call_floor_taken_off_undoes_the_pull_toward_one():
+    # samples of 4 calls: the reference's calls do 20 us of work, the candidate's 10 us; each call
+    # also pays a 10 us bracket, the exchange 50 us per sample. With the exchange alone taken off,
+    # the 2x kernel measures (4*30)/(4*20) = 1.5x; with the floor taken off too, 2x.
+    ref, cand = 50_000 + 4 * 30_000, 50_000 + 4 * 20_000
+    assert _ratios([(ref, cand)], 50_000) == pytest.approx([1.5])
+    assert _ratios([(ref, cand)], 50_000 + 4 * 10_000) == pytest.approx([2.0])
