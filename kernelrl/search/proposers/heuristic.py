@@ -8,6 +8,10 @@ are for the `open` policy only; asking for it under `strict` is an error.
 Guarantees: each call returns the next untried rewrite for the task (shared by all chains),
 stacking on the parent's rewrite when the parent is one; `Exhausted` when every applicable
 rewrite has been handed out. Programs are rendered from the template files in `rewrites/`.
+Programs are written for the size being run: the embedded reference carries the size constants
+the judge's profile of the task reports (`TaskProfile.constants`, the run's size preset), so the
+judge never finds a copied constant that differs from the run's (`init_or_shape_tampered`).
+Without a profile the constants are the file's (no task code runs here to size them).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from kernelrl.search.proposers.base import (
     Proposer,
     ProposerError,
 )
-from kernelrl.tasks.source import embed_reference
+from kernelrl.tasks.source import embed_reference, sized_source
 from kernelrl.tasks.task import Task
 
 HEURISTIC_MARKER = "# kernelrl-heuristic:"
@@ -170,8 +174,11 @@ def _fill(text: str, fields: dict[str, str]) -> str:
     return string.Template(text).substitute(fields)
 
 
-def render_rewrite(task: Task, rewrite: Rewrite, traits: TaskTraits | None = None) -> str:
-    """A complete program defining ModelNew that applies `rewrite` to the task's reference."""
+def render_rewrite(task: Task, rewrite: Rewrite, traits: TaskTraits | None = None, *,
+                   constants: dict[str, int] | None = None) -> str:
+    """A complete program defining ModelNew that applies `rewrite` to the task's reference, with
+    the reference's module-level size constants set to `constants` (plain names, the values the
+    run judges at) when given."""
     traits = traits or task_traits(task)
     fmt = "torch.channels_last_3d" if traits.conv3d and not traits.conv2d else "torch.channels_last"
     runner = ("compile" if rewrite.compiles else "jit_freeze" if rewrite.jit_freeze
@@ -192,7 +199,8 @@ def render_rewrite(task: Task, rewrite: Rewrite, traits: TaskTraits | None = Non
     forward = (joined("forward_pre") + _fill(wrap, {"call": run["call"].strip()}) + joined("forward_post"))
     program = (REWRITES_DIR / "program.py.tmpl").read_text()
     return string.Template(program).substitute(
-        marker=HEURISTIC_MARKER, name=rewrite.name, reference=embed_reference(task.source),
+        marker=HEURISTIC_MARKER, name=rewrite.name,
+        reference=embed_reference(sized_source(task.source, constants) if constants else task.source),
         functions=joined("functions"), init=joined("init").rstrip("\n"), forward=forward.rstrip("\n"),
         methods=joined("methods"))
 
@@ -283,7 +291,11 @@ class HeuristicProposer(Proposer):
             stacked = [r for r in untried if parent_parts and parent_parts < r.components]
             chosen = (stacked or untried)[0]
             tried.add(chosen.name)
-        code = render_rewrite(task, chosen, self._traits_for(task, request.profile))
+        sizes = getattr(request.profile, "constants", None)
+        # Plain names only: tuple elements and layer literals (`name[i]`, `literal:<v>` keys) the
+        # judge sizes in the candidate itself, and sizing them twice would shrink them twice.
+        named = {k: v for k, v in sizes.items() if k.isidentifier()} if isinstance(sizes, dict) else None
+        code = render_rewrite(task, chosen, self._traits_for(task, request.profile), constants=named)
         answer = f"{rewrite_analysis(chosen, parent_name if stacked else None)}\n```python\n{code}```\n"
         return Proposal(answer=answer, code=code, meta={"rewrite": chosen.name, "stacked_on": parent_name
                                                         if stacked else None})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -211,3 +213,19 @@ def test_heuristic_skips_rewrites_already_shown_in_the_prompt():
     prompt = f"### Version A: correct, speedup 1.10x\n\n```python\n{shown}```\n"
     p = HeuristicProposer().propose(request(task, prompt=prompt))
     assert p.meta["rewrite"] != "inference_mode"
+
+
+@pytest.mark.parametrize("name", ["level1/softmax", "level2/conv2d_batchnorm_relu", "level1/matmul_square"])
+def test_heuristic_programs_are_written_for_the_size_being_run(name):
+    """No copied constant differs from the run's: the judge's tamper check finds nothing."""
+    from kernelrl.tasks import suites
+    from kernelrl.tasks.source import module_int_constants
+
+    task = suites.builtin_task(name)
+    small = profile_of(task, "small")
+    named = {k: v for k, v in small.constants.items() if k.isidentifier()}
+    assert any(task.constants()[k] != v for k, v in named.items())  # small differs from the file
+    out = HeuristicProposer().propose(dataclasses.replace(request(task), profile=small))
+    written = module_int_constants(out.code)
+    assert {k: written[k] for k in named} == named
+    _check_at_small_size(task, out.code)
