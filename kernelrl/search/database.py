@@ -29,6 +29,7 @@ process crash, the case that matters here).
 from __future__ import annotations
 
 import json
+import fcntl
 import os
 import random
 import sqlite3
@@ -181,7 +182,20 @@ class Database:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # candidates, prompts and answers: a new database is its owner's alone (0600; SQLite
             # gives its WAL and shared-memory files the same mode). An existing one keeps its mode.
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            # Several processes (a run's ranks) may open a new file at once: switching it to WAL and
+            # creating the schema need it alone, and SQLite answers "database is locked" at once to
+            # the others instead of waiting. An flock held while opening makes them take turns (it
+            # is independent of SQLite's own locks, and the kernel drops it if the process dies).
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._open(readonly=False)
+            finally:
+                os.close(fd)  # releases the flock
+            return
+        self._open(readonly=True)
+
+    def _open(self, *, readonly: bool) -> None:
         try:
             if readonly:
                 self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,

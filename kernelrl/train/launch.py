@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +132,9 @@ def dry_run(config: Any, stage: Stage, *, name: str) -> DryRun:
     processes = config.launch.processes(stage)
     accel = _check_accelerate(config, stage, processes, add)
     trl_values = _check_trl(config, stage, processes, add)
+    _check_steps(config, stage, processes, add)
+    if stage is not Stage.SFT:
+        add("hack defences", "ok" if config.eval.llm_judge.enabled else "note", judge_notice(config))
     _check_packages(config, stage, accel, trl_values, add)
     return DryRun(stage=stage, command=launch_command(config, stage, name), checks=tuple(checks))
 
@@ -279,6 +283,74 @@ def _check_grpo_batch(cls: type, values: dict[str, Any], processes: int, add: An
     if not whole:
         return values
     return {**{k: v for k, v in values.items() if k != "steps_per_generation"}, "generation_batch_size": batch}
+
+
+def judge_notice(config: Any) -> str:
+    """What refuses hacks in this run, said at its start (training pays the lowest reward for
+    every refusal; a run without the adversarial LLM judge relies on the static and dynamic
+    defences alone)."""
+    judge = config.eval.llm_judge
+    where = f"the reward server at {config.backend.url}" if config.backend.url else "this process's evaluator"
+    policy = f"policy {config.eval.policy}"
+    if judge.enabled and judge.model:
+        return f"hacks: refused by {where} ({policy}) and the adversarial LLM judge {judge.model}"
+    return (f"hacks: refused by {where} ({policy}); the adversarial LLM judge is OFF (no endpoint configured: "
+            "set eval.llm_judge.enabled=true, eval.llm_judge.model and eval.llm_judge.base_url), so a hack "
+            "that only a reader would see is paid")
+
+
+def optimizer_steps(trl: dict[str, Any], *, examples: int, processes: int) -> int:
+    """Optimizer steps of an SFT-style run: `max_steps` when set, else the epochs over `examples`
+    rows at per_device_train_batch_size x processes x gradient_accumulation_steps a step (the
+    Trainer's own count, a partial last step included)."""
+    if int(trl.get("max_steps", -1) or -1) > 0:
+        return int(trl["max_steps"])
+    per_step = (int(trl.get("per_device_train_batch_size", 8)) * max(1, processes)
+                * int(trl.get("gradient_accumulation_steps", 1)))
+    epochs = float(trl.get("num_train_epochs", 3.0))
+    return max(1, math.ceil(math.ceil(examples / per_step) * epochs)) if examples else 0
+
+
+def warmup_steps(trl: dict[str, Any], steps: int) -> int:
+    """Warmup in optimizer steps: `warmup_steps` (TRL/transformers read a value below 1 as a ratio),
+    else `warmup_ratio` of the run."""
+    w = trl.get("warmup_steps")
+    if w is not None and float(w) >= 1:
+        return int(w)
+    ratio = float(w) if w is not None else float(trl.get("warmup_ratio", 0.0) or 0.0)
+    return math.ceil(ratio * steps)
+
+
+def _check_steps(config: Any, stage: Stage, processes: int, add: Any) -> None:
+    """The stage's optimizer steps, and a warmup that ends before they do."""
+    if stage is Stage.GRPO:
+        trl = config.grpo.trl
+        steps, where = int(trl["max_steps"]), "max_steps"
+    elif stage is Stage.SFT:
+        from kernelrl.train.sft_set import read_sft_set
+
+        trl = config.sft.trl
+        data = Path(config.sft.data or Path(config.output_dir) / "sft.jsonl")
+        if int(trl.get("max_steps", -1) or -1) > 0:
+            steps, where = int(trl["max_steps"]), "max_steps"
+        elif data.is_file():
+            rows = len(read_sft_set(data))
+            steps, where = optimizer_steps(trl, examples=rows, processes=processes), f"{rows} rows of {data}"
+        else:
+            add("sft steps", "note", f"{data} is not there yet: its rows decide the optimizer steps "
+                                     f"(warmup {trl.get('warmup_steps', trl.get('warmup_ratio', 0))} must end first)")
+            return
+    else:
+        trl = config.rft.trl
+        tasks = len(config.tasks)
+        rows = config.rft.samples_per_task * max(1, tasks)
+        steps = optimizer_steps(trl, examples=rows, processes=processes)
+        where = f"at most {rows} kept samples a round (suites count as one task here)"
+    warm = warmup_steps(trl, steps)
+    detail = f"{steps} optimizer steps ({where}) on {processes} process(es); warmup {warm}"
+    add(f"{stage.value} steps", "error" if steps and warm >= steps else "ok",
+        detail + (": the warmup outlasts the run, the learning rate never reaches its value"
+                  if steps and warm >= steps else ""))
 
 
 def _check_packages(config: Any, stage: Stage, accel: dict[str, Any], trl_values: dict[str, Any], add: Any) -> None:

@@ -32,7 +32,7 @@ from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.reward import RewardConfig
 from kernelrl.tasks.splits import Split, for_training, split_of, split_of_name
 from kernelrl.train.grpo import GRPOResult, GRPOStageConfig
-from kernelrl.train.launch import LaunchConfig
+from kernelrl.train.launch import LaunchConfig, judge_notice
 from kernelrl.train.model import ModelConfig
 from kernelrl.train.rft import RFTStageConfig, RoundResult
 from kernelrl.train.sft import SFTStageConfig
@@ -172,6 +172,8 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
         reuse: EvalSettings | None = settings
         try:
             if stage is not Stage.SFT and backend is None:
+                if ranks.is_main:
+                    _say(console, judge_notice(config))
                 backend, reuse = make_backend(config)
             if stage is Stage.SFT:
                 report = _run_sft(config, init, folder, resume=resume)

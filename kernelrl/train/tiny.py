@@ -18,7 +18,7 @@ Does not produce a model that knows anything: it is a test device, not a baselin
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,21 +63,28 @@ def seed_programs(task: Task) -> dict[str, str]:
     }
 
 
-def program_tokens(tasks: Sequence[Task], variants: int) -> list[str]:
-    """The whole-answer tokens: each starts and ends a line, so its fences stand on lines of their own."""
+def program_tokens(tasks: Sequence[Task], variants: int,
+                   programs: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
+    """The whole-answer tokens: each starts and ends a line, so its fences stand on lines of their own.
+
+    `programs` (task name -> kind -> code) replaces `seed_programs` for the tasks it names; an
+    empty code is an answer with no code block at all."""
     out = []
     for task in tasks:
-        for kind, code in seed_programs(task).items():
+        menu = programs[task.name] if programs is not None and task.name in programs else seed_programs(task)
+        for kind, code in menu.items():
             for v in range(variants):
-                out.append(f"\nPlan {v}: {kind} version for {task.name}.\n```python\n{code}```\n")
+                body = f"```python\n{code}```\n" if code else "No code this time.\n"
+                out.append(f"\nPlan {v}: {kind} version for {task.name}.\n{body}")
     return out
 
 
 def build_tiny_model(folder: str | Path, tasks: Sequence[Task], config: TinyModelConfig | None = None, *,
-                     corpus: Sequence[str] = ()) -> Path:
+                     corpus: Sequence[str] = (), programs: Mapping[str, Mapping[str, str]] | None = None) -> Path:
     """Write a tiny Qwen2 model and its tokenizer to `folder` (see the module docstring).
 
-    `corpus` is extra text the tokenizer should cover (the prompts are built here from the tasks).
+    `corpus` is extra text the tokenizer should cover (the prompts are built here from the tasks);
+    `programs` gives tasks whole-answer tokens of the caller's choosing (`program_tokens`).
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -102,7 +109,7 @@ def build_tiny_model(folder: str | Path, tasks: Sequence[Task], config: TinyMode
                                                                special_tokens=[UNK, EOS], show_progress=False))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token=UNK, eos_token=EOS,  # type: ignore[no-untyped-call]
                                         pad_token=EOS, padding_side="left")
-    tokenizer.add_tokens(program_tokens(tasks, config.program_variants))
+    tokenizer.add_tokens(program_tokens(tasks, config.program_variants, programs))
     torch.manual_seed(config.seed)
     model_config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=config.hidden_size,
                                intermediate_size=2 * config.hidden_size, num_hidden_layers=config.layers,

@@ -303,3 +303,33 @@ def test_baselines_keep_their_interval_and_say_when_it_holds_one(tmp_path: Path)
     assert t is not None and t.compile_ci == (0.97, 1.08) and t.compile_within_noise
     assert u is not None and not u.compile_within_noise
     assert v is not None and v.compile_ci is None  # no compiled time, no interval
+
+
+def _open_at_once(path: str, barrier, errors) -> None:  # noqa: ANN001 - multiprocessing plumbing
+    from kernelrl.search.database import Database
+
+    barrier.wait(timeout=30)
+    try:
+        with Database(path) as db:
+            db.count_candidates()
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        errors.put(f"{type(e).__name__}: {e}")
+
+
+def test_a_fresh_database_opened_by_four_processes_at_once_never_fails(tmp_path):
+    """A run's ranks open the run's new database together: one creates it, the others wait
+    (without the lock, 3 of 240 opens failed with "database is locked")."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    for attempt in range(30):
+        path = str(tmp_path / f"fresh{attempt}.db")
+        barrier = ctx.Barrier(4)
+        procs = [ctx.Process(target=_open_at_once, args=(path, barrier, errors)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    assert errors.empty(), errors.get()
