@@ -147,11 +147,12 @@ class VerlScorer:
         if todo:
             for i, r in zip(todo, self.backend.evaluate_batch([(tasks[i], codes[i]) for i in todo])):
                 results[i] = r
-        out = []
-        for i, answer in enumerate(solution_strs):
-            reward = self.model.score(results.get(i), answer=answer, level=levels[i])
-            out.append(_as_dict(reward))
-        return out
+        # One clip for the batch: every band is the window's before it, so no score depends on the
+        # order of the batch (RewardModel.clip_batch).
+        raws = [self.model.raw(results.get(i), answer=answer) for i, answer in enumerate(solution_strs)]
+        clipped = self.model.clip_batch([(r, tasks[i].name, levels[i]) if i in results else (r, "", None)
+                                         for i, r in enumerate(raws)])
+        return [_as_dict(r) for r in clipped]
 
 
 def _as_dict(reward: Reward | None) -> dict[str, float]:
