@@ -42,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,10 +91,16 @@ class GRPOStageConfig:
     # turns > 1: returns centred per turn index within each group ("turn"), or handed to TRL as
     # they are ("group": all turns normalised together, which teaches turn position; for comparison)
     credit: TurnCredit = TurnCredit.TURN
+    # the most tokens a prompt may take (the policy's tokenizer, chat template applied): a prompt over
+    # it shows fewer earlier versions; None: no limit (keep prompt + max_completion_length within the
+    # model's context)
+    max_prompt_tokens: int | None = None
     trl: dict[str, Any] = field(default_factory=dict)  # TRL GRPOConfig settings, by TRL's names
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "credit", TurnCredit(self.credit))
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError("grpo.max_prompt_tokens must be >= 1 or unset")
         if self.k_shown < 0:
             raise ValueError("grpo.k_shown must be >= 0")
         check_keys(trl_class("GRPOConfig"), self.trl, where="grpo.trl")
@@ -196,6 +202,22 @@ def _quiet_dropped_rollouts() -> None:
         target.addFilter(DroppedByRoC())
 
 
+def prompt_token_counter(tokenizer: Any, system: str) -> Callable[[str], int]:
+    """Tokens of a prompt's text as the trainer will feed it: the chat template applied when the
+    tokenizer has one (with the generation prompt), the plain text otherwise."""
+
+    def count(text: str) -> int:
+        prompt = as_prompt(tokenizer, text, system)
+        if isinstance(prompt, str):
+            return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        ids = tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True)
+        if isinstance(ids, Mapping):
+            ids = ids["input_ids"]
+        return len(ids)
+
+    return count
+
+
 def check_episode_layout(turns: int, generation_batch_size: int | None, processes: int) -> None:
     """Each process's share of a generation batch must hold whole trajectories (with num_generations
     a multiple of turns, a trajectory then never spans two processes)."""
@@ -234,7 +256,8 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
     stream = PromptStream(curriculum, db, as_prompt=lambda text: as_prompt(tokenizer, text, system),
                           policy=prompt_settings.policy, device=prompt_settings.device, size=prompt_settings.size,
                           k=stage.k_shown, seed=seed, template_dir=template_dir, chat=has_chat_template(tokenizer),
-                          profiles=profiles, ranks=ranks)
+                          profiles=profiles, ranks=ranks, max_tokens=stage.max_prompt_tokens,
+                          count_tokens=prompt_token_counter(tokenizer, system))
     reward_fn = KernelRewardFunction(backend, tasks={t.name: t for t in tasks}, reward=reward, db=db, roc=stage.roc,
                                      curriculum=curriculum, proposer="grpo", reuse=eval_settings, run_id=run_id,
                                      max_completion_tokens=args.max_completion_length, console=console, seed=seed,

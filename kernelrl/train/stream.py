@@ -21,6 +21,11 @@ decided once: the main process draws the task and builds the prompt, and broadca
 every rank yields the same rows in the same order (`kernelrl.train.ranks`). Only the main
 process's curriculum draws.
 
+With a token budget (`max_tokens`, counted by the policy's tokenizer on the prompt as the
+trainer reads it), a prompt that does not fit shows fewer earlier versions (then not even the
+best one) until it does; a program is shown whole or not at all, and a task whose prompt alone
+does not fit is a `PromptBudgetError` naming it.
+
 Guarantees: a prompt is built when the data loader asks for it, which with TRL is one
 generation batch ahead of training (the loader reads one batch ahead), so a step's prompts see
 the database as the step before last left it; every rank yields identical rows.
@@ -51,6 +56,10 @@ _NUMBERS = itertools.count()
 _REMEMBERED = 4096
 
 
+class PromptBudgetError(ValueError):
+    """A task's prompt does not fit the token budget even with no earlier version shown."""
+
+
 def _rows(stream: int) -> Iterator[dict[str, Any]]:
     yield from _STREAMS[stream].rows()
 
@@ -64,7 +73,13 @@ def row_key(task: str, prompt: Any) -> str:
 class PromptStream:
     def __init__(self, curriculum: Curriculum, db: Any, *, as_prompt: Callable[[str], Any], policy: str,
                  device: str, size: str, k: int = 4, seed: int = 0, template_dir: Path | None = None,
-                 chat: bool = False, profiles: dict[str, Any] | None = None, ranks: Ranks | None = None) -> None:
+                 chat: bool = False, profiles: dict[str, Any] | None = None, ranks: Ranks | None = None,
+                 count_tokens: Callable[[str], int] | None = None, max_tokens: int | None = None) -> None:
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1 or None")
+        self.count_tokens = count_tokens  # the policy's tokenizer, applied to the prompt as the trainer sees it
+        self.max_tokens = max_tokens
+        self.trimmed = 0  # prompts that showed fewer versions than k to fit the budget
         self.curriculum = curriculum
         self.ranks: Ranks = ranks or SingleProcess()
         self.db = db
@@ -84,9 +99,28 @@ class PromptStream:
         task = self.curriculum.draw()
         best = self.db.top_candidates(task.name, 1) if self.db is not None else []
         chain_best = best[0] if best else None
-        text = build_prompt(task, db=self.db, chain_best=chain_best, policy=self.policy, device=self.device,
-                            rng=random.Random(f"{self.seed}:{self.built}"), k=self.k, size=self.size,
-                            profile=self.profiles.get(task.name), template_dir=self.template_dir)
+        k = self.k
+        while True:
+            text = build_prompt(task, db=self.db, chain_best=chain_best, policy=self.policy, device=self.device,
+                                rng=random.Random(f"{self.seed}:{self.built}"), k=k, size=self.size,
+                                profile=self.profiles.get(task.name), template_dir=self.template_dir)
+            if self.max_tokens is None or self.count_tokens is None:
+                break
+            n = self.count_tokens(text)
+            if n <= self.max_tokens:
+                break
+            # Too long: show fewer earlier versions, then not even the best; a program is shown
+            # whole or not at all (a prompt cut mid-program would teach from a broken example).
+            if k > 0:
+                k -= 1
+            elif chain_best is not None:
+                chain_best = None
+            else:
+                raise PromptBudgetError(f"{task.name}: its prompt with no earlier version is {n} tokens, over the "
+                                        f"budget of {self.max_tokens} (grpo.max_prompt_tokens); raise it or leave "
+                                        "the task out")
+        if k < self.k or (best and chain_best is None):
+            self.trimmed += 1
         self.built += 1
         prompt = self.as_prompt(text)
         return {"prompt": prompt, "task": task.name, "key": row_key(task.name, prompt),
