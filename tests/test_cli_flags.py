@@ -100,3 +100,35 @@ def test_a_bad_value_is_a_usage_error_naming_the_key(tmp_path):
     assert "EvalConfig" not in str(refused.value)
     with pytest.raises(SystemExit):
         _sub("eval").parse_args(["t", "c.py", "--timeout", "soon"])
+
+
+COMMANDS = ("tasks", "eval", "baseline", "calibrate", "audit", "optimize", "report", "export", "serve", "collect",
+            "train", "bench", "watch")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_a_description_and_every_flag_and_argument_a_help(command):
+    parser = _sub(command)
+    assert parser.description, f"kernelrl {command} -h says nothing of what it does"
+    silent = [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
+              if not isinstance(a, argparse._HelpAction) and not a.help]
+    assert silent == [], f"kernelrl {command}: no help for {silent}"
+    parser.format_help()  # every help string formats ("%" escaped)
+
+
+def test_a_flags_help_is_its_fields_own_comment():
+    from kernelrl.cli.helps import field_docs
+
+    docs = field_docs(SearchConfig)
+    assert docs["chains"] == "parallel chains per task"  # a trailing comment
+    assert docs["turns"].startswith("Refinement: each chain answers in episodes of this many turns")  # lines above
+    assert docs["eval.timing.call_limit_s"] == "one sample may not take longer than this (a hang)"  # nested config
+    text = " ".join(_sub("optimize").format_help().split())
+    assert "--chains N parallel chains per task" in text and "--seed N seeds the prompts' random choices" in text
+
+
+def test_train_stage_help_names_the_stage():
+    from kernelrl.cli.train import train_parser
+
+    assert train_parser("grpo").format_usage().startswith("usage: kernelrl train grpo ")
+    assert "contrastive GRPO" in (train_parser("grpo").description or "")

@@ -42,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for commands in (judge, search, serve, train, watch):
         commands.add_parsers(sub)
+    # Every command's description is its one-line help (`kernelrl CMD -h` says what it does).
+    for choice in sub._choices_actions:
+        command = sub.choices[choice.dest]
+        if command.description is None:
+            command.description = choice.help
     return parser
 
 

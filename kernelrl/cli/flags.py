@@ -2,7 +2,9 @@
 
 Every settable field of a command's config is a flag. Its name is the field's dotted path with
 dashes (`--timing.min-rounds`, `--sandbox.memory-limit-gib`), or the short name a `FlagTable`
-gives it (`--timeout` for `timeout_s`); its type, choices and help come from the field. A flag
+gives it (`--timeout` for `timeout_s`); its type, choices and help come from the field (the help
+is the field's own comment, read by `kernelrl.cli.helps`; a table's `helps` adds what only the
+command line needs, and covers fields whose config has no comment yet). A flag
 left out on the command line is None and changes nothing: the named config file (`--config`),
 then the flags given, then the config's own defaults, in that order
 (`kernelrl.config.with_overrides`). The evaluator's flags are the same on every command that
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernelrl.cli.helps import field_docs
 from kernelrl.config import load_toml, with_overrides
 from kernelrl.plain import field_paths
 
@@ -65,8 +68,11 @@ def add_flags(parser: argparse.ArgumentParser, *tables: FlagTable) -> None:
     """Add every field of every table as a flag (see the module docstring)."""
     group = parser.add_argument_group("settings (override the --config file)")
     for table in tables:
+        docs = field_docs(table.config)
         for path, tp in table.paths().items():
-            _add(group, table.flag_name(path), _dest(table.prefix + path), tp, table.helps.get(path, ""))
+            # a table's help is argparse text already; a field's comment is plain text ("%" kept)
+            _add(group, table.flag_name(path), _dest(table.prefix + path), tp,
+                 table.helps.get(path) or docs.get(path, "").replace("%", "%%"))
 
 
 def overrides(args: argparse.Namespace, *tables: FlagTable) -> dict[str, Any]:

@@ -152,37 +152,38 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     """Register this module's commands."""
     p = sub.add_parser("tasks", help="list tasks of a suite, folder or KernelBench checkout")
     p.add_argument("--suite", default="builtin", help="suite name, task folder or KernelBench checkout (default builtin)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     p.add_argument("--shapes", action="store_true", help="show input shapes at the small size")
     p.add_argument("--check-degeneracy", action="store_true",
                    help="run the degeneracy filter (near-constant or input-independent outputs)")
-    p.add_argument("--size", choices=tuple(Size), default=Size.SMALL.value)
+    p.add_argument("--size", choices=tuple(Size), default=Size.SMALL.value,
+                   help="size preset for --shapes and --check-degeneracy (default small)")
     p.set_defaults(func=cmd_tasks)
 
     p = sub.add_parser("eval", help="judge one candidate against a task's reference")
     p.add_argument("task", help="built-in task name or a KernelBench-format .py file")
     p.add_argument("candidate", help=".py file defining ModelNew, or a .md/.txt LLM answer")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
     add_eval_options(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("baseline", help="time a task's reference, eager and under torch.compile")
-    p.add_argument("task")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("task", help="built-in task name or a KernelBench-format .py file")
+    p.add_argument("--json", action="store_true", help="print the times as one JSON object")
+    p.add_argument("--no-compile", action="store_true", help="time eager only (torch.compile is slow on a CPU)")
     add_eval_options(p)
     p.set_defaults(func=cmd_baseline)
 
     p = sub.add_parser("calibrate", help="A/A check: a task's reference timed against identical copies of itself")
-    p.add_argument("task")
-    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("task", help="built-in task name or a KernelBench-format .py file")
+    p.add_argument("--runs", type=int, default=5, help="A/A runs, each a timed group of identical copies (default 5)")
     p.add_argument("--tolerance", type=float, default=0.02, help="|speedup - 1| allowed for identical code")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the runs as one JSON object")
     add_eval_options(p)
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("audit", help="run the hack checks over a folder or JSON/JSONL of generated codes")
-    p.add_argument("path")
+    p.add_argument("path", help="a folder of candidates, or JSON / JSON Lines files of generated codes")
     p.add_argument("--dynamic", action="store_true", help="also evaluate each entry (slow; prints progress)")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="entries to audit: names or patterns such as level2/* (several values or comma-separated)")

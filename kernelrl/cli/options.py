@@ -98,6 +98,34 @@ EVAL_FLAGS = FlagTable(
         "timing.max_timing_s": "per candidate: timing stops here when the +-1%% interval is not reached",
         "concurrency": "candidates built and checked at once",
         "constants": "explicit task constants on top of --size",
+        # Fields whose config declares them without a comment (the help belongs there, then here it goes):
+        "aa_retimes": "times a group whose A/A copy measured outside 1 +- --aa-tolerance is timed again",
+        "n_correctness": "input sets a candidate must match: the first plain, the others randomly scaled and shifted "
+                         "(at least 2)",
+        "static_checks": "run the static AST rules before a candidate runs (--no-static-checks: skip them)",
+        "cache_dir": "build, baseline and machine-peak cache (default $KERNELRL_CACHE, else ~/.cache/kernelrl)",
+        "timing.warmup_calls": "untimed calls of every member before timing starts",
+        "timing.warmup_max_s": "the most warm-up may take per member, in seconds",
+        "timing.min_rounds": "rounds timed before the interval may stop timing (at least 3)",
+        "timing.max_rounds": "rounds timed at most",
+        "timing.target_rel_ci": "timing stops once every speedup's 95%% interval is within +- this share "
+                                "(0.01: +-1%%)",
+        "timing.spot_check_prob": "chance that a round's outputs are checked against the reference's",
+        "timing.min_spot_checks": "spot checks every candidate passes before timing may stop",
+        "timing.pool_size": "input sets each timed call draws from (scaled and jittered per call)",
+        "timing.max_calls_per_sample": "calls one sample may hold when calls are shorter than --timing.min-sample-ms",
+        "sandbox.pin_allocator": "the same memory-allocator settings in every worker, so no member's tensors are "
+                                 "placed luckier than another's",
+        "sandbox.max_open_files": "open files one worker may hold",
+        "sandbox.log_tail_chars": "characters of a worker's log kept with a failed verdict",
+        "llm_judge.enabled": "ask an adversarial LLM judge about results above --llm-judge.min-speedup or "
+                             "--llm-judge.min-roofline-pct",
+        "llm_judge.model": "the LLM judge's model (needed with --llm-judge.enabled)",
+        "llm_judge.max_tokens": "the longest LLM-judge answer, in tokens",
+        "llm_judge.retry.max_retries": "LLM judge: retries of a failed request",
+        "llm_judge.retry.initial_s": "LLM judge: the first wait before a retry, doubled at each retry",
+        "llm_judge.retry.max_s": "LLM judge: the longest wait before a retry",
+        "llm_judge.retry.jitter": "LLM judge: each wait is scaled by a random factor in 1 +- this",
     })
 
 

@@ -28,16 +28,10 @@ SEARCH_FLAGS = FlagTable(
     config=SearchConfig,
     names={"db_path": "--db", "template_dir": "--templates", "wall_time_s": "--wall-time",
            "proposer_opts": "--proposer-opts", "batch_wait_s": "--batch-wait"},
+    # What the command line adds to the fields' own comments (the help of every other flag).
     helps={
         "tasks": "suites, task names, files or folders (several values, or comma-separated)",
         "proposer": "heuristic | openai:MODEL | hf:PATH | replay:PATH",
-        "proposer_opts": "proposer options, e.g. base_url=URL temperature=0.7 max_tokens=4096",
-        "budget": "candidates per task",
-        "db_path": "SQLite database of the run",
-        "resume": "continue the last run in --db",
-        "wall_time_s": "stop after this many seconds",
-        "template_dir": "folder of prompt templates overriding the built-in ones",
-        "model_concurrency": "model calls at once",
     },
     skip=frozenset({"eval"}))
 OPTIMIZE_TABLES = (SEARCH_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
@@ -141,21 +135,23 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register this module's commands."""
-    p = sub.add_parser("optimize", help="search for faster programs with a proposer")
+    p = sub.add_parser("optimize", help="search for faster programs with a proposer; every candidate is judged "
+                                        "and stored in a run database (resumable)")
     p.add_argument("--config", default=None, help="named run config (kernelrl/configs/NAME.toml) or a .toml file")
     add_flags(p, *OPTIMIZE_TABLES)
     p.add_argument("--report", action="store_true", help="print this run's report when done")
     p.add_argument("--html", default=None, help="with --report: also write an HTML report")
     p.set_defaults(func=cmd_optimize)
 
-    p = sub.add_parser("report", help="summarise a run database")
-    p.add_argument("--db", required=True)
-    p.add_argument("--html", default=None)
+    p = sub.add_parser("report", help="summarise a run database: per task best speedups and intervals, fast_p, "
+                                      "geomean and median against eager and torch.compile")
+    p.add_argument("--db", required=True, help="the run database (`kernelrl optimize --db`)")
+    p.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report with plots")
     p.add_argument("--run", type=int, default=None, help="one run id (default: all runs)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("export", help="write a run database as JSONL training rows")
-    p.add_argument("--db", required=True)
-    p.add_argument("--out", default=None)
-    p.add_argument("--only-correct", action="store_true")
+    p = sub.add_parser("export", help="write a run database as JSONL training rows (prompt, answer, code, verdict)")
+    p.add_argument("--db", required=True, help="the run database (`kernelrl optimize --db`)")
+    p.add_argument("--out", default=None, metavar="FILE.jsonl", help="where to write the rows (default: stdout)")
+    p.add_argument("--only-correct", action="store_true", help="only candidates judged correct")
     p.set_defaults(func=cmd_export)

@@ -29,6 +29,20 @@ SERVE_FLAGS = FlagTable(
         "max_pending_items": "evaluations queued or running before 429",
         "allow_uncontained": "judge client code even where workers cannot be fully contained (bubblewrap missing)",
         "watch_db": "a run database whose live pages are served at /watch/ (sign in with a client token)",
+        # Fields whose config declares them without a comment (the help belongs there, then here it goes):
+        "max_body_bytes": "the largest request body accepted (413 above it)",
+        "log_level": "the server's log level (debug, info, warning, error)",
+        "reward.mapping": "how a speedup becomes the reward's speed term: log (log speedup) or speedup (the ratio "
+                          "itself, as CUDA-L1)",
+        "reward.baseline": "speedups against eager or against torch.compile",
+        "reward.penalties.flagged": "reward of a refused (flagged) candidate: the lowest of all",
+        "reward.penalties.timeout": "reward of a candidate that timed out",
+        "reward.penalties.runtime_error": "reward of a candidate that crashed while running",
+        "reward.penalties.incorrect": "reward of a candidate whose outputs do not match",
+        "reward.penalties.compile_error": "reward of a candidate that does not load or build",
+        "reward.length_soft_tokens": "answers longer than this start paying --reward.length-weight",
+        "reward.length_max_tokens": "answers this long pay --reward.length-weight in full",
+        "reward.smoothing.enabled": "CUDA-L1's clip of raw rewards to a running window's mean +- k std",
     },
     skip=frozenset({"eval"}))
 SERVE_TABLES = (SERVE_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))

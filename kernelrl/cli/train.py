@@ -47,6 +47,8 @@ COLLECT_FLAGS = FlagTable(
         "k_shown": "earlier versions shown in each prompt",
         "model_concurrency": "model calls at once",
         "proposer_opts": "options for every proposer, e.g. base_url=URL temperature=0.7 max_tokens=4096",
+        "seed": "seeds the prompts' random choices (the judge's seeds stay secret whatever this is)",
+        "template_dir": "folder of prompt templates overriding the built-in ones",
     },
     skip=frozenset({"eval"}))
 BENCH_FLAGS = FlagTable(
@@ -66,6 +68,10 @@ BENCH_FLAGS = FlagTable(
         "ps": "fast_p thresholds (default 1.0 1.5 2.0)",
         "compile_baseline": "measure the torch.compile baselines (--no-compile: do not)",
         "db_path": "store every sample and verdict in this code database",
+        "proposer_opts": "proposer options, e.g. max_new_tokens=512 temperature=0.7",
+        "model_concurrency": "proposer calls at once",
+        "seed": "seeds the prompts' random choices (the judge's seeds stay secret whatever this is)",
+        "template_dir": "folder of prompt templates overriding the built-in ones",
     },
     skip=frozenset({"eval"}))
 COLLECT_TABLES = (COLLECT_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
@@ -161,9 +167,15 @@ def _overrides(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def train_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernelrl train {sft,rft,grpo}",
-                                description="Train a model on TRL: sft, rft (rejection sampling) or grpo.")
+_STAGES = {"sft": "Train a model on TRL, supervised, on the SFT set (`kernelrl collect`).",
+           "rft": "Train a model on TRL by rejection sampling: sample, keep what the judge accepts, fine-tune.",
+           "grpo": "Train a model on TRL with contrastive GRPO, rewarded by the judge."}
+
+
+def train_parser(stage: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"kernelrl train {stage or '{sft,rft,grpo}'}",
+                                description=_STAGES.get(stage or "", "Train a model on TRL: sft, rft (rejection "
+                                                                     "sampling) or grpo."))
     p.add_argument("--config", required=True, help="named training config (kernelrl/configs/train/NAME.toml) or a "
                                                    ".toml file")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
@@ -182,7 +194,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from kernelrl.train.recipe import load_train_config, run_stage
     from kernelrl.train.stage import Stage
 
-    args = argparse.Namespace(stage=args.stage, **vars(train_parser().parse_intermixed_args(args.rest)))
+    args = argparse.Namespace(stage=args.stage, **vars(train_parser(args.stage).parse_intermixed_args(args.rest)))
     errors = _train_errors()
     try:
         config = load_train_config(args.config, _overrides(args.overrides))
@@ -277,7 +289,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                              "[--dry-run] [KEY=VALUE ...]",
                        epilog="KEY=VALUE sets a dotted setting of the config, e.g. grpo.trl.max_steps=4; "
                               "`kernelrl train grpo -h` lists the options")
-    p.add_argument("stage", choices=("sft", "rft", "grpo"))
+    p.add_argument("stage", choices=("sft", "rft", "grpo"),
+                   help="sft: supervised on the SFT set; rft: rejection sampling; grpo: contrastive RL")
     # Flags and KEY=VALUE overrides in any order: parsed by `train_parser` (argparse cannot mix
     # optional flags and trailing positionals in one pass).
     p.add_argument("rest", nargs=argparse.REMAINDER, metavar="...", help="--config NAME and the rest, as in the usage")
@@ -286,6 +299,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("bench", help="evaluate a model or proposer on a suite: pass@k, fast_p@k, speedups")
     p.add_argument("--config", default=None, help="run config (.toml) whose settings the flags override")
     add_flags(p, *BENCH_TABLES)
-    p.add_argument("--plot", default=None, metavar="FILE.png")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="also draw pass@k, fast_p@k and the per-task "
+                                                                   "best speedups into this PNG")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=cmd_bench)

@@ -92,8 +92,9 @@ _POLL_S = 0.2
 @dataclass(frozen=True, kw_only=True)
 class SearchConfig:
     tasks: tuple[str, ...]  # task specs for kernelrl.tasks.suites.load_tasks: suites, names, files, folders
-    db_path: Path
+    db_path: Path  # the run's SQLite code database (made when missing; a new run is added to an existing one)
     proposer: str = "heuristic"  # spec for kernelrl.search.proposers.make_proposer
+    # options of the proposer, e.g. base_url=URL temperature=0.7 max_tokens=4096
     proposer_opts: dict[str, Any] = field(default_factory=dict)
     budget: int = 8  # candidates (model answers) per task in this run, split evenly over its chains
     chains: int = 2  # parallel chains per task
@@ -104,8 +105,8 @@ class SearchConfig:
     exchange_every: int = 2  # steps between a chain's looks at the task's best; 0: never
     model_concurrency: int = 4  # proposer calls at once
     k_shown: int = 4  # earlier candidates shown in a prompt
-    seed: int = 0
-    resume: bool = False
+    seed: int = 0  # seeds the prompts' random choices (the judge's seeds stay secret whatever this is)
+    resume: bool = False  # continue the database's latest run instead of starting a new one
     baselines: bool = True  # measure eager and torch.compile times once per task
     batch_wait_s: float = 5.0  # a candidate waits at most this long for others to join its batch
     template_dir: Path | None = None  # prompt templates overriding the built-in ones
