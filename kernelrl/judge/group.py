@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from kernelrl.candidate import Candidate
+from kernelrl.checks.dynamic import output_deferred
 from kernelrl.checks.llm_judge import JudgeRequest, LLMJudgeError
 from kernelrl.checks.policy import get_policy
 from kernelrl.checks.static import check_source
@@ -115,6 +116,19 @@ class Group:
         self.reference = ReferenceRecord()
         self._phases: dict[str, float] = {}  # where the group's wall time went, in seconds
         self._clock = time.monotonic()
+
+    @staticmethod
+    def _note_deferred_outputs(reference: Worker, survivors: dict[str, Trial], timing: GroupTiming) -> None:
+        """A candidate whose spot-checked outputs cost a call's CPU to hand over computed them then."""
+        ref_ms = [n / 1e6 for n in reference.output_cpu_ns]
+        for h, t in survivors.items():
+            measured = timing.candidates.get(h)
+            if t.worker is None or measured is None or not measured.times_ms:
+                continue
+            found = output_deferred([n / 1e6 for n in t.worker.output_cpu_ns], ref_ms,
+                                    call_ms=statistics.median(measured.times_ms))
+            if found is not None:
+                t.findings.append(found)
 
     def _arena_need(self, pool_size: int) -> int:
         """The arena a candidate of this task needs: its largest message (parameters, every input set
@@ -200,6 +214,7 @@ class Group:
                     timing = measure_group(reference, workers, pool, cfg.timing, rng=self.rng, deadline=deadline,
                                            tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32, cores=self.cores)
                 self.timing = dataclasses.replace(timing, device_wait_s=waited)
+                self._note_deferred_outputs(reference, survivors, timing)
                 self._phase("timing_s")
                 self._phases.update(timing_setup_s=round(timing.setup_s, 3), timing_samples_s=round(timing.samples_s, 3),
                                     timing_spot_checks_s=round(timing.spot_checks_s, 3))

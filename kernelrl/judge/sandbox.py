@@ -31,7 +31,10 @@ Guarantees:
 - from the timing pool on (`Kind.POOL`), every process of the worker other than its interpreter
   (and bubblewrap's own) is ended before the command is sent and again as soon as an answer
   arrives (`end_strays`, counted in `strays_ended`): no helper a program started runs while
-  another member of its group is timed.
+  another member of its group is timed;
+- the CPU the worker used to hand over each output it was asked for (`output_cpu_ns`, spot
+  checks) is recorded: one computed only when asked costs a call more than a copy
+  (`kernelrl.checks.dynamic.output_deferred`).
 
 Does not guarantee isolation below FULL: under NAMESPACES the worker writes what root can write
 and reaches the network; under NONE it also reads the /proc of the judge's other processes.
@@ -331,6 +334,7 @@ class Worker:
             argv = self.cgroup.join_argv(argv)
         self._timing = False  # from the timing pool on, strays are ended around every exchange
         self.strays_ended = 0
+        self.output_cpu_ns: list[int] = []  # the worker's CPU for each output it handed over (spot checks)
 
         def start() -> subprocess.Popen[bytes]:
             fds = (p2c_r, c2p_w, self.arena.fd, *inherit_fds, *([seccomp_fd] if seccomp_fd is not None else []))
@@ -465,12 +469,15 @@ class Worker:
             self._timing = True
         if self._timing:
             self.end_strays()
+        cpu_before = self.cpu_time_ns() if kind is Kind.OUTPUT else None
         try:
             self.channel.send(kind.value, encode(kind, header), payload)
         except (BrokenPipeError, OSError) as e:
             raise self._died(f"worker stopped accepting commands ({e})") from e
         try:
             answer = self._receive(deadline)
+            if cpu_before is not None and (cpu_after := self.cpu_time_ns()) is not None:
+                self.output_cpu_ns.append(cpu_after - cpu_before)
         finally:
             if self._timing:
                 self.end_strays()
