@@ -60,10 +60,14 @@ class LaunchConfig:
     rft_processes: int = 1
     grpo_processes: int = 1
     grpo_visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES of the GRPO launch (a GPU left for vLLM)
+    node_gpus: int | None = None  # GPUs of the training node, for the layout's count; None: not stated
+    judge_gpus: int = 0  # GPUs the reward server (backend.url) judges on, on its own machine
 
     def __post_init__(self) -> None:
         if min(self.sft_processes, self.rft_processes, self.grpo_processes) < 1:
             raise ValueError("launch: process counts must be >= 1")
+        if self.judge_gpus < 0 or (self.node_gpus is not None and self.node_gpus < 1):
+            raise ValueError("launch: judge_gpus must be >= 0 and node_gpus >= 1 or unset")
         if self.accelerate_config is None and max(self.sft_processes, self.rft_processes, self.grpo_processes) > 1:
             raise ValueError("launch: several processes need an accelerate_config")
 
@@ -133,6 +137,7 @@ def dry_run(config: Any, stage: Stage, *, name: str) -> DryRun:
     accel = _check_accelerate(config, stage, processes, add)
     trl_values = _check_trl(config, stage, processes, add)
     _check_steps(config, stage, processes, add)
+    _check_layout(config, stage, processes, add)
     if stage is not Stage.SFT:
         add("hack defences", "ok" if config.eval.llm_judge.enabled else "note", judge_notice(config))
     _check_packages(config, stage, accel, trl_values, add)
@@ -297,6 +302,46 @@ def judge_notice(config: Any) -> str:
     return (f"hacks: refused by {where} ({policy}); the adversarial LLM judge is OFF (no endpoint configured: "
             "set eval.llm_judge.enabled=true, eval.llm_judge.model and eval.llm_judge.base_url), so a hack "
             "that only a reader would see is paid")
+
+
+def gpu_layout(config: Any, stage: Stage, processes: int) -> tuple[str, int, int]:
+    """Where a stage's GPUs go (training, generation, judging), in words, and how many GPUs it
+    uses on the training node and elsewhere."""
+    launch = config.launch
+    cuda = str(config.eval.device).startswith("cuda")
+    if stage is Stage.GRPO and launch.grpo_visible_devices:
+        train = [d.strip() for d in launch.grpo_visible_devices.split(",") if d.strip()]
+    else:
+        train = [str(i) for i in range(processes)]
+    parts = [f"training on {len(train)} GPU(s) ({','.join(train)})"]
+    node = len(train)
+    trl = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage].trl
+    if stage is Stage.GRPO and trl.get("use_vllm") and trl.get("vllm_mode") == "server":
+        rest = [str(i) for i in range(launch.node_gpus or 0) if str(i) not in train]
+        parts.append(f"generation on the vLLM server's GPU ({rest[0] if rest else 'one more GPU'})")
+        node += 1
+    elif stage is not Stage.SFT:
+        parts.append("generation on the training GPUs")
+    elsewhere = 0
+    if stage is not Stage.SFT:
+        if config.backend.url:
+            elsewhere = launch.judge_gpus
+            parts.append(f"judging on the reward server's {launch.judge_gpus or 'unstated (launch.judge_gpus)'} "
+                         "GPU(s), on its own machine")
+        elif cuda:
+            parts.append(f"judging in this process on {config.eval.device} (shared with training)")
+        else:
+            parts.append("judging on this machine's CPU")
+    return "; ".join(parts), node, elsewhere
+
+
+def _check_layout(config: Any, stage: Stage, processes: int, add: Any) -> None:
+    words, node, elsewhere = gpu_layout(config, stage, processes)
+    limit = config.launch.node_gpus
+    over = limit is not None and node > limit
+    here = f"{node} GPU(s) on the training node" + (f" (it has {limit})" if limit else "")
+    total = here + (f" + {elsewhere} on the judging machine = {node + elsewhere}" if elsewhere else "")
+    add("gpu layout", "error" if over else "ok", f"{words}: {total}" + (": more than the node has" if over else ""))
 
 
 def optimizer_steps(trl: dict[str, Any], *, examples: int, processes: int) -> int:

@@ -172,3 +172,16 @@ def test_the_shipped_gpu_configs_train_strictly_and_say_when_no_llm_judge_watche
         assert "LLM judge is OFF" in judge_notice(config)
         on = load_train_config(name, {"eval.llm_judge.enabled": True, "eval.llm_judge.model": "judge-model"})
         assert "adversarial LLM judge judge-model" in judge_notice(on)
+
+
+def test_the_dry_run_names_every_gpu_of_the_eight_gpu_layout():
+    from kernelrl.train.launch import dry_run
+
+    report = dry_run(load_train_config("qwen7b-full-8gpu-vllm"), "grpo", name="qwen7b-full-8gpu-vllm")
+    (layout,) = [c for c in report.checks if c.what == "gpu layout"]
+    assert layout.level == "ok"
+    assert "training on 7 GPU(s) (0,1,2,3,4,5,6)" in layout.detail and "vLLM server's GPU (7)" in layout.detail
+    assert "8 GPU(s) on the training node (it has 8) + 5 on the judging machine = 13" in layout.detail
+    crowded = load_train_config("qwen7b-full-8gpu-vllm", {"launch.node_gpus": 7})
+    (bad,) = [c for c in dry_run(crowded, "grpo", name="x").checks if c.what == "gpu layout"]
+    assert bad.level == "error" and "more than the node has" in bad.detail
