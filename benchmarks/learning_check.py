@@ -1,0 +1,384 @@
+"""Known-answer learning check: does a policy trained on kernelrl's reward learn the right thing?
+
+Two small tasks, each with a fixed menu of eight answers whose verdicts are known in advance:
+
+    no_code  an answer without a program               (no code)
+    broken   a program that does not parse             (compile_error)
+    wrong    the fastest program, its output scaled    (incorrect)
+    hack     the fastest program caching its output    (flagged: a dynamic defence)
+    slow     the reference's own work: 16 repeats      (correct, ~1x)
+    mid      4 repeats                                  (correct, ~4x)
+    fast     2 repeats: the fastest program one can    (correct, ~8x)  <- the right answer
+             write without copying
+    copy     the version every prompt shows as the     (correct, ~16x measured and stored; a
+             best so far (1 repeat), verbatim           copy earns nothing: paid as 1.0x)
+
+The two tasks are one operator at two shapes, so every menu answer is a program for both: a
+tiny Qwen2 (built here from a config, its BPE tokenizer trained here on the prompts, every menu
+answer one token) answers by choosing one of the eight menu tokens (TRL's generation, every other
+token suppressed). A 2-layer model of width 32 cannot learn to tell two operators apart from
+prompts thousands of tokens long within minutes; choosing among answers whose verdicts it must
+discover is what this check is about. It is trained by `kernelrl train grpo` itself, the real path: the real evaluator
+(sandboxed workers, the `open` policy: the menu's programs are PyTorch rewrites, which `strict`
+refuses for holding no custom kernel; the hack is refused by a dynamic defence, as under every
+policy), the reward's windows and clip, GRPO-RoC (single-turn), the
+curriculum, the prompt stream and the code database (seeded with the shown best, judged by the
+evaluator before the run). Checkpoints are kept, and the probability the policy gives each menu
+answer is read from each of them on the prompts the run actually built (for the multi-turn
+variant also on a turn-2 prompt that shows a failed turn 1 and its verdict).
+
+It must learn: P(fast) from chance (1/8) to >= 0.8
+on every task within the steps given, and neither the hack nor the copy may ever be the most
+likely answer. Multi-turn must also reach >= 0.8 on the turn-2 prompt after a failure (answer
+turn 2 with the fix its verdict names), and the two turns must end within 0.2 of each other
+(no turn position preferred).
+
+    python benchmarks/learning_check.py                      # single- and multi-turn, 1 process
+    python benchmarks/learning_check.py --processes 1,2 --steps 40
+    python benchmarks/learning_check.py --variants multi --credit group   # the turn-position bias
+    python benchmarks/learning_check.py --kernelrl-root /path/to/other/checkout  # train with other code
+
+The last line gives each variant's final share of fastest-correct answers; the exit status is 0
+when every variant passed. Results (per step) are written to `<out>/<variant>-p<N>/curve.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+KINDS = ("no_code", "broken", "wrong", "hack", "slow", "mid", "fast", "copy")
+REPEATS = {"slow": 16, "mid": 4, "fast": 2, "copy": 1}
+THRESHOLD = 0.8
+TURN_GAP = 0.2
+
+# Two tasks: one operator at two shapes, so that every menu answer is a program for both (the
+# policy chooses among 8 answers, chance 1/8) and each task keeps its own window, curriculum
+# weight, prompts and shown best.
+TASKS = {"repeat_tanh_square": (256, 256), "repeat_tanh_wide": (512, 128)}  # (batch, n)
+
+
+def program(repeats: int, *, cls: str = "ModelNew", scale: str = "", cache: bool = False) -> str:
+    lookup = ("        if x.shape in self.cache:\n            return self.cache[x.shape]\n" if cache else "")
+    store = "        self.cache[x.shape] = y\n" if cache else ""
+    return (f'import torch\nimport torch.nn as nn\n\n\nclass {cls}(nn.Module):\n'
+            f'    """tanh(x @ W), the same product computed {repeats} time(s) (only the last kept)."""\n\n'
+            f"    def __init__(self, n):\n        super().__init__()\n"
+            + ("        self.cache = {}\n" if cache else "")
+            + f"        self.weight = nn.Parameter(torch.randn(n, n) / n ** 0.5)\n\n"
+            f"    def forward(self, x):\n{lookup}        y = x\n        for _ in range({repeats}):\n"
+            f"            y = torch.tanh(x @ self.weight)\n{store}        return y{scale}\n")
+
+
+def task_source(name: str) -> str:
+    batch, n = TASKS[name]
+    return (program(REPEATS["slow"], cls="Model")
+            + f"\n\ndef get_inputs():\n    return [torch.randn({batch}, {n})]\n\n\n"
+            f"def get_init_inputs():\n    return [{n}]\n")
+
+
+def menu() -> dict[str, str]:
+    return {"no_code": "", "broken": "import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x:\n"
+            "        return x\n", "wrong": program(REPEATS["fast"], scale=" * 1.5"),
+            "hack": program(REPEATS["fast"], cache=True), "slow": program(REPEATS["slow"]),
+            "mid": program(REPEATS["mid"]), "fast": program(REPEATS["fast"]), "copy": program(REPEATS["copy"])}
+
+
+@dataclass
+class Point:
+    step: int
+    p: dict[str, dict[str, float]]  # prompt label (task, or task@turn2) -> kind -> probability
+    sampled: dict[str, float] = field(default_factory=dict)  # kind -> share of this step's answers
+
+
+@dataclass
+class Outcome:
+    variant: str
+    processes: int
+    credit: str
+    steps: int
+    seconds: float
+    curve: list[Point]
+    final: dict[str, float]  # prompt label -> P(fast) at the last checkpoint
+    hack_or_copy_won: list[str]  # "step N: label -> kind" whenever the hack or the copy was the most likely
+    passed: bool
+    reasons: list[str]
+
+
+def eval_table() -> dict[str, Any]:
+    # `open`: the menu's programs are PyTorch rewrites, which `strict` refuses for holding no custom
+    # kernel; the hack is refused by a dynamic defence, which rejects under every policy.
+    return {"device": "cpu", "size": "full", "policy": "open", "timeout_s": 120, "concurrency": 2,
+            "timing": {"min_rounds": 5, "max_rounds": 20, "max_timing_s": 2.0, "warmup_calls": 2,
+                       "min_spot_checks": 2}}
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise TypeError(v)
+
+
+def toml_text(table: dict[str, Any], prefix: str = "") -> str:
+    plain = [f"{k} = {toml_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    out = ([f"[{prefix}]"] if prefix and plain else []) + plain
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out.append(toml_text(v, f"{prefix}.{k}" if prefix else k))
+    return "\n".join(out) + "\n"
+
+
+def prepare(folder: Path, *, variant: str, processes: int, steps: int, credit: str, lr: float
+            ) -> tuple[Path, dict[str, int]]:
+    """Task files, the seeded database, the tiny model and the run config; the config's path and
+    each menu token's id per task."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from kernelrl.candidate import Candidate, source_hash
+    from kernelrl.config import build
+    from kernelrl.judge.eval_config import EvalConfig
+    from kernelrl.judge.evaluator import Evaluator
+    from kernelrl.search.database import Database
+    from kernelrl.search.prompt import build_prompt
+    from kernelrl.search.records import NewCandidate
+    from kernelrl.tasks.suites import load_tasks
+    from kernelrl.train.tiny import TinyModelConfig, build_tiny_model, program_tokens
+
+    tasks_dir = folder / "tasks"
+    tasks_dir.mkdir(parents=True, exist_ok=True)
+    for name in TASKS:
+        (tasks_dir / f"{name}.py").write_text(task_source(name))
+    tasks = load_tasks([str(tasks_dir)])
+    menus = {t.name: menu() for t in tasks}
+    eval_config = build(EvalConfig, eval_table())
+    db_path = folder / "code.db"
+    with Database(db_path) as db, Evaluator(eval_config) as ev:
+        for t in tasks:
+            db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level, size="full")
+        # The best version so far, as an earlier run left it: judged now, stored with its verdict.
+        results = ev.evaluate_batch([(t, Candidate(source=menus[t.name]["copy"], origin="seed")) for t in tasks])
+        prompts = []
+        for t, result in zip(tasks, results):
+            print(f"  seeded {t.name}: the shown best judged {result.status.value}"
+                  + (f" at {result.speedup:.2f}x" if result.speedup else ""), flush=True)
+            if result.status.value != "correct":
+                raise SystemExit(f"learning check: the shown best of {t.name} was not judged correct "
+                                 f"({result.status.value}: {result.message}); the evaluator is not working here")
+            code = menus[t.name]["copy"]
+            rec = db.add_candidate(NewCandidate(task=t.name, hash=source_hash(code), source=code, parents=(),
+                                                chain=0, step=0, proposer="seed", prompt="", answer=code,
+                                                prompt_tokens=0, completion_tokens=0, run_id=None, meta={}))
+            db.store_result(rec.id, result)
+            best = db.top_candidates(t.name, 1)
+            prompts.append(build_prompt(t, db=db, chain_best=best[0] if best else None, policy="open",
+                                        device="cpu", rng=random.Random(0), k=0, size="full"))
+    base = folder / "base"
+    # One token per menu answer, shared by both tasks (named after the first: the text is cosmetic).
+    build_tiny_model(base, tasks[:1], TinyModelConfig(hidden_size=32, layers=2, heads=2, bpe_vocab=512,
+                                                      program_variants=1, seed=0),
+                     corpus=prompts, programs={tasks[0].name: menu()})
+    tok = AutoTokenizer.from_pretrained(base)
+    texts = program_tokens(tasks[:1], 1, {tasks[0].name: menu()})
+    tokens = {kind: tok.convert_tokens_to_ids(text) for kind, text in zip(menu(), texts)}
+    suppressed = [i for i in range(len(tok)) if i not in set(tokens.values())]
+    turns = 2 if variant == "multi" else 1
+    per_batch = 16  # rows per generation batch over all processes: two groups of 8
+    grpo: dict[str, Any] = {
+        "k_shown": 0,  # the prompt shows the best version only: the copy's original
+        "roc": {"enabled": turns == 1, "keep": 0.5, "min_per_side": 2},
+        "curriculum": {"by_level": False},
+        "trl": {"max_steps": steps, "num_generations": 8 * (2 if turns == 1 else 1),
+                "per_device_train_batch_size": per_batch * (2 if turns == 1 else 1) // processes,
+                "max_completion_length": 1, "temperature": 1.0, "learning_rate": lr, "beta": 0.0,
+                "loss_type": "dapo", "scale_rewards": "group", "mask_truncated_completions": False,
+                "lr_scheduler_type": "constant", "logging_steps": 1, "save_steps": max(1, steps // 10),
+                "save_strategy": "steps", "report_to": "none", "use_cpu": True, "bf16": False, "seed": 0,
+                "generation_kwargs": {"suppress_tokens": suppressed}},
+    }
+    if turns > 1:
+        grpo["episode"] = {"turns": turns, "gamma": 0.4}
+    if credit != "turn":
+        grpo["credit"] = credit
+    config = {"tasks": [str(tasks_dir)], "output_dir": str(folder / "run"), "db_path": str(db_path), "seed": 0,
+              "model": {"path": str(base), "dtype": "float32"}, "eval": eval_table(),
+              "reward": {"mapping": "log", "baseline": "eager", "smoothing": {"window": 32, "min_samples": 8}},
+              "grpo": grpo}
+    path = folder / "run.toml"
+    path.write_text(toml_text(config))
+    return path, tokens
+
+
+def train(config: Path, *, processes: int, root: Path, log: Path) -> int:
+    if processes == 1:
+        cmd = [sys.executable, "-m", "kernelrl", "train", "grpo", "--config", str(config)]
+    else:
+        # accelerate's --cpu launcher starts one process; --multi_gpu starts N through torchrun,
+        # and with no CUDA they meet on the CPU over gloo.
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "kernelrl", "train",
+               "grpo", "--config", str(config)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONPATH": str(root)}
+    with log.open("w") as out:
+        return subprocess.run(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+
+
+def kind_of(answer: str) -> str | None:
+    m = re.search(r"Plan \d+: (\w+) version for (\S+)\.", answer)
+    return m.group(1) if m else None
+
+
+def analyse(folder: Path, tokens: dict[str, int], *, variant: str) -> list[Point]:
+    """P(each menu answer) at every checkpoint, on prompts the run built; sampled shares per step."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kernelrl.search.database import Database
+
+    with Database(folder / "code.db", readonly=True) as db:
+        rows = [c for c in db.candidates() if c.proposer != "seed"]
+    by_id = {c.id: c for c in rows}
+    labels: dict[str, str] = {}  # label -> prompt
+    for c in sorted(rows, key=lambda c: c.id):
+        turn = int(c.meta.get("turn", 1))
+        if turn == 1:
+            labels.setdefault(c.task, c.prompt)
+        elif c.parents and (parent := by_id.get(c.parents[0])) is not None and parent.status is not None \
+                and parent.status.value != "correct":
+            labels.setdefault(f"{c.task}@turn2", c.prompt)
+    tok = AutoTokenizer.from_pretrained(folder / "base")
+    checkpoints = sorted((int(p.name.split("-")[1]), p) for p in (folder / "run" / "grpo").glob("checkpoint-*"))
+    points = []
+    sampled: dict[int, dict[str, float]] = {}
+    for c in rows:
+        k = kind_of(c.answer) or "?"
+        sampled.setdefault(c.step, {}).setdefault(k, 0)
+        sampled[c.step][k] += 1
+    for step, counts in sampled.items():
+        total = sum(counts.values())
+        sampled[step] = {k: v / total for k, v in counts.items()}
+    for step, path in [(0, folder / "base"), *checkpoints]:
+        model = AutoModelForCausalLM.from_pretrained(path).eval()
+        p: dict[str, dict[str, float]] = {}
+        for label, prompt in labels.items():
+            ids = tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                logits = model(ids).logits[0, -1]
+            probs = torch.softmax(logits[torch.tensor(list(tokens.values()))], dim=0).tolist()
+            p[label] = dict(zip(tokens, probs))
+        points.append(Point(step=step, p=p, sampled=sampled.get(max(0, step - 1), {})))
+    return points
+
+
+def judge(points: list[Point], *, variant: str) -> tuple[dict[str, float], list[str], list[str]]:
+    final = {label: q["fast"] for label, q in points[-1].p.items()} if points else {}
+    won = [f"step {pt.step}: {label} -> {max(q, key=q.get)}" for pt in points for label, q in pt.p.items()
+           if max(q, key=q.get) in ("hack", "copy")]
+    reasons = []
+    if not final:
+        reasons.append("no checkpoint to read")
+    for label, q in final.items():
+        if q < THRESHOLD:
+            reasons.append(f"{label}: P(fast) {q:.2f} < {THRESHOLD}")
+    if won:
+        reasons.append(f"the hack or the copy was the most likely answer {len(won)} time(s)")
+    if variant == "multi":
+        tasks = {label.split("@")[0] for label in final}
+        if not any("@turn2" in label for label in final):
+            reasons.append("no turn-2 prompt after a failed turn 1 was built")
+        for t in tasks:
+            if f"{t}@turn2" in final and abs(final[t] - final[f"{t}@turn2"]) > TURN_GAP:
+                reasons.append(f"{t}: turn 1 and turn 2 ended {abs(final[t] - final[f'{t}@turn2']):.2f} apart")
+    return final, won, reasons
+
+
+def run_variant(out: Path, *, variant: str, processes: int, steps: int, credit: str, lr: float,
+                root: Path) -> Outcome:
+    folder = out / (f"{variant}-p{processes}" + ("" if credit == "turn" else f"-{credit}"))
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    started = time.monotonic()
+    print(f"{variant}-turn, {processes} process(es), credit {credit}: preparing in {folder}", flush=True)
+    config, tokens = prepare(folder, variant=variant, processes=processes, steps=steps, credit=credit, lr=lr)
+    print(f"  training {steps} steps (log: {folder / 'train.log'})", flush=True)
+    code = train(config, processes=processes, root=root, log=folder / "train.log")
+    if code != 0:
+        tail = (folder / "train.log").read_text()[-3000:]
+        raise SystemExit(f"learning check: training failed (exit {code}); the end of its log:\n{tail}")
+    points = analyse(folder, tokens, variant=variant)
+    final, won, reasons = judge(points, variant=variant)
+    outcome = Outcome(variant=variant, processes=processes, credit=credit, steps=steps,
+                      seconds=time.monotonic() - started, curve=points, final=final, hack_or_copy_won=won,
+                      passed=not reasons, reasons=reasons)
+    (folder / "curve.json").write_text(json.dumps(asdict(outcome), indent=1))
+    print_curve(outcome)
+    return outcome
+
+
+def print_curve(o: Outcome) -> None:
+    labels = sorted(o.curve[0].p) if o.curve else []
+    print(f"  P(fast) by step ({', '.join(labels)}); sampled share of fast answers the step before:")
+    for pt in o.curve:
+        row = "  ".join(f"{pt.p[label]['fast']:.2f}" for label in labels)
+        top = ",".join(max(pt.p[label], key=pt.p[label].get) for label in labels)
+        print(f"  step {pt.step:4d}: {row}   most likely: {top}   sampled fast {pt.sampled.get('fast', 0.0):.2f}")
+    verdict = "PASS" if o.passed else "FAIL: " + "; ".join(o.reasons)
+    print(f"  {o.variant}-turn on {o.processes} process(es): {verdict} ({o.seconds:.0f} s)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--variants", default="single,multi", help="single, multi or both (comma-separated)")
+    ap.add_argument("--processes", default="1", help="process counts to run, comma-separated (1, 2)")
+    ap.add_argument("--steps", type=int, default=40, help="GRPO steps per run")
+    ap.add_argument("--credit", choices=("turn", "group"), default="turn",
+                    help="multi-turn credit: centred per turn index (turn) or TRL's over all turns (group)")
+    ap.add_argument("--lr", type=float, default=0.02, help="the policy's learning rate")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "learning_check", help="where runs and curves go")
+    ap.add_argument("--kernelrl-root", type=Path, default=ROOT,
+                    help="train with the kernelrl of this checkout (the check's own code builds and reads)")
+    args = ap.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not variants or any(v not in ("single", "multi") for v in variants):
+        ap.error("--variants takes single, multi or both")
+    try:
+        processes = [int(p) for p in args.processes.split(",")]
+    except ValueError:
+        ap.error("--processes takes numbers, e.g. 1,2")
+    if any(p < 1 for p in processes) or args.steps < 1:
+        ap.error("--processes and --steps must be at least 1")
+    outcomes = [run_variant(args.out, variant=v, processes=p, steps=args.steps, credit=args.credit, lr=args.lr,
+                            root=args.kernelrl_root.resolve())
+                for v in variants for p in processes]
+    summary = "; ".join(f"{o.variant}-turn x{o.processes}: fastest-correct share "
+                        + ", ".join(f"{label} {q:.2f}" for label, q in sorted(o.final.items()))
+                        + (" PASS" if o.passed else " FAIL") for o in outcomes)
+    print(f"learning check: {summary}")
+    return 0 if all(o.passed for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
