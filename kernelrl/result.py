@@ -206,6 +206,12 @@ class TimingRecord:
     # around nothing) per call (`kernelrl.judge.timer`)
     exchange_ms: float = 0.0
     call_floor_ms: float = 0.0
+    # the group's A/A pair (a copy of the reference timed as a member): its speedup, whether it
+    # disagreed beyond the tolerance after every re-timing (noisy: a speedup inside the band it
+    # measured is in noise_band, paid as none), and how often the group was measured again
+    aa_speedup: float | None = None
+    noisy: bool = False
+    retimed: int = 0
     # cross-checks against the judge's clock and /proc (`kernelrl.checks.dynamic.timing_findings`)
     clock_excess_ms: float = 0.0
     prepare_excess_ms: float = 0.0

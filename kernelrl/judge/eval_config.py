@@ -55,6 +55,12 @@ class EvalConfig:
     compile_baseline: bool = False  # also time each task's reference under torch.compile (once per task)
     roofline: bool = True  # measure this machine's peaks (once, cached) and give every result its roofline %
     floor_slack: float = dynamic.FLOOR_SLACK  # below this share of the floor: impossible_speedup
+    # Every timed group includes an A/A pair: a copy of the reference timed as a member. When its
+    # 95 % interval lies wholly outside 1 +- aa_tolerance, the group is measured again (up to
+    # aa_retimes times); still so, its results say noisy and a speedup inside the band the copy
+    # measured is no speedup (noise_band). 0 leaves the copy out.
+    aa_tolerance: float = 0.05
+    aa_retimes: int = 1
     cache_dir: Path = field(default_factory=default_cache_dir)
     timing: TimingConfig = field(default_factory=TimingConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
@@ -81,6 +87,8 @@ class EvalConfig:
             raise ValueError("tol_scale must be positive")
         if self.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if self.aa_tolerance < 0 or self.aa_retimes < 0:
+            raise ValueError("aa_tolerance and aa_retimes must be >= 0")
         if not 0 < self.floor_slack <= 1:
             raise ValueError("floor_slack must be in (0, 1]")
 

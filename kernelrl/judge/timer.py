@@ -206,6 +206,11 @@ class GroupTiming:
     spot_check_bytes: int = 0  # outputs and inputs fetched for spot checks
     exchange_ms: float = 0.0  # taken off every sample: the exchange's median cost (the reference's samples)
     call_floor_ms: float = 0.0  # taken off every call: the timing bracket around nothing (the reference's worker)
+    # the group's A/A pair (set by the group): a copy of the reference timed as a member
+    aa_speedup: float | None = None
+    aa_ci: tuple[float, float] | None = None
+    noisy: bool = False  # the A/A pair disagreed beyond the tolerance in every measurement of the group
+    retimed: int = 0  # measurements repeated because the A/A pair disagreed
 
 
 def call_floor_ns(sync: Callable[[], None], clock: Callable[[], int], *, n: int = 201) -> float:
@@ -217,6 +222,25 @@ def call_floor_ns(sync: Callable[[], None], clock: Callable[[], int], *, n: int 
         sync()
         times.append(clock() - t0)
     return float(statistics.median(times))
+
+
+def aa_noisy(aa: CandidateTiming | None, tolerance: float) -> bool:
+    """Identical code disagreed: the A/A copy failed, or its 95 % interval lies wholly outside
+    1 +- tolerance (a speedup of 1 / (1 + tolerance) to 1 + tolerance)."""
+    if aa is None or aa.speedup is None or aa.speedup_ci is None:
+        return True
+    lo, hi = aa.speedup_ci
+    return lo > 1.0 + tolerance or hi < 1.0 / (1.0 + tolerance)
+
+
+def aa_band(timing: GroupTiming) -> tuple[float, float] | None:
+    """What identical code measured in this group, as a band symmetric about 1 (in log): a speedup
+    inside it cannot be told from this measurement's noise."""
+    if timing.aa_speedup is None:
+        return None
+    values = [timing.aa_speedup, *(timing.aa_ci or ())]
+    m = max(max(v, 1.0 / v) for v in values if v > 0)
+    return (1.0 / m, m)
 
 
 def median_ci(ratios: Sequence[float]) -> tuple[float, float, float]:

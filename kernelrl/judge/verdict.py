@@ -230,7 +230,8 @@ def _timing_record(measured: CandidateTiming, timing: GroupTiming) -> TimingReco
                         stopped_by=measured.stopped_by, group_size=len(timing.candidates),
                         rel_ci_half_width=measured.rel_ci_half_width, wall_s=round(timing.wall_s, 3),
                         device_wait_s=round(timing.device_wait_s, 3), spot_check_bytes=timing.spot_check_bytes,
-                        exchange_ms=timing.exchange_ms, call_floor_ms=timing.call_floor_ms)
+                        exchange_ms=timing.exchange_ms, call_floor_ms=timing.call_floor_ms,
+                        aa_speedup=timing.aa_speedup, noisy=timing.noisy, retimed=timing.retimed)
 
 
 def _with_parameters(environment: Environment, checked: Checked) -> Environment:

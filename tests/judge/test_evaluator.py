@@ -56,6 +56,17 @@ def test_identical_candidate_is_correct_with_speedup_near_one(tiny_task, quick_c
     # what was taken off the judge's clock is reported: the exchange per sample, the floor per call
     timing = res.environment.timing
     assert timing is not None and timing.exchange_ms > 0 and 0 < timing.call_floor_ms < 1.0
+    # the group's A/A pair (a copy of the reference) was timed with it, and what it measured recorded
+    assert timing.aa_speedup is not None and 0.5 < timing.aa_speedup < 2.0 and timing.retimed in (0, 1)
+    if timing.noisy:  # measured twice, disagreeing both times: the band identical code spanned is no speedup
+        assert timing.retimed == 1 and res.noise_band is not None and res.noise_band[1] >= max(timing.aa_speedup,
+                                                                                                 1 / timing.aa_speedup)
+
+
+def test_without_an_aa_tolerance_no_copy_is_timed(tiny_task, quick_config):
+    res = evaluate(tiny_task, IDENTICAL, EvalConfig(**{**quick_config.__dict__, "aa_tolerance": 0.0}))
+    assert res.status is Status.CORRECT, res.message
+    assert res.environment.timing is not None and res.environment.timing.aa_speedup is None
 
 
 def test_legitimate_rewrite_is_correct(tiny_task, quick_config):

@@ -6,7 +6,17 @@ import random
 
 import pytest
 
-from kernelrl.judge.timer import TimingConfig, _ratios, call_floor_ns, median_ci
+from kernelrl.judge.timer import (
+    CandidateTiming,
+    GroupTiming,
+    TimingConfig,
+    _ratios,
+    aa_band,
+    aa_noisy,
+    call_floor_ns,
+    median_ci,
+)
+from kernelrl.result import TimingStop
 
 
 def test_median_ci_contains_the_true_ratio_and_narrows_with_n():
@@ -67,3 +77,33 @@ def test_the_call_floor_taken_off_undoes_the_pull_toward_one():
     ref, cand = 50_000 + 4 * 30_000, 50_000 + 4 * 20_000
     assert _ratios([(ref, cand)], 50_000) == pytest.approx([1.5])
     assert _ratios([(ref, cand)], 50_000 + 4 * 10_000) == pytest.approx([2.0])
+
+
+def _aa(speedup: float | None, ci: tuple[float, float] | None) -> CandidateTiming:
+    return CandidateTiming(speedup=speedup, speedup_ci=ci, rel_ci_half_width=0.01, stopped_by=TimingStop.CI,
+                           times_ms=[1.0], facts=None, failure=None, output_bytes=0)
+
+
+@pytest.mark.parametrize("speedup, ci, noisy", [
+    (1.00, (0.98, 1.02), False),   # identical code at 1.00
+    (1.04, (1.01, 1.07), False),   # off by 4 %, inside the 5 % tolerance
+    (1.08, (1.03, 1.12), False),   # the interval still reaches inside the tolerance
+    (1.10, (1.06, 1.14), True),    # wholly beyond 1.05: the machine was disturbed
+    (0.90, (0.87, 0.94), True),    # wholly below 1 / 1.05
+    (None, None, True),            # the copy failed: nothing vouches for the measurement
+])
+def test_an_aa_pair_is_noisy_only_when_its_interval_lies_outside_the_tolerance(speedup, ci, noisy):
+    assert aa_noisy(_aa(speedup, ci), 0.05) is noisy
+    assert aa_noisy(None, 0.05)
+
+
+def test_the_aa_band_is_symmetric_about_one_and_holds_what_identical_code_measured():
+    timing = GroupTiming(reference_ms=[1.0], candidates={}, rounds=10, calls_per_sample=1, stopped_by=TimingStop.CI,
+                         wall_s=1.0, aa_speedup=1.10, aa_ci=(1.06, 1.14))
+    lo, hi = aa_band(timing)
+    assert hi == pytest.approx(1.14) and lo == pytest.approx(1 / 1.14)
+    below = GroupTiming(reference_ms=[1.0], candidates={}, rounds=10, calls_per_sample=1, stopped_by=TimingStop.CI,
+                        wall_s=1.0, aa_speedup=0.9, aa_ci=(0.85, 0.95))
+    assert aa_band(below) == pytest.approx((0.85, 1 / 0.85))
+    assert aa_band(GroupTiming(reference_ms=[], candidates={}, rounds=0, calls_per_sample=1,
+                               stopped_by=TimingStop.FAILED, wall_s=0.0)) is None
