@@ -19,6 +19,9 @@ evaluator batch, where an environment's tool judges one kernel per call:
   turn t answers `Episode.prompt` (the row's prompt, then the trajectory's earlier answers and
   verdicts within `history_tokens` of the policy's tokenizer, `kernelrl.search.episode`), and so
   on;
+- a copy (`kernelrl.train.copies`) is a program the row's prompt showed (the task's versions
+  from the database); repeating the episode's own earlier answer is not one: it is judged and
+  paid again, so a turn that cannot improve is not pushed into a change for its own sake;
 - the row for turn t of a trajectory is returned with that turn's prompt and completion, and its
   reward is the turn's discounted return (Kevin's attribution, `discounted_returns`):
 
@@ -215,7 +218,7 @@ class MultiTurnRollout:
             answers = [completion_text(c) for c in trainer.processing_class.batch_decode(
                 completion_ids, skip_special_tokens=True)]
             rollouts = [Rollout(task=t.task, prompt=prompt_text(p), answer=a, completion_tokens=len(ids),
-                                parents=parents[j])
+                                parents=parents[j], shown=prompt_text(t.prompt))
                         for j, (t, p, a, ids) in enumerate(zip(trajectories, now, answers, completion_ids))]
             meta = [{"turn": turn, "turns": T, "episode": n} for n in numbers]
             values, batch = self.scorer.score_rollouts(rollouts, keys=keys, step=step, meta=meta, observe=False)

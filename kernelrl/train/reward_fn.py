@@ -274,9 +274,10 @@ class KernelRewardFunction:
             if j.code is None:
                 out.append(False)
                 continue
-            if j.rollout.prompt not in shown:
-                shown[j.rollout.prompt] = shown_keys(j.rollout.prompt)
-            out.append(is_copy(j.code, shown[j.rollout.prompt]))
+            text = j.rollout.shown if j.rollout.shown is not None else j.rollout.prompt
+            if text not in shown:
+                shown[text] = shown_keys(text)
+            out.append(is_copy(j.code, shown[text]))
         return out
 
     def _raw(self, j: Judged, *, copy: bool = False) -> Reward | None:

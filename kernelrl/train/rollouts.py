@@ -78,6 +78,9 @@ class Rollout:
     prompt_tokens: int = 0
     completion_tokens: int | None = None  # None: not counted (no length term then)
     parents: tuple[int, ...] = ()  # database ids of the versions the prompt built on
+    # the text whose programs count as shown (a copy of one is paid as no speedup); None: `prompt`.
+    # A refinement turn's is its row's prompt: repeating the episode's own earlier answer is not a copy
+    shown: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,6 +6,7 @@ turn and for more; then (slow) the tiny-cpu-multiturn run and two processes unde
 from __future__ import annotations
 
 import itertools
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ PROMPT = "Make t faster."
 
 class Stream:
     def row_of(self, prompt: Any) -> dict[str, Any]:
-        assert prompt == PROMPT
+        assert prompt.startswith(PROMPT)
         return {"task": "t", "parents": [7]}
 
 
@@ -396,3 +397,17 @@ def test_turn_credit_prefers_no_turn_position():
     assert credit[0][1] == credit[2][1] == credit[3][1]  # the same correct turn 2: the same credit
     assert credit[3][0] is None  # a turn with no return passes nothing back
     assert credit[2][0] > credit[0][0] > credit[1][0]  # turn 1: right first > fixed later > never right
+
+
+def test_repeating_the_episodes_own_answer_is_paid_and_copying_the_rows_shown_version_is_not():
+    """Turn 2 repeats turn 1's 2x program: judged and paid again (the episode's own history is
+    not a shown version); a program the row's prompt showed is a copy at either turn."""
+    shown = "```python\nclass ModelNew:\n    MARKER = 'fast3.0'\n```\n"
+    prompt = PROMPT + "\n\nThe best so far (3.00x):\n" + shown
+    answers = [answer("fast2.0"), "Copy.\n\n" + shown, answer("fast2.0"), "Again.\n\n" + shown]
+    run, trainer, scorer = rollout(answers)
+    out = run([prompt] * 4, trainer)
+    # trajectory 1: 2x then the same 2x again; trajectory 2: the shown version twice
+    assert out["turn_reward"] == pytest.approx([math.log(2.0), math.log(2.0), 0.0, 0.0])
+    turn2 = scorer.logs[-1].rollouts
+    assert [r.copy for r in turn2] == [False, True]
