@@ -110,7 +110,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
         with Evaluator(config) as ev:
             runs = with_spinner(console, f"timing {task.name} against identical copies of itself, {args.runs} times",
-                                 lambda: ev.calibrate(task, runs=args.runs))
+                                 lambda: ev.calibrate(task, runs=args.runs), ev)
     except ReferenceFailed as e:
         raise UsageError(f"the task's reference fails: {str(e).splitlines()[0]}") from e
     if args.json:

@@ -24,8 +24,11 @@ def console_for(json_mode: bool = False) -> Console:
     return Console(stderr=True) if json_mode else Console()
 
 
-def with_spinner(console: Console, text: str, fn: Callable[[], Any]) -> Any:
-    with console.status(text, spinner="dots"):
+def with_spinner(console: Console, text: str, fn: Callable[[], Any], backend: Any = None) -> Any:
+    """`fn()` under a spinner saying `text`, its elapsed seconds and who holds `backend`'s timing lock."""
+    from kernelrl.search.activity import lock_watch, waiting
+
+    with waiting(console, text, lock_watch(backend) if backend is not None else None):
         return fn()
 
 

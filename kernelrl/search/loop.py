@@ -26,6 +26,8 @@ Guarantees:
   the stored candidates (a chain's best at its last step is that step's parent);
 - Ctrl-C stops new work and lets what is under way finish and be stored; a second Ctrl-C leaves
   at once (unfinished evaluations stay `proposed` and a resume evaluates them).
+- nothing waits silently: each start-up step and the search itself say what they wait for
+  (`kernelrl.search.activity`), the timing lock's holder included.
 
 Task code never runs in the search's process: each task's profile (constants, shapes, what its
 model is) comes from the evaluator's reference worker before the task's first prompt; a task
@@ -54,13 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import Progress
 
 from kernelrl.candidate import Candidate, extract_code, source_hash
 from kernelrl.config import to_dict
@@ -68,6 +64,7 @@ from kernelrl.judge.device import DevicePeaks
 from kernelrl.judge.evaluator import EvalConfig, Evaluator, config_fingerprint
 from kernelrl.judge.roofline import prompt_peaks
 from kernelrl.result import EvalResult, Status
+from kernelrl.search.activity import LockWatch, SearchActivity, lock_watch, waiting
 from kernelrl.search.chains import Chain, TaskState, better, fmt_speedup, rebuild
 from kernelrl.search.database import Database
 from kernelrl.search.episode import EpisodeConfig
@@ -493,6 +490,7 @@ class _Search:
             self.progress.update(ts.progress_id, completed=ts.evaluated, best=fmt_speedup(ts.best))
 
     progress: Progress | None = None
+    watch: LockWatch | None = None  # the device's timing lock, whose holder the status line names
 
     def busy(self) -> bool:
         return (any(ts.in_flight or ts.profile_pending for ts in self.state.values()) or bool(self.evals_in_flight)
@@ -509,9 +507,8 @@ class _Search:
         if threading.current_thread() is threading.main_thread():
             # A flag, not an exception: a Ctrl-C must never land in the middle of a write.
             old_handler = signal.signal(signal.SIGINT, on_sigint)
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[best]}"), TimeElapsedColumn(), console=self.console,
-                                 transient=False)
+        self.activity = SearchActivity(self.console, self.watch)
+        self.progress = self.activity.progress
         seen_interrupts = 0
         try:
             with self.progress:
@@ -529,6 +526,7 @@ class _Search:
                 self.start_baselines()
                 self.schedule()
                 while self.busy():
+                    self.activity.tick(self)
                     if interrupts[0] != seen_interrupts:
                         seen_interrupts = interrupts[0]
                         if seen_interrupts == 1:
@@ -606,14 +604,17 @@ def run_search(config: SearchConfig, *, console: Console | None = None, tasks: l
         evaluate_batch = lambda items: [single(task, cand) for task, cand in items]  # noqa: E731
     if evaluate_batch is None:
         if evaluator is None:
-            evaluator = Evaluator(dataclasses.replace(config.eval, compile_baseline=config.baselines
-                                                      and measure_baseline is None))
+            with waiting(console, "starting the evaluator"):
+                evaluator = Evaluator(dataclasses.replace(config.eval, compile_baseline=config.baselines
+                                                          and measure_baseline is None))
             owned_evaluator = True
         evaluate_batch = evaluator.evaluate_batch
         fingerprint = evaluator.fingerprint
         profile = evaluator.profile
         known_baseline = evaluator.cached_baseline
-        peaks = evaluator.peaks()  # measured once per machine, cached: prompts state them
+        with waiting(console, "this machine's peak bandwidth and FLOP/s (measured once, then cached)",
+                     lock_watch(evaluator)):
+            peaks = evaluator.peaks()  # prompts state them
         if peaks is not None:
             device = prompt_peaks(peaks, config.eval.device)
     if not config.baselines:
@@ -631,6 +632,7 @@ def run_search(config: SearchConfig, *, console: Console | None = None, tasks: l
                              evaluate_batch=evaluate_batch, build_prompt=build_prompt,
                              measure_baseline=measure_baseline, profile=profile, known_baseline=known_baseline,
                              device=device, fingerprint=fingerprint)
+            search.watch = lock_watch(evaluator) if evaluator is not None else None
             search.open_run()
             status = RunStatus.FAILED
             try:

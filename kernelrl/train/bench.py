@@ -31,6 +31,7 @@ Does not train or change the model.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import statistics
 from collections.abc import Mapping, Sequence
@@ -172,10 +173,13 @@ def run_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = None,
             from kernelrl.judge.evaluator import Evaluator
 
             backend = Evaluator(config.eval)
-        rollouts = _sample(proposer, tasks, config, settings, task_profiles(backend, tasks))
-        if console is not None:
-            console.print(f"bench: {len(rollouts)} answers from {config.proposer}; judging them")
-        judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
+        with saying(console, f"bench: reading {len(tasks)} task references in workers", backend):
+            profiles = task_profiles(backend, tasks)
+        with saying(console, f"bench: asking {config.proposer} for {config.k} answers to each of {len(tasks)} tasks",
+                    None):
+            rollouts = _sample(proposer, tasks, config, settings, profiles)
+        with saying(console, f"bench: judging {len(rollouts)} answers from {config.proposer}", backend):
+            judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
         if db is not None:
             store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings,
                            meta=[{"stage": "bench"}] * len(judged))
@@ -264,14 +268,28 @@ def _compile_speedups(backend: Any, tasks: Sequence[Task], config: BenchConfig,
     out: dict[str, float | None] = {}
     if measure is None:
         return out
-    for t in tasks:
+    for i, t in enumerate(tasks):
         try:
-            out[t.name] = measure(t).compile_speedup
+            with saying(console, f"bench: timing {t.name} eager and under torch.compile ({i + 1} of {len(tasks)})",
+                        backend):
+                out[t.name] = measure(t).compile_speedup
         except Exception as e:  # noqa: BLE001 - the report shows the task without a compile baseline
             out[t.name] = None
             if console is not None:
                 console.print(f"[yellow]{t.name}: torch.compile baseline failed: {e}[/yellow]")
     return out
+
+
+def saying(console: Any, what: str, backend: Any) -> contextlib.AbstractContextManager[None]:
+    """A spinner saying `what` (and who holds the backend's timing lock) on a rich console, while
+    the block runs; nothing without one."""
+    from rich.console import Console
+
+    from kernelrl.search.activity import lock_watch, waiting
+
+    if not isinstance(console, Console):
+        return contextlib.nullcontext()
+    return waiting(console, what, lock_watch(backend) if backend is not None else None)
 
 
 def plot_bench(report: BenchReport, path: str | Path) -> Path:

@@ -48,7 +48,7 @@ from kernelrl.result import Status
 from kernelrl.search.episode import Episode, EpisodeConfig
 from kernelrl.tasks.splits import SplitError, select
 from kernelrl.tasks.task import Task
-from kernelrl.train.bench import BenchConfig, BenchReport, _compile_speedups, summarise
+from kernelrl.train.bench import BenchConfig, BenchReport, _compile_speedups, saying, summarise
 from kernelrl.train.rollouts import (
     EvalSettings,
     Judged,
@@ -128,11 +128,10 @@ def run_turn_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = 
             rollouts = samples.ask(proposer)
             if not rollouts:
                 break
-            if console is not None:
-                console.print(f"bench: turn {turn} of {config.turns}: {len(rollouts)} answers from {config.proposer}; "
-                              "judging them")
-            judged = evaluate_rollouts(backend, [r for _, r in rollouts], {t.name: t for t in tasks}, db=db,
-                                       reuse=settings)
+            with saying(console, f"bench: turn {turn} of {config.turns}: judging {len(rollouts)} answers from "
+                                 f"{config.proposer}", backend):
+                judged = evaluate_rollouts(backend, [r for _, r in rollouts], {t.name: t for t in tasks}, db=db,
+                                           reuse=settings)
             if db is not None:
                 judged = store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings,
                                         meta=[{"stage": "bench", "sample": i, "turn": turn} for (_, i), _ in rollouts])

@@ -1,0 +1,193 @@
+"""What a long command is doing, said while it does it: no wait longer than a second goes unexplained.
+
+- `waiting(console, what, lock=...)`: a spinner line "what (12 s)" for one blocking step (starting
+  the evaluator, measuring the machine's peaks, judging a bench's answers), which adds, while
+  another process holds the device's timing lock, who holds it ("the cpu timing lock is held by
+  pid 8953: python3 benchmarks/learning_check.py ... for 40 s").
+- `SearchActivity`: the search's progress: one bar per task (candidates judged of its budget,
+  best speedup, elapsed, ETA) and a status line under them saying what the loop is waiting for
+  (model calls, candidates being judged and for which tasks, candidates waiting for a batch,
+  references being read, baselines, the timing lock's holder, the stop in progress).
+- `lock_holders(path)`: the processes holding an `flock` on a file, from Linux's `/proc/locks`.
+
+Guarantees: reads only (`/proc/locks`, `/proc/PID/cmdline`, the search's counters); never takes or
+waits for a lock; where `/proc/locks` is missing nothing is said of holders. The status line is
+refreshed at most once a second.
+Does not measure anything or change what is waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, RenderableType
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+REFRESH_S = 1.0
+_COMMAND_CHARS = 80
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockHolder:
+    pid: int
+    exclusive: bool
+    command: str  # its command line, shortened
+
+
+def lock_holders(path: str | Path) -> list[LockHolder]:
+    """Processes holding an flock on `path` (waiters excluded); [] when unknown."""
+    try:
+        inode = os.stat(path).st_ino
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    out: list[LockHolder] = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 6 or parts[1] == "->" or parts[1] != "FLOCK":
+            continue
+        try:
+            pid, ino = int(parts[4]), int(parts[5].rsplit(":", 1)[1])
+        except (ValueError, IndexError):
+            continue
+        if ino == inode and pid not in {h.pid for h in out}:
+            out.append(LockHolder(pid=pid, exclusive=parts[3] == "WRITE", command=_command(pid)))
+    return out
+
+
+def _command(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    words = [w for w in raw.decode(errors="replace").split("\0") if w]
+    if words:
+        words[0] = Path(words[0]).name
+    text = " ".join(" ".join(words).split())  # one line
+    return text if len(text) <= _COMMAND_CHARS else text[:_COMMAND_CHARS - 3] + "..."
+
+
+class LockWatch:
+    """Who else holds a device lock, and since when this watch first saw them."""
+
+    def __init__(self, path: Path | None, name: str = "timing") -> None:
+        self.path = path
+        self.name = name
+        self._since: dict[int, float] = {}
+
+    def note(self) -> str:
+        if self.path is None:
+            return ""
+        others = [h for h in lock_holders(self.path) if h.pid != os.getpid() and h.exclusive]
+        now = time.monotonic()
+        self._since = {h.pid: self._since.get(h.pid, now) for h in others}
+        if not others:
+            return ""
+        h = others[0]
+        return (f"the {self.name} lock is held by pid {h.pid}: {h.command} (for {now - self._since[h.pid]:.0f} s "
+                "here); timing waits for it")
+
+
+def lock_watch(evaluator: Any) -> LockWatch:
+    """The watch of an evaluator's device lock (none for an injected judge)."""
+    lock = getattr(evaluator, "lock", None)
+    path = getattr(lock, "path", None)
+    return LockWatch(Path(path) if path is not None else None, f"{getattr(lock, 'name', 'device')} timing")
+
+
+@contextlib.contextmanager
+def waiting(console: Console, what: str, watch: LockWatch | None = None) -> Iterator[None]:
+    """A spinner saying `what`, its elapsed seconds and the lock's holder, while the block runs."""
+    start = time.monotonic()
+    done = threading.Event()
+    with console.status(what, spinner="dots") as status:
+        def refresh() -> None:
+            while not done.wait(REFRESH_S):
+                note = watch.note() if watch is not None else ""
+                status.update(f"{what} ({time.monotonic() - start:.0f} s)" + (f"; {note}" if note else ""))
+
+        thread = threading.Thread(target=refresh, name="kernelrl-waiting", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
+
+class _Bars(Progress):
+    """Progress bars with one line of text under them."""
+
+    status = ""
+
+    def get_renderables(self) -> Iterator[RenderableType]:
+        yield from super().get_renderables()
+        if self.status:
+            yield Text(self.status, style="dim")
+
+
+class SearchActivity:
+    """The search's progress bars and its status line (see the module docstring)."""
+
+    def __init__(self, console: Console, watch: LockWatch | None = None) -> None:
+        self.watch = watch
+        self.progress: Progress = _Bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                        TextColumn("{task.fields[best]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                                        TimeRemainingColumn(), console=console, transient=False)
+        self._last = 0.0
+
+    @property
+    def text(self) -> str:
+        return self.progress.status if isinstance(self.progress, _Bars) else ""
+
+    def tick(self, search: Any) -> None:
+        """Say what `search` (a `kernelrl.search.loop._Search`) waits for; at most once a second."""
+        now = time.monotonic()
+        if now - self._last < REFRESH_S or not isinstance(self.progress, _Bars):
+            return
+        self._last = now
+        self.progress.status = describe(search, self.watch.note() if self.watch is not None else "")
+
+
+def describe(search: Any, lock_note: str = "") -> str:
+    """What the loop is waiting for, in one line."""
+    state = search.state.values()
+    parts = []
+    calls = sum(ts.in_flight for ts in state)
+    if calls:
+        parts.append(f"{calls} model call{'s' * (calls != 1)}")
+    pending = set(search.eval_pending)
+    judging = [key for key in search.evals_in_flight if key not in pending]
+    if search.batch_running and judging:
+        tasks = sorted({task for task, _ in judging})
+        shown = ", ".join(tasks[:3]) + (f" and {len(tasks) - 3} more" if len(tasks) > 3 else "")
+        parts.append(f"judging {len(judging)} candidate{'s' * (len(judging) != 1)} of {shown} "
+                     "(worker start, build, correctness, timing)")
+    if pending:
+        parts.append(f"{len(pending)} waiting for a batch")
+    profiles = sum(1 for ts in state if ts.profile_pending)
+    if profiles:
+        parts.append(f"reading {profiles} task reference{'s' * (profiles != 1)} in a worker (shapes, FLOPs)")
+    if search.baselines_in_flight:
+        parts.append(f"timing {search.baselines_in_flight} baseline{'s' * (search.baselines_in_flight != 1)}")
+    if lock_note:
+        parts.append(lock_note)
+    text = "waiting for: " + "; ".join(parts) if parts else "scheduling"
+    if search.stop_reason is not None and getattr(search.stop_reason, "value", "") == "interrupted":
+        text = "stopping, " + text
+    return text

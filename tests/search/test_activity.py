@@ -1,0 +1,67 @@
+"""What a long command says while it waits: the status line's text and the timing lock's holder."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from rich.console import Console
+
+from kernelrl.search.activity import LockWatch, SearchActivity, describe, lock_holders
+from kernelrl.search.summary import StopReason
+
+
+def _search(**kw):
+    ts = [SimpleNamespace(in_flight=2, profile_pending=False), SimpleNamespace(in_flight=0, profile_pending=True)]
+    base = dict(state={"a": ts[0], "b": ts[1]}, eval_pending=[("b", "h2")],
+                evals_in_flight={("a", "h1"): [], ("b", "h2"): []}, batch_running=True, baselines_in_flight=0,
+                stop_reason=None)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_the_status_line_says_what_the_search_waits_for():
+    text = describe(_search())
+    assert text.startswith("waiting for: 2 model calls; judging 1 candidate of a (worker start, build")
+    assert "1 waiting for a batch" in text and "reading 1 task reference in a worker" in text
+    assert describe(_search(stop_reason=StopReason.INTERRUPTED)).startswith("stopping, waiting for: ")
+    idle = _search(state={}, eval_pending=[], evals_in_flight={}, batch_running=False)
+    assert describe(idle, "the cpu timing lock is held by pid 7: x") == "waiting for: the cpu timing lock is held by pid 7: x"
+
+
+def test_the_timing_locks_holder_is_named_with_its_command(tmp_path: Path):
+    lock = tmp_path / "cpu.lock"
+    lock.write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
+                               f"f = open({str(lock)!r}, 'a'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+                               "print('held', flush=True); time.sleep(60)", "--holder-marker"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        found = lock_holders(lock)
+        assert [(h.pid, h.exclusive) for h in found] == [(holder.pid, True)]
+        assert found[0].command.startswith(f"{Path(sys.executable).name} -c import fcntl, sys, time f = open(")
+        note = LockWatch(lock, "cpu timing").note()
+        assert note.startswith(f"the cpu timing lock is held by pid {holder.pid}: ") and "timing waits for it" in note
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lock_holders(lock) == [] and LockWatch(lock).note() == ""
+    with open(lock, "a") as f:  # this process's own hold is not "another holder"
+        fcntl.flock(f, fcntl.LOCK_EX)
+        assert [h.pid for h in lock_holders(lock)] == [os.getpid()] and LockWatch(lock).note() == ""
+
+
+def test_the_status_line_is_drawn_under_the_bars():
+    console = Console(record=True, width=120, force_terminal=True)
+    activity = SearchActivity(console)
+    with activity.progress:
+        activity.progress.add_task("level1/softmax", total=4, best="-")
+        activity.tick(_search())
+        time.sleep(0.05)
+    out = console.export_text()
+    assert "level1/softmax" in out and "ETA" in out and "waiting for: 2 model calls" in out
