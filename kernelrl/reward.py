@@ -30,7 +30,7 @@ Semantics (each is a property tested in `tests/test_reward.py`, over every shipp
    the published "capped linear" choice), plus `correct_bonus` for every correct result.
 8. **A copy earns nothing**: a correct program that is the same as a version its prompt showed
    (`kernelrl.train.copies`: after normalising whitespace, comments and names) is paid as no
-   speedup (1.0x, the reward of the reference itself), whatever its stored speedup. CUDA-L1 pays
+   speedup (1.0x against eager: the reward of the reference itself), whatever its stored speedup. CUDA-L1 pays
    the absolute speedup, so a policy shown a 3x version earns 3x by repeating it; here only
    writing something other than what was shown can earn more than the reference.
 9. **CUDA-L1's smoothing, both sides**: a running window of recent *raw* rewards of correct,
@@ -265,15 +265,13 @@ class RewardModel:
         noisy = False
         if result is None:
             parts["penalty"] = cfg.penalties.no_code
-        elif result.status is Status.CORRECT and result.speedup is not None and result.speedup > 0 and copy:
-            speedup = NO_SPEEDUP  # nothing was improved on what the prompt showed
-            parts["speedup"] = self.speedup_term(speedup)
-            parts["copy"] = 0.0
-            if cfg.correct_bonus:
-                parts["correct"] = cfg.correct_bonus
         elif result.status is Status.CORRECT and result.speedup is not None and result.speedup > 0:
-            noisy = cfg.noise and within_noise(result)
-            speedup = NO_SPEEDUP if noisy else result.speedup
+            if copy:  # nothing was improved on what the prompt showed: paid as the reference itself
+                speedup = NO_SPEEDUP
+                parts["copy"] = 0.0
+            else:
+                noisy = cfg.noise and within_noise(result)
+                speedup = NO_SPEEDUP if noisy else result.speedup
             if cfg.baseline is BaselineKind.COMPILE:
                 if compile_speedup is not None and compile_speedup > 0:
                     speedup = speedup / compile_speedup
