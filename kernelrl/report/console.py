@@ -100,7 +100,7 @@ def render_report(report: Report, console: Console) -> None:
                  f"{speedup_text(report.geomean_vs_compile)} / {speedup_text(report.median_vs_compile)}"
                  f"  over {report.with_compile} tasks")
     noisy = f" ({report.noisy_above_one} more above 1.0x but within noise)" if report.noisy_above_one else ""
-    head.add_row("faster than eager (within noise never counts, nor in fast_p)", f"{report.faster} of {n} tasks{noisy}")
+    head.add_row("faster than eager (noise excluded, as in fast_p)", f"{report.faster} of {n} tasks{noisy}")
     for p, v in report.fast_p:
         head.add_row(f"fast_{p:g}", percent_text(v))
     head.add_row("success rate (correct / evaluated)",

@@ -1,7 +1,10 @@
 """The HTML report: one self-contained file, tables plus matplotlib plots embedded as PNGs.
 
 Guarantees: `write_html(report, path)` writes a file that needs nothing else to display (no
-scripts, no external images); plots are omitted, not faked, when there is nothing to plot.
+scripts, no external images); a plot with nothing to plot is a sentence saying so, never a faked
+chart; headline figures carry their range (the geomean of the tasks' 95 % interval ends) and
+their counts; the page reads at phone width (viewport set, wide tables scroll sideways inside
+their box, plots shrink to the screen).
 """
 
 from __future__ import annotations
@@ -189,7 +192,10 @@ h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-to
 table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
 th, td { padding: 0.25em 0.8em; border-bottom: 1px solid #eee; text-align: right; }
 th { background: #f6f6f6; } td:first-child, th:first-child { text-align: left; }
-td.slow { color: #c0392b; } img { max-width: 100%; display: block; margin: 0.6em 0; }
+td.slow { color: #c0392b; } img { max-width: 100%; height: auto; display: block; margin: 0.6em 0; }
+.card .r { color: #666; font-size: 0.8em; } .scroll { overflow-x: auto; } .empty { color: #666; font-style: italic; }
+@media (max-width: 600px) { body { margin: 1em auto; padding: 0 0.6em; } .card { min-width: 7em; padding: 0.4em 0.6em; }
+  .card .v { font-size: 1.2em; } th, td { padding: 0.2em 0.5em; } table { font-size: 0.8em; } }
 """
 
 
@@ -198,23 +204,32 @@ def _ms(v: float | None) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
+    out = ["<div class='scroll'><table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
     for i, row in enumerate(rows):
         cls = f' class="{classes[i]}"' if classes and classes[i] else ""
         out.append("<tr>" + "".join(f"<td{cls}>{html.escape(c)}</td>" for c in row) + "</tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     return "\n".join(out)
 
 
 def render_html(report: Report) -> str:
     scope = f"run {report.run_id}" if report.run_id is not None else "all runs"
-    cards = [("geomean vs eager", speedup_text(report.geomean_vs_eager)),
-             ("median vs eager", speedup_text(report.median_vs_eager)),
-             ("geomean vs torch.compile", speedup_text(report.geomean_vs_compile)),
-             ("median vs torch.compile", speedup_text(report.median_vs_compile)),
-             *[(f"fast_{p:g}", percent_text(v)) for p, v in report.fast_p],
-             ("success rate", percent_text(report.success_rate))]
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>kernelrl report</title>"
+    n = len(report.tasks)
+    span = report.geomean_range_vs_eager
+    cards = [("geomean of the tasks' best vs eager", speedup_text(report.geomean_vs_eager),
+              (f"{span[0]:.2f}-{span[1]:.2f}x within the tasks' 95% intervals; " if span else "")
+              + f"over {report.solved} solved tasks"),
+             ("median of the tasks' best vs eager", speedup_text(report.median_vs_eager),
+              f"over {report.solved} solved tasks"),
+             ("geomean of the tasks' best vs torch.compile", speedup_text(report.geomean_vs_compile),
+              f"over {report.with_compile} tasks with a compile baseline"),
+             ("median of the tasks' best vs torch.compile", speedup_text(report.median_vs_compile),
+              f"over {report.with_compile} tasks with a compile baseline"),
+             *[(f"fast_{p:g}", percent_text(v), f"{round(v * n)} of {n} tasks"
+                + (", noise excluded" if p >= 1 else "")) for p, v in report.fast_p],
+             ("success rate", percent_text(report.success_rate), f"{report.correct} of {report.evaluated} judged")]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'>"
+             "<meta name='viewport' content='width=device-width, initial-scale=1'><title>kernelrl report</title>"
              f"<style>{_CSS}</style></head><body>",
              "<h1>kernelrl report</h1>",
              f"<p class='sub'>{html.escape(report.db_path)} ({scope}): {len(report.tasks)} tasks, "
@@ -222,13 +237,17 @@ def render_html(report: Report) -> str:
              f"evaluated, {report.correct} correct. Speedups are over the {report.solved} solved tasks "
              f"({report.with_compile} with a torch.compile baseline).</p>",
              "<div class='cards'>" + "".join(f"<div class='card'><div class='v'>{html.escape(v)}</div>"
-                                             f"<div class='k'>{html.escape(k)}</div></div>" for k, v in cards)
+                                             f"<div class='k'>{html.escape(k)}</div>"
+                                             f"<div class='r'>{html.escape(r)}</div></div>" for k, v, r in cards)
              + "</div>"]
     for title, png in (("Speedup distribution", plot_distribution(report)),
                        ("Per task", plot_per_task(report)),
                        ("Best so far against candidates evaluated", plot_best_so_far(report))):
         if png is not None:
             parts.append(f"<h2>{title}</h2><img alt='{title}' src='data:image/png;base64,{png}'>")
+        else:
+            parts.append(f"<h2>{title}</h2><p class='empty'>Nothing to plot yet: no task has a correct, timed "
+                         "candidate.</p>")
     ranked = sorted(report.tasks, key=lambda r: -(r.speedup_vs_eager or 0.0))
     parts.append("<h2>Best candidate per task</h2>")
     parts.append(_table(["task", "candidates", "correct / evaluated", "vs eager", "95% interval", "vs torch.compile",

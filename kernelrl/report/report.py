@@ -14,6 +14,9 @@ Definitions (per task, its *best* candidate is its fastest correct one):
   fast_0 is the fraction of tasks with any correct candidate; every "faster" count (by turn, the
   plots' titles) uses the same function;
 - geomean and median speedups are over the tasks that have a best candidate (the count is shown);
+  the geomean's range is the geomean of the best candidates' 95 % interval ends (a task without
+  an interval counts at its speedup): how far the headline moves within the tasks' own
+  measurement noise, not a confidence interval over tasks;
 - success rate = correct / evaluated candidates; refused counts = candidates flagged, per
   rejecting rule.
 
@@ -90,6 +93,8 @@ class Report:
     fast_p: tuple[tuple[float, float], ...]  # (p, fraction of tasks)
     geomean_vs_eager: float | None
     median_vs_eager: float | None
+    # the geomean of the best candidates' interval ends (see the module docstring); None: nothing solved
+    geomean_range_vs_eager: tuple[float, float] | None
     geomean_vs_compile: float | None
     median_vs_compile: float | None
     solved: int  # tasks with a correct candidate
@@ -175,8 +180,14 @@ def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
     correct_n = sum(r.correct for r in rows)
     statuses = Counter(c.result.status.value if c.result else "proposed" for c in cands)
     order = [s.value for s in Status] + ["proposed"]
+    lows = [r.ci_vs_eager[0] if r.ci_vs_eager else r.speedup_vs_eager for r in rows if r.speedup_vs_eager is not None]
+    highs = [r.ci_vs_eager[1] if r.ci_vs_eager else r.speedup_vs_eager for r in rows if r.speedup_vs_eager is not None]
+    low, high = geometric_mean([v for v in lows if v is not None and v > 0]), geometric_mean(
+        [v for v in highs if v is not None and v > 0])
     return Report(db_path=str(db_path), run_id=run_id, tasks=tuple(rows), fast_p=fast,
-                  geomean_vs_eager=geometric_mean(eager), median_vs_eager=statistics.median(eager) if eager else None,
+                  geomean_vs_eager=geometric_mean(eager),
+                  geomean_range_vs_eager=(low, high) if low is not None and high is not None else None,
+                  median_vs_eager=statistics.median(eager) if eager else None,
                   geomean_vs_compile=geometric_mean(comp), median_vs_compile=statistics.median(comp) if comp else None,
                   solved=len(eager), with_compile=len(comp),
                   faster=sum(counts_as_faster(r.speedup_vs_eager, 1.0, within_noise=r.within_noise) for r in rows),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
 import math
 import re
@@ -191,3 +192,30 @@ def test_a_best_within_noise_is_not_counted_faster_in_the_terminal_or_the_html(t
     assert "1 of 2 tasks (1 more above 1.0x but within noise)" in text and "50%" in text
     page = write_html(r, tmp_path / "r.html").read_text()
     assert "(within noise)" in page and "fast_1" in page and ">50%<" in page
+
+
+def test_headlines_carry_their_range_and_counts_and_the_page_fits_a_phone(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    with Database(path) as db:
+        run = db.start_run({"task_names": ["row_sum", "clear"]})
+        for task, speedup, ci in (("row_sum", 1.08, (0.81, 1.26)), ("clear", 1.5, (1.4, 1.6))):
+            db.upsert_task(name=task, source=f"# {task}", source_hash=task, level=1, size="small")
+            rec = db.add_candidate(NewCandidate(task=task, hash=task, source=task, run_id=run))
+            db.store_result(rec.id, EvalResult(task=task, status=Status.CORRECT, speedup=speedup, speedup_ci=ci))
+    r = build_report(path)
+    assert r.geomean_range_vs_eager == pytest.approx(((0.81 * 1.4) ** 0.5, (1.26 * 1.6) ** 0.5))
+    page = write_html(r, tmp_path / "r.html").read_text()
+    assert html.escape("1.06-1.42x within the tasks' 95% intervals; over 2 solved tasks") in page
+    assert html.escape("geomean of the tasks' best vs eager") in page
+    assert "1 of 2 tasks, noise excluded" in page
+    assert "<meta name='viewport' content='width=device-width, initial-scale=1'>" in page
+    assert page.count("<div class='scroll'><table>") == page.count("<table>") >= 3  # wide tables scroll in place
+
+
+def test_an_empty_run_says_so_where_its_plots_would_be(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    with Database(path) as db:
+        db.start_run({"task_names": ["a"]})
+    page = write_html(build_report(path), tmp_path / "r.html").read_text()
+    assert page.count("Nothing to plot yet: no task has a correct, timed candidate.") == 3
+    assert "data:image/png" not in page
