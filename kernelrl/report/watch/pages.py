@@ -337,14 +337,19 @@ def task_page(view: TaskView, links: Links, *, max_details: int = 300, budget: P
         if budget is not None and budget.cancel.is_set():
             break  # the client left: nobody reads the rest
     body.append(f"<details><summary>reference program</summary>{code_html(view.reference)}</details>")
-    return page(f"{view.task}: run {run_id}", "".join(body), links)
+    # live: the script polls the run's JSON and reloads this page when the task's counts move
+    return page(f"{view.task}: run {run_id}", "".join(body), links, script=view.run.status == "running",
+                data={"page": "task", "api": links.run_api(run_id), "task": view.task,
+                      "seen": f"{line.candidates}/{line.evaluated}"})
 
 
 def candidate_page(d: CandidateDetail, reference: str, parent: str | None, links: Links) -> str:
     body = (f"<p class='crumbs'><a href='{esc(links.run(d.run_id or 0))}'>run {esc(d.run_id)}</a> / "
             f"<a href='{esc(links.task(d.run_id or 0, d.task))}'>{esc(d.task)}</a></p>"
             + candidate_section(d, reference, parent, links, open_code=True))
-    return page(f"candidate {d.id}: {d.task}", body, links)
+    # live until judged: the script reloads this page when its task's evaluated count moves
+    return page(f"candidate {d.id}: {d.task}", body, links, script=d.result is None and d.run_id is not None,
+                data={"page": "candidate", "api": links.run_api(d.run_id or 0), "task": d.task, "seen": ""})
 
 
 def candidate_section(d: CandidateDetail, reference: str, parent: str | None, links: Links, *,

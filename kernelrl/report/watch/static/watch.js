@@ -140,6 +140,19 @@
     }
   }
 
+  // A task or candidate page is rendered by the server; it reloads when its task's candidate or
+  // evaluated count in the run's JSON differs from what it shows ("seen"), while the run goes.
+  function checkTask(j) {
+    var line = (j.view.tasks || []).filter(function (t) { return t.task === body.dataset.task; })[0];
+    var now = line ? line.candidates + "/" + line.evaluated : "";
+    if (kind === "candidate" && !body.dataset.seen) {
+      body.dataset.seen = now;  // the first answer is what the page was rendered with
+    } else if (now !== body.dataset.seen) {
+      window.location.reload();
+    }
+    return j.view.run.status === "running";
+  }
+
   function poll() {
     var next = 2000;
     fetch(api, {headers: {"Accept": "application/json"}, credentials: "same-origin", cache: "no-store"})
@@ -153,6 +166,8 @@
         if (kind === "run") {
           renderRun(j.display);
           next = j.display.running ? 2000 : 10000;
+        } else if (kind === "task" || kind === "candidate") {
+          next = checkTask(j) ? 3000 : 60000;
         } else {
           renderIndex(j.display);
         }
