@@ -6,11 +6,11 @@ Two small tasks, each with a fixed menu of eight answers whose verdicts are know
     broken   a program that does not parse             (compile_error)
     wrong    the fastest program, its output scaled    (incorrect)
     hack     the fastest program caching its output    (flagged: a dynamic defence)
-    slow     the reference's own work: 16 repeats      (correct, ~1x)
-    mid      4 repeats                                  (correct, ~4x)
-    fast     2 repeats: the fastest program one can    (correct, ~8x)  <- the right answer
+    slow     the reference's own work: 32 repeats      (correct, ~1x)
+    mid      8 repeats                                  (correct, ~4x)
+    fast     4 repeats: the fastest program one can    (correct, ~8x)  <- the right answer
              write without copying
-    copy     the version every prompt shows as the     (correct, ~16x measured and stored; a
+    copy     the version every prompt shows as the     (correct, ~32x measured and stored; a
              best so far (1 repeat), verbatim           copy earns nothing: paid as 1.0x)
 
 The two tasks are one operator at two shapes, so every menu answer is a program for both: a
@@ -60,7 +60,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 KINDS = ("no_code", "broken", "wrong", "hack", "slow", "mid", "fast", "copy")
-REPEATS = {"slow": 16, "mid": 4, "fast": 2, "copy": 1}
+# The reference repeats its work 32 times. The shown best (1 repeat, ~32x) must stay the best
+# measured version whatever the machine's noise (a 2x gap was inverted on a loaded machine, and a
+# policy's faster answer then became the version shown, and its copy); fast (~8x) sits below the
+# reward's 10x cap, so the copy paid in full would beat it (as before copies were caught).
+REPEATS = {"slow": 32, "mid": 8, "fast": 4, "copy": 1}
 THRESHOLD = 0.8
 TURN_GAP = 0.2
 
