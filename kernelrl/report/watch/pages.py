@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import quote
 
 from kernelrl.report.console import percent_text, roofline_text, speedup_text
+from kernelrl.report.metrics import geometric_mean
 from kernelrl.report.watch.code import PageBudget, code_html, diff_html, esc, visible
 from kernelrl.report.watch.queries import CandidateDetail
 from kernelrl.report.watch.views import RunSummary, RunView, TaskLine, TaskView
@@ -108,6 +109,11 @@ def cell_html(cell: Cell) -> str:
     return f"<td{cls}>{text}</td>"
 
 
+def _chart(name: str) -> str:
+    """A chart's place; until the script draws it (or when there is nothing to draw) it says so."""
+    return f"<div class='chart empty' id='chart-{name}'>{esc(name)}: nothing to plot yet</div>"
+
+
 def table_html(table_id: str, table: dict[str, Any]) -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in table["header"])
     rows = "".join("<tr>" + "".join(cell_html(c) for c in row) + "</tr>" for row in table["rows"])
@@ -147,15 +153,22 @@ def index_page(runs: list[RunSummary], links: Links, *, db_path: str, waiting: s
 
 def run_display(view: RunView, links: Links) -> dict[str, Any]:
     run, prog = view.run, view.progress
-    cards = [("best speedup, geomean vs eager", speedup_text(view.geomean_vs_eager)),
-             ("median vs eager", speedup_text(view.median_vs_eager)),
-             ("geomean vs torch.compile", speedup_text(view.geomean_vs_compile)),
+    solved = [t for t in view.tasks if t.speedup_vs_eager is not None]
+    # the geomean's range: the geomean of the best candidates' 95 % interval ends (as the HTML report)
+    lows = geometric_mean([t.interval[0] if t.interval else t.speedup_vs_eager or 1.0 for t in solved])
+    highs = geometric_mean([t.interval[1] if t.interval else t.speedup_vs_eager or 1.0 for t in solved])
+    span = f" ({lows:.2f}-{highs:.2f}x)" if lows is not None and highs is not None else ""
+    cards = [("geomean of the tasks' best vs eager (range within their 95% intervals)",
+              speedup_text(view.geomean_vs_eager) + span),
+             ("median of the tasks' best vs eager", speedup_text(view.median_vs_eager)),
+             ("geomean of the tasks' best vs torch.compile", speedup_text(view.geomean_vs_compile)),
              *[(f"fast_{p:g}", percent_text(v)) for p, v in view.fast_p],
              ("tasks solved", f"{view.solved}/{len(view.tasks)}")]
     total = "?" if prog.total is None else str(prog.total)
     rate = "-" if prog.rate_per_s is None else f"{prog.rate_per_s * 60:.1f} {prog.unit}/min"
     texts = {
-        "status": f"run {run.id} ({run.kind}, {run.proposer}): {run.status}",
+        "status": f"run {run.id} ({run.kind}" + (f", {run.proposer}" if run.proposer != run.kind else "")
+                  + f"): {run.status}",
         "progress": f"{prog.done}/{total} {prog.unit}",
         "eta": duration(prog.eta_s) if prog.eta_s is not None else "-",
         "elapsed": duration(prog.elapsed_s),
@@ -190,7 +203,7 @@ def run_display(view: RunView, links: Links) -> dict[str, Any]:
         display["charts"].update(_training_charts(view))
         display["tables"]["steps"] = _table(
             ["step", "rollouts", "raw reward", "clipped reward", "clipped", "correct", "fast_1"],
-            [[str(s.step), str(s.rollouts), number(s.raw_reward), number(s.clipped_reward), str(s.clipped),
+            [[str(s.step + 1), str(s.rollouts), number(s.raw_reward), number(s.clipped_reward), str(s.clipped),
               percent_text(s.correct_share), percent_text(s.fast_1_share)] for s in view.training.steps],
             "No rollout stored yet.")
     return display
@@ -215,19 +228,23 @@ def _speedup_chart(view: RunView) -> dict[str, Any]:
     ranked = sorted((n for n in finals if finals[n] is not None), key=lambda n: -(finals[n] or 0.0))
     shown = ranked[:MAX_CHART_SERIES]
     return {"title": "best correct speedup so far, per task (log scale)", "x": view.curve.times, "time": True,
-            "log": True, "series": [{"label": n, "values": view.curve.best[n]} for n in shown]}
+            "log": True, "xlabel": "time (this browser's clock)", "ylabel": "best speedup vs eager",
+            "series": [{"label": n, "values": view.curve.best[n]} for n in shown]}
 
 
 def _training_charts(view: RunView) -> dict[str, Any]:
     assert view.training is not None
     steps = view.training.steps
-    xs = [float(s.step) for s in steps]
+    # Rollouts stored at TRL's global step k belong to step k + 1 (k steps were done before them);
+    # the step log counts done steps: both charts count steps from 1, as the trainer's log does.
+    xs = [float(s.step + 1) for s in steps]
     charts: dict[str, Any] = {
-        "reward": {"title": "reward per step: raw and clipped (given to the trainer)", "x": xs, "time": False,
-                   "log": False, "series": [{"label": "raw", "values": [s.raw_reward for s in steps]},
-                                            {"label": "clipped", "values": [s.clipped_reward for s in steps]}]},
+        "reward": {"title": "reward per step: raw (solid) and clipped, given to the trainer (dashed)", "x": xs,
+                   "time": False, "log": False, "xlabel": "training step", "ylabel": "mean reward",
+                   "series": [{"label": "raw", "values": [s.raw_reward for s in steps]},
+                              {"label": "clipped", "values": [s.clipped_reward for s in steps], "dash": True}]},
         "correct": {"title": "share of rollouts correct, and correct and faster than eager (fast_1)", "x": xs,
-                    "time": False, "log": False,
+                    "time": False, "log": False, "xlabel": "training step", "ylabel": "share of the step's rollouts",
                     "series": [{"label": "correct", "values": [s.correct_share for s in steps]},
                                {"label": "fast_1", "values": [s.fast_1_share for s in steps]}]},
     }
@@ -240,12 +257,12 @@ def _training_charts(view: RunView) -> dict[str, Any]:
             shares.append({n: (rec.weights.get(n, 0.0) / total if total else None) for n in names})
         charts["curriculum"] = {
             "title": "curriculum: each task's share of the next draws", "x": [float(r.step) for r in logged],
-            "time": False, "log": False,
+            "time": False, "log": False, "xlabel": "training step", "ylabel": "share of draws",
             "series": [{"label": n, "values": [s[n] for s in shares]} for n in names[:MAX_CHART_SERIES * 2]]}
         keys = [k for k in ("loss", "kl", "entropy", "grad_norm") if any(k in r.metrics for r in logged)]
         if keys:
             charts["trainer"] = {"title": "the trainer's own metrics (TRL's logs)", "x": [float(r.step) for r in logged],
-                                 "time": False, "log": False,
+                                 "time": False, "log": False, "xlabel": "training step", "ylabel": "value",
                                  "series": [{"label": k, "values": [r.metrics.get(k) for r in logged]} for k in keys]}
     return charts
 
@@ -267,10 +284,9 @@ def run_page(view: RunView, links: Links, *, db_path: str) -> str:
             f"<div class='cards'>{cards}</div>",
             "<h2>Tasks</h2>", table_html("tasks", d["tables"]["tasks"])]
     if view.training is not None:
-        body += ["<h2>Training</h2>", "<div class='chart' id='chart-reward'></div>",
-                 "<div class='chart' id='chart-correct'></div>", "<div class='chart' id='chart-curriculum'></div>",
-                 "<div class='chart' id='chart-trainer'></div>", table_html("steps", d["tables"]["steps"])]
-    body += ["<h2>Speedup over time</h2>", "<div class='chart' id='chart-speedup'></div>",
+        body += ["<h2>Training</h2>", _chart("reward"), _chart("correct"), _chart("curriculum"), _chart("trainer"),
+                 table_html("steps", d["tables"]["steps"])]
+    body += ["<h2>Speedup over time</h2>", _chart("speedup"),
              "<h2>Refused candidates by rule</h2>", table_html("rules", d["tables"]["rules"]),
              "<h3>Latest refused</h3>", table_html("refused", d["tables"]["refused"]),
              "<h2>Candidates per status</h2>", table_html("statuses", d["tables"]["statuses"])]

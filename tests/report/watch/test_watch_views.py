@@ -103,10 +103,12 @@ def test_training_charts(tmp_path: Path) -> None:
     run = _grpo_run(path)
     display = TestClient(create_app(path)).get(f"/api/runs/{run}").json()["display"]
     charts = display["charts"]
-    assert charts["reward"]["x"] == [0.0, 1.0] and [s["label"] for s in charts["reward"]["series"]] == ["raw",
+    # steps counted from 1 everywhere (rollouts at TRL's global step k are step k + 1, as the trainer's log counts)
+    assert charts["reward"]["x"] == [1.0, 2.0] and [s["label"] for s in charts["reward"]["series"]] == ["raw",
                                                                                                        "clipped"]
+    assert charts["reward"]["series"][1].get("dash") is True and charts["reward"]["xlabel"] == "training step"
     assert [s["label"] for s in charts["correct"]["series"]] == ["correct", "fast_1"]
     shares = {s["label"]: s["values"] for s in charts["curriculum"]["series"]}
     assert shares == {"t1": [1.0, 0.5], "t2": [0.0, 0.5]}
     assert charts["trainer"]["series"][0] == {"label": "loss", "values": [pytest.approx(0.1), pytest.approx(0.2)]}
-    assert display["tables"]["steps"]["rows"][0][:3] == ["0", "3", "0.033"]
+    assert display["tables"]["steps"]["rows"][0][:3] == ["1", "3", "0.033"]

@@ -83,10 +83,20 @@
       return;
     }
     if (!spec || !spec.x.length || !spec.series.length || typeof uPlot === "undefined") {
-      el.hidden = true;
+      if (charts[id]) {
+        charts[id].plot.destroy();
+        delete charts[id];
+      }
+      el.hidden = false;  // a placeholder, not a gap: say what will be drawn here
+      el.className = "chart empty";
+      el.textContent = (spec && spec.title ? spec.title + ": " : "") + "nothing to plot yet";
       return;
     }
     el.hidden = false;
+    if (!charts[id]) {
+      el.className = "chart";
+      el.textContent = "";
+    }
     var data = [spec.x].concat(spec.series.map(function (s) { return s.values; }));
     var key = spec.series.map(function (s) { return s.label; }).join("\u0000");
     var have = charts[id];
@@ -98,7 +108,10 @@
       have.plot.destroy();
     }
     var series = [{}].concat(spec.series.map(function (s, i) {
-      var line = {label: s.label, stroke: COLORS[i % COLORS.length], width: 1.6};
+      var line = {label: s.label, stroke: COLORS[i % COLORS.length], width: s.dash ? 1.6 : 2.4};
+      if (s.dash) {
+        line.dash = [6, 4];  // drawn over a solid line it leaves that line visible where they meet
+      }
       if (spec.time) {
         line.paths = uPlot.paths.stepped({align: 1});  // a best-so-far holds until the next improvement
       }
@@ -110,7 +123,13 @@
       height: 280,
       scales: {x: {time: !!spec.time}, y: spec.log ? {distr: 3} : {}},
       series: series,
-      axes: [{}, spec.log ? {values: speedupTicks, size: 60} : {size: 60}]
+      axes: [
+        // time: labels spaced so they never run into each other; steps: whole steps only
+        spec.time ? {label: spec.xlabel, space: 110} :
+          {label: spec.xlabel, space: 50, incrs: [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000],
+           values: function (u, vals) { return vals.map(function (v) { return String(Math.round(v)); }); }},
+        spec.log ? {label: spec.ylabel, values: speedupTicks, size: 60} : {label: spec.ylabel, size: 60}
+      ]
     };
     charts[id] = {key: key, plot: new uPlot(opts, data, el)};
   }
