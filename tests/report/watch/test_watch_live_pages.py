@@ -38,3 +38,17 @@ def test_a_finished_runs_task_page_does_not_poll(live, browser) -> None:  # noqa
         d.finish_run(ids["run"], RunStatus.FINISHED)
     browser.get(f"{base}/runs/{ids['run']}/tasks/b")
     assert browser.execute_script("return document.querySelectorAll('script').length") == 0
+
+
+def test_a_candidate_page_shows_its_verdict_once_judged(live, browser) -> None:  # noqa: F811
+    from kernelrl.search.database import Database
+    from watch_fixtures import correct
+
+    base, db, ids = live
+    browser.get(f"{base}/runs/{ids['run']}/candidates/{ids['pending']}")
+    assert "proposed" in browser.find_element("css selector", "h3").text
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.seen"), 20)  # first poll seen
+    with Database(db) as d:
+        d.store_result(ids["pending"], correct("b", 1.7))
+    assert wait_for(lambda: "correct" in browser.find_element("css selector", "h3").text, 30)
+    assert browser.execute_script("return document.querySelectorAll('script').length") == 0  # judged: no more polls
