@@ -172,9 +172,9 @@ DYNAMIC_RULES: dict[str, Rule] = {r.name: r for r in [
                                       "or freed memory, races)"),
     _dynamic(TIMER_MISMATCH, "per-call times the worker reported disagree with the judge's own wall clock "
                              "of the timed loop (patched timers, deferred work)"),
-    _dynamic(OUTPUT_DEFERRED, "handing over a timed call's output for a spot check cost the worker more CPU "
-                              "than the reference's hand-over by about a call or more: the output was computed "
-                              "when asked for, outside the timed call (the harness's handlers replaced)"),
+    _dynamic(OUTPUT_DEFERRED, "a spot-checked output is not what its timed call committed to when it "
+                              "returned: it was produced outside the timed call (computed when asked for, "
+                              "the harness's handlers replaced)"),
     _dynamic(WORK_BEFORE_TIMED_CALL, "the worker took longer than the reference's to prepare a timed sample "
                                      "(untimed: fresh inputs and a cache eviction): the candidate's code did "
                                      "work before the timer started, such as computing the outputs ahead"),

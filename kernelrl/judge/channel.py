@@ -43,6 +43,7 @@ import os
 import select
 import struct
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,6 +199,34 @@ class Arena:
             os.close(self.fd)
         except OSError:
             pass
+
+
+def commitment(x: Any) -> int:
+    """A number that pins down the bytes of every tensor in `x` (a call's output), as a worker
+    commits to it when the call returns and the judge recomputes it from the output it is handed.
+
+    The sum of the tensors' 32-bit words (bytes where a size is not a multiple of 4), exact in
+    64-bit integers, mixed with their shapes and dtypes: one memory pass, the same on every
+    device. It binds a worker to outputs it has; it is not a cryptographic hash.
+    """
+    import torch
+
+    total = 0
+    for t in _tensors(x):
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        words = flat.view(torch.int32) if flat.numel() % 4 == 0 else flat
+        kind = zlib.crc32(f"{t.dtype}{tuple(t.shape)}".encode())
+        total = total * 1_000_003 + int(words.sum(dtype=torch.int64).item()) + kind
+        total %= 1 << 61
+    return total
+
+
+def _tensors(x: Any) -> list[Any]:
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    return [x] if hasattr(x, "element_size") and hasattr(x, "numel") else []
 
 
 def payload_bytes(payload: Any) -> int:

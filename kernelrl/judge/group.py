@@ -128,16 +128,11 @@ class Group:
         self._clock = time.monotonic()
 
     @staticmethod
-    def _note_deferred_outputs(reference: Worker, survivors: dict[str, Trial], timing: GroupTiming) -> None:
-        """A candidate whose spot-checked outputs cost a call's CPU to hand over computed them then."""
-        ref_ms = [n / 1e6 for n in reference.output_cpu_ns]
-        for h, t in survivors.items():
-            measured = timing.candidates.get(h)
-            if t.worker is None or measured is None or not measured.times_ms:
-                continue
-            found = output_deferred([n / 1e6 for n in t.worker.output_cpu_ns], ref_ms,
-                                    call_ms=statistics.median(measured.times_ms))
-            if found is not None:
+    def _note_deferred_outputs(survivors: dict[str, Trial]) -> None:
+        """A candidate whose spot-checked outputs are not what its calls committed to made them later."""
+        for t in survivors.values():
+            if t.worker is not None and (found := output_deferred(t.worker.uncommitted_outputs,
+                                                                  t.worker.spot_outputs)) is not None:
                 t.findings.append(found)
 
     def _arena_need(self, pool_size: int) -> int:
@@ -236,7 +231,7 @@ class Group:
                 self.timing = dataclasses.replace(timing, device_wait_s=waited, noisy=noisy, retimed=retimed,
                                                   aa_speedup=pair.speedup if pair else None,
                                                   aa_ci=pair.speedup_ci if pair else None)
-                self._note_deferred_outputs(reference, survivors, timing)
+                self._note_deferred_outputs(survivors)
                 self._phase("timing_s")
                 self._phases.update(timing_setup_s=round(timing.setup_s, 3), timing_samples_s=round(timing.samples_s, 3),
                                     timing_spot_checks_s=round(timing.spot_checks_s, 3))

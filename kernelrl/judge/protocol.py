@@ -246,6 +246,9 @@ class Called(Header):
     KIND: ClassVar[Kind] = Kind.CALLED
     t_ns: list[int]  # per call of the sample
     plain: bool  # every output of every call was exactly torch.Tensor
+    # per call: `channel.commitment` of its output, taken as it returned; a spot check's output must
+    # match it (an output computed only when the judge asks for it cannot be committed to in time)
+    commits: list[int]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,9 +32,9 @@ Guarantees:
   (and bubblewrap's own) is ended before the command is sent and again as soon as an answer
   arrives (`end_strays`, counted in `strays_ended`): no helper a program started runs while
   another member of its group is timed;
-- the CPU the worker used to hand over each output it was asked for (`output_cpu_ns`, spot
-  checks) is recorded: one computed only when asked costs a call more than a copy
-  (`kernelrl.checks.dynamic.output_deferred`).
+- every output handed over for a spot check is checked against the commitment its call made
+  when it returned (`Called.commits`, `kernelrl.judge.channel.commitment`): one computed only
+  when asked for cannot match (`uncommitted_outputs`, `kernelrl.checks.dynamic.output_deferred`).
 
 Does not guarantee isolation below FULL: under NAMESPACES the worker writes what root can write
 and reaches the network; under NONE it also reads the /proc of the judge's other processes.
@@ -64,6 +64,7 @@ from kernelrl.judge.channel import (
     ChannelClosed,
     ChannelProtocolError,
     ChannelTimeout,
+    commitment,
 )
 from kernelrl.judge.containment import (
     BUILD_DIR_ENV,
@@ -87,7 +88,7 @@ from kernelrl.judge.containment import (
     widen_pipe,
 )
 from kernelrl.judge.device import Device
-from kernelrl.judge.protocol import ANSWERS, Error, Header, Hello, Kind, decode, encode
+from kernelrl.judge.protocol import ANSWERS, Error, Header, Hello, Kind, Output, decode, encode
 from kernelrl.judge.redact import redact
 from kernelrl.judge.seccomp import program_fd
 from kernelrl.result import Containment
@@ -334,7 +335,10 @@ class Worker:
             argv = self.cgroup.join_argv(argv)
         self._timing = False  # from the timing pool on, strays are ended around every exchange
         self.strays_ended = 0
-        self.output_cpu_ns: list[int] = []  # the worker's CPU for each output it handed over (spot checks)
+        # Spot checks: outputs handed over, and those that are not what their call committed to
+        self._commits: list[int] = []
+        self.spot_outputs = 0
+        self.uncommitted_outputs = 0
 
         def start() -> subprocess.Popen[bytes]:
             fds = (p2c_r, c2p_w, self.arena.fd, *inherit_fds, *([seccomp_fd] if seccomp_fd is not None else []))
@@ -469,20 +473,24 @@ class Worker:
             self._timing = True
         if self._timing:
             self.end_strays()
-        cpu_before = self.cpu_time_ns() if kind is Kind.OUTPUT else None
         try:
             self.channel.send(kind.value, encode(kind, header), payload)
         except (BrokenPipeError, OSError) as e:
             raise self._died(f"worker stopped accepting commands ({e})") from e
         try:
             answer = self._receive(deadline)
-            if cpu_before is not None and (cpu_after := self.cpu_time_ns()) is not None:
-                self.output_cpu_ns.append(cpu_after - cpu_before)
         finally:
             if self._timing:
                 self.end_strays()
         if answer.kind is not ANSWERS.get(kind) and answer.kind is not Kind.ERROR:
             raise ChannelProtocolError(f"{kind.value} answered with {answer.kind.value}")
+        if answer.kind is Kind.CALLED:
+            self._commits = list(answer.header.commits)
+        elif answer.kind is Kind.OUTPUT_DATA and isinstance(header, Output):
+            committed = self._commits[header.call] if 0 <= header.call < len(self._commits) else None
+            payload = answer.payload if isinstance(answer.payload, dict) else {}
+            self.spot_outputs += 1
+            self.uncommitted_outputs += committed is None or commitment(payload.get("output")) != committed
         return answer
 
     def _receive(self, deadline: float | None) -> Answer:

@@ -341,13 +341,11 @@ def test_a_verdict_carries_nothing_of_the_host(judge):
         assert fact not in shown, f"the verdict shows {fact!r}"
 
 
-def test_replaced_harness_handlers_that_defer_work_to_spot_checks_are_not_paid(judge):
-    """Timed calls do nothing, each output is computed when a spot check asks for it (paid 2.00x
-    before the judge measured what a hand-over costs the worker)."""
+def test_replaced_harness_handlers_that_defer_work_to_spot_checks_are_caught(judge):
+    """Timed calls do nothing and each output is computed when a spot check asks for it (paid
+    2.00x before timed calls committed to their outputs as they returned)."""
     escape, _ = judge("defer_to_spot_check.py", "")
-    paid = escape.status is Status.CORRECT and (escape.speedup or 0.0) > AA_NOISE
-    assert not paid, f"paid {escape.speedup:.2f}x for outputs computed outside the timed calls"
-    assert escape.status in (Status.CORRECT, Status.FLAGGED), escape.message
+    assert escape.status is Status.FLAGGED and "output_deferred" in escape.message, escape.message
 
 
 def test_without_containment_the_loopback_fixture_does_connect(judge):

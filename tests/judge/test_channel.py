@@ -183,3 +183,16 @@ def test_arena_need_fits_each_message_and_no_more():
     assert Channel(a_r, a_w, arena).recv(time.monotonic() + 5).payload["outputs"][2].equal(x)
     with pytest.raises(ChannelProtocolError, match="exceeds"):
         sender.send("ran", {}, {"outputs": [x] * 5})
+
+
+def test_a_commitment_pins_an_outputs_bytes_shape_and_dtype():
+    from kernelrl.judge.channel import commitment
+
+    x = torch.randn(64, 33)
+    assert commitment([x, (x[:3],)]) == commitment([x.clone(), (x[:3].clone(),)])  # values, not storage
+    y = x.clone()
+    y[5, 7] += 1e-3
+    assert commitment(y) != commitment(x)
+    assert commitment(x.reshape(33, 64)) != commitment(x)
+    assert commitment(x.view(torch.int32)) != commitment(x)
+    assert commitment(torch.ones(3, dtype=torch.float16)) != commitment(torch.zeros(3, dtype=torch.float16))

@@ -26,9 +26,10 @@ def test_headers_round_trip():
 @pytest.mark.parametrize("kind,fields,match", [
     ("nonsense", {}, "unknown message kind"),
     ("called", {"t_ns": [1]}, "missing field"),
-    ("called", {"t_ns": [1], "plain": True, "extra": 1}, "unexpected field"),
-    ("called", {"t_ns": "fast", "plain": True}, "expected a list"),
-    ("called", {"t_ns": [1.5], "plain": True}, "expected int"),
+    ("called", {"t_ns": [1], "plain": True, "commits": [0], "extra": 1}, "unexpected field"),
+    ("called", {"t_ns": "fast", "plain": True, "commits": [0]}, "expected a list"),
+    ("called", {"t_ns": [1.5], "plain": True, "commits": [0]}, "expected int"),
+    ("called", {"t_ns": [1], "plain": True}, "missing field"),  # no commitments to its outputs
     ("error", {"phase": "later", "message": "m"}, "not a Phase"),
     ("warm", {"calls": 1, "call_ms": "1", "state_after": {}}, "expected a number"),
 ])
