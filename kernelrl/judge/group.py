@@ -45,6 +45,7 @@ from kernelrl.judge.baseline import baseline_from_timing
 from kernelrl.judge.channel import arena_need
 from kernelrl.judge.context import JudgeContext
 from kernelrl.judge.device import Device
+from kernelrl.judge.inputs import available_memory, memory_need, too_large
 from kernelrl.judge.reference import InputSet, ReferenceFailed, ReferenceSession, TaskInfo, session_for
 from kernelrl.judge.sandbox import Worker, timing_cores
 from kernelrl.judge.timer import (
@@ -161,6 +162,7 @@ class Group:
         try:
             info = load_task_info(ctx, self.session, task)
             self._phase("reference_load_s")
+            self._check_size(info)
             self.machine = dataclasses.replace(self.machine, precision=dict(self.session.precision))
             if not info.degenerate:
                 with ctx.lock.work(uses_device=True):
@@ -311,6 +313,19 @@ class Group:
         except LLMJudgeError:
             return None
         return reviewer.review(request)
+
+    def _check_size(self, info: TaskInfo) -> None:
+        """A task too large for this machine is a task error now, before any set is made or built."""
+        cfg, p = self.ctx.config, info.profile
+        if p is None or not (p.input_bytes or p.output_bytes):
+            return
+        need = memory_need(input_bytes=p.input_bytes, output_bytes=p.output_bytes, param_bytes=p.param_bytes,
+                           n_sets=cfg.n_correctness, pool_size=cfg.timing.pool_size)
+        cap = cfg.sandbox.memory_limit_gib
+        why = too_large(need, available=available_memory(),
+                        worker_cap=int(cap * (1 << 30)) if cap is not None and cfg.device is Device.CPU else None)
+        if why is not None:
+            raise TaskError(f"{self.task.name}: {why}")
 
     def _record_baseline(self, timing: GroupTiming) -> None:
         compiled = self.trials.get(COMPILED)

@@ -16,6 +16,13 @@ Guarantees:
 Does not guarantee the perturbed inputs stay inside a task's valid domain (a log of a shifted
 input can be NaN): the evaluator replaces a perturbed set that makes the reference non-finite
 by a plain one.
+
+`memory_need` sizes an evaluation from the task's profile (made on the meta device, before any
+input exists), and `too_large` says in one line why a task cannot be judged on this machine,
+before anything is built: input sets travel one per message, so a worker holds about one set
+(its inputs, the output, and the two runs of the first set) beside the timing pool, while the
+judge keeps every set's inputs and reference outputs. The figures are the tensors' own bytes;
+allocator slack, torch itself and a candidate's own buffers come on top (not guaranteed).
 """
 
 from __future__ import annotations
@@ -63,3 +70,46 @@ def correctness_plans(n: int, rng: random.Random) -> list[InputPlan]:
 def timing_scale(rng: random.Random) -> float:
     """Per-call factor applied to floating inputs of a timed call (keeps signs and zeros)."""
     return math.exp(rng.uniform(math.log(0.75), math.log(1.25)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryNeed:
+    """Bytes an evaluation's tensors need: in the busiest worker and in the judge."""
+
+    worker: int
+    judge: int
+
+
+def memory_need(*, input_bytes: int, output_bytes: int, param_bytes: int, n_sets: int, pool_size: int) -> MemoryNeed:
+    """A worker: its parameters, one set's inputs (and the clone a call gets), the first set's two
+    outputs, and the timing pool with its noise tensors. The judge: every set's inputs and outputs,
+    the pool it sends, and one spot check's output and inputs from a member and from the reference."""
+    worker = param_bytes + 2 * input_bytes + 2 * output_bytes + 2 * pool_size * input_bytes
+    judge = n_sets * (input_bytes + output_bytes) + pool_size * input_bytes + 2 * (input_bytes + output_bytes)
+    return MemoryNeed(worker=worker, judge=judge)
+
+
+def too_large(need: MemoryNeed, *, available: int | None, worker_cap: int | None) -> str | None:
+    """Why the task cannot be judged here (None when it can): a worker past its address-space cap,
+    or the judge and two workers (the reference and one candidate) past the memory available."""
+    gib = 1 << 30
+    if worker_cap is not None and need.worker > worker_cap:
+        return (f"too large: a worker needs {need.worker / gib:.1f} GiB for its tensors, above its "
+                f"{worker_cap / gib:.1f} GiB cap (sandbox.memory_limit_gib)")
+    total = need.judge + 2 * need.worker
+    if available is not None and total > available:
+        return (f"too large: the judge and two workers need {total / gib:.1f} GiB for their tensors, "
+                f"{available / gib:.1f} GiB is available")
+    return None
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes (None where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -139,12 +139,20 @@ class ReferenceSession:
             self.profile = TaskProfile.from_dict(answer.header.profile)
 
     def make(self, plans: list[InputPlan], *, run: bool) -> tuple[list[list[Any]], list[Any], list[bool]]:
+        """Input sets (and the reference's outputs on them), one set per message: the reference's
+        worker holds one set at a time, and no message carries more than one."""
         assert self.worker is not None
-        answer = self._ask("making inputs", lambda: self.worker.request(
-            P.MakeInputs(seeds=[p.seed for p in plans], perturb=[p.perturb for p in plans], run=run),
-            deadline=self._deadline()))
-        payload = answer.payload or {}
-        return list(payload.get("inputs") or []), list(payload.get("outputs") or []), list(answer.header.finite)
+        values: list[list[Any]] = []
+        outputs: list[Any] = []
+        finite: list[bool] = []
+        for plan in plans:
+            answer = self._ask("making inputs", lambda plan=plan: self.worker.request(
+                P.MakeInputs(seeds=[plan.seed], perturb=[plan.perturb], run=run), deadline=self._deadline()))
+            payload = answer.payload or {}
+            values += list(payload.get("inputs") or [])
+            outputs += list(payload.get("outputs") or [])
+            finite += list(answer.header.finite)
+        return values, outputs, finite
 
     def correctness_sets(self, n: int) -> list[InputSet]:
         """n sets (the first plain, the others perturbed) with the reference's outputs."""

@@ -201,17 +201,31 @@ def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: 
 def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale: float, tf32: bool) -> None:
     worker = trial.worker
     assert worker is not None
-    ran = worker.request(P.Run(repeat_first=2), [s.values for s in sets], deadline=deadline)
+    # One set per message (the first run twice): the worker holds one set and its output at a time.
+    outs: list[Any] = []
+    changed: list[bool] = []
+    changed_after: list[bool] = []
+    thread_rises: list[int] = []
+    state_after: dict[str, Any] = {}
+    for i, s in enumerate(sets):
+        ran = worker.request(P.Run(repeat_first=2 if i == 0 else 1), [s.values], deadline=deadline)
+        if ran.failed:
+            _idle_census(trial, worker)
+            h = ran.header
+            raise _End(Verdict(status=Status.RUNTIME_ERROR, message=f"candidate raised: {first_line(h.message)}",
+                               errors=(h.message, h.traceback, worker.log_tail())))
+        got = list(ran.payload["outputs"])
+        if len(got) != (2 if i == 0 else 1):
+            raise ChannelProtocolError(f"{len(got)} outputs for input set {i}")
+        outs += got
+        changed += list(ran.header.inputs_changed)
+        changed_after += list(ran.header.changed_after_return)
+        thread_rises += list(ran.header.thread_rises)
+        state_after = dict(ran.header.state_after)
     _idle_census(trial, worker)
-    if ran.failed:
-        h = ran.header
-        raise _End(Verdict(status=Status.RUNTIME_ERROR, message=f"candidate raised: {first_line(h.message)}",
-                           errors=(h.message, h.traceback, worker.log_tail())))
-    for found in dynamic.global_state_changed("run", trial.state_before, ran.header.state_after):
+    for found in dynamic.global_state_changed("run", trial.state_before, state_after):
         _note(trial, found)
-    _note(trial, dynamic.side_work_in_calls(ran.header.changed_after_return, ran.header.thread_rises))
-    outs = ran.payload["outputs"]
-    changed = ran.header.inputs_changed
+    _note(trial, dynamic.side_work_in_calls(changed_after, thread_rises))
     if len(outs) != len(sets) + 1 or len(changed) != len(sets) + 1:
         raise ChannelProtocolError(f"{len(outs)} outputs for {len(sets) + 1} runs")
     # outs[0] and outs[1] are two runs on set 0; outs[k+1] is set k for k >= 1

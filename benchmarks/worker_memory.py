@@ -1,0 +1,111 @@
+"""Peak host memory of every process of one evaluation of a level-1-like elementwise task, at a size
+chosen on the command line (issue 31, item 1).
+
+The task is KernelBench's level-1 elementwise shape scaled down (`--mib` per tensor: KernelBench's
+4096 x 393216 fp32 is 6144 MiB), judged with one correct candidate (the reference's own code) under
+the evaluator's defaults. A thread samples VmRSS of every process below this one every 20 ms; at
+the end it prints each process's peak, the judge's own peak, and the size of one input set (input
+plus output), so a worker's peak can be read in sets.
+
+Usage: python benchmarks/worker_memory.py [--mib 256] [--sets 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import machine
+
+from kernelrl.judge.containment import descendants
+from kernelrl.judge.evaluator import EvalConfig, Evaluator
+from kernelrl.judge.timer import TimingConfig
+from kernelrl.tasks.task import load_task_file
+
+TASK = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """GELU (tanh form), elementwise, level 1 style."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+batch_size = 4096
+dim = {dim}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=256, help="MiB per tensor (input and output alike)")
+    ap.add_argument("--sets", type=int, default=5, help="correctness input sets")
+    args = ap.parse_args()
+    print(machine.header("cpu"))
+    dim = args.mib * (1 << 20) // 4 // 4096
+    folder = Path(tempfile.mkdtemp(prefix="worker-memory-"))
+    path = folder / "gelu_big.py"
+    path.write_text(TASK.format(dim=dim))
+    task = load_task_file(path)
+    peaks: dict[int, int] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        me = os.getpid()
+        while not done.is_set():
+            for pid in [me, *descendants(me, depth=8)]:
+                peaks[pid] = max(peaks.get(pid, 0), rss_kib(pid))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    config = EvalConfig(size="full", n_correctness=args.sets, constants={"dim": dim}, timeout_s=600,
+                        timing=TimingConfig(min_rounds=5, max_rounds=20, max_timing_s=5.0, warmup_calls=2,
+                                            min_spot_checks=2))
+    t0 = time.monotonic()
+    with Evaluator(config) as ev:
+        result = ev.evaluate(task, task.source.replace("class Model(", "class ModelNew("))
+    done.set()
+    sampler.join()
+    one_set_mib = 2 * args.mib
+    print(f"task: 4096 x {dim} fp32 ({args.mib} MiB a tensor; one set, input and output: {one_set_mib} MiB); "
+          f"{args.sets} sets; verdict {result.status.value} {result.message!r}; {time.monotonic() - t0:.0f} s")
+    me = os.getpid()
+    print(f"judge process peak RSS: {peaks.get(me, 0) / 1024:.0f} MiB")
+    workers = sorted((kib for pid, kib in peaks.items() if pid != me and kib > 200 * 1024), reverse=True)
+    for kib in workers:
+        print(f"  process peak RSS: {kib / 1024:7.0f} MiB = {kib / 1024 / one_set_mib:5.2f} sets")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
