@@ -34,3 +34,11 @@ def test_text_in_other_scripts_is_not_a_control() -> None:
 def test_many_lines_are_reported_a_few_times() -> None:
     source = HEAD + "        # \u202e\n" * 1000 + "        return x\n"
     assert len([f for f in check_source(source) if f.rule == R.BIDI_CONTROL]) == 5
+
+
+def test_checks_past_their_deadline_are_a_rejecting_finding() -> None:
+    source = HEAD + "        return x\n"
+    assert not [f for f in check_source(source) if f.rule == R.SYNTAX_ERROR]
+    late = [f for f in check_source(source, deadline_s=0.0) if f.rule == R.SYNTAX_ERROR]
+    assert len(late) == 1 and "deadline" in late[0].message and late[0].severity is Severity.REJECT
+    assert get_policy("open").severity(R.SYNTAX_ERROR) is Severity.REJECT
