@@ -5,9 +5,10 @@
   another process holds the device's timing lock, who holds it ("the cpu timing lock is held by
   pid 8953: python3 benchmarks/learning_check.py ... for 40 s").
 - `SearchActivity`: the search's progress: one bar per task (candidates judged of its budget,
-  best speedup, elapsed, ETA) and a status line under them saying what the loop is waiting for
-  (model calls, candidates being judged and for which tasks, candidates waiting for a batch,
-  references being read, baselines, the timing lock's holder, the stop in progress).
+  best speedup, elapsed, ETA), one over all tasks (the run's ETA) and a status line under them
+  saying what the loop is waiting for (model calls, candidates being judged and for which tasks,
+  candidates waiting for a batch, references being read, baselines, the timing lock's holder, the
+  stop in progress).
 - `lock_holders(path)`: the processes holding an `flock` on a file, from Linux's `/proc/locks`.
 
 Guarantees: reads only (`/proc/locks`, `/proc/PID/cmdline`, the search's counters); never takes or
@@ -32,6 +33,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -150,6 +152,7 @@ class SearchActivity:
                                         TextColumn("{task.fields[best]}"), TimeElapsedColumn(), TextColumn("ETA"),
                                         TimeRemainingColumn(), console=console, transient=False)
         self._last = 0.0
+        self._all: TaskID | None = None
 
     @property
     def text(self) -> str:
@@ -162,6 +165,12 @@ class SearchActivity:
             return
         self._last = now
         self.progress.status = describe(search, self.watch.note() if self.watch is not None else "")
+        if len(search.state) > 1:  # a bar over every task: the run's own ETA
+            done = sum(ts.evaluated for ts in search.state.values())
+            total = search.config.budget * len(search.state)
+            if self._all is None:
+                self._all = self.progress.add_task("all tasks", total=total, completed=done, best="")
+            self.progress.update(self._all, completed=done, total=total)
 
 
 def describe(search: Any, lock_note: str = "") -> str:

@@ -59,9 +59,12 @@ def test_the_timing_locks_holder_is_named_with_its_command(tmp_path: Path):
 def test_the_status_line_is_drawn_under_the_bars():
     console = Console(record=True, width=120, force_terminal=True)
     activity = SearchActivity(console)
+    search = _search(config=SimpleNamespace(budget=4))
+    search.state["a"].evaluated, search.state["b"].evaluated = 3, 1
     with activity.progress:
         activity.progress.add_task("level1/softmax", total=4, best="-")
-        activity.tick(_search())
+        activity.tick(search)
         time.sleep(0.05)
     out = console.export_text()
     assert "level1/softmax" in out and "ETA" in out and "waiting for: 2 model calls" in out
+    assert "all tasks" in out and "4/8" in out  # the run's own bar
