@@ -47,6 +47,7 @@ import fcntl
 import functools
 import os
 import platform
+import re
 import secrets
 import select
 import shutil
@@ -135,16 +136,20 @@ def readonly_paths(extra: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
-def device_nodes(device: Device) -> list[str]:
-    """The device nodes a worker on `device` needs beyond bwrap's minimal /dev (NVIDIA's, on cuda)."""
+def device_nodes(device: Device, minor: int | None = None) -> list[str]:
+    """The device nodes a worker on `device` needs beyond bwrap's minimal /dev (NVIDIA's, on cuda):
+    with `minor`, of the per-GPU nodes (/dev/nvidiaN) only that GPU's."""
     if device != "cuda" or not os.path.isdir("/dev"):
         return []
     nodes = sorted(os.path.join("/dev", n) for n in os.listdir("/dev") if n.startswith("nvidia"))
+    if minor is not None:
+        nodes = [n for n in nodes if not re.fullmatch(r"/dev/nvidia\d+", n) or n == f"/dev/nvidia{minor}"]
     return [n for n in nodes if os.path.exists(n)]
 
 
 def bwrap_prefix(*, bwrap: str, uid: int, device: Device, scratch_bytes: int, as_root: bool,
-                 extra: tuple[str, ...] = (), setpriv: str = "setpriv", seccomp_fd: int | None = None) -> list[str]:
+                 extra: tuple[str, ...] = (), setpriv: str = "setpriv", seccomp_fd: int | None = None,
+                 gpu_minor: int | None = None) -> list[str]:
     """The command line that runs a program fully contained (the program's own argv follows it).
 
     `seccomp_fd`: a descriptor holding `kernelrl.judge.seccomp.program()`, passed to bwrap (read once).
@@ -181,7 +186,7 @@ def bwrap_prefix(*, bwrap: str, uid: int, device: Device, scratch_bytes: int, as
         if p not in later:
             argv += bind(p)
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    for node in device_nodes(device):
+    for node in device_nodes(device, gpu_minor):
         argv += ["--dev-bind", node, node]
     argv += ["--perms", "1777", "--size", str(scratch_bytes), "--tmpfs", SCRATCH,
              "--perms", "1777", "--size", str(scratch_bytes), "--tmpfs", "/dev/shm",

@@ -4,6 +4,13 @@ Guarantees: `Device` is the one list of device kinds (`cpu`, `cuda`); `device_pe
 returns datasheet figures for known GPUs and leaves every figure it cannot know as None (never
 an estimate); `DevicePeaks.table()` prints them for a prompt.
 
+`visible_device(index)` is the entry of the judge's own `CUDA_VISIBLE_DEVICES` (an index, a
+`GPU-` UUID or a `MIG-` UUID) that a lane's GPU number names, so a worker is shown exactly that
+device under a scheduler's subset; `device_minor(entry)` is the `/dev/nvidiaN` minor of that GPU
+when the driver's /proc files say it for certain (a UUID, or an index under
+`CUDA_DEVICE_ORDER=PCI_BUS_ID`), with its UUID (what the worker is then shown), else None (then
+every NVIDIA node is bound and the entry passed on, as before).
+
 Does not measure anything: measured peaks (the roofline's) are the judge's.
 """
 
@@ -19,6 +26,38 @@ from pathlib import Path
 class Device(enum.StrEnum):
     CPU = "cpu"
     CUDA = "cuda"
+
+
+def visible_device(index: int, visible: str | None = None) -> str:
+    """What to put in a worker's CUDA_VISIBLE_DEVICES for the judge's GPU number `index`."""
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if not entries:
+        return str(index)
+    if not 0 <= index < len(entries):
+        raise ValueError(f"GPU {index} is not among the {len(entries)} visible to the judge ({visible})")
+    return entries[index]
+
+
+def device_minor(entry: str, *, order: str | None = None,
+                 proc: Path = Path("/proc/driver/nvidia/gpus")) -> tuple[int, str] | None:
+    """The /dev/nvidiaN minor and the UUID of the GPU a CUDA_VISIBLE_DEVICES entry names, when certain."""
+    gpus: list[tuple[str, str, int]] = []  # (bus id, uuid, minor)
+    try:
+        for folder in sorted(proc.iterdir()):
+            info = dict(line.split(":", 1) for line in (folder / "information").read_text().splitlines() if ":" in line)
+            gpus.append((folder.name.lower(), info.get("GPU UUID", "").strip(), int(info["Device Minor"])))
+    except (OSError, KeyError, ValueError):
+        return None
+    if entry.startswith("GPU-"):
+        found = [(minor, uuid) for _, uuid, minor in gpus if uuid == entry]
+        return found[0] if len(found) == 1 else None
+    order = order if order is not None else os.environ.get("CUDA_DEVICE_ORDER", "")
+    if entry.isdigit() and order == "PCI_BUS_ID" and int(entry) < len(gpus):
+        _, uuid, minor = sorted(gpus)[int(entry)]
+        return (minor, uuid) if uuid.startswith("GPU-") else None
+    return None  # a MIG instance, or CUDA's default order (fastest first): not certain
 
 
 

@@ -87,7 +87,7 @@ from kernelrl.judge.containment import (
     spawn,
     widen_pipe,
 )
-from kernelrl.judge.device import Device
+from kernelrl.judge.device import Device, device_minor, visible_device
 from kernelrl.judge.protocol import ANSWERS, Error, Header, Hello, Kind, Output, decode, encode
 from kernelrl.judge.redact import redact
 from kernelrl.judge.seccomp import program_fd
@@ -96,7 +96,7 @@ from kernelrl.result import Containment
 # Copied from the judge's environment when present; everything else is dropped.
 ENV_ALLOW = (
     "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ",
-    "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
     "CC", "CXX", "TORCH_CUDA_ARCH_LIST", "TRITON_INTERPRET",
 )
 # glibc reads these at start-up. Every allocation comes from the heap, never from mmap, and freed
@@ -310,7 +310,9 @@ class Worker:
         self._arena_need: int | None = None
         for fd in (p2c_w, c2p_w):
             widen_pipe(fd)
-        extra = {"CUDA_VISIBLE_DEVICES": str(device_index)} if device_index is not None else {}
+        gpu = device_minor(visible_device(device_index or 0)) if device == Device.CUDA else None  # device.py
+        shown = gpu[1] if gpu else visible_device(device_index or 0)  # the judge's own entry (index, UUID, MIG)
+        extra = {"CUDA_VISIBLE_DEVICES": shown} if device_index is not None or gpu else {}
         full = self.containment is Containment.FULL
         seccomp_fd: int | None = None
         if full:
@@ -319,7 +321,7 @@ class Worker:
             seccomp_fd = program_fd()  # read once by bwrap; the probe made sure there is one
             prefix = bwrap_prefix(bwrap=shutil.which("bwrap") or "bwrap", uid=self.uid, device=device,
                                   scratch_bytes=config.scratch_mib << 20, as_root=as_root, extra=config.expose,
-                                  seccomp_fd=seccomp_fd)
+                                  seccomp_fd=seccomp_fd, gpu_minor=gpu[0] if gpu else None)
             extra.update({BUILD_DIR_ENV: f"{SCRATCH}/{BUILD_SUBDIR}", CACHE_ROOT_ENV: f"{SCRATCH}/cache",
                           "USER": "kernelrl-worker", "LOGNAME": "kernelrl-worker"})
         else:

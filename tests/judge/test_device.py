@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kernelrl.judge.device import Device, gpu_peaks
 
 
@@ -24,3 +26,50 @@ def test_gpu_peaks_from_device_names():
 def test_device_kinds_are_the_strings_configs_use():
     assert [d.value for d in Device] == ["cpu", "cuda"]
     assert Device("cuda") is Device.CUDA and f"{Device.CPU}" == "cpu"
+
+
+def test_a_lane_is_shown_the_judges_own_entry_for_its_gpu():
+    from kernelrl.judge.device import visible_device
+
+    assert visible_device(0, "") == "0" and visible_device(2, "") == "2"
+    assert visible_device(1, "4,6") == "6"  # a scheduler's subset: the lane's GPU 1 is the machine's 6
+    assert visible_device(0, "GPU-aaaa, MIG-bbbb") == "GPU-aaaa" and visible_device(1, "GPU-aaaa,MIG-bbbb") == "MIG-bbbb"
+    with pytest.raises(ValueError, match="not among"):
+        visible_device(2, "4,6")
+
+
+def _fake_driver(root, gpus):
+    for bus, uuid, minor in gpus:
+        folder = root / bus
+        folder.mkdir(parents=True)
+        (folder / "information").write_text(f"Model: \t NVIDIA H100\nIRQ: 1\nGPU UUID: \t {uuid}\nDevice Minor: \t {minor}\n")
+    return root
+
+
+def test_the_device_node_of_a_gpu_only_when_the_driver_says_it_for_certain(tmp_path):
+    from kernelrl.judge.device import device_minor
+
+    proc = _fake_driver(tmp_path / "gpus", [("0000:c1:00.0", "GPU-cccc", 3), ("0000:1b:00.0", "GPU-bbbb", 0)])
+    assert device_minor("GPU-cccc", proc=proc) == (3, "GPU-cccc")
+    assert device_minor("GPU-zzzz", proc=proc) is None
+    # an index means a GPU only in PCI order (CUDA's default order is fastest first)
+    assert device_minor("0", order="PCI_BUS_ID", proc=proc) == (0, "GPU-bbbb")
+    assert device_minor("1", order="PCI_BUS_ID", proc=proc) == (3, "GPU-cccc")
+    assert device_minor("1", order="", proc=proc) is None
+    assert device_minor("MIG-dddd", proc=proc) is None
+    assert device_minor("0", order="PCI_BUS_ID", proc=tmp_path / "no-driver") is None
+
+
+def test_only_the_lanes_gpu_node_is_bound_beside_the_shared_ones(monkeypatch):
+    import os
+
+    from kernelrl.judge import containment
+
+    names = ["nvidia0", "nvidia1", "nvidia3", "nvidiactl", "nvidia-uvm", "nvidia-caps", "null"]
+    monkeypatch.setattr(containment.os, "listdir", lambda p: names if p == "/dev" else os.listdir(p))
+    monkeypatch.setattr(containment.os.path, "isdir", lambda p: True)
+    monkeypatch.setattr(containment.os.path, "exists", lambda p: True)
+    assert containment.device_nodes("cuda", 3) == ["/dev/nvidia-caps", "/dev/nvidia-uvm", "/dev/nvidia3",
+                                                   "/dev/nvidiactl"]
+    assert len(containment.device_nodes("cuda")) == 6  # not certain which: every NVIDIA node, as before
+    assert containment.device_nodes("cpu", 3) == []
