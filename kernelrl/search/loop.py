@@ -26,8 +26,7 @@ Guarantees:
   the stored candidates (a chain's best at its last step is that step's parent);
 - Ctrl-C stops new work and lets what is under way finish and be stored; a second Ctrl-C leaves
   at once (unfinished evaluations stay `proposed` and a resume evaluates them).
-- nothing waits silently: each start-up step and the search itself say what they wait for
-  (`kernelrl.search.activity`), the timing lock's holder included.
+- nothing waits silently (`kernelrl.search.activity`); a verdict is stored when its group ends.
 
 Task code never runs in the search's process: each task's profile (constants, shapes, what its
 model is) comes from the evaluator's reference worker before the task's first prompt; a task
@@ -220,7 +219,6 @@ class _Search:
             if self.resumed:
                 rebuild(ts, self.db, self.run_id, episodes=cfg.episode_config(), template_dir=cfg.template_dir)
 
-    # ------------------------------------------------------------ threads
     def _spawn(self, kind: str, slots: threading.Semaphore, fn: Callable[[], Any], payload: Any) -> None:
         def body() -> None:
             with slots:
@@ -255,8 +253,9 @@ class _Search:
         for key in keys:
             rec = self.evals_in_flight[key][0]
             items.append((self.tasks[rec.task], Candidate(source=rec.source, origin=f"candidate {rec.id}")))
-        self.batch_running = True
-        self._spawn("evaluation", self.eval_slots, lambda: self.evaluate_batch(items), keys)
+        self.batch_running = True  # results stream in as each task's group ends, where the evaluator can:
+        stream = {"on_result": lambda i, r: self.events.put(("result", keys[i], r))} if self.streams else {}
+        self._spawn("evaluation", self.eval_slots, lambda: self.evaluate_batch(items, **stream), keys)
 
     def schedule(self) -> None:
         self.start_batch()
@@ -402,10 +401,10 @@ class _Search:
         self.batch_running = False
         if isinstance(out, BaseException) or len(out) != len(keys):
             err = out if isinstance(out, BaseException) else RuntimeError(f"{len(out)} results for {len(keys)}")
-            for key in keys:
+            for key in (k for k in keys if k in self.evals_in_flight):  # not streamed already
                 self.on_evaluation(key, err)
             return
-        for key, result in zip(keys, out):
+        for key, result in ((k, r) for k, r in zip(keys, out) if k in self.evals_in_flight):
             self.on_evaluation(key, result)
         self._store_known_baselines({k[0] for k in keys})
 
@@ -484,13 +483,13 @@ class _Search:
         chain.busy = False
         self._update_progress(ts)
 
-    # ------------------------------------------------------------ progress
     def _update_progress(self, ts: TaskState) -> None:
         if self.progress is not None and ts.progress_id is not None:
             self.progress.update(ts.progress_id, completed=ts.evaluated, best=fmt_speedup(ts.best))
 
     progress: Progress | None = None
-    watch: LockWatch | None = None  # the device's timing lock, whose holder the status line names
+    watch: LockWatch | None = None  # the timing lock, whose holder the status line names; streams: the judge
+    streams = False  # hands each result over as soon as it is final (`on_result`)
 
     def busy(self) -> bool:
         return (any(ts.in_flight or ts.profile_pending for ts in self.state.values()) or bool(self.evals_in_flight)
@@ -546,6 +545,8 @@ class _Search:
                         self.on_proposal(payload, out)
                     elif kind == "evaluation":
                         self.on_batch(payload, out)
+                    elif kind == "result":  # one result of a batch still running
+                        self.on_evaluation(payload, out)
                     elif kind == "profile":
                         self.on_profile(payload, out)
                     else:
@@ -633,6 +634,7 @@ def run_search(config: SearchConfig, *, console: Console | None = None, tasks: l
                              measure_baseline=measure_baseline, profile=profile, known_baseline=known_baseline,
                              device=device, fingerprint=fingerprint)
             search.watch = lock_watch(evaluator) if evaluator is not None else None
+            search.streams = evaluator is not None and evaluate_batch == evaluator.evaluate_batch
             search.open_run()
             status = RunStatus.FAILED
             try:
