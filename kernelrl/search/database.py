@@ -28,8 +28,8 @@ process crash, the case that matters here).
 
 from __future__ import annotations
 
-import json
 import fcntl
+import json
 import os
 import random
 import sqlite3
