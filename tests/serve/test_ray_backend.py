@@ -36,11 +36,13 @@ def test_server_and_trainer_share_the_ray_lanes(local_ray, start_server, quick_c
     assert right.status is Status.CORRECT and right.speedup is not None
     assert wrong.status is Status.INCORRECT
 
-    # A trainer joining the same pool gets the same actor (same process, warm evaluator): the
-    # verdict on the same program comes from its cache, identical.
+    # A trainer joining the same pool gets the same actor (same process, warm evaluator); the
+    # server's client's verdict is that client's own (the result cache is per client), so the same
+    # program is judged anew for the trainer: the same verdict, its own measurement.
     lanes = RayLanes([quick_config], pool_name="test-pool")
     (again,) = lanes.evaluate_batch([(tiny_task, TINY_CORRECT)])
-    assert again.to_dict() == right.to_dict()
+    assert again.status is Status.CORRECT and again.candidate_hash == right.candidate_hash
+    assert again.to_dict() != right.to_dict()  # not the other client's timings
     server_actor = server.backend.describe()
     assert lanes.describe() == server_actor and server_actor[0]["pid"] != __import__("os").getpid()
     # Joining the pool with other evaluator settings is refused, not silently served.
