@@ -9,7 +9,12 @@ TRL samples `num_generations` rollouts per prompt; with RoC on, that is the *ove
   floored at `min_per_side` (while the side has that many), the other side giving way;
 - negatives are drawn uniformly (their diversity is the lesson); positives are taken cleanest
   first: fewest problems in the answer (`problems`: a malformed answer, extra code blocks,
-  warnings the checks raised, a completion cut at the length limit), then the higher reward.
+  warnings the static checks raised on its code, a completion cut at the length limit), then the
+  higher reward. A dynamic warning (a roofline floor beaten, say) speaks of the measurement, not
+  of the answer's cleanliness, and is not counted: it comes with being fast (a kernel that skips
+  a task's redundant work beats the floor counted from the reference's work), and counting it
+  made RoC drop the fastest correct rollouts first, so a policy learned to prefer a slower
+  kernel (seen in benchmarks/learning_check.py on two processes).
 
 The dropped rollouts get no reward (None): TRL leaves them out of the group's mean and spread and
 gives them zero advantage, so they do not move the policy; the kept ones are normalised among
@@ -29,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kernelrl.candidate import fenced_blocks
+from kernelrl.checks.rules import STATIC_RULES
 from kernelrl.result import EvalResult, Severity
 from kernelrl.reward import well_formed
 
@@ -48,11 +54,11 @@ class RoCConfig:
 
 
 def problems(answer: str, result: EvalResult | None, *, truncated: bool = False) -> int:
-    """How unclean a rollout is: format problems, extra code blocks, check warnings, truncation."""
+    """How unclean a rollout is: format problems, extra code blocks, static check warnings, truncation."""
     n = 0 if well_formed(answer) else 1
     n += max(0, len(fenced_blocks(answer)) - 1)
     if result is not None:
-        n += sum(1 for f in result.findings if f.severity is Severity.WARN)
+        n += sum(1 for f in result.findings if f.severity is Severity.WARN and f.rule in STATIC_RULES)
     return n + (1 if truncated else 0)
 
 

@@ -47,8 +47,20 @@ def test_problem_counts():
     assert problems(good + "```python\nx = 1\n```\n", None) == 1
     assert problems("no code", None) == 1
     warned = EvalResult(task="t", status=Status.CORRECT, speedup=1.0,
-                        findings=[Finding(rule="r", message="m", severity=Severity.WARN)])
+                        findings=[Finding(rule="try_fallback", message="m", severity=Severity.WARN)])
     assert problems(good, warned, truncated=True) == 2
+
+
+def test_a_measurement_warning_is_no_problem_of_the_answer():
+    """A roofline floor beaten comes with being fast: RoC must not drop the fastest rollouts first."""
+    good = "why\n```python\nclass ModelNew:\n    pass\n```\n"
+    fast = EvalResult(task="t", status=Status.CORRECT, speedup=8.0,
+                      findings=[Finding(rule="compute_floor_beaten", message="m", severity=Severity.WARN)])
+    assert problems(good, fast) == 0
+    kept = select([2.08, 1.39, 1.39, -3.0], [problems(good, fast), 0, 0, 1], RoCConfig(enabled=True, keep=0.5,
+                                                                                     min_per_side=1),
+                  random.Random(0))
+    assert kept[0]  # the fastest positive is among the kept
 
 
 def test_groups_are_runs_of_equal_keys():
