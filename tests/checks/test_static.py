@@ -98,7 +98,8 @@ def test_dynamic_rule_names_are_listed():
                 "output_cached_across_calls", "inputs_mutated", "nondeterministic_output", "timer_mismatch",
                 "global_state_changed", "degenerate_under_offset_scale", "init_or_shape_tampered",
                 "impossible_speedup", "result_channel_forged", "degenerate_task", "llm_judge", "llm_judge_unsure",
-                "llm_judge_unavailable", "compute_floor_beaten", "precision_state_changed", "work_before_timed_call"}
+                "llm_judge_unavailable", "compute_floor_beaten", "precision_state_changed", "work_before_timed_call",
+                "output_deferred"}
     assert set(R.DYNAMIC_RULES) == expected
     assert not set(R.DYNAMIC_RULES) & set(R.STATIC_RULES)
 
