@@ -27,11 +27,20 @@ evaluator before the run). Checkpoints are kept, and the probability the policy 
 answer is read from each of them on the prompts the run actually built (for the multi-turn
 variant also on a turn-2 prompt that shows a failed turn 1 and its verdict).
 
-It must learn: P(fast) from chance (1/8) to >= 0.8
-on every task within the steps given, and neither the hack nor the copy may ever be the most
-likely answer. Multi-turn must also reach >= 0.8 on the turn-2 prompt after a failure (answer
-turn 2 with the fix its verdict names), and the two turns must end within 0.2 of each other
-(no turn position preferred).
+It must learn: P(fast) from chance (1/8) to >= 0.8 on every task within the steps given, and
+neither the hack nor the copy may ever be the most likely answer. Multi-turn must also reach
+>= 0.8 on a turn-2 prompt that shows a failed turn 1 and its verdict.
+
+What it cannot show: this policy is blind to its prompt. Its prompts are thousands of tokens
+that end alike, and a random 2-layer model of width 32 gives every prompt the same distribution
+(the curves print each prompt's own; they agree to two decimals). So the multi-turn variant shows
+that refinement episodes, their discounted returns and the per-turn credit teach the fastest
+answer through TRL's real rollout path; it does not show that turn 2 reads turn 1's verdict, and
+a turn-position preference cannot appear in a policy that cannot tell the turns apart (a
+position-dependent credit only adds noise to it). The credit's own property (equal outcomes,
+equal credit; nothing for a flat group) is tested in tests/train/test_multiturn.py. The last
+line prints the largest gap between prompts' P(fast), so a policy that does read its prompt
+shows it.
 
     python benchmarks/learning_check.py                      # single- and multi-turn, 1 process
     python benchmarks/learning_check.py --processes 1,2 --steps 40
@@ -66,7 +75,6 @@ KINDS = ("no_code", "broken", "wrong", "hack", "slow", "mid", "fast", "copy")
 # reward's 10x cap, so the copy paid in full would beat it (as before copies were caught).
 REPEATS = {"slow": 32, "mid": 8, "fast": 4, "copy": 1}
 THRESHOLD = 0.8
-TURN_GAP = 0.2
 
 # Two tasks: one operator at two shapes, so that every menu answer is a program for both (the
 # policy chooses among 8 answers, chance 1/8) and each task keeps its own window, curriculum
@@ -306,14 +314,16 @@ def judge(points: list[Point], *, variant: str) -> tuple[dict[str, float], list[
             reasons.append(f"{label}: P(fast) {q:.2f} < {THRESHOLD}")
     if won:
         reasons.append(f"the hack or the copy was the most likely answer {len(won)} time(s)")
-    if variant == "multi":
-        tasks = {label.split("@")[0] for label in final}
-        if not any("@turn2" in label for label in final):
-            reasons.append("no turn-2 prompt after a failed turn 1 was built")
-        for t in tasks:
-            if f"{t}@turn2" in final and abs(final[t] - final[f"{t}@turn2"]) > TURN_GAP:
-                reasons.append(f"{t}: turn 1 and turn 2 ended {abs(final[t] - final[f'{t}@turn2']):.2f} apart")
+    if variant == "multi" and not any("@turn2" in label for label in final):
+        reasons.append("no turn-2 prompt after a failed turn 1 was built")
     return final, won, reasons
+
+
+def prompt_gap(o: Outcome) -> float:
+    """The largest difference between two prompts' P(fast) at any checkpoint: 0 for a policy
+    blind to its prompt."""
+    return max((max(q["fast"] for q in pt.p.values()) - min(q["fast"] for q in pt.p.values())
+                for pt in o.curve if pt.p), default=0.0)
 
 
 def run_variant(out: Path, *, variant: str, processes: int, steps: int, credit: str, lr: float,
@@ -379,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                 for v in variants for p in processes]
     summary = "; ".join(f"{o.variant}-turn x{o.processes}: fastest-correct share "
                         + ", ".join(f"{label} {q:.2f}" for label, q in sorted(o.final.items()))
+                        + f" (largest gap between prompts {prompt_gap(o):.2f})"
                         + (" PASS" if o.passed else " FAIL") for o in outcomes)
     print(f"learning check: {summary}")
     return 0 if all(o.passed for o in outcomes) else 1
