@@ -45,7 +45,6 @@ import json
 import math
 import os
 import random
-import re
 import sqlite3
 import string
 import threading
@@ -55,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from kernelrl.candidate import source_hash
+from kernelrl.candidate import fenced_blocks, source_hash
 from kernelrl.checks import rules as R
 from kernelrl.endpoint import RetryPolicy, retry_after_s
 from kernelrl.result import EvalResult, Finding, Review, ReviewAnswer, Status, TimingStats
@@ -176,7 +175,6 @@ class JudgeRequest:
 # Answers
 
 
-_FENCED = re.compile(r"```[\w-]*[ \t]*\n(.*?)```", re.DOTALL)
 
 
 def parse_answer(text: str | None) -> tuple[ReviewAnswer, str]:
@@ -199,25 +197,37 @@ def parse_answer(text: str | None) -> tuple[ReviewAnswer, str]:
     return ReviewAnswer.UNSURE, _clip(f"unreadable answer: {raw}")
 
 
+# A reviewer's answer is bounded by its max_tokens; a longer one (a misbehaving endpoint) is read
+# only this far, and objects inside prose are looked for at no more than this many braces, so a
+# hostile answer costs a bounded, linear amount of work.
+MAX_ANSWER_CHARS = 64 * 1024
+MAX_BRACES_TRIED = 64
+
+
 def _json_objects(text: str) -> list[dict[str, Any]]:
+    text = text[:MAX_ANSWER_CHARS]
     decoder = json.JSONDecoder()
-    pieces = [text] + [m.group(1).strip() for m in _FENCED.finditer(text)]
+    pieces = [text] + [body.strip() for _, body in fenced_blocks(text)]
     found: list[dict[str, Any]] = []
     for piece in pieces:
         try:
             obj = json.loads(piece)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             obj = None
         if isinstance(obj, dict):
             found.append(obj)
-    # Objects inside prose: decode from every opening brace.
-    for start in (m.start() for m in re.finditer(r"\{", text)):
+    # Objects inside prose: decode from opening braces, skipping past each object found.
+    start, tried = text.find("{"), 0
+    while start >= 0 and tried < MAX_BRACES_TRIED:
+        tried += 1
         try:
-            obj, _ = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
+            obj, end = decoder.raw_decode(text, start)
+        except (json.JSONDecodeError, RecursionError):
+            start = text.find("{", start + 1)
             continue
         if isinstance(obj, dict):
             found.append(obj)
+        start = text.find("{", max(end, start + 1))
     return found
 
 

@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -279,5 +280,8 @@ def write_html(report: Report, path: str | Path) -> Path:
     """Write the self-contained HTML report; return its path."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(report), encoding="utf-8")
+    # a run's tasks and verdicts: the file is its owner's alone (0600), however the umask is set, as
+    # the run database and its exports are (an existing file keeps its mode)
+    with open(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+        f.write(render_html(report))
     return out

@@ -366,3 +366,16 @@ def test_verdicts_become_findings_by_kind():
         ReviewAnswer.HACK: R.LLM_JUDGE, ReviewAnswer.UNSURE: R.LLM_JUDGE_UNSURE, ReviewAnswer.UNAVAILABLE: R.LLM_JUDGE_UNAVAILABLE}
     assert finding(v(ReviewAnswer.HACK)).severity is Severity.REJECT
     assert finding(v(ReviewAnswer.UNSURE)).severity is Severity.WARN
+
+
+@pytest.mark.parametrize("answer", ['{"a":' * 20000, "{" * 200000, "```\n{" * 40000, "[" * 200000 + '{"verdict": 1}',
+                                    "x {" * 60000])
+def test_a_hostile_answer_is_read_in_bounded_time(answer):
+    """Braces that never close, unclosed fences, nesting deeper than the decoder's recursion limit."""
+    import time
+
+    from kernelrl.checks.llm_judge import _json_objects
+
+    started = time.monotonic()
+    _json_objects(answer)
+    assert time.monotonic() - started < 1.0

@@ -219,3 +219,17 @@ def test_an_empty_run_says_so_where_its_plots_would_be(tmp_path: Path) -> None:
     page = write_html(build_report(path), tmp_path / "r.html").read_text()
     assert page.count("Nothing to plot yet: no task has a correct, timed candidate.") == 3
     assert "data:image/png" not in page
+
+
+def test_the_html_report_is_created_private(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    path = tmp_path / "k.db"
+    _fill(path)
+    old = os.umask(0o022)  # the usual umask: files would be 0644
+    try:
+        out = write_html(build_report(path), tmp_path / "report.html")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
