@@ -42,6 +42,7 @@ and reaches the network; under NONE it also reads the /proc of the judge's other
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import resource
@@ -525,8 +526,9 @@ class Worker:
         return WorkerDied(reason, role=self.role, returncode=rc, log_tail=self.log_tail())
 
     def log_tail(self) -> str:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a killed worker's log is closed; its file stays
             self._log.flush()
+        try:
             data = self.log_path.read_bytes()
         except OSError:
             return ""
@@ -632,10 +634,8 @@ class Worker:
             self.cgroup.remove()
         self.channel.close()
         self.arena.close()
-        try:
+        with contextlib.suppress(OSError):
             self._log.close()
-        except OSError:
-            pass
 
     def close(self, *, keep_dir: bool = False) -> None:
         """Ask the worker to exit, then make sure the whole group is gone and clean up."""
