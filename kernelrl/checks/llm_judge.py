@@ -86,7 +86,9 @@ def _judge_retry() -> RetryPolicy:
 
 @dataclass(frozen=True, kw_only=True)
 class LLMJudgeConfig:
-    enabled: bool = False
+    # None (the default): on exactly when a model is named, so a run that configures an endpoint
+    # is watched without a second switch; false turns a named judge off (said at a run's start).
+    enabled: bool | None = None
     model: str = ""
     base_url: str | None = None  # None: OPENAI_BASE_URL, else the client's default
     api_key_env: str = "OPENAI_API_KEY"  # the variable's name; its value is never kept here
@@ -105,6 +107,8 @@ class LLMJudgeConfig:
     def __post_init__(self) -> None:
         if self.cache_path is not None:
             object.__setattr__(self, "cache_path", Path(self.cache_path))
+        if self.enabled is None:
+            object.__setattr__(self, "enabled", bool(self.model))
         if self.enabled and not self.model:
             raise LLMJudgeError("the LLM judge needs a model name when enabled")
         if not self.api_key_env or not self.api_key_env.replace("_", "").isalnum():

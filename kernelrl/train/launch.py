@@ -299,8 +299,9 @@ def judge_notice(config: Any) -> str:
     policy = f"policy {config.eval.policy}"
     if judge.enabled and judge.model:
         return f"hacks: refused by {where} ({policy}) and the adversarial LLM judge {judge.model}"
-    return (f"hacks: refused by {where} ({policy}); the adversarial LLM judge is OFF (no endpoint configured: "
-            "set eval.llm_judge.enabled=true, eval.llm_judge.model and eval.llm_judge.base_url), so a hack "
+    why = ("turned off by eval.llm_judge.enabled=false" if judge.model else
+           "no endpoint configured: set eval.llm_judge.model and eval.llm_judge.base_url, and it is on")
+    return (f"hacks: refused by {where} ({policy}); the adversarial LLM judge is OFF ({why}), so a hack "
             "that only a reader would see is paid")
 
 

@@ -174,6 +174,18 @@ def test_the_shipped_gpu_configs_train_strictly_and_say_when_no_llm_judge_watche
         assert "adversarial LLM judge judge-model" in judge_notice(on)
 
 
+def test_naming_a_judge_model_turns_the_llm_judge_on_unless_turned_off():
+    from kernelrl.train.launch import judge_notice
+
+    named = load_train_config("qwen7b-lora-1gpu", {"eval.llm_judge.model": "judge-model"})
+    assert named.eval.llm_judge.enabled is True
+    assert "adversarial LLM judge judge-model" in judge_notice(named)
+    off = load_train_config("qwen7b-lora-1gpu", {"eval.llm_judge.model": "judge-model", "eval.llm_judge.enabled": False})
+    assert off.eval.llm_judge.enabled is False
+    assert "turned off by eval.llm_judge.enabled=false" in judge_notice(off)
+    assert load_train_config("qwen7b-lora-1gpu").eval.llm_judge.enabled is False
+
+
 def test_the_dry_run_names_every_gpu_of_the_eight_gpu_layout():
     from kernelrl.train.launch import dry_run
 
