@@ -13,7 +13,10 @@
 
 Guarantees: reads only (`/proc/locks`, `/proc/PID/cmdline`, the search's counters); never takes or
 waits for a lock; where `/proc/locks` is missing nothing is said of holders. The status line is
-refreshed at most once a second.
+refreshed at most once a second. Where the console is not a terminal (a log file, a pipe, CI),
+spinners and bars cannot redraw, so the same facts are printed as plain lines: a step's start, then
+one line every `LOG_EVERY_S` while it lasts; the search's progress (judged of budget, ETA, what it
+waits for) every `LOG_EVERY_S`.
 Does not measure anything or change what is waited for.
 """
 
@@ -41,6 +44,7 @@ from rich.progress import (
 from rich.text import Text
 
 REFRESH_S = 1.0
+LOG_EVERY_S = 10.0  # a plain line this often where the console cannot redraw (not a terminal)
 _COMMAND_CHARS = 80
 
 
@@ -117,11 +121,20 @@ def waiting(console: Console, what: str, watch: LockWatch | None = None) -> Iter
     """A spinner saying `what`, its elapsed seconds and the lock's holder, while the block runs."""
     start = time.monotonic()
     done = threading.Event()
+    plain = not console.is_terminal
+    if plain:
+        console.print(f"{what} ...", highlight=False)
     with console.status(what, spinner="dots") as status:
         def refresh() -> None:
+            last = start
             while not done.wait(REFRESH_S):
                 note = watch.note() if watch is not None else ""
-                status.update(f"{what} ({time.monotonic() - start:.0f} s)" + (f"; {note}" if note else ""))
+                line = f"{what} ({time.monotonic() - start:.0f} s)" + (f"; {note}" if note else "")
+                if not plain:
+                    status.update(line)
+                elif time.monotonic() - last >= LOG_EVERY_S:
+                    last = time.monotonic()
+                    console.print(line, highlight=False)
 
         thread = threading.Thread(target=refresh, name="kernelrl-waiting", daemon=True)
         thread.start()
@@ -153,6 +166,9 @@ class SearchActivity:
                                         TimeRemainingColumn(), console=console, transient=False)
         self._last = 0.0
         self._all: TaskID | None = None
+        self._console = console
+        self._started = time.monotonic()
+        self._logged = self._started  # the last plain progress line (a console that is not a terminal)
 
     @property
     def text(self) -> str:
@@ -165,12 +181,21 @@ class SearchActivity:
             return
         self._last = now
         self.progress.status = describe(search, self.watch.note() if self.watch is not None else "")
+        done = sum(ts.evaluated for ts in search.state.values())
+        total = search.config.budget * len(search.state)
         if len(search.state) > 1:  # a bar over every task: the run's own ETA
-            done = sum(ts.evaluated for ts in search.state.values())
-            total = search.config.budget * len(search.state)
             if self._all is None:
                 self._all = self.progress.add_task("all tasks", total=total, completed=done, best="")
             self.progress.update(self._all, completed=done, total=total)
+        if not self._console.is_terminal and now - self._logged >= LOG_EVERY_S:
+            self._logged = now
+            self._console.print(progress_line(done, total, now - self._started, self.progress.status), highlight=False)
+
+
+def progress_line(done: int, total: int, elapsed_s: float, status: str) -> str:
+    """The search's progress as one plain line (for a log): judged of budget, elapsed, ETA, status."""
+    eta = f"ETA {elapsed_s * (total - done) / done:.0f} s" if 0 < done < total else "ETA unknown"
+    return f"[{elapsed_s:.0f} s] judged {done}/{total} candidates, {eta}; {status}"
 
 
 def describe(search: Any, lock_note: str = "") -> str:

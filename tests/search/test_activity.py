@@ -68,3 +68,32 @@ def test_the_status_line_is_drawn_under_the_bars():
     out = console.export_text()
     assert "level1/softmax" in out and "ETA" in out and "waiting for: 2 model calls" in out
     assert "all tasks" in out and "4/8" in out  # the run's own bar
+
+
+def test_a_log_that_is_not_a_terminal_gets_plain_progress_lines(monkeypatch):
+    import io
+
+    from kernelrl.search import activity as activity_module
+
+    monkeypatch.setattr(activity_module, "LOG_EVERY_S", 0.0)
+    monkeypatch.setattr(activity_module, "REFRESH_S", 0.01)
+    log = io.StringIO()
+    console = Console(file=log, width=200, force_terminal=False)
+    activity = SearchActivity(console)
+    search = _search(config=SimpleNamespace(budget=4))
+    search.state["a"].evaluated, search.state["b"].evaluated = 3, 1
+    with activity.progress:
+        activity.tick(search)
+    lines = [line for line in log.getvalue().splitlines() if "judged" in line]
+    assert lines and "judged 4/8 candidates, ETA " in lines[0] and "waiting for: 2 model calls" in lines[0]
+    with activity_module.waiting(console, "starting the evaluator"):
+        time.sleep(0.1)
+    said = log.getvalue()
+    assert "starting the evaluator ..." in said and "starting the evaluator (0 s)" in said
+
+
+def test_the_plain_progress_line_gives_an_eta_only_when_it_can():
+    from kernelrl.search.activity import progress_line
+
+    assert progress_line(2, 8, 30.0, "scheduling") == "[30 s] judged 2/8 candidates, ETA 90 s; scheduling"
+    assert "ETA unknown" in progress_line(0, 8, 5.0, "x") and "ETA unknown" in progress_line(8, 8, 5.0, "x")
