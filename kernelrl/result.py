@@ -123,6 +123,15 @@ class TimingStop(enum.StrEnum):
     FAILED = "failed"  # no candidate was left to time
 
 
+class DeviceIdle(enum.StrEnum):
+    """Whether the judge confirmed the device idle after every timed sample (`kernelrl.judge.idle`)."""
+
+    NOT_PROBED = "not_probed"  # a CPU: no probe (idle CPU and strays are checked instead)
+    IDLE = "idle"
+    BUSY = "busy"  # busy after a trusted member's samples, or past the drain: not paid
+    UNCHECKED = "unchecked"  # the probe failed or could not be calibrated: not paid
+
+
 class ReferenceWorker(enum.StrEnum):
     """Which process the reference was timed in."""
 
@@ -212,6 +221,10 @@ class TimingRecord:
     aa_speedup: float | None = None
     noisy: bool = False
     retimed: int = 0
+    # the judge's idle probe after every sample (`kernelrl.judge.idle`): the group's state, and how
+    # many of this candidate's samples left the device busy
+    device_idle: DeviceIdle = DeviceIdle.NOT_PROBED
+    device_busy: int = 0
     # cross-checks against the judge's clock and /proc (`kernelrl.checks.dynamic.timing_findings`)
     clock_excess_ms: float = 0.0
     prepare_excess_ms: float = 0.0

@@ -156,6 +156,10 @@ class MemberTiming:
     non_plain_calls: int = 0
     # per sample: the judge's clock around the untimed preparation of the sample's inputs
     prepare_ms: list[float] = field(default_factory=list)
+    # the judge's idle probe after each sample (`kernelrl.judge.idle`): samples after which the
+    # device was busy (confirmed), and after which it stayed busy past the drain
+    device_busy: int = 0
+    device_undrained: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,6 +169,24 @@ class TimingFacts:
     spot_checks: int
     spot_mismatches: list[str] = field(default_factory=list)
     input_mismatches: int = 0
+
+
+# Samples after which the device was still busy (in any CUDA context) that make a finding: one may
+# be another member's delayed work landing after this one's sample; a program that leaves work
+# running does so after most of its samples.
+DEVICE_BUSY_SAMPLES = 2
+
+
+def device_busy_after_calls(busy: int, undrained: int) -> Finding | None:
+    """The judge's own probe found the device busy right after the candidate's timed calls returned
+    and its worker had synchronised: work left running in a context the worker does not wait for."""
+    if busy < DEVICE_BUSY_SAMPLES and not undrained:
+        return None
+    what = f"after {busy} of its timed samples the device was still busy (the judge's probe kernel waited)"
+    if undrained:
+        what += f", {undrained} time(s) for longer than the judge waits for it"
+    return Finding(rule=R.SIDE_WORK_AFTER_RETURN, message=(
+        f"the candidate left GPU work running past its calls in a context its synchronise does not cover: {what}"))
 
 
 # How much longer than the reference's overhead the judge's round trip may exceed a reported
@@ -204,6 +226,8 @@ def timing_findings(facts: TimingFacts) -> tuple[list[Finding], CrossChecks]:
     if c.threads_warm is not None and c.threads_max is not None and c.threads_max - c.threads_warm > max(ref_rise, 0):
         out.append(Finding(rule=R.THREAD_COUNT_CHANGED, message=(
             f"the candidate's thread count rose from {c.threads_warm} to {c.threads_max} during timed calls")))
+    if (busy := device_busy_after_calls(c.device_busy, c.device_undrained)) is not None:
+        out.append(busy)
     if c.non_plain_calls:
         out.append(Finding(rule=R.OUTPUT_NOT_PLAIN_TENSOR, message=(
             f"{c.non_plain_calls} timed calls returned something other than a plain torch.Tensor")))

@@ -159,8 +159,9 @@ LLM_JUDGE_UNAVAILABLE = "llm_judge_unavailable"
 
 DYNAMIC_RULES: dict[str, Rule] = {r.name: r for r in [
     _dynamic(SIDE_WORK_AFTER_RETURN, "work still running when forward returned: threads or processes the call "
-                                     "started are alive, non-default streams have pending work, or the "
-                                     "output changed between return and a later read"),
+                                     "started are alive, non-default streams have pending work, the "
+                                     "output changed between return and a later read, or the GPU was still "
+                                     "busy (any CUDA context) when the judge's own probe ran"),
     _dynamic(THREAD_COUNT_CHANGED, "the candidate process has more OS threads after import/calls than the "
                                    "judge allowed (pools left alive, raised intra-op thread counts)"),
     _dynamic(OUTPUT_NOT_PLAIN_TENSOR, "an output is not exactly torch.Tensor (a subclass, proxy or non-tensor), "

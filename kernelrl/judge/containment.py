@@ -22,7 +22,9 @@ better than `SandboxConfig.containment`, and every result records it:
   - no process outlives it: it is the first process of its PID namespace's only child, and
     `--die-with-parent` kills the namespace when the judge's spawning thread ends
     (`spawn` keeps one thread alive for that, since PR_SET_PDEATHSIG follows the thread);
-  - on a GPU, the /dev/nvidia* device nodes pass through;
+  - on a GPU, the /dev/nvidia* device nodes pass through, and the probe starts CUDA in a contained
+    interpreter (a one-element tensor on the device): a sandbox that hides the GPU is not FULL,
+    and the reason says CUDA could not start there; on a CPU that step is skipped;
   - builds and compiler caches (torch extensions, Triton, inductor) live in its scratch
     (`BUILD_DIR_ENV`, `CACHE_ROOT_ENV`); the judge copies a finished build out and a cached one
     in through `Scratch` (`kernelrl.judge.builds` checks what it copies).
@@ -221,17 +223,51 @@ _PROBE_NAMESPACE_MADE = 97
 _PROBE = ("import ctypes, kernelrl\n"
           "libc = ctypes.CDLL(None, use_errno=True)\n"
           f"made = libc.unshare({0x10000000}) == 0 or libc.mount(b'none', b'{SCRATCH}', b'tmpfs', 0, None) == 0\n"
-          f"raise SystemExit({_PROBE_NAMESPACE_MADE} if made else 0)\n")
+          f"if made: raise SystemExit({_PROBE_NAMESPACE_MADE})\n")
+# Then, on a GPU: CUDA starts there (exit status _PROBE_NO_CUDA and the error's last line otherwise).
+_PROBE_NO_CUDA = 98
+_PROBE_CUDA = ("import sys\n"
+               "try:\n"
+               "    import torch\n"
+               "    torch.zeros(1, device='cuda')\n"
+               "except Exception as e:\n"
+               "    print(f'{type(e).__name__}: {e}'.splitlines()[0], file=sys.stderr)\n"
+               f"    raise SystemExit({_PROBE_NO_CUDA})\n")
+# What a contained interpreter is given of the judge's environment for CUDA (the worker's allow-list has them too).
+_CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME")
+
+
+def probe_script(device: Device) -> tuple[str, ...]:
+    """The interpreter's flags and program for the probe: without site-packages on a CPU; on a GPU
+    with them (torch), and starting CUDA."""
+    if device == Device.CUDA:
+        return ("-s", "-c", _PROBE + _PROBE_CUDA)
+    return ("-S", "-c", _PROBE)
+
+
+def probe_failure(returncode: int, stderr: str, device: Device) -> str:
+    """Why a contained interpreter's probe failed, in one line ('' when it did not)."""
+    lines = stderr.strip().splitlines()
+    last = lines[-1].strip() if lines else ""
+    if returncode == 0:
+        return ""
+    if returncode == _PROBE_NAMESPACE_MADE:
+        return "a contained process could make a user namespace or mount a file system (seccomp filter not in force)"
+    if returncode == _PROBE_NO_CUDA and device == Device.CUDA:
+        return (f"a contained process could not start CUDA ({last or 'no error given'}): the sandbox does not show "
+                "the GPU (its /dev/nvidia* device nodes, or the driver's libraries)")
+    return f"bwrap failed here: {last or f'exit status {returncode}'}"
 
 
 @functools.cache
-def _bwrap_works(bwrap: str, executable: str, euid: int, probe_uid: int) -> str:
-    """'' when a contained interpreter starts and imports kernelrl here; else why not."""
+def _bwrap_works(bwrap: str, executable: str, euid: int, probe_uid: int, device: Device = Device.CPU) -> str:
+    """'' when a contained interpreter starts and imports kernelrl here (and starts CUDA, on a GPU);
+    else why not."""
     fd = seccomp.program_fd()
     if fd is None:
         return f"no seccomp filter for this architecture ({platform.machine()}): nested namespaces would be allowed"
     try:
-        argv = bwrap_prefix(bwrap=bwrap, uid=probe_uid, device=Device.CPU, scratch_bytes=16 << 20, as_root=euid == 0,
+        argv = bwrap_prefix(bwrap=bwrap, uid=probe_uid, device=device, scratch_bytes=16 << 20, as_root=euid == 0,
                             seccomp_fd=fd)
     except ValueError as e:
         os.close(fd)
@@ -241,30 +277,27 @@ def _bwrap_works(bwrap: str, executable: str, euid: int, probe_uid: int) -> str:
         return "setpriv (util-linux) not found on PATH"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(Path(_PACKAGE_DIR).parent),
            "HOME": SCRATCH}
+    if device == Device.CUDA:
+        env.update({k: os.environ[k] for k in _CUDA_ENV if k in os.environ})
     try:
-        done = subprocess.run([*argv, executable, "-S", "-c", _PROBE], capture_output=True, env=env,
-                              timeout=60, stdin=subprocess.DEVNULL, pass_fds=(fd,))
+        done = subprocess.run([*argv, executable, *probe_script(device)], capture_output=True, env=env,
+                              timeout=60 if device == Device.CPU else 180, stdin=subprocess.DEVNULL, pass_fds=(fd,))
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bwrap did not run: {e}"
     finally:
         os.close(fd)
-    if done.returncode == _PROBE_NAMESPACE_MADE:
-        return "a contained process could make a user namespace or mount a file system (seccomp filter not in force)"
-    if done.returncode != 0:
-        lines = done.stderr.decode(errors="replace").strip().splitlines()
-        return f"bwrap failed here: {lines[-1] if lines else f'exit status {done.returncode}'}"
-    return ""
+    return probe_failure(done.returncode, done.stderr.decode(errors="replace"), device)
 
 
-def probe(wanted: Containment, uids: tuple[int, int]) -> Probe:
-    """The best level not above `wanted` that works on this machine, with the reason it is not FULL."""
+def probe(wanted: Containment, uids: tuple[int, int], device: Device = Device.CPU) -> Probe:
+    """The best level not above `wanted` that works on this machine for `device`, with the reason it is not FULL."""
     why = ""
     if rank(wanted) >= rank(Containment.FULL):
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             why = "bubblewrap (bwrap) is not on PATH (Debian: apt-get install bubblewrap)"
         else:
-            why = _bwrap_works(bwrap, sys.executable, os.geteuid(), uids[0])
+            why = _bwrap_works(bwrap, sys.executable, os.geteuid(), uids[0], Device(device))
             if not why:
                 return Probe(Containment.FULL)
     elif wanted is not Containment.FULL:

@@ -3,7 +3,8 @@
 A `JudgeContext` is built once by the evaluator (`kernelrl.judge.evaluator`) and given to every
 group (`kernelrl.judge.group`) and calibration run (`kernelrl.judge.calibration`): the config, the
 pool of warm workers, the device's lock, the secret generator, the task-information store, the
-baselines, the machine's peaks and the optional LLM reviewer. Nothing judged reaches into the
+baselines, the machine's peaks, the optional LLM reviewer and, on a GPU, the idle probe
+(`kernelrl.judge.idle`). Nothing judged reaches into the
 evaluator: a group can be built from a context alone, read alone and tested alone.
 
 Guarantees:
@@ -32,6 +33,7 @@ from kernelrl.checks.llm_judge import LLMJudge
 from kernelrl.judge.baseline import BaselineStore
 from kernelrl.judge.devicelock import DeviceLock
 from kernelrl.judge.eval_config import EvalConfig
+from kernelrl.judge.idle import IdleMonitor
 from kernelrl.judge.pool import WorkerPool
 from kernelrl.judge.reference import TaskInfo
 from kernelrl.judge.roofline import PeakStore
@@ -130,3 +132,4 @@ class JudgeContext:
     baselines: BaselineStore
     peaks: PeakStore
     reviewer: LLMJudge | None = None
+    idle: IdleMonitor | None = None  # on a GPU: the device confirmed idle after every timed sample

@@ -2,7 +2,8 @@
 
 `Evaluator(config)` holds the configuration and builds the parts every group is judged with (a
 `JudgeContext`: a pool of warm workers, the device's lock, the secret generator, the task and
-baseline stores, the machine's measured peaks, the optional LLM reviewer) and its result cache.
+baseline stores, the machine's measured peaks, the optional LLM reviewer, on a GPU the idle probe)
+and its result cache.
 `evaluate_batch([(task, candidate), ...])` judges many candidates and returns their results in
 order; `evaluate(task, candidate)` judges one.
 
@@ -44,9 +45,11 @@ from kernelrl.checks.llm_judge import LLMJudge
 from kernelrl.judge.baseline import Baseline, BaselineStore
 from kernelrl.judge.calibration import Calibration, calibrate, noise_band
 from kernelrl.judge.context import JudgeContext, Secrets, TaskStore
+from kernelrl.judge.device import Device, visible_device
 from kernelrl.judge.devicelock import DeviceLock
 from kernelrl.judge.eval_config import EvalConfig, config_fingerprint, default_cache_dir
 from kernelrl.judge.group import Group, load_task_info, run_groups
+from kernelrl.judge.idle import CudaProbe, IdleMonitor
 from kernelrl.judge.inputs import InputPlan
 from kernelrl.judge.pool import WorkerPool
 from kernelrl.judge.profile import TaskProfile
@@ -85,7 +88,9 @@ class Evaluator:
             baselines=BaselineStore(),
             peaks=PeakStore(enabled=cfg.roofline, device=cfg.device, sandbox=cfg.sandbox, cache_dir=cfg.cache_dir,
                             device_index=cfg.device_index, lock=lock),
-            reviewer=reviewer)
+            reviewer=reviewer,
+            # a process of the judge's own on the lane's GPU, started at the first measurement
+            idle=IdleMonitor(CudaProbe(visible_device(cfg.device_index or 0))) if cfg.device is Device.CUDA else None)
         self.evaluations = 0  # candidates judged (cache hits excluded)
 
     @property
@@ -104,6 +109,8 @@ class Evaluator:
 
     def close(self) -> None:
         self.context.pool.close()
+        if self.context.idle is not None:
+            self.context.idle.close()
 
     # -- judging ------------------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ from kernelrl.judge.timer import (
 from kernelrl.judge.trial import Trial, run_trial, static_verdict
 from kernelrl.judge.verdict import Verdict
 from kernelrl.result import (
+    DeviceIdle,
     Environment,
     EvalResult,
     GroupPhases,
@@ -224,11 +225,13 @@ class Group:
                         waited += time.monotonic() - asked
                         deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
                         timing = measure_group(reference, workers, pool, cfg.timing, rng=self.rng, deadline=deadline,
-                                               tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32, cores=self.cores)
+                                               tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32, cores=self.cores,
+                                               idle=ctx.idle, trusted=frozenset({AA_REFERENCE, COMPILED}))
                     noisy = aa and aa_noisy(timing.candidates.get(AA_REFERENCE), cfg.aa_tolerance)
-                    if not noisy or retimed >= cfg.aa_retimes:
+                    disturbed = noisy or timing.device_idle is DeviceIdle.BUSY
+                    if not disturbed or retimed >= cfg.aa_retimes:
                         break
-                    retimed += 1  # identical code disagreed: the machine was disturbed; measure again
+                    retimed += 1  # identical code disagreed, or the device was busy: measure again
                 pair = timing.candidates.get(AA_REFERENCE) if aa else None
                 self.timing = dataclasses.replace(timing, device_wait_s=waited, noisy=noisy, retimed=retimed,
                                                   aa_speedup=pair.speedup if pair else None,

@@ -53,7 +53,7 @@ class WorkerPool:
         self.device_index = device_index
         self.size = size
         self.root = root
-        self._probe: Probe = probe(config.containment, config.uids)
+        self._probe: Probe = probe(config.containment, config.uids, device)
         # Held while a worker starts in the background (an interpreter importing torch uses the
         # cores): the evaluator passes its lane's shared hold, so no start overlaps a measurement.
         self._starting = starting or contextlib.nullcontext

@@ -295,7 +295,7 @@ class Worker:
         # worker's own scratch is a tmpfs the judge reaches through `scratch()`).
         self.workdir = Path(tempfile.mkdtemp(prefix="kernelrl-worker-", dir=root))
         self.log_path = self.workdir / "worker.log"
-        found = probe(config.containment, config.uids)
+        found = probe(config.containment, config.uids, device)
         self.containment = found.level
         self.uid: int | None = None  # the worker's own uid under FULL containment as root
         self._scratch_dev: int | None = None

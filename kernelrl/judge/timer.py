@@ -43,7 +43,11 @@ Guarantees:
   measurement (`ReferenceTimingFailed`);
 - the judge records, from its own clock and from /proc, facts a worker cannot forge: the round
   trip of every sample, the CPU time each worker used while it was supposed to be idle, and its
-  thread count around each call (`kernelrl.checks.dynamic.timing_findings` judges them).
+  thread count around each call (`kernelrl.checks.dynamic.timing_findings` judges them);
+- with an `IdleMonitor` (a GPU), the device is confirmed idle by the judge's own probe after
+  every sample, and work left running is drained before the next member's sample
+  (`kernelrl.judge.idle`: what that does and does not see); the group's `device_idle` says
+  whether it could be confirmed.
 
 Does not interpret anything: it measures and records.
 """
@@ -63,9 +67,10 @@ from kernelrl.checks.dynamic import MemberTiming, TimingFacts
 from kernelrl.judge import protocol as P
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.compare import compare_outputs, exactly_equal
+from kernelrl.judge.idle import IdleMonitor, IdleTally, device_state
 from kernelrl.judge.inputs import timing_scale
 from kernelrl.judge.sandbox import Worker, WorkerDied
-from kernelrl.result import TimingStop
+from kernelrl.result import DeviceIdle, TimingStop
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,6 +153,7 @@ class _Member:
     warm_ms: float = 0.0
     floor_ns: float = 0.0  # the per-call floor this member's worker measured (only the reference's is used)
     last_round_trip_ns: int = 0
+    device: IdleTally = field(default_factory=IdleTally)  # the idle probe after its samples
     _idle_since_cpu: int | None = None
 
     def request(self, header: P.Header | None, kind: P.Kind | None = None, payload: Any = None, *,
@@ -211,6 +217,8 @@ class GroupTiming:
     aa_ci: tuple[float, float] | None = None
     noisy: bool = False  # the A/A pair disagreed beyond the tolerance in every measurement of the group
     retimed: int = 0  # measurements repeated because the A/A pair disagreed
+    device_idle: DeviceIdle = DeviceIdle.NOT_PROBED  # the idle probe after every sample (`kernelrl.judge.idle`)
+    device_note: str = ""  # why the device could not be confirmed idle ("" when it could)
 
 
 def call_floor_ns(sync: Callable[[], None], clock: Callable[[], int], *, n: int = 201) -> float:
@@ -273,25 +281,30 @@ def _nbytes(x: object) -> int:
 
 def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: list[list[Any]], config: TimingConfig,
                   *, rng: random.Random, deadline: float, tol_scale: float = 1.0, tf32: bool = False,
-                  cores: frozenset[int] | None = None) -> GroupTiming:
+                  cores: frozenset[int] | None = None, idle: IdleMonitor | None = None,
+                  trusted: frozenset[Any] = frozenset()) -> GroupTiming:
     """Time the reference and the candidates together (see the module docstring).
 
     `cores`: every member is bound to these cores for the measurement and unbound after it
     (`kernelrl.judge.sandbox.timing_cores`), so no member is faster for the core it runs on.
+    `idle`: the device is probed after every sample (`kernelrl.judge.idle`); `trusted`: the
+    candidate keys whose programs are the task's own (the reference's copies), which count like
+    the reference when the device is found busy after them.
     """
     workers = [reference, *candidates.values()] if cores is not None else []
     for w in workers:
         w.bind(cores)
     try:
         return _measure(reference, candidates, pool, config, rng=rng, deadline=deadline, tol_scale=tol_scale,
-                        tf32=tf32)
+                        tf32=tf32, idle=idle, trusted=trusted)
     finally:
         for w in workers:
             w.bind(None)
 
 
 def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[list[Any]], config: TimingConfig,
-             *, rng: random.Random, deadline: float, tol_scale: float, tf32: bool) -> GroupTiming:
+             *, rng: random.Random, deadline: float, tol_scale: float, tf32: bool, idle: IdleMonitor | None,
+             trusted: frozenset[Any]) -> GroupTiming:
     t_start = time.monotonic()
     ref = _Member(key=None, worker=reference)
     cands = [_Member(key=k, worker=w) for k, w in candidates.items()]
@@ -333,6 +346,7 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
             m.floor_ns = max(0.0, float(warm.header.floor_ns))
             m.threads_warm = m.worker.thread_count()
     live = [m for m in alive() if m is not ref]
+    calibrated = idle.start() if idle is not None else False
     # A program's warm-up time is its own report, which its code can forge (a clock standing still
     # reports 0 ms, which would make samples of one call, mostly exchange overhead): no member
     # counts as faster than MAX_PLAUSIBLE_SPEEDUP times the reference (trusted: the task's code).
@@ -383,6 +397,8 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
                     overheads_ns.append(rt - sum(times))
                 if not called.header.plain:
                     m.non_plain_calls += 1
+                if idle is not None:  # after the worker's strays were ended, before the next member
+                    idle.check(m.device)
                 return rt
 
             got = guarded(m, sample)
@@ -459,7 +475,13 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
                                          stopped_by=stopped_by, times_ms=_judged_ms(m, overhead, k), facts=facts,
                                          failure=None,
                                          output_bytes=output_bytes)
+    device_idle, device_note = DeviceIdle.NOT_PROBED, ""
+    if idle is not None:
+        device_idle = device_state(calibrated=calibrated, everyone=[m.device for m in members],
+                                   trusted=[ref.device, *(m.device for m in cands if m.key in trusted)])
+        device_note = idle.note
     return GroupTiming(reference_ms=_judged_ms(ref, overhead, k), candidates=results, rounds=rounds, calls_per_sample=k,
+                       device_idle=device_idle, device_note=device_note,
                        setup_s=spent["setup_s"], samples_s=spent["samples_s"], spot_checks_s=spent["spot_checks_s"],
                        spot_check_bytes=spot_bytes, call_floor_ms=floor_ns / 1e6,
                        exchange_ms=(statistics.median(overheads_ns) if overheads_ns else 0.0) / 1e6,
@@ -494,4 +516,5 @@ def _member_timing(m: _Member, k: int) -> MemberTiming:
                         prepare_ms=[p / 1e6 for p in m.prepare_ns],
                         idle_cpu_ms=m.idle_cpu_ns / 1e6, busy_ms=sum(m.samples_ms),
                         threads_warm=m.threads_warm, threads_max=max(m.threads_seen, default=None),
-                        non_plain_calls=m.non_plain_calls)
+                        non_plain_calls=m.non_plain_calls, device_busy=m.device.busy,
+                        device_undrained=m.device.undrained)

@@ -16,6 +16,10 @@ The decision, in order:
   the task's floors at the measured peaks) and the LLM review's; the policy weighs every finding
   once; any finding that rejects makes it `flagged`, otherwise it is `correct` with its speedup,
   interval and roofline share;
+- unless the group could not confirm the device idle after its samples (`kernelrl.judge.idle`:
+  busy after the reference's, or the probe failed): then what would be `correct` is a
+  `judge_error` (not paid, not cached, judged again on the next try), since the reference's own
+  times may hold work that was not its own;
 - only a `correct` result carries a speedup or a roofline share.
 
 Does not measure, and does not decide what a fact means for a rule: `kernelrl.checks.dynamic`
@@ -37,6 +41,7 @@ from kernelrl.judge.roofline import MachinePeaks, roofline_pct
 from kernelrl.judge.timer import CandidateTiming, FailureKind, GroupTiming
 from kernelrl.result import (
     Containment,
+    DeviceIdle,
     Environment,
     EvalResult,
     Finding,
@@ -139,7 +144,8 @@ def timed(setting: Setting, checked: Checked, measured: CandidateTiming, timing:
     ref_ms = statistics.median(timing.reference_ms)
     record = dataclasses.replace(_timing_record(measured, timing), spot_checks=measured.facts.spot_checks,
                                  clock_excess_ms=figures.clock_excess_ms, prepare_excess_ms=figures.prepare_excess_ms,
-                                 cand_idle_cpu_ms=figures.cand_idle_cpu_ms, ref_idle_cpu_ms=figures.ref_idle_cpu_ms)
+                                 cand_idle_cpu_ms=figures.cand_idle_cpu_ms, ref_idle_cpu_ms=figures.ref_idle_cpu_ms,
+                                 device_busy=measured.facts.candidate.device_busy)
     env = dataclasses.replace(_with_parameters(environment, checked), timing=record, review=review)
     cand_pct = ref_pct = None
     if roofline is not None:
@@ -153,9 +159,18 @@ def timed(setting: Setting, checked: Checked, measured: CandidateTiming, timing:
     review_finding = review_to_finding(review)
     if review_finding is not None:
         findings.append(review_finding)
-    return _result(setting, checked, None, findings, env, ref_time=_stats(timing.reference_ms),
-                   cand_time=_stats(measured.times_ms), speedup=measured.speedup, speedup_ci=measured.speedup_ci,
-                   noise_band=noise_band, roofline_pct=cand_pct, ref_roofline_pct=ref_pct)
+    result = _result(setting, checked, None, findings, env, ref_time=_stats(timing.reference_ms),
+                     cand_time=_stats(measured.times_ms), speedup=measured.speedup, speedup_ci=measured.speedup_ci,
+                     noise_band=noise_band, roofline_pct=cand_pct, ref_roofline_pct=ref_pct)
+    if result.status is Status.CORRECT and timing.device_idle in (DeviceIdle.BUSY, DeviceIdle.UNCHECKED):
+        why = timing.device_note or ("the device was busy after the reference's samples, or past the judge's wait"
+                                     if timing.device_idle is DeviceIdle.BUSY else "the idle probe did not answer")
+        verdict = Verdict(status=Status.JUDGE_ERROR, message=(
+            f"the device could not be confirmed idle during the measurement ({why}): not paid; judged again "
+            "on the next try"))
+        return _result(setting, checked, verdict, findings, env, ref_time=_stats(timing.reference_ms),
+                       cand_time=_stats(measured.times_ms))
+    return result
 
 
 def beyond_floor(measured: CandidateTiming, roofline: Roofline, *, floor_slack: float) -> bool:
@@ -231,7 +246,8 @@ def _timing_record(measured: CandidateTiming, timing: GroupTiming) -> TimingReco
                         rel_ci_half_width=measured.rel_ci_half_width, wall_s=round(timing.wall_s, 3),
                         device_wait_s=round(timing.device_wait_s, 3), spot_check_bytes=timing.spot_check_bytes,
                         exchange_ms=timing.exchange_ms, call_floor_ms=timing.call_floor_ms,
-                        aa_speedup=timing.aa_speedup, noisy=timing.noisy, retimed=timing.retimed)
+                        aa_speedup=timing.aa_speedup, noisy=timing.noisy, retimed=timing.retimed,
+                        device_idle=timing.device_idle)
 
 
 def _with_parameters(environment: Environment, checked: Checked) -> Environment:

@@ -292,3 +292,55 @@ def test_the_probe_refuses_a_sandbox_where_a_user_namespace_can_be_made():
         userns_allowed = int(f.read()) > 0
     if os.geteuid() == 0 and userns_allowed:  # an ordinary user's bwrap adds --disable-userns of its own
         assert run(None) == C._PROBE_NAMESPACE_MADE
+
+
+# -- the probe on a GPU starts CUDA inside the sandbox ------------------------------------------
+
+
+def test_the_probe_starts_cuda_only_where_a_gpu_is_used():
+    from kernelrl.judge.device import Device
+
+    cpu, cuda = containment.probe_script(Device.CPU), containment.probe_script(Device.CUDA)
+    assert "cuda" not in " ".join(cpu) and cpu[0] == "-S"  # no torch import, no site-packages
+    assert "torch.zeros(1, device='cuda')" in cuda[-1] and cuda[-1].startswith(containment._PROBE)
+
+
+@pytest.mark.parametrize(("code", "device", "says"), [
+    (0, "cuda", ""),
+    (containment._PROBE_NO_CUDA, "cuda", "could not start CUDA (RuntimeError: no CUDA-capable device is detected)"),
+    (containment._PROBE_NAMESPACE_MADE, "cuda", "could make a user namespace"),
+    (containment._PROBE_NO_CUDA, "cpu", "bwrap failed here: RuntimeError"),  # no CUDA step on a CPU: not its message
+    (1, "cpu", "bwrap failed here: RuntimeError: no CUDA-capable device is detected"),
+], ids=["ok", "no_cuda", "namespace", "cpu_98", "other"])
+def test_what_a_failed_probe_says(code, device, says):
+    from kernelrl.judge.device import Device
+
+    got = containment.probe_failure(code, "Traceback ...\nRuntimeError: no CUDA-capable device is detected\n",
+                                    Device(device))
+    assert (says in got) if says else got == ""
+
+
+@pytest.mark.skipif(not FULL_HERE, reason="full containment (bubblewrap) is not available here")
+def test_a_sandbox_where_cuda_cannot_start_is_not_full_and_says_why():
+    import torch
+
+    from kernelrl.judge.device import Device
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA starts here: the GPU form is test_a_gpu_sandbox_starts_cuda")
+    got = probe(Containment.FULL, SandboxConfig().uids, Device.CUDA)
+    assert got.level is not Containment.FULL
+    assert "could not start CUDA" in got.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not FULL_HERE, reason="full containment (bubblewrap) is not available here")
+def test_a_gpu_sandbox_starts_cuda():
+    import torch
+
+    from kernelrl.judge.device import Device
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    got = probe(Containment.FULL, SandboxConfig().uids, Device.CUDA)
+    assert got.level is Containment.FULL, got.reason
