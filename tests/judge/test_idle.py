@@ -243,10 +243,24 @@ class BusyAfterCalibration(I.IdleMonitor):
         return ok
 
 
+# the reference of conftest's tiny_task, as a program
+IDENTICAL = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        return torch.relu(x) * 2.0 + self.bias
+"""
+
+
 def test_a_measurement_probes_after_every_sample_and_its_result_says_so(tiny_task, quick_config):
     import dataclasses
-
-    from judge.test_evaluator import IDENTICAL
 
     from kernelrl.judge.evaluator import Evaluator
 
