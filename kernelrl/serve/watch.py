@@ -1,27 +1,41 @@
 """The run pages (`kernelrl.report.watch`) under the reward server, behind its tokens; and
 `kernelrl watch` alone, behind the same request guard.
 
-`kernelrl serve --watch-db runs/x.db` serves the pages of that run database at `/watch/`. A
-browser cannot send a bearer token, so a person signs in once: `GET /watch/login` is a form that
-posts the client's token; a right token starts a session (`Sessions`): a random id, kept in this
-process only, in a cookie named after the server's port (`kernelrl_watch_<port>`; `HttpOnly`,
-`SameSite=Strict`, path `/watch`, `Max-Age` its lifetime). Every `/watch` route accepts either
-the cookie or `Authorization: Bearer TOKEN` (programs). `GET /watch/logout` is a form whose post
-ends the session.
+`kernelrl serve --watch-db runs/x.db` serves the pages of that run database twice: at `/watch/`
+to programs (`Authorization: Bearer TOKEN`), and at `/watch/s/KEY/` to a signed-in browser,
+which cannot send a bearer token. A person signs in once: `GET /watch/login` is a form that posts
+the client's token; a right token starts a session (`Sessions`) of two random secrets, an id and
+a key, and redirects to `/watch/s/KEY/`. The id is the cookie (named after the server's port,
+`kernelrl_watch_<port>`; `HttpOnly`, `SameSite=Strict`, `Max-Age` its lifetime) and its path is
+`/watch/s/KEY`, so the browser sends it there only; the key is in the URL of every page of the
+session (links and the pages' script build on the path a page was reached under). A page
+under `/watch/s/KEY/` is served only when the cookie sent with it is the id of the live session
+issued with KEY (or with a bearer token); the cookie anywhere else, `/watch/` included, is no
+session. A browser's page request without one is sent to the sign-in form (303; a script's fetch
+gets 401). Every page links to `/watch/s/KEY/logout`, a form whose post to `/watch/logout` ends
+the session it names and deletes the cookie at its path.
 
 The request guard (`kernelrl.serve.guard`) refuses browser requests everywhere else; under
 `/watch` it lets through what a page of this very server sends (`Sec-Fetch-Site: same-origin`, an
-`Origin` naming the same host), and, on the sign-in and sign-out posts only, a form body. The
-sign-in page's `Referrer-Policy` is `same-origin`, so a browser's post from it names its origin
-(with `no-referrer` it sends `Origin: null`, which the guard refuses: a sandboxed page of any
-site sends the same). A page of another site is still refused, and a rebound host name is
-refused as before.
+`Origin` naming the same host and port), and, on the sign-in and sign-out posts only, a form
+body (hence the sign-out post at `/watch/logout`, outside the session's path: it names the key
+in its body, the cookie is not sent). The sign-in page's `Referrer-Policy` is `same-origin`, so
+a browser's post from it names its origin (with `no-referrer` it sends `Origin: null`, which the
+guard refuses: a sandboxed page of any site sends the same). A page of another site, or of
+another port, is refused, and a rebound host name is refused as before.
 
 Guarantees:
+- a session is bound to its server by both halves: browsers send a host's cookies to every port
+  of it, but only under the cookie's path, and that path holds the key; a program listening on
+  another port of this host receives the cookie only if the browser is sent to that very path
+  there, which takes the key; and the cookie replayed here opens no page without its own key
+  (not at `/watch/`, not under another session's key). The key never leaves the browser in a
+  `Referer` (the pages' policy is `no-referrer`), the server writes no access log, and the id
+  and key are compared as SHA-256 digests (`hmac.compare_digest` for the id);
 - a session ends after `session_s` (12 h by default), at sign-out, or when the server stops; a
-  sign-in always starts a new session (the one the browser held ends), so a session id seen
-  before sign-in is worthless after it; ids are 256 random bits, held hashed, at most
-  `MAX_SESSIONS` at once (the oldest ends first);
+  sign-in always starts a new session with a new id and key (nothing a browser held before is
+  upgraded, so a planted cookie is worthless); ids and keys are 256 random bits each, held
+  hashed, at most `MAX_SESSIONS` at once (the oldest ends first);
 - a session is valid only at the server that issued it (ids live in its memory), and cookies of
   servers on other ports have other names, so signing in to one never signs another out;
 - sign-in bodies are read only up to `MAX_FORM_BYTES` (413 past it) and within the body timeout;
@@ -32,20 +46,26 @@ Guarantees:
   a foreign Host (DNS rebinding), another site's page (Origin, Sec-Fetch-Site) and a body that is
   not JSON are refused, and the HTTP limits of `kernelrl.serve.http` hold.
 
-Does not guarantee: cookies are not isolated by port in browsers, so any program listening on
-another port of the same host name receives this cookie; it is worth a session here until it
-ends (sign out, or its lifetime). Without tokens (a loopback server with no token file, or
-`kernelrl watch`) the pages are open to whoever can reach the port, as the API is.
+Does not guarantee: the key is in the URL, so what sees the browser's URLs sees it (its
+history, an address copied and shared, a browser extension); with it, a program on another port
+could have the browser sent to the key's path there and take the cookie too. Whoever holds the
+key alone can end the session (the sign-out post needs only the key: the guard takes no form
+body under the session's path), not use it. A browser's earlier session is not ended by a new
+sign-in (its cookie is not sent to `/watch/login`): it lasts until signed out or its lifetime.
+Without tokens (a loopback server with no token file, or `kernelrl watch`) the pages are open to
+whoever can reach the port, as the API is.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import html
+import re
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -58,10 +78,12 @@ from kernelrl.serve.http import BodyError, HttpLimits, read_body, uvicorn_config
 from kernelrl.serve.tokens import ClientToken, match_token
 
 PREFIX = "/watch"
+SESSION_PREFIX = PREFIX + "/s/{key}"  # a browser's pages: the key is half of its session
 COOKIE_PREFIX = "kernelrl_watch_"
 MAX_FORM_BYTES = 4096
 MAX_SESSIONS = 4096
 LOGIN_WINDOW_S = 60.0
+_SECRET = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32): 256 bits
 
 
 def cookie_name(request: Request) -> str:
@@ -70,42 +92,59 @@ def cookie_name(request: Request) -> str:
     return f"{COOKIE_PREFIX}{int(server[1] or 0)}"
 
 
-def _digest(session_id: str) -> str:
-    return hashlib.sha256(session_id.encode()).hexdigest()
+def session_path(key: str) -> str:
+    """Where a session's pages live, and the only path its cookie is sent to."""
+    return f"{PREFIX}/s/{key}"
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _cookies(request: Request, name: str) -> list[str]:
+    """Every value the Cookie header holds under `name` (a browser may send several, one per path)."""
+    values = []
+    for part in request.headers.get("cookie", "").split(";"):
+        key, sep, value = part.strip().partition("=")
+        if sep and key == name:
+            values.append(value.strip().strip('"'))
+    return values
 
 
 class Sessions:
-    """Signed-in browsers: random ids (kept hashed) -> (client, expiry). See the module docstring."""
+    """Signed-in browsers: a random id (the cookie) and a random key (the URL path), both kept
+    hashed: digest(key) -> (digest(id), client, expiry). See the module docstring."""
 
     def __init__(self, *, session_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.session_s = session_s
         self._clock = clock
-        self._live: dict[str, tuple[str, float]] = {}  # insertion order: oldest first
+        self._live: dict[str, tuple[str, str, float]] = {}  # insertion order: oldest first
 
-    def issue(self, client: str) -> str:
+    def issue(self, client: str) -> tuple[str, str]:
+        """A new session of `client`: (id, key)."""
         now = self._clock()
-        for key in [k for k, (_, until) in self._live.items() if until <= now]:
-            del self._live[key]
+        for old in [k for k, (_, _, until) in self._live.items() if until <= now]:
+            del self._live[old]
         while len(self._live) >= MAX_SESSIONS:
             del self._live[next(iter(self._live))]
-        session_id = secrets.token_urlsafe(32)
-        self._live[_digest(session_id)] = (client, now + self.session_s)
-        return session_id
+        session_id, key = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        self._live[_digest(key)] = (_digest(session_id), client, now + self.session_s)
+        return session_id, key
 
-    def client(self, session_id: str) -> str | None:
-        if not session_id:
-            return None
-        key = _digest(session_id)
-        found = self._live.get(key)
+    def client(self, session_ids: Sequence[str], key: str) -> str | None:
+        """The client of the live session issued with `key`, when one of `session_ids` is its id."""
+        found = self._live.get(_digest(key)) if key else None
         if found is None:
             return None
-        if found[1] <= self._clock():
-            del self._live[key]
+        held, client, until = found
+        if until <= self._clock():
+            del self._live[_digest(key)]
             return None
-        return found[0]
+        matches = [hmac.compare_digest(held, _digest(session_id)) for session_id in session_ids if session_id]
+        return client if any(matches) else None
 
-    def end(self, session_id: str) -> None:
-        self._live.pop(_digest(session_id), None)
+    def end(self, key: str) -> None:
+        self._live.pop(_digest(key), None)
 
     def __len__(self) -> int:
         return len(self._live)
@@ -133,23 +172,54 @@ class LoginLimiter:
         self._failures.append(self._clock())
 
 
+class SignInFirst(Exception):
+    """A browser opened a page without a session: it is sent to the sign-in form."""
+
+
 def mount_watch(app: FastAPI, db_path: Path, *, tokens: tuple[ClientToken, ...],
                 unauthorized: Callable[[], Exception], count: Callable[[str], None] = lambda _: None,
                 session_s: float = 12 * 3600.0, login_attempts: int = 10, body_timeout_s: float = 120.0) -> None:
-    """Serve the run pages of `db_path` at /watch/, behind the server's tokens."""
+    """Serve the run pages of `db_path` at /watch/ (bearer tokens) and /watch/s/KEY/ (sessions)."""
     sessions = Sessions(session_s=session_s)
     limiter = LoginLimiter(login_attempts)
 
-    async def signed_in(request: Request) -> str:
+    def bearer(request: Request) -> str | None:
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        return match_token(tokens, value.strip()) if scheme.lower() == "bearer" else None
+
+    def refused(request: Request) -> Exception:
+        if request.method in ("GET", "HEAD") and request.headers.get("sec-fetch-mode", "").lower() == "navigate":
+            count("unauthorized")
+            return SignInFirst()  # a page opened in the browser: the sign-in form; a script's fetch: 401
+        return unauthorized()
+
+    async def by_token(request: Request) -> str:
+        """/watch/...: a bearer token (programs); a session cookie is not enough here."""
         if not tokens:
             return ""
-        scheme, _, value = request.headers.get("authorization", "").partition(" ")
-        name = match_token(tokens, value.strip()) if scheme.lower() == "bearer" else None
+        name = bearer(request)
         if name is None:
-            name = sessions.client(request.cookies.get(cookie_name(request), ""))
-        if name is None:
-            raise unauthorized()
+            raise refused(request)
         return name
+
+    async def by_session(request: Request) -> str:
+        """/watch/s/KEY/...: the session issued with KEY, its cookie sent along (or a bearer token)."""
+        key = str(request.path_params.get("key", ""))
+        if not _SECRET.fullmatch(key):
+            raise refused(request)
+        if not tokens:
+            return ""
+        name = bearer(request)
+        if name is None:
+            name = sessions.client(_cookies(request, cookie_name(request)), key)
+        if name is None:
+            raise refused(request)
+        return name
+
+    async def sign_in_first(request: Request, e: Exception) -> Response:
+        return RedirectResponse(PREFIX + "/login", status_code=303, headers=_PAGE_HEADERS)
+
+    app.add_exception_handler(SignInFirst, sign_in_first)
 
     async def form_field(request: Request, field: str) -> str | JSONResponse:
         try:
@@ -179,25 +249,34 @@ def mount_watch(app: FastAPI, db_path: Path, *, tokens: tuple[ClientToken, ...],
             count("watch_login_failed")
             return RedirectResponse(PREFIX + "/login?failed=1", status_code=303)
         cookie = cookie_name(request)
-        sessions.end(request.cookies.get(cookie, ""))  # rotate: the id held before sign-in ends here
-        reply = RedirectResponse(PREFIX + "/", status_code=303)
-        reply.set_cookie(cookie, sessions.issue(name), max_age=int(session_s), httponly=True, samesite="strict",
-                         path=PREFIX, secure=request.url.scheme == "https")
+        session_id, key = sessions.issue(name)  # always a new id and key: nothing held before is upgraded
+        reply = RedirectResponse(session_path(key) + "/", status_code=303, headers=_PAGE_HEADERS)
+        reply.set_cookie(cookie, session_id, max_age=int(session_s), httponly=True, samesite="strict",
+                         path=session_path(key), secure=request.url.scheme == "https")
         return reply
 
-    @app.get(PREFIX + "/logout", response_class=HTMLResponse)
-    async def logout_form() -> Response:
-        return HTMLResponse(_logout_page(), headers=_PAGE_HEADERS)
+    @app.get(SESSION_PREFIX + "/logout", response_class=HTMLResponse)
+    async def logout_form(key: str) -> Response:
+        if not _SECRET.fullmatch(key):
+            return JSONResponse({"error": "not found"}, status_code=404)
+        return HTMLResponse(_logout_page(key), headers=_PAGE_HEADERS)
 
     @app.post(PREFIX + "/logout")
     async def logout(request: Request) -> Response:
-        cookie = cookie_name(request)
-        sessions.end(request.cookies.get(cookie, ""))
-        reply = RedirectResponse(PREFIX + "/login", status_code=303)
-        reply.delete_cookie(cookie, path=PREFIX, httponly=True, samesite="strict")
+        # The form's post comes here, not under the session's path (the guard takes a form body
+        # only at /watch/login and /watch/logout), so its cookie is not sent: the key it names ends.
+        key = await form_field(request, "key")
+        if isinstance(key, Response):
+            return key
+        reply = RedirectResponse(PREFIX + "/login", status_code=303, headers=_PAGE_HEADERS)
+        if _SECRET.fullmatch(key):
+            sessions.end(key)
+            reply.delete_cookie(cookie_name(request), path=session_path(key), httponly=True, samesite="strict")
         return reply
 
-    app.include_router(watch_router(db_path, dependencies=[Depends(signed_in)]), prefix=PREFIX)
+    app.include_router(watch_router(db_path, dependencies=[Depends(by_token)]), prefix=PREFIX)
+    app.include_router(watch_router(db_path, dependencies=[Depends(by_session)], sign_out="/logout"),
+                       prefix=SESSION_PREFIX)
 
 
 def standalone_app(db_path: str | Path, *, host: str, on_refuse: Callable[[str], None] | None = None) -> FastAPI:
@@ -243,8 +322,9 @@ def _login_page(failed: bool) -> str:
             "<input type=submit value='Sign in'></form></body></html>")
 
 
-def _logout_page() -> str:
+def _logout_page(key: str) -> str:
     return ("<!doctype html><html><head><meta charset=utf-8><title>kernelrl: sign out</title>"
             f"{_STYLE}</head><body><h1>kernelrl run pages</h1>"
             f'<form method=post action="{html.escape(PREFIX)}/logout">'
+            f'<input type=hidden name=key value="{html.escape(key)}">'
             "<input type=submit value='Sign out'></form></body></html>")

@@ -12,7 +12,9 @@ Mounting under the reward server, behind its bearer token:
 
     app.include_router(watch_router(db_path), prefix="/watch", dependencies=[Depends(authorized)])
 
-Links are built from the path the router is reached under, so a prefix needs no setting.
+Links are built from the path the router is reached under, so a prefix needs no setting; a
+prefix with path parameters works too (`prefix="/watch/s/{key}"`: each page links under the
+key it was reached with, its script's JSON polling included).
 
 Guarantees: the database is opened read-only for each request (`queries.snapshot`); every
 response carries `Content-Security-Policy` (scripts and styles from this site only, no inline
@@ -36,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -117,14 +120,18 @@ async def rendered(request: Request, build: Callable[[PageBudget], Response],
 
 
 def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = None,
-                 clock: Callable[[], float] = time.time) -> APIRouter:
-    """The pages and JSON endpoints over one database file (read-only)."""
+                 clock: Callable[[], float] = time.time, sign_out: str = "") -> APIRouter:
+    """The pages and JSON endpoints over one database file (read-only); `sign_out`, a path
+    under the router's own (e.g. "/logout"), adds a sign-out link to every page."""
     path = Path(db_path)
     shown = str(path)
     router = APIRouter(dependencies=list(dependencies or []))
+    own_params: set[str] = set()  # the routes' own path parameters (filled in below); the rest are the prefix's
 
     def links(request: Request) -> pages.Links:
-        return pages.Links(base=str(request.url_for("watch_index").path).rstrip("/"))
+        prefix = {k: quote(str(v), safe="") for k, v in request.path_params.items() if k not in own_params}
+        base = str(request.url_for("watch_index", **prefix).path).rstrip("/")
+        return pages.Links(base=base, sign_out=base + sign_out if sign_out else "")
 
     def failure(request: Request, e: Exception, *, as_json: bool) -> Response:
         status = 404 if isinstance(e, views.NotFound) else 503
@@ -225,6 +232,8 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
         return Response((STATIC_DIR / name).read_bytes(), media_type=media,
                         headers={**HEADERS, "Cache-Control": "max-age=3600"})
 
+    for route in router.routes:
+        own_params.update(getattr(route, "param_convertors", {}))
     return router
 
 

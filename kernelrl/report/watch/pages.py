@@ -37,6 +37,7 @@ class Links:
     """Where the pages live: `base` is the path the router is served under ('' at the root)."""
 
     base: str
+    sign_out: str = ""  # a sign-out page's path, linked from every page when set
 
     def static(self, name: str) -> str:
         return f"{self.base}/static/{quote(name)}"
@@ -90,12 +91,13 @@ def page(title: str, body: str, links: Links, *, script: bool = False, data: dic
     if script:
         scripts = (f'<script src="{esc(links.static("uPlot.iife.min.js"))}"></script>'
                    f'<script src="{esc(links.static("watch.js"))}"></script>')
+    out = f"<a class='out' href='{esc(links.sign_out)}'>sign out</a>" if links.sign_out else ""
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<title>{esc(title)}</title><link rel='icon' href='data:,'>"
             f"<link rel='stylesheet' href='{esc(links.static('uPlot.min.css'))}'>"
             f"<link rel='stylesheet' href='{esc(links.static('watch.css'))}'>"
-            f"</head><body{attrs}><nav><a href='{esc(links.index())}'>kernelrl watch</a></nav>"
+            f"</head><body{attrs}><nav><a href='{esc(links.index())}'>kernelrl watch</a>{out}</nav>"
             f"<main>{body}</main>{scripts}</body></html>")
 
 

@@ -201,6 +201,30 @@ def test_mounted_under_a_prefix_behind_a_dependency(tmp_path: Path) -> None:
     assert client.get("/watch/runs/latest", headers=auth, follow_redirects=False).headers["location"] == "/watch/runs/1"
 
 
+def test_mounted_under_a_prefix_with_a_path_parameter(tmp_path: Path) -> None:
+    """Links, the script's JSON endpoint and redirects keep the prefix's parameter (the reward
+    server's `/watch/s/{key}`), beside the same pages mounted without one."""
+    db = tmp_path / "run.db"
+    ids = fill_search_run(db)
+    app = FastAPI()
+    app.include_router(watch_router(db), prefix="/plain")
+    app.include_router(watch_router(db, sign_out="/logout"), prefix="/s/{key}")
+    client = TestClient(app)
+    page = client.get(f"/s/k-1_x/runs/{ids['run']}").text
+    assert 'data-api="/s/k-1_x/api/runs/1"' in page and 'src="/s/k-1_x/static/watch.js"' in page
+    assert "href='/s/k-1_x/logout'" in page and "href='/s/k-1_x/'" in page
+    rows = client.get(f"/s/k-1_x/api/runs/{ids['run']}").json()["display"]["tables"]["tasks"]["rows"]
+    assert rows[0][0] == {"text": "a", "href": "/s/k-1_x/runs/1/tasks/a"}
+    assert client.get("/s/k-1_x/api/runs").json()["display"]["tables"]["runs"]["rows"][0][0]["href"] == \
+        "/s/k-1_x/runs/1"
+    task = client.get(f"/s/k-1_x/runs/{ids['run']}/tasks/a").text
+    assert f"/s/k-1_x/runs/1/candidates/{ids['fast']}" in task and "/plain/" not in task
+    assert client.get("/s/k-1_x/runs/latest", follow_redirects=False).headers["location"] == "/s/k-1_x/runs/1"
+    assert "'/s/%3Cb%3E/'" in client.get("/s/%3Cb%3E/").text  # a parameter is linked percent-encoded
+    plain = client.get(f"/plain/runs/{ids['run']}").text
+    assert 'data-api="/plain/api/runs/1"' in plain and "/s/" not in plain and "sign out" not in plain
+
+
 def test_jsonable_drops_non_finite_numbers() -> None:
     assert jsonable({"a": float("nan"), "b": (1.0, float("inf")), "c": 2}) == {"a": None, "b": [1.0, None], "c": 2}
 

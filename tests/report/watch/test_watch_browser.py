@@ -5,8 +5,10 @@ refused candidate with its rule and the first mismatch of the incorrect one; hos
 candidates stays text (no script of theirs runs); the browser logs no script or policy error.
 The pages are served as `kernelrl watch` serves them (behind the request guard and the HTTP
 limits), so these tests also show the guard lets a real browser's own requests through. Signing
-in to `kernelrl serve --watch-db` works from the browser (its form post names its origin), and a
-page of another site rebound to 127.0.0.1 (Chromium's host resolver rules stand in for DNS
+in to `kernelrl serve --watch-db` works from the browser (its form post names its origin) and
+leads to the session's own path, whose pages link and poll under it; a program on another port of
+127.0.0.1 never receives the session cookie unless the browser is sent to that very path there;
+a page of another site rebound to 127.0.0.1 (Chromium's host resolver rules stand in for DNS
 rebinding) reads nothing. The screenshot test (slow) writes the run and task pages as PNGs (to
 $KERNELRL_SCREENSHOTS, or the test's temp folder).
 
@@ -15,11 +17,14 @@ Skipped when /usr/bin/chromium or /usr/bin/chromedriver is missing (`.ci/run` in
 
 from __future__ import annotations
 
+import http.server
 import os
+import re
 import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import uvicorn
@@ -206,25 +211,87 @@ def reward_server(tmp_path: Path) -> Iterator[tuple[str, str]]:
         server.stop()
 
 
+def _sign_in(browser, url: str, token: str) -> str:
+    """Sign in through the form as a person does; the session's pages' path (/watch/s/KEY)."""
+    browser.get(f"{url}/watch/login")
+    browser.find_element(By.NAME, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    assert wait_for(lambda: "/login" not in browser.current_url), browser.current_url
+    return urlsplit(browser.current_url).path.rstrip("/")
+
+
 def test_a_browser_signs_in_and_out(reward_server, browser) -> None:
     url, token = reward_server
+    name = f"kernelrl_watch_{url.rsplit(':', 1)[1]}"
     browser.get(f"{url}/watch/")
-    assert "sign in" in browser.find_element(By.TAG_NAME, "body").text  # 401 before signing in
-    browser.get(f"{url}/watch/login")
+    assert wait_for(lambda: browser.current_url.endswith("/watch/login"))  # no session: the sign-in form
     browser.find_element(By.NAME, "token").send_keys("not-the-token-" + "x" * 30)
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
     assert wait_for(lambda: "failed=1" in browser.current_url)
-    browser.find_element(By.NAME, "token").send_keys(token)
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    assert wait_for(lambda: browser.current_url.rstrip("/").endswith("/watch")), browser.current_url
+    base = _sign_in(browser, url, token)
+    assert re.fullmatch(r"/watch/s/[A-Za-z0-9_-]{43}", base), base
     assert wait_for(lambda: browser.find_elements(By.TAG_NAME, "h1"))
     assert "forbidden" not in browser.page_source and "not served" not in browser.page_source
-    cookie = browser.get_cookie(f"kernelrl_watch_{url.rsplit(':', 1)[1]}")
-    assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
-    browser.get(f"{url}/watch/api/runs")
+    cookie = browser.get_cookie(name)
+    assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == base
+    # the pages' links and their script's polling stay under the session's path
+    browser.find_element(By.CSS_SELECTOR, "#runs tbody a").click()
+    assert wait_for(lambda: urlsplit(browser.current_url).path.startswith(base + "/runs/"))
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.updates") is not None)
+    assert _errors(browser) == []
+    browser.get(f"{url}{base}/api/runs")
     assert '"runs"' in browser.find_element(By.TAG_NAME, "body").text
-    browser.get(f"{url}/watch/logout")
+    browser.get(f"{url}/watch/api/runs")  # the cookie is not sent outside its path, and alone is no session
+    assert wait_for(lambda: browser.current_url.endswith("/watch/login"))
+    browser.get(f"{url}{base}/")
+    browser.find_element(By.LINK_TEXT, "sign out").click()
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
     assert wait_for(lambda: browser.current_url.endswith("/watch/login"))
-    browser.get(f"{url}/watch/api/runs")
-    assert "sign in" in browser.find_element(By.TAG_NAME, "body").text
+    browser.get(f"{url}{base}/api/runs")
+    assert wait_for(lambda: browser.current_url.endswith("/watch/login"))  # ended
+    assert browser.get_cookie(name) is None  # and the browser dropped the cookie at its path
+
+
+class _Listener(http.server.ThreadingHTTPServer):
+    """Another program on another loopback port: records the Cookie header of every request."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+        listener = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                listener.seen.append((self.path, self.headers.get("Cookie", "")))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+def test_another_port_of_the_host_gets_no_session(reward_server, browser) -> None:
+    """Browsers send a host's cookies to every port of it; the session's cookie goes only under
+    its path, which holds the key, so a program on another port sees it only if the browser is
+    sent to that key's path there (and the key alone is not a session either)."""
+    url, token = reward_server
+    other = _Listener()
+    thread = threading.Thread(target=other.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = _sign_in(browser, url, token)
+        value = browser.get_cookie(f"kernelrl_watch_{url.rsplit(':', 1)[1]}")["value"]
+        there = f"http://127.0.0.1:{other.server_address[1]}"
+        for path in ("/", "/watch", "/watch/", "/watch/api/runs", "/watch/login", "/watch/s/",
+                     "/watch/s/" + "A" * 43 + "/", base + "x/"):
+            browser.get(there + path)
+        assert len(other.seen) >= 8 and all(value not in cookies for _, cookies in other.seen), other.seen
+        browser.get(there + base + "/")  # the one way: the key's own path (what the key keeps secret)
+        assert value in other.seen[-1][1]
+    finally:
+        other.shutdown()
+        other.server_close()
+        thread.join(10)
