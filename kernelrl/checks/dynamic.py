@@ -243,13 +243,18 @@ def timing_findings(facts: TimingFacts) -> tuple[list[Finding], CrossChecks]:
     over_c = [rt - t for rt, t in zip(c.round_trips_ms, c.times_ms)]
     over_r = [rt - t for rt, t in zip(r.round_trips_ms, r.times_ms)]
     impossible = sum(1 for x in over_c if x < -0.05)
+    # A call that did anything takes time on any clock that runs: a report of none at all is a
+    # stopped clock, whatever the noise (on a loaded machine the reference's spread of overhead
+    # can hide a short call's whole time from the excess test below).
+    stopped = sum(1 for rt, t in zip(c.round_trips_ms, c.times_ms) if t <= 0 < rt)
     excess = (statistics.median(over_c) - statistics.median(over_r)) if over_c and over_r else 0.0
     cand_med = statistics.median(c.times_ms) if c.times_ms else 0.0
     slack = max(CLOCK_SLACK_MS, 3 * _iqr(over_r)) + CLOCK_SLACK_SHARE * cand_med
-    if impossible or excess > slack:
+    if impossible or stopped or excess > slack:
         out.append(Finding(rule=R.TIMER_MISMATCH, message=(
             f"reported call times disagree with the judge's clock (median excess {excess:.3f} ms over the "
-            f"reference's overhead, {impossible} calls reported longer than they took)")))
+            f"reference's overhead, {impossible} calls reported longer than they took, {stopped} reported "
+            "as taking no time)")))
     # The untimed preparation before each sample (fresh inputs, cache eviction) is the harness's own
     # work, the same in every process: a candidate that takes longer there did work of its own
     # before the timer started (the outputs of inputs it was just given, say).

@@ -109,6 +109,17 @@ def test_reported_times_shorter_than_the_judges_clock():
         R.TIMER_MISMATCH}
 
 
+def test_a_stopped_clock_is_a_timer_mismatch_even_when_the_references_overhead_is_noisy():
+    # the reference's overhead spreads over 3 ms (a loaded machine): 3 x IQR hides a 0.3 ms call
+    noisy = member([1.0] * 20, [1.0 + 3.0 * (i % 4) / 3 for i in range(20)])
+    honest = member([0.3] * 20, [0.6] * 20)
+    assert R.TIMER_MISMATCH not in rules(D.timing_findings(D.TimingFacts(candidate=honest, reference=noisy,
+                                                                         spot_checks=3))[0])
+    stopped = member([0.0] * 20, [0.6] * 20)
+    found, _ = D.timing_findings(D.TimingFacts(candidate=stopped, reference=noisy, spot_checks=3))
+    assert rules(found) == {R.TIMER_MISMATCH} and "20 reported as taking no time" in found[0].message
+
+
 def test_a_longer_preparation_than_the_references_is_work_before_the_timer():
     # the reference prepares each sample in 8 ms; the candidate takes 14: outputs made ahead
     ahead = member([1.0] * 20, [1.2] * 20, prepare=[14.0] * 20)
