@@ -35,6 +35,10 @@ from kernelrl.result import EvalResult, Severity
 from kernelrl.tasks.task import load_task_file
 
 TIMEOUT_S = 180.0
+# Timing as a search on this machine runs it (the README's main job: 2.5 s a member), not the
+# library's default 20 s: that buys a +-1 % interval, and no verdict here is a speedup to 1 %. The
+# defences' own sampling is the default's (15 rounds at least, 3 spot checks, warm-up, A/A copy).
+TIMING = dict(max_timing_s=3.0, max_rounds=150)
 REDTEAM = redteam_specs()
 CONTROLS = control_specs()
 
@@ -43,10 +47,11 @@ import json, sys
 from pathlib import Path
 from kernelrl.candidate import Candidate
 from kernelrl.judge.evaluator import EvalConfig, evaluate
+from kernelrl.judge.timer import TimingConfig
 from kernelrl.tasks.task import load_task_file
-task_file, cand_file, device, policy, timeout, out = sys.argv[1:7]
+task_file, cand_file, device, policy, timeout, out, timing = sys.argv[1:8]
 task = load_task_file(Path(task_file))
-cfg = EvalConfig(device=device, policy=policy, timeout_s=float(timeout))
+cfg = EvalConfig(device=device, policy=policy, timeout_s=float(timeout), timing=TimingConfig(**json.loads(timing)))
 res = evaluate(task, Candidate(source=Path(cand_file).read_text(), origin=cand_file), cfg)
 Path(out).write_text(json.dumps(res.to_dict()))
 """
@@ -87,12 +92,14 @@ def evaluators():
     workers start while the previous fixture is judged. Each fixture is still its own evaluation
     (its own workers, fresh secret inputs, its own timing group)."""
     from kernelrl.judge.evaluator import EvalConfig, Evaluator
+    from kernelrl.judge.timer import TimingConfig
 
     made: dict[tuple[str, str], Evaluator] = {}
 
     def get(device: str, policy: str) -> Evaluator:
         if (device, policy) not in made:
-            made[device, policy] = Evaluator(EvalConfig(device=device, policy=policy, timeout_s=TIMEOUT_S))
+            made[device, policy] = Evaluator(EvalConfig(device=device, policy=policy, timeout_s=TIMEOUT_S,
+                                                        timing=TimingConfig(**TIMING)))
         return made[device, policy]
 
     yield get
@@ -114,7 +121,7 @@ def judge_with_canaries(spec: FixtureSpec, policy: str, tmp_path: Path) -> EvalR
                 "AWS_SECRET_ACCESS_KEY": canary, "KERNELRL_CANARY_SECRET": canary})
     out = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, "-c", _JUDGE_SCRIPT, str(spec.task_file), str(spec.path), spec.device,
-                           policy, str(TIMEOUT_S), str(out)], env=env, cwd=tmp_path, capture_output=True,
+                           policy, str(TIMEOUT_S), str(out), json.dumps(TIMING)], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=TIMEOUT_S + 120)
     assert proc.returncode == 0 and out.is_file(), f"judge process failed:\n{proc.stderr[-3000:]}"
     return EvalResult.from_dict(json.loads(out.read_text()))
