@@ -1,7 +1,8 @@
 """`python -m kernelrl ...` and the `kernelrl` command (`run`).
 
-Light on purpose: a Ctrl-C while the command's modules are still importing (seconds, with torch)
-ends with exit 130 and one line, like one at any later moment (`kernelrl.cli.leave`).
+Light on purpose: a Ctrl-C while the command's modules are still importing ends with exit 130 and
+one line, like one at any later moment (`kernelrl.cli.leave`); torch is imported later, by the
+command that needs it, inside `kernelrl.cli.main`, which answers a Ctrl-C the same way.
 """
 
 import signal

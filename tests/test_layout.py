@@ -1,8 +1,12 @@
-"""The package's shape: no import cycle, modules of a readable size, a README in every folder."""
+"""The package's shape: no import cycle, modules of a readable size, a README in every folder, a
+command line whose help and task list start without the runtime (torch, the trainer, the server)."""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import kernelrl
@@ -87,3 +91,47 @@ def test_every_package_folder_has_a_readme():
     folders = {p.parent for p in _modules().values() if p.name == "__init__.py" and p.parent != ROOT}
     missing = sorted(f.relative_to(ROOT).as_posix() for f in folders if not (f / "README.md").is_file())
     assert not missing, missing
+
+
+# What a command imports when it does its work, never to answer `--help` or list tasks: each costs
+# seconds at start-up (torch alone ~2 s, more on a loaded machine).
+RUNTIME = ("torch", "numpy", "triton", "transformers", "trl", "datasets", "accelerate", "peft", "vllm", "ray",
+           "fastapi", "uvicorn", "starlette", "httpx", "openai", "matplotlib")
+
+# Runs in a fresh interpreter: `python -m kernelrl ARGS` for `--help`, `tasks` and `CMD --help` of
+# every command and training stage (read from the parser, so a new command is covered), and says
+# which runtime modules each one imported first.
+_STARTS = """
+import json, runpy, sys
+
+runtime = set(json.loads(sys.argv[1]))
+
+
+def start(argv):
+    before = {m.split(".")[0] for m in sys.modules}
+    sys.argv = ["kernelrl", *argv]
+    try:
+        runpy.run_module("kernelrl", run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        assert e.code in (0, None), (argv, e.code)
+    return sorted(({m.split(".")[0] for m in sys.modules} - before) & runtime)
+
+
+found = {"--help": start(["--help"])}  # first: it imports the whole command line
+from kernelrl.cli import build_parser
+
+sub = next(a for a in build_parser()._actions if a.dest == "command")
+train = next(a for a in sub.choices["train"]._actions if a.dest == "stage")
+for argv in [["tasks"]] + [[c, "--help"] for c in sub.choices] + [["train", s, "--help"] for s in train.choices]:
+    found[" ".join(argv)] = start(argv)
+print(json.dumps(found), file=sys.stderr)
+"""
+
+
+def test_help_and_tasks_import_no_runtime():
+    out = subprocess.run([sys.executable, "-c", _STARTS, json.dumps(RUNTIME)], cwd=ROOT.parent, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stderr.strip().splitlines()[-1])
+    assert "train grpo --help" in found and "optimize --help" in found and "tasks" in found, found
+    assert not {argv: mods for argv, mods in found.items() if mods}, found

@@ -18,7 +18,7 @@ from kernelrl.cli.preflight import (
     check_writable_parent,
 )
 from kernelrl.config import ConfigError, build
-from kernelrl.search.loop import SearchConfig
+from kernelrl.search.config import SearchConfig
 
 # optimize / report / export
 

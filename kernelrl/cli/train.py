@@ -189,12 +189,13 @@ def train_parser(stage: str | None = None) -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    # parsed before the trainer is imported: `kernelrl train grpo -h` answers at once
+    args = argparse.Namespace(stage=args.stage, **vars(train_parser(args.stage).parse_intermixed_args(args.rest)))
     from kernelrl.config import to_dict
     from kernelrl.report.console import render_stage_report
     from kernelrl.train.recipe import load_train_config, run_stage
     from kernelrl.train.stage import Stage
 
-    args = argparse.Namespace(stage=args.stage, **vars(train_parser(args.stage).parse_intermixed_args(args.rest)))
     errors = _train_errors()
     try:
         config = load_train_config(args.config, _overrides(args.overrides))

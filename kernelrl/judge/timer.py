@@ -67,45 +67,11 @@ from kernelrl.checks.dynamic import MemberTiming, TimingFacts
 from kernelrl.judge import protocol as P
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.compare import compare_outputs, exactly_equal
+from kernelrl.judge.eval_config import TimingConfig  # declared with the other settings: no torch there
 from kernelrl.judge.idle import IdleMonitor, IdleTally, device_state
 from kernelrl.judge.inputs import timing_scale
 from kernelrl.judge.sandbox import Worker, WorkerDied
 from kernelrl.result import DeviceIdle, TimingStop
-
-
-@dataclass(frozen=True, kw_only=True)
-class TimingConfig:
-    warmup_calls: int = 5
-    warmup_max_s: float = 3.0
-    min_rounds: int = 15
-    max_rounds: int = 400
-    target_rel_ci: float = 0.01
-    max_timing_s: float = 20.0  # per candidate; a group's cap grows with its size
-    spot_check_prob: float = 0.1
-    min_spot_checks: int = 3
-    pool_size: int = 3
-    jitter: float = 0.1  # every timed call's floating inputs: pool values x scale x (1 +- up to this)
-    min_sample_ms: float = 2.0  # shorter calls are timed several per sample
-    max_calls_per_sample: int = 32
-    sample_input_bytes: int = 256 << 20  # fresh inputs of one sample stay under this
-    call_limit_s: float = 60.0  # one sample may not take longer than this (a hang)
-
-    def __post_init__(self) -> None:
-        if self.min_rounds < 3 or self.max_rounds < self.min_rounds:
-            raise ValueError("need 3 <= min_rounds <= max_rounds")
-        if not 0 < self.target_rel_ci < 1:
-            raise ValueError("target_rel_ci must be in (0, 1)")
-        if self.max_timing_s <= 0 or self.warmup_max_s < 0 or self.call_limit_s <= 0:
-            raise ValueError("time caps must be positive")
-        if not 0 <= self.spot_check_prob <= 1 or self.min_spot_checks < 1:
-            raise ValueError("spot_check_prob in [0, 1] and min_spot_checks >= 1")
-        if self.pool_size < 1:
-            raise ValueError("pool_size must be >= 1")
-        if not 0 <= self.jitter < 0.5:
-            raise ValueError("jitter must be in [0, 0.5)")
-        if self.min_sample_ms < 0 or self.max_calls_per_sample < 1 or self.sample_input_bytes < 1:
-            raise ValueError("min_sample_ms >= 0, max_calls_per_sample >= 1, sample_input_bytes >= 1")
-
 
 # How much faster than the reference a program's warm-up report is believed when sizing samples.
 MAX_PLAUSIBLE_SPEEDUP = 100.0

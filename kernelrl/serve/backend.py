@@ -19,7 +19,7 @@ from typing import Protocol
 
 from kernelrl.candidate import Candidate
 from kernelrl.checks.policy import PolicyName
-from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Size, Task

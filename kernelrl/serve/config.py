@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelrl.judge.device import Device
-from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.reward import RewardConfig
 from kernelrl.serve.backend import BackendKind
 from kernelrl.serve.http import limits_of

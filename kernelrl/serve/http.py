@@ -33,11 +33,12 @@ import itertools
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import uvicorn
-from starlette.requests import ClientDisconnect, Request
-from uvicorn.protocols.http.h11_impl import H11Protocol
+if TYPE_CHECKING:  # uvicorn and starlette are imported where a server starts, not to check a config's limits
+    import uvicorn
+    from starlette.requests import Request
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
 DESCRIPTORS_KEPT = 128  # file descriptors left for the databases, workers' pipes and logs
 # Connections accepted in one go (asyncio accepts up to the backlog before any is handled), and the
@@ -73,6 +74,8 @@ class HttpLimits:
 
 def bounded_protocol(limits: HttpLimits, on_refuse: Callable[[str], None] | None = None) -> type[H11Protocol]:
     """uvicorn's h11 protocol with the header timeout and the connection limit of `limits`."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
     most = limits.connection_limit()
     armed = itertools.count()  # the order request-head waits began in (loop.time() ties within a burst)
 
@@ -135,6 +138,8 @@ def bounded_protocol(limits: HttpLimits, on_refuse: Callable[[str], None] | None
 def uvicorn_config(app: Any, limits: HttpLimits, *, log_level: str = "warning",
                    on_refuse: Callable[[str], None] | None = None, **settings: Any) -> uvicorn.Config:
     """A uvicorn config with `limits` applied (h11, the bounded protocol, keep-alive)."""
+    import uvicorn
+
     return uvicorn.Config(app, http=bounded_protocol(limits, on_refuse), log_level=log_level, access_log=False,
                           timeout_keep_alive=max(1, round(limits.keep_alive_s)),
                           h11_max_incomplete_event_size=limits.max_header_bytes, backlog=ACCEPT_BATCH, **settings)
@@ -152,6 +157,8 @@ class BodyError(Exception):
 async def read_body(request: Request, *, limit: int, timeout_s: float) -> bytes:
     """The request's body, refused (`BodyError`) with 413 as soon as it is declared or streamed
     past `limit` bytes, and with 408 when it has not arrived whole within `timeout_s`."""
+    from starlette.requests import ClientDisconnect
+
     declared = request.headers.get("content-length")
     if declared is not None:
         try:

@@ -27,14 +27,18 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kernelrl.candidate import Candidate
 from kernelrl.checks.policy import PolicyName
 from kernelrl.judge.device import Device
-from kernelrl.judge.evaluator import EvalConfig, Evaluator
+from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Size, Task
+
+if TYPE_CHECKING:  # the evaluator (and torch) is imported when a lane first judges, not to read `devices`
+    from kernelrl.judge.evaluator import Evaluator
 
 _LANE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
@@ -100,6 +104,8 @@ class LaneEvaluators:
         with self._lock:
             ev = self._evaluators.get(key)
             if ev is None:
+                from kernelrl.judge.evaluator import Evaluator
+
                 ev = Evaluator(dataclasses.replace(self.config, size=key[0], policy=key[1]))
                 self._evaluators[key] = ev
             return ev

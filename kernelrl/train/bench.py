@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.report.metrics import fast_p_at_k, geometric_mean, pass_at_k
 from kernelrl.result import Status
 from kernelrl.reward import within_noise

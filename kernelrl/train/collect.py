@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.result import Status
 from kernelrl.tasks.task import Task
 from kernelrl.train.rollouts import (

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelrl.config import CONFIG_DIR, build, load_toml, to_dict, with_overrides
-from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.reward import RewardConfig
 from kernelrl.tasks.splits import Split, for_training, split_of, split_of_name
 from kernelrl.train.grpo import GRPOResult, GRPOStageConfig
