@@ -15,6 +15,7 @@ warn, and the evaluator turns a rejecting finding into a `flagged` result.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -194,6 +195,13 @@ def device_busy_after_calls(busy: int, undrained: int) -> Finding | None:
 # spread of the reference's own overhead when that is larger, plus a share of the call.
 CLOCK_SLACK_MS = 0.1
 CLOCK_SLACK_SHARE = 0.25
+# A report shorter than this share of the call the judge saw is shrunk, once the excess is beyond
+# the noise of a difference of two medians: CLOCK_NOISE_SE of its standard error (estimated from
+# the reference's spread alone: the candidate controls its own), and beyond CLOCK_SLACK_MS. The
+# 3 x IQR slack above does not shrink with more samples; this one does, so a time divided by 50
+# on a loaded machine, where the overhead's spread hides a short call whole, is still seen.
+SHRUNK_SHARE = 0.5
+CLOCK_NOISE_SE = 4.0
 # How much longer than the reference's a candidate's preparation of a sample may take: the same
 # harness work in another process (processes differ in speed by up to a quarter here: the judge's
 # README, timing) plus the spread of the reference's own.
@@ -250,7 +258,9 @@ def timing_findings(facts: TimingFacts) -> tuple[list[Finding], CrossChecks]:
     excess = (statistics.median(over_c) - statistics.median(over_r)) if over_c and over_r else 0.0
     cand_med = statistics.median(c.times_ms) if c.times_ms else 0.0
     slack = max(CLOCK_SLACK_MS, 3 * _iqr(over_r)) + CLOCK_SLACK_SHARE * cand_med
-    if impossible or stopped or excess > slack:
+    shrunk = excess > max(CLOCK_SLACK_MS, CLOCK_NOISE_SE * _median_diff_se(over_r, len(over_c))) and (
+        cand_med < SHRUNK_SHARE * (cand_med + excess))
+    if impossible or stopped or shrunk or excess > slack:
         out.append(Finding(rule=R.TIMER_MISMATCH, message=(
             f"reported call times disagree with the judge's clock (median excess {excess:.3f} ms over the "
             f"reference's overhead, {impossible} calls reported longer than they took, {stopped} reported "
@@ -269,6 +279,15 @@ def timing_findings(facts: TimingFacts) -> tuple[list[Finding], CrossChecks]:
                 f"timed sample (the reference: {prep_r:.2f} ms): work done before the timer starts")))
     return out, CrossChecks(clock_excess_ms=round(excess, 4), prepare_excess_ms=round(prep_excess, 3),
                             cand_idle_cpu_ms=round(c.idle_cpu_ms, 3), ref_idle_cpu_ms=round(r.idle_cpu_ms, 3))
+
+
+def _median_diff_se(reference: Sequence[float], n_other: int) -> float:
+    """Standard error of the difference between the median of `n_other` values and the median of
+    `reference`, both spread like `reference` (a median's SE is ~1.2533 sigma / sqrt(n), and sigma
+    ~ IQR / 1.349 for a normal spread). Infinite with too few values to tell."""
+    if len(reference) < 4 or n_other < 4:
+        return math.inf
+    return 1.2533 / 1.349 * _iqr(reference) * math.sqrt(1 / len(reference) + 1 / n_other)
 
 
 def _iqr(values: Sequence[float]) -> float:

@@ -120,6 +120,26 @@ def test_a_stopped_clock_is_a_timer_mismatch_even_when_the_references_overhead_i
     assert rules(found) == {R.TIMER_MISMATCH} and "20 reported as taking no time" in found[0].message
 
 
+def test_a_shrunk_clock_is_seen_through_overhead_noise_that_hides_the_call_from_the_spread_test():
+    # the reference's overhead spreads over 0.7 ms (IQR ~0.4); each call takes 0.3 ms: 3 x IQR hides
+    # it whole, but over 80 samples a 0.3 ms excess is over 5 standard errors of a median's difference
+    spread = [0.1 * (i % 8) for i in range(80)]
+    noisy = member([1.0] * 80, [1.0 + x for x in spread])
+    honest = member([0.3] * 80, [0.3 + x for x in spread])
+    assert R.TIMER_MISMATCH not in rules(D.timing_findings(D.TimingFacts(candidate=honest, reference=noisy,
+                                                                         spot_checks=3))[0])
+    divided = member([0.3 / 50] * 80, [0.3 + x for x in spread])
+    assert rules(D.timing_findings(D.TimingFacts(candidate=divided, reference=noisy, spot_checks=3))[0]) == {
+        R.TIMER_MISMATCH}
+    # with 5 samples the same excess is within the noise: not refused on the spread alone
+    few = member([0.3 / 50] * 5, [0.3 + x for x in spread[:5]])
+    assert D.timing_findings(D.TimingFacts(candidate=few, reference=member([1.0] * 5, [1.0 + x for x in spread[:5]]),
+                                           spot_checks=3))[0] == []
+    # a call that reports most of what the judge saw is not shrunk, however many samples
+    most = member([0.25] * 80, [0.3 + x for x in spread])
+    assert D.timing_findings(D.TimingFacts(candidate=most, reference=noisy, spot_checks=3))[0] == []
+
+
 def test_a_longer_preparation_than_the_references_is_work_before_the_timer():
     # the reference prepares each sample in 8 ms; the candidate takes 14: outputs made ahead
     ahead = member([1.0] * 20, [1.2] * 20, prepare=[14.0] * 20)
