@@ -26,10 +26,10 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console, RenderableType
 from rich.progress import (
@@ -145,6 +145,31 @@ def waiting(console: Console, what: str, watch: LockWatch | None = None) -> Iter
             thread.join()
 
 
+class SearchView(Protocol):
+    """What the status line reads of a search (`kernelrl.search.scheduler.Scheduler`)."""
+
+    @property
+    def config(self) -> Any: ...  # its budget: candidates per task
+
+    @property
+    def state(self) -> Mapping[str, Any]: ...  # per task: in_flight, profile_pending, evaluated
+
+    @property
+    def eval_pending(self) -> Sequence[tuple[str, str]]: ...  # (task, hash) waiting for a batch
+
+    @property
+    def evals_in_flight(self) -> Mapping[tuple[str, str], Any]: ...  # (task, hash) not judged yet
+
+    @property
+    def batch_running(self) -> bool: ...
+
+    @property
+    def baselines_in_flight(self) -> int: ...
+
+    @property
+    def stop_reason(self) -> Any: ...
+
+
 class _Bars(Progress):
     """Progress bars with one line of text under them."""
 
@@ -174,8 +199,8 @@ class SearchActivity:
     def text(self) -> str:
         return self.progress.status if isinstance(self.progress, _Bars) else ""
 
-    def tick(self, search: Any) -> None:
-        """Say what `search` (a `kernelrl.search.loop._Search`) waits for; at most once a second."""
+    def tick(self, search: SearchView) -> None:
+        """Say what `search` waits for; at most once a second."""
         now = time.monotonic()
         if now - self._last < REFRESH_S or not isinstance(self.progress, _Bars):
             return
@@ -198,7 +223,7 @@ def progress_line(done: int, total: int, elapsed_s: float, status: str) -> str:
     return f"[{elapsed_s:.0f} s] judged {done}/{total} candidates, {eta}; {status}"
 
 
-def describe(search: Any, lock_note: str = "") -> str:
+def describe(search: SearchView, lock_note: str = "") -> str:
     """What the loop is waiting for, in one line."""
     state = search.state.values()
     parts = []
