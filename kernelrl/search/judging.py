@@ -6,8 +6,9 @@ compile error at once; a source already judged for its task under the run's eval
 (its fingerprint) takes the stored verdict; a source being judged for another chain waits for
 that evaluation and shares it; any other joins the batch being gathered. `start_batch` sends the
 whole batch to `evaluate_batch` (candidates of one task are timed together with one reference
-measurement), one batch at a time, when no model call is under way, when its oldest candidate
-has waited `batch_wait_s`, or once the run stops asking; a streaming evaluator hands each result
+measurement), one batch at a time, when no model call is under way and no task is still reading
+its profile (after which it asks), when its oldest candidate has waited `batch_wait_s` (plus
+`PROFILE_HOLD_S` while profiles are read), or once the run stops asking; a streaming evaluator hands each result
 over as soon as its task's group ends, the rest land when the batch returns.
 
 Guarantees:
@@ -43,6 +44,8 @@ BatchFn = Callable[[list[tuple[Task, Candidate]]], list[EvalResult]]
 BaselineFn = Callable[[Task], Any]  # returns an object with eager_ms and compile_ms (kernelrl.judge.baseline.Baseline)
 ProfileFn = Callable[[Task], Any]  # returns a kernelrl.judge.profile.TaskProfile (or None)
 Key = tuple[str, str]  # (task, source hash)
+# How much longer than `batch_wait_s` a batch waits for tasks still reading their profiles.
+PROFILE_HOLD_S = 60.0
 
 
 class Judging:
@@ -97,7 +100,12 @@ class Judging:
         if self.batch_running or not self.eval_pending:
             return
         waited = time.monotonic() - (self.pending_since or time.monotonic())
-        if self.run.proposing() and waited < self.config.batch_wait_s and self.run.stop_reason is None:
+        # A task still reading its profile asks its first question as soon as the profile is in:
+        # the run's first batch waits for those too (one batch runs at a time, so a first batch of
+        # one candidate holds every other task's for its whole length).
+        profiles = any(ts.profile_pending for ts in self.run.tasks.values())
+        hold = self.config.batch_wait_s + (PROFILE_HOLD_S if profiles else 0.0)
+        if (self.run.proposing() or profiles) and waited < hold and self.run.stop_reason is None:
             return
         keys, self.eval_pending, self.pending_since = self.eval_pending, [], None
         items = []
