@@ -122,8 +122,9 @@ EVAL_FLAGS = FlagTable(
         "sandbox.max_open_files": "open files one worker may hold",
         "sandbox.log_tail_chars": "characters of a worker's log kept with a failed verdict",
         "llm_judge.enabled": "ask an adversarial LLM judge about results above --llm-judge.min-speedup or "
-                             "--llm-judge.min-roofline-pct",
-        "llm_judge.model": "the LLM judge's model (needed with --llm-judge.enabled)",
+                             "--llm-judge.min-roofline-pct (default: on exactly when --llm-judge.model is given; "
+                             "--no-llm-judge.enabled turns a named judge off)",
+        "llm_judge.model": "the LLM judge's model (naming one turns the judge on)",
         "llm_judge.max_tokens": "the longest LLM-judge answer, in tokens",
         "llm_judge.retry.max_retries": "LLM judge: retries of a failed request",
         "llm_judge.retry.initial_s": "LLM judge: the first wait before a retry, doubled at each retry",
