@@ -54,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "runtime", True):
+            import_runtime()
         return int(args.func(args) or 0)
     except UsageError as e:
         print(f"kernelrl: error: {e}", file=sys.stderr)
@@ -65,6 +67,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         # stdout closed early (`kernelrl tasks --json | head`): not an error of ours
         sys.stderr.close()
         return 0
+
+
+def import_runtime() -> None:
+    """torch (and numpy under it), imported with a Ctrl-C held until they are in. One landing inside
+    numpy's extension start leaves it half-made, and the next import fails ("cannot load module more
+    than once per process", exit 1) instead of ending with 130. Commands that need no runtime
+    (`tasks`, `report`, `export`, `watch`: `set_defaults(runtime=False)`) skip it and start at once;
+    `train` calls it once its stage's flags are read (so `train grpo -h` answers at once)."""
+    caught: list[int] = []
+    held = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum)) if held else None
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass  # a command that needs it says so itself
+    finally:
+        if held:
+            signal.signal(signal.SIGINT, old)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def run() -> NoReturn:

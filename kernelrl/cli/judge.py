@@ -158,7 +158,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="run the degeneracy filter (near-constant or input-independent outputs)")
     p.add_argument("--size", choices=tuple(Size), default=Size.SMALL.value,
                    help="size preset for --shapes and --check-degeneracy (default small)")
-    p.set_defaults(func=cmd_tasks)
+    p.set_defaults(func=cmd_tasks, runtime=False)
 
     p = sub.add_parser("eval", help="judge one candidate against a task's reference")
     p.add_argument("task", help="built-in task name or a KernelBench-format .py file")

@@ -148,10 +148,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--db", required=True, help="the run database (`kernelrl optimize --db`)")
     p.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML report with plots")
     p.add_argument("--run", type=int, default=None, help="one run id (default: all runs)")
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=cmd_report, runtime=False)
 
     p = sub.add_parser("export", help="write a run database as JSONL training rows (prompt, answer, code, verdict)")
     p.add_argument("--db", required=True, help="the run database (`kernelrl optimize --db`)")
     p.add_argument("--out", default=None, metavar="FILE.jsonl", help="where to write the rows (default: stdout)")
     p.add_argument("--only-correct", action="store_true", help="only candidates judged correct")
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=cmd_export, runtime=False)

@@ -191,6 +191,9 @@ def train_parser(stage: str | None = None) -> argparse.ArgumentParser:
 def cmd_train(args: argparse.Namespace) -> int:
     # parsed before the trainer is imported: `kernelrl train grpo -h` answers at once
     args = argparse.Namespace(stage=args.stage, **vars(train_parser(args.stage).parse_intermixed_args(args.rest)))
+    from kernelrl.cli import import_runtime
+
+    import_runtime()  # deferred until the stage's flags are read (`main` skips it for `train`)
     from kernelrl.config import to_dict
     from kernelrl.report.console import render_stage_report
     from kernelrl.train.recipe import load_train_config, run_stage
@@ -295,7 +298,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     # Flags and KEY=VALUE overrides in any order: parsed by `train_parser` (argparse cannot mix
     # optional flags and trailing positionals in one pass).
     p.add_argument("rest", nargs=argparse.REMAINDER, metavar="...", help="--config NAME and the rest, as in the usage")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, runtime=False)
 
     p = sub.add_parser("bench", help="evaluate a model or proposer on a suite: pass@k, fast_p@k, speedups")
     p.add_argument("--config", default=None, help="run config (.toml) whose settings the flags override")

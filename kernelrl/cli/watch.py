@@ -30,4 +30,4 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                                                 "an existing file must be a run database)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; no authentication)")
     p.add_argument("--port", type=int, default=8178, help="port (default 8178; 0: any free port)")
-    p.set_defaults(func=cmd_watch)
+    p.set_defaults(func=cmd_watch, runtime=False)
