@@ -125,10 +125,21 @@ class RunWriter(threading.Thread):
                 self.written += 1
 
 
+def _holds(predicate) -> bool:
+    """One try of a browser predicate. A page that polls redraws itself: an element found an
+    instant ago can be replaced before its text is read, which means "not yet", not failure."""
+    try:
+        return bool(predicate())
+    except Exception as error:  # selenium is an optional test dependency; match by name
+        if type(error).__name__ in ("StaleElementReferenceException", "NoSuchElementException"):
+            return False
+        raise
+
+
 def wait_for(predicate, timeout_s: float = 20.0, every_s: float = 0.1) -> bool:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        if predicate():
+        if _holds(predicate):
             return True
         time.sleep(every_s)
-    return bool(predicate())
+    return _holds(predicate)
