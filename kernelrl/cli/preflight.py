@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,25 +76,11 @@ def check_run_database(path: str | Path, *, flag: str = "--db") -> Path:
         raise UsageError(f"{flag} {p}: no such file")
     if not p.is_file():
         raise UsageError(f"{flag} {p} is not a file")
+    from kernelrl.search.database.schema import is_run_database  # the run database's tables are its owner's
+
     if not is_run_database(p):
         raise UsageError(f"{flag} {p}: not a kernelrl run database (no runs in it; `kernelrl optimize --db` makes one)")
     return p
-
-
-def is_run_database(path: Path) -> bool:
-    """An SQLite file with the code database's `runs` and `candidates` tables."""
-    try:
-        with path.open("rb") as f:
-            if f.read(16) != b"SQLite format 3\x00":
-                return False
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-        try:
-            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        finally:
-            conn.close()
-    except (OSError, sqlite3.Error):
-        return False
-    return {"runs", "candidates"} <= names
 
 
 def check_new_database(path: str | Path, *, resume: bool, flag: str = "--db") -> None:

@@ -64,7 +64,7 @@ def preflight(config: SearchConfig, args: argparse.Namespace) -> list[Any]:
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     from kernelrl.report.console import render_summary
-    from kernelrl.search.database import DatabaseError
+    from kernelrl.search.database.schema import DatabaseError
     from kernelrl.search.loop import run_search
     from kernelrl.search.proposers import ProposerError
     from kernelrl.search.summary import StopReason
@@ -98,7 +98,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from kernelrl.report.console import render_report
     from kernelrl.report.html import write_html
     from kernelrl.report.report import build_report
-    from kernelrl.search.database import DatabaseError
+    from kernelrl.search.database.schema import DatabaseError
 
     check_run_database(args.db)
     if args.html:
@@ -117,7 +117,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from kernelrl.report.export import export_jsonl
-    from kernelrl.search.database import DatabaseError
+    from kernelrl.search.database.schema import DatabaseError
 
     check_run_database(args.db)
     if args.out:

@@ -20,7 +20,7 @@ from kernelrl.train.collect import CollectConfig
 def _train_errors() -> tuple[type[Exception], ...]:
     """Errors of bad input to the training commands: one line, exit 2."""
     from kernelrl.config import ConfigError
-    from kernelrl.search.database import DatabaseError
+    from kernelrl.search.database.schema import DatabaseError
     from kernelrl.search.proposers import ProposerError
     from kernelrl.tasks.task import TaskError
     from kernelrl.train.sft_set import SFTSetError

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments  # noqa
 from kernelrl.search.database import Database  # noqa: E402
 from kernelrl.tasks.task import Task  # noqa: E402
 from kernelrl.train.curriculum import Curriculum, CurriculumConfig  # noqa: E402
-from kernelrl.train.step_log import read_steps, step_log_callback  # noqa: E402
+from kernelrl.train.step_log import step_log_callback  # noqa: E402
 
 
 def _task(name: str, level: int) -> Task:
@@ -29,8 +28,8 @@ def _log(cb, path: Path, step: int, logs: dict, *, main: bool = True) -> None:
 
 
 def _rows(path: Path, run_id: int):
-    with sqlite3.connect(path) as conn:
-        return read_steps(conn, run_id)
+    with Database(path, readonly=True) as db:
+        return db.train_steps(run_id)
 
 
 def test_each_logging_step_is_a_row_with_weights(tmp_path: Path) -> None:
@@ -59,6 +58,6 @@ def test_without_database_or_run_nothing_is_written(tmp_path: Path) -> None:
     path = tmp_path / "k.db"
     _log(step_log_callback(None, run_id=1), path, 1, {"loss": 1.0})
     assert not path.exists()
-    Database(path).close()
-    _log(step_log_callback(path, run_id=None), path, 1, {"loss": 1.0})
+    with Database(path) as db:
+        _log(step_log_callback(db, run_id=None), path, 1, {"loss": 1.0})
     assert _rows(path, 1) == []  # and no table was needed to read that

@@ -16,8 +16,8 @@ Links are built from the path the router is reached under, so a prefix needs no 
 prefix with path parameters works too (`prefix="/watch/s/{key}"`: each page links under the
 key it was reached with, its script's JSON polling included).
 
-Guarantees: the database is opened read-only for each request (`queries.snapshot`); every
-response carries `Content-Security-Policy` (scripts and styles from this site only, no inline
+Guarantees: the database is opened read-only for each request (`kernelrl.search.database.snapshot`);
+every response carries `Content-Security-Policy` (scripts and styles from this site only, no inline
 script, no framing), `X-Content-Type-Options: nosniff` and `Cache-Control: no-store`; a missing
 run, task or candidate is 404, a database that is not there yet or not readable 503, each
 with a message; JSON holds no NaN or infinity (they become null).
@@ -45,8 +45,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from kernelrl.report.watch import pages, views
 from kernelrl.report.watch.code import PageBudget
-from kernelrl.report.watch.queries import NoDatabase, WatchError, snapshot
 from kernelrl.result import EvalResult
+from kernelrl.search.database.snapshot import NoDatabase, SnapshotError, snapshot
 
 STATIC_DIR = Path(__file__).parent / "static"
 STATIC_FILES = {  # name -> media type: the only files served
@@ -145,30 +145,30 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
     @router.get("/", name="watch_index", response_class=HTMLResponse)
     def index(request: Request) -> Response:
         try:
-            with snapshot(path) as conn:
-                return _html(pages.index_page(views.run_list(conn), links(request), db_path=shown))
+            with snapshot(path) as snap:
+                return _html(pages.index_page(views.run_list(snap), links(request), db_path=shown))
         except NoDatabase as e:
             return _html(pages.index_page([], links(request), db_path=shown, waiting=str(e)))
-        except WatchError as e:
+        except SnapshotError as e:
             return failure(request, e, as_json=False)
 
     @router.get("/api/runs", name="watch_runs_api")
     def runs_api(request: Request) -> Response:
         try:
-            with snapshot(path) as conn:
-                runs = views.run_list(conn)
+            with snapshot(path) as snap:
+                runs = views.run_list(snap)
         except NoDatabase as e:
             return _json({"runs": [], "waiting": str(e), "display": pages.runs_display([], links(request))})
-        except WatchError as e:
+        except SnapshotError as e:
             return failure(request, e, as_json=True)
         return _json({"runs": runs, "display": pages.runs_display(runs, links(request))})
 
     @router.get("/runs/latest", name="watch_latest")
     def latest(request: Request) -> Response:
         try:
-            with snapshot(path) as conn:
-                runs = views.run_list(conn)
-        except WatchError as e:
+            with snapshot(path) as snap:
+                runs = views.run_list(snap)
+        except SnapshotError as e:
             return failure(request, e, as_json=False)
         target = links(request).run(runs[0].id) if runs else links(request).index()
         return RedirectResponse(target, status_code=307, headers=HEADERS)
@@ -176,18 +176,18 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
     @router.get("/runs/{run_id}", name="watch_run", response_class=HTMLResponse)
     def run_page(request: Request, run_id: int) -> Response:
         try:
-            with snapshot(path) as conn:
-                view = views.run_view(conn, checked_id(run_id, "run"), now=clock())
-        except (WatchError, views.NotFound) as e:
+            with snapshot(path) as snap:
+                view = views.run_view(snap, checked_id(run_id, "run"), now=clock())
+        except (SnapshotError, views.NotFound) as e:
             return failure(request, e, as_json=False)
         return _html(pages.run_page(view, links(request), db_path=shown))
 
     @router.get("/api/runs/{run_id}", name="watch_run_api")
     def run_api(request: Request, run_id: int) -> Response:
         try:
-            with snapshot(path) as conn:
-                view = views.run_view(conn, checked_id(run_id, "run"), now=clock())
-        except (WatchError, views.NotFound) as e:
+            with snapshot(path) as snap:
+                view = views.run_view(snap, checked_id(run_id, "run"), now=clock())
+        except (SnapshotError, views.NotFound) as e:
             return failure(request, e, as_json=True)
         return _json({"view": view, "display": pages.run_display(view, links(request))})
 
@@ -195,9 +195,9 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
     async def task_page(request: Request, run_id: int, task: str) -> Response:
         def build(budget: PageBudget) -> Response:
             try:
-                with snapshot(path) as conn:
-                    view = views.task_view(conn, checked_id(run_id, "run"), task)
-            except (WatchError, views.NotFound) as e:
+                with snapshot(path) as snap:
+                    view = views.task_view(snap, checked_id(run_id, "run"), task)
+            except (SnapshotError, views.NotFound) as e:
                 return failure(request, e, as_json=False)
             return _html(pages.task_page(view, links(request), budget=budget))
 
@@ -206,9 +206,9 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
     @router.get("/api/runs/{run_id}/tasks/{task:path}", name="watch_task_api")
     def task_api(request: Request, run_id: int, task: str) -> Response:
         try:
-            with snapshot(path) as conn:
-                view = views.task_view(conn, checked_id(run_id, "run"), task)
-        except (WatchError, views.NotFound) as e:
+            with snapshot(path) as snap:
+                view = views.task_view(snap, checked_id(run_id, "run"), task)
+        except (SnapshotError, views.NotFound) as e:
             return failure(request, e, as_json=True)
         return _json({"view": view})
 
@@ -216,9 +216,9 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
     async def candidate_page(request: Request, run_id: int, candidate_id: int) -> Response:
         def build(budget: PageBudget) -> Response:
             try:
-                with snapshot(path) as conn:
-                    d, reference, parent = views.candidate_view(conn, checked_id(candidate_id, "candidate"))
-            except (WatchError, views.NotFound) as e:
+                with snapshot(path) as snap:
+                    d, reference, parent = views.candidate_view(snap, checked_id(candidate_id, "candidate"))
+            except (SnapshotError, views.NotFound) as e:
                 return failure(request, e, as_json=False)
             return _html(pages.candidate_page(d, reference, parent, links(request)))
 

@@ -24,9 +24,9 @@ from urllib.parse import quote
 from kernelrl.report.console import percent_text, roofline_text, speedup_text
 from kernelrl.report.metrics import geometric_mean
 from kernelrl.report.watch.code import PageBudget, code_html, diff_html, esc, visible
-from kernelrl.report.watch.queries import CandidateDetail
 from kernelrl.report.watch.views import RunSummary, RunView, TaskLine, TaskView
 from kernelrl.result import EvalResult, Status
+from kernelrl.search.database.snapshot import CandidateDetail
 
 MAX_ERROR_CHARS = 6000  # the tail of compiler output shown per candidate
 Cell = str | dict[str, str]

@@ -1,6 +1,7 @@
 """What the run page and the task page show, computed from one snapshot of the database.
 
-`run_view(conn, run_id, now=...)` and `task_view(conn, run_id, task)` return typed views; pages
+`run_view(snap, run_id, now=...)` and `task_view(snap, run_id, task)`, over one `Snapshot` of the
+file (`kernelrl.search.database.snapshot`, which holds every query), return typed views; pages
 render them (`kernelrl.report.watch.pages`) and the JSON endpoints return them as they are.
 
 Definitions follow `kernelrl.report.report` (a task's best is its fastest correct candidate of
@@ -15,7 +16,7 @@ best within noise never counting as faster: `kernelrl.report.metrics.counts_as_f
 - speedup over time: each task's best-so-far at every evaluation time of the run;
 - training (GRPO runs): per step, from the stored rollouts: mean raw reward, mean clipped reward
   of the rollouts given to the trainer (kept by RoC), the share correct and the share correct
-  and faster than eager (fast_1); per logging step, from `kernelrl.train.step_log`: TRL's
+  and faster than eager (fast_1); per logging step, from the step log (`Snapshot.train_steps`): TRL's
   metrics and the curriculum's per-task weights.
 
 Does not re-measure or re-judge anything.
@@ -24,7 +25,6 @@ Does not re-measure or re-judge anything.
 from __future__ import annotations
 
 import math
-import sqlite3
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,11 +32,10 @@ from typing import Any
 
 from kernelrl.report.metrics import counts_as_faster, fast_p, geometric_mean
 from kernelrl.report.report import FAST_P
-from kernelrl.report.watch import queries
-from kernelrl.report.watch.queries import CandidateDetail, CandidateRow, HackRow
 from kernelrl.reward import within_noise
+from kernelrl.search.database.snapshot import CandidateDetail, CandidateRow, HackRow, Snapshot, TaskRow
+from kernelrl.search.database.steps import StepRecord
 from kernelrl.search.records import RunRecord, RunStatus
-from kernelrl.train.step_log import StepRecord, read_steps
 
 RATE_WINDOW = 20  # units (candidates or steps) the ETA's rate is measured over
 RECENT_REFUSED = 20  # refused candidates listed on a run page
@@ -158,32 +157,32 @@ def summary(run: RunRecord, candidates: int) -> RunSummary:
                       finished=run.finished, proposer=proposer, candidates=candidates)
 
 
-def run_list(conn: sqlite3.Connection) -> list[RunSummary]:
-    return [summary(r, n) for r, n in queries.runs(conn)]
+def run_list(snap: Snapshot) -> list[RunSummary]:
+    return [summary(r, n) for r, n in snap.runs()]
 
 
-def _get_run(conn: sqlite3.Connection, run_id: int) -> RunRecord:
-    run = queries.run(conn, run_id)
+def _get_run(snap: Snapshot, run_id: int) -> RunRecord:
+    run = snap.run(run_id)
     if run is None:
         raise NotFound(f"no run {run_id} in this database")
     return run
 
 
-def run_view(conn: sqlite3.Connection, run_id: int, *, now: float) -> RunView:
-    run = _get_run(conn, run_id)
-    cands = queries.candidates(conn, run_id)
-    known = queries.tasks(conn)
+def run_view(snap: Snapshot, run_id: int, *, now: float) -> RunView:
+    run = _get_run(snap, run_id)
+    cands = snap.candidates(run_id)
+    known = snap.tasks()
     names = list(run.config.get("task_names") or [])
     if not names and run_kind(run) != SEARCH:
         names = [str(t) for t in (run.config.get("config") or {}).get("tasks") or [] if str(t) in known]
     names = sorted(set(names) | {c.task for c in cands})
-    lines = _task_lines(conn, run_id, names, cands, known)
+    lines = _task_lines(snap, run_id, names, cands, known)
     eager = [t.speedup_vs_eager for t in lines if t.speedup_vs_eager is not None]
     comp = [t.speedup_vs_compile for t in lines if t.speedup_vs_compile is not None]
-    refused = queries.refused_rules(conn, run_id)
+    refused = snap.refused_rules(run_id)
     by_rule = Counter(rule for rules in refused.values() for rule in rules)
     statuses = Counter(c.status or "proposed" for c in cands)
-    training = _training(conn, run_id, cands) if run_kind(run) == "grpo" else None
+    training = _training(snap, run_id, cands) if run_kind(run) == "grpo" else None
     return RunView(
         run=summary(run, len(cands)), progress=_progress(run, cands, training, len(names), now), tasks=lines,
         fast_p=[(p, fast_p([t.speedup_vs_eager for t in lines], p, within_noise=[t.within_noise for t in lines]))
@@ -192,19 +191,19 @@ def run_view(conn: sqlite3.Connection, run_id: int, *, now: float) -> RunView:
         geomean_vs_compile=geometric_mean(comp), median_vs_compile=statistics.median(comp) if comp else None,
         status_counts=dict(statuses.most_common()),
         refused_by_rule=sorted(by_rule.items(), key=lambda kv: (-kv[1], kv[0])),
-        recent_refused=queries.hack_cases(conn, run_id, limit=RECENT_REFUSED), curve=_curve(names, cands),
+        recent_refused=snap.hack_cases(run_id, limit=RECENT_REFUSED), curve=_curve(names, cands),
         training=training, now=now)
 
 
-def _task_lines(conn: sqlite3.Connection, run_id: int, names: list[str], cands: list[CandidateRow],
-                known: dict[str, queries.TaskRow]) -> list[TaskLine]:
+def _task_lines(snap: Snapshot, run_id: int, names: list[str], cands: list[CandidateRow],
+                known: dict[str, TaskRow]) -> list[TaskLine]:
     by_task: dict[str, list[CandidateRow]] = {n: [] for n in names}
     for c in cands:
         by_task.setdefault(c.task, []).append(c)
     best = {n: max((c for c in own if c.status == "correct" and c.speedup is not None),
                    key=lambda c: (c.speedup, -c.id), default=None) for n, own in by_task.items()}
-    full = queries.results(conn, [b.id for b in best.values() if b is not None])
-    bases = queries.baselines(conn)
+    full = snap.results([b.id for b in best.values() if b is not None])
+    bases = snap.baselines()
     lines = []
     for name in names:
         own = by_task[name]
@@ -284,7 +283,7 @@ def _progress(run: RunRecord, cands: list[CandidateRow], training: Training | No
     return Progress(unit=unit, done=done, total=total, rate_per_s=rate, eta_s=eta, elapsed_s=elapsed, idle_s=idle)
 
 
-def _training(conn: sqlite3.Connection, run_id: int, cands: list[CandidateRow]) -> Training:
+def _training(snap: Snapshot, run_id: int, cands: list[CandidateRow]) -> Training:
     by_step: dict[int, list[CandidateRow]] = {}
     for c in cands:
         step = c.meta.get("step")
@@ -296,7 +295,7 @@ def _training(conn: sqlite3.Connection, run_id: int, cands: list[CandidateRow]) 
         raws = [float(c.meta["raw"]) for c in own if _number(c.meta.get("raw"))]
         given = [float(c.meta["reward"]) for c in own if c.meta.get("kept") and _number(c.meta.get("reward"))]
         correct = [c for c in own if c.status == "correct"]
-        full = queries.results(conn, [c.id for c in correct if c.speedup is not None])
+        full = snap.results([c.id for c in correct if c.speedup is not None])
         lines.append(StepLine(step=step, rollouts=len(own), raw_reward=statistics.fmean(raws) if raws else None,
                               clipped_reward=statistics.fmean(given) if given else None,
                               clipped=sum(1 for c in own if c.meta.get("clipped")),
@@ -304,34 +303,34 @@ def _training(conn: sqlite3.Connection, run_id: int, cands: list[CandidateRow]) 
                               fast_1_share=sum(counts_as_faster(c.speedup, 1.0, within_noise=c.id in full
                                                                 and within_noise(full[c.id])) for c in correct)
                               / len(own)))
-    return Training(steps=lines, logged=read_steps(conn, run_id))
+    return Training(steps=lines, logged=snap.train_steps(run_id))
 
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def task_view(conn: sqlite3.Connection, run_id: int, task: str) -> TaskView:
-    run = _get_run(conn, run_id)
-    known = queries.tasks(conn)
-    rows = queries.candidates(conn, run_id, task)
+def task_view(snap: Snapshot, run_id: int, task: str) -> TaskView:
+    run = _get_run(snap, run_id)
+    known = snap.tasks()
+    rows = snap.candidates(run_id, task)
     if task not in known and not rows:
         raise NotFound(f"no task {task!r} in run {run_id}")
-    details = [d for d in (queries.candidate(conn, c.id) for c in rows) if d is not None]
+    details = [d for d in (snap.candidate(c.id) for c in rows) if d is not None]
     parent_ids = sorted({p for d in details for p in d.parents[:1]})
-    line = _task_lines(conn, run_id, [task], rows, known)[0]
+    line = _task_lines(snap, run_id, [task], rows, known)[0]
     own = known.get(task)
-    return TaskView(run=summary(run, queries.count_candidates(conn, run_id)), task=task,
+    return TaskView(run=summary(run, snap.count_candidates(run_id)), task=task,
                     level=own.level if own else None, reference=own.source if own else "", line=line,
-                    candidates=details, parents=queries.sources(conn, parent_ids),
-                    hack_cases=queries.hack_cases(conn, run_id, task))
+                    candidates=details, parents=snap.sources(parent_ids),
+                    hack_cases=snap.hack_cases(run_id, task))
 
 
-def candidate_view(conn: sqlite3.Connection, candidate_id: int) -> tuple[CandidateDetail, str, str | None]:
+def candidate_view(snap: Snapshot, candidate_id: int) -> tuple[CandidateDetail, str, str | None]:
     """(candidate, its task's reference source, its first parent's source)."""
-    d = queries.candidate(conn, candidate_id)
+    d = snap.candidate(candidate_id)
     if d is None:
         raise NotFound(f"no candidate {candidate_id} in this database")
-    known = queries.tasks(conn)
-    parent = queries.sources(conn, list(d.parents[:1])).get(d.parents[0]) if d.parents else None
+    known = snap.tasks()
+    parent = snap.sources(list(d.parents[:1])).get(d.parents[0]) if d.parents else None
     return d, known[d.task].source if d.task in known else "", parent

@@ -13,7 +13,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.testclient import TestClient
 
 from kernelrl.report.watch.app import create_app, jsonable, watch_router
-from kernelrl.report.watch.queries import snapshot
+from kernelrl.search.database.snapshot import snapshot
 from watch_fixtures import EVIL_TASK, HOSTILE, MISMATCH, RunWriter, fill_search_run
 
 
@@ -155,8 +155,8 @@ def test_not_a_database_and_newer_schema(tmp_path: Path) -> None:
 
 def test_snapshot_cannot_write(filled) -> None:
     _, db, _ = filled
-    with snapshot(db) as conn, pytest.raises(sqlite3.OperationalError, match="readonly"):
-        conn.execute("DELETE FROM candidates")
+    with snapshot(db) as snap, pytest.raises(sqlite3.OperationalError, match="readonly"):
+        snap._conn.execute("DELETE FROM candidates")  # no method writes; the connection itself cannot
 
 
 def test_every_answer_is_consistent_while_a_run_writes(filled) -> None:

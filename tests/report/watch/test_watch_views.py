@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from kernelrl.report.watch import views
-from kernelrl.report.watch.queries import snapshot
 from kernelrl.result import EvalResult, Status
 from kernelrl.search import database
 from kernelrl.search.database import Database, NewCandidate, RunStatus
-from kernelrl.train.step_log import StepRecord, write_step
+from kernelrl.search.database.snapshot import snapshot
+from kernelrl.search.database.steps import StepRecord
 from watch_fixtures import add, correct, incorrect, start_run
 
 
@@ -32,16 +32,16 @@ def test_progress_and_eta_from_the_recent_rate(tmp_path: Path, monkeypatch: pyte
         for i in range(6):  # one every 10 s
             clock.t = 1000.0 + 10.0 * (i + 1)
             add(db, run, "abc"[i % 3], f"p{i}", correct("abc"[i % 3], 1.1) if i % 2 else incorrect("abc"[i % 3]))
-    with snapshot(path) as conn:
-        prog = views.run_view(conn, run, now=1065.0).progress
+    with snapshot(path) as snap:
+        prog = views.run_view(snap, run, now=1065.0).progress
     assert (prog.done, prog.total, prog.unit) == (6, 12, "candidates")
     assert prog.rate_per_s == pytest.approx(0.1)
     assert prog.eta_s == pytest.approx(60.0)  # 6 left at 0.1 per second
     assert prog.elapsed_s == pytest.approx(65.0) and prog.idle_s == pytest.approx(5.0)
     with Database(path) as db:
         db.finish_run(run, RunStatus.INTERRUPTED)
-    with snapshot(path) as conn:
-        prog = views.run_view(conn, run, now=5000.0).progress
+    with snapshot(path) as snap:
+        prog = views.run_view(snap, run, now=5000.0).progress
     assert prog.eta_s is None and prog.idle_s is None  # a stopped run has no ETA
 
 
@@ -50,8 +50,8 @@ def test_a_task_with_no_candidate_counts_against_fast_p(tmp_path: Path) -> None:
     with Database(path) as db:
         run = start_run(db, ["a", "b"])
         add(db, run, "a", "x", correct("a", 2.0))
-    with snapshot(path) as conn:
-        view = views.run_view(conn, run, now=0.0)
+    with snapshot(path) as snap:
+        view = views.run_view(snap, run, now=0.0)
     assert [t.task for t in view.tasks] == ["a", "b"] and dict(view.fast_p)[1.0] == 0.5
 
 
@@ -71,17 +71,18 @@ def _grpo_run(path: Path) -> int:
             result = (EvalResult(task="t1", status=Status.CORRECT, speedup=speed) if speed is not None
                       else EvalResult(task="t1", status=Status.INCORRECT, message="wrong"))
             db.store_result(rec.id, result)
-    for step, weights in ((1, {"t1": 3.0, "t2": 0.0}), (2, {"t1": 1.0, "t2": 1.0})):
-        write_step(path, StepRecord(run_id=run, step=step, logged=2000.0 + step, metrics={"loss": 0.1 * step},
-                                    weights=weights, open_levels=(1,) if step == 1 else (1, 2)))
+    with Database(path) as db:
+        for step, weights in ((1, {"t1": 3.0, "t2": 0.0}), (2, {"t1": 1.0, "t2": 1.0})):
+            db.log_step(StepRecord(run_id=run, step=step, logged=2000.0 + step, metrics={"loss": 0.1 * step},
+                                   weights=weights, open_levels=(1,) if step == 1 else (1, 2)))
     return run
 
 
 def test_training_view_per_step(tmp_path: Path) -> None:
     path = tmp_path / "k.db"
     run = _grpo_run(path)
-    with snapshot(path) as conn:
-        view = views.run_view(conn, run, now=3000.0)
+    with snapshot(path) as snap:
+        view = views.run_view(snap, run, now=3000.0)
     assert view.run.kind == "grpo" and view.training is not None
     s0, s1 = view.training.steps
     assert (s0.step, s0.rollouts, s0.clipped) == (0, 3, 1)

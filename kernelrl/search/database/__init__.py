@@ -1,4 +1,9 @@
-"""The code database: every task, candidate, answer, verdict and refused hack of every run.
+"""The run database: every task, candidate, answer, verdict, refused hack and training step of every run.
+
+This package is the only code that knows the run database's tables and SQL: `schema` (tables,
+versions, connections, the one transaction helper), this module's `Database` (the writer, and
+the reads of the search, the trainer and the report), `steps` (the training step log's table)
+and `snapshot` (the watch pages' read-only reads of a file another process is writing).
 
 Storage is one SQLite file in WAL mode. One `Database` object is the single writer of a file: its
 methods serialise on a lock, so threads may share it, and every write is one committed
@@ -18,7 +23,9 @@ Guarantees:
   whatever refused it (static rule, dynamic defence, degenerate task, LLM judge), so prompts and
   trainers can show what not to do (`hack_cases`, `recent_refused`);
 - the schema carries a version; a file written by a newer schema is refused with a clear error,
-  and an older one is brought up to date when opened for writing.
+  and an older one is brought up to date when opened for writing;
+- the training step log (`log_step`, `train_steps`) is written through the same connection and
+  lock, one transaction per step.
 
 Does not guarantee: safety with two processes writing one file at once (SQLite serialises them,
 but the search loop assumes it is the only writer of its run), nor durability against power loss
@@ -35,12 +42,23 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from kernelrl.result import EvalResult, Severity, Status
+from kernelrl.search.database import steps
+from kernelrl.search.database.schema import (
+    SCHEMA_VERSION,
+    DatabaseError,
+    check_version,
+    connect_reader,
+    connect_writer,
+    stored_version,
+    transaction,
+    upgrade,
+)
 from kernelrl.search.records import (
     BaselineRecord,
     CandidateRecord,
@@ -53,117 +71,9 @@ from kernelrl.search.records import (
     TaskRecord,
 )
 
-SCHEMA_VERSION = 4  # 2: hack_cases; 3: results keep the evaluator config's fingerprint; 4: baseline intervals
-
 # A weaker candidate is shown for contrast only when the best is at least this many times faster:
 # close scores are timing noise, not a lesson.
 CONTRAST_RATIO = 1.2
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    config TEXT NOT NULL,
-    started REAL NOT NULL,
-    finished REAL,
-    status TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tasks (
-    name TEXT PRIMARY KEY,
-    source TEXT NOT NULL,
-    source_hash TEXT NOT NULL,
-    level INTEGER,
-    size TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS baselines (
-    task TEXT NOT NULL,
-    device TEXT NOT NULL,
-    size TEXT NOT NULL,
-    eager_ms REAL NOT NULL,
-    compile_ms REAL,
-    measured REAL NOT NULL,
-    -- 95 % interval of eager / compiled, measured in the same rounds (NULL: not known)
-    compile_ci_lo REAL,
-    compile_ci_hi REAL,
-    PRIMARY KEY (task, device, size)
-);
-CREATE TABLE IF NOT EXISTS candidates (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id INTEGER REFERENCES runs(id),
-    task TEXT NOT NULL,
-    hash TEXT NOT NULL,
-    source TEXT NOT NULL,
-    parents TEXT NOT NULL,
-    chain INTEGER NOT NULL,
-    step INTEGER NOT NULL,
-    proposer TEXT NOT NULL,
-    prompt TEXT NOT NULL,
-    answer TEXT NOT NULL,
-    prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    created REAL NOT NULL,
-    state TEXT NOT NULL,
-    meta TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS candidates_task ON candidates (task, hash);
-CREATE INDEX IF NOT EXISTS candidates_run ON candidates (run_id, task, chain, step);
-CREATE TABLE IF NOT EXISTS results (
-    candidate_id INTEGER PRIMARY KEY REFERENCES candidates(id),
-    task TEXT NOT NULL,
-    hash TEXT NOT NULL,
-    status TEXT NOT NULL,
-    speedup REAL,
-    cand_ms REAL,
-    ref_ms REAL,
-    device TEXT NOT NULL,
-    size TEXT NOT NULL,
-    policy TEXT NOT NULL,
-    result TEXT NOT NULL,
-    evaluated REAL NOT NULL,
-    reused_from INTEGER,
-    task_hash TEXT NOT NULL,
-    -- the evaluator config the result was judged under (kernelrl.judge.eval_config.config_fingerprint)
-    fingerprint TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS results_task ON results (task, status, speedup);
-CREATE INDEX IF NOT EXISTS results_reuse ON results (task, hash, fingerprint);
-CREATE TABLE IF NOT EXISTS findings (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    candidate_id INTEGER NOT NULL REFERENCES candidates(id),
-    rule TEXT NOT NULL,
-    severity TEXT NOT NULL,
-    stage TEXT NOT NULL,
-    message TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS findings_rule ON findings (rule);
-CREATE TABLE IF NOT EXISTS hack_cases (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    candidate_id INTEGER NOT NULL REFERENCES candidates(id),
-    task TEXT NOT NULL,
-    hash TEXT NOT NULL,
-    rule TEXT NOT NULL,
-    stage TEXT NOT NULL,
-    message TEXT NOT NULL,
-    line INTEGER,
-    created REAL NOT NULL,
-    UNIQUE (task, hash, rule)
-);
-CREATE INDEX IF NOT EXISTS hack_cases_task ON hack_cases (task, id);
-"""
-
-# Version 1 files gain the hack-case table, filled from the refusals they already hold.
-_BACKFILL_HACK_CASES = """
-INSERT OR IGNORE INTO hack_cases (candidate_id, task, hash, rule, stage, message, line, created)
-SELECT f.candidate_id, r.task, r.hash, f.rule, f.stage, f.message, NULL, r.evaluated
-FROM findings f JOIN results r ON r.candidate_id = f.candidate_id
-WHERE r.status = 'flagged' AND f.severity = 'reject' AND r.reused_from IS NULL
-ORDER BY f.id
-"""
-
-
-class DatabaseError(RuntimeError):
-    """The database file cannot be used; the message says why, for a person."""
-
 
 _CAND_COLS = ("c.id, c.run_id, c.task, c.hash, c.source, c.parents, c.chain, c.step, c.proposer, c.prompt, "
               "c.answer, c.prompt_tokens, c.completion_tokens, c.created, c.state, c.meta, r.result")
@@ -197,19 +107,7 @@ class Database:
 
     def _open(self, *, readonly: bool) -> None:
         try:
-            if readonly:
-                self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,
-                                             check_same_thread=False, timeout=30.0)
-            else:
-                self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                             timeout=30.0)
-                mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                if str(mode).lower() != "wal":
-                    raise DatabaseError(f"{self.path}: cannot switch to WAL mode (got {mode})")
-                # NORMAL in WAL mode: a committed transaction survives a process crash; only a power
-                # loss can drop the last ones, which costs a re-evaluation, never a corrupt file.
-                self._conn.execute("PRAGMA synchronous=NORMAL")
-                self._conn.execute("PRAGMA foreign_keys=ON")
+            self._conn = connect_reader(self.path) if readonly else connect_writer(self.path)
         except sqlite3.DatabaseError as e:
             raise DatabaseError(f"{self.path}: not a usable SQLite database ({e})") from e
         self._lock = threading.RLock()
@@ -226,20 +124,11 @@ class Database:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
         """One write transaction: all of it is committed, or none of it."""
         if self.readonly:
             raise DatabaseError(f"{self.path} is open read-only")
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            else:
-                self._conn.execute("COMMIT")
+        return transaction(self._conn, self._lock)
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -247,42 +136,16 @@ class Database:
 
     def _check_schema(self) -> None:
         try:
-            have = self._query("SELECT name FROM sqlite_master WHERE type='table' AND name='schema_version'")
+            with self._lock:
+                version = stored_version(self._conn)
         except sqlite3.DatabaseError as e:
             raise DatabaseError(f"{self.path}: not a usable SQLite database ({e})") from e
-        version = None
-        if have:
-            row = self._query("SELECT version FROM schema_version")
-            version = row[0][0] if row else None
-        if version is not None and version > SCHEMA_VERSION:
-            raise DatabaseError(f"{self.path} has schema version {version}; this kernelrl reads up to "
-                                f"{SCHEMA_VERSION}; upgrade kernelrl")
+        check_version(self.path, version)
         if version == SCHEMA_VERSION:
             return
         if self.readonly:
             raise DatabaseError(f"{self.path} is not a kernelrl database (no schema version)")
-        with self._lock:
-            # executescript commits on its own; the schema is idempotent (IF NOT EXISTS), so a
-            # crash half-way is repaired by the next open.
-            self._conn.executescript(_SCHEMA)
-            with self._tx() as c:
-                if version is not None and version < 2:
-                    c.execute(_BACKFILL_HACK_CASES)
-                if version is not None and version < 3:
-                    # Results stored before fingerprints were kept are never reused: nothing says
-                    # which tolerance, correctness sets or timing they were judged under.
-                    columns = {row[1] for row in c.execute("PRAGMA table_info(results)")}
-                    if "fingerprint" not in columns:
-                        c.execute("ALTER TABLE results ADD COLUMN fingerprint TEXT NOT NULL DEFAULT ''")
-                    c.execute("DROP INDEX IF EXISTS results_dedup")
-                    c.execute("CREATE INDEX IF NOT EXISTS results_reuse ON results (task, hash, fingerprint)")
-                if version is not None and version < 4:
-                    columns = {row[1] for row in c.execute("PRAGMA table_info(baselines)")}
-                    for name in ("compile_ci_lo", "compile_ci_hi"):
-                        if name not in columns:
-                            c.execute(f"ALTER TABLE baselines ADD COLUMN {name} REAL")
-                c.execute("DELETE FROM schema_version")
-                c.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        upgrade(self._conn, self._lock, version)
 
     @property
     def schema_version(self) -> int:
@@ -319,6 +182,17 @@ class Database:
     def latest_run(self) -> RunRecord | None:
         rows = self._query("SELECT id, config, started, finished, status FROM runs ORDER BY id DESC LIMIT 1")
         return _run(rows[0]) if rows else None
+
+    # ----------------------------------------------------------------- training step log
+    def log_step(self, record: steps.StepRecord) -> None:
+        """Store one logging step of a training run (`steps.write`), in one transaction."""
+        with self._tx() as c:
+            steps.write(c, record)
+
+    def train_steps(self, run_id: int) -> list[steps.StepRecord]:
+        """A run's logged training steps in order (none when nothing was logged)."""
+        with self._lock:
+            return steps.read(self._conn, run_id)
 
     # ----------------------------------------------------------------- tasks and baselines
     def upsert_task(self, *, name: str, source: str, source_hash: str, level: int | None, size: str) -> None:
