@@ -122,7 +122,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from kernelrl.checks import audit
+    from kernelrl.audit import audit
+    from kernelrl.checks.audit import AuditInputError
     from kernelrl.report.console import render_audit
 
     path = Path(args.path)
@@ -135,11 +136,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise UsageError("--limit must be >= 0")
     only = [s.strip() for v in args.only or () for s in v.split(",") if s.strip()]
     try:
-        report = audit.audit(path, policy=config.policy, run_dynamic=args.dynamic,
-                             eval_config=config if args.dynamic else None,
-                             task_spec=args.task, only=only, limit=args.limit, degeneracy=args.degeneracy,
-                             console=console)
-    except audit.AuditInputError as e:
+        report = audit(path, policy=config.policy, run_dynamic=args.dynamic,
+                       eval_config=config if args.dynamic else None,
+                       task_spec=args.task, only=only, limit=args.limit, degeneracy=args.degeneracy,
+                       console=console)
+    except AuditInputError as e:
         raise UsageError(str(e)) from e
     if args.json:
         print(json.dumps(report.to_dict()))

@@ -10,8 +10,9 @@ import pytest
 from fixture_spec import CONTROL, REDTEAM, TASKS
 from rich.console import Console
 
-from kernelrl.checks import audit as audit_module
-from kernelrl.checks.audit import AuditInputError, AuditOutcome, audit, read_entries
+from kernelrl import audit as audit_module
+from kernelrl.audit import audit
+from kernelrl.checks.audit import AuditInputError, AuditOutcome, read_entries
 from kernelrl.cli import main
 from kernelrl.report.console import render_audit
 
