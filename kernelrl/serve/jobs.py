@@ -42,14 +42,15 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kernelrl.checks.policy import PolicyName
 from kernelrl.result import EvalResult
+from kernelrl.search.database.schema import transaction
 from kernelrl.tasks.task import Size, Task
 
 log = logging.getLogger("kernelrl.serve")
@@ -249,7 +250,7 @@ class JobStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _private(self.path)
         self._lock = threading.Lock()
-        # autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below
+        # autocommit mode: transactions are explicit (`transaction`, the run database's one helper) below
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -266,18 +267,13 @@ class JobStore:
         if version == SCHEMA_VERSION:
             return
         old = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone()
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(db):
             if old:  # foreign keys are off here (turned on after), as a table rebuild needs
                 for statement in _statements(MIGRATE_1_TO_2):
                     db.execute(statement)
             for statement in _statements(SCHEMA):
                 db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
         if old:
             log.warning("%s: the job store was brought to schema %d (jobs kept)", self.path, SCHEMA_VERSION)
 
@@ -285,16 +281,8 @@ class JobStore:
         with self._lock:
             self._db.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._db, self._lock)
 
     # -- accepting ------------------------------------------------------------------------------
 

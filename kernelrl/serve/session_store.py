@@ -35,13 +35,13 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kernelrl.checks.policy import PolicyName
+from kernelrl.search.database.schema import transaction
 from kernelrl.search.episode import EpisodeConfig
 from kernelrl.serve.jobs import task_from_json, task_to_json
 from kernelrl.tasks.task import Size, Task
@@ -178,16 +178,8 @@ class SessionStore:
         with self._lock:
             self._db.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._db, self._lock)
 
     # -- sessions -------------------------------------------------------------------------------
 
