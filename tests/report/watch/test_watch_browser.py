@@ -9,8 +9,9 @@ in to `kernelrl serve --watch-db` works from the browser (its form post names it
 leads to the session's own path, whose pages link and poll under it; a program on another port of
 127.0.0.1 never receives the session cookie unless the browser is sent to that very path there;
 a page of another site rebound to 127.0.0.1 (Chromium's host resolver rules stand in for DNS
-rebinding) reads nothing. The screenshot test (slow) writes the run and task pages as PNGs (to
-$KERNELRL_SCREENSHOTS, or the test's temp folder).
+rebinding) reads nothing. The screenshot test (slow) writes the run and task pages as PNGs, at 1280 px and at a phone's
+480 px (where the page must not scroll sideways), to $KERNELRL_SCREENSHOTS or the test's temp
+folder.
 
 Skipped when /usr/bin/chromium or /usr/bin/chromedriver is missing (`.ci/run` installs both).
 """
@@ -174,6 +175,16 @@ def test_screenshots(live, browser, tmp_path: Path) -> None:
     browser.execute_script("arguments[0].scrollIntoView()", browser.find_element(By.ID, f"c{ids['fast']}"))
     shots["task"] = out / "watch-task.png"
     browser.save_screenshot(str(shots["task"]))
+    # At phone width nothing makes the page itself scroll sideways: wide tables scroll in place.
+    browser.set_window_size(480, 900)
+    for name, path in (("run-phone", f"/runs/{ids['run']}"), ("task-phone", f"/runs/{ids['run']}/tasks/a")):
+        browser.get(base + path)
+        if name == "run-phone":
+            assert wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#chart-speedup .uplot"))
+        wide = browser.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+        assert wide <= 0, f"{name}: the page is {wide} px wider than a 480 px window"
+        shots[name] = out / f"watch-{name}.png"
+        browser.save_screenshot(str(shots[name]))
     for path in shots.values():
         data = path.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, (path, len(data))
