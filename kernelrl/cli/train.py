@@ -135,8 +135,8 @@ def _bench_values(values: dict[str, Any]) -> None:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from kernelrl.report.console import render_collect
     from kernelrl.train.collect import collect
+    from kernelrl.train.console import render_collect
 
     config = _config(args, COLLECT_TABLES, "collect")
     _preflight(config, [(spec, dict(config.proposer_opts)) for spec in config.proposers])
@@ -195,7 +195,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     import_runtime()  # deferred until the stage's flags are read (`main` skips it for `train`)
     from kernelrl.config import to_dict
-    from kernelrl.report.console import render_stage_report
+    from kernelrl.train.console import render_stage_report
     from kernelrl.train.recipe import load_train_config, run_stage
     from kernelrl.train.stage import Stage
 
@@ -239,8 +239,8 @@ def _dry_run(config: Any, stage: Any, name: str) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from kernelrl.report.console import render_bench
     from kernelrl.train.bench import plot_bench, run_bench
+    from kernelrl.train.console import render_bench
 
     config = _config(args, BENCH_TABLES, "bench", adjust=_bench_values)
     _preflight(config, [(config.proposer, dict(config.proposer_opts))])
@@ -264,8 +264,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _bench_turns(config: Any, args: argparse.Namespace, console: Any) -> int:
     """`kernelrl bench --turns T`: refinement episodes, reported by turn."""
-    from kernelrl.report.console import render_turn_bench
     from kernelrl.train.bench_turns import plot_turn_bench, run_turn_bench
+    from kernelrl.train.console import render_turn_bench
 
     try:
         report = run_turn_bench(config, console=console)
