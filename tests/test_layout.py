@@ -1,9 +1,10 @@
-"""The package's shape: no import cycle, modules of a readable size, a README in every folder, a
+"""The package's shape: no import cycle between modules nor between packages, modules of a readable size, a README in every folder, a
 command line whose help and task list start without the runtime (torch, the trainer, the server)."""
 
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import subprocess
 import sys
@@ -79,6 +80,84 @@ def test_no_import_cycle():
     for node in sorted(graph):
         if node not in state:
             dfs(node)
+
+
+def _package_of(module: str) -> str:
+    """The layer a module belongs to: its subpackage (`kernelrl.checks` for `kernelrl.checks.static.scan`),
+    or itself for a module at the top (`kernelrl.reward`)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_edges(modules: dict[str, Path]) -> dict[tuple[str, str], set[tuple[str, str]]]:
+    """(package, package it imports) -> the (module, imported module) pairs behind that edge, from every
+    import: at import time, inside functions, under TYPE_CHECKING."""
+    edges: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for name, path in modules.items():
+        if name == "kernelrl":
+            continue
+        for target in _imports(path, name, set(modules)):
+            a, b = _package_of(name), _package_of(target)
+            if target != "kernelrl" and a != b:
+                edges.setdefault((a, b), set()).add((name, target))
+    return edges
+
+
+def _package_cycles(edges: dict[tuple[str, str], set[tuple[str, str]]], shown: int = 6) -> list[str]:
+    """One message per back edge of a depth-first walk of the package graph: the cycle it closes and, for
+    every edge of that cycle, the imports behind it (so the message says which imports to move)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[str] = []
+
+    def behind(a: str, b: str) -> str:
+        pairs = sorted(edges[(a, b)])
+        text = ", ".join(f"{m} imports {t}" for m, t in pairs[:shown])
+        return text + (f", and {len(pairs) - shown} more" if len(pairs) > shown else "")
+
+    def dfs(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                lines = [f"package import cycle {' -> '.join(cycle)} (back edge {node} -> {nxt}):"]
+                lines += [f"  {a} -> {b}: {behind(a, b)}" for a, b in itertools.pairwise(cycle)]
+                found.append("\n".join(lines))
+            elif nxt not in state:
+                dfs(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            dfs(node)
+    return found
+
+
+def test_no_package_import_cycle():
+    """Packages layer one way (tasks, checks, judge, then what drives the judge: audit, search, train, serve,
+    report, cli): a package that imports another is never imported by it, not even from inside a function."""
+    cycles = _package_cycles(_package_edges(_modules()))
+    assert not cycles, "\n".join(cycles)
+
+
+def test_package_cycle_message_names_the_imports_behind_each_edge():
+    edges = {("kernelrl.checks", "kernelrl.judge"): {("kernelrl.checks.audit", "kernelrl.judge.evaluator")},
+             ("kernelrl.judge", "kernelrl.checks"): {("kernelrl.judge.group", "kernelrl.checks.static"),
+                                                     ("kernelrl.judge.trial", "kernelrl.checks.dynamic")},
+             ("kernelrl.judge", "kernelrl.tasks"): {("kernelrl.judge.pool", "kernelrl.tasks.task")}}
+    assert _package_cycles(edges) == [
+        "package import cycle kernelrl.checks -> kernelrl.judge -> kernelrl.checks "
+        "(back edge kernelrl.judge -> kernelrl.checks):\n"
+        "  kernelrl.checks -> kernelrl.judge: kernelrl.checks.audit imports kernelrl.judge.evaluator\n"
+        "  kernelrl.judge -> kernelrl.checks: kernelrl.judge.group imports kernelrl.checks.static, "
+        "kernelrl.judge.trial imports kernelrl.checks.dynamic"]
+    del edges[("kernelrl.checks", "kernelrl.judge")]
+    assert _package_cycles(edges) == []
 
 
 def test_no_module_is_too_long_to_read():
