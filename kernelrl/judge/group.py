@@ -42,10 +42,10 @@ from kernelrl.checks.policy import get_policy
 from kernelrl.checks.static import check_source
 from kernelrl.judge import verdict as V
 from kernelrl.judge.baseline import baseline_from_timing
-from kernelrl.judge.channel import arena_need
+from kernelrl.judge.channel import arena_need, payload_bytes
 from kernelrl.judge.context import JudgeContext
 from kernelrl.judge.device import Device
-from kernelrl.judge.inputs import available_memory, memory_need, too_large
+from kernelrl.judge.inputs import available_memory, memory_need, timing_pool_size, too_large
 from kernelrl.judge.reference import InputSet, ReferenceFailed, ReferenceSession, TaskInfo, session_for
 from kernelrl.judge.sandbox import Worker, timing_cores
 from kernelrl.judge.timer import (
@@ -137,15 +137,23 @@ class Group:
                                                                   t.worker.spot_outputs)) is not None:
                 t.findings.append(found)
 
-    def _arena_need(self, pool_size: int) -> int:
-        """The arena a candidate of this task needs: its largest message (parameters, every input set
-        and its outputs, the timing pool, a spot check), so it can pin no more memory than that."""
+    def _arena_need(self) -> int:
+        """The arena a candidate of this task needs: its largest message (its parameters, one input
+        set, the first set's two outputs, the timing pool, a spot check; correctness sends one set
+        per message), so it can pin no more memory than that."""
         sets = self.sets
         first = sets[0] if sets else None
+        largest = max(sets, key=lambda s: payload_bytes([s.values]) + payload_bytes(s.output), default=None)
         return arena_need(self.session.init_inputs, self.session.constants, self.session.state(),
-                          [s.values for s in sets], {"outputs": [s.output for s in [*sets, *sets[:2]]]},
-                          [first.values] * pool_size if first else None,
+                          [largest.values] if largest else None,
+                          {"outputs": [largest.output, largest.output]} if largest else None,
+                          [first.values] * self._pool_size() if first else None,
                           {"output": first.output, "inputs": first.values} if first else None)
+
+    def _pool_size(self) -> int:
+        """The timing pool's sets (`timing_pool_size`: one for a task whose set outgrows the caches)."""
+        configured = self.ctx.config.timing.pool_size
+        return timing_pool_size(configured, payload_bytes(self.sets[0].values)) if self.sets else configured
 
     def _phase(self, name: str) -> None:
         now = time.monotonic()
@@ -211,7 +219,7 @@ class Group:
         try:
             if survivors or self.baseline:
                 reference = self._timed_reference()
-                pool = self.session.timing_pool(cfg.timing.pool_size)
+                pool = self.session.timing_pool(self._pool_size())
                 self._phase("timing_pool_s")
                 # Members in a random order: pool and warm-up messages go out in this order.
                 order = list(survivors)
@@ -323,7 +331,8 @@ class Group:
         if p is None or not (p.input_bytes or p.output_bytes):
             return
         need = memory_need(input_bytes=p.input_bytes, output_bytes=p.output_bytes, param_bytes=p.param_bytes,
-                           n_sets=cfg.n_correctness, pool_size=cfg.timing.pool_size)
+                           n_sets=cfg.n_correctness,
+                           pool_size=timing_pool_size(cfg.timing.pool_size, p.input_bytes))
         cap = cfg.sandbox.memory_limit_gib
         why = too_large(need, available=available_memory(),
                         worker_cap=int(cap * (1 << 30)) if cap is not None and cfg.device is Device.CPU else None)
@@ -402,7 +411,7 @@ class Group:
                         # group's measurement is not the candidate's time.
                         t.started = time.monotonic()
                         t.worker = ctx.pool.take("candidate", deadline=t.started + cfg.timeout_s)
-                        t.worker.size_arena(self._arena_need(cfg.timing.pool_size))
+                        t.worker.size_arena(self._arena_need())
                         run_trial(t, reference=self.session, spec=self.session.spec, sets=self.sets,
                                   cache_dir=cfg.cache_dir, timeout_s=cfg.timeout_s, build_timeout_s=cfg.build_timeout_s,
                                   tol_scale=cfg.tol_scale, device_work=ctx.lock.device_work)

@@ -72,6 +72,20 @@ def timing_scale(rng: random.Random) -> float:
     return math.exp(rng.uniform(math.log(0.75), math.log(1.25)))
 
 
+# One input set this large outgrows every cache a timed call could reuse (a CPU's last level, a
+# GPU's L2: tens of MiB), so rotating several sets buys the measurement nothing, while each set
+# costs its bytes in the judge and twice in every worker. From this size on the timing pool holds
+# one set; every call still gets its own scale and jitter of it (`kernelrl.judge.timer`), so no
+# call sees the inputs of the call before.
+POOL_SET_BYTES = 256 << 20
+
+
+def timing_pool_size(configured: int, input_bytes: int) -> int:
+    """The timing pool's sets for a task whose input set takes `input_bytes`: the configured
+    number, or one set from `POOL_SET_BYTES` on."""
+    return 1 if input_bytes >= POOL_SET_BYTES else configured
+
+
 @dataclass(frozen=True, kw_only=True)
 class MemoryNeed:
     """Bytes an evaluation's tensors need: in the busiest worker and in the judge."""

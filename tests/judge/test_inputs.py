@@ -45,3 +45,45 @@ def test_a_task_too_large_is_a_task_error_before_any_set_or_build(tiny_task, qui
     res = evaluate(tiny_task, source, config)
     assert res.status is Status.TASK_ERROR and "too large" in res.message and "2.0 GiB cap" in res.message
     assert time.monotonic() - t0 < 60  # no 4 GiB set was made
+
+
+def test_a_set_that_outgrows_the_caches_is_timed_from_a_pool_of_one():
+    from kernelrl.judge.inputs import POOL_SET_BYTES, timing_pool_size
+
+    assert timing_pool_size(3, POOL_SET_BYTES - 1) == 3
+    assert timing_pool_size(3, POOL_SET_BYTES) == 1
+    big = memory_need(input_bytes=GIB, output_bytes=GIB, param_bytes=0, n_sets=5,
+                      pool_size=timing_pool_size(3, GIB))
+    assert big.worker == 6 * GIB  # with the configured pool of 3 it would be 10 GiB
+
+
+def test_a_candidate_worker_is_given_room_for_one_set_not_all_of_them(tiny_task, quick_config, monkeypatch):
+    """Correctness sends one set per message, so a candidate's arena (the memory it may pin) is
+    sized to one set, and a task whose set outgrows the caches sends a timing pool of one set."""
+    from kernelrl.judge import inputs
+    from kernelrl.judge.evaluator import evaluate
+    from kernelrl.judge.reference import ReferenceSession
+    from kernelrl.judge.sandbox import Worker
+    from kernelrl.result import Status
+
+    arenas: list[int] = []
+    pools: list[int] = []
+    size_arena, timing_pool = Worker.size_arena, ReferenceSession.timing_pool
+
+    def record_arena(self, capacity):
+        arenas.append(capacity)
+        return size_arena(self, capacity)
+
+    def record_pool(self, n):
+        pools.append(n)
+        return timing_pool(self, n)
+
+    monkeypatch.setattr(Worker, "size_arena", record_arena)
+    monkeypatch.setattr(ReferenceSession, "timing_pool", record_pool)
+    monkeypatch.setattr(inputs, "POOL_SET_BYTES", 1 << 20)  # this task's 4 MiB set counts as large
+    config = quick_config.__class__(**{**quick_config.__dict__, "constants": {"batch_size": 4096}})
+    res = evaluate(tiny_task, tiny_task.source.replace("class Model(", "class ModelNew("), config)
+    assert res.status is Status.CORRECT, res.message
+    one_set = 4096 * 256 * 4  # the input; the output is as large
+    assert arenas and max(arenas) < 3 * one_set  # two outputs of set 0 in one message; not five sets
+    assert pools and set(pools) == {1}
