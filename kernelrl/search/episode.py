@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernelrl.result import EvalResult
+from kernelrl.result import EvalResult, Status
 from kernelrl.search.feedback import feedback, verdict_line
 from kernelrl.search.prompt import Templates
 
@@ -130,12 +130,22 @@ class Episode:
         if omitted:
             history = t.render("turn_omitted.txt", n=omitted).rstrip("\n") + "\n\n" + history
         section = t.render("turn_history.txt", history=history, turn=self.turn, turns=self.config.turns,
-                           last=self.turns[-1].number).rstrip("\n")
+                           last=self.turns[-1].number, next_step=next_step(self.turns[-1])).rstrip("\n")
         return base.rstrip("\n") + "\n\n" + section + "\n"
 
     def returns(self, rewards: Sequence[float | None]) -> list[float | None]:
         """Each turn's return from the turns' own rewards (see `discounted_returns`)."""
         return discounted_returns(rewards, self.config.gamma)
+
+
+def next_step(turn: Turn) -> str:
+    """What the next turn is asked to do after `turn`'s verdict: the prompt's last line, so the
+    instruction that follows from the verdict is the last thing a policy reads."""
+    result = turn.result
+    if result is not None and result.status is Status.CORRECT:
+        return f"Turn {turn.number} is correct: make it faster while keeping it correct."
+    what = "no code" if result is None else result.status.value.replace("_", " ")
+    return f"Turn {turn.number} failed ({what}): fix what its verdict says first."
 
 
 def discounted_returns(rewards: Sequence[float | None], gamma: float = DEFAULT_GAMMA) -> list[float | None]:
@@ -159,4 +169,4 @@ def _approx_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
-__all__ = ["DEFAULT_GAMMA", "Episode", "EpisodeConfig", "Turn", "discounted_returns"]
+__all__ = ["DEFAULT_GAMMA", "Episode", "EpisodeConfig", "Turn", "discounted_returns", "next_step"]

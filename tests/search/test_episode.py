@@ -38,6 +38,17 @@ def test_the_first_turn_is_the_base_prompt_and_turn_two_holds_turn_ones_compiler
         ep.record("again", FIXED, correct(1.5))
 
 
+def test_a_turn_prompt_ends_with_what_the_last_verdict_asks_for():
+    failed = Episode(task="t", config=EpisodeConfig(turns=3))
+    failed.record("```python\n" + BROKEN + "```", BROKEN, compile_error())
+    assert failed.prompt(BASE).rstrip().endswith("Turn 1 failed (compile error): fix what its verdict says first.")
+    failed.record("no code here", None, None)
+    assert failed.prompt(BASE).rstrip().endswith("Turn 2 failed (no code): fix what its verdict says first.")
+    right = Episode(task="t", config=EpisodeConfig(turns=2))
+    right.record("```python\n" + FIXED + "```", FIXED, correct(1.5))
+    assert right.prompt(BASE).rstrip().endswith("Turn 1 is correct: make it faster while keeping it correct.")
+
+
 def test_a_turn_has_a_result_exactly_when_it_has_code():
     ep = Episode(task="t", config=EpisodeConfig(turns=3))
     with pytest.raises(ValueError):
