@@ -121,7 +121,7 @@ def test_a_flags_help_is_its_fields_own_comment():
 
     docs = field_docs(SearchConfig)
     assert docs["chains"] == "parallel chains per task"  # a trailing comment
-    assert docs["turns"].startswith("Refinement: each chain answers in episodes of this many turns")  # lines above
+    assert docs["token_budget"].startswith("prompt + completion tokens over the run")  # lines above
     assert docs["eval.timing.call_limit_s"] == "one sample may not take longer than this (a hang)"  # nested config
     text = " ".join(_sub("optimize").format_help().split())
     assert "--chains N parallel chains per task" in text and "--seed N seeds the prompts' random choices" in text

@@ -32,13 +32,13 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kernelrl.cli.helps import field_docs
-from kernelrl.config import load_toml, with_overrides
+from kernelrl.config import ConfigError, load_toml, with_overrides
 from kernelrl.plain import field_paths
 
 # The argparse dest of a generated flag: its dotted path, made a valid attribute name.
@@ -86,10 +86,18 @@ def overrides(args: argparse.Namespace, *tables: FlagTable) -> dict[str, Any]:
     return out
 
 
-def given_values(args: argparse.Namespace, *tables: FlagTable) -> dict[str, Any]:
-    """A command's settings: the run config `--config` names (if any), then the flags given on top.
-    Raises `kernelrl.config.ConfigError` for a config file that cannot be read."""
-    return with_overrides(load_toml(args.config) if args.config else {}, overrides(args, *tables))
+def given_values(args: argparse.Namespace, *tables: FlagTable,
+                 legacy: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A command's settings: the run config `--config` names (if any), rewritten by `legacy` (an
+    older file's keys moved where they live now), then the flags given on top. Raises
+    `kernelrl.config.ConfigError` for a config file that cannot be read."""
+    values = load_toml(args.config) if args.config else {}
+    if legacy is not None:
+        try:
+            values = legacy(values)
+        except ValueError as e:
+            raise ConfigError(f"{args.config}: {e}") from e
+    return with_overrides(values, overrides(args, *tables))
 
 
 def flag_paths(*tables: FlagTable) -> dict[str, str]:

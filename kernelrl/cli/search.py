@@ -19,6 +19,7 @@ from kernelrl.cli.preflight import (
 )
 from kernelrl.config import ConfigError, build
 from kernelrl.search.config import SearchConfig
+from kernelrl.search.episode import nest_episode_keys
 
 # optimize / report / export
 
@@ -27,11 +28,18 @@ from kernelrl.search.config import SearchConfig
 SEARCH_FLAGS = FlagTable(
     config=SearchConfig,
     names={"db_path": "--db", "template_dir": "--templates", "wall_time_s": "--wall-time",
-           "proposer_opts": "--proposer-opts", "batch_wait_s": "--batch-wait"},
+           "proposer_opts": "--proposer-opts", "batch_wait_s": "--batch-wait", "episode.turns": "--turns",
+           "episode.history_tokens": "--history-tokens"},
     # What the command line adds to the fields' own comments (the help of every other flag).
     helps={
         "tasks": "suites, task names, files or folders (several values, or comma-separated)",
         "proposer": "heuristic | openai:MODEL | hf:PATH | replay:PATH",
+        "episode.turns": "each chain answers in episodes of this many turns, every turn shown its earlier answers "
+                         "and their verdicts; 1: every prompt fresh (default 1)",
+        "episode.history_tokens": "with --turns: the most the earlier turns may take of a prompt, in characters / 4 "
+                                  "(default 6000)",
+        "episode.gamma": "the discount of later turns' rewards in a turn's return (the search pays no returns: "
+                         "kept so that [episode] reads the same in every config)",
     },
     skip=frozenset({"eval"}))
 OPTIMIZE_TABLES = (SEARCH_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
@@ -41,7 +49,7 @@ OPTIMIZE_ACTIONS = ("config", "report", "html")
 def search_config(args: argparse.Namespace) -> SearchConfig:
     """The run's `SearchConfig`: the named config file, then the flags given on top."""
     try:
-        values = given_values(args, *OPTIMIZE_TABLES)
+        values = given_values(args, *OPTIMIZE_TABLES, legacy=nest_episode_keys)
         if "db_path" not in values:
             raise UsageError("--db PATH is required (or db_path in the run config)")
         return build(SearchConfig, values)
@@ -86,7 +94,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         return 130
     if args.report:
         return cmd_report(argparse.Namespace(db=str(config.db_path), html=args.html, run=summary.run_id))
-    if config.turns > 1:
+    if config.episode.turns > 1:
         from kernelrl.report.console import render_by_turn
         from kernelrl.report.report import build_report
 

@@ -11,6 +11,7 @@ from typing import Any
 from kernelrl.cli.flags import FlagTable, add_flags, given_values, user_words
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
 from kernelrl.cli.preflight import check_files, check_proposer, check_run_database, check_tasks, check_writable_parent
+from kernelrl.search.episode import nest_episode_keys
 from kernelrl.train.bench import BenchConfig
 from kernelrl.train.collect import CollectConfig
 
@@ -54,14 +55,16 @@ COLLECT_FLAGS = FlagTable(
 BENCH_FLAGS = FlagTable(
     config=BenchConfig,
     names={"ps": "--fast", "compile_baseline": "--compile", "db_path": "--db", "template_dir": "--templates",
-           "proposer_opts": "--proposer-opts"},
+           "proposer_opts": "--proposer-opts", "episode.turns": "--turns", "episode.history_tokens": "--history-tokens"},
     helps={
         "proposer": "hf:PATH | replay:PATH | openai:MODEL | heuristic, optionally with options "
                     "\"hf:P max_new_tokens=512\"",
         "k": "samples per task (default 5)",
-        "turns": "turns per sample: each sample refines its answer from its own verdicts, and the report gives "
+        "episode.turns": "turns per sample: each sample refines its answer from its own verdicts, and the report gives "
                  "pass@k and fast_p@k by turn and T turns against T samples (default 1)",
-        "history_tokens": "with --turns: the most the earlier turns may take of a prompt (default 6000)",
+        "episode.gamma": "the discount of later turns' rewards in a turn's return (the bench pays no returns: "
+                         "kept so that [episode] reads the same in every config)",
+        "episode.history_tokens": "with --turns: the most the earlier turns may take of a prompt (default 6000)",
         "tasks": "suites, task names, files or folders (a KernelBench checkout); default: builtin",
         "split": "evaluate the tasks of this split only: test (default: tasks no training run may use), "
                  "validation, train or all; your own task files have no split and are always taken",
@@ -85,7 +88,7 @@ def _config(args: argparse.Namespace, tables: tuple[FlagTable, ...], command: st
     from kernelrl.config import ConfigError, build
 
     try:
-        values = given_values(args, *tables)
+        values = given_values(args, *tables, legacy=nest_episode_keys)
         if adjust is not None:
             adjust(values)
         config: Any = build(tables[0].config, values)
@@ -247,7 +250,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         check_writable_parent(args.plot, flag="--plot")
     console = console_for(args.json)
-    if config.turns > 1:
+    if config.episode.turns > 1:
         return _bench_turns(config, args, console)
     try:
         report = run_bench(config, console=console)

@@ -42,10 +42,10 @@ class SearchConfig:
     baselines: bool = True  # measure eager and torch.compile times once per task
     batch_wait_s: float = 5.0  # a candidate waits at most this long for others to join its batch
     template_dir: Path | None = None  # prompt templates overriding the built-in ones
-    # Refinement: each chain answers in episodes of this many turns, every turn shown its earlier
-    # answers and their verdicts (kernelrl.search.episode); 1: every prompt fresh.
-    turns: int = 1
-    history_tokens: int = 6000  # the most the earlier turns may take of a prompt (characters / 4)
+    # Refinement: each chain answers in episodes of episode.turns turns, every turn shown its
+    # earlier answers and their verdicts within episode.history_tokens (kernelrl.search.episode,
+    # counted as characters / 4); turns = 1: every prompt fresh.
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     # How candidates are judged: device, size, policy, limits, timing, sandbox.
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -74,10 +74,6 @@ class SearchConfig:
             raise ValueError(f"k_shown must be >= 0, got {self.k_shown}")
         if self.batch_wait_s < 0:
             raise ValueError(f"batch_wait_s must be >= 0, got {self.batch_wait_s}")
-        self.episode_config()  # validates turns and history_tokens
-
-    def episode_config(self) -> EpisodeConfig:
-        return EpisodeConfig(turns=self.turns, history_tokens=self.history_tokens)
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)

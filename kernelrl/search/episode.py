@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.feedback import feedback, verdict_line
@@ -64,6 +65,7 @@ class Turn:
     result: EvalResult | None  # None exactly when code is None
     verdict: str  # the verdict as the next turn reads it (`feedback`)
     candidate_id: int | None = None  # where the code database keeps it, when it does
+    reward: float | None = None  # the turn's own reward, when the caller pays one (`returns`)
 
 
 @dataclass
@@ -85,17 +87,26 @@ class Episode:
     def done(self) -> bool:
         return len(self.turns) >= self.config.turns
 
+    @property
+    def parents(self) -> tuple[int, ...]:
+        """The stored candidate the next turn refines: the latest turn's (none before turn 2, or
+        when the latest turn was not stored)."""
+        last = self.turns[-1].candidate_id if self.turns else None
+        return (last,) if last is not None else ()
+
     def record(self, answer: str, code: str | None, result: EvalResult | None, *,
                compile_speedup: float | None = None, compile_ci: tuple[float, float] | None = None,
-               candidate_id: int | None = None) -> Turn:
-        """Add the next turn: the answer, the code judged and the verdict."""
+               candidate_id: int | None = None, reward: float | None = None, verdict: str | None = None) -> Turn:
+        """Add the next turn: the answer, the code judged and the verdict (`verdict`: the text
+        given when this turn was judged, for an episode restored from storage; otherwise `feedback`'s)."""
         if self.done:
             raise ValueError(f"{self.task}: the episode already has its {self.config.turns} turns")
         if (code is None) != (result is None):
             raise ValueError("a turn has a result exactly when it has code to judge")
-        turn = Turn(number=self.turn, answer=answer, code=code, result=result,
-                    verdict=feedback(result, compile_speedup=compile_speedup, compile_ci=compile_ci),
-                    candidate_id=candidate_id)
+        if verdict is None:
+            verdict = feedback(result, compile_speedup=compile_speedup, compile_ci=compile_ci)
+        turn = Turn(number=self.turn, answer=answer, code=code, result=result, verdict=verdict,
+                    candidate_id=candidate_id, reward=reward)
         self.turns.append(turn)
         return turn
 
@@ -133,9 +144,27 @@ class Episode:
                            last=self.turns[-1].number, next_step=next_step(self.turns[-1])).rstrip("\n")
         return base.rstrip("\n") + "\n\n" + section + "\n"
 
-    def returns(self, rewards: Sequence[float | None]) -> list[float | None]:
-        """Each turn's return from the turns' own rewards (see `discounted_returns`)."""
-        return discounted_returns(rewards, self.config.gamma)
+    def returns(self, rewards: Sequence[float | None] | None = None) -> list[float | None]:
+        """Each turn's return from the turns' own rewards (`rewards`, else those recorded with
+        the turns; see `discounted_returns`)."""
+        return discounted_returns([t.reward for t in self.turns] if rewards is None else rewards, self.config.gamma)
+
+
+FLAT_KEYS = ("turns", "history_tokens")  # an older config's top-level keys, now its `episode` table's
+
+
+def nest_episode_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (a run config's top level) with the older flat `turns` and `history_tokens` moved
+    into its `episode` table; a ValueError when a key is given both ways."""
+    flat = {k: values[k] for k in FLAT_KEYS if k in values}
+    if not flat:
+        return values
+    nested = values.get("episode", {})
+    if not isinstance(nested, dict):
+        raise ValueError("episode: a table, not a value")
+    if both := sorted(set(flat) & set(nested)):
+        raise ValueError(f"{both[0]} is given both at the top level and in [episode]: keep episode.{both[0]}")
+    return {**{k: v for k, v in values.items() if k not in FLAT_KEYS}, "episode": {**nested, **flat}}
 
 
 def next_step(turn: Turn) -> str:
@@ -169,4 +198,5 @@ def _approx_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
-__all__ = ["DEFAULT_GAMMA", "Episode", "EpisodeConfig", "Turn", "discounted_returns", "next_step"]
+__all__ = ["DEFAULT_GAMMA", "FLAT_KEYS", "Episode", "EpisodeConfig", "Turn", "discounted_returns",
+           "nest_episode_keys", "next_step"]

@@ -202,8 +202,8 @@ class Scheduler:
                                    device=self.device or cfg.eval.device, rng=rng, k=cfg.k_shown, size=cfg.eval.size,
                                    **extra)
         parent = chain.best
-        if cfg.turns > 1:
-            prompt, parent = chain.next_turn(prompt, cfg.episode_config(), cfg.template_dir)
+        if cfg.episode.turns > 1:
+            prompt, parent = chain.next_turn(prompt, cfg.episode, cfg.template_dir)
         request = ProposalRequest(task=ts.task, prompt=prompt, parent=parent.source if parent else None,
                                   chain=chain.index, step=chain.step, profile=profile)
         chain.busy = True

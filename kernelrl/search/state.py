@@ -95,6 +95,6 @@ def open_run(config: SearchConfig, tasks: list[Task], db: Database) -> RunState:
         ts = TaskState(task=t, chains=[Chain(task=t.name, index=i) for i in range(config.chains)])
         states[t.name] = ts
         if resumed:
-            rebuild(ts, db, run_id, episodes=config.episode_config(), template_dir=config.template_dir)
+            rebuild(ts, db, run_id, episodes=config.episode, template_dir=config.template_dir)
     return RunState(config=config, run_id=run_id, resumed=resumed, tasks=states, started=started,
                     prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)

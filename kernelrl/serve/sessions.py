@@ -62,7 +62,7 @@ from kernelrl.candidate import extract_code
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import RewardModel
-from kernelrl.search.episode import DEFAULT_GAMMA, Episode, EpisodeConfig, Turn, discounted_returns
+from kernelrl.search.episode import DEFAULT_GAMMA, Episode, EpisodeConfig
 from kernelrl.search.feedback import feedback
 from kernelrl.search.prompt import build_prompt
 from kernelrl.serve.api import (
@@ -298,10 +298,13 @@ class SessionService:
         return base, error
 
     def _episode(self, rec: SessionRecord) -> Episode:
-        turns = [Turn(number=t.number, answer=t.answer or "", code=t.code,
-                      result=EvalResult.from_dict(t.result) if t.result is not None else None,
-                      verdict=t.verdict or "") for t in rec.judged]
-        return Episode(task=rec.task.name, config=rec.episode, turns=turns)
+        """The session's episode from its judged turns: each with the verdict text and the reward
+        given when it was judged."""
+        episode = Episode(task=rec.task.name, config=rec.episode)
+        for t in rec.judged:
+            episode.record(t.answer or "", t.code, EvalResult.from_dict(t.result) if t.result is not None else None,
+                           verdict=t.verdict or "", reward=t.reward.get("value") if t.reward is not None else None)
+        return episode
 
     def _turn_reply(self, rec: SessionRecord, turn: TurnRecord) -> TurnReply:
         status = speedup = None
@@ -320,13 +323,13 @@ class SessionService:
                          error=turn.error)
 
     def _reply(self, rec: SessionRecord) -> SessionReply:
-        rewards = [t.reward.get("value") if t.reward is not None else None for t in rec.judged]
+        episode = self._episode(rec)
         open_ = rec.closed_s is None and not rec.done
         return SessionReply(session=rec.id, task=rec.task.name, turns=rec.episode.turns,
                             next_turn=rec.next_turn if open_ else None, size=rec.size, policy=rec.policy,
                             gamma=rec.episode.gamma, done=rec.done, closed=rec.closed_s is not None,
-                            history=[self._turn_reply(rec, t) for t in rec.turns], rewards=rewards,
-                            returns=discounted_returns(rewards, rec.episode.gamma))
+                            history=[self._turn_reply(rec, t) for t in rec.turns],
+                            rewards=[t.reward for t in episode.turns], returns=episode.returns())
 
 
 def mount_sessions(app: FastAPI, service: SessionService, *, authorized: Callable[..., Awaitable[str]],

@@ -69,8 +69,9 @@ class BenchConfig:
     model_concurrency: int = 4
     seed: int = 0
     template_dir: Path | None = None
-    turns: int = 1  # turns per sample (refinement episodes: kernelrl.train.bench_turns); 1: single-turn
-    history_tokens: int = 6000  # the most the earlier turns may take of a prompt (characters / 4)
+    # turns per sample (refinement episodes: kernelrl.train.bench_turns; 1: single-turn) and the most
+    # the earlier turns may take of a prompt (characters / 4)
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
@@ -85,7 +86,6 @@ class BenchConfig:
             raise ValueError("fast_p thresholds must be >= 0")
         if self.split != "all":
             Split(self.split)  # a ValueError naming it otherwise
-        EpisodeConfig(turns=self.turns, history_tokens=self.history_tokens)  # a ValueError naming the bad one
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +147,7 @@ def run_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = None,
     from kernelrl.search.proposers import make_proposer
     from kernelrl.tasks.suites import load_tasks
 
-    if config.turns != 1:
+    if config.episode.turns != 1:
         raise ValueError("run_bench is the single-turn bench; kernelrl.train.bench_turns.run_turn_bench runs turns > 1")
     tasks = list(tasks) if tasks is not None else load_tasks(list(config.tasks))
     if config.split != "all":

@@ -1,6 +1,6 @@
 """The bench with refinement turns: what T turns of one sample add, and whether they beat T samples.
 
-`run_turn_bench(config)` (`BenchConfig.turns` = T > 1) runs, for every task of the split, `k`
+`run_turn_bench(config)` (`BenchConfig.episode.turns` = T > 1) runs, for every task of the split, `k`
 independent episodes (`kernelrl.search.episode`) of T turns each: turn 1 is the same
 first-attempt prompt the single-turn bench uses (`build_prompt` with no database); turn t's is
 that prompt with the episode's earlier answers and their verdicts as a model should read them
@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from kernelrl.result import Status
-from kernelrl.search.episode import Episode, EpisodeConfig
+from kernelrl.search.driver import Judgement, run_episodes
+from kernelrl.search.episode import Episode
 from kernelrl.tasks.splits import SplitError, select
 from kernelrl.tasks.task import Task
 from kernelrl.train.bench import BenchConfig, BenchReport, _compile_speedups, saying, summarise
@@ -124,18 +125,20 @@ def run_turn_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = 
         # Measured first, so every verdict after turn 1 can compare with torch.compile.
         compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
         samples = _Episodes(config, tasks, task_profiles(backend, tasks), compile_speedups)
-        for turn in range(1, config.turns + 1):
-            rollouts = samples.ask(proposer)
-            if not rollouts:
-                break
-            with saying(console, f"bench: turn {turn} of {config.turns}: judging {len(rollouts)} answers from "
+
+        def judge(turn: int, asked: Sequence[int], prompts: Sequence[Any], answers: Sequence[str]) -> list[Judgement]:
+            rollouts = samples.rollouts(asked, prompts, answers)
+            with saying(console, f"bench: turn {turn} of {config.episode.turns}: judging {len(rollouts)} answers from "
                                  f"{config.proposer}", backend):
-                judged = evaluate_rollouts(backend, [r for _, r in rollouts], {t.name: t for t in tasks}, db=db,
-                                           reuse=settings)
+                judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
             if db is not None:
                 judged = store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings,
-                                        meta=[{"stage": "bench", "sample": i, "turn": turn} for (_, i), _ in rollouts])
-            samples.record([key for key, _ in rollouts], judged)
+                                        meta=[{"stage": "bench", "sample": samples.keys[i][1], "turn": turn}
+                                              for i in asked])
+            return samples.record(asked, judged)
+
+        run_episodes(samples.episodes, samples.bases, ask=lambda turn, live, prompts: samples.ask(proposer, live, prompts),
+                     judge=judge)
     finally:
         if db is not None:
             db.close()
@@ -152,7 +155,7 @@ def summarise_turns(config: BenchConfig, tasks: Sequence[Task], judged: dict[tup
     (`judged[(task, sample)]`: turn 1 first)."""
     by_turn: list[BenchReport] = []
     correct_at: list[float] = []
-    for t in range(1, config.turns + 1):
+    for t in range(1, config.episode.turns + 1):
         per_task = {task.name: [best_so_far(judged[(task.name, i)][:t]) for i in range(config.k)
                                 if judged.get((task.name, i))] for task in tasks}
         by_turn.append(summarise(config, tasks, per_task, compile_speedups))
@@ -163,8 +166,8 @@ def summarise_turns(config: BenchConfig, tasks: Sequence[Task], judged: dict[tup
     budget = tuple(EqualBudget(
         calls=t, serial_pass=by_turn[t - 1].pass_at[1], parallel_pass=first.pass_at.get(t),
         serial_fast={p: by_turn[t - 1].fast_at[p][1] for p in config.ps},
-        parallel_fast={p: first.fast_at[p].get(t) for p in config.ps}) for t in range(1, config.turns + 1))
-    return TurnBenchReport(proposer=config.proposer, k=config.k, turns=config.turns, ps=config.ps,
+        parallel_fast={p: first.fast_at[p].get(t) for p in config.ps}) for t in range(1, config.episode.turns + 1))
+    return TurnBenchReport(proposer=config.proposer, k=config.k, turns=config.episode.turns, ps=config.ps,
                            by_turn=tuple(by_turn), correct_at_turn=tuple(correct_at), budget=budget)
 
 
@@ -179,7 +182,8 @@ def best_so_far(turns: Sequence[Judged]) -> Judged:
 
 
 class _Episodes:
-    """The k episodes of every task: their prompts, their turns so far, and who is still answering."""
+    """The k episodes of every task (in (task, sample) order), their prompts and judged turns;
+    what the driver's `ask` and `judge` call."""
 
     def __init__(self, config: BenchConfig, tasks: Sequence[Task], profiles: dict[str, Any],
                  compile_speedups: dict[str, float | None]) -> None:
@@ -194,44 +198,47 @@ class _Episodes:
                                           rng=random.Random(config.seed), size=settings.size,
                                           profile=profiles.get(t.name), template_dir=config.template_dir)
                      for t in tasks}
-        episode = EpisodeConfig(turns=config.turns, history_tokens=config.history_tokens)
-        self.episodes = {(t.name, i): Episode(task=t.name, config=episode, template_dir=config.template_dir)
-                         for t in tasks for i in range(config.k)}
-        self.judged: dict[tuple[str, int], list[Judged]] = {key: [] for key in self.episodes}
-        self.exhausted: set[tuple[str, int]] = set()
+        self.keys = [(t.name, i) for t in tasks for i in range(config.k)]  # episode index -> (task, sample)
+        self.episodes = [Episode(task=name, config=config.episode, template_dir=config.template_dir)
+                         for name, _ in self.keys]
+        self.bases = [self.base[name] for name, _ in self.keys]
+        self.tokens = [(0, 0)] * len(self.keys)  # the latest answer's prompt and completion tokens
+        self.judged: dict[tuple[str, int], list[Judged]] = {key: [] for key in self.keys}
 
-    def ask(self, proposer: Any) -> list[tuple[tuple[str, int], Rollout]]:
-        """Each live episode's next answer, in (task, sample) order."""
+    def ask(self, proposer: Any, live: Sequence[int], prompts: Sequence[str]) -> list[str | None]:
+        """The answers of episodes `live` to their prompts (None: the proposer has no more for it)."""
         from kernelrl.search.proposers import Exhausted, ProposalRequest
 
-        live = [key for key, ep in self.episodes.items() if not ep.done and key not in self.exhausted]
-
-        def one(key: tuple[str, int]) -> Rollout | None:
-            name, i = key
-            episode, history = self.episodes[key], self.judged[key]
-            prompt = episode.prompt(self.base[name])
+        def one(i: int, prompt: str) -> str | None:
+            name, sample = self.keys[i]
+            episode = self.episodes[i]
             try:
                 out = proposer.propose(ProposalRequest(task=self.tasks[name], prompt=prompt,
-                                                       parent=history[-1].code if history else None, chain=i,
-                                                       step=episode.turn - 1, profile=self.profiles.get(name)))
+                                                       parent=episode.turns[-1].code if episode.turns else None,
+                                                       chain=sample, step=episode.turn - 1,
+                                                       profile=self.profiles.get(name)))
             except Exhausted:
                 return None
-            parent = history[-1].candidate_id if history else None
-            return Rollout(task=name, prompt=prompt, answer=out.answer, prompt_tokens=int(out.prompt_tokens),
-                           completion_tokens=int(out.completion_tokens),
-                           parents=(parent,) if parent is not None else ())
+            self.tokens[i] = (int(out.prompt_tokens), int(out.completion_tokens))
+            return str(out.answer)
 
         with ThreadPoolExecutor(max_workers=self.config.model_concurrency) as ex:
-            outs = list(ex.map(one, live))
-        self.exhausted |= {key for key, r in zip(live, outs) if r is None}
-        return [(key, r) for key, r in zip(live, outs) if r is not None]
+            return list(ex.map(one, live, prompts))
 
-    def record(self, keys: Sequence[tuple[str, int]], judged: Sequence[Judged]) -> None:
-        for key, j in zip(keys, judged, strict=True):
-            self.judged[key].append(j)
-            self.episodes[key].record(j.rollout.answer, j.code, j.result,
-                                      compile_speedup=self.compile_speedups.get(key[0]),
-                                      candidate_id=j.candidate_id)
+    def rollouts(self, asked: Sequence[int], prompts: Sequence[str], answers: Sequence[str]) -> list[Rollout]:
+        """The answers to judge, each with its prompt, tokens and parent (the sample's previous turn)."""
+        return [Rollout(task=self.keys[i][0], prompt=p, answer=a, prompt_tokens=self.tokens[i][0],
+                        completion_tokens=self.tokens[i][1], parents=self.episodes[i].parents)
+                for i, p, a in zip(asked, prompts, answers)]
+
+    def record(self, asked: Sequence[int], judged: Sequence[Judged]) -> list[Judgement]:
+        """Each judged answer kept for the report, and its verdict for the driver."""
+        out: list[Judgement] = []
+        for i, j in zip(asked, judged, strict=True):
+            self.judged[self.keys[i]].append(j)
+            out.append(Judgement(code=j.code, result=j.result, candidate_id=j.candidate_id,
+                                 compile_speedup=self.compile_speedups.get(self.keys[i][0])))
+        return out
 
 
 def plot_turn_bench(report: TurnBenchReport, path: str | Path) -> Path:

@@ -58,9 +58,11 @@ single-turn path is TRL's own generation and `KernelRewardFunction`).
 
 Does not support GRPO-RoC (it drops samples by giving them no reward, which would cut a
 trajectory's return short: refused at configuration), and uses TRL's own generation
-(`GRPOTrainer._generate_single_turn`: transformers' generate, or vLLM when `use_vllm`; TRL calls
-the rollout function experimental, and this private method may move with it) for every turn, so
-a turn waits for the previous turn's verdicts.
+(`kernelrl.train.trl_generate`, the one adapter over `GRPOTrainer`'s private generation:
+transformers' generate, or vLLM when `use_vllm`; TRL calls the rollout function experimental,
+and these private methods may move with it) for every turn, so a turn waits for the previous
+turn's verdicts. The turns are `kernelrl.search.driver.run_episodes` with this module's `ask`
+(TRL's generation) and `judge` (`score_rollouts`, the samples kept for TRL).
 """
 
 from __future__ import annotations
@@ -73,11 +75,13 @@ from typing import Any
 
 from kernelrl.candidate import extract_code
 from kernelrl.result import Status
+from kernelrl.search.driver import Judgement, run_episodes
 from kernelrl.search.episode import Episode, EpisodeConfig
-from kernelrl.train.model import completion_text, prompt_text
+from kernelrl.train.model import prompt_text
 from kernelrl.train.reward_fn import KernelRewardFunction, TaskMismatch, print_batch
 from kernelrl.train.rollouts import Rollout
 from kernelrl.train.stream import PromptStream, row_key
+from kernelrl.train.trl_generate import Generated, generate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,38 +210,42 @@ class MultiTurnRollout:
                             count_tokens=self.count_tokens) for t in trajectories]
         keys = [t.key for t in trajectories]
         samples: list[list[tuple[Any, Any, Any]]] = [[] for _ in trajectories]  # (prompt_ids, completion_ids, logprobs)
-        rewards: list[list[float | None]] = [[] for _ in trajectories]
         verdicts: list[list[str]] = [[] for _ in trajectories]
         correct = [False] * len(trajectories)
-        parents = [t.parents for t in trajectories]  # turn 1: the row's; then the previous turn's candidate
         metrics: dict[str, float] = {}
-        for turn in range(1, T + 1):
-            now = [self._turn_prompt(t.prompt, ep) for t, ep in zip(trajectories, episodes)]
-            prompt_ids, _, _ = trainer._tokenize_prompts(now)
-            completion_ids, logprobs = trainer._generate_single_turn(prompt_ids, None, {}, 1)
-            answers = [completion_text(c) for c in trainer.processing_class.batch_decode(
-                completion_ids, skip_special_tokens=True)]
-            rollouts = [Rollout(task=t.task, prompt=prompt_text(p), answer=a, completion_tokens=len(ids),
-                                parents=parents[j], shown=prompt_text(t.prompt))
-                        for j, (t, p, a, ids) in enumerate(zip(trajectories, now, answers, completion_ids))]
-            meta = [{"turn": turn, "turns": T, "episode": n} for n in numbers]
-            values, batch = self.scorer.score_rollouts(rollouts, keys=keys, step=step, meta=meta, observe=False)
-            for j, (t, ep, answer, result, log) in enumerate(zip(trajectories, episodes, answers, batch.results,
-                                                                 batch.rollouts)):
-                code = extract_code(answer) if result is not None else None
-                ep.record(answer, code, result, candidate_id=log.candidate_id,
-                          compile_speedup=self.scorer.compile_speedups.get(t.task))
-                parents[j] = (log.candidate_id,) if log.candidate_id is not None else ()
-                rewards[j].append(values[j])
+        generated: list[Generated] = []  # this turn's
+
+        def ask(turn: int, live: Sequence[int], now: Sequence[Any]) -> list[str | None]:
+            generated[:] = [generate(trainer, now)]
+            return list(generated[0].answers)  # one per prompt: every trajectory runs its T turns
+
+        def judge(turn: int, asked: Sequence[int], now: Sequence[Any], answers: Sequence[str]) -> list[Judgement]:
+            g = generated[0]
+            # turn 1's parents are the row's; a later turn's, the previous turn's candidate
+            rollouts = [Rollout(task=trajectories[j].task, prompt=prompt_text(p), answer=a, completion_tokens=len(ids),
+                                parents=episodes[j].parents if episodes[j].turns else trajectories[j].parents,
+                                shown=prompt_text(trajectories[j].prompt))
+                        for j, p, a, ids in zip(asked, now, answers, g.completion_ids)]
+            meta = [{"turn": turn, "turns": T, "episode": numbers[j]} for j in asked]
+            values, batch = self.scorer.score_rollouts(rollouts, keys=[keys[j] for j in asked], step=step, meta=meta,
+                                                       observe=False)
+            out: list[Judgement] = []
+            for k, (j, answer, result, log) in enumerate(zip(asked, answers, batch.results, batch.rollouts)):
+                out.append(Judgement(code=extract_code(answer) if result is not None else None, result=result,
+                                     candidate_id=log.candidate_id, reward=values[k],
+                                     compile_speedup=self.scorer.compile_speedups.get(trajectories[j].task)))
                 verdicts[j].append(log.status.value if log.status is not None else "no_code")
                 correct[j] = correct[j] or log.status is Status.CORRECT
-                samples[j].append((prompt_ids[j], completion_ids[j], logprobs[j] if logprobs is not None else None))
+                samples[j].append((g.prompt_ids[k], g.completion_ids[k], g.logprobs[k] if g.logprobs is not None else None))
             metrics.update({name.replace("kernelrl/", f"kernelrl/turn{turn}/", 1): value
                             for name, value in batch.metrics.items()})
             if self.console is not None:
                 self.console.print(f"[bold]turn {turn}/{T}[/bold]", end=" ", highlight=False)
                 print_batch(batch, self.console)
-        returns = [ep.returns(r) for ep, r in zip(episodes, rewards)]
+            return out
+
+        returns = run_episodes(episodes, [t.prompt for t in trajectories], ask=ask, judge=judge)
+        rewards = [[turn.reward for turn in ep.turns] for ep in episodes]
         every = ranks.gather([Outcome(rank=ranks.index, task=t.task, key=t.key, returns=tuple(g), correct=c)
                               for t, g, c in zip(trajectories, returns, correct)])
         parts = self.scorer.cut_groups([(o.rank, o.task, o.key) for o in every], step)
@@ -300,14 +308,3 @@ class MultiTurnRollout:
         for members in parts:
             values = [g for i in members for g in every[i].returns if g is not None]
             curriculum.observe(every[members[0]].task, values, any_correct=any(every[i].correct for i in members))
-
-    def _turn_prompt(self, row_prompt: Any, episode: Episode) -> Any:
-        """The row's prompt with the episode's history after its user text (chat or plain)."""
-        if not episode.turns:
-            return row_prompt
-        if isinstance(row_prompt, str):
-            return episode.prompt(row_prompt)
-        messages = [dict(m) for m in row_prompt]
-        last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-        messages[last_user]["content"] = episode.prompt(str(messages[last_user]["content"]))
-        return messages

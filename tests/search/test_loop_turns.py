@@ -18,6 +18,7 @@ from kernelrl.cli import main
 from kernelrl.report.report import build_report
 from kernelrl.result import EvalResult, Status, TimingStats
 from kernelrl.search.database import Database
+from kernelrl.search.episode import EpisodeConfig
 from kernelrl.search.loop import SearchConfig, run_search
 from kernelrl.tasks.task import Task
 
@@ -80,8 +81,8 @@ def program(tag: str) -> str:
 def test_each_turn_is_shown_the_previous_turns_verdict_and_refines_it(tmp_path: Path) -> None:
     codes = [program("BROKEN 1"), program("SPEED = 2.0"), program("SPEED = -1"), program("SPEED = 3.0")]
     script = Script(codes)
-    cfg = SearchConfig(tasks=("t",), db_path=tmp_path / "k.db", proposer="scripted", budget=4, chains=1, turns=2,
-                       baselines=False)
+    cfg = SearchConfig(tasks=("t",), db_path=tmp_path / "k.db", proposer="scripted", budget=4, chains=1,
+                       episode=EpisodeConfig(turns=2), baselines=False)
     run_search(cfg, console=Console(file=io.StringIO()), tasks=[TASK], proposer=script, evaluate=judge,
                build_prompt=prompt)
     first, second, third, fourth = script.prompts

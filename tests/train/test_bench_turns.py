@@ -13,6 +13,7 @@ import pytest
 from kernelrl.candidate import Candidate
 from kernelrl.cli import main
 from kernelrl.result import EvalResult, Status
+from kernelrl.search.episode import EpisodeConfig
 from kernelrl.tasks.task import Task
 from kernelrl.train.bench import BenchConfig, run_bench
 from kernelrl.train.bench_turns import best_so_far, run_turn_bench, summarise_turns
@@ -31,7 +32,7 @@ def test_by_turn_is_the_best_so_far_and_the_equal_budget_by_hand() -> None:
     tasks = [Task(name="a", source="")]
     per_sample = {("a", 0): [judged(Status.INCORRECT), judged(Status.CORRECT, 1.5), judged(Status.INCORRECT)],
                   ("a", 1): [judged(Status.COMPILE_ERROR), judged(Status.COMPILE_ERROR), judged(Status.CORRECT, 2.5)]}
-    config = BenchConfig(tasks=("a",), proposer="x", k=2, ps=(2.0,), turns=3)
+    config = BenchConfig(tasks=("a",), proposer="x", k=2, ps=(2.0,), episode=EpisodeConfig(turns=3))
     report = summarise_turns(config, tasks, per_sample, {})
     assert [r.pass_at[1] for r in report.by_turn] == pytest.approx([0.0, 0.5, 1.0])
     assert [r.pass_at[2] for r in report.by_turn] == pytest.approx([0.0, 1.0, 1.0])
@@ -88,8 +89,8 @@ def test_turn_two_of_a_scripted_model_sees_turn_ones_compiler_error(openai_serve
 
     openai_server.add(Reply.ok(program("BUILD_FAILS")), Reply.ok(program("FAST2.0")))
     proposer = make_proposer(f"openai:{MODEL}", base_url=openai_server.base_url, api_key="test-key")
-    config = BenchConfig(tasks=(tiny_task.name,), proposer="scripted", k=1, ps=(1.5,), turns=2, split="all",
-                         compile_baseline=False)
+    config = BenchConfig(tasks=(tiny_task.name,), proposer="scripted", k=1, ps=(1.5,), episode=EpisodeConfig(turns=2),
+                         split="all", compile_baseline=False)
     judge = ScriptedJudge()
     try:
         report = run_turn_bench(config, proposer=proposer, backend=judge, tasks=[tiny_task])
@@ -155,7 +156,7 @@ def test_kernelrl_bench_turns_prints_the_by_turn_table(tmp_path, tiny_task, cach
 
 def test_the_single_turn_bench_refuses_turns_and_bad_settings_are_usage_errors(tiny_task) -> None:
     with pytest.raises(ValueError, match="single-turn"):
-        run_bench(BenchConfig(tasks=("x",), proposer="x", turns=2), tasks=[tiny_task])
+        run_bench(BenchConfig(tasks=("x",), proposer="x", episode=EpisodeConfig(turns=2)), tasks=[tiny_task])
     with pytest.raises(ValueError, match="turns"):
-        BenchConfig(tasks=("x",), proposer="x", turns=0)
+        BenchConfig(tasks=("x",), proposer="x", episode=EpisodeConfig(turns=0))
     assert main(["bench", "--proposer", "heuristic", "--turns", "0"]) == 2
