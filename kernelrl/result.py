@@ -16,16 +16,26 @@ contract.
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from kernelrl.plain import from_plain, to_plain
+
+# The message of every NO_CODE result (and of the `compile_error` rows older versions stored for one).
+NO_CODE_MESSAGE = "the answer holds no complete code block"
+# The candidate hash of an answer without code: the hash of the empty source (`kernelrl.candidate.source_hash("")`).
+NO_CODE_HASH = hashlib.sha256(b"").hexdigest()
 
 
 class Status(str, enum.Enum):
     CORRECT = "correct"
     INCORRECT = "incorrect"
     COMPILE_ERROR = "compile_error"
+    # The answer held no complete code block: nothing was judged (the reward model's `no_code`
+    # penalty). Stored results written before this name existed say `compile_error` with
+    # `NO_CODE_MESSAGE`; `EvalResult.from_dict` reads them as NO_CODE.
+    NO_CODE = "no_code"
     RUNTIME_ERROR = "runtime_error"
     TIMEOUT = "timeout"
     FLAGGED = "flagged"
@@ -313,7 +323,17 @@ class EvalResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EvalResult:
+        if d.get("status") == Status.COMPILE_ERROR.value and d.get("message") == NO_CODE_MESSAGE:
+            d = {**d, "status": Status.NO_CODE.value}  # stored by an older version under the old name
         return from_plain(cls, d, strict=False)
+
+    @classmethod
+    def no_code(cls, task: str, *, device: str = "cpu", size: str = "small", policy: str = "open",
+                candidate_hash: str = NO_CODE_HASH) -> EvalResult:
+        """The result of an answer without a complete code block: never judged, so it carries only
+        the settings it would have been judged under."""
+        return cls(task=task, status=Status.NO_CODE, message=NO_CODE_MESSAGE, device=device, size=size,
+                   policy=policy, candidate_hash=candidate_hash)
 
 
 def _plain_dict(record: Any) -> dict[str, Any]:

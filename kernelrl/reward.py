@@ -113,7 +113,8 @@ class Penalties:
 
     def of(self, status: Status) -> float:
         return {Status.FLAGGED: self.flagged, Status.TIMEOUT: self.timeout, Status.RUNTIME_ERROR: self.runtime_error,
-                Status.INCORRECT: self.incorrect, Status.COMPILE_ERROR: self.compile_error}[status]
+                Status.INCORRECT: self.incorrect, Status.COMPILE_ERROR: self.compile_error,
+                Status.NO_CODE: self.no_code}[status]
 
     @property
     def highest(self) -> float:
@@ -234,7 +235,7 @@ class RewardModel:
 
     def score(self, result: EvalResult | None, *, answer: str | None = None, completion_tokens: int | None = None,
               level: int | None = None, compile_speedup: float | None = None, copy: bool = False) -> Reward | None:
-        """The reward of one result (`result` None: the answer held no code to evaluate), clipped.
+        """The reward of one result (`result` None or of status `no_code`: the answer held no code to evaluate), clipped.
 
         Returns None for a `task_error` or `judge_error` result: the task or the judge, not the
         candidate, failed, so there is nothing to reward or punish (TRL ignores a None reward).
@@ -243,6 +244,8 @@ class RewardModel:
         config measures against torch.compile (without it, the speedup against eager is used
         and the parts say so). `copy`: the program is one its prompt showed (paid as no speedup).
         """
+        if result is not None and result.status is Status.NO_CODE:
+            result = None  # the same answer as None: no code to evaluate
         reward = self.raw(result, answer=answer, completion_tokens=completion_tokens, compile_speedup=compile_speedup,
                           copy=copy)
         if reward is None or result is None:
@@ -254,6 +257,8 @@ class RewardModel:
         """The unclipped reward (`value == raw`); the windows are not touched. A correct `copy` of a
         version the prompt showed is paid as no speedup (1.0x against eager), whatever it measured."""
         cfg = self.config
+        if result is not None and result.status is Status.NO_CODE:
+            result = None  # the same answer as None: no code to evaluate
         if result is not None and (result.status in (Status.TASK_ERROR, Status.JUDGE_ERROR)
                                    or result.timing is Timing.INTERPRETED):
             # The task or the judge failed (not the candidate), or the program ran under an interpreter that

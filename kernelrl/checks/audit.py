@@ -80,7 +80,7 @@ class AuditOutcome(enum.StrEnum):
     OK = "ok"  # no rule rejects (with dynamic checks: also correct)
     FLAGGED = "flagged"  # a rule rejects, static or dynamic
     INVALID = "invalid"  # the code does not parse
-    NO_CODE = "no_code"  # null, empty or "None" code
+    NO_CODE = Status.NO_CODE.value  # null, empty or "None" code (the name of an answer without code)
     INCORRECT = "incorrect"  # dynamic checks only: ran, wrong answer
     FAILED = "failed"  # dynamic checks only: did not build, crashed, timed out, or the task could not run
 

@@ -23,9 +23,10 @@ Process model (see the design notes, evaluator protocol):
   `kernelrl.judge.verdict`, and the policy decides which findings reject; every crash, hang, exit
   or OOM of a candidate is a verdict, never an exception here.
 
-Guarantees: results are cached by (task source, size, device, policy, candidate source, config
-fingerprint): the same program is judged once per evaluator; a batch never raises for a
-candidate's or a task's fault.
+Guarantees: results are cached by `kernelrl.judge.reuse.JudgedKey` (task name and source, candidate
+source, config fingerprint, which holds size, device and policy) and reused by its one rule (a
+`judge_error` or `task_error` is judged again): the same program is judged once per evaluator; a
+batch never raises for a candidate's or a task's fault.
 
 Does not guarantee timings are comparable across machines or across runs under other load:
 speedups are ratios measured side by side, which is what it guarantees to be fair.
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,8 +54,9 @@ from kernelrl.judge.inputs import InputPlan
 from kernelrl.judge.pool import WorkerPool
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.judge.reference import ReferenceFailed, TaskInfo, session_for
+from kernelrl.judge.reuse import JudgedKey, ResultCache, judged_before
 from kernelrl.judge.roofline import MachinePeaks, PeakStore
-from kernelrl.result import EvalResult, Status
+from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Task
 
 __all__ = ["EvalConfig", "Evaluator", "ReferenceFailed", "config_fingerprint", "default_cache_dir", "evaluate",
@@ -72,7 +73,7 @@ class Evaluator:
     def __init__(self, config: EvalConfig | None = None, *, warm_workers: int | None = None) -> None:
         cfg = self.config = config or EvalConfig()
         self.fingerprint = config_fingerprint(cfg)
-        self._results: OrderedDict[tuple[str, ...], EvalResult] = OrderedDict()
+        self._results = ResultCache(self.RESULT_CACHE_SIZE)
         self._guard = threading.Lock()
         lock = DeviceLock(cfg.cache_dir, cfg.device, cfg.device_index)
         # Enough started workers for a reference and `concurrency` candidates at once.
@@ -126,12 +127,11 @@ class Evaluator:
         todo: dict[str, dict[str, list[int]]] = {}  # task key -> candidate hash -> positions
         tasks: dict[str, Task] = {}
         for i, (task, cand) in enumerate(pairs):
-            with self._guard:
-                hit = self._results.get(self._key(task, cand))
-            if hit is not None:
-                results[i] = hit
+            known = judged_before(self._results, self._key(task, cand))
+            if known is not None:
+                results[i] = known.result
                 if on_result:
-                    on_result(i, hit)
+                    on_result(i, known.result)
                 continue
             key = self.context.tasks.key(task)
             tasks[key] = task
@@ -139,9 +139,8 @@ class Evaluator:
 
         def done(positions: list[int], res: EvalResult) -> None:
             task, cand = pairs[positions[0]]
+            self._results.remember(self._key(task, cand), res)  # a judge_error or task_error is not kept
             with self._guard:
-                if res.status is not Status.JUDGE_ERROR:  # the judge's own failure: the next call tries again
-                    self._remember(self._key(task, cand), res)
                 self.evaluations += 1
             for i in positions:
                 results[i] = res
@@ -228,15 +227,8 @@ class Evaluator:
 
     # -- the result cache ---------------------------------------------------------------------
 
-    def _remember(self, key: tuple[str, ...], result: EvalResult) -> None:
-        self._results[key] = result
-        self._results.move_to_end(key)
-        while len(self._results) > self.RESULT_CACHE_SIZE:
-            self._results.popitem(last=False)
-
-    def _key(self, task: Task, cand: Candidate) -> tuple[str, ...]:
-        cfg = self.config
-        return (task.source_hash, str(cfg.size), str(cfg.device), str(cfg.policy), cand.hash, self.fingerprint)
+    def _key(self, task: Task, cand: Candidate) -> JudgedKey:
+        return JudgedKey.of(task, cand.hash, self.fingerprint)
 
 
 def evaluate(task: Task, candidate: Candidate | str, config: EvalConfig | None = None) -> EvalResult:

@@ -79,7 +79,7 @@ def feedback(result: EvalResult | None, *, compile_speedup: float | None = None,
     `compile_speedup` is the task's eager / torch.compile time ratio and `compile_ci` its 95 %
     interval, when the baseline was measured.
     """
-    if result is None:
+    if result is None or result.status is Status.NO_CODE:
         return ("No code was judged: the answer held no complete fenced code block defining `ModelNew`. "
                 "Answer with one complete program.")
     status = result.status
@@ -117,7 +117,7 @@ def feedback(result: EvalResult | None, *, compile_speedup: float | None = None,
 
 def verdict_line(result: EvalResult | None) -> str:
     """One line, for summarised older turns."""
-    if result is None:
+    if result is None or result.status is Status.NO_CODE:
         return "no code"
     if result.status is Status.CORRECT and result.speedup is not None:
         return f"correct, {result.speedup:.2f}x against eager"

@@ -1,10 +1,12 @@
 """Judging: what a search sends to the judge (candidates, baselines, task profiles) and what it
 does with the outcomes.
 
-A stored candidate (`submit`) gets its verdict in one of four ways: an answer without code is a
-compile error at once; a source already judged for its task under the run's evaluator config
-(its fingerprint) takes the stored verdict; a source being judged for another chain waits for
-that evaluation and shares it; any other joins the batch being gathered. `start_batch` sends the
+A stored candidate (`submit`) gets its verdict in one of four ways: an answer without code is
+`no_code` at once (`EvalResult.no_code`); a source judged before for its task under the run's
+evaluator config (`kernelrl.judge.reuse.judged_before` on the run database: task name and
+source, source hash, fingerprint; never a `judge_error` or `task_error`) takes the stored
+verdict; a source being judged for another chain waits for that evaluation and shares it; any
+other joins the batch being gathered. `start_batch` sends the
 whole batch to `evaluate_batch` (candidates of one task are timed together with one reference
 measurement), one batch at a time, when no model call is under way and no task is still reading
 its profile (after which it asks), when its oldest candidate has waited `batch_wait_s` (plus
@@ -32,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernelrl.candidate import Candidate
+from kernelrl.judge.reuse import JudgedKey, judged_before
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.database import Database
 from kernelrl.search.output import RunOutput
@@ -75,16 +78,15 @@ class Judging:
         """A stored candidate, to be judged (the module docstring says how)."""
         cfg = self.config
         if not rec.source.strip():
-            result = EvalResult(task=rec.task, status=Status.COMPILE_ERROR,
-                                message="the answer holds no complete code block", device=cfg.eval.device,
-                                size=cfg.eval.size, policy=cfg.eval.policy, candidate_hash=rec.hash)
+            result = EvalResult.no_code(rec.task, device=cfg.eval.device, size=cfg.eval.size, policy=cfg.eval.policy,
+                                        candidate_hash=rec.hash)
             self.out.no_code(rec, result)
             self._settled(rec, result)
             return
-        hit = self.db.find_result(rec.task, rec.hash, fingerprint=self.out.fingerprint)
-        if hit is not None:
-            self.out.shared(rec, hit[0], hit[1])
-            self._settled(rec, hit[1])
+        known = judged_before(self.db, JudgedKey.of(self.run.tasks[rec.task].task, rec.hash, self.out.fingerprint))
+        if known is not None and known.candidate_id is not None:
+            self.out.shared(rec, known.candidate_id, known.result)
+            self._settled(rec, known.result)
             return
         key = (rec.task, rec.hash)
         if key in self.evals_in_flight:  # the same source is being evaluated for another chain

@@ -93,7 +93,6 @@ from kernelrl.serve.session_store import (
 SubmitJob = Callable[..., Accepted]  # RewardService's: (specs, *, size, policy, owner, kind) -> Accepted
 T = TypeVar("T")
 _SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
-NO_CODE = "no_code"  # the status shown for an answer without a complete code block
 PROMPT_SEED = 0  # the base prompt is built once per session; a fixed seed keeps it reproducible
 
 
@@ -309,7 +308,7 @@ class SessionService:
     def _turn_reply(self, rec: SessionRecord, turn: TurnRecord) -> TurnReply:
         status = speedup = None
         if turn.state is TurnState.JUDGED:
-            status = str(turn.result.get("status")) if turn.result is not None else NO_CODE
+            status = str(turn.result.get("status")) if turn.result is not None else Status.NO_CODE.value
             if status == Status.CORRECT and turn.result is not None:
                 speedup = turn.result.get("speedup")
         reward = turn.reward.get("value") if turn.reward is not None else None

@@ -214,7 +214,7 @@ def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str,
         noisy += [False] * (config.k - len(judged))
         own: dict[str, int] = {}
         for j in judged:
-            key = j.status.value if j.status is not None else "no_code"
+            key = (j.status or Status.NO_CODE).value
             own[key] = own.get(key, 0) + 1
             statuses[key] = statuses.get(key, 0) + 1
         timed = [s for s in speedups if s is not None]

@@ -234,7 +234,7 @@ class MultiTurnRollout:
                 out.append(Judgement(code=extract_code(answer) if result is not None else None, result=result,
                                      candidate_id=log.candidate_id, reward=values[k],
                                      compile_speedup=self.scorer.compile_speedups.get(trajectories[j].task)))
-                verdicts[j].append(log.status.value if log.status is not None else "no_code")
+                verdicts[j].append((log.status or Status.NO_CODE).value)
                 correct[j] = correct[j] or log.status is Status.CORRECT
                 samples[j].append((g.prompt_ids[k], g.completion_ids[k], g.logprobs[k] if g.logprobs is not None else None))
             metrics.update({name.replace("kernelrl/", f"kernelrl/turn{turn}/", 1): value

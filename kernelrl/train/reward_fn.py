@@ -130,7 +130,7 @@ class BatchLog:
     def statuses(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.rollouts:
-            key = r.status.value if r.status is not None else "no_code"
+            key = (r.status or Status.NO_CODE).value
             out[key] = out.get(key, 0) + 1
         return out
 
@@ -372,7 +372,7 @@ class KernelRewardFunction:
             for name, value in batch.metrics.items():
                 log_metric(name, value)
         if callable(log_extra):
-            log_extra("verdict", [r.status.value if r.status else "no_code" for r in batch.rollouts])
+            log_extra("verdict", [(r.status or Status.NO_CODE).value for r in batch.rollouts])
             log_extra("raw_reward", [r.raw for r in batch.rollouts])
             log_extra("clipped_reward", [r.value for r in batch.rollouts])
         log.info("step %d rank %d: %s; raw %s; trained on %s; groups %s", batch.step, batch.rank, batch.statuses,

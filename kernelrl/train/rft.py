@@ -155,7 +155,7 @@ def train_rft(stage: RFTStageConfig, *, model: ModelConfig, init_from: str, task
         rows = unique_rows([*(sft_rows if stage.include_sft_set else ()), *kept])
         statuses: dict[str, int] = {}
         for j in rollouts:
-            key = j.status.value if j.status else "no_code"
+            key = (j.status or Status.NO_CODE).value
             statuses[key] = statuses.get(key, 0) + 1
         outcome = None
         if done is not None:
@@ -276,5 +276,5 @@ def _plan(stage: RFTStageConfig, tasks: Sequence[Task], by_name: Mapping[str, Ta
 def _row(j: Judged, label: str) -> SFTRow:
     r = j.result
     return SFTRow(task=j.rollout.task, prompt=j.rollout.prompt, answer=j.rollout.answer,
-                  verdict=r.status.value if r else "no_code", speedup=r.speedup if r else None, proposer=label,
+                  verdict=r.status.value if r else Status.NO_CODE.value, speedup=r.speedup if r else None, proposer=label,
                   candidate_id=j.candidate_id)

@@ -6,13 +6,13 @@ reward function, rejection-sampling rounds, `kernelrl collect` and `kernelrl ben
 - `evaluate_rollouts(backend, rollouts, tasks, db=..., reuse=...)` extracts each answer's code
   (`kernelrl.candidate.extract_code`), answers without code are not evaluated (their result is
   None), and everything else is judged by ONE `backend.evaluate_batch` call; with `reuse`
-  (the evaluator's device, size and policy) a source the database already judged for the task
-  under those settings takes the stored result instead (a stored `task_error` is judged again:
-  the task may have been fixed or the machine less busy);
+  (the evaluator's settings) a source judged before for the task under those settings takes the
+  stored result instead (`kernelrl.judge.reuse.judged_before` on the database: its one key and
+  rule; a stored `task_error` is judged again: the task may have been fixed or the machine less busy);
 - `store_rollouts(db, judged, ...)` writes each rollout as a candidate (prompt, answer, token
   counts, proposer, parents) and its result in the same order; an answer without code is stored
-  with a `compile_error` result, as the search loop stores it, so every stored candidate has a
-  verdict. Flagged results land in the database's hack-case table through `store_result`.
+  with a `no_code` result (`EvalResult.no_code`), as the search loop stores it, so every stored
+  candidate has a verdict. Flagged results land in the database's hack-case table through `store_result`.
 
 Guarantees: results come back in the order given; `evaluate_rollouts` never raises for a
 candidate's or task's fault (that is the backend's contract); a rollout naming a task not in
@@ -31,10 +31,9 @@ from typing import Any
 from kernelrl.candidate import Candidate, extract_code, source_hash
 from kernelrl.judge.contract import BatchJudge
 from kernelrl.judge.eval_config import EvalConfig, config_fingerprint
+from kernelrl.judge.reuse import JudgedKey, judged_before
 from kernelrl.result import EvalResult, Status
 from kernelrl.tasks.task import Task
-
-NO_CODE_MESSAGE = "the answer holds no complete code block"
 
 
 def task_profiles(backend: Any, tasks: Sequence[Task]) -> dict[str, Any]:
@@ -108,9 +107,9 @@ def evaluate_rollouts(backend: BatchJudge, rollouts: Sequence[Rollout], tasks: M
             out[i] = Judged(rollout=r, code=None, result=None)
             continue
         if db is not None and reuse is not None:
-            hit = db.find_result(task.name, source_hash(code), fingerprint=reuse.fingerprint)
-            if hit is not None and hit[1].status is not Status.TASK_ERROR:
-                out[i] = Judged(rollout=r, code=code, result=hit[1], reused_from=hit[0])
+            known = judged_before(db, JudgedKey.of(task, source_hash(code), reuse.fingerprint))
+            if known is not None:
+                out[i] = Judged(rollout=r, code=code, result=known.result, reused_from=known.candidate_id)
                 continue
         pending.append(i)
     if pending:
@@ -151,10 +150,9 @@ def store_rollouts(db: Any, judged: Sequence[Judged], *, proposer: str, step: in
 
 
 def no_code_result(task: str, settings: EvalSettings | None = None) -> EvalResult:
-    result = EvalResult(task=task, status=Status.COMPILE_ERROR, message=NO_CODE_MESSAGE, candidate_hash=source_hash(""))
-    if settings is not None:
-        result.device, result.size, result.policy = settings.device, settings.size, settings.policy
-    return result
+    if settings is None:
+        return EvalResult.no_code(task)
+    return EvalResult.no_code(task, device=settings.device, size=settings.size, policy=settings.policy)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +165,6 @@ class StatusCounts:
     def of(cls, judged: Sequence[Judged]) -> StatusCounts:
         counts: dict[str, int] = {}
         for j in judged:
-            key = j.status.value if j.status is not None else "no_code"
+            key = (j.status or Status.NO_CODE).value
             counts[key] = counts.get(key, 0) + 1
         return cls(counts=counts)

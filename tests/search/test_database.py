@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from kernelrl.judge.eval_config import EvalConfig, config_fingerprint
+from kernelrl.judge.reuse import JudgedKey, judged_before
 from kernelrl.report.export import export_jsonl
-from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
+from kernelrl.result import NO_CODE_HASH, NO_CODE_MESSAGE, EvalResult, Finding, Severity, Status, TimingStats
 from kernelrl.search.database import (
     SCHEMA_VERSION,
     CandidateState,
@@ -27,6 +28,7 @@ from kernelrl.search.database import (
     NewCandidate,
     RunStatus,
 )
+from kernelrl.tasks.task import Task
 
 
 def _result(task: str, status: Status, speedup: float | None = None, h: str = "", findings=()) -> EvalResult:
@@ -333,3 +335,40 @@ def test_a_fresh_database_opened_by_four_processes_at_once_never_fails(tmp_path)
             p.join(timeout=60)
             assert p.exitcode == 0
     assert errors.empty(), errors.get()
+
+
+def test_find_verdict_answers_for_the_key_and_the_reuse_rule_drops_task_errors(tmp_path: Path) -> None:
+    task = Task(name="t", source="# t\n")
+    key = JudgedKey.of(task, "h-x", DEFAULT_FP)
+    with Database(tmp_path / "k.db") as db:
+        db.upsert_task(name="t", source=task.source, source_hash=task.source_hash, level=None, size="small")
+        broken = _add(db, "t", "x", Status.TASK_ERROR)
+        known = db.find_verdict(key)
+        assert known is not None and known.candidate_id == broken and judged_before(db, key) is None
+        # the key's task source must be the one the verdict was judged against
+        assert db.find_verdict(JudgedKey.of(Task(name="t", source="# other\n"), "h-x", DEFAULT_FP)) is None
+
+    with Database(tmp_path / "k2.db") as db:
+        db.upsert_task(name="t", source=task.source, source_hash=task.source_hash, level=None, size="small")
+        judged = _add(db, "t", "x", Status.CORRECT, 2.0)
+        known = judged_before(db, key)
+        assert known is not None and known.candidate_id == judged and known.result.speedup == 2.0
+
+
+def test_an_answer_without_code_is_stored_as_no_code_and_old_rows_read_the_same(tmp_path: Path) -> None:
+    with Database(tmp_path / "k.db") as db:
+        new = db.add_candidate(NewCandidate(task="t", hash=NO_CODE_HASH, source=""))
+        db.store_result(new.id, EvalResult.no_code("t", device="cpu", size="small", policy="open"))
+        old = db.add_candidate(NewCandidate(task="t", hash=NO_CODE_HASH, source=""))
+        # what versions before the `no_code` status stored for an answer without code
+        db.store_result(old.id, EvalResult(task="t", status=Status.COMPILE_ERROR, message=NO_CODE_MESSAGE,
+                                           candidate_hash=NO_CODE_HASH))
+        assert [db.get_candidate(i).result.status for i in (new.id, old.id)] == [Status.NO_CODE] * 2
+        assert db.get_candidate(old.id).result.message == NO_CODE_MESSAGE
+    conn = sqlite3.connect(tmp_path / "k.db")
+    assert [r[0] for r in conn.execute("SELECT status FROM results ORDER BY candidate_id")] == [
+        "no_code", "compile_error"]
+    conn.close()
+    # a real compile error keeps its name
+    built = EvalResult.from_dict(EvalResult(task="t", status=Status.COMPILE_ERROR, message="does not build").to_dict())
+    assert built.status is Status.COMPILE_ERROR

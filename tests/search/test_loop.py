@@ -225,7 +225,7 @@ def test_answer_without_code_and_failing_proposer(tmp_path: Path) -> None:
     summary, cfg = _run(tmp_path, _tasks("a"), NoCode(), evaluate, budget=2, chains=1)
     assert evaluate.calls == []
     with Database(cfg.db_path) as db:
-        assert [c.result.status for c in db.candidates()] == [Status.COMPILE_ERROR] * 2
+        assert [c.result.status for c in db.candidates()] == [Status.NO_CODE] * 2
 
     class Broken:
         def propose(self, req):
@@ -458,7 +458,7 @@ def test_scripted_openai_endpoint_three_tasks_two_chains_four_steps(tmp_path: Pa
     with Database(cfg.db_path) as db:
         cands = db.candidates()
     assert len(cands) == 24 and all(c.state is CandidateState.EVALUATED for c in cands)
-    assert sum(c.result.status is Status.COMPILE_ERROR for c in cands) == 1  # the malformed answer, kept
+    assert sum(c.result.status is Status.NO_CODE for c in cands) == 1  # the malformed answer, kept
     assert all(c.answer for c in cands) and all(c.prompt in prompts for c in cands)
     assert summary.prompt_tokens == sum(c.prompt_tokens for c in cands) > 0
     for t in tasks:

@@ -85,7 +85,7 @@ def test_every_code_and_verdict_goes_to_the_database_and_is_reused(tmp_path):
         state = type("State", (), {"global_step": 7})()
         call(fn, [answer("fast3.0"), "prose only", answer("hack")], trainer_state=state, parents=[[], [], []])
         rows = db.candidates()
-        assert [r.status.value for r in rows] == ["correct", "compile_error", "flagged"]
+        assert [r.status.value for r in rows] == ["correct", "no_code", "flagged"]  # "prose only": no code
         assert rows[0].meta["stage"] == "grpo" and rows[0].step == 7 and rows[0].meta["raw"] == pytest.approx(
             math.log(3.0))
         assert rows[1].source == "" and rows[1].answer == "prose only"

@@ -15,10 +15,14 @@ prompt, raw answer, token counts), and later its result, its findings and its st
 Guarantees:
 - results are stored in full (`EvalResult.to_dict` JSON), with status, speedup and times also as
   columns for queries; `CandidateRecord.result` is the typed `EvalResult`;
-- `find_result` is the dedup lookup: a source already evaluated for a task (with the same task
-  source) under the same evaluator config (its fingerprint: device, size, policy, tolerances,
+- `find_verdict` is the dedup lookup behind `kernelrl.judge.reuse.judged_before` (its key and its
+  rule): a source already evaluated for a task (with the same task source, in the key and in the
+  task table) under the same evaluator config (its fingerprint: device, size, policy, tolerances,
   correctness sets, timing, limits) has its stored result reused (`store_reused_result`)
   instead of a second evaluation; a result judged under any other setting is not reused;
+- an answer without code is stored with a `no_code` result (`EvalResult.no_code`); rows older
+  versions stored for one say `compile_error` in the `status` column and read back as `no_code`
+  through `EvalResult.from_dict`;
 - every refused (flagged) program is kept in the hack-case table with each rule that refused it,
   whatever refused it (static rule, dynamic defence, degenerate task, LLM judge), so prompts and
   trainers can show what not to do (`hack_cases`, `recent_refused`);
@@ -47,6 +51,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from kernelrl.judge.reuse import JudgedKey, Known
 from kernelrl.result import EvalResult, Severity, Status
 from kernelrl.search.database import steps
 from kernelrl.search.database.schema import (
@@ -275,23 +280,32 @@ class Database:
                                for f in result.findings if f.severity is Severity.REJECT])
             c.execute("UPDATE candidates SET state = ? WHERE id = ?", (CandidateState.EVALUATED.value, candidate_id))
 
-    def find_result(self, task: str, source_hash: str, *, fingerprint: str) -> tuple[int, EvalResult] | None:
+    def find_result(self, task: str, source_hash: str, *, fingerprint: str,
+                    task_hash: str | None = None) -> tuple[int, EvalResult] | None:
         """The stored evaluation of this source for this task, judged under the evaluator config
         whose fingerprint is given (device, size, policy, tolerances, correctness sets, timing...):
-        (candidate id, result).
+        (candidate id, result). Callers deciding whether to reuse it ask `find_verdict` through
+        `kernelrl.judge.reuse.judged_before`, which applies the reuse rule.
 
-        Only results judged against the task's current source count (see `upsert_task`); a result
-        stored without a fingerprint is never reused.
+        Only results judged against the task's current source count (see `upsert_task`), and,
+        given `task_hash`, against that source too; a result stored without a fingerprint is
+        never reused.
         """
         if not fingerprint:
             return None
+        also, extra = ("AND task_hash = ? ", (task_hash,)) if task_hash is not None else ("", ())
         rows = self._query("SELECT candidate_id, result FROM results WHERE task = ? AND hash = ? AND fingerprint = ? "
                            "AND reused_from IS NULL AND status != 'judge_error' "
                            "AND task_hash = COALESCE((SELECT source_hash FROM tasks WHERE name = ?), '') "
-                           "ORDER BY candidate_id LIMIT 1", (task, source_hash, fingerprint, task))
+                           f"{also}ORDER BY candidate_id LIMIT 1", (task, source_hash, fingerprint, task, *extra))
         if not rows:
             return None
         return int(rows[0][0]), EvalResult.from_dict(json.loads(rows[0][1]))
+
+    def find_verdict(self, key: JudgedKey) -> Known | None:
+        """The first stored evaluation for `key` (a `kernelrl.judge.reuse.VerdictStore`)."""
+        hit = self.find_result(key.task, key.source_hash, fingerprint=key.fingerprint, task_hash=key.task_hash)
+        return Known(result=hit[1], candidate_id=hit[0]) if hit is not None else None
 
     def store_reused_result(self, candidate_id: int, original_id: int, result: EvalResult) -> None:
         self.store_result(candidate_id, result, reused_from=original_id)
