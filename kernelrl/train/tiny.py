@@ -37,6 +37,11 @@ class TinyModelConfig:
     bpe_vocab: int = 160  # learned tokens (byte alphabet seen in the prompts plus merges)
     program_variants: int = 4  # whole-program tokens per program and task
     max_positions: int = 32768
+    # Attention over the last `window` tokens in every layer (None: the whole prompt). A model
+    # this small, attending over a prompt thousands of tokens long, averages away the few tokens
+    # that differ between prompts; with a window it reads the prompt's end, where a refinement
+    # turn's history and verdict are.
+    window: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -46,6 +51,8 @@ class TinyModelConfig:
             raise ValueError("tiny model: layers, heads and program_variants must be >= 1")
         if self.bpe_vocab < 32:
             raise ValueError("tiny model: bpe_vocab must be >= 32")
+        if self.window is not None and self.window < 1:
+            raise ValueError("tiny model: window must be >= 1 token (or None: the whole prompt)")
 
 
 def seed_programs(task: Task) -> dict[str, str]:
@@ -80,11 +87,14 @@ def program_tokens(tasks: Sequence[Task], variants: int,
 
 
 def build_tiny_model(folder: str | Path, tasks: Sequence[Task], config: TinyModelConfig | None = None, *,
-                     corpus: Sequence[str] = (), programs: Mapping[str, Mapping[str, str]] | None = None) -> Path:
+                     corpus: Sequence[str] = (), programs: Mapping[str, Mapping[str, str]] | None = None,
+                     phrases: Sequence[str] = ()) -> Path:
     """Write a tiny Qwen2 model and its tokenizer to `folder` (see the module docstring).
 
     `corpus` is extra text the tokenizer should cover (the prompts are built here from the tasks);
-    `programs` gives tasks whole-answer tokens of the caller's choosing (`program_tokens`).
+    `programs` gives tasks whole-answer tokens of the caller's choosing (`program_tokens`);
+    `phrases` are strings the tokenizer keeps whole, one token each (lines the prompts repeat, as a
+    tokenizer trained on many such prompts would merge them).
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -110,13 +120,17 @@ def build_tiny_model(folder: str | Path, tasks: Sequence[Task], config: TinyMode
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token=UNK, eos_token=EOS,  # type: ignore[no-untyped-call]
                                         pad_token=EOS, padding_side="left")
     tokenizer.add_tokens(program_tokens(tasks, config.program_variants, programs))
+    if phrases:
+        tokenizer.add_tokens(list(dict.fromkeys(phrases)))
     torch.manual_seed(config.seed)
     model_config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=config.hidden_size,
                                intermediate_size=2 * config.hidden_size, num_hidden_layers=config.layers,
                                num_attention_heads=config.heads, num_key_value_heads=config.heads,
                                max_position_embeddings=config.max_positions, tie_word_embeddings=True,
                                eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
-                               pad_token_id=tokenizer.pad_token_id)
+                               pad_token_id=tokenizer.pad_token_id,
+                               use_sliding_window=config.window is not None, sliding_window=config.window,
+                               max_window_layers=0)  # with a window: every layer slides
     model = Qwen2ForCausalLM(model_config)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)

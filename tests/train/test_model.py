@@ -75,13 +75,37 @@ def test_sampling_n_answers_per_prompt(chat_model):
 
 
 def test_tiny_model_holds_whole_programs_as_tokens(tmp_path):
-    path = build_tiny_model(tmp_path / "tiny", [TASK], TinyModelConfig(program_variants=2))
+    line = "Turn 1 failed (incorrect): fix what its verdict says first.\n"
+    path = build_tiny_model(tmp_path / "tiny", [TASK], TinyModelConfig(program_variants=2), phrases=[line])
     model, tok = load_model(path, ModelConfig(path=str(path)))
     assert tok.chat_template is None and as_prompt(tok, "p", "S") == "S\n\np"
+    assert tok.convert_ids_to_tokens(tok("x\n" + line)["input_ids"])[-1] == line  # a phrase is one token
     programs = seed_programs(TASK)
     ids = tok("x" + f"\nPlan 1: correct version for {TASK.name}.\n```python\n{programs['correct']}```\n")["input_ids"]
     assert len(ids) == 2  # one character, one program
     assert len(tok) < 250 and sum(p.numel() for p in model.parameters()) < 100_000
+
+
+def test_a_windowed_tiny_model_reads_the_end_of_its_prompt_and_nothing_before(tmp_path):
+    window, layers = 16, 2
+    path = build_tiny_model(tmp_path / "tiny", [TASK], TinyModelConfig(window=window, layers=layers))
+    model, tok = load_model(path, ModelConfig(path=str(path)))  # the window survives saving and loading
+    ids = tok(TASK.source * 3, return_tensors="pt")["input_ids"]
+    assert ids.shape[1] > 4 * layers * window
+
+    def last(changed_at: int) -> torch.Tensor:
+        x = ids.clone()
+        x[0, changed_at] = (x[0, changed_at] + 1) % len(tok)
+        with torch.no_grad():
+            return model(x).logits[0, -1]
+
+    with torch.no_grad():
+        base = model(ids).logits[0, -1]
+    n = ids.shape[1]
+    # each layer looks `window` tokens back: beyond layers * window the last position sees nothing
+    assert torch.equal(last(n - layers * window - 2), base)
+    assert torch.equal(last(0), base)
+    assert not torch.allclose(last(n - 3), base)
 
 
 def test_one_sft_pass_with_lora_merged_on_save(chat_model, tmp_path):
