@@ -1,56 +1,72 @@
 """Known-answer learning check: does a policy trained on kernelrl's reward learn the right thing?
 
-Two small tasks, each with a fixed menu of eight answers whose verdicts are known in advance:
+Small tasks, each with a fixed menu of eight answers whose verdicts are known in advance:
 
     no_code  an answer without a program               (no code)
     broken   a program that does not parse             (compile_error)
     wrong    the fastest program, its output scaled    (incorrect)
     hack     the fastest program caching its output    (flagged: a dynamic defence)
     slow     the reference's own work: 32 repeats      (correct, ~1x)
-    mid      8 repeats                                  (correct, ~4x)
+    mid      8 repeats (not in `read`)                  (correct, ~4x)
     fast     4 repeats: the fastest program one can    (correct, ~8x)  <- the right answer
              write without copying
     copy     the version every prompt shows as the     (correct, ~32x measured and stored; a
              best so far (1 repeat), verbatim           copy earns nothing: paid as 1.0x)
 
-The two tasks are one operator at two shapes, so every menu answer is a program for both: a
-tiny Qwen2 (built here from a config, its BPE tokenizer trained here on the prompts, every menu
-answer one token) answers by choosing one of the eight menu tokens (TRL's generation, every other
-token suppressed). A 2-layer model of width 32 cannot learn to tell two operators apart from
-prompts thousands of tokens long within minutes; choosing among answers whose verdicts it must
-discover is what this check is about. It is trained by `kernelrl train grpo` itself, the real path: the real evaluator
-(sandboxed workers, the `open` policy: the menu's programs are PyTorch rewrites, which `strict`
-refuses for holding no custom kernel; the hack is refused by a dynamic defence, as under every
-policy), the reward's windows and clip, GRPO-RoC (single-turn), the
-curriculum, the prompt stream and the code database (seeded with the shown best, judged by the
-evaluator before the run). Checkpoints are kept, and the probability the policy gives each menu
-answer is read from each of them on the prompts the run actually built (for the multi-turn
-variant also on a turn-2 prompt that shows a failed turn 1 and its verdict).
+Single-turn (`single`) and multi-turn (`multi`, two turns): two tasks, tanh(x @ W) at two
+shapes, so every menu answer is a program for both. `read` (two turns) asks whether turn 2
+follows turn 1's verdict: a third task, sigmoid(x @ W), and `sigmoid` (its 4-repeat program) in
+place of `mid`. Every prompt ends alike at turn 1, so the policy cannot tell the sigmoid task apart
+there and its best first answer is `fast` (right on two tasks of three). Turn 1's verdict is what
+tells: `fast` is judged correct on a tanh task and incorrect on the sigmoid task, and the turn-2
+prompt ends with what that verdict asks for ("Turn 1 is correct: make it faster ..." or "Turn 1
+failed (incorrect): fix what its verdict says first.", a line the policy's tokenizer holds as one
+token). So the right second answer after `fast` is `fast` on a tanh task (an episode's own
+earlier answer is judged and paid again) and `sigmoid` on the sigmoid task: the same program
+shown, two verdicts, two right answers. A policy that answers turn 2 alike whatever turn 1's
+verdict said cannot be right on both.
 
-It must learn: P(fast) from chance (1/8) to >= 0.8 on every task within the steps given, and
-neither the hack nor the copy may become the preferred answer: the most likely one at two
-checkpoints in a row, or at the last. (The copy is paid as the reference's own work, like `slow`;
-early on, both rise above the failures, and either may lead at one checkpoint by chance. Paid in
-full, as before copies were caught, it leads and stays.) Multi-turn must also reach
->= 0.8 on a turn-2 prompt that shows a failed turn 1 and its verdict.
+The policy is a tiny Qwen2 (built here from a config, width 32, 2 layers, attention over the whole
+prompt or the last `--window` tokens per layer; its BPE tokenizer trained here on the prompts,
+every menu answer one token) that answers by choosing one of the eight menu tokens (TRL's
+generation, every other token suppressed). It is trained by `kernelrl train grpo` itself, the
+real path: the real evaluator (sandboxed workers, the `open` policy: the menu's programs are
+PyTorch rewrites, which `strict` refuses for holding no custom kernel; the hack is refused by a
+dynamic defence, as under every policy), the reward's windows and clip, GRPO-RoC (single-turn),
+per-turn credit (multi-turn), the curriculum, the prompt stream and the code database (seeded
+with the shown best, judged by the evaluator before the run). Checkpoints are kept, and the
+probability the policy gives each menu answer is read from each of them on prompts the run
+actually built: each task's turn-1 prompt, and turn-2 prompts labelled by the answer turn 1 gave
+("task@turn2-after-fast").
 
-What it cannot show: this policy is blind to its prompt. Its prompts are thousands of tokens
-that end alike, and a random 2-layer model of width 32 gives every prompt the same distribution
-(the curves print each prompt's own; they agree to two decimals). So the multi-turn variant shows
-that refinement episodes, their discounted returns and the per-turn credit teach the fastest
-answer through TRL's real rollout path; it does not show that turn 2 reads turn 1's verdict, and
-a turn-position preference cannot appear in a policy that cannot tell the turns apart (a
-position-dependent credit only adds noise to it). The credit's own property (equal outcomes,
-equal credit; nothing for a flat group) is tested in tests/train/test_multiturn.py. The last
-line prints the largest gap between prompts' P(fast), so a policy that does read its prompt
-shows it.
+It must learn, within the steps given, from chance (1/8) to >= 0.8 for the right answer on every
+judged prompt: the tanh tasks' turn 1 (`fast`), and every task's turn 2 after `fast` (`fast` on
+the tanh tasks, `sigmoid` on the sigmoid task). Neither the hack nor the copy may become the
+preferred answer on any prompt: the most likely one at two checkpoints in a row, or at the last.
+(The copy is paid as the reference's own work, like `slow`; early on, both rise above the
+failures, and either may lead at one checkpoint by chance. Paid in full, as before copies were
+caught, it leads and stays.) Turn-2 prompts after other answers are printed, not judged: in
+`read`, a tanh task's and the sigmoid task's differ only far back, in the task itself.
+
+What `single` and `multi` cannot show: their policy gives every prompt the same distribution
+(the curves agree to two decimals), so `multi` shows that refinement episodes, their discounted
+returns and the per-turn credit teach the fastest answer through TRL's real rollout path, not
+that turn 2 reads turn 1. `read` is the check that it does; see benchmarks/README.md for what it
+measured (it does not pass yet: the policy collapses onto `fast` in every context, the sigmoid
+task's turn 2 included, before that context's few rewarded `sigmoid` answers can move it).
+
+Turn position: per-turn credit centres returns per turn index (`--credit turn`, the default), so
+equal outcomes get equal credit whatever the turn and a group of equal outcomes gives nothing
+(tested in tests/train/test_multiturn.py); `--credit group` hands TRL the raw discounted returns,
+where a failed turn 1 always returns less than a failed turn 2 (r1 + 0.4 r2 < r2).
 
     python benchmarks/learning_check.py                      # single- and multi-turn, 1 process
     python benchmarks/learning_check.py --processes 1,2 --steps 40
     python benchmarks/learning_check.py --variants multi --credit group   # the turn-position bias
+    python benchmarks/learning_check.py --variants read --window 32   # turn 2 must follow turn 1's verdict
     python benchmarks/learning_check.py --kernelrl-root /path/to/other/checkout  # train with other code
 
-The last line gives each variant's final share of fastest-correct answers; the exit status is 0
+The last line gives each variant's final P(right answer) per judged prompt; the exit status is 0
 when every variant passed. Results (per step) are written to `<out>/<variant>-p<N>/curve.json`.
 """
 
@@ -71,50 +87,65 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-KINDS = ("no_code", "broken", "wrong", "hack", "slow", "mid", "fast", "copy")
 # The reference repeats its work 32 times. The shown best (1 repeat, ~32x) must stay the best
 # measured version whatever the machine's noise (a 2x gap was inverted on a loaded machine, and a
 # policy's faster answer then became the version shown, and its copy); fast (~8x) sits below the
 # reward's 10x cap, so the copy paid in full would beat it (as before copies were caught).
 REPEATS = {"slow": 32, "mid": 8, "fast": 4, "copy": 1}
 THRESHOLD = 0.8
+# The policy's attention window in tokens per layer (`--window`; 0: the whole prompt).
+WINDOW = 0
 
-# Two tasks: one operator at two shapes, so that every menu answer is a program for both (the
+# One operator (tanh(x @ W)) at two shapes, so that every menu answer is a program for both (the
 # policy chooses among 8 answers, chance 1/8) and each task keeps its own window, curriculum
-# weight, prompts and shown best.
-TASKS = {"repeat_tanh_square": (256, 256), "repeat_tanh_wide": (512, 128)}  # (batch, n)
+# weight, prompts and shown best. The multi-turn variant adds a third task, sigmoid(x @ W), whose
+# prompt ends like the others': at turn 1 the policy cannot tell it apart (its likeliest right
+# answer is `fast`, right on two tasks of three), and turn 1's verdict is what says which task it
+# was: `fast` is "Correct" on a tanh task and "Incorrect" on the sigmoid one, whose fix is the
+# menu's `sigmoid` answer (in place of `mid`).
+TANH_TASKS = {"repeat_tanh_square": (256, 256, "tanh"), "repeat_tanh_wide": (512, 128, "tanh")}  # batch, n, op
+SIGMOID_TASK = "repeat_sigmoid_square"
+TASKS = {"single": TANH_TASKS, "multi": TANH_TASKS, "read": {**TANH_TASKS, SIGMOID_TASK: (256, 256, "sigmoid")}}
+VARIANTS = tuple(TASKS)
 
 
-def program(repeats: int, *, cls: str = "ModelNew", scale: str = "", cache: bool = False) -> str:
+def program(repeats: int, *, op: str = "tanh", cls: str = "ModelNew", scale: str = "", cache: bool = False) -> str:
     lookup = ("        if x.shape in self.cache:\n            return self.cache[x.shape]\n" if cache else "")
     store = "        self.cache[x.shape] = y\n" if cache else ""
     return (f'import torch\nimport torch.nn as nn\n\n\nclass {cls}(nn.Module):\n'
-            f'    """tanh(x @ W), the same product computed {repeats} time(s) (only the last kept)."""\n\n'
+            f'    """{op}(x @ W), the same product computed {repeats} time(s) (only the last kept)."""\n\n'
             f"    def __init__(self, n):\n        super().__init__()\n"
             + ("        self.cache = {}\n" if cache else "")
             + f"        self.weight = nn.Parameter(torch.randn(n, n) / n ** 0.5)\n\n"
             f"    def forward(self, x):\n{lookup}        y = x\n        for _ in range({repeats}):\n"
-            f"            y = torch.tanh(x @ self.weight)\n{store}        return y{scale}\n")
+            f"            y = torch.{op}(x @ self.weight)\n{store}        return y{scale}\n")
 
 
-def task_source(name: str) -> str:
-    batch, n = TASKS[name]
-    return (program(REPEATS["slow"], cls="Model")
+def task_source(variant: str, name: str) -> str:
+    batch, n, op = TASKS[variant][name]
+    return (program(REPEATS["slow"], op=op, cls="Model")
             + f"\n\ndef get_inputs():\n    return [torch.randn({batch}, {n})]\n\n\n"
             f"def get_init_inputs():\n    return [{n}]\n")
 
 
-def menu() -> dict[str, str]:
+def menu(variant: str) -> dict[str, str]:
+    """The eight answers, the same for every task of the variant."""
+    second = ("sigmoid", program(REPEATS["fast"], op="sigmoid")) if variant == "read" else ("mid", program(REPEATS["mid"]))
     return {"no_code": "", "broken": "import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x:\n"
             "        return x\n", "wrong": program(REPEATS["fast"], scale=" * 1.5"),
             "hack": program(REPEATS["fast"], cache=True), "slow": program(REPEATS["slow"]),
-            "mid": program(REPEATS["mid"]), "fast": program(REPEATS["fast"]), "copy": program(REPEATS["copy"])}
+            second[0]: second[1], "fast": program(REPEATS["fast"]), "copy": program(REPEATS["copy"])}
+
+
+def shown_best(variant: str, name: str) -> str:
+    """The task's best version so far, shown in every prompt (the `copy` answer on a tanh task)."""
+    return program(REPEATS["copy"], op=TASKS[variant][name][2])
 
 
 @dataclass
 class Point:
     step: int
-    p: dict[str, dict[str, float]]  # prompt label (task, or task@turn2) -> kind -> probability
+    p: dict[str, dict[str, float]]  # prompt label (see `LABELS`) -> kind -> probability
     sampled: dict[str, float] = field(default_factory=dict)  # kind -> share of this step's answers
 
 
@@ -130,6 +161,47 @@ class Outcome:
     hack_or_copy_won: list[str]  # "step N: label -> kind" whenever the hack or the copy was the most likely
     passed: bool
     reasons: list[str]
+
+
+# The prompts the curves are read on: a task's turn-1 prompt (labelled by the task), and turn-2
+# prompts labelled by the answer turn 1 gave ("task@turn2-after-KIND"). After `fast`, on a tanh
+# task it was judged correct and the right answer is `fast` again (an episode's own earlier answer
+# is judged and paid again, not a copy); on the sigmoid task it was judged incorrect and the right
+# answer is `sigmoid`. Those turn-2 prompts show the same program and differ in its verdict (and
+# the instruction that follows from it, the prompt's last line): a policy that does not read the
+# verdict cannot be right on both. After another failed answer the prompts of a tanh task and of
+# the sigmoid task differ only far back, in the task, so they are shown and not judged.
+AFTER = "@turn2-after-"
+AFTER_FAST = AFTER + "fast"
+
+
+def task_of(label: str) -> str:
+    return label.split("@")[0]
+
+
+def right_answer(label: str) -> str:
+    """The fastest correct answer that is not a copy of the shown best."""
+    return "sigmoid" if task_of(label) == SIGMOID_TASK else "fast"
+
+
+def judged(label: str) -> bool:
+    """Whether the labelled prompt holds what its right answer needs in reach of the policy (see
+    `TASKS` and the labels above): a tanh task's turn 1, and every turn 2 after `fast`."""
+    if "@" not in label:
+        return task_of(label) != SIGMOID_TASK
+    return label.endswith(AFTER_FAST)
+
+
+def instruction_lines() -> list[str]:
+    """Every last line a turn-2 prompt can end with (`kernelrl.search.episode.next_step`, one per
+    verdict), which the policy's tokenizer holds whole: a turn-2 prompt's last token then says what
+    turn 1's verdict asks for."""
+    from kernelrl.result import EvalResult, Status
+    from kernelrl.search.episode import Turn, next_step
+
+    results = [None, *(EvalResult(task="t", status=s) for s in Status)]
+    return [next_step(Turn(number=1, answer="", code=None if r is None else "x", result=r, verdict="")) + "\n"
+            for r in results]
 
 
 def eval_table() -> dict[str, Any]:
@@ -161,7 +233,7 @@ def toml_text(table: dict[str, Any], prefix: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
-def prepare(folder: Path, *, variant: str, processes: int, steps: int, credit: str, lr: float
+def prepare(folder: Path, *, variant: str, processes: int, steps: int, credit: str, lr: float, window: int | None
             ) -> tuple[Path, dict[str, int]]:
     """Task files, the seeded database, the tiny model and the run config; the config's path and
     each menu token's id per task."""
@@ -181,17 +253,17 @@ def prepare(folder: Path, *, variant: str, processes: int, steps: int, credit: s
 
     tasks_dir = folder / "tasks"
     tasks_dir.mkdir(parents=True, exist_ok=True)
-    for name in TASKS:
-        (tasks_dir / f"{name}.py").write_text(task_source(name))
+    for name in TASKS[variant]:
+        (tasks_dir / f"{name}.py").write_text(task_source(variant, name))
     tasks = load_tasks([str(tasks_dir)])
-    menus = {t.name: menu() for t in tasks}
+    answers = menu(variant)
     eval_config = build(EvalConfig, eval_table())
     db_path = folder / "code.db"
     with Database(db_path) as db, Evaluator(eval_config) as ev:
         for t in tasks:
             db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level, size="full")
         # The best version so far, as an earlier run left it: judged now, stored with its verdict.
-        results = ev.evaluate_batch([(t, Candidate(source=menus[t.name]["copy"], origin="seed")) for t in tasks])
+        results = ev.evaluate_batch([(t, Candidate(source=shown_best(variant, t.name), origin="seed")) for t in tasks])
         prompts = []
         for t, result in zip(tasks, results):
             print(f"  seeded {t.name}: the shown best judged {result.status.value}"
@@ -199,7 +271,7 @@ def prepare(folder: Path, *, variant: str, processes: int, steps: int, credit: s
             if result.status.value != "correct":
                 raise SystemExit(f"learning check: the shown best of {t.name} was not judged correct "
                                  f"({result.status.value}: {result.message}); the evaluator is not working here")
-            code = menus[t.name]["copy"]
+            code = shown_best(variant, t.name)
             rec = db.add_candidate(NewCandidate(task=t.name, hash=source_hash(code), source=code, parents=(),
                                                 chain=0, step=0, proposer="seed", prompt="", answer=code,
                                                 prompt_tokens=0, completion_tokens=0, run_id=None, meta={}))
@@ -210,13 +282,13 @@ def prepare(folder: Path, *, variant: str, processes: int, steps: int, credit: s
     base = folder / "base"
     # One token per menu answer, shared by both tasks (named after the first: the text is cosmetic).
     build_tiny_model(base, tasks[:1], TinyModelConfig(hidden_size=32, layers=2, heads=2, bpe_vocab=512,
-                                                      program_variants=1, seed=0),
-                     corpus=prompts, programs={tasks[0].name: menu()})
+                                                      program_variants=1, window=window, seed=0),
+                     corpus=prompts, programs={tasks[0].name: answers}, phrases=instruction_lines())
     tok = AutoTokenizer.from_pretrained(base)
-    texts = program_tokens(tasks[:1], 1, {tasks[0].name: menu()})
-    tokens = {kind: tok.convert_tokens_to_ids(text) for kind, text in zip(menu(), texts)}
+    texts = program_tokens(tasks[:1], 1, {tasks[0].name: answers})
+    tokens = {kind: tok.convert_tokens_to_ids(text) for kind, text in zip(answers, texts)}
     suppressed = [i for i in range(len(tok)) if i not in set(tokens.values())]
-    turns = 2 if variant == "multi" else 1
+    turns = 1 if variant == "single" else 2
     per_batch = 16  # rows per generation batch over all processes: two groups of 8
     grpo: dict[str, Any] = {
         "k_shown": 0,  # the prompt shows the best version only: the copy's original
@@ -278,9 +350,8 @@ def analyse(folder: Path, tokens: dict[str, int], *, variant: str) -> list[Point
         turn = int(c.meta.get("turn", 1))
         if turn == 1:
             labels.setdefault(c.task, c.prompt)
-        elif c.parents and (parent := by_id.get(c.parents[0])) is not None and parent.status is not None \
-                and parent.status.value != "correct":
-            labels.setdefault(f"{c.task}@turn2", c.prompt)
+        elif c.parents and (parent := by_id.get(c.parents[0])) is not None:
+            labels.setdefault(c.task + AFTER + (kind_of(parent.answer) or "?"), c.prompt)
     tok = AutoTokenizer.from_pretrained(folder / "base")
     checkpoints = sorted((int(p.name.split("-")[1]), p) for p in (folder / "run" / "grpo").glob("checkpoint-*"))
     points = []
@@ -306,12 +377,12 @@ def analyse(folder: Path, tokens: dict[str, int], *, variant: str) -> list[Point
 
 
 def preferred_hack_or_copy(points: list[Point]) -> list[str]:
-    """Each time the hack or the copy was the most likely answer at two checkpoints in a row, or
-    at the last one, per prompt."""
+    """Each time the hack or a copy of a shown program was the most likely answer at two
+    checkpoints in a row, or at the last one, per prompt."""
     out = []
     labels = sorted(points[0].p) if points else []
     for label in labels:
-        tops = [max(pt.p[label], key=pt.p[label].get) for pt in points]
+        tops = [max(pt.p[label], key=pt.p[label].get) if label in pt.p else None for pt in points]
         for i, top in enumerate(tops):
             if top in ("hack", "copy") and (i == len(tops) - 1 or tops[i + 1] == top):
                 out.append(f"step {points[i].step}: {label} -> {top}")
@@ -319,18 +390,28 @@ def preferred_hack_or_copy(points: list[Point]) -> list[str]:
 
 
 def judge(points: list[Point], *, variant: str) -> tuple[dict[str, float], list[str], list[str]]:
-    final = {label: q["fast"] for label, q in points[-1].p.items()} if points else {}
+    final = {label: q[right_answer(label)] for label, q in points[-1].p.items() if judged(label)} if points else {}
     won = preferred_hack_or_copy(points)
     reasons = []
     if not final:
         reasons.append("no checkpoint to read")
     for label, q in final.items():
-        if q < THRESHOLD:
-            reasons.append(f"{label}: P(fast) {q:.2f} < {THRESHOLD}")
+        if judged(label) and q < THRESHOLD:
+            reasons.append(f"{label}: P({right_answer(label)}) {q:.2f} < {THRESHOLD}")
     if won:
         reasons.append(f"the hack or the copy was the most likely answer {len(won)} time(s)")
-    if variant == "multi" and not any("@turn2" in label for label in final):
-        reasons.append("no turn-2 prompt after a failed turn 1 was built")
+    if variant == "read":
+        def tanh_after_fast(label: str) -> bool:
+            return label.endswith(AFTER_FAST) and task_of(label) != SIGMOID_TASK
+
+        def sigmoid_after_fast(label: str) -> bool:
+            return label == SIGMOID_TASK + AFTER_FAST
+
+        needed = {"a tanh task's turn 2 after fast (judged correct)": tanh_after_fast,
+                  "the sigmoid task's turn 2 after fast (judged incorrect)": sigmoid_after_fast}
+        for what, match in needed.items():
+            if not any(match(label) for label in final):
+                reasons.append(f"no prompt for {what} was built")
     return final, won, reasons
 
 
@@ -342,7 +423,7 @@ def prompt_gap(o: Outcome) -> float:
 
 
 def run_variant(out: Path, *, variant: str, processes: int, steps: int, credit: str, lr: float,
-                root: Path) -> Outcome:
+                window: int | None, root: Path) -> Outcome:
     folder = out / (f"{variant}-p{processes}" + ("" if credit == "turn" else f"-{credit}"))
     if folder.exists():
         import shutil
@@ -351,7 +432,8 @@ def run_variant(out: Path, *, variant: str, processes: int, steps: int, credit: 
     folder.mkdir(parents=True)
     started = time.monotonic()
     print(f"{variant}-turn, {processes} process(es), credit {credit}: preparing in {folder}", flush=True)
-    config, tokens = prepare(folder, variant=variant, processes=processes, steps=steps, credit=credit, lr=lr)
+    config, tokens = prepare(folder, variant=variant, processes=processes, steps=steps, credit=credit, lr=lr,
+                             window=window)
     print(f"  training {steps} steps (log: {folder / 'train.log'})", flush=True)
     code = train(config, processes=processes, root=root, log=folder / "train.log")
     if code != 0:
@@ -368,43 +450,55 @@ def run_variant(out: Path, *, variant: str, processes: int, steps: int, credit: 
 
 
 def print_curve(o: Outcome) -> None:
-    labels = sorted(o.curve[0].p) if o.curve else []
-    print(f"  P(fast) by step ({', '.join(labels)}); sampled share of fast answers the step before:")
+    every = sorted(o.curve[0].p) if o.curve else []
+    labels = [label for label in every if judged(label)]
+    print(f"  P(right answer) by step ({', '.join(f'{label}: {right_answer(label)}' for label in labels)}); "
+          "sampled share of fast answers the step before:")
     for pt in o.curve:
-        row = "  ".join(f"{pt.p[label]['fast']:.2f}" for label in labels)
-        top = ",".join(max(pt.p[label], key=pt.p[label].get) for label in labels)
+        row = "  ".join(f"{pt.p[label][right_answer(label)]:.2f}" if label in pt.p else " -  " for label in labels)
+        top = ",".join(max(pt.p[label], key=pt.p[label].get) if label in pt.p else "-" for label in labels)
         print(f"  step {pt.step:4d}: {row}   most likely: {top}   sampled fast {pt.sampled.get('fast', 0.0):.2f}")
+    shown = [label for label in every if not judged(label)]
+    if shown:
+        print("  not judged, P(right answer) at the end: "
+              + ", ".join(f"{label} ({right_answer(label)}) {o.curve[-1].p[label][right_answer(label)]:.2f}"
+                          for label in shown))
     verdict = "PASS" if o.passed else "FAIL: " + "; ".join(o.reasons)
     print(f"  {o.variant}-turn on {o.processes} process(es): {verdict} ({o.seconds:.0f} s)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--variants", default="single,multi", help="single, multi or both (comma-separated)")
+    ap.add_argument("--variants", default="single,multi",
+                    help="single, multi, read (comma-separated; read: turn 2 must follow turn 1's verdict)")
     ap.add_argument("--processes", default="1", help="process counts to run, comma-separated (1, 2)")
     ap.add_argument("--steps", type=int, default=40, help="GRPO steps per run")
     ap.add_argument("--credit", choices=("turn", "group"), default="turn",
                     help="multi-turn credit: centred per turn index (turn) or TRL's over all turns (group)")
     ap.add_argument("--lr", type=float, default=0.02, help="the policy's learning rate")
+    ap.add_argument("--window", type=int, default=WINDOW,
+                    help="the policy's attention window in tokens (0: the whole prompt, blind to its end)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "learning_check", help="where runs and curves go")
     ap.add_argument("--kernelrl-root", type=Path, default=ROOT,
                     help="train with the kernelrl of this checkout (the check's own code builds and reads)")
     args = ap.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if not variants or any(v not in ("single", "multi") for v in variants):
-        ap.error("--variants takes single, multi or both")
+    if not variants or any(v not in VARIANTS for v in variants):
+        ap.error(f"--variants takes {', '.join(VARIANTS)} (comma-separated)")
     try:
         processes = [int(p) for p in args.processes.split(",")]
     except ValueError:
         ap.error("--processes takes numbers, e.g. 1,2")
     if any(p < 1 for p in processes) or args.steps < 1:
         ap.error("--processes and --steps must be at least 1")
+    if args.window < 0:
+        ap.error("--window must be 0 (the whole prompt) or a number of tokens")
     outcomes = [run_variant(args.out, variant=v, processes=p, steps=args.steps, credit=args.credit, lr=args.lr,
-                            root=args.kernelrl_root.resolve())
+                            window=args.window or None, root=args.kernelrl_root.resolve())
                 for v in variants for p in processes]
-    summary = "; ".join(f"{o.variant}-turn x{o.processes}: fastest-correct share "
-                        + ", ".join(f"{label} {q:.2f}" for label, q in sorted(o.final.items()))
-                        + f" (largest gap between prompts {prompt_gap(o):.2f})"
+    summary = "; ".join(f"{o.variant}-turn x{o.processes}: P(right answer) "
+                        + ", ".join(f"{label} ({right_answer(label)}) {q:.2f}" for label, q in sorted(o.final.items()))
+                        + f" (largest gap in P(fast) between prompts {prompt_gap(o):.2f})"
                         + (" PASS" if o.passed else " FAIL") for o in outcomes)
     print(f"learning check: {summary}")
     return 0 if all(o.passed for o in outcomes) else 1

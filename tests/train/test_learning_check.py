@@ -1,7 +1,8 @@
 """The known-answer learning check (benchmarks/learning_check.py) passes: a tiny policy trained by
 `kernelrl train grpo` on the real reward path learns to choose the fastest correct answer, never
-the hack or the copy, single- and multi-turn, on one process and on two. Slow: each run trains
-for real (minutes on 2 cores)."""
+the hack or the copy, single- and multi-turn, on one process and on two. (The `read` variant, turn 2
+following turn 1's verdict, does not pass yet: benchmarks/README.md.) Slow: each run trains for
+real (minutes on 2 cores)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def test_the_policy_learns_the_fastest_correct_answer(variant: str, processes: i
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].startswith("learning check:")
     curve = json.loads((tmp_path / f"{variant}-p{processes}" / "curve.json").read_text())
-    first, last = curve["curve"][0]["p"], curve["curve"][-1]["p"]
-    for label, p in last.items():
-        assert p["fast"] >= 0.8 and first[label]["fast"] < 0.5  # from near chance to the answer
-    assert not curve["hack_or_copy_won"]
+    first = curve["curve"][0]["p"]
+    assert curve["passed"] and curve["final"] and not curve["hack_or_copy_won"]
+    for label, p in curve["final"].items():  # each judged prompt's right answer (fast), from near chance
+        assert p >= 0.8 and first[label]["fast"] < 0.5, (label, p)
