@@ -50,12 +50,14 @@ from kernelrl.judge.devicelock import DeviceLock
 from kernelrl.judge.eval_config import EvalConfig, config_fingerprint, default_cache_dir
 from kernelrl.judge.group import Group, load_task_info, run_groups
 from kernelrl.judge.idle import CudaProbe, IdleMonitor
+from kernelrl.judge.inductor import start_vec_isa_check
 from kernelrl.judge.inputs import InputPlan
 from kernelrl.judge.pool import WorkerPool
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.judge.reference import ReferenceFailed, TaskInfo, session_for
 from kernelrl.judge.reuse import JudgedKey, ResultCache, judged_before
 from kernelrl.judge.roofline import MachinePeaks, PeakStore
+from kernelrl.judge.sandbox import worker_env
 from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Task
 
@@ -76,6 +78,8 @@ class Evaluator:
         self._results = ResultCache(self.RESULT_CACHE_SIZE)
         self._guard = threading.Lock()
         lock = DeviceLock(cfg.cache_dir, cfg.device, cfg.device_index)
+        # inductor's ISA check, once per machine instead of in every worker that compiles
+        start_vec_isa_check(cfg.cache_dir, worker_env(cfg.sandbox, cfg.cache_dir), lock.build)
         # Enough started workers for a reference and `concurrency` candidates at once.
         pool = WorkerPool(config=cfg.sandbox, device=cfg.device, device_index=cfg.device_index,
                           size=cfg.concurrency + 1 if warm_workers is None else warm_workers,

@@ -89,6 +89,7 @@ from kernelrl.judge.containment import (
     widen_pipe,
 )
 from kernelrl.judge.device import Device, device_minor, visible_device
+from kernelrl.judge.inductor import inductor_env
 from kernelrl.judge.protocol import ANSWERS, Error, Header, Hello, Kind, Output, decode, encode
 from kernelrl.judge.redact import redact
 from kernelrl.judge.seccomp import program_fd
@@ -250,13 +251,11 @@ def worker_env(config: SandboxConfig, workdir: Path, extra: dict[str, str] | Non
         # sees work left running after a call returned.
         "OMP_WAIT_POLICY": "PASSIVE",
         "GOMP_SPINCOUNT": "0",
-        # torch.compile compiles in this process, not in a pool of workers that would outlive
-        # the call that started them (and look like work left running).
-        "TORCHINDUCTOR_COMPILE_THREADS": "1",
         # No network for programs under test: hub libraries fail at once instead of retrying.
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     })
+    env.update(inductor_env())  # torch.compile in this process, no work every worker repeats
     if config.pin_allocator:
         env.update(PINNED_ALLOCATOR_ENV)
         env[NO_HUGE_PAGES_ENV] = "1"
