@@ -107,6 +107,7 @@ def plot_per_task(report: Report) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.patches import Patch
 
     solved = [(r.speedup_vs_eager, r) for r in report.tasks if r.speedup_vs_eager is not None]
     rows = [r for _, r in sorted(solved, key=lambda pair: pair[0])]
@@ -116,12 +117,14 @@ def plot_per_task(report: Report) -> str | None:
     y = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(7.5, 0.8 + 0.32 * len(rows)))
     eager = [float(r.speedup_vs_eager or 1.0) for r in rows]
-    ax.barh(y, [e - 1 for e in eager], left=1, height=0.6, color=[_GOOD if e >= 1 else _BAD for e in eager],
-            label="against eager")
+    ax.barh(y, [e - 1 for e in eager], left=1, height=0.6, color=[_GOOD if e >= 1 else _BAD for e in eager])
+    # One legend entry per bar colour: a bar's label would show the first bar's colour only.
+    handles: list[Any] = [Patch(color=_GOOD, label="against eager: faster"),
+                          Patch(color=_BAD, label="against eager: slower")]
     comp = [(i, float(r.speedup_vs_compile)) for i, r in enumerate(rows) if r.speedup_vs_compile is not None]
     if comp:
-        ax.scatter([c for _, c in comp], [i for i, _ in comp], marker="D", s=22, color=_INK, zorder=3,
-                   label="against torch.compile")
+        handles.append(ax.scatter([c for _, c in comp], [i for i, _ in comp], marker="D", s=22, color=_INK,
+                                  zorder=3, label="against torch.compile"))
     ax.set_xscale("log")
     everything = eager + [c for _, c in comp] + [1.0]
     lo, hi = min(everything) / 1.1, max(everything) * 1.25
@@ -137,7 +140,9 @@ def plot_per_task(report: Report) -> str | None:
     ax.set_yticks(y, [r.task for r in rows], fontsize=8)
     ax.set_xlabel("best speedup (log scale)")
     ax.set_title("Best candidate per task", loc="left", fontsize=11)
-    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False)
+    # below the axis title, ~0.55 inch under the axes whatever their height
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.55 / (0.32 * len(rows))),
+              ncol=3, fontsize=8, frameon=False)
     _style(ax)
     ax.grid(False, axis="y")
     return _png(fig)
