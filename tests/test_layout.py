@@ -62,17 +62,24 @@ def test_no_import_cycle():
             parent = ".".join(parts[:i])
             if parent in graph and parent != name:
                 graph[name].add(parent)
+    cycles = _cycles(graph)
+    assert not cycles, "import cycle: " + " -> ".join(cycles[0])
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycle each back edge of a depth-first walk closes (first node repeated at the end), in
+    the walk's order."""
     state: dict[str, int] = {}
     stack: list[str] = []
+    found: list[list[str]] = []
 
     def dfs(node: str) -> None:
         state[node] = 1
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycle = stack[stack.index(nxt):] + [nxt]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
-            if nxt not in state:
+                found.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
                 dfs(nxt)
         stack.pop()
         state[node] = 2
@@ -80,6 +87,7 @@ def test_no_import_cycle():
     for node in sorted(graph):
         if node not in state:
             dfs(node)
+    return found
 
 
 def _package_of(module: str) -> str:
@@ -109,32 +117,17 @@ def _package_cycles(edges: dict[tuple[str, str], set[tuple[str, str]]], shown: i
     for a, b in edges:
         graph.setdefault(a, set()).add(b)
         graph.setdefault(b, set())
-    state: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[str] = []
 
     def behind(a: str, b: str) -> str:
         pairs = sorted(edges[(a, b)])
         text = ", ".join(f"{m} imports {t}" for m, t in pairs[:shown])
         return text + (f", and {len(pairs) - shown} more" if len(pairs) > shown else "")
 
-    def dfs(node: str) -> None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                cycle = stack[stack.index(nxt):] + [nxt]
-                lines = [f"package import cycle {' -> '.join(cycle)} (back edge {node} -> {nxt}):"]
-                lines += [f"  {a} -> {b}: {behind(a, b)}" for a, b in itertools.pairwise(cycle)]
-                found.append("\n".join(lines))
-            elif nxt not in state:
-                dfs(nxt)
-        stack.pop()
-        state[node] = 2
-
-    for node in sorted(graph):
-        if node not in state:
-            dfs(node)
+    found = []
+    for cycle in _cycles(graph):
+        lines = [f"package import cycle {' -> '.join(cycle)} (back edge {cycle[-2]} -> {cycle[-1]}):"]
+        lines += [f"  {a} -> {b}: {behind(a, b)}" for a, b in itertools.pairwise(cycle)]
+        found.append("\n".join(lines))
     return found
 
 
