@@ -238,6 +238,7 @@ class TimingRecord:
     # cross-checks against the judge's clock and /proc (`kernelrl.checks.dynamic.timing_findings`)
     clock_excess_ms: float = 0.0
     prepare_excess_ms: float = 0.0
+    prepare_allowed_ms: float = 0.0
     cand_idle_cpu_ms: float = 0.0
     ref_idle_cpu_ms: float = 0.0
 

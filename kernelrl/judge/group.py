@@ -234,7 +234,8 @@ class Group:
                         deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
                         timing = measure_group(reference, workers, pool, cfg.timing, rng=self.rng, deadline=deadline,
                                                tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32, cores=self.cores,
-                                               idle=ctx.idle, trusted=frozenset({AA_REFERENCE, COMPILED}))
+                                               idle=ctx.idle, trusted=frozenset({AA_REFERENCE, COMPILED}),
+                                               twin=AA_REFERENCE if aa else None)
                     noisy = aa and aa_noisy(timing.candidates.get(AA_REFERENCE), cfg.aa_tolerance)
                     disturbed = noisy or timing.device_idle is DeviceIdle.BUSY
                     if not disturbed or retimed >= cfg.aa_retimes:

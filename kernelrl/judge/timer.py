@@ -248,21 +248,23 @@ def _nbytes(x: object) -> int:
 def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: list[list[Any]], config: TimingConfig,
                   *, rng: random.Random, deadline: float, tol_scale: float = 1.0, tf32: bool = False,
                   cores: frozenset[int] | None = None, idle: IdleMonitor | None = None,
-                  trusted: frozenset[Any] = frozenset()) -> GroupTiming:
+                  trusted: frozenset[Any] = frozenset(), twin: Any = None) -> GroupTiming:
     """Time the reference and the candidates together (see the module docstring).
 
     `cores`: every member is bound to these cores for the measurement and unbound after it
     (`kernelrl.judge.sandbox.timing_cores`), so no member is faster for the core it runs on.
     `idle`: the device is probed after every sample (`kernelrl.judge.idle`); `trusted`: the
     candidate keys whose programs are the task's own (the reference's copies), which count like
-    the reference when the device is found busy after them.
+    the reference when the device is found busy after them; `twin`: the key of the member that runs
+    the reference's own program (the A/A copy), whose record goes into every candidate's facts as
+    the yardstick of what two processes running the same code differ by.
     """
     workers = [reference, *candidates.values()] if cores is not None else []
     for w in workers:
         w.bind(cores)
     try:
         return _measure(reference, candidates, pool, config, rng=rng, deadline=deadline, tol_scale=tol_scale,
-                        tf32=tf32, idle=idle, trusted=trusted)
+                        tf32=tf32, idle=idle, trusted=trusted, twin=twin)
     finally:
         for w in workers:
             w.bind(None)
@@ -270,7 +272,7 @@ def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: lis
 
 def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[list[Any]], config: TimingConfig,
              *, rng: random.Random, deadline: float, tol_scale: float, tf32: bool, idle: IdleMonitor | None,
-             trusted: frozenset[Any]) -> GroupTiming:
+             trusted: frozenset[Any], twin: Any) -> GroupTiming:
     t_start = time.monotonic()
     ref = _Member(key=None, worker=reference)
     cands = [_Member(key=k, worker=w) for k, w in candidates.items()]
@@ -424,6 +426,8 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
 
     results = {}
     ref_timing = _member_timing(ref, k)
+    twin_timing = next((_member_timing(m, k) for m in cands if twin is not None and m.key == twin and m.failure is None),
+                       None)
     overhead = taken_off()
     for m in cands:
         if m.failure is not None or not m.pairs:
@@ -435,7 +439,8 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
             continue
         ratios = _ratios(m.pairs, overhead)
         speedup, lo, hi = median_ci(ratios)
-        facts = TimingFacts(candidate=_member_timing(m, k), reference=ref_timing, spot_checks=m.spot_checks,
+        facts = TimingFacts(candidate=_member_timing(m, k), reference=ref_timing,
+                            twin=twin_timing if m.key != twin else None, spot_checks=m.spot_checks,
                             spot_mismatches=m.spot_mismatches, input_mismatches=m.input_mismatches)
         results[m.key] = CandidateTiming(speedup=speedup, speedup_ci=(lo, hi), rel_ci_half_width=_rel_half(ratios),
                                          stopped_by=stopped_by, times_ms=_judged_ms(m, overhead, k), facts=facts,

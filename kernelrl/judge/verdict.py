@@ -144,6 +144,7 @@ def timed(setting: Setting, checked: Checked, measured: CandidateTiming, timing:
     ref_ms = statistics.median(timing.reference_ms)
     record = dataclasses.replace(_timing_record(measured, timing), spot_checks=measured.facts.spot_checks,
                                  clock_excess_ms=figures.clock_excess_ms, prepare_excess_ms=figures.prepare_excess_ms,
+                                 prepare_allowed_ms=figures.prepare_allowed_ms,
                                  cand_idle_cpu_ms=figures.cand_idle_cpu_ms, ref_idle_cpu_ms=figures.ref_idle_cpu_ms,
                                  device_busy=measured.facts.candidate.device_busy)
     env = dataclasses.replace(_with_parameters(environment, checked), timing=record, review=review)

@@ -120,6 +120,20 @@ def test_a_stopped_clock_is_a_timer_mismatch_even_when_the_references_overhead_i
     assert rules(found) == {R.TIMER_MISMATCH} and "20 reported as taking no time" in found[0].message
 
 
+def test_a_reference_whose_exchange_runs_fast_flags_no_candidate_its_twin_matches():
+    # the reference's worker answers 0.5 ms faster than its twin's and the candidate's, every sample
+    fast_ref = member([1.0] * 30, [1.05] * 30)
+    twin = member([1.0] * 30, [1.55] * 30)
+    honest = member([0.8] * 30, [1.35] * 30)
+    assert rules(D.timing_findings(D.TimingFacts(candidate=honest, reference=fast_ref, spot_checks=3))[0]) == {
+        R.TIMER_MISMATCH}  # without the twin, the overhead looks forged
+    assert D.timing_findings(D.TimingFacts(candidate=honest, reference=fast_ref, twin=twin, spot_checks=3))[0] == []
+    # a report shrunk past both trusted copies is still a timer mismatch
+    liar = member([0.4] * 30, [1.35] * 30)
+    assert rules(D.timing_findings(D.TimingFacts(candidate=liar, reference=fast_ref, twin=twin, spot_checks=3))[0]) == {
+        R.TIMER_MISMATCH}
+
+
 def test_a_shrunk_clock_is_seen_through_overhead_noise_that_hides_the_call_from_the_spread_test():
     # the reference's overhead spreads over 0.7 ms (IQR ~0.4); each call takes 0.3 ms: 3 x IQR hides
     # it whole, but over 80 samples a 0.3 ms excess is over 5 standard errors of a median's difference
@@ -148,6 +162,32 @@ def test_a_longer_preparation_than_the_references_is_work_before_the_timer():
     # a process a little slower at the same harness work is not refused
     slower = member([1.0] * 20, [1.2] * 20, prepare=[9.5] * 20)
     assert D.timing_findings(D.TimingFacts(candidate=slower, reference=HONEST, spot_checks=3))[0] == []
+
+
+def test_work_before_the_timer_is_seen_through_load_that_moves_every_member_alike():
+    # the machine's load swings the harness's preparation between 6 and 12 ms from round to round,
+    # for every member of a round alike; the candidate adds 2.5 ms of its own every round
+    load = [6.0 + 6.0 * ((i * 7) % 10) / 10 for i in range(40)]
+    ref = member([1.0] * 40, [1.2] * 40, prepare=load)
+    twin = member([1.0] * 40, [1.2] * 40, prepare=[x + 0.1 for x in load])
+    ahead = member([1.0] * 40, [1.2] * 40, prepare=[x + 2.5 for x in load])
+    found, figures = D.timing_findings(D.TimingFacts(candidate=ahead, reference=ref, twin=twin, spot_checks=3))
+    assert rules(found) == {R.WORK_BEFORE_TIMED_CALL} and abs(figures.prepare_excess_ms - 2.4) < 1e-9
+    honest = member([1.0] * 40, [1.2] * 40, prepare=[x + 0.3 for x in load])
+    assert D.timing_findings(D.TimingFacts(candidate=honest, reference=ref, twin=twin, spot_checks=3))[0] == []
+
+
+def test_a_reference_process_that_runs_fast_refuses_no_one_its_twin_matches():
+    # the reference's process prepares 2 ms faster than its A/A twin and the candidate, for its life
+    ref = member([1.0] * 30, [1.2] * 30, prepare=[6.0 + 0.01 * (i % 5) for i in range(30)])
+    twin = member([1.0] * 30, [1.2] * 30, prepare=[8.0 + 0.01 * (i % 3) for i in range(30)])
+    cand = member([1.0] * 30, [1.2] * 30, prepare=[8.2] * 30)
+    assert D.timing_findings(D.TimingFacts(candidate=cand, reference=ref, spot_checks=3))[0] != []  # no twin: refused
+    assert D.timing_findings(D.TimingFacts(candidate=cand, reference=ref, twin=twin, spot_checks=3))[0] == []
+    # past both trusted copies by more than the slack, it is found
+    ahead = member([1.0] * 30, [1.2] * 30, prepare=[10.5] * 30)
+    found, figures = D.timing_findings(D.TimingFacts(candidate=ahead, reference=ref, twin=twin, spot_checks=3))
+    assert rules(found) == {R.WORK_BEFORE_TIMED_CALL} and 2.4 < figures.prepare_excess_ms < 2.6
 
 
 def test_floors_and_impossible_speedup_name_both_floors():
