@@ -4,7 +4,8 @@ Small tasks, each with a fixed menu of eight answers whose verdicts are known in
 
     no_code  an answer without a program               (no code)
     broken   a program that does not parse             (compile_error)
-    wrong    the fastest program, its output scaled    (incorrect)
+    wrong    the fastest program, its output scaled    (incorrect; in `read`: `raises`, the
+             fastest program naming an undefined value  runtime_error)
     hack     the fastest program caching its output    (flagged: a dynamic defence)
     slow     the reference's own work: 32 repeats      (correct, ~1x)
     mid      8 repeats (not in `read`)                  (correct, ~4x)
@@ -24,7 +25,10 @@ failed (incorrect): fix what its verdict says first.", a line the policy's token
 token). So the right second answer after `fast` is `fast` on a tanh task (an episode's own
 earlier answer is judged and paid again) and `sigmoid` on the sigmoid task: the same program
 shown, two verdicts, two right answers. A policy that answers turn 2 alike whatever turn 1's
-verdict said cannot be right on both.
+verdict said cannot be right on both. The verdict names its fix: in `read` no menu answer is judged
+incorrect on a tanh task except `sigmoid` (the menu's `wrong` raises instead), so "failed
+(incorrect)" follows a tanh program on the sigmoid task (fix: `sigmoid`) or `sigmoid` on a tanh task
+(fix: `fast`), and the first grows as turn 1 learns `fast`.
 
 The policy is a tiny Qwen2 (built here from a config, width 32, 2 layers, attention over the whole
 prompt or the last `--window` tokens per layer; its BPE tokenizer trained here on the prompts,
@@ -51,9 +55,13 @@ caught, it leads and stays.) Turn-2 prompts after other answers are printed, not
 What `single` and `multi` cannot show: their policy gives every prompt the same distribution
 (the curves agree to two decimals), so `multi` shows that refinement episodes, their discounted
 returns and the per-turn credit teach the fastest answer through TRL's real rollout path, not
-that turn 2 reads turn 1. `read` is the check that it does; see benchmarks/README.md for what it
-measured (it does not pass yet: the policy collapses onto `fast` in every context, the sigmoid
-task's turn 2 included, before that context's few rewarded `sigmoid` answers can move it).
+that turn 2 reads turn 1. `read` is the check that it does, at its own settings (`SETTINGS`: a
+lower learning rate, 8 episodes a group, 90 steps, a window of one token); see benchmarks/README.md
+for its curve and for the settings under which it fails (the policy collapses onto `fast` in every
+context, the sigmoid task's turn 2 included, before that context's rewarded `sigmoid` answers can
+move it). With a window of one token the policy cannot tell apart two prompts whose last lines
+agree: after a flagged or runtime-error turn 1 it gives tanh and sigmoid tasks one answer, which
+the unjudged prompts printed at the end show.
 
 Turn position: per-turn credit centres returns per turn index (`--credit turn`, the default), so
 equal outcomes get equal credit whatever the turn and a group of equal outcomes gives nothing
@@ -62,8 +70,9 @@ where a failed turn 1 always returns less than a failed turn 2 (r1 + 0.4 r2 < r2
 
     python benchmarks/learning_check.py                      # single- and multi-turn, 1 process
     python benchmarks/learning_check.py --processes 1,2 --steps 40
+    python benchmarks/learning_check.py --variants read     # turn 2 must follow turn 1's verdict
     python benchmarks/learning_check.py --variants multi --credit group   # the turn-position bias
-    python benchmarks/learning_check.py --variants read --window 32   # turn 2 must follow turn 1's verdict
+    python benchmarks/learning_check.py --variants read --lr 0.02 --episodes 4   # where `read` fails
     python benchmarks/learning_check.py --kernelrl-root /path/to/other/checkout  # train with other code
 
 The last line gives each variant's final P(right answer) per judged prompt; the exit status is 0
@@ -93,8 +102,29 @@ if str(ROOT) not in sys.path:
 # reward's 10x cap, so the copy paid in full would beat it (as before copies were caught).
 REPEATS = {"slow": 32, "mid": 8, "fast": 4, "copy": 1}
 THRESHOLD = 0.8
-# The policy's attention window in tokens per layer (`--window`; 0: the whole prompt).
-WINDOW = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """A variant's defaults (each a flag): GRPO steps, learning rate, the policy's attention window
+    in tokens per layer (None: the whole prompt) and episodes per group (a group is one task's
+    prompt; two groups per step)."""
+
+    steps: int
+    lr: float
+    window: int | None
+    episodes: int
+
+
+# `read` needs what the others do not: a context that is a third of the data must keep its own
+# answer while two thirds push `fast` through every parameter the contexts share. At `single`'s
+# rate (0.02) the tiny policy gives every prompt the same distribution within ~8 steps and the
+# sigmoid task's groups, all `fast` by then, give no gradient to undo it (benchmarks/README.md);
+# at 0.005 with 8 episodes a group the contexts separate. Its window is the instruction line: the
+# policy reads what turn 1's verdict asks for and nothing else.
+SETTINGS = {"single": Settings(steps=40, lr=0.02, window=None, episodes=16),
+            "multi": Settings(steps=40, lr=0.02, window=None, episodes=4),
+            "read": Settings(steps=90, lr=0.005, window=1, episodes=8)}
 
 # One operator (tanh(x @ W)) at two shapes, so that every menu answer is a program for both (the
 # policy chooses among 8 answers, chance 1/8) and each task keeps its own window, curriculum
@@ -131,8 +161,13 @@ def task_source(variant: str, name: str) -> str:
 def menu(variant: str) -> dict[str, str]:
     """The eight answers, the same for every task of the variant."""
     second = ("sigmoid", program(REPEATS["fast"], op="sigmoid")) if variant == "read" else ("mid", program(REPEATS["mid"]))
+    # In `read` the one incorrect verdict a tanh program can earn is on the sigmoid task, so a
+    # "failed (incorrect)" turn 1 names one fix (`sigmoid`); a failing answer of its own that is
+    # judged incorrect on a tanh task (`wrong`) would name `fast` with the same verdict. It raises.
+    third = ("raises", program(REPEATS["fast"], scale=" * undefined_scale")) if variant == "read" else (
+        "wrong", program(REPEATS["fast"], scale=" * 1.5"))
     return {"no_code": "", "broken": "import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x:\n"
-            "        return x\n", "wrong": program(REPEATS["fast"], scale=" * 1.5"),
+            "        return x\n", third[0]: third[1],
             "hack": program(REPEATS["fast"], cache=True), "slow": program(REPEATS["slow"]),
             second[0]: second[1], "fast": program(REPEATS["fast"]), "copy": program(REPEATS["copy"])}
 
@@ -233,7 +268,7 @@ def toml_text(table: dict[str, Any], prefix: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
-def prepare(folder: Path, *, variant: str, processes: int, steps: int, credit: str, lr: float, window: int | None
+def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings: Settings
             ) -> tuple[Path, dict[str, int]]:
     """Task files, the seeded database, the tiny model and the run config; the config's path and
     each menu token's id per task."""
@@ -282,23 +317,24 @@ def prepare(folder: Path, *, variant: str, processes: int, steps: int, credit: s
     base = folder / "base"
     # One token per menu answer, shared by both tasks (named after the first: the text is cosmetic).
     build_tiny_model(base, tasks[:1], TinyModelConfig(hidden_size=32, layers=2, heads=2, bpe_vocab=512,
-                                                      program_variants=1, window=window, seed=0),
+                                                      program_variants=1, window=settings.window, seed=0),
                      corpus=prompts, programs={tasks[0].name: answers}, phrases=instruction_lines())
     tok = AutoTokenizer.from_pretrained(base)
     texts = program_tokens(tasks[:1], 1, {tasks[0].name: answers})
     tokens = {kind: tok.convert_tokens_to_ids(text) for kind, text in zip(answers, texts)}
     suppressed = [i for i in range(len(tok)) if i not in set(tokens.values())]
     turns = 1 if variant == "single" else 2
-    per_batch = 16  # rows per generation batch over all processes: two groups of 8
+    rows = settings.episodes * turns  # one row per turn of each episode of a group
+    per_batch = 2 * rows  # rows per generation batch over all processes: two groups
     grpo: dict[str, Any] = {
         "k_shown": 0,  # the prompt shows the best version only: the copy's original
         "roc": {"enabled": turns == 1, "keep": 0.5, "min_per_side": 2},
         "curriculum": {"by_level": False},
-        "trl": {"max_steps": steps, "num_generations": 8 * (2 if turns == 1 else 1),
-                "per_device_train_batch_size": per_batch * (2 if turns == 1 else 1) // processes,
-                "max_completion_length": 1, "temperature": 1.0, "learning_rate": lr, "beta": 0.0,
+        "trl": {"max_steps": settings.steps, "num_generations": rows,
+                "per_device_train_batch_size": per_batch // processes,
+                "max_completion_length": 1, "temperature": 1.0, "learning_rate": settings.lr, "beta": 0.0,
                 "loss_type": "dapo", "scale_rewards": "group", "mask_truncated_completions": False,
-                "lr_scheduler_type": "constant", "logging_steps": 1, "save_steps": max(1, steps // 10),
+                "lr_scheduler_type": "constant", "logging_steps": 1, "save_steps": max(1, settings.steps // 10),
                 "save_strategy": "steps", "report_to": "none", "use_cpu": True, "bf16": False, "seed": 0,
                 "generation_kwargs": {"suppress_tokens": suppressed}},
     }
@@ -422,8 +458,7 @@ def prompt_gap(o: Outcome) -> float:
                 for pt in o.curve if pt.p), default=0.0)
 
 
-def run_variant(out: Path, *, variant: str, processes: int, steps: int, credit: str, lr: float,
-                window: int | None, root: Path) -> Outcome:
+def run_variant(out: Path, *, variant: str, processes: int, credit: str, settings: Settings, root: Path) -> Outcome:
     folder = out / (f"{variant}-p{processes}" + ("" if credit == "turn" else f"-{credit}"))
     if folder.exists():
         import shutil
@@ -431,17 +466,18 @@ def run_variant(out: Path, *, variant: str, processes: int, steps: int, credit: 
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     started = time.monotonic()
-    print(f"{variant}-turn, {processes} process(es), credit {credit}: preparing in {folder}", flush=True)
-    config, tokens = prepare(folder, variant=variant, processes=processes, steps=steps, credit=credit, lr=lr,
-                             window=window)
-    print(f"  training {steps} steps (log: {folder / 'train.log'})", flush=True)
+    window = "the whole prompt" if settings.window is None else f"a window of {settings.window} token(s)"
+    print(f"{variant}-turn, {processes} process(es), credit {credit}, lr {settings.lr:g}, {window}, "
+          f"{settings.episodes} episodes a group: preparing in {folder}", flush=True)
+    config, tokens = prepare(folder, variant=variant, processes=processes, credit=credit, settings=settings)
+    print(f"  training {settings.steps} steps (log: {folder / 'train.log'})", flush=True)
     code = train(config, processes=processes, root=root, log=folder / "train.log")
     if code != 0:
         tail = (folder / "train.log").read_text()[-3000:]
         raise SystemExit(f"learning check: training failed (exit {code}); the end of its log:\n{tail}")
     points = analyse(folder, tokens, variant=variant)
     final, won, reasons = judge(points, variant=variant)
-    outcome = Outcome(variant=variant, processes=processes, credit=credit, steps=steps,
+    outcome = Outcome(variant=variant, processes=processes, credit=credit, steps=settings.steps,
                       seconds=time.monotonic() - started, curve=points, final=final, hack_or_copy_won=won,
                       passed=not reasons, reasons=reasons)
     (folder / "curve.json").write_text(json.dumps(asdict(outcome), indent=1))
@@ -472,12 +508,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="single,multi",
                     help="single, multi, read (comma-separated; read: turn 2 must follow turn 1's verdict)")
     ap.add_argument("--processes", default="1", help="process counts to run, comma-separated (1, 2)")
-    ap.add_argument("--steps", type=int, default=40, help="GRPO steps per run")
+    ap.add_argument("--steps", type=int, help="GRPO steps per run (default: the variant's, see SETTINGS)")
     ap.add_argument("--credit", choices=("turn", "group"), default="turn",
                     help="multi-turn credit: centred per turn index (turn) or TRL's over all turns (group)")
-    ap.add_argument("--lr", type=float, default=0.02, help="the policy's learning rate")
-    ap.add_argument("--window", type=int, default=WINDOW,
-                    help="the policy's attention window in tokens (0: the whole prompt, blind to its end)")
+    ap.add_argument("--lr", type=float, help="the policy's learning rate (default: the variant's)")
+    ap.add_argument("--window", type=int,
+                    help="the policy's attention window in tokens (0: the whole prompt; default: the variant's)")
+    ap.add_argument("--episodes", type=int, help="episodes (answers, single-turn) per group (default: the variant's)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "learning_check", help="where runs and curves go")
     ap.add_argument("--kernelrl-root", type=Path, default=ROOT,
                     help="train with the kernelrl of this checkout (the check's own code builds and reads)")
@@ -489,12 +526,23 @@ def main(argv: list[str] | None = None) -> int:
         processes = [int(p) for p in args.processes.split(",")]
     except ValueError:
         ap.error("--processes takes numbers, e.g. 1,2")
-    if any(p < 1 for p in processes) or args.steps < 1:
+    if any(p < 1 for p in processes) or (args.steps is not None and args.steps < 1):
         ap.error("--processes and --steps must be at least 1")
-    if args.window < 0:
+    if args.window is not None and args.window < 0:
         ap.error("--window must be 0 (the whole prompt) or a number of tokens")
-    outcomes = [run_variant(args.out, variant=v, processes=p, steps=args.steps, credit=args.credit, lr=args.lr,
-                            window=args.window or None, root=args.kernelrl_root.resolve())
+    if args.episodes is not None and args.episodes < 2:
+        ap.error("--episodes must be at least 2 (a group of one gives no gradient)")
+    if args.lr is not None and args.lr <= 0:
+        ap.error("--lr must be above 0")
+
+    def settings(variant: str) -> Settings:
+        base = SETTINGS[variant]
+        window = base.window if args.window is None else (args.window or None)
+        return Settings(steps=args.steps or base.steps, lr=args.lr or base.lr, window=window,
+                        episodes=args.episodes or base.episodes)
+
+    outcomes = [run_variant(args.out, variant=v, processes=p, credit=args.credit, settings=settings(v),
+                            root=args.kernelrl_root.resolve())
                 for v in variants for p in processes]
     summary = "; ".join(f"{o.variant}-turn x{o.processes}: P(right answer) "
                         + ", ".join(f"{label} ({right_answer(label)}) {q:.2f}" for label, q in sorted(o.final.items()))
