@@ -1,9 +1,10 @@
 """Judged before? The one answer the evaluator's result cache, the search and the trainer share.
 
 `JudgedKey` is what makes two judgings the same judging: the task (its name and the hash of its
-source), the program (the hash of its source) and the evaluator config it is judged under (its
-fingerprint, `kernelrl.judge.eval_config.config_fingerprint`: device, size, policy, constants,
-tolerances, correctness sets, timing, sandbox, ...). `judged_before(store, key)` is the verdict a
+source and size presets, `Task.identity_hash`), the program (the hash of its source) and the
+evaluator config it is judged under (its fingerprint,
+`kernelrl.judge.eval_config.config_fingerprint`: device, size, policy, constants, tolerances,
+correctness sets, timing, sandbox, ...). `judged_before(store, key)` is the verdict a
 store holds for that key, when it may be reused; a store is anything with `find_verdict(key)`:
 the evaluator's in-memory `ResultCache`, or the run database
 (`kernelrl.search.database.Database.find_verdict`, which also requires the task's current
@@ -11,7 +12,7 @@ source in its task table).
 
 Guarantees:
 - one key and one rule for every caller: a verdict is reused only for the same task name, task
-  source, program source and fingerprint;
+  source and size presets, program source and fingerprint;
 - a `judge_error` (the judge failed, not the program) and a `task_error` (the task's reference
   failed: the task may have been fixed or the machine less busy) are never reused, and a
   `ResultCache` does not keep them; an answer without code (`no_code`) is never judged, so never
@@ -42,13 +43,13 @@ class JudgedKey:
     """This exact program, for this task, under these judging settings."""
 
     task: str  # the task's name
-    task_hash: str  # `Task.source_hash`: a changed task file is another task
+    task_hash: str  # `Task.identity_hash`: a changed task file, or changed size presets, is another task
     source_hash: str  # `kernelrl.candidate.source_hash` of the program
     fingerprint: str  # `config_fingerprint` of the evaluator config; "" never matches a stored verdict
 
     @classmethod
     def of(cls, task: Task, source_hash: str, fingerprint: str) -> JudgedKey:
-        return cls(task=task.name, task_hash=task.source_hash, source_hash=source_hash, fingerprint=fingerprint)
+        return cls(task=task.name, task_hash=task.identity_hash, source_hash=source_hash, fingerprint=fingerprint)
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ def open_run(config: SearchConfig, tasks: list[Task], db: Database) -> RunState:
     started = time.monotonic()
     latest = db.latest_run() if config.resume else None
     for t in tasks:
-        db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level, size=config.eval.size)
+        db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=t.level, size=config.eval.size)
     # the task names are stored with the run so a report counts a task that got no candidate
     stored = {**config.to_json(), "task_names": [t.name for t in tasks]}
     if latest is not None:

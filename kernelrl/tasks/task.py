@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import hashlib
+import json
 import os
 import re
 import types
@@ -66,6 +67,16 @@ class Task:
     @property
     def source_hash(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+
+    @property
+    def identity_hash(self) -> str:
+        """What makes two tasks the same task for a stored verdict: the source and the size presets
+        (the shapes a preset runs at). The source's hash when there are no presets, so a task
+        without them keeps the hash it was stored under."""
+        if not self.presets:
+            return self.source_hash
+        presets = json.dumps(self.presets, sort_keys=True)
+        return hashlib.sha256(f"{self.source}\0presets {presets}".encode()).hexdigest()[:16]
 
     def constants(self) -> dict[str, int]:
         """Size constants, read from the syntax tree (no code runs): module-level integer constants

@@ -167,7 +167,7 @@ def run_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = None,
 
             db = Database(config.db_path)
             for t in tasks:
-                db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level,
+                db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=t.level,
                                size=config.eval.size)
         if backend is None:
             from kernelrl.judge.evaluator import Evaluator

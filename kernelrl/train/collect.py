@@ -189,7 +189,7 @@ def collect(config: CollectConfig, *, console: Any = None, backend: Any = None,
     asked = evaluated = 0
     with Database(config.database) as db:
         for t in tasks:
-            db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level,
+            db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=t.level,
                            size=config.eval.size)
         run_id = db.start_run({"stage": STAGE, "config": {**to_dict(config), "proposer_opts": sorted(
             config.proposer_opts)}})

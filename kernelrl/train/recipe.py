@@ -160,7 +160,7 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
         run_id = None
         if ranks.is_main:  # one run row per stage invocation, whatever the number of processes
             for t in tasks:
-                db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level,
+                db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=t.level,
                                size=config.eval.size)
             run_id = db.start_run({"stage": stage.value, "resume": resume, "processes": ranks.count,
                                    "config": to_dict(config),

@@ -24,6 +24,23 @@ def test_the_key_is_task_name_and_source_program_and_fingerprint() -> None:
         assert judged_before(cache, other) is None, other
 
 
+def test_changed_size_presets_make_another_task_and_no_presets_keep_the_source_hash() -> None:
+    # the shapes a preset runs at are part of what was judged: a verdict at one preset's shapes
+    # must not answer for another's (a client may send presets; a release may change them)
+    assert _key().task_hash == TASK.source_hash
+    small = Task(name="t", source=TASK.source, presets={"small": {"batch_size": 4}})
+    other = Task(name="t", source=TASK.source, presets={"small": {"batch_size": 8}})
+    cache = ResultCache(8)
+    cache.remember(_key(task=small), EvalResult(task="t", status=Status.CORRECT, speedup=3.0))
+    assert judged_before(cache, _key(task=small)) is not None
+    assert judged_before(cache, _key(task=other)) is None
+    assert judged_before(cache, _key()) is None
+    # the order the presets are written in does not make another task
+    one = Task(name="t", source=TASK.source, presets={"small": {"batch_size": 4, "dim": 8}})
+    two = Task(name="t", source=TASK.source, presets={"small": {"dim": 8, "batch_size": 4}})
+    assert _key(task=one) == _key(task=two) != _key(task=small)
+
+
 class _Stored:
     """A store that holds a verdict whatever it is (a run database with an older row)."""
 

@@ -355,6 +355,20 @@ def test_find_verdict_answers_for_the_key_and_the_reuse_rule_drops_task_errors(t
         assert known is not None and known.candidate_id == judged and known.result.speedup == 2.0
 
 
+def test_a_verdict_stored_at_one_presets_shapes_does_not_answer_for_another(tmp_path: Path) -> None:
+    small = Task(name="t", source="# t\n", presets={"small": {"batch_size": 4}})
+    larger = Task(name="t", source="# t\n", presets={"small": {"batch_size": 64}})
+    with Database(tmp_path / "p.db") as db:
+        db.upsert_task(name="t", source=small.source, source_hash=small.identity_hash, level=None, size="small")
+        judged = _add(db, "t", "x", Status.CORRECT, 2.0)
+        found = judged_before(db, JudgedKey.of(small, "h-x", DEFAULT_FP))
+        assert found is not None and found.candidate_id == judged
+        assert judged_before(db, JudgedKey.of(larger, "h-x", DEFAULT_FP)) is None
+        # the run moves to the other presets (a search upserts its tasks at start): the old verdict is not reused
+        db.upsert_task(name="t", source=larger.source, source_hash=larger.identity_hash, level=None, size="small")
+        assert judged_before(db, JudgedKey.of(larger, "h-x", DEFAULT_FP)) is None
+
+
 def test_an_answer_without_code_is_stored_as_no_code_and_old_rows_read_the_same(tmp_path: Path) -> None:
     with Database(tmp_path / "k.db") as db:
         new = db.add_candidate(NewCandidate(task="t", hash=NO_CODE_HASH, source=""))

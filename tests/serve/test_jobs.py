@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -109,7 +110,9 @@ def test_key_reused_for_something_else_is_refused(tmp_path: Path) -> None:
     store = JobStore(tmp_path / "s.db")
     submit(store, items("a", keys=("k",)))
     for specs, kw in ((items("other", keys=("k",)), {}), (items("a", keys=("k",)), {"size": Size.FULL}),
-                      (items("a", keys=("k",)), {"policy": PolicyName.STRICT})):
+                      (items("a", keys=("k",)), {"policy": PolicyName.STRICT}),
+                      ([ItemSpec(task=dataclasses.replace(TASK, presets={"small": {"batch_size": 2}}), candidate="a",
+                                 key="k")], {})):
         with pytest.raises(KeyConflict, match="'k'"):
             submit(store, specs, **kw)
     assert store.stats(since=0).jobs[JobState.QUEUED] == 1  # nothing stored by the refused ones
