@@ -35,6 +35,7 @@ speedups are ratios measured side by side, which is what it guarantees to be fai
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -65,6 +66,10 @@ __all__ = ["EvalConfig", "Evaluator", "ReferenceFailed", "config_fingerprint", "
            "measure_baseline"]
 
 
+# A program that may run torch.compile (or its parts) in its worker.
+_COMPILES = re.compile(r"\bcompile\b|_dynamo|_inductor")
+
+
 class Evaluator:
     """See the module docstring. Safe to use from several threads; close it when done."""
 
@@ -78,8 +83,7 @@ class Evaluator:
         self._results = ResultCache(self.RESULT_CACHE_SIZE)
         self._guard = threading.Lock()
         lock = DeviceLock(cfg.cache_dir, cfg.device, cfg.device_index)
-        # inductor's ISA check, once per machine instead of in every worker that compiles
-        start_vec_isa_check(cfg.cache_dir, worker_env(cfg.sandbox, cfg.cache_dir), lock.build)
+        self._isa_check_started = False  # by the first judging that may compile
         # Enough started workers for a reference and `concurrency` candidates at once.
         pool = WorkerPool(config=cfg.sandbox, device=cfg.device, device_index=cfg.device_index,
                           size=cfg.concurrency + 1 if warm_workers is None else warm_workers,
@@ -127,6 +131,7 @@ class Evaluator:
         """Judge every (task, candidate) pair; results in the order given. Never raises for a
         candidate's or a task's fault."""
         pairs = [(task, Candidate(source=c) if isinstance(c, str) else c) for task, c in items]
+        self._before_compiling(self.config.compile_baseline or any(_COMPILES.search(c.source) for _, c in pairs))
         results: list[EvalResult | None] = [None] * len(pairs)
         todo: dict[str, dict[str, list[int]]] = {}  # task key -> candidate hash -> positions
         tasks: dict[str, Task] = {}
@@ -167,6 +172,7 @@ class Evaluator:
         """`baseline` of several tasks, their groups judged together as a batch's are: references
         load and torch.compile builds overlap, while timing still holds the device alone. Where a
         task's reference failed, its place holds the failure."""
+        self._before_compiling(compile or self.config.compile_baseline)
         todo: dict[str, Task] = {}
         for task in tasks:
             known = self.cached_baseline(task)
@@ -185,6 +191,21 @@ class Evaluator:
                 why = group.failure if group is not None and group.failure else "the reference could not be timed"
                 out.append(ReferenceFailed(f"{task.name}: {why}" if task.name not in why else why))
         return out
+
+    def _before_compiling(self, compiles: bool) -> None:
+        """inductor's ISA check, once per machine instead of in every worker that compiles
+        (`kernelrl.judge.inductor`), started in the background the first time a judging may run
+        torch.compile, not at start: an evaluator that never compiles never pays its child
+        interpreter and compiles. A worker that starts before the answer is known checks for
+        itself, as torch does."""
+        if not compiles:
+            return
+        with self._guard:
+            if self._isa_check_started:
+                return
+            self._isa_check_started = True
+        cfg = self.config
+        start_vec_isa_check(cfg.cache_dir, worker_env(cfg.sandbox, cfg.cache_dir), self.context.lock.build)
 
     def cached_baseline(self, task: Task) -> Baseline | None:
         return self.context.baselines.get(self.context.tasks.key(task))

@@ -13,7 +13,8 @@ a 2-core machine: ~14 s of CPU for a one-kernel graph, ~3.5 s without them):
   library and loaded in a child process, to learn whether this compiler can build it. The
   answer is the machine's and the toolchain's, not the program's: the judge learns it once
   (`start_vec_isa_check`, in a child interpreter with a worker's environment and its own empty
-  caches, holding the device's shared lock) and keeps it in its cache folder, keyed by torch,
+  caches, holding the device's shared lock; the evaluator starts it at its first judging that
+  may compile, so a process that never compiles never pays it) and keeps it in its cache folder, keyed by torch,
   Python, the C++ compiler's version and the CPU's flags. Only when every ISA the CPU reports
   passed, so that skipping the check picks the same ISA list and vectorises the same way, do
   workers get `TORCHINDUCTOR_VEC_ISA_OK=1` (inductor's own switch for "trust the CPU flags").

@@ -82,3 +82,29 @@ def test_the_real_check_agrees_with_trusting_the_flags_on_this_machine(tmp_path:
     ok = inductor.check_vec_isa(tmp_path, env)
     record = json.loads((tmp_path / inductor.RECORD).read_text())
     assert record["ok"] is ok and ok == inductor.passes(record)
+
+
+def test_an_evaluator_starts_the_check_only_when_something_may_compile(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fresh process (a CLI command, a test) that never compiles must not pay a child interpreter
+    # and its compiles under the device's lock at start; the first program naming the compiler
+    # starts it, once.
+    from kernelrl.candidate import Candidate
+    from kernelrl.judge import evaluator as E
+    from kernelrl.result import EvalResult, Status
+    from kernelrl.tasks.task import Task
+
+    started: list[Path] = []
+    monkeypatch.setattr(E, "start_vec_isa_check", lambda cache_dir, env, hold: started.append(cache_dir))
+    task = Task(name="t", source="# the reference\n")
+    plain = Candidate(source="# a plain rewrite\n")
+    compiled = Candidate(source="import torch\nforward = torch.compile(lambda x: x)\n")
+    with E.Evaluator(E.EvalConfig(cache_dir=tmp_path, roofline=False), warm_workers=0) as ev:
+        for cand in (plain, compiled):  # judged before: answered from the cache, no worker starts
+            ev._results.remember(ev._key(task, cand), EvalResult(task="t", status=Status.CORRECT, speedup=1.0))
+        assert started == []
+        ev.evaluate(task, plain)
+        assert started == []
+        ev.evaluate(task, compiled)
+        ev.evaluate(task, compiled)
+        assert started == [tmp_path]
