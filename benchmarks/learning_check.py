@@ -120,8 +120,9 @@ class Settings:
 # answer while two thirds push `fast` through every parameter the contexts share. At `single`'s
 # rate (0.02) the tiny policy gives every prompt the same distribution within ~8 steps and the
 # sigmoid task's groups, all `fast` by then, give no gradient to undo it (benchmarks/README.md);
-# at 0.005 with 8 episodes a group the contexts separate. Its window is the instruction line: the
-# policy reads what turn 1's verdict asks for and nothing else.
+# at 0.005 with 8 episodes a group the contexts separate on 1 process (not yet on 2: see
+# benchmarks/README.md). Its window is the instruction line: the policy reads what turn 1's
+# verdict asks for and nothing else.
 SETTINGS = {"single": Settings(steps=40, lr=0.02, window=None, episodes=16),
             "multi": Settings(steps=40, lr=0.02, window=None, episodes=4),
             "read": Settings(steps=90, lr=0.005, window=1, episodes=8)}
