@@ -230,14 +230,6 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _task_sha(task: Task) -> str:
-    """The task's source and its size presets (the shapes it runs at): a key reused with other
-    presets is another task. The source's alone without presets, as items were always stored."""
-    if not task.presets:
-        return _sha(task.source)
-    return _sha(f"{task.source}\0presets {json.dumps(task.presets, sort_keys=True)}")
-
-
 def _private(path: Path) -> None:
     """Create `path` readable by its owner only, or make an existing one so (SQLite gives the
     WAL and shared-memory files the database's mode)."""
@@ -302,7 +294,7 @@ class JobStore:
         size, policy, kind = Size(size), PolicyName(policy), JobKind(kind)
         job_id = uuid.uuid4().hex
         now = time.time()
-        rows = [(task_to_json(it.task), _task_sha(it.task), it.candidate, _sha(it.candidate), it.key)
+        rows = [(task_to_json(it.task), it.task.identity_hash, it.candidate, _sha(it.candidate), it.key)
                 for it in items]
         with self._write() as db:
             origins: list[tuple[int, int] | None] = []
@@ -317,9 +309,9 @@ class JobStore:
                 if found is None:
                     origins.append(None)
                     continue
-                # the stored task's own hash, from the task it stored (items stored before presets
-                # counted carry a source-only task_hash)
-                stored = (_task_sha(task_from_json(found[2])), *found[3:])
+                # the stored task's identity (source and size presets, `Task.identity_hash`), from
+                # the task it stored: items stored before presets counted carry a source-only task_hash
+                stored = (task_from_json(found[2]).identity_hash, *found[3:])
                 if tuple(stored) != (task_hash, cand_hash, str(size), str(policy), str(kind)):
                     raise KeyConflict(f"item {i}: key {key!r} was already used for another task, candidate, "
                                       "size or policy")
