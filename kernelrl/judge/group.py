@@ -217,7 +217,10 @@ class Group:
         ctx, cfg = self.ctx, self.ctx.config
         survivors = {h: t for h, t in self.trials.items() if t.survived and h != TIMED_REFERENCE}
         try:
-            if survivors or self.baseline:
+            # Only a member that passed its checks is worth a measurement: timing the task's own
+            # copies (the A/A twin, the compiled baseline) for a group whose members all failed
+            # would pay seconds for figures no verdict reads. A baseline group times regardless.
+            if any(h in self.members for h in survivors) or self.baseline:
                 reference = self._timed_reference()
                 pool = self.session.timing_pool(self._pool_size())
                 self._phase("timing_pool_s")
@@ -238,7 +241,11 @@ class Group:
                                                twin=AA_REFERENCE if aa else None)
                     noisy = aa and aa_noisy(timing.candidates.get(AA_REFERENCE), cfg.aa_tolerance)
                     disturbed = noisy or timing.device_idle is DeviceIdle.BUSY
-                    if not disturbed or retimed >= cfg.aa_retimes:
+                    # A second measurement is for a member whose speedup would be paid; when every
+                    # member failed during this one, nothing is left to pay.
+                    paid = any(h in self.members and (c := timing.candidates.get(h)) is not None and c.failure is None
+                               for h in workers)
+                    if not disturbed or not paid or retimed >= cfg.aa_retimes:
                         break
                     retimed += 1  # identical code disagreed, or the device was busy: measure again
                 pair = timing.candidates.get(AA_REFERENCE) if aa else None

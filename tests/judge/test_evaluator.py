@@ -82,6 +82,16 @@ def test_wrong_scale_is_incorrect_with_max_error(tiny_task, quick_config):
     assert "outside tolerance" in res.message
 
 
+def test_a_group_whose_members_all_failed_is_not_timed(tiny_task, quick_config):
+    # its trusted copies (the timed reference, the A/A copy) passed their checks, but no verdict
+    # would read their times: the group ends without a measurement
+    res = evaluate(tiny_task, IDENTICAL.replace("* 2.0", "* 2.001"), quick_config)
+    assert res.status is Status.INCORRECT
+    phases = res.environment.phases
+    assert phases is not None and phases.candidate_checks_s > 0 and phases.timing_s == 0.0
+    assert res.environment.timing is None
+
+
 def test_wrong_shape_is_incorrect(tiny_task, quick_config):
     res = evaluate(tiny_task, IDENTICAL.replace("+ self.bias", "+ self.bias)[:, :-1].clone("), quick_config)
     res2 = evaluate(tiny_task, IDENTICAL.replace("return torch.relu(x) * 2.0 + self.bias",
