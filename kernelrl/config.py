@@ -12,7 +12,9 @@ This module is the one place that turns text into those objects:
   tables, enums from their values, `Path` from strings, tuples from lists, `X | None` from a
   value or nothing;
 - `with_overrides(values, {"eval.timing.max_timing_s": 6.0, ...})` sets dotted keys (command
-  line flags), creating tables as needed; a value of None means "not given" and is skipped;
+  line flags), creating tables as needed; a value of None means "not given" and is skipped; a
+  table given for a table (a `dict` setting such as `grpo.trl`) is merged into it key by key, so
+  `--grpo.trl max_steps=4` changes one TRL argument and keeps the file's others;
 - `load_config(cls, name_or_path, overrides)` does all three.
 
 Guarantees: an unknown key, a value of the wrong type or a value the component's own validation
@@ -67,7 +69,8 @@ def load_toml(name_or_path: str | Path, folder: Path = CONFIG_DIR) -> dict[str, 
 
 
 def with_overrides(values: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of `values` with each dotted key of `overrides` set (None values skipped)."""
+    """A deep copy of `values` with each dotted key of `overrides` set (None values skipped; a
+    table merged into the table it names)."""
     out = _deep_copy(values)
     for dotted, value in overrides.items():
         if value is None:
@@ -79,7 +82,10 @@ def with_overrides(values: Mapping[str, Any], overrides: Mapping[str, Any]) -> d
             if not isinstance(child, dict):
                 raise ConfigError(f"{dotted}: {name} is a value, not a table")
             node = child
-        node[key] = value
+        if isinstance(value, Mapping) and isinstance(node.get(key), dict):
+            node[key] = {**node[key], **_deep_copy(value)}
+        else:
+            node[key] = value
     return out
 
 

@@ -69,3 +69,12 @@ def test_overrides_skip_values_not_given():
     assert with_overrides({"a": 1, "eval": {"size": "small"}}, {"eval.size": None, "eval.device": "cpu"}) == {
         "a": 1, "eval": {"size": "small", "device": "cpu"}}
     assert CONFIG_DIR.is_dir()
+
+
+def test_a_table_override_merges_into_the_table_key_by_key():
+    values = {"grpo": {"trl": {"max_steps": 100, "num_generations": 4}}, "eval": {"constants": {"n": 8}}}
+    out = with_overrides(values, {"grpo.trl": {"max_steps": 3}, "eval.constants": {"m": 2}})
+    assert out == {"grpo": {"trl": {"max_steps": 3, "num_generations": 4}}, "eval": {"constants": {"n": 8, "m": 2}}}
+    assert values["grpo"]["trl"]["max_steps"] == 100  # the file's values are copied, never changed
+    # a value given for a value is replaced whatever its type; a table where none was is set whole
+    assert with_overrides({"a": 1}, {"a": {"x": 1}, "b": {"y": 2}}) == {"a": {"x": 1}, "b": {"y": 2}}

@@ -122,11 +122,18 @@ def user_words(message: str, *tables: FlagTable) -> str:
             scope = head + "."
         text = m.group(1)
     names: dict[str, str] = {}
+    subject = ""  # the refused setting itself, when the message's scope is a setting, not a table
     for table in tables:
         for path in table.paths():
             full = table.prefix + path
-            if full.startswith(scope) and "." not in full[len(scope):]:
+            if full.startswith(scope):
                 names[full[len(scope):]] = table.flag_name(path)
+            elif scope == full + ".":
+                subject = table.flag_name(path)
+            elif scope.startswith(full + "."):  # a key of a table setting: `--grpo.trl num_generation`
+                subject = f"{table.flag_name(path)} {scope[len(full) + 1:-1]}"
+    if subject:
+        text = f"{subject}: {text}"
     for field_name in sorted(names, key=len, reverse=True):
         text = re.sub(rf"(?<![\w.-]){re.escape(field_name)}(?![\w-])", names[field_name], text)
     for old, new in _COMPARE:
@@ -176,7 +183,7 @@ def _add(group: Any, name: str, dest: str, tp: Any, help_text: str) -> None:
 def _metavar(name: str, tp: Any) -> str:
     if tp is str:
         return "TEXT"
-    if name.endswith("-s") or name.endswith("timeout"):
+    if name.endswith("-s") or name == "--timeout":
         return "SECONDS"
     return "N" if tp is int else "X"
 

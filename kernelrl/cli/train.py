@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from kernelrl.cli.flags import FlagTable, add_flags, given_values, user_words
+from kernelrl.cli.flags import FlagTable, add_flags, flag_paths, given_values, overrides, user_words
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
 from kernelrl.cli.preflight import check_files, check_proposer, check_run_database, check_tasks, check_writable_parent
 from kernelrl.search.episode import nest_episode_keys
 from kernelrl.train.bench import BenchConfig
 from kernelrl.train.collect import CollectConfig
+from kernelrl.train.recipe import TrainConfig
 
 # collect / train / bench (kernelrl.train)
 
@@ -77,6 +78,15 @@ BENCH_FLAGS = FlagTable(
         "template_dir": "folder of prompt templates overriding the built-in ones",
     },
     skip=frozenset({"eval"}))
+# `train`'s flags: every field of the training config by its dotted path (`--grpo.trl max_steps=4`,
+# `--model.path PATH`, `--output-dir PATH`), the evaluator's under the names every judging command
+# gives them; a TRL table given on the command line merges into the config file's, key by key.
+TRAIN_FLAGS = FlagTable(
+    config=TrainConfig,
+    helps={"tasks": "suites, task names, files or folders the run trains on",
+           "output_dir": "stage folders go under it: OUTPUT_DIR/sft, /rft, /grpo"},
+    skip=frozenset({"eval"}))
+TRAIN_TABLES = (TRAIN_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
 COLLECT_TABLES = (COLLECT_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
 BENCH_TABLES = (BENCH_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
 
@@ -154,20 +164,29 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """KEY=VALUE arguments as dotted overrides; values read as TOML (numbers, true, [lists]), else text."""
+def _flag_for(pair: str) -> str:
+    """The flag a dotted KEY=VALUE setting is given with now (`grpo.trl.max_steps=4` ->
+    `--grpo.trl max_steps=4`), for the error that names it."""
     import tomllib
 
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"override {pair!r} is not KEY=VALUE (e.g. grpo.trl.max_steps=4)")
+    key, _, value = pair.partition("=")
+    flags = {path: name for name, path in flag_paths(*TRAIN_TABLES).items()}
+    if key in flags:
         try:
-            out[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
+            parsed = tomllib.loads(f"v = {value}")["v"]
         except tomllib.TOMLDecodeError:
-            out[key.strip()] = raw
-    return out
+            parsed = value
+        if isinstance(parsed, bool):
+            return flags[key] if parsed else "--no-" + flags[key][2:]
+        if isinstance(parsed, list):
+            return f"{flags[key]} {' '.join(map(str, parsed))}"
+        return f"{flags[key]} {value}"
+    parts = key.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        table = ".".join(parts[:cut])
+        if table in flags:
+            return f"{flags[table]} {'.'.join(parts[cut:])}={value}"
+    return f"--{key.replace('_', '-')} {value}"
 
 
 _STAGES = {"sft": "Train a model on TRL, supervised, on the SFT set (`kernelrl collect`).",
@@ -177,23 +196,32 @@ _STAGES = {"sft": "Train a model on TRL, supervised, on the SFT set (`kernelrl c
 
 def train_parser(stage: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"kernelrl train {stage or '{sft,rft,grpo}'}",
+                                usage="%(prog)s --config NAME|FILE [--resume] [--print-config] [--dry-run] "
+                                      "[--SETTING VALUE ...]",
                                 description=_STAGES.get(stage or "", "Train a model on TRL: sft, rft (rejection "
                                                                      "sampling) or grpo."))
     p.add_argument("--config", required=True, help="named training config (kernelrl/configs/train/NAME.toml) or a "
                                                    ".toml file")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="settings on top of the config, e.g. grpo.trl.max_steps=4 model.path=PATH")
     p.add_argument("--resume", action="store_true", help="continue from the stage's last checkpoint")
     p.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
     p.add_argument("--dry-run", action="store_true",
                    help="check the config, every file it names and the launch (any machine; nothing is loaded or "
                         "trained) and print the launch command; exit 2 when a check fails")
+    add_flags(p, *TRAIN_TABLES)
     return p
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     # parsed before the trainer is imported: `kernelrl train grpo -h` answers at once
-    args = argparse.Namespace(stage=args.stage, **vars(train_parser(args.stage).parse_intermixed_args(args.rest)))
+    parser = train_parser(args.stage)
+    parsed, extra = parser.parse_known_intermixed_args(args.rest)
+    if extra:
+        settings = [a for a in extra if "=" in a and not a.startswith("-")]
+        if settings:
+            raise UsageError("settings are flags: " + ", ".join(f"{a} is `{_flag_for(a)}`" for a in settings)
+                             + f" (`kernelrl train {args.stage} -h` lists them)")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args = argparse.Namespace(stage=args.stage, **vars(parsed))
     from kernelrl.cli import import_runtime
 
     import_runtime()  # deferred until the stage's flags are read (`main` skips it for `train`)
@@ -204,9 +232,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     errors = _train_errors()
     try:
-        config = load_train_config(args.config, _overrides(args.overrides))
+        config = load_train_config(args.config, overrides(args, *TRAIN_TABLES))
     except errors as e:
-        raise UsageError(f"bad training configuration: {e}") from e
+        raise UsageError(f"bad training configuration: {user_words(str(e), *TRAIN_TABLES)}") from e
     if args.print_config:
         print(json.dumps(to_dict(config), indent=1, default=str))
         return 0
@@ -293,13 +321,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     p = sub.add_parser("train", help="train a model: sft, rft (rejection sampling) or grpo (contrastive RL), on TRL",
                        usage="kernelrl train {sft,rft,grpo} --config NAME|FILE [--resume] [--print-config] "
-                             "[--dry-run] [KEY=VALUE ...]",
-                       epilog="KEY=VALUE sets a dotted setting of the config, e.g. grpo.trl.max_steps=4; "
-                              "`kernelrl train grpo -h` lists the options")
+                             "[--dry-run] [--SETTING VALUE ...]",
+                       epilog="every setting of the config is a flag, e.g. --grpo.trl max_steps=4 --model.path PATH; "
+                              "`kernelrl train grpo -h` lists them")
     p.add_argument("stage", choices=("sft", "rft", "grpo"),
                    help="sft: supervised on the SFT set; rft: rejection sampling; grpo: contrastive RL")
-    # Flags and KEY=VALUE overrides in any order: parsed by `train_parser` (argparse cannot mix
-    # optional flags and trailing positionals in one pass).
+    # The stage's flags are parsed by `train_parser`, so that `kernelrl train grpo -h` lists them.
     p.add_argument("rest", nargs=argparse.REMAINDER, metavar="...", help="--config NAME and the rest, as in the usage")
     p.set_defaults(func=cmd_train, runtime=False)
 

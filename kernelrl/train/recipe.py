@@ -4,7 +4,8 @@
 and LoRA, the evaluator or reward server, the reward mapping) and one table per stage
 (`[sft]`, `[rft]`, `[grpo]`, each with TRL's options under `[<stage>.trl]`). Named configs live in
 `kernelrl/configs/train/` (`kernelrl train grpo --config tiny-cpu`); `load_train_config` reads
-one (or a file) with dotted overrides on top (`grpo.trl.max_steps=4`).
+one (or a file) with dotted overrides on top (`{"grpo.trl": {"max_steps": 4}}`, which
+`kernelrl train`'s flags give, merged into the file's TRL table).
 
 `run_stage(config, stage)` loads the tasks, opens the database (a run row per stage
 invocation), builds the tiny base model when the config asks for one and none is there, picks

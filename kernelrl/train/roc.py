@@ -48,9 +48,9 @@ class RoCConfig:
 
     def __post_init__(self) -> None:
         if not 0 < self.keep <= 1:
-            raise ValueError("roc.keep must be in (0, 1]")
+            raise ValueError("keep must be in (0, 1]")
         if self.min_per_side < 0:
-            raise ValueError("roc.min_per_side must be >= 0")
+            raise ValueError("min_per_side must be >= 0")
 
 
 def problems(answer: str, result: EvalResult | None, *, truncated: bool = False) -> int:

@@ -61,16 +61,28 @@ def test_errors_name_the_key():
 
 
 def test_cli_overrides_and_one_line_errors(capsys):
-    assert main(["train", "grpo", "--config", "tiny-cpu", "grpo.trl.max_steps=5", "--print-config",
-                 "model.lora.r=8"]) == 0
+    file = load_train_config("tiny-cpu")
+    assert main(["train", "grpo", "--config", "tiny-cpu", "--grpo.trl", "max_steps=5", "--print-config",
+                 "--model.lora.r", "8"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["grpo"]["trl"]["max_steps"] == 5 and printed["model"]["lora"]["r"] == 8
-    assert main(["train", "grpo", "--config", "tiny-cpu", "grpo.trl.num_generation=3"]) == 2
+    # a table on the command line merges into the file's: its other TRL arguments stay
+    assert {k: v for k, v in printed["grpo"]["trl"].items() if k != "max_steps"} == {
+        k: v for k, v in file.grpo.trl.items() if k != "max_steps"} != {}
+    assert main(["train", "grpo", "--config", "tiny-cpu", "--grpo.trl", "num_generation=3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "grpo.trl.num_generation" in err[0]
+    assert len(err) == 1 and "--grpo.trl num_generation: not a GRPOConfig setting" in err[0]
+    assert main(["train", "grpo", "--config", "tiny-cpu", "--grpo.roc.keep", "7"]) == 2
+    assert "--grpo.roc.keep must be in (0, 1]" in capsys.readouterr().err
     assert main(["train", "sft", "--config", "no-such-config"]) == 2
     assert "tiny-cpu" in capsys.readouterr().err
-    assert main(["train", "grpo", "--config", "tiny-cpu", "not-a-pair"]) == 2
+    with pytest.raises(SystemExit) as exited:  # argparse's refusal, as for every command's flags
+        main(["train", "grpo", "--config", "tiny-cpu", "--grpo.trl", "not-a-pair"])
+    assert exited.value.code == 2 and "expected KEY=VALUE, got 'not-a-pair'" in capsys.readouterr().err
+    # the dotted KEY=VALUE form is refused with the flag that sets it
+    assert main(["train", "grpo", "--config", "tiny-cpu", "grpo.trl.max_steps=5", "grpo.roc.enabled=false"]) == 2
+    err = capsys.readouterr().err
+    assert "`--grpo.trl max_steps=5`" in err and "`--no-grpo.roc.enabled`" in err
 
 
 def test_a_config_file_outside_the_folder(tmp_path):
@@ -100,18 +112,18 @@ def test_every_shipped_config_dry_runs(name, stage, capsys):
 
 
 def test_a_dry_run_names_every_broken_thing(tmp_path, capsys):
-    bad = ["--config", "qwen7b-full-8gpu-vllm", f"output_dir={tmp_path}", f"model.path={tmp_path / 'nothing'}",
-           f"template_dir={tmp_path / 'no-templates'}", f"backend.token_file={tmp_path / 'no-token'}",
-           "launch.grpo_processes=3", "grpo.trl.per_device_train_batch_size=2", "grpo.trl.gradient_accumulation_steps=1",
-           "grpo.trl.num_generations=4", "grpo.roc.enabled=false"]
+    bad = ["--config", "qwen7b-full-8gpu-vllm", "--output-dir", str(tmp_path), "--model.path", str(tmp_path / "nothing"),
+           "--template-dir", str(tmp_path / "no-templates"), "--backend.token-file", str(tmp_path / "no-token"),
+           "--launch.grpo-processes", "3", "--grpo.trl", "per_device_train_batch_size=2",
+           "gradient_accumulation_steps=1", "num_generations=4", "--no-grpo.roc.enabled"]
     assert main(["train", "grpo", *bad, "--dry-run"]) == 2
     out, err = capsys.readouterr()
     for what in ("model.path", "template_dir", "backend.token_file", "grpo batch"):
         assert f"ERROR {what}:" in out and what in err
     assert "2 per device x 3 processes x 1 steps per generation = 6 rollouts = 1.5 groups of 4: not whole groups" in out
-    assert main(["train", "sft", "--config", "tiny-cpu", f"output_dir={tmp_path}", "--dry-run"]) == 2
+    assert main(["train", "sft", "--config", "tiny-cpu", "--output-dir", str(tmp_path), "--dry-run"]) == 2
     assert "ERROR sft.data" in capsys.readouterr().out
-    assert main(["train", "grpo", "--config", "tiny-cpu", "launch.accelerate_config=nowhere", "--dry-run"]) == 2
+    assert main(["train", "grpo", "--config", "tiny-cpu", "--launch.accelerate-config", "nowhere", "--dry-run"]) == 2
     assert "nowhere.yaml: missing" in capsys.readouterr().out
     assert not (tmp_path / "grpo").exists()  # nothing was written
 
@@ -124,7 +136,7 @@ def test_a_kernelbench_checkout_is_a_training_source(tmp_path, capsys):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{i}_Scale{i}.py").write_text(source.format(k=i))
     checkout = tmp_path / "KernelBench"
-    assert main(["train", "grpo", "--config", "tiny-cpu", f'tasks=["{checkout}"]', "--dry-run"]) == 0
+    assert main(["train", "grpo", "--config", "tiny-cpu", "--tasks", str(checkout), "--dry-run"]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("ok    tasks:"))
     assert " train)" in line and "left out by their split" in line and "test" in line

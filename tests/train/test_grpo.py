@@ -26,8 +26,8 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
 def test_tiny_cpu_grpo_two_steps_with_the_evaluator_then_resume(tmp_path, cache_dir, capsys, tiny_task):
     task_file = tiny_task.path
     out = tmp_path / "run"
-    common = ["--config", "tiny-cpu", f'tasks=["{task_file}"]', f"output_dir={out}", f"model.path={out / 'base'}",
-              f"eval.cache_dir={cache_dir}"]
+    common = ["--config", "tiny-cpu", "--tasks", str(task_file), "--output-dir", str(out), "--model.path",
+              str(out / "base"), "--cache-dir", str(cache_dir)]
     assert main(["train", "grpo", *common]) == 0
     log = capsys.readouterr().out
     # the evaluator's verdicts and the raw and clipped rewards of every batch are in the log
@@ -52,7 +52,7 @@ def test_tiny_cpu_grpo_two_steps_with_the_evaluator_then_resume(tmp_path, cache_
     assert main(["train", "grpo", *common]) == 2  # a fresh run would overwrite these checkpoints
     assert "--resume continues it" in capsys.readouterr().err
 
-    assert main(["train", "grpo", *common, "--resume", "grpo.trl.max_steps=3"]) == 0
+    assert main(["train", "grpo", *common, "--resume", "--grpo.trl", "max_steps=3"]) == 0
     log = capsys.readouterr().out
     assert re.search(r"resumed\s+from\s+\S*checkpoint-2", log)
     assert re.search(r"rank 0: kernelrl state restored from \S*checkpoint-2/kernelrl_state\.rank0\.json", log)

@@ -340,7 +340,7 @@ def test_one_turn_builds_todays_trainer_and_more_add_the_rollout_hook(turns: int
 def test_tiny_cpu_multiturn_trains_two_steps_and_logs_both_turns(tmp_path: Path, cache_dir: Path):
     run = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "kernelrl", "train", "grpo", "--config", "tiny-cpu-multiturn",
-                           f"output_dir={run}", f"model.path={run / 'base'}", f"eval.cache_dir={cache_dir}"],
+                           "--output-dir", str(run), "--model.path", str(run / "base"), "--cache-dir", str(cache_dir)],
                           capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-3000:]
     log = done.stdout + done.stderr

@@ -23,8 +23,8 @@ def right_program(source: str) -> str:
 
 
 def train_args(run: Path, task_path: Path, cache_dir: Path, *more: str) -> list[str]:
-    return ["--config", "tiny-cpu", f'tasks=["{task_path}"]', f"output_dir={run}", f"model.path={run / 'base'}",
-            f"eval.cache_dir={cache_dir}", *more]
+    return ["--config", "tiny-cpu", "--tasks", str(task_path), "--output-dir", str(run), "--model.path",
+            str(run / "base"), "--cache-dir", str(cache_dir), *more]
 
 
 def test_collect_writes_the_sft_set_and_sft_trains_on_it(tmp_path, tiny_task, cache_dir, openai_server, capsys,
@@ -58,7 +58,7 @@ def test_collect_writes_the_sft_set_and_sft_trains_on_it(tmp_path, tiny_task, ca
     assert len(openai_server.requests) == asked and len(read_sft_set(out)) == 2
     capsys.readouterr()
 
-    assert main(["train", "sft", *train_args(run, tiny_task.path, cache_dir, "sft.trl.max_steps=2")]) == 0
+    assert main(["train", "sft", *train_args(run, tiny_task.path, cache_dir, "--sft.trl", "max_steps=2")]) == 0
     printed = capsys.readouterr().out
     assert "trained on 2 rows" in printed and "(changed)" in printed
     assert finished_model(run, Stage.SFT) == run / "sft" / "final"
@@ -69,7 +69,7 @@ def test_rft_runs_two_rounds_with_the_evaluator(tmp_path, tiny_task, cache_dir, 
     write_sft_set(sft, [SFTRow(task=tiny_task.name, prompt="make it faster", verdict="correct", speedup=1.0,
                                proposer="test", answer=f"```python\n{right_program(tiny_task.source)}```\n")])
     run = tmp_path / "run"
-    args = train_args(run, tiny_task.path, cache_dir, f"sft.data={sft}")
+    args = train_args(run, tiny_task.path, cache_dir, "--sft.data", str(sft))
     assert main(["train", "rft", *args]) == 0
     printed = capsys.readouterr().out
     assert "(the base model (no earlier stage has finished))" in printed.replace("\n", "")
@@ -95,15 +95,15 @@ def test_collect_bad_input_is_one_line(tmp_path, capsys):
     assert main(["collect", "--tasks", "level1/gelu", "--proposer", "openai:m api_key=sk-123",
                  "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "api_key_env" in capsys.readouterr().err
-    assert main(["train", "sft", "--config", "tiny-cpu", f"output_dir={tmp_path}", f"model.path={tmp_path / 'base'}",
-                 f"sft.data={tmp_path / 'none.jsonl'}"]) == 2
+    assert main(["train", "sft", "--config", "tiny-cpu", "--output-dir", str(tmp_path), "--model.path",
+                 str(tmp_path / "base"), "--sft.data", str(tmp_path / "none.jsonl")]) == 2
     assert "no SFT set" in capsys.readouterr().err
-    assert main(["train", "grpo", "--config", "tiny-cpu", f"output_dir={tmp_path}", "--resume"]) == 2
+    assert main(["train", "grpo", "--config", "tiny-cpu", "--output-dir", str(tmp_path), "--resume"]) == 2
     assert "no checkpoint" in capsys.readouterr().err
     # training refuses test tasks: named ones, and the test split itself
-    assert main(["train", "grpo", "--config", "tiny-cpu", f"output_dir={tmp_path}", 'tasks=["level1/softmax"]']) == 2
+    assert main(["train", "grpo", "--config", "tiny-cpu", "--output-dir", str(tmp_path), "--tasks", "level1/softmax"]) == 2
     assert "training refuses test tasks" in capsys.readouterr().err
-    assert main(["train", "grpo", "--config", "tiny-cpu", 'splits=["train", "test"]']) == 2
+    assert main(["train", "grpo", "--config", "tiny-cpu", "--splits", "train", "test"]) == 2
     assert "training refuses test tasks" in capsys.readouterr().err
     assert main(["collect", "--tasks", "level1/softmax", "--proposer", "heuristic",
                  "--out", str(tmp_path / "x.jsonl")]) == 2
