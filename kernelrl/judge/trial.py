@@ -14,7 +14,13 @@ Guarantees:
   verdict (`runtime_error`, `timeout`, `flagged`: result_channel_forged), never an exception;
 - the candidate's worker is killed as soon as its trial ends with a verdict;
 - findings are only recorded here (`kernelrl.checks.dynamic` decides what each fact means); the
-  policy is applied by the verdict (`kernelrl.judge.verdict`), once, to all of a candidate's findings.
+  policy is applied by the verdict (`kernelrl.judge.verdict`), once, to all of a candidate's findings;
+- correctness goes one input set per message, and each output is compared as it arrives and
+  dropped: the judge keeps a candidate's comparisons and the digests of its outputs
+  (`compare.output_digest`), never its outputs, so a trial adds at most one output to the judge.
+
+Does not bound the judge's own copy of the sets: the group holds every set and its reference
+output for all its trials (`kernelrl.judge.inputs.memory_need` counts them before anything starts).
 
 Does not time anything: `kernelrl.judge.timer` does, for all survivors of a task together.
 """
@@ -32,7 +38,7 @@ from kernelrl.checks import dynamic
 from kernelrl.judge import protocol as P
 from kernelrl.judge.builds import build_dir, has_build, seal, sealed_dir, unseal
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
-from kernelrl.judge.compare import Mismatch, compare_outputs, exactly_equal, flatten
+from kernelrl.judge.compare import Comparison, Mismatch, compare_outputs, flatten, output_digest
 from kernelrl.judge.device import Device
 from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
 from kernelrl.judge.sandbox import Worker, WorkerDied
@@ -201,8 +207,14 @@ def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: 
 def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale: float, tf32: bool) -> None:
     worker = trial.worker
     assert worker is not None
-    # One set per message (the first run twice): the worker holds one set and its output at a time.
-    outs: list[Any] = []
+    # One set per message (the first run twice), each output compared as it arrives and then
+    # dropped: the worker holds one set and its output at a time, and the judge holds a candidate's
+    # output only while it compares it. Kept per set: the comparison, the output's digest (to tell
+    # an output given again), and whether a wrong output was one value throughout.
+    compared: list[Comparison] = []
+    digests: list[str] = []
+    constant: list[bool] = []
+    twice: Comparison | None = None
     changed: list[bool] = []
     changed_after: list[bool] = []
     thread_rises: list[int] = []
@@ -217,28 +229,31 @@ def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale:
         got = list(ran.payload["outputs"])
         if len(got) != (2 if i == 0 else 1):
             raise ChannelProtocolError(f"{len(got)} outputs for input set {i}")
-        outs += got
+        if i == 0:
+            twice = compare_outputs(got[1], got[0], tol_scale=tol_scale, tf32=tf32)
+        cmp = compare_outputs(got[0], s.output, tol_scale=tol_scale, tf32=tf32)
+        compared.append(cmp)
+        digests.append(output_digest(got[0]))
+        constant.append(not cmp.ok and _is_constant(got[0]))
         changed += list(ran.header.inputs_changed)
         changed_after += list(ran.header.changed_after_return)
         thread_rises += list(ran.header.thread_rises)
         state_after = dict(ran.header.state_after)
+        del got, ran  # the outputs: what is kept of them is above
     _idle_census(trial, worker)
     for found in dynamic.global_state_changed("run", trial.state_before, state_after):
         _note(trial, found)
     _note(trial, dynamic.side_work_in_calls(changed_after, thread_rises))
-    if len(outs) != len(sets) + 1 or len(changed) != len(sets) + 1:
-        raise ChannelProtocolError(f"{len(outs)} outputs for {len(sets) + 1} runs")
-    # outs[0] and outs[1] are two runs on set 0; outs[k+1] is set k for k >= 1
-    per_set = [outs[0]] + outs[2:]
+    if len(compared) != len(sets) or len(changed) != len(sets) + 1:
+        raise ChannelProtocolError(f"{len(changed)} input checks for {len(sets) + 1} runs")
+    # changed[0] and changed[1] are the two runs on set 0; changed[k+1] is set k for k >= 1
     for i, mutated in enumerate([changed[0] or changed[1]] + changed[2:]):
         if mutated:
             _note(trial, dynamic.inputs_mutated(f"input set {i}"))
             break
     max_abs = max_rel = 0.0
-    plain_right = all(compare_outputs(c, s.output, tol_scale=tol_scale, tf32=tf32).ok
-                      for c, s in zip(per_set, sets) if not s.plan.perturbed)
-    for i, (c, s) in enumerate(zip(per_set, sets)):
-        cmp = compare_outputs(c, s.output, tol_scale=tol_scale, tf32=tf32)
+    plain_right = all(cmp.ok for cmp, s in zip(compared, sets) if not s.plan.perturbed)
+    for i, (cmp, s) in enumerate(zip(compared, sets)):
         max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
         if cmp.ok:
             continue
@@ -248,12 +263,11 @@ def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale:
         label = f"{i} ({s.plan.label})"
         if s.plan.perturbed:
             _note(trial, dynamic.wrong_on_moved_inputs(set_label=label, reason=cmp.reason, plain_sets_right=plain_right,
-                                                       same_as_first=any(exactly_equal(c, per_set[j]) for j in range(i)),
-                                                       constant=_is_constant(c)))
+                                                       same_as_first=digests[i] in digests[:i],
+                                                       constant=constant[i]))
         raise _End(Verdict(status=Status.INCORRECT, message=f"incorrect on input set {label}: {cmp.reason}",
                            errors=(cmp.reason,), max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err))
-    twice = compare_outputs(outs[1], outs[0], tol_scale=tol_scale, tf32=tf32)
-    if not twice.ok:
+    if twice is not None and not twice.ok:
         trial.findings.append(dynamic.nondeterministic(twice.reason))
     trial.max_abs_err = max_abs
     trial.max_rel_err = max_rel

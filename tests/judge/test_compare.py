@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelrl.judge.compare import compare_outputs, exactly_equal
+from kernelrl.judge.compare import compare_outputs, exactly_equal, output_digest
 
 
 def test_within_fp32_tolerance_passes():
@@ -56,3 +56,24 @@ def test_tf32_allowed_gives_fp32_the_half_tolerance_and_nothing_else():
     assert not compare_outputs(r + 3e-2, r, tf32=True).ok
     d = torch.ones(64, dtype=torch.float64)
     assert not compare_outputs(d + 3e-3, d, tf32=True).ok  # only float32 computes through TF32
+
+
+def test_the_digest_agrees_with_exact_equality():
+    # what the judge keeps of a compared output, to tell an output given again on a later set
+    a = torch.tensor([1.0, float("nan"), -0.0, float("inf")])
+    pairs = [
+        (a, torch.tensor([1.0, float("nan"), 0.0, float("inf")])),  # NaN in the same place, -0.0 as 0.0
+        (a, torch.tensor([1.0, 0.0, 0.0, float("inf")])),  # NaN where the other has 0
+        (a, a.half()),  # dtype
+        (torch.ones(4), torch.ones(2, 2)),  # shape
+        ((torch.ones(2), 3), (torch.ones(2), 3)),
+        ((torch.ones(2), 3), (torch.ones(2), 4)),  # a plain value in the output
+        (torch.ones(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.bfloat16)),
+    ]
+    for x, y in pairs:
+        assert (output_digest(x) == output_digest(y)) == exactly_equal(x, y), (x, y)
+    # hashed a chunk at a time: a difference in the last element of a long output is seen
+    big = torch.randn(9_000_001)
+    moved = big.clone()
+    moved[-1] += 1.0
+    assert output_digest(big) == output_digest(big.clone()) != output_digest(moved)
