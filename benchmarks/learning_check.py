@@ -25,10 +25,14 @@ failed (incorrect): fix what its verdict says first.", a line the policy's token
 token). So the right second answer after `fast` is `fast` on a tanh task (an episode's own
 earlier answer is judged and paid again) and `sigmoid` on the sigmoid task: the same program
 shown, two verdicts, two right answers. A policy that answers turn 2 alike whatever turn 1's
-verdict said cannot be right on both. The verdict names its fix: in `read` no menu answer is judged
-incorrect on a tanh task except `sigmoid` (the menu's `wrong` raises instead), so "failed
-(incorrect)" follows a tanh program on the sigmoid task (fix: `sigmoid`) or `sigmoid` on a tanh task
-(fix: `fast`), and the first grows as turn 1 learns `fast`.
+verdict said cannot be right on both. The verdict names its fix: in `read` "failed (incorrect)"
+follows a tanh program on the sigmoid task and nothing else, so its fix is always `sigmoid`. The
+sigmoid task's model takes a second init argument (its gain, 2.0), every program of `read` takes
+one (tanh programs default it to 1.0), and `sigmoid` requires it: on a tanh task `sigmoid` cannot
+be built (a runtime error), and the menu's `wrong` raises instead of being judged incorrect.
+(Before both, the same verdict also followed `sigmoid` or `wrong` on a tanh task, where its fix is
+`fast`: two tasks of three, so early in a run that context paid `fast`, and it could collapse onto
+`fast` before the sigmoid task's case grew; benchmarks/README.md.)
 
 The policy is a tiny Qwen2 (built here from a config, width 32, 2 layers, attention over the whole
 prompt or the last `--window` tokens per layer; its BPE tokenizer trained here on the prompts,
@@ -57,11 +61,10 @@ What `single` and `multi` cannot show: their policy gives every prompt the same 
 returns and the per-turn credit teach the fastest answer through TRL's real rollout path, not
 that turn 2 reads turn 1. `read` is the check that it does, at its own settings (`SETTINGS`: a
 lower learning rate, 8 episodes a group, 90 steps, a window of one token); see benchmarks/README.md
-for its curve and for the settings under which it fails (the policy collapses onto `fast` in every
-context, the sigmoid task's turn 2 included, before that context's rewarded `sigmoid` answers can
-move it). With a window of one token the policy cannot tell apart two prompts whose last lines
-agree: after a flagged or runtime-error turn 1 it gives tanh and sigmoid tasks one answer, which
-the unjudged prompts printed at the end show.
+for its curves on 1 and 2 processes and for the settings under which it failed (the policy
+collapsing onto `fast` in every context). With a window of one token the policy cannot tell apart
+two prompts whose last lines agree: after a runtime-error turn 1 it gives tanh and sigmoid tasks
+one answer, which the unjudged prompts printed at the end show.
 
 Turn position: per-turn credit centres returns per turn index (`--credit turn`, the default), so
 equal outcomes get equal credit whatever the turn and a group of equal outcomes gives nothing
@@ -117,65 +120,83 @@ class Settings:
 
 
 # `read` needs what the others do not: a context that is a third of the data must keep its own
-# answer while two thirds push `fast` through every parameter the contexts share. At `single`'s
-# rate (0.02) the tiny policy gives every prompt the same distribution within ~8 steps and the
-# sigmoid task's groups, all `fast` by then, give no gradient to undo it (benchmarks/README.md);
-# at 0.005 with 8 episodes a group the contexts separate on 1 process (not yet on 2: see
-# benchmarks/README.md). Its window is the instruction line: the policy reads what turn 1's
-# verdict asks for and nothing else.
+# answer while two thirds push `fast` through every parameter the contexts share. At 0.005 with 8
+# episodes a group it does, on 1 and 2 processes (benchmarks/README.md). Its window is the
+# instruction line: the policy reads what turn 1's verdict asks for and nothing else.
 SETTINGS = {"single": Settings(steps=40, lr=0.02, window=None, episodes=16),
             "multi": Settings(steps=40, lr=0.02, window=None, episodes=4),
             "read": Settings(steps=90, lr=0.005, window=1, episodes=8)}
 
 # One operator (tanh(x @ W)) at two shapes, so that every menu answer is a program for both (the
 # policy chooses among 8 answers, chance 1/8) and each task keeps its own window, curriculum
-# weight, prompts and shown best. The multi-turn variant adds a third task, sigmoid(x @ W), whose
+# weight, prompts and shown best. The `read` variant adds a third task, sigmoid(x @ W), whose
 # prompt ends like the others': at turn 1 the policy cannot tell it apart (its likeliest right
 # answer is `fast`, right on two tasks of three), and turn 1's verdict is what says which task it
 # was: `fast` is "Correct" on a tanh task and "Incorrect" on the sigmoid one, whose fix is the
-# menu's `sigmoid` answer (in place of `mid`).
+# menu's `sigmoid` answer (in place of `mid`; `read` only, as is the sigmoid task).
 TANH_TASKS = {"repeat_tanh_square": (256, 256, "tanh"), "repeat_tanh_wide": (512, 128, "tanh")}  # batch, n, op
 SIGMOID_TASK = "repeat_sigmoid_square"
+# The sigmoid task's model takes a second init argument, its gain; every program of `read` takes
+# one (tanh programs default it to 1.0), and the menu's `sigmoid` requires it.
+SIGMOID_GAIN = 2.0
 TASKS = {"single": TANH_TASKS, "multi": TANH_TASKS, "read": {**TANH_TASKS, SIGMOID_TASK: (256, 256, "sigmoid")}}
 VARIANTS = tuple(TASKS)
 
 
-def program(repeats: int, *, op: str = "tanh", cls: str = "ModelNew", scale: str = "", cache: bool = False) -> str:
+def program(repeats: int, *, op: str = "tanh", cls: str = "ModelNew", scale: str = "", cache: bool = False,
+            gain: str | None = None) -> str:
+    """`gain`: None, or the program takes a gain (multiplies its result by it) as a second init
+    argument, "optional" (1.0 when not given) or "required" (see `TASKS`)."""
     lookup = ("        if x.shape in self.cache:\n            return self.cache[x.shape]\n" if cache else "")
     store = "        self.cache[x.shape] = y\n" if cache else ""
+    args = {None: "n", "optional": "n, gain=1.0", "required": "n, gain"}[gain]
     return (f'import torch\nimport torch.nn as nn\n\n\nclass {cls}(nn.Module):\n'
             f'    """{op}(x @ W), the same product computed {repeats} time(s) (only the last kept)."""\n\n'
-            f"    def __init__(self, n):\n        super().__init__()\n"
+            f"    def __init__(self, {args}):\n        super().__init__()\n"
             + ("        self.cache = {}\n" if cache else "")
+            + ("        self.gain = gain\n" if gain else "")
             + f"        self.weight = nn.Parameter(torch.randn(n, n) / n ** 0.5)\n\n"
             f"    def forward(self, x):\n{lookup}        y = x\n        for _ in range({repeats}):\n"
-            f"            y = torch.{op}(x @ self.weight)\n{store}        return y{scale}\n")
+            f"            y = torch.{op}(x @ self.weight)\n"
+            + ("        y = y * self.gain\n" if gain else "")
+            + f"{store}        return y{scale}\n")
+
+
+def gain_of(variant: str, op: str) -> str | None:
+    """In `read` every program takes a gain: tanh programs may be given one, sigmoid's must be."""
+    return None if variant != "read" else ("required" if op == "sigmoid" else "optional")
 
 
 def task_source(variant: str, name: str) -> str:
     batch, n, op = TASKS[variant][name]
-    return (program(REPEATS["slow"], op=op, cls="Model")
+    init = f"{n}, {SIGMOID_GAIN}" if gain_of(variant, op) == "required" else f"{n}"
+    return (program(REPEATS["slow"], op=op, cls="Model", gain=gain_of(variant, op))
             + f"\n\ndef get_inputs():\n    return [torch.randn({batch}, {n})]\n\n\n"
-            f"def get_init_inputs():\n    return [{n}]\n")
+            f"def get_init_inputs():\n    return [{init}]\n")
 
 
 def menu(variant: str) -> dict[str, str]:
     """The eight answers, the same for every task of the variant."""
-    second = ("sigmoid", program(REPEATS["fast"], op="sigmoid")) if variant == "read" else ("mid", program(REPEATS["mid"]))
-    # In `read` the one incorrect verdict a tanh program can earn is on the sigmoid task, so a
-    # "failed (incorrect)" turn 1 names one fix (`sigmoid`); a failing answer of its own that is
-    # judged incorrect on a tanh task (`wrong`) would name `fast` with the same verdict. It raises.
-    third = ("raises", program(REPEATS["fast"], scale=" * undefined_scale")) if variant == "read" else (
+    tanh = gain_of(variant, "tanh")
+    second = (("sigmoid", program(REPEATS["fast"], op="sigmoid", gain=gain_of(variant, "sigmoid"))) if variant == "read"
+              else ("mid", program(REPEATS["mid"])))
+    # In `read` the one incorrect verdict an answer can earn is a tanh program's on the sigmoid task,
+    # so a "failed (incorrect)" turn 1 names one fix (`sigmoid`): `sigmoid` on a tanh task cannot be
+    # built (it needs the gain only the sigmoid task gives), and the failing answer that other
+    # variants judge incorrect (`wrong`, whose fix would be `fast` with the same verdict) raises.
+    third = ("raises", program(REPEATS["fast"], scale=" * undefined_scale", gain=tanh)) if variant == "read" else (
         "wrong", program(REPEATS["fast"], scale=" * 1.5"))
     return {"no_code": "", "broken": "import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x:\n"
             "        return x\n", third[0]: third[1],
-            "hack": program(REPEATS["fast"], cache=True), "slow": program(REPEATS["slow"]),
-            second[0]: second[1], "fast": program(REPEATS["fast"]), "copy": program(REPEATS["copy"])}
+            "hack": program(REPEATS["fast"], cache=True, gain=tanh), "slow": program(REPEATS["slow"], gain=tanh),
+            second[0]: second[1], "fast": program(REPEATS["fast"], gain=tanh),
+            "copy": program(REPEATS["copy"], gain=tanh)}
 
 
 def shown_best(variant: str, name: str) -> str:
     """The task's best version so far, shown in every prompt (the `copy` answer on a tanh task)."""
-    return program(REPEATS["copy"], op=TASKS[variant][name][2])
+    op = TASKS[variant][name][2]
+    return program(REPEATS["copy"], op=op, gain=gain_of(variant, op))
 
 
 @dataclass

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize(("variant", "processes", "steps"), [("single", 1, 30), ("multi", 1, 30), ("single", 2, 30),
-                                                          ("read", 1, None)])
+                                                          ("multi", 2, 30), ("read", 1, None), ("read", 2, None)])
 def test_the_policy_learns_the_fastest_correct_answer(variant: str, processes: int, steps: int | None, tmp_path: Path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learning_check.py"), "--variants", variant,
                            "--processes", str(processes), "--out", str(tmp_path),
