@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kernelrl.cli.flags import FlagTable, add_flags, flag_paths, given_values, overrides, user_words
@@ -214,7 +214,8 @@ def train_parser(stage: str | None = None) -> argparse.ArgumentParser:
 def cmd_train(args: argparse.Namespace) -> int:
     # parsed before the trainer is imported: `kernelrl train grpo -h` answers at once
     parser = train_parser(args.stage)
-    parsed, extra = parser.parse_known_intermixed_args(args.rest)
+    rest = list(args.rest)
+    parsed, extra = parser.parse_known_intermixed_args(rest)
     if extra:
         settings = [a for a in extra if "=" in a and not a.startswith("-")]
         if settings:
@@ -239,7 +240,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(json.dumps(to_dict(config), indent=1, default=str))
         return 0
     if args.dry_run:
-        return _dry_run(config, Stage(args.stage), args.config)
+        return _dry_run(config, Stage(args.stage), args.config, _settings_given(rest))
     check_device(config.eval.device)
     console = console_for()
     try:
@@ -250,11 +251,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dry_run(config: Any, stage: Any, name: str) -> int:
+def _settings_given(rest: Sequence[str]) -> list[str]:
+    """The command line's settings and `--resume`, as given: what a launch of this run repeats
+    (`--config` is the launch command's own; `--dry-run` and `--print-config` are not the run's)."""
+    out: list[str] = []
+    skip = False
+    for arg in rest:
+        if skip:
+            skip = False
+        elif arg == "--config":
+            skip = True
+        elif not (arg.startswith("--config=") or arg in ("--dry-run", "--print-config")):
+            out.append(arg)
+    return out
+
+
+def _dry_run(config: Any, stage: Any, name: str, settings: Sequence[str] = ()) -> int:
     from kernelrl.train.launch import dry_run
 
     try:
-        report = dry_run(config, stage, name=name)
+        report = dry_run(config, stage, name=name, settings=settings)
     except _train_errors() as e:
         raise UsageError(str(e)) from e
     marks = {"ok": "ok   ", "note": "note ", "error": "ERROR"}

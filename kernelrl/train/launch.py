@@ -36,6 +36,7 @@ import importlib.util
 import json
 import math
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,11 +84,13 @@ class LaunchConfig:
         return ACCELERATE_CONFIG_DIR / f"{self.accelerate_config}.yaml"
 
 
-def launch_command(config: Any, stage: Stage, name: str) -> str:
-    """The command line that starts `stage` of the run config `name` as the config says."""
+def launch_command(config: Any, stage: Stage, name: str, settings: Sequence[str] = ()) -> str:
+    """The command line that starts `stage` of the run config `name` as the config says, with the
+    command-line `settings` (flags and their values) the config was given on top."""
     launch: LaunchConfig = config.launch
     n = launch.processes(stage)
-    tail = f"-m kernelrl train {Stage(stage).value} --config {shlex.quote(name)}"
+    tail = " ".join([f"-m kernelrl train {Stage(stage).value} --config {shlex.quote(name)}",
+                     *map(shlex.quote, settings)])
     if launch.accelerate_config is None:
         return f"python3 {tail}"
     env = f"CUDA_VISIBLE_DEVICES={launch.grpo_visible_devices} " if (
@@ -123,7 +126,7 @@ class DryRun:
         return all(c.level != "error" for c in self.checks)
 
 
-def dry_run(config: Any, stage: Stage, *, name: str) -> DryRun:
+def dry_run(config: Any, stage: Stage, *, name: str, settings: Sequence[str] = ()) -> DryRun:
     stage = Stage(stage)
     checks: list[Check] = []
 
@@ -141,7 +144,7 @@ def dry_run(config: Any, stage: Stage, *, name: str) -> DryRun:
     if stage is not Stage.SFT:
         add("hack defences", "ok" if config.eval.llm_judge.enabled else "note", judge_notice(config))
     _check_packages(config, stage, accel, trl_values, add)
-    return DryRun(stage=stage, command=launch_command(config, stage, name), checks=tuple(checks))
+    return DryRun(stage=stage, command=launch_command(config, stage, name, settings), checks=tuple(checks))
 
 
 def _check_tasks(config: Any, add: Any) -> None:

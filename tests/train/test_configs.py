@@ -105,6 +105,14 @@ def test_the_8gpu_config_dry_runs_here_and_prints_its_launch(capsys):
     assert "left out by their split: 6 test, 2 validation" in out and "every check passed" in out
 
 
+def test_the_launch_a_dry_run_prints_repeats_the_settings_given(capsys):
+    assert main(["train", "grpo", "--config", "qwen7b-full-8gpu-vllm", "--grpo.trl", "max_steps=40", "--dry-run",
+                 "--backend.url", "http://judge:8177", "--resume"]) == 0
+    launch = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("launch: "))
+    assert launch.endswith("-m kernelrl train grpo --config qwen7b-full-8gpu-vllm --grpo.trl max_steps=40 "
+                           "--backend.url http://judge:8177 --resume"), launch
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("stage", ["rft", "grpo"])
 def test_every_shipped_config_dry_runs(name, stage, capsys):
