@@ -21,6 +21,8 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
+from kernelrl import syntax
+
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*$", re.MULTILINE)
 
 
@@ -76,7 +78,7 @@ def defines_triton_kernel(source: str) -> bool:
     search for `triton.jit`.
     """
     try:
-        tree = ast.parse(source)
+        tree = syntax.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return re.search(r"\btriton\.(jit|autotune|heuristics)\b", source) is not None
     modules: set[str] = set()  # names bound to the triton package
@@ -118,7 +120,7 @@ def detect_language(source: str) -> Language:
 
 def defines_model_new(source: str) -> bool:
     try:
-        tree = ast.parse(source)
+        tree = syntax.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     for node in ast.walk(tree):

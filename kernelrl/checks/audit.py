@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernelrl import syntax
 from kernelrl.candidate import extract_code
 from kernelrl.checks import rules as R
 from kernelrl.checks.policy import Policy
@@ -374,7 +375,7 @@ def _read_py(path: Path, root: Path, default_task: Task | None) -> AuditEntry:
 
 def _task_spec_of(code: str) -> str | None:
     try:
-        doc = ast.get_docstring(ast.parse(code)) or ""
+        doc = ast.get_docstring(syntax.parse(code)) or ""
     except (SyntaxError, ValueError):
         doc = ""
     for text in (doc, "\n".join(code.splitlines()[:10])):

@@ -21,6 +21,7 @@ import textwrap
 import tokenize
 import typing
 
+from kernelrl import syntax
 from kernelrl.plain import dataclass_in
 
 
@@ -53,7 +54,7 @@ def _own_docs(cls: type) -> dict[str, str]:
         elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
                               tokenize.ENDMARKER):
             code_lines.add(tok.start[0])
-    tree = ast.parse(source)
+    tree = syntax.parse(source)
     klass = next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
     if klass is None:
         return {}

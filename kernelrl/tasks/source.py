@@ -17,6 +17,8 @@ import ast
 import re
 import types
 
+from kernelrl import syntax
+
 
 class TaskError(ValueError):
     """A task cannot be loaded or instantiated; the message says why, for a person."""
@@ -85,7 +87,7 @@ def module_size_elements(source: str) -> dict[str, int]:
 
 def _parse(source: str) -> ast.Module:
     try:
-        return ast.parse(source)
+        return syntax.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         raise TaskError(f"task source does not parse: {type(e).__name__}: {e}") from e
 
@@ -185,7 +187,7 @@ def _with_constants(source: str, constants: dict[str, int]) -> ast.Module:
     one element of a module-level tuple or list literal; `literal:<v>` keys set every integer
     literal `v` in the code outside those module-level assignments (which are knobs of their own).
     """
-    tree = ast.parse(source)
+    tree = syntax.parse(source)
     elements: dict[str, dict[int, int]] = {}
     literals: dict[int, int] = {}
     for key, value in constants.items():
@@ -234,7 +236,7 @@ def compile_task(source: str, constants: dict[str, int], filename: str) -> types
 def is_task_source(source: str) -> bool:
     """True when the source defines Model, get_inputs and get_init_inputs at module level."""
     try:
-        tree = ast.parse(source)
+        tree = syntax.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     names = set()
@@ -265,7 +267,7 @@ class _RenameModel(ast.NodeTransformer):
 def embed_reference(source: str, new_name: str = "_Reference") -> str:
     """The reference program with `Model` renamed and its input factories dropped (the evaluator
     takes inputs and init arguments from the task). Module constants stay: forward may read them."""
-    tree = ast.parse(source)
+    tree = syntax.parse(source)
     tree.body = [n for n in tree.body
                  if not (isinstance(n, ast.FunctionDef) and n.name in ("get_inputs", "get_init_inputs"))]
     tree = _RenameModel(new_name).visit(tree)

@@ -30,13 +30,14 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable
 
+from kernelrl import syntax
 from kernelrl.candidate import fenced_blocks
 
 
 def program_key(code: str) -> str:
     """The canonical form of a program (see the module docstring)."""
     try:
-        tree = ast.parse(code)
+        tree = syntax.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return "text:" + " ".join(code.split())
     try:

@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from kernelrl import syntax
 from kernelrl.checks import rules as R
 from kernelrl.checks.static.registry import Hit, register
 from kernelrl.checks.static.source import SourceInfo
@@ -124,7 +125,7 @@ def custom_kernels(src: SourceInfo) -> list[KernelInfo]:
 def has_custom_kernel(source: str) -> bool:
     """True when the source builds or defines at least one real custom kernel (see `no_custom_kernel`)."""
     try:
-        tree = ast.parse(source)
+        tree = syntax.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return any(k.real for k in custom_kernels(SourceInfo(tree, source)))

@@ -17,9 +17,9 @@ evaluator are the defence that does not depend on reading code.
 
 from __future__ import annotations
 
-import ast
 import time
 
+from kernelrl import syntax
 from kernelrl.checks import rules as R
 
 # Each rule family registers its rules in CHECKS when imported.
@@ -58,7 +58,7 @@ def check_source(source: str, *, task_source: str | None = None,
     """
     started = time.monotonic()
     try:
-        tree = ast.parse(source)
+        tree = syntax.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:  # ValueError: null bytes in source
         line = getattr(e, "lineno", None)
         return [Finding(rule=R.SYNTAX_ERROR, message=f"source does not parse: {e.__class__.__name__}: "
