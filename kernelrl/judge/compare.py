@@ -4,7 +4,11 @@ Guarantees: outputs are compared leaf by leaf after flattening tuples and lists;
 be a plain `torch.Tensor` (the judge never receives subclasses: see `kernelrl.judge.channel`) with the
 reference's shape and dtype; values must satisfy |c - r| <= atol + rtol * |r| elementwise, with
 NaN equal to NaN only where the reference has NaN. The result reports the largest absolute and
-relative errors even when the comparison passes, so reports can show how close a candidate is.
+relative errors even when the comparison passes, so reports can show how close a candidate is
+(the relative error over the places where it is defined: not where the reference is NaN or both
+sides are infinite). Outputs are compared a chunk at a time (`_CHUNK` elements): the judge's working
+memory for a comparison is a few float64 chunks, not float64 copies of the whole output (several
+times a 6 GiB fp32 output otherwise).
 
 Tolerances per dtype (atol = rtol; multiplied by `EvalConfig.tol_scale`), against KernelBench's
 (`get_tolerance_for_precision` in its eval, after torchbench; its earlier eval used 1e-2 for every
@@ -66,6 +70,10 @@ class Comparison:
     mismatch: Mismatch | None = None  # None when ok
 
 
+# Elements compared or hashed at a time (`compare_outputs`, `output_digest`, `exactly_equal`): the
+# judge's working memory for an output, whatever the output's size.
+_CHUNK = 1 << 22
+
 # fp32 when the evaluation allows TF32 (matmuls and convolutions with fp16's mantissa): fp16's tolerance.
 TF32_TOLERANCE = DEFAULT_TOLERANCES[torch.float16]
 
@@ -87,6 +95,45 @@ def flatten(x: Any) -> list[Any]:
 def _failed(reason: str, mismatch: Mismatch) -> Comparison:
     """A comparison that failed before any error could be measured."""
     return Comparison(ok=False, reason=reason, mismatch=mismatch, max_abs_err=math.inf, max_rel_err=math.inf)
+
+
+@dataclass(frozen=True)
+class _LeafErrors:
+    nan_differ: int  # places where exactly one side is NaN
+    inf_differ: bool  # an infinity where the other side differs
+    max_abs: float
+    max_rel: float
+    outside: int  # values outside the tolerance
+
+
+def _leaf_errors(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> _LeafErrors:
+    """The errors of one flat output against the reference's, a chunk at a time: the judge's working
+    memory is a few float64 copies of `_CHUNK` elements, not of the whole output."""
+    nan_differ = outside = 0
+    inf_differ = False
+    max_abs = max_rel = 0.0
+    for start in range(0, r.numel(), _CHUNK):
+        c64 = c[start:start + _CHUNK].to(torch.float64)
+        r64 = r[start:start + _CHUNK].to(torch.float64)
+        r_nan = torch.isnan(r64)
+        nan_differ += int((r_nan != torch.isnan(c64)).sum())
+        if nan_differ:
+            continue  # the verdict is a NaN mismatch; only its count is still needed
+        finite = ~r_nan
+        diff = (c64 - r64).abs()
+        # inf == inf (same sign) gives nan for the difference: count it as exact
+        diff = torch.where(torch.isnan(diff) & finite & (c64 == r64), torch.zeros_like(diff), diff)
+        diff = torch.where(finite, diff, torch.zeros_like(diff))
+        if bool(torch.isnan(diff).any()):
+            inf_differ = True
+            continue
+        if diff.numel():
+            max_abs = max(max_abs, float(diff.max()))
+            rel = diff / r64.abs().clamp_min(1e-12)  # NaN where both are infinite: no relative error
+            max_rel = max(max_rel, float(torch.nan_to_num(rel, nan=0.0, posinf=math.inf).max()))
+        outside += int((diff > atol + rtol * r64.abs()).sum())
+    return _LeafErrors(nan_differ=nan_differ, inf_differ=inf_differ, max_abs=max_abs, max_rel=max_rel,
+                       outside=outside)
 
 
 def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0, tf32: bool = False) -> Comparison:
@@ -114,33 +161,19 @@ def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0, t
         if torch.equal(c, r):
             continue  # bitwise the same (NaN never equals itself, so NaNs take the long way)
         atol, rtol = tolerance(r.dtype, tol_scale, tf32=tf32)
-        c64, r64 = c.to(torch.float64), r.to(torch.float64)
-        r_nan, c_nan = torch.isnan(r64), torch.isnan(c64)
-        if bool((r_nan != c_nan).any()):
-            n = int((r_nan != c_nan).sum())
-            return _failed(f"{where}: NaN in {n} places where the reference differs", Mismatch.NAN)
-        finite = ~r_nan
-        diff = (c64 - r64).abs()
-        # inf == inf (same sign) gives nan for the difference: count it as exact
-        diff = torch.where(torch.isnan(diff) & finite & (c64 == r64), torch.zeros_like(diff), diff)
-        diff = torch.where(finite, diff, torch.zeros_like(diff))
-        if bool(torch.isnan(diff).any()):
+        found = _leaf_errors(c.reshape(-1), r.reshape(-1), atol, rtol)
+        if found.nan_differ:
+            return _failed(f"{where}: NaN in {found.nan_differ} places where the reference differs", Mismatch.NAN)
+        if found.inf_differ:
             return _failed(f"{where}: infinite values differ from the reference", Mismatch.INF)
-        denom = r64.abs().clamp_min(1e-12)
-        a = float(diff.max())
-        rel = float((diff / denom).max())
-        max_abs, max_rel = max(max_abs, a), max(max_rel, rel)
-        bad = diff > atol + rtol * r64.abs()
-        if bool(bad.any()):
-            n = int(bad.sum())
-            return Comparison(ok=False, reason=(f"{where}: {n} of {r.numel()} values outside tolerance "
-                                                f"(max abs err {a:.3g}, atol {atol:g}, rtol {rtol:g})"),
+        max_abs, max_rel = max(max_abs, found.max_abs), max(max_rel, found.max_rel)
+        if found.outside:
+            return Comparison(ok=False, reason=(f"{where}: {found.outside} of {r.numel()} values outside tolerance "
+                                                f"(max abs err {found.max_abs:.3g}, atol {atol:g}, rtol {rtol:g})"),
                               max_abs_err=max_abs, max_rel_err=max_rel, mismatch=Mismatch.TOLERANCE)
     return Comparison(ok=True, reason="", max_abs_err=max_abs, max_rel_err=max_rel)
 
 
-# Elements hashed at a time by `output_digest`: its working memory, whatever the output's size.
-_DIGEST_CHUNK = 1 << 22
 
 
 def output_digest(a: Any) -> str:
@@ -155,8 +188,8 @@ def output_digest(a: Any) -> str:
             continue
         flat = x.detach().reshape(-1)
         h.update(f"T{tuple(x.shape)}{x.dtype};".encode())
-        for start in range(0, flat.numel(), _DIGEST_CHUNK):
-            part = flat[start:start + _DIGEST_CHUNK].cpu()
+        for start in range(0, flat.numel(), _CHUNK):
+            part = flat[start:start + _CHUNK].cpu()
             if part.is_floating_point():
                 h.update(torch.isnan(part).numpy().tobytes())
                 # as `exactly_equal` compares: NaN as 0, infinities as the dtype's extremes, and
@@ -173,12 +206,18 @@ def exactly_equal(a: Any, b: Any) -> bool:
         return False
     for x, y in zip(la, lb):
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(
-                    torch.nan_to_num(x, nan=0.0) if x.is_floating_point() else x,
-                    torch.nan_to_num(y, nan=0.0) if y.is_floating_point() else y):
+            if x.shape != y.shape or x.dtype != y.dtype:
                 return False
-            if x.is_floating_point() and not torch.equal(torch.isnan(x), torch.isnan(y)):
+            if torch.equal(x, y):
+                continue
+            if not x.is_floating_point():
                 return False
+            fx, fy = x.reshape(-1), y.reshape(-1)
+            for start in range(0, fx.numel(), _CHUNK):  # a chunk at a time: no whole-output copies
+                px, py = fx[start:start + _CHUNK], fy[start:start + _CHUNK]
+                if not (torch.equal(torch.nan_to_num(px, nan=0.0), torch.nan_to_num(py, nan=0.0))
+                        and torch.equal(torch.isnan(px), torch.isnan(py))):
+                    return False
         elif x != y:
             return False
     return True

@@ -122,14 +122,18 @@ def _own(variable: str, named: str) -> str:
     return os.environ.get(variable) or named
 
 
-def _to_device(x: Any, device: str) -> Any:
+def _each_tensor(x: Any, fn: Any) -> Any:
+    """`fn` applied to every tensor of a value, a list or a tuple (nested), the rest kept."""
     if isinstance(x, _Tensor):
-        return x.to(device)
-    if isinstance(x, list):
-        return [_to_device(v, device) for v in x]
-    if isinstance(x, tuple):
-        return tuple(_to_device(v, device) for v in x)
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        out = [_each_tensor(v, fn) for v in x]
+        return tuple(out) if isinstance(x, tuple) else out
     return x
+
+
+def _to_device(x: Any, device: str) -> Any:
+    return _each_tensor(x, lambda t: t.to(device))
 
 
 _detach, _to, _clone_tensor = _Tensor.detach, _Tensor.to, _Tensor.clone  # the class's own, bound now
@@ -167,14 +171,15 @@ def _to_cpu(x: Any) -> Any:
     return {"unsupported_output": type(x).__module__ + "." + type(x).__qualname__}
 
 
+def _readable(x: Any) -> Any:
+    """`x` for the harness to read: a plain CPU tensor as itself (no copy), else as `_to_cpu` gives it."""
+    if type(x) is _Tensor and not _shadows_tensor(x) and x.device.type == "cpu":
+        return _detach(x)
+    return [_readable(v) for v in x] if isinstance(x, (list, tuple)) else _to_cpu(x)
+
+
 def _clone(x: Any) -> Any:
-    if isinstance(x, _Tensor):
-        return x.clone()
-    if isinstance(x, list):
-        return [_clone(v) for v in x]
-    if isinstance(x, tuple):
-        return tuple(_clone(v) for v in x)
-    return x
+    return _each_tensor(x, lambda t: t.clone())
 
 
 def _kept(x: Any) -> Any:
@@ -186,14 +191,8 @@ def _kept(x: Any) -> Any:
 
 def _perturb(values: list[Any], scale: float, offset_frac: float) -> list[Any]:
     """Floating inputs become x * scale + offset_frac * mean|x|; integers and booleans stay."""
-    out = []
-    for x in values:
-        if isinstance(x, _Tensor) and x.is_floating_point() and x.numel():
-            magnitude = float(x.abs().mean()) or 1.0
-            out.append(x * scale + offset_frac * magnitude)
-        else:
-            out.append(x)
-    return out
+    return [x * scale + offset_frac * (float(x.abs().mean()) or 1.0)
+            if isinstance(x, _Tensor) and x.is_floating_point() and x.numel() else x for x in values]
 
 
 def _all_finite(x: Any) -> bool:
@@ -430,9 +429,9 @@ class WorkerState:
                 # work the call left running changes in the next moments.
                 time.sleep(0.005)
                 self._sync()
-                changed_after.append(not exactly_equal(snapshot, _to_cpu(out)))
+                changed_after.append(not exactly_equal(snapshot, _readable(out)))
                 outputs.append(snapshot)
-                inputs_changed.append(not exactly_equal(_to_cpu(args), inputs))
+                inputs_changed.append(not exactly_equal(_readable(args), inputs))
         return P.Kind.RAN, P.Ran(state_after=global_state(), thread_rises=thread_rises,
                                  changed_after_return=changed_after, inputs_changed=inputs_changed), {
             "outputs": outputs}

@@ -77,3 +77,32 @@ def test_the_digest_agrees_with_exact_equality():
     moved = big.clone()
     moved[-1] += 1.0
     assert output_digest(big) == output_digest(big.clone()) != output_digest(moved)
+
+
+def test_a_comparison_a_chunk_at_a_time_gives_the_whole_comparisons_verdict(monkeypatch):
+    # the judge compares (and tests equality) a chunk at a time, so that an output of gigabytes needs
+    # no float64 copies of itself; cut into chunks of 7 elements, every verdict and error is the same
+    import kernelrl.judge.compare as compare
+
+    gen = torch.Generator().manual_seed(0)
+    cases = []
+    for n in (1, 7, 20, 64):
+        r = torch.randn(n, generator=gen)
+        cases += [(r.clone(), r), (r + 1e-6, r), (r * 1.01, r)]
+        bad = r.clone()
+        bad[-1] += 1.0  # wrong in the last chunk only
+        cases.append((bad, r))
+        nan = r.clone()
+        nan[-1] = float("nan")
+        cases += [(nan, r), (nan, nan.clone())]
+        inf = r.clone()
+        inf[n // 2] = float("inf")
+        other = inf.clone()
+        other[n // 2] = float("-inf")
+        cases += [(inf, inf.clone()), (other, inf), (r, inf)]
+    for c, r in cases:
+        whole = compare_outputs(c, r)
+        same = exactly_equal(c, r)
+        monkeypatch.setattr(compare, "_CHUNK", 7)
+        assert compare_outputs(c, r) == whole and exactly_equal(c, r) == same, (c, r)
+        monkeypatch.setattr(compare, "_CHUNK", 1 << 22)
