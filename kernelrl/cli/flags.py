@@ -105,6 +105,26 @@ def flag_paths(*tables: FlagTable) -> dict[str, str]:
     return {t.flag_name(p): t.prefix + p for t in tables for p in t.paths()}
 
 
+def flag_for(setting: str, *tables: FlagTable) -> str:
+    """The flag a dotted `KEY=VALUE` setting is given with (`grpo.trl.max_steps=4` -> `--grpo.trl
+    max_steps=4`, `grpo.roc.enabled=false` -> `--no-grpo.roc.enabled`), for an error that names it."""
+    key, _, value = setting.partition("=")
+    flags = {path: name for name, path in flag_paths(*tables).items()}
+    if key in flags:
+        parsed = _toml_value(value)
+        if isinstance(parsed, bool):
+            return flags[key] if parsed else "--no-" + flags[key][2:]
+        if isinstance(parsed, list):
+            return f"{flags[key]} {' '.join(map(str, parsed))}"
+        return f"{flags[key]} {value}"
+    parts = key.split(".")
+    for cut in range(len(parts) - 1, 0, -1):  # a key inside a table setting
+        table = ".".join(parts[:cut])
+        if table in flags:
+            return f"{flags[table]} {'.'.join(parts[cut:])}={value}"
+    return f"--{key.replace('_', '-')} {value}"
+
+
 # "SearchConfig: x" (the root config) or "eval.timing: x" (a nested one): where a config refusal happened
 _WHERE = re.compile(r"^(?:[A-Z]\w*|[a-z_][\w.]*): (.*)$", re.S)
 _COMPARE = ((r"must be >= ", "must be at least "), (r"must be > ", "must be above "),

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kernelrl.cli.flags import FlagTable, add_flags, flag_paths, given_values, overrides, user_words
+from kernelrl.cli.flags import FlagTable, add_flags, flag_for, given_values, overrides, user_words
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
 from kernelrl.cli.preflight import check_files, check_proposer, check_run_database, check_tasks, check_writable_parent
 from kernelrl.search.episode import nest_episode_keys
@@ -164,31 +164,6 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _flag_for(pair: str) -> str:
-    """The flag a dotted KEY=VALUE setting is given with now (`grpo.trl.max_steps=4` ->
-    `--grpo.trl max_steps=4`), for the error that names it."""
-    import tomllib
-
-    key, _, value = pair.partition("=")
-    flags = {path: name for name, path in flag_paths(*TRAIN_TABLES).items()}
-    if key in flags:
-        try:
-            parsed = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            parsed = value
-        if isinstance(parsed, bool):
-            return flags[key] if parsed else "--no-" + flags[key][2:]
-        if isinstance(parsed, list):
-            return f"{flags[key]} {' '.join(map(str, parsed))}"
-        return f"{flags[key]} {value}"
-    parts = key.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        table = ".".join(parts[:cut])
-        if table in flags:
-            return f"{flags[table]} {'.'.join(parts[cut:])}={value}"
-    return f"--{key.replace('_', '-')} {value}"
-
-
 _STAGES = {"sft": "Train a model on TRL, supervised, on the SFT set (`kernelrl collect`).",
            "rft": "Train a model on TRL by rejection sampling: sample, keep what the judge accepts, fine-tune.",
            "grpo": "Train a model on TRL with contrastive GRPO, rewarded by the judge."}
@@ -219,7 +194,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if extra:
         settings = [a for a in extra if "=" in a and not a.startswith("-")]
         if settings:
-            raise UsageError("settings are flags: " + ", ".join(f"{a} is `{_flag_for(a)}`" for a in settings)
+            raise UsageError("settings are flags: " + ", ".join(f"{a} is `{flag_for(a, *TRAIN_TABLES)}`" for a in settings)
                              + f" (`kernelrl train {args.stage} -h` lists them)")
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args = argparse.Namespace(stage=args.stage, **vars(parsed))
