@@ -174,8 +174,6 @@ def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0, t
     return Comparison(ok=True, reason="", max_abs_err=max_abs, max_rel_err=max_rel)
 
 
-
-
 def output_digest(a: Any) -> str:
     """A fingerprint of a nested output: the same for two outputs `exactly_equal` calls equal (NaN
     equal to NaN in the same places, -0.0 to 0.0, inf as `exactly_equal` reads it), different
