@@ -147,7 +147,8 @@ def launch_stage(stage: str, run: Path, cache_dir: Path, *more: str) -> subproce
     through torchrun, and with no CUDA they meet on the CPU."""
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "kernelrl", "train", stage,
-           "--config", "tiny-cpu", f"output_dir={run}", f"model.path={run / 'base'}", f"eval.cache_dir={cache_dir}",
+           "--config", "tiny-cpu", "--output-dir", str(run), "--model.path", str(run / "base"),
+           "--cache-dir", str(cache_dir),
            *more]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,

@@ -360,8 +360,8 @@ def test_two_processes_split_a_group_and_agree_on_its_episodes(tmp_path: Path, c
     from train_fixtures import launch_stage
 
     run = tmp_path / "run"
-    done = launch_stage("grpo", run, cache_dir, "grpo.episode.turns=2", "grpo.trl.num_generations=4",
-                        "grpo.trl.per_device_train_batch_size=2")
+    done = launch_stage("grpo", run, cache_dir, "--grpo.episode.turns", "2", "--grpo.trl",
+                        "num_generations=4", "per_device_train_batch_size=2")
     assert done.returncode == 0, done.stderr[-3000:]
     with Database(run / "code.db", readonly=True) as db:
         stored = db.candidates()

@@ -138,8 +138,8 @@ def test_two_processes_train_two_steps_agree_on_every_group_and_resume_both_rank
         assert (run / "grpo" / "checkpoint-2" / f"kernelrl_state.rank{rank}.json").is_file()
 
     # resume to a third step, with groups of 4 over 2 rows per process: the group spans both ranks
-    done = launch_stage("grpo", run, cache_dir, "--resume", "grpo.trl.max_steps=3", "grpo.trl.num_generations=4",
-                  "grpo.trl.per_device_train_batch_size=2")
+    done = launch_stage("grpo", run, cache_dir, "--resume", "--grpo.trl", "max_steps=3", "num_generations=4",
+                  "per_device_train_batch_size=2")
     assert done.returncode == 0, done.stderr[-3000:]
     for rank in (0, 1):
         assert re.search(rf"rank {rank}: kernelrl state restored from \S*checkpoint-2/kernelrl_state\.rank{rank}\.json; "

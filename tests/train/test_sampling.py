@@ -99,7 +99,7 @@ def test_the_engine_is_chosen_by_what_is_installed(monkeypatch):
 @pytest.mark.slow
 def test_two_processes_run_two_rft_rounds_without_duplicates(tmp_path, cache_dir, tiny_task):
     run = tmp_path / "run"
-    done = launch_stage("rft", run, cache_dir, f'tasks=["{tiny_task.path}"]', "rft.samples_per_task=5")
+    done = launch_stage("rft", run, cache_dir, "--tasks", str(tiny_task.path), "--rft.samples-per-task", "5")
     assert done.returncode == 0, done.stderr[-3000:]
     with Database(run / "code.db", readonly=True) as db:
         rows = db.candidates()
