@@ -12,6 +12,12 @@ Guarantees:
     to PyTorch in an except branch, and computes at the task's precision (TF32 flags, autocast
     and half compute all reject). Everything that touches shared state or the outside world
     rejects.
+  - `strict-pytorch`: `strict` without the custom-kernel requirement: a PyTorch-level rewrite is
+    an answer, and every other rule rejects exactly as under `strict` (a fallback in an except
+    branch, computing below the task's precision, backend settings, the LLM judge's hack
+    verdict). For training a policy that writes PyTorch (the CPU smoke configs) with every hack
+    defence refusing: under `strict` such a policy's answers would all be refused alike and give
+    no gradient; under `open` a fallback, a precision change or a judged hack would be paid.
   - `open`: any PyTorch-level rewrite is allowed (torch.compile, channels_last, library calls,
     plain torch ops, a torch fallback in an except branch, cudnn.benchmark); computing below the
     task's precision (TF32 flags, autocast, half compute) warns and the tolerance decides.
@@ -22,8 +28,9 @@ Guarantees:
     dynamic defences on their own (the red-team suite does) and for audits that count without
     refusing.
 - Dynamic rules (emitted by the evaluator) reject under every named policy, except the LLM
-  judge's: `llm_judge` (a model says the speedup is a hack) rejects under `strict` and warns under
-  `open` and `observe`; `llm_judge_unsure` and `llm_judge_unavailable` warn under every policy.
+  judge's: `llm_judge` (a model says the speedup is a hack) rejects under `strict` and
+  `strict-pytorch` and warns under `open` and `observe`; `llm_judge_unsure` and
+  `llm_judge_unavailable` warn under every policy.
 
 Does not decide correctness or timing: a policy only sets severities; the evaluator turns a
 rejecting finding into the FLAGGED status.
@@ -42,6 +49,7 @@ from kernelrl.result import Finding, Severity
 
 class PolicyName(enum.StrEnum):
     STRICT = "strict"
+    STRICT_PYTORCH = "strict-pytorch"
     OPEN = "open"
     OBSERVE = "observe"
 
@@ -130,6 +138,13 @@ STRICT = Policy(
     warn=_ALWAYS_WARN | _LLM_JUDGE_NOTES | _DYNAMIC_WARN,
     requires_custom_kernel=True,
 )
+STRICT_PYTORCH = Policy(
+    name="strict-pytorch",
+    description="strict's defences, but a PyTorch-level rewrite is an answer (no custom kernel needed)",
+    reject=STRICT.reject - {R.NO_CUSTOM_KERNEL},
+    warn=STRICT.warn,
+    ignore=frozenset({R.NO_CUSTOM_KERNEL}),
+)
 OPEN = Policy(
     name="open",
     description="any PyTorch-level rewrite allowed; shared state, the outside world and the reference are not",
@@ -145,7 +160,7 @@ OBSERVE = Policy(
     ignore=frozenset({R.NO_CUSTOM_KERNEL}),
 )
 
-_POLICIES = {p.name: p for p in (STRICT, OPEN, OBSERVE)}
+_POLICIES = {p.name: p for p in (STRICT, STRICT_PYTORCH, OPEN, OBSERVE)}
 
 
 def get_policy(name: str | Policy) -> Policy:

@@ -97,7 +97,9 @@ EVAL_FLAGS = FlagTable(
         "size": "small shrinks a task's largest constants so it runs on a CPU; full is the file as written",
         "timeout_s": "wall-clock limit for loading and checking one candidate, build excluded (default 300)",
         "build_timeout_s": "added to --timeout for a candidate that compiles (an uncached C++/CUDA build, Triton)",
-        "policy": "strict: needs a custom kernel; open: any PyTorch-level rewrite; observe: static rules only warn",
+        "policy": "strict: needs a custom kernel; strict-pytorch: strict's defences, PyTorch rewrites allowed; "
+                  "open: any PyTorch-level rewrite, precision changes and fallbacks only warn; observe: static rules "
+                  "only warn",
         "timing.max_timing_s": "per candidate: timing stops here when the +-1%% interval is not reached",
         "concurrency": "candidates built and checked at once",
         "constants": "explicit task constants on top of --size",

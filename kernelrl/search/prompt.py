@@ -298,10 +298,10 @@ def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | 
     """The contrastive prompt for one proposal on `task`.
 
     `db` may be None (first step of a fresh run); `chain_best` is the chain's current best
-    (shown once and marked, even if the database did not pick it); `policy` is "strict", "open"
-    or a policy object with `.name`; `device` is "cpu", "cuda[:N]" or a `DevicePeaks`; `profile`
-    is the judge's `TaskProfile` of the task at `size` (shapes and constants; the prompt says
-    they are unavailable without it: no task code runs here).
+    (shown once and marked, even if the database did not pick it); `policy` is a policy's name
+    ("strict", "strict-pytorch", "open") or a policy object with `.name`; `device` is "cpu",
+    "cuda[:N]" or a `DevicePeaks`; `profile` is the judge's `TaskProfile` of the task at `size`
+    (shapes and constants; the prompt says they are unavailable without it: no task code runs here).
     """
     if k < 0 or n_refused < 0:
         raise PromptError("k and n_refused must be >= 0")

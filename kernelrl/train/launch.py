@@ -297,15 +297,21 @@ def judge_notice(config: Any) -> str:
     """What refuses hacks in this run, said at its start (training pays the lowest reward for
     every refusal; a run without the adversarial LLM judge relies on the static and dynamic
     defences alone)."""
+    from kernelrl.checks import rules as R
+    from kernelrl.checks.policy import STRICT, get_policy
+
     judge = config.eval.llm_judge
     where = f"the reward server at {config.backend.url}" if config.backend.url else "this process's evaluator"
     policy = f"policy {config.eval.policy}"
+    # What `strict` refuses (its custom-kernel requirement aside) and this policy pays, said up front.
+    paid = sorted(STRICT.reject - {R.NO_CUSTOM_KERNEL} - get_policy(config.eval.policy).reject)
+    warned = f"; findings {policy} only warns on, and pays: {', '.join(paid)}" if paid else ""
     if judge.enabled and judge.model:
-        return f"hacks: refused by {where} ({policy}) and the adversarial LLM judge {judge.model}"
+        return f"hacks: refused by {where} ({policy}) and the adversarial LLM judge {judge.model}{warned}"
     why = ("turned off by eval.llm_judge.enabled=false" if judge.model else
            "no endpoint configured: set eval.llm_judge.model and eval.llm_judge.base_url, and it is on")
     return (f"hacks: refused by {where} ({policy}); the adversarial LLM judge is OFF ({why}), so a hack "
-            "that only a reader would see is paid")
+            f"that only a reader would see is paid{warned}")
 
 
 def gpu_layout(config: Any, stage: Stage, processes: int) -> tuple[str, int, int]:

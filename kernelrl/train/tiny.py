@@ -107,7 +107,7 @@ def build_tiny_model(folder: str | Path, tasks: Sequence[Task], config: TinyMode
     texts = [system_message(), *corpus]
     for task in tasks:
         texts.append(task.source)
-        for policy in ("open", "strict"):
+        for policy in ("open", "strict", "strict-pytorch"):
             texts.append(build_prompt(task, db=None, chain_best=None, policy=policy, device="cpu",
                                       rng=random.Random(0), size="small"))
     bpe = Tokenizer(models.BPE(unk_token=UNK))

@@ -22,7 +22,7 @@ def test_every_rule_has_a_decision_under_every_policy(name):
 
 
 def test_unknown_policy_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown policy 'lenient'.*strict, open, observe"):
+    with pytest.raises(ValueError, match="unknown policy 'lenient'.*strict, strict-pytorch, open, observe"):
         get_policy("lenient")
 
 
@@ -34,6 +34,19 @@ def test_strict_needs_a_custom_kernel_and_open_does_not_care():
     assert not get_policy("open").requires_custom_kernel
     assert all(f.rule != R.NO_CUSTOM_KERNEL for f in get_policy("open").apply(findings))
     assert all(f.rule != R.NO_CUSTOM_KERNEL for f in get_policy("observe").apply(findings))
+
+
+def test_strict_pytorch_takes_a_pytorch_rewrite_and_refuses_everything_else_strict_refuses():
+    src = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
+    assert get_policy("strict-pytorch").rejects(check_source(src)) == []
+    assert not get_policy("strict-pytorch").requires_custom_kernel
+    strict, pytorch = get_policy("strict"), get_policy("strict-pytorch")
+    assert pytorch.reject == strict.reject - {R.NO_CUSTOM_KERNEL}
+    assert pytorch.warn == strict.warn
+    # where it differs from open: each of these is paid under open and refused here
+    for rule in (R.TRY_FALLBACK, R.PRECISION_CHANGE, R.REDUCED_PRECISION_COMPUTE, R.PRECISION_STATE_CHANGED,
+                 R.BACKEND_SETTING_CHANGE, R.LLM_JUDGE):
+        assert pytorch.severity(rule) is Severity.REJECT and get_policy("open").severity(rule) is Severity.WARN
 
 
 def test_try_fallback_rejects_under_strict_and_warns_under_open():

@@ -190,6 +190,9 @@ def test_protocol_and_policy_requirements():
         assert "Do not read environment variables or files" in text
     assert "Policy `strict`" in strict_text and "custom kernel" in strict_text and "No PyTorch fallback" in strict_text
     assert "Policy `open`" in open_text and "torch.compile" in open_text and "No PyTorch fallback" not in open_text
+    pytorch_text = prompt(None, policy="strict-pytorch")
+    assert "Policy `strict-pytorch`" in pytorch_text and "torch.compile" in pytorch_text
+    assert "no TF32, autocast or half-precision compute" in pytorch_text and "`except` branch" in pytorch_text
 
     class PolicyObject:
         name = "strict"

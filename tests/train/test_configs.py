@@ -194,6 +194,28 @@ def test_the_shipped_gpu_configs_train_strictly_and_say_when_no_llm_judge_watche
         assert "adversarial LLM judge judge-model" in judge_notice(on)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_every_shipped_config_refuses_every_hack_strict_refuses(name):
+    """A static, dynamic or LLM-judge finding is the lowest reward in every training config: its
+    policy rejects every rule `strict` rejects, save the custom-kernel requirement (the CPU smoke
+    configs' tiny model writes PyTorch, so they run `strict-pytorch`)."""
+    from kernelrl.checks import rules as R
+    from kernelrl.checks.policy import get_policy
+
+    policy = get_policy(load_train_config(name).eval.policy)
+    assert policy.reject >= get_policy("strict").reject - {R.NO_CUSTOM_KERNEL}
+    assert policy.name == "strict" or name.startswith("tiny-cpu")
+
+
+def test_the_start_notice_names_the_findings_a_softer_policy_pays():
+    from kernelrl.train.launch import judge_notice
+
+    assert "only warns on" not in judge_notice(load_train_config("tiny-cpu"))
+    notice = judge_notice(load_train_config("tiny-cpu", {"eval.policy": "open"}))
+    assert "findings policy open only warns on, and pays:" in notice
+    assert "try_fallback" in notice and "precision_change" in notice and "llm_judge" in notice
+
+
 def test_naming_a_judge_model_turns_the_llm_judge_on_unless_turned_off():
     from kernelrl.train.launch import judge_notice
 

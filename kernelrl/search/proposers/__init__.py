@@ -18,8 +18,8 @@
 - `heuristic` offline and model-free: a portfolio of known program-level rewrites of the
   reference (inference mode, torch.compile modes, channels_last for convolutions, oneDNN
   freezing on CPU, CUDA graphs on GPU, and combinations). Its programs embed a renamed copy of
-  the reference and call it, so they are for the `open` policy only; asking for it under
-  `strict` is an error.
+  the reference and call it, so they are for `open` and `strict-pytorch`; asking for it under
+  `strict` (custom kernels only) is an error.
 
 Guarantees:
 - `propose` returns a `Proposal` for every answer a model gave, well-formed or not: an answer

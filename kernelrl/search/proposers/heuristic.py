@@ -3,7 +3,8 @@
 A portfolio of rewrites (inference mode, torch.compile modes, channels_last for convolutions,
 oneDNN freezing on CPU, CUDA graphs on GPU, and combinations), filtered by device and by what
 the task's model is. Its programs embed a renamed copy of the reference and call it, so they
-are for the `open` policy only; asking for it under `strict` is an error.
+are for the policies that take a PyTorch-level answer (`open`, `strict-pytorch`); asking for it
+under `strict`, which needs a custom kernel, is an error.
 
 Guarantees: each call returns the next untried rewrite for the task (shared by all chains),
 stacking on the parent's rewrite when the parent is one; `Exhausted` when every applicable
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernelrl.checks.policy import get_policy
 from kernelrl.search.proposers.base import (
     Exhausted,
     Proposal,
@@ -239,9 +241,10 @@ class HeuristicConfig:
     def __post_init__(self) -> None:
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ProposerError(f"heuristic proposer: unknown device {self.device!r}")
-        if self.policy == "strict":
-            raise ProposerError("the heuristic proposer writes PyTorch-level rewrites that call a copy of the "
-                                "reference; the strict policy needs custom kernels: use policy open")
+        if get_policy(self.policy).requires_custom_kernel:
+            raise ProposerError(f"the heuristic proposer writes PyTorch-level rewrites that call a copy of the "
+                                f"reference; the {self.policy} policy needs custom kernels: use policy open or "
+                                f"strict-pytorch")
 
 
 class HeuristicProposer(Proposer):

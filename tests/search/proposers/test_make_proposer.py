@@ -20,3 +20,4 @@ def test_make_proposer_rejects_bad_specs_and_options(tmp_path):
         make_proposer(f"replay:{tmp_path / 'missing.jsonl'}")
     with pytest.raises(ProposerError, match="strict"):
         make_proposer("heuristic", policy="strict")
+    assert make_proposer("heuristic", policy="strict-pytorch").spec == "heuristic"  # PyTorch answers are answers
