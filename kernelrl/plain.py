@@ -92,6 +92,41 @@ def field_paths(cls: type, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def field_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
+    """The default of every dotted key `field_paths` lists that has one (a nested dataclass's keys
+    from the instance its default builds); required fields are left out."""
+    out: dict[str, Any] = {}
+    _, fields = _fields(cls)
+    for name, f in fields.items():
+        path = _dotted(prefix, name)
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out.update({f"{path}.{k}": v for k, v in _instance_values(value).items()})
+        else:
+            out[path] = value
+    return out
+
+
+def _instance_values(obj: Any) -> dict[str, Any]:
+    """An instance's own field values by dotted key, nested dataclasses included (a default
+    factory may build a nested config with other values than its class's defaults)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if not f.init:
+            continue
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out.update({f"{f.name}.{k}": v for k, v in _instance_values(value).items()})
+        else:
+            out[f.name] = value
+    return out
+
+
 def dataclass_in(tp: Any) -> type | None:
     """The dataclass a field's type holds (`X` or `X | None`), if any."""
     for option in _options(tp):

@@ -11,7 +11,7 @@ from kernelrl.cli.flags import FlagTable, check_tables, flag_paths
 from kernelrl.cli.options import EVAL_FLAGS, eval_config
 from kernelrl.cli.search import OPTIMIZE_TABLES
 from kernelrl.cli.serve import SERVE_TABLES
-from kernelrl.cli.train import BENCH_TABLES, COLLECT_TABLES
+from kernelrl.cli.train import BENCH_TABLES, COLLECT_TABLES, TRAIN_TABLES
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.plain import field_paths
 from kernelrl.search.loop import SearchConfig
@@ -71,7 +71,7 @@ def test_every_judging_command_takes_the_config_and_every_evaluator_flag(command
 @pytest.mark.parametrize("command", GENERATED)
 def test_no_flag_of_a_judging_command_lacks_a_field(command):
     tables = {"optimize": OPTIMIZE_TABLES, "serve": SERVE_TABLES, "collect": COLLECT_TABLES,
-              "bench": BENCH_TABLES}.get(command, (EVAL_FLAGS,))
+              "bench": BENCH_TABLES, "train": TRAIN_TABLES}.get(command, (EVAL_FLAGS,))
     known = set(flag_paths(*tables))
     actions = {"--help", "--config", "--json", "--no-compile", "--runs", "--tolerance", "--dynamic", "--only",
                "--limit", "--degeneracy", "--task", "--report", "--html", "--plot"}
@@ -132,3 +132,36 @@ def test_train_stage_help_names_the_stage():
 
     assert train_parser("grpo").format_usage().startswith("usage: kernelrl train grpo ")
     assert "contrastive GRPO" in (train_parser("grpo").description or "")
+
+
+ALL_TABLES = {"eval": (EVAL_FLAGS,), "optimize": OPTIMIZE_TABLES, "serve": SERVE_TABLES, "collect": COLLECT_TABLES,
+              "bench": BENCH_TABLES, "train": TRAIN_TABLES}
+
+
+@pytest.mark.parametrize("command", sorted(ALL_TABLES))
+def test_no_help_states_a_default_the_config_already_has(command):
+    """Defaults are appended from the config (`with_default`): a help text or field comment that
+    states the value by hand would drift from the field (one described in words, computed at run
+    time, is allowed)."""
+    from kernelrl.cli.flags import shown_default
+    from kernelrl.cli.helps import field_docs
+    from kernelrl.plain import field_defaults
+
+    by_hand = []
+    for table in ALL_TABLES[command]:
+        docs, defaults = field_docs(table.config), field_defaults(table.config)
+        for path in table.paths():
+            text = table.helps.get(path) or docs.get(path, "")
+            shown = shown_default(defaults.get(path))
+            if shown is not None and (f"default {shown}" in text or f"default: {shown}" in text):
+                by_hand.append(f"{table.flag_name(path)}: {text}")
+    assert by_hand == []
+
+
+def test_a_flags_help_ends_with_the_fields_default_read_from_the_config():
+    text = " ".join(_sub("optimize").format_help().split())
+    assert "--chains N parallel chains per task (default 2)" in text
+    assert "--timeout SECONDS wall-clock limit for loading and checking one candidate, build excluded (default 300)" \
+        in text
+    assert "--policy {strict,strict-pytorch,open,observe}" in text and "(default open)" in text
+    assert "--fast VALUE [VALUE ...] fast_p thresholds (default 1 1.5 2)" in " ".join(_sub("bench").format_help().split())

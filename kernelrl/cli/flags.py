@@ -11,6 +11,9 @@ then the flags given, then the config's own defaults, in that order
 judges (`EVAL_FLAGS`): `kernelrl eval --timeout 60`, `kernelrl optimize --timeout 60` and
 `kernelrl serve --timeout 60` set the same field.
 
+A flag's help ends with the field's default, read from the config (`with_default`); help texts
+never state a literal default by hand (tests/test_cli_flags.py refuses one).
+
 Value types: booleans are `--x` / `--no-x`; enums take their values; tuples and lists take
 several values (or comma-separated ones); `dict[str, X]` takes `KEY=VALUE` pairs, repeated; a
 field that may be None takes a value of its type (set None in a config file).
@@ -39,7 +42,7 @@ from typing import Any
 
 from kernelrl.cli.helps import field_docs
 from kernelrl.config import ConfigError, load_toml, with_overrides
-from kernelrl.plain import field_paths
+from kernelrl.plain import field_defaults, field_paths
 
 # The argparse dest of a generated flag: its dotted path, made a valid attribute name.
 _DEST_PREFIX = "cfg__"
@@ -68,11 +71,37 @@ def add_flags(parser: argparse.ArgumentParser, *tables: FlagTable) -> None:
     """Add every field of every table as a flag (see the module docstring)."""
     group = parser.add_argument_group("settings (override the --config file)")
     for table in tables:
-        docs = field_docs(table.config)
+        docs, defaults = field_docs(table.config), field_defaults(table.config)
         for path, tp in table.paths().items():
             # a table's help is argparse text already; a field's comment is plain text ("%" kept)
+            text = table.helps.get(path) or docs.get(path, "").replace("%", "%%")
             _add(group, table.flag_name(path), _dest(table.prefix + path), tp,
-                 table.helps.get(path) or docs.get(path, "").replace("%", "%%"))
+                 with_default(text, defaults.get(path)))
+
+
+def shown_default(value: Any) -> str | None:
+    """A field's default as its help states it, or None where the flag shows none: no default
+    (None), a boolean (the `--x`/`--no-x` pair), an empty or mapping value."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, (int, float, str)) for v in value):
+        return " ".join(_shown(v) for v in value)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, Path)) or value == "":
+        return None
+    return _shown(value)
+
+
+def _shown(value: Any) -> str:
+    return (f"{value:g}" if isinstance(value, float) else str(value)).replace("%", "%%")
+
+
+def with_default(help_text: str, default: Any) -> str:
+    """`help_text` ending with the field's default, read from the config; a help that says its
+    default in words (one computed at run time: "(default $KERNELRL_CACHE, ...)") keeps them."""
+    shown = shown_default(default)
+    if shown is None or "(default" in help_text:
+        return help_text
+    return f"{help_text} (default {shown})" if help_text else f"default {shown}"
 
 
 def overrides(args: argparse.Namespace, *tables: FlagTable) -> dict[str, Any]:

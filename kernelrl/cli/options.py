@@ -95,7 +95,7 @@ EVAL_FLAGS = FlagTable(
     helps={
         "device": "where candidates run (cpu, or cuda with a CUDA build of torch)",
         "size": "small shrinks a task's largest constants so it runs on a CPU; full is the file as written",
-        "timeout_s": "wall-clock limit for loading and checking one candidate, build excluded (default 300)",
+        "timeout_s": "wall-clock limit for loading and checking one candidate, build excluded",
         "build_timeout_s": "added to --timeout for a candidate that compiles (an uncached C++/CUDA build, Triton)",
         "policy": "strict: needs a custom kernel; strict-pytorch: strict's defences, PyTorch rewrites allowed; "
                   "open: any PyTorch-level rewrite, precision changes and fallbacks only warn; observe: static rules "

@@ -35,9 +35,8 @@ SEARCH_FLAGS = FlagTable(
         "tasks": "suites, task names, files or folders (several values, or comma-separated)",
         "proposer": "heuristic | openai:MODEL | hf:PATH | replay:PATH",
         "episode.turns": "each chain answers in episodes of this many turns, every turn shown its earlier answers "
-                         "and their verdicts; 1: every prompt fresh (default 1)",
-        "episode.history_tokens": "with --turns: the most the earlier turns may take of a prompt, in characters / 4 "
-                                  "(default 6000)",
+                         "and their verdicts; 1: every prompt fresh",
+        "episode.history_tokens": "with --turns: the most the earlier turns may take of a prompt, in characters / 4",
         "episode.gamma": "the discount of later turns' rewards in a turn's return (the search pays no returns: "
                          "kept so that [episode] reads the same in every config)",
     },

@@ -42,8 +42,8 @@ COLLECT_FLAGS = FlagTable(
         "proposers": "heuristic | openai:MODEL | hf:PATH | replay:PATH, optionally with options "
                      "\"openai:M base_url=URL api_key_env=VAR\"; give several, or the flag several times",
         "out": "the SFT set (.jsonl); a datasets.Dataset is written next to it",
-        "tries": "answers per task and proposer, at most (default 20)",
-        "keep": "correct answers per task and proposer before it stops (default 1)",
+        "tries": "answers per task and proposer, at most",
+        "keep": "correct answers per task and proposer before it stops",
         "db_path": "code database of every try (default: code.db next to --out, the database `kernelrl train` "
                    "reads when --out is its sft.jsonl)",
         "k_shown": "earlier versions shown in each prompt",
@@ -60,16 +60,16 @@ BENCH_FLAGS = FlagTable(
     helps={
         "proposer": "hf:PATH | replay:PATH | openai:MODEL | heuristic, optionally with options "
                     "\"hf:P max_new_tokens=512\"",
-        "k": "samples per task (default 5)",
+        "k": "samples per task",
         "episode.turns": "turns per sample: each sample refines its answer from its own verdicts, and the report gives "
-                 "pass@k and fast_p@k by turn and T turns against T samples (default 1)",
+                 "pass@k and fast_p@k by turn and T turns against T samples",
         "episode.gamma": "the discount of later turns' rewards in a turn's return (the bench pays no returns: "
                          "kept so that [episode] reads the same in every config)",
-        "episode.history_tokens": "with --turns: the most the earlier turns may take of a prompt (default 6000)",
+        "episode.history_tokens": "with --turns: the most the earlier turns may take of a prompt",
         "tasks": "suites, task names, files or folders (a KernelBench checkout); default: builtin",
-        "split": "evaluate the tasks of this split only: test (default: tasks no training run may use), "
+        "split": "evaluate the tasks of this split only: test (tasks no training run may use), "
                  "validation, train or all; your own task files have no split and are always taken",
-        "ps": "fast_p thresholds (default 1.0 1.5 2.0)",
+        "ps": "fast_p thresholds",
         "compile_baseline": "measure the torch.compile baselines (--no-compile: do not)",
         "db_path": "store every sample and verdict in this code database",
         "proposer_opts": "proposer options, e.g. max_new_tokens=512 temperature=0.7",
