@@ -2,10 +2,12 @@
 
 A group is built from a `JudgeContext` (`kernelrl.judge.context`: config, pool, device lock,
 secrets, task store, baselines, peaks, reviewer) and goes through three steps:
-- `prepare`: the reference worker loads the task and gives its outputs on the secret input sets
-  (`kernelrl.judge.reference`); a degenerate task ends here (every candidate flagged); then every
-  candidate's static checks, build and correctness (`kernelrl.judge.trial`), and the compiled
-  reference when a baseline is wanted;
+- `prepare`: every member is read first (syntax, static rules under the policy, its language on
+  the device): a group whose members are all refused by reading ends there, and its reference
+  never loads. Otherwise the reference worker loads the task and gives its outputs on the secret
+  input sets (`kernelrl.judge.reference`); a degenerate task ends here (every candidate flagged);
+  then every candidate still standing is built and checked (`kernelrl.judge.trial`), and the
+  compiled reference when a baseline is wanted;
 - `time`: the reference and the survivors in one interleaved measurement (`kernelrl.judge.timer`),
   holding the device's lock exclusively;
 - `finish`: the floors and the LLM review each survivor needs, then its verdict
@@ -20,7 +22,8 @@ checks; on a GPU only work on that GPU is held back, and builds (on the CPU) ove
 measurements. Candidate checks of all groups share one limit of `width` at a time.
 
 Guarantees: a group never raises for a candidate's or its task's fault: a task that cannot be
-loaded or run gives every candidate of the group a `task_error` result; every worker a group
+loaded or run gives every candidate of the group that reading did not refuse a `task_error`
+result (a refused one keeps its verdict, whatever its group-mates are); every worker a group
 started is closed when it ends.
 
 Does not decide verdicts: `kernelrl.judge.verdict` does, with what a group measured.
@@ -168,6 +171,15 @@ class Group:
 
     def prepare(self, checks: threading.Semaphore) -> None:
         ctx, cfg, task = self.ctx, self.ctx.config, self.task
+        for h, (cand, _) in self.members.items():
+            self.trials[h] = Trial(candidate=cand, trusted=h in self.trusted)
+        self._read_all()
+        if self.members and not self.baseline and all(self.trials[h].verdict is not None for h in self.members):
+            # Every member was refused by reading it (a syntax error, a rejecting static rule, a
+            # language the device cannot run): no verdict needs the reference, so it never loads.
+            self._phase("candidate_checks_s")
+            self.finish()
+            return
         try:
             info = load_task_info(ctx, self.session, task)
             self._phase("reference_load_s")
@@ -197,8 +209,6 @@ class Group:
             known = ctx.baselines.get(ctx.tasks.key(task))
             want_compile = (cfg.compile_baseline or (self.baseline and self.compile)) and (
                 known is None or (known.compile_ms is None and not known.compile_error))
-            for h, (cand, _) in self.members.items():
-                self.trials[h] = Trial(candidate=cand, trusted=h in self.trusted)
             if self.members or self.baseline:
                 self.trials[TIMED_REFERENCE] = Trial(candidate=reference_program(task), trusted=True)
             if self.members and cfg.aa_tolerance > 0:
@@ -377,14 +387,20 @@ class Group:
     def _task_error(self, e: Exception) -> None:
         self.failure = str(e)
         env = self.environment()
-        for cand, positions in self.members.values():
-            self.done(positions, V.task_error(self.setting, cand.hash, str(e), env))
+        for h, (cand, positions) in self.members.items():
+            read = self.trials.get(h)
+            # A member refused by reading keeps that verdict: it never depended on the task loading.
+            self.done(positions, V.early(self.setting, read.checked(), read.verdict, env)
+                      if read is not None and read.verdict is not None
+                      else V.task_error(self.setting, cand.hash, str(e), env))
         self.finished = True
         self.close()
 
-    def _check_all(self, checks: threading.Semaphore) -> None:
-        """Static checks, builds and correctness of every candidate, `checks` at a time batch-wide."""
-        ctx, cfg, task = self.ctx, self.ctx.config, self.task
+    def _read_all(self) -> None:
+        """What reading a member decides, before anything runs: its static findings under the
+        policy, and a verdict when one of them (or its syntax, or its language on this device)
+        refuses it."""
+        cfg, task = self.ctx.config, self.task
         policy = get_policy(cfg.policy)
         for t in self.trials.values():
             if t.compiled_reference or t.trusted:
@@ -401,6 +417,11 @@ class Group:
                                   message=f"candidate cannot be parsed: {type(e).__name__} (nested too deeply)")
             if verdict is not None:
                 t.end(verdict)
+
+    def _check_all(self, checks: threading.Semaphore) -> None:
+        """Builds and correctness of every candidate reading did not refuse, `checks` at a time
+        batch-wide."""
+        ctx, cfg = self.ctx, self.ctx.config
         pending = [t for t in self.trials.values() if t.verdict is None]
         if not pending:
             return

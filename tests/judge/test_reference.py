@@ -131,3 +131,20 @@ def test_baselines_of_several_tasks_are_one_batch_and_a_broken_reference_is_none
     assert got[0] is not None and got[0].eager_ms > 0 and got[2] is not None and got[2].eager_ms > 0
     assert got[3] is got[0] or got[3] == got[0]  # a task given twice is measured once
     assert evaluator.baseline(good, compile=False) == got[0]  # and what was measured is kept
+
+
+REFUSED = "import torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return eval('x + x')\n"
+
+
+def test_a_member_refused_by_reading_keeps_its_verdict_whatever_the_task_does(evaluator):
+    """Reading a member needs no reference: a group of refused members never loads it (the
+    hanging task would cost its 8 s limit), and in a group whose task fails, a refused member is
+    flagged while its group-mate gets the task error."""
+    t0 = time.monotonic()
+    alone = evaluator.evaluate(task("hangs_but_unread", inputs="while True: pass"), REFUSED)
+    assert alone.status is Status.FLAGGED and "dynamic_code" in alone.message, alone.message
+    assert time.monotonic() - t0 < 4.0
+    assert alone.environment.phases is not None and alone.environment.phases.reference_load_s == 0.0
+    refused, ran = evaluator.evaluate_batch([(task("hangs_with_mates", inputs="while True: pass"), REFUSED),
+                                             (task("hangs_with_mates", inputs="while True: pass"), CANDIDATE)])
+    assert refused.status is Status.FLAGGED and ran.status is Status.TASK_ERROR, (refused.message, ran.message)
