@@ -93,37 +93,22 @@ def field_paths(cls: type, prefix: str = "") -> dict[str, Any]:
 
 
 def field_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
-    """The default of every dotted key `field_paths` lists that has one (a nested dataclass's keys
-    from the instance its default builds); required fields are left out."""
+    """The default of every dotted key `field_paths` lists that has one; required fields are left
+    out. A nested config's keys come from its class's defaults when the field's default is that
+    class built bare; any other factory of a nested config is not called (building one may
+    validate, and validating may import heavy libraries), and its keys are left out."""
     out: dict[str, Any] = {}
-    _, fields = _fields(cls)
+    hints, fields = _fields(cls)
     for name, f in fields.items():
         path = _dotted(prefix, name)
-        if f.default is not dataclasses.MISSING:
-            value = f.default
+        inner = dataclass_in(hints[name])
+        if inner is not None:
+            if f.default_factory is inner:
+                out.update(field_defaults(inner, path))
+        elif f.default is not dataclasses.MISSING:
+            out[path] = f.default
         elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        else:
-            continue
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            out.update({f"{path}.{k}": v for k, v in _instance_values(value).items()})
-        else:
-            out[path] = value
-    return out
-
-
-def _instance_values(obj: Any) -> dict[str, Any]:
-    """An instance's own field values by dotted key, nested dataclasses included (a default
-    factory may build a nested config with other values than its class's defaults)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(obj):
-        if not f.init:
-            continue
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            out.update({f"{f.name}.{k}": v for k, v in _instance_values(value).items()})
-        else:
-            out[f.name] = value
+            out[path] = f.default_factory()
     return out
 
 
