@@ -103,7 +103,7 @@ def field_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
         path = _dotted(prefix, name)
         inner = dataclass_in(hints[name])
         if inner is not None:
-            if f.default_factory is inner:
+            if f.default_factory is inner:  # type: ignore[comparison-overlap]  # a class is a factory
                 out.update(field_defaults(inner, path))
         elif f.default is not dataclasses.MISSING:
             out[path] = f.default
