@@ -144,7 +144,7 @@ def run_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = None,
               console: Any = None) -> BenchReport:
     """Sample, judge and summarise (see the module docstring); `proposer` and `backend` replace the
     configured ones (tests)."""
-    from kernelrl.search.proposers import make_proposer
+    from kernelrl.run_parts import build_run
     from kernelrl.tasks.suites import load_tasks
 
     if config.episode.turns != 1:
@@ -156,23 +156,10 @@ def run_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = None,
             raise SplitError(f"no task of the {config.split} split among {', '.join(config.tasks)} "
                              "(--split all takes every task given)")
     settings = EvalSettings.of(config.eval)
-    owned_proposer, owned_backend = proposer is None, backend is None
-    if proposer is None:
-        proposer = make_proposer(config.proposer, policy=config.eval.policy, device=config.eval.device,
-                                 **config.proposer_opts)
-    db = None
-    try:
-        if config.db_path is not None:
-            from kernelrl.search.database import Database
-
-            db = Database(config.db_path)
-            for t in tasks:
-                db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=t.level,
-                               size=config.eval.size)
-        if backend is None:
-            from kernelrl.judge.evaluator import Evaluator
-
-            backend = Evaluator(config.eval)
+    with build_run(tasks=tasks, eval_config=config.eval, db_path=config.db_path, judge=backend,
+                   proposers={config.proposer: proposer} if proposer is not None else None) as run:
+        proposer = run.proposer(config.proposer, **config.proposer_opts)
+        backend, db = run.judge, run.db
         with saying(console, f"bench: reading {len(tasks)} task references in workers", backend):
             profiles = task_profiles(backend, tasks)
         with saying(console, f"bench: asking {config.proposer} for {config.k} answers to each of {len(tasks)} tasks",
@@ -184,13 +171,6 @@ def run_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = None,
             store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings,
                            meta=[{"stage": "bench"}] * len(judged))
         compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
-    finally:
-        if db is not None:
-            db.close()
-        if owned_proposer:
-            proposer.close()
-        if owned_backend and backend is not None and hasattr(backend, "close"):
-            backend.close()
     per_task: dict[str, list[Any]] = {t.name: [] for t in tasks}
     for j in judged:
         per_task[j.rollout.task].append(j)

@@ -95,7 +95,7 @@ def run_turn_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = 
                    tasks: Sequence[Task] | None = None, console: Any = None) -> TurnBenchReport:
     """Episodes, judged turn by turn, summarised by turn (see the module docstring); `proposer`
     and `backend` replace the configured ones (tests)."""
-    from kernelrl.search.proposers import make_proposer
+    from kernelrl.run_parts import build_run
     from kernelrl.tasks.suites import load_tasks
 
     tasks = list(tasks) if tasks is not None else load_tasks(list(config.tasks))
@@ -105,23 +105,10 @@ def run_turn_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = 
             raise SplitError(f"no task of the {config.split} split among {', '.join(config.tasks)} "
                              "(--split all takes every task given)")
     settings = EvalSettings.of(config.eval)
-    owned_proposer, owned_backend = proposer is None, backend is None
-    if proposer is None:
-        proposer = make_proposer(config.proposer, policy=config.eval.policy, device=config.eval.device,
-                                 **config.proposer_opts)
-    db = None
-    try:
-        if config.db_path is not None:
-            from kernelrl.search.database import Database
-
-            db = Database(config.db_path)
-            for t in tasks:
-                db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=t.level,
-                               size=config.eval.size)
-        if backend is None:
-            from kernelrl.judge.evaluator import Evaluator
-
-            backend = Evaluator(config.eval)
+    with build_run(tasks=tasks, eval_config=config.eval, db_path=config.db_path, judge=backend,
+                   proposers={config.proposer: proposer} if proposer is not None else None) as run:
+        proposer = run.proposer(config.proposer, **config.proposer_opts)
+        backend, db = run.judge, run.db
         # Measured first, so every verdict after turn 1 can compare with torch.compile.
         compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
         samples = _Episodes(config, tasks, task_profiles(backend, tasks), compile_speedups)
@@ -139,13 +126,6 @@ def run_turn_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = 
 
         run_episodes(samples.episodes, samples.bases, ask=lambda turn, live, prompts: samples.ask(proposer, live, prompts),
                      judge=judge)
-    finally:
-        if db is not None:
-            db.close()
-        if owned_proposer:
-            proposer.close()
-        if owned_backend and backend is not None and hasattr(backend, "close"):
-            backend.close()
     return summarise_turns(config, tasks, samples.judged, compile_speedups)
 
 

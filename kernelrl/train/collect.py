@@ -171,7 +171,7 @@ def collect(config: CollectConfig, *, console: Any = None, backend: Any = None,
     """Run (or continue) a collection; see the module docstring. `backend` and `proposers` (by
     label) replace the configured evaluator and proposers (tests)."""
     from kernelrl.config import to_dict
-    from kernelrl.search.database import Database
+    from kernelrl.run_parts import build_run
     from kernelrl.search.records import RunStatus
     from kernelrl.tasks.splits import for_training
     from kernelrl.tasks.suites import load_tasks
@@ -183,28 +183,23 @@ def collect(config: CollectConfig, *, console: Any = None, backend: Any = None,
             f"{s.value} {', '.join(names)}" for s, names in left_out.items()), soft_wrap=True)
     specs = [ProposerSpec.parse(p) for p in config.proposers]
     settings = EvalSettings.of(config.eval)
-    owned_backend = backend is None
     made: dict[str, Any] = {}
     errors: list[str] = []
     asked = evaluated = 0
-    with Database(config.database) as db:
-        for t in tasks:
-            db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=t.level,
-                           size=config.eval.size)
+    with build_run(tasks=tasks, eval_config=config.eval, db_path=config.database, judge=backend,
+                   proposers=proposers) as run:
+        db = run.db
+        assert db is not None  # a path was given
         run_id = db.start_run({"stage": STAGE, "config": {**to_dict(config), "proposer_opts": sorted(
             config.proposer_opts)}})
         pairs = _pairs(db, tasks, specs, config)
         status = RunStatus.FAILED
         try:
-            if backend is None and any(not p.stopped for p in pairs):
-                from kernelrl.judge.evaluator import Evaluator
-
-                backend = Evaluator(config.eval)
+            # nothing left to ask (a finished collection resumed): no judge, no proposer starts
+            backend = run.judge if any(not p.stopped for p in pairs) else None
             for s in specs:
-                if proposers is not None and s.label in proposers:
-                    made[s.label] = proposers[s.label]
-                elif any(p.spec.label == s.label and not p.stopped for p in pairs):
-                    made[s.label] = _make(s, config)
+                if any(p.spec.label == s.label and not p.stopped for p in pairs):
+                    made[s.label] = run.proposer(s.spec, label=s.label, **_options(s, config))
             profiles = task_profiles(backend, tasks) if backend is not None else {}
             round_no = 0
             while True:
@@ -237,11 +232,6 @@ def collect(config: CollectConfig, *, console: Any = None, backend: Any = None,
             raise
         finally:
             db.finish_run(run_id, status)
-            for p in made.values():
-                if proposers is None or p not in proposers.values():
-                    p.close()
-            if owned_backend and backend is not None and hasattr(backend, "close"):
-                backend.close()
         rows = sft_rows(db)
     write_sft_set(config.out, rows, dataset=True)
     return CollectSummary(out=config.out, dataset=dataset_dir(config.out), db_path=config.database, rows=len(rows),
@@ -289,16 +279,15 @@ def _stop_reason(p: _Pair, config: CollectConfig) -> str:
     return ""
 
 
-def _make(spec: ProposerSpec, config: CollectConfig) -> Any:
-    from kernelrl.search.proposers import make_proposer
-
+def _options(spec: ProposerSpec, config: CollectConfig) -> dict[str, Any]:
+    """The proposer's options: the collection's, then the spec's own."""
     opts = {**config.proposer_opts, **spec.options()}
     if not spec.spec.startswith("openai"):
         # endpoint options given for every proposer apply to the OpenAI-compatible ones only
         for key in ("base_url", "temperature", "max_tokens"):
             if key not in spec.opts:
                 opts.pop(key, None)
-    return make_proposer(spec.spec, policy=config.eval.policy, device=config.eval.device, **opts)
+    return opts
 
 
 def _ask(pairs: Sequence[_Pair], proposers: Mapping[str, Any], db: Any, config: CollectConfig,

@@ -31,6 +31,7 @@ from typing import Any
 from kernelrl.config import CONFIG_DIR, build, load_toml, to_dict, with_overrides
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.reward import RewardConfig
+from kernelrl.run_parts import BackendConfig
 from kernelrl.tasks.splits import Split, for_training, split_of, split_of_name
 from kernelrl.train.grpo import GRPOResult, GRPOStageConfig
 from kernelrl.train.launch import LaunchConfig, judge_notice
@@ -40,21 +41,6 @@ from kernelrl.train.sft import SFTStageConfig
 from kernelrl.train.stage import Init, Stage, StageOutcome
 
 TRAIN_CONFIG_DIR = CONFIG_DIR / "train"
-
-
-@dataclass(frozen=True, kw_only=True)
-class BackendConfig:
-    """Where verdicts come from: an in-process evaluator (the run's `eval`), or a reward server."""
-
-    url: str | None = None  # `kernelrl serve`'s address; None: an Evaluator in this process
-    token_file: Path | None = None
-    timeout_s: float | None = None  # one batch, client side; None: the client's default (an hour)
-
-    def __post_init__(self) -> None:
-        if self.token_file is not None:
-            object.__setattr__(self, "token_file", Path(self.token_file))
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise ValueError("backend.timeout_s must be positive or unset")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,7 +105,7 @@ class StageReport:
 def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, console: Any = None,
               backend: Any = None) -> StageReport:
     """Run one stage (see the module docstring). `backend` replaces the configured one (tests)."""
-    from kernelrl.search.database import Database
+    from kernelrl.run_parts import build_run
     from kernelrl.search.records import RunStatus
     from kernelrl.tasks.suites import load_tasks
     from kernelrl.train.model import is_model_folder
@@ -155,14 +141,14 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
         ranks.barrier()
     init = resolve_init(stage, stage_cfg.init_from, output_dir=config.output_dir, base=config.model.path)
     _say(console, f"{stage.value}: starting from {init.source} ({init.reason})")
-    owned = backend is None
     settings = EvalSettings.of(config.eval)
-    with Database(config.database) as db:
+    # one run row per stage invocation, whatever the number of processes: the main one writes it
+    with build_run(tasks=tasks, eval_config=config.eval, db_path=config.database, backend=config.backend,
+                   register_tasks=ranks.is_main, judge=backend) as run:
+        db = run.db
+        assert db is not None  # a path was given
         run_id = None
-        if ranks.is_main:  # one run row per stage invocation, whatever the number of processes
-            for t in tasks:
-                db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=t.level,
-                               size=config.eval.size)
+        if ranks.is_main:
             run_id = db.start_run({"stage": stage.value, "resume": resume, "processes": ranks.count,
                                    "config": to_dict(config),
                                    "splits": {t.name: split_of(t).value for t in tasks},
@@ -172,10 +158,11 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
         status = RunStatus.FAILED
         reuse: EvalSettings | None = settings
         try:
-            if stage is not Stage.SFT and backend is None:
-                if ranks.is_main:
+            if stage is not Stage.SFT:
+                if ranks.is_main and backend is None:
                     _say(console, judge_notice(config))
-                backend, reuse = make_backend(config)
+                backend = run.judge
+                reuse = settings if run.reuse_stored else None
             if stage is Stage.SFT:
                 report = _run_sft(config, init, folder, resume=resume)
             elif stage is Stage.RFT:
@@ -192,27 +179,8 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
         finally:
             if ranks.is_main:
                 db.finish_run(run_id, status)
-            if owned and backend is not None and hasattr(backend, "close"):
-                backend.close()
     return StageReport(stage=stage, init=init, db_path=config.database, run_id=run_id,
                        seconds=time.monotonic() - started, **report)
-
-
-def make_backend(config: TrainConfig) -> tuple[Any, Any]:
-    """(backend, settings whose stored verdicts it may reuse, or None)."""
-    from kernelrl.train.rollouts import EvalSettings
-
-    if config.backend.url:
-        from kernelrl.serve.client import DEFAULT_TIMEOUT_S, ClientConfig, RewardClient
-
-        client = RewardClient(config.backend.url, token_file=config.backend.token_file,
-                              config=ClientConfig(size=config.eval.size, policy=config.eval.policy,
-                                                  timeout_s=config.backend.timeout_s or DEFAULT_TIMEOUT_S))
-        # The server's device is its own: stored local verdicts do not stand for its.
-        return client, None
-    from kernelrl.judge.evaluator import Evaluator
-
-    return Evaluator(config.eval), EvalSettings.of(config.eval)
 
 
 def _say(console: Any, text: str) -> None:

@@ -29,13 +29,15 @@ def test_trl_reward_function_through_the_server(real_server, tiny_task) -> None:
 def test_the_trainer_s_client_times_out_by_default(tmp_path) -> None:
     import math
 
-    from kernelrl.serve.client import DEFAULT_TIMEOUT_S
+    from kernelrl.run_parts import BackendConfig, make_judge
+    from kernelrl.serve.client import DEFAULT_TIMEOUT_S, RewardClient
     from kernelrl.train.model import ModelConfig
-    from kernelrl.train.recipe import BackendConfig, TrainConfig, make_backend
+    from kernelrl.train.recipe import TrainConfig
 
     def client_timeout(backend: BackendConfig) -> float:
         config = TrainConfig(tasks=("softmax",), output_dir=tmp_path, model=ModelConfig(path="unused"), backend=backend)
-        client, _ = make_backend(config)
+        client = make_judge(config.eval, config.backend)
+        assert isinstance(client, RewardClient)
         client.close()
         return client.config.timeout_s
 

@@ -1,0 +1,147 @@
+"""A run's parts, built from their configs in one place and closed by whoever built them.
+
+A run (`collect`, `bench`, `train`) is tasks, a judge, a code database and proposers. `build_run`
+builds each from its config and owns their lifetimes, so no command assembles them by hand:
+
+    with build_run(tasks=tasks, eval_config=config.eval, db_path=config.db_path) as run:
+        answer = run.proposer("openai:m", temperature=0.7)
+        results = run.judge.evaluate_batch(items)
+
+Guarantees:
+- the code database (when a path is given) is opened once, and every task is registered in it
+  at the run's size before the block starts (`register_tasks=False`: a training rank other than
+  the main one, which only reads);
+- the judge is built on first use, so a run with nothing left to judge starts no worker: a
+  `kernelrl.serve.client.RewardClient` when `backend.url` is set, else an in-process
+  `kernelrl.judge.evaluator.Evaluator` of `eval_config`. `reuse_stored` says whether verdicts stored
+  under the run's evaluator settings stand for this judge's (not for a reward server's: its device
+  is its own);
+- a proposer is built on the first ask for its spec and options, once, with the run's policy and
+  device;
+- everything built here is closed when the block ends, the last built first, whatever happened;
+  what the caller hands in (a judge, proposers: its own, or a test's) is used and never closed.
+
+Does not load or select tasks (each command chooses its split and says what it left out), and
+runs nothing: the commands drive the parts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.judge.eval_config import EvalConfig
+    from kernelrl.search.database import Database
+    from kernelrl.search.proposers import Proposer
+    from kernelrl.tasks.task import Task
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendConfig:
+    """Where verdicts come from: an in-process evaluator (the run's `eval`), or a reward server."""
+
+    url: str | None = None  # `kernelrl serve`'s address; None: an Evaluator in this process
+    token_file: Path | None = None
+    timeout_s: float | None = None  # one batch, client side; None: the client's default (an hour)
+
+    def __post_init__(self) -> None:
+        if self.token_file is not None:
+            object.__setattr__(self, "token_file", Path(self.token_file))
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ValueError("backend.timeout_s must be positive or unset")
+
+
+class RunParts:
+    """The parts of one run (see the module docstring); made by `build_run`, valid inside its block."""
+
+    def __init__(self, *, tasks: Sequence[Task], eval_config: EvalConfig, backend: BackendConfig,
+                 db: Database | None, judge: ProfilingJudge | None, proposers: Mapping[str, Proposer],
+                 closing: contextlib.ExitStack) -> None:
+        self.tasks = list(tasks)
+        self.eval_config = eval_config
+        self.backend = backend
+        self.db = db
+        self._judge = judge
+        self._given_judge = judge is not None
+        self._given = dict(proposers)
+        self._made: dict[tuple[str, tuple[tuple[str, Any], ...]], Proposer] = {}
+        self._closing = closing
+
+    @property
+    def judge(self) -> ProfilingJudge:
+        """The run's judge, built on first use (see the module docstring)."""
+        if self._judge is None:
+            self._judge = make_judge(self.eval_config, self.backend)
+            self._closing.callback(_close, self._judge)
+        return self._judge
+
+    @property
+    def judge_started(self) -> bool:
+        return self._judge is not None
+
+    @property
+    def reuse_stored(self) -> bool:
+        """Whether verdicts stored under the run's evaluator settings stand for this judge's: a
+        reward server judges on its own device, so its verdicts and ours are not interchangeable."""
+        return self._given_judge or not self.backend.url
+
+    def proposer(self, spec: str, *, label: str | None = None, **opts: Any) -> Proposer:
+        """The proposer of `spec` with `opts`, built once with the run's policy and device; one the
+        caller handed in under `label` (or under `spec`) is returned as it is."""
+        given = self._given.get(label or spec)
+        if given is not None:
+            return given
+        key = (spec, tuple(sorted(opts.items(), key=lambda kv: kv[0])))
+        if key not in self._made:
+            from kernelrl.search.proposers import make_proposer
+
+            made = make_proposer(spec, policy=self.eval_config.policy, device=self.eval_config.device, **opts)
+            self._closing.callback(made.close)
+            self._made[key] = made
+        return self._made[key]
+
+
+@contextlib.contextmanager
+def build_run(*, tasks: Sequence[Task], eval_config: EvalConfig, db_path: Path | str | None = None,
+              backend: BackendConfig | None = None, register_tasks: bool = True,
+              judge: ProfilingJudge | None = None,
+              proposers: Mapping[str, Proposer] | None = None) -> Iterator[RunParts]:
+    """The run's parts for the block (see the module docstring). `judge` and `proposers` (by label
+    or spec) replace the ones the configs would build, and are not closed here."""
+    with contextlib.ExitStack() as closing:
+        db = None
+        if db_path is not None:
+            from kernelrl.search.database import Database
+
+            db = closing.enter_context(Database(db_path))
+            if register_tasks:
+                for t in tasks:
+                    db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=t.level,
+                                   size=eval_config.size)
+        yield RunParts(tasks=tasks, eval_config=eval_config, backend=backend or BackendConfig(), db=db,
+                       judge=judge, proposers=proposers or {}, closing=closing)
+
+
+def make_judge(eval_config: EvalConfig, backend: BackendConfig | None = None) -> ProfilingJudge:
+    """A judge of the config's settings: the reward server's client when `backend.url` is set,
+    else an in-process evaluator."""
+    if backend is not None and backend.url:
+        from kernelrl.serve.client import DEFAULT_TIMEOUT_S, ClientConfig, RewardClient
+
+        return RewardClient(backend.url, token_file=backend.token_file,
+                            config=ClientConfig(size=eval_config.size, policy=eval_config.policy,
+                                                timeout_s=backend.timeout_s or DEFAULT_TIMEOUT_S))
+    from kernelrl.judge.evaluator import Evaluator
+
+    return Evaluator(eval_config)
+
+
+def _close(judge: object) -> None:
+    close: Callable[[], object] | None = getattr(judge, "close", None)
+    if close is not None:
+        close()

@@ -1,0 +1,103 @@
+"""A run's parts: built from their configs on first use, and closed by the builder only when it built them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kernelrl.search.proposers as proposers_module
+from kernelrl.judge.eval_config import EvalConfig
+from kernelrl.run_parts import BackendConfig, build_run
+from kernelrl.search.database import Database
+from kernelrl.tasks.task import Task
+
+TASK = Task(name="double", source="import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+            "        return x * 2\n\n\ndef get_inputs():\n    return [torch.randn(8)]\n\n\n"
+            "def get_init_inputs():\n    return []\n")
+
+
+class Closable:
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class FakeJudge(Closable):
+    def evaluate_batch(self, items: Any) -> list[Any]:
+        return []
+
+    def profile(self, task: Task) -> None:
+        return None
+
+
+@pytest.fixture
+def made(monkeypatch) -> list[tuple[str, dict[str, Any], Closable]]:
+    """Every proposer the builder makes, with its spec and options (a double: no model is loaded)."""
+    out: list[tuple[str, dict[str, Any], Closable]] = []
+
+    def make(spec: str, **opts: Any) -> Closable:
+        out.append((spec, opts, Closable()))
+        return out[-1][2]
+
+    monkeypatch.setattr(proposers_module, "make_proposer", make)
+    return out
+
+
+def test_tasks_are_registered_at_the_runs_size_unless_told_not_to(tmp_path: Path) -> None:
+    with build_run(tasks=[TASK], eval_config=EvalConfig(size="full"), db_path=tmp_path / "a.db") as run:
+        assert run.db is not None
+        assert [(t.name, t.size) for t in run.db.tasks()] == [("double", "full")]
+    with build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "b.db", register_tasks=False):
+        pass
+    with Database(tmp_path / "b.db") as db:
+        assert db.tasks() == []
+    with build_run(tasks=[TASK], eval_config=EvalConfig()) as run:
+        assert run.db is None
+
+
+def test_the_judge_is_built_on_first_use_and_closed_at_the_end(monkeypatch) -> None:
+    import kernelrl.run_parts as run_parts
+
+    built: list[FakeJudge] = []
+    monkeypatch.setattr(run_parts, "make_judge", lambda *a, **k: built.append(FakeJudge()) or built[-1])
+    with build_run(tasks=[TASK], eval_config=EvalConfig()) as run:
+        assert not run.judge_started and built == []  # nothing to judge yet: no worker
+        assert run.judge is run.judge and len(built) == 1
+        assert built[0].closed == 0
+    assert built[0].closed == 1
+
+
+def test_a_judge_handed_in_is_used_and_never_closed() -> None:
+    mine = FakeJudge()
+    with pytest.raises(RuntimeError), build_run(tasks=[TASK], eval_config=EvalConfig(), judge=mine) as run:
+        assert run.judge is mine and run.reuse_stored
+        raise RuntimeError("the run failed")
+    assert mine.closed == 0
+
+
+def test_a_reward_servers_verdicts_are_not_taken_for_stored_local_ones() -> None:
+    with build_run(tasks=[TASK], eval_config=EvalConfig(), backend=BackendConfig(url="http://127.0.0.1:9")) as run:
+        assert not run.reuse_stored
+    with build_run(tasks=[TASK], eval_config=EvalConfig()) as run:
+        assert run.reuse_stored
+
+
+def test_a_proposer_is_built_once_per_spec_and_options_and_closed_even_when_the_run_fails(made) -> None:
+    given = Closable()
+    with pytest.raises(KeyboardInterrupt), build_run(tasks=[TASK], eval_config=EvalConfig(policy="strict-pytorch"),
+                   proposers={"mine": given}) as run:
+        a = run.proposer("heuristic")
+        assert run.proposer("heuristic") is a
+        b = run.proposer("openai:m", temperature=0.5)
+        assert run.proposer("openai:m", temperature=0.7) is not b
+        assert run.proposer("openai:m", label="mine") is given
+        raise KeyboardInterrupt
+    assert [(spec, opts) for spec, opts, _ in made] == [
+        ("heuristic", {"policy": "strict-pytorch", "device": "cpu"}),
+        ("openai:m", {"policy": "strict-pytorch", "device": "cpu", "temperature": 0.5}),
+        ("openai:m", {"policy": "strict-pytorch", "device": "cpu", "temperature": 0.7})]
+    assert [p.closed for _, _, p in made] == [1, 1, 1] and given.closed == 0
