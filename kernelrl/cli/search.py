@@ -71,6 +71,8 @@ def preflight(config: SearchConfig, args: argparse.Namespace) -> list[Any]:
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     from kernelrl.report.console import render_summary
+    from kernelrl.run_parts import build_run
+    from kernelrl.search.activity import waiting
     from kernelrl.search.database.schema import DatabaseError
     from kernelrl.search.loop import run_search
     from kernelrl.search.proposers import ProposerError
@@ -85,7 +87,11 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         # A new run in the same database: stored results are reused, never re-evaluated.
         console.print(f"{config.db_path} exists: starting a new run in it (--resume continues the last one)")
     try:
-        summary = run_search(config, console=console, tasks=tasks)
+        with build_run(tasks=tasks, eval_config=config.judge_config()) as run:
+            proposer = run.proposer(config.proposer, **config.proposer_options())
+            with waiting(console, "starting the evaluator"):
+                judge = run.judge
+            summary = run_search(config, judge=judge, proposer=proposer, console=console, tasks=tasks)
     except (TaskError, DatabaseError, ProposerError) as e:
         raise UsageError(str(e)) from e
     render_summary(summary, console)

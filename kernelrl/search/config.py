@@ -10,6 +10,7 @@ Does not read files or flags: `kernelrl.config` and the CLI build it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,19 @@ class SearchConfig:
             raise ValueError(f"k_shown must be >= 0, got {self.k_shown}")
         if self.batch_wait_s < 0:
             raise ValueError(f"batch_wait_s must be >= 0, got {self.batch_wait_s}")
+
+    def judge_config(self) -> EvalConfig:
+        """The evaluator settings a search's in-process judge is built with: its baselines (eager
+        and torch.compile) are measured in each task's first timing group when `baselines` is on."""
+        return dataclasses.replace(self.eval, compile_baseline=self.baselines)
+
+    def proposer_options(self) -> dict[str, Any]:
+        """The options the search's proposer is built with: `proposer_opts`, and for an
+        OpenAI-compatible endpoint as many requests in flight as the loop makes calls at once."""
+        opts = dict(self.proposer_opts)
+        if self.proposer.startswith("openai:"):
+            opts.setdefault("concurrency", self.model_concurrency)
+        return opts
 
     def to_json(self) -> dict[str, Any]:
         d = to_dict(self)

@@ -37,7 +37,8 @@ Guarantees:
   at once (unfinished evaluations stay `proposed` and a resume evaluates them).
 - nothing waits silently (`kernelrl.search.activity`); a verdict is stored when its group ends.
 - once the run is open, its row is closed (`finished`, `interrupted`, or `failed` when the loop
-  raised) before `run_search` returns or raises; a proposer or evaluator it made is closed.
+  raised) before `run_search` returns or raises. The judge and the proposer are the caller's: it
+  builds them (`kernelrl.run_parts.build_run`) and closes them.
 
 Task code never runs in the search's process: each task's profile (constants, shapes, what its
 model is) comes from the evaluator's reference worker before the task's first prompt; a task
@@ -53,22 +54,18 @@ resume (its result never reached the database); fairness between tasks beyond ro
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-
 from rich.console import Console
 
-from kernelrl.candidate import Candidate
+from kernelrl.judge.contract import BatchJudge, SearchJudge
 from kernelrl.judge.device import DevicePeaks
-from kernelrl.judge.evaluator import Evaluator, config_fingerprint
+from kernelrl.judge.eval_config import config_fingerprint
 from kernelrl.judge.roofline import prompt_peaks
-from kernelrl.result import EvalResult
 from kernelrl.search.activity import lock_watch, waiting
 from kernelrl.search.config import SearchConfig
 from kernelrl.search.database import Database
-from kernelrl.search.judging import BaselineFn, BatchFn, Judging
+from kernelrl.search.judging import BaselineFn, Judging
 from kernelrl.search.output import RunOutput
-from kernelrl.search.proposers import Proposer, make_proposer
+from kernelrl.search.proposers import Proposer
 from kernelrl.search.records import RunStatus
 from kernelrl.search.scheduler import PromptFn, Scheduler
 from kernelrl.search.state import open_run
@@ -79,21 +76,20 @@ from kernelrl.tasks.task import Task
 
 __all__ = ["SearchConfig", "SearchSummary", "StopReason", "run_search"]
 
-EvaluateFn = Callable[[Task, Candidate], EvalResult]  # an injected judge of one candidate
+def run_search(config: SearchConfig, *, judge: BatchJudge, proposer: Proposer, console: Console | None = None,
+               tasks: list[Task] | None = None, build_prompt: PromptFn | None = None,
+               measure_baseline: BaselineFn | None = None) -> SearchSummary:
+    """Run (or with `config.resume`, continue) a search with the parts given; return what it did.
 
-
-def run_search(config: SearchConfig, *, console: Console | None = None, tasks: list[Task] | None = None,
-               proposer: Proposer | None = None, evaluate: EvaluateFn | None = None,
-               evaluate_batch: BatchFn | None = None, build_prompt: PromptFn | None = None,
-               measure_baseline: BaselineFn | None = None, evaluator: Evaluator | None = None) -> SearchSummary:
-    """Run (or with `config.resume`, continue) a search; return what it did.
-
-    `tasks` overrides loading `config.tasks`; `proposer` (an object with `propose(request)`) and
-    `build_prompt(...)` replace the defaults from kernelrl.search.proposers and
-    kernelrl.search.prompt. Candidates are judged by `evaluator` (a
-    `kernelrl.judge.evaluator.Evaluator`; one is made from `config.eval` when None), or by an
-    injected `evaluate_batch(items)` or `evaluate(task, candidate)`; with an injected one, task
-    profiles and baselines come only from `measure_baseline(task)` when it is given.
+    `judge` judges candidates: an in-process `kernelrl.judge.evaluator.Evaluator` (build it from
+    `config.judge_config()`), or any judge with what `kernelrl.judge.contract.SearchJudge` names,
+    gives baselines from each task's first timing group, results as each group ends, the
+    machine's peaks and each task's shapes for prompts; any other `BatchJudge` is used for its
+    verdicts (task profiles and baselines then come only from `measure_baseline(task)` when it is
+    given). `proposer` answers the prompts (`config.proposer_options()` are the options
+    to build it with). The caller builds and closes both (`kernelrl.run_parts.build_run`).
+    `tasks` overrides loading `config.tasks`; `build_prompt(...)` replaces
+    `kernelrl.search.prompt.build_prompt`.
     """
     console = console or Console()
     if tasks is None:
@@ -107,20 +103,11 @@ def run_search(config: SearchConfig, *, console: Console | None = None, tasks: l
         from kernelrl.search.prompt import build_prompt as default_build_prompt
 
         build_prompt = default_build_prompt
-    owned_evaluator = False
+    evaluator = judge if isinstance(judge, SearchJudge) else None
     profile = known_baseline = None
     device: DevicePeaks | None = None
     fingerprint = config_fingerprint(config.eval)
-    if evaluate_batch is None and evaluate is not None:
-        single = evaluate
-        evaluate_batch = lambda items: [single(task, cand) for task, cand in items]  # noqa: E731
-    if evaluate_batch is None:
-        if evaluator is None:
-            with waiting(console, "starting the evaluator"):
-                evaluator = Evaluator(dataclasses.replace(config.eval, compile_baseline=config.baselines
-                                                          and measure_baseline is None))
-            owned_evaluator = True
-        evaluate_batch = evaluator.evaluate_batch
+    if evaluator is not None:
         fingerprint = evaluator.fingerprint
         profile = evaluator.profile
         known_baseline = evaluator.cached_baseline
@@ -131,34 +118,20 @@ def run_search(config: SearchConfig, *, console: Console | None = None, tasks: l
             device = prompt_peaks(peaks, config.eval.device)
     if not config.baselines:
         measure_baseline = None
-    owned = proposer is None
-    try:
-        if proposer is None:
-            opts = dict(config.proposer_opts)
-            if config.proposer.startswith("openai:"):
-                # the model's requests in flight: one per proposer call the loop makes at once
-                opts.setdefault("concurrency", config.model_concurrency)
-            proposer = make_proposer(config.proposer, policy=config.eval.policy, device=config.eval.device, **opts)
-        with Database(config.db_path) as db:
-            run = open_run(config, tasks, db)
-            out = RunOutput(run, db, console, fingerprint=fingerprint, known_baseline=known_baseline,
-                            watch=lock_watch(evaluator) if evaluator is not None else None)
-            workers = Workers(config.model_concurrency)
-            # a streaming evaluator hands each result over as soon as its group ends
-            streams = evaluator is not None and evaluate_batch == evaluator.evaluate_batch
-            judging = Judging(run, out, db, workers, evaluate_batch=evaluate_batch, streams=streams,
-                              measure_baseline=measure_baseline, profile=profile)
-            scheduler = Scheduler(run, out, judging, workers, db, proposer=proposer, build_prompt=build_prompt,
-                                  device=device)
-            status = RunStatus.FAILED
-            try:
-                scheduler.drive()
-                status = RunStatus.INTERRUPTED if run.stop_reason is StopReason.INTERRUPTED else RunStatus.FINISHED
-            finally:
-                db.finish_run(run.run_id, status)
-            return out.summary()
-    finally:
-        if owned and proposer is not None:
-            proposer.close()
-        if owned_evaluator and evaluator is not None:
-            evaluator.close()
+    with Database(config.db_path) as db:
+        run = open_run(config, tasks, db)
+        out = RunOutput(run, db, console, fingerprint=fingerprint, known_baseline=known_baseline,
+                        watch=lock_watch(evaluator) if evaluator is not None else None)
+        workers = Workers(config.model_concurrency)
+        # a streaming evaluator hands each result over as soon as its group ends
+        judging = Judging(run, out, db, workers, evaluate_batch=judge.evaluate_batch, streams=evaluator is not None,
+                          measure_baseline=measure_baseline, profile=profile)
+        scheduler = Scheduler(run, out, judging, workers, db, proposer=proposer, build_prompt=build_prompt,
+                              device=device)
+        status = RunStatus.FAILED
+        try:
+            scheduler.drive()
+            status = RunStatus.INTERRUPTED if run.stop_reason is StopReason.INTERRUPTED else RunStatus.FINISHED
+        finally:
+            db.finish_run(run.run_id, status)
+        return out.summary()

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from kernelrl.judge.contract import SearchJudge
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.reference import ReferenceFailed
 from kernelrl.result import Status
+from kernelrl.run_parts import build_run
 from kernelrl.search.loop import SearchConfig, run_search
 from kernelrl.tasks.task import Task, load_task_file
 
@@ -112,8 +114,11 @@ def test_a_search_goes_on_with_its_other_tasks(tmp_path):
     bad.write_text(task("bad", module="raise RuntimeError('broken task')").source)
     config = SearchConfig(tasks=(str(good), str(bad)), db_path=tmp_path / "k.db", budget=1, chains=1,
                           baselines=False, eval=EvalConfig(cache_dir=tmp_path / "cache", timeout_s=30, roofline=False))
-    summary = run_search(config, console=Console(file=io.StringIO()),
-                         tasks=[load_task_file(good), load_task_file(bad)])
+    tasks = [load_task_file(good), load_task_file(bad)]
+    with build_run(tasks=tasks, eval_config=config.judge_config()) as run:
+        assert isinstance(run.judge, SearchJudge)  # the in-process evaluator gives the search everything it uses
+        summary = run_search(config, console=Console(file=io.StringIO()), tasks=tasks, judge=run.judge,
+                             proposer=run.proposer(config.proposer, **config.proposer_options()))
     by_name = {t.task: t for t in summary.tasks}
     assert by_name["good"].evaluated == 1
     assert by_name["bad"].evaluated == 0 and "broken task" in by_name["bad"].gave_up

@@ -20,9 +20,11 @@ import pytest
 import torch
 from rich.console import Console
 
+from judge_fixtures import OneAtATime
 from kernelrl.candidate import Candidate
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.result import EvalResult, Finding, Status, TimingStats
+from kernelrl.run_parts import build_run
 from kernelrl.search.database import CandidateState, Database, RunStatus
 from kernelrl.search.loop import SearchConfig, StopReason, run_search
 from kernelrl.tasks.sizes import instantiate
@@ -122,7 +124,7 @@ def _run(tmp_path: Path, tasks: list[Task], proposer, evaluate, **kw):
     cfg = SearchConfig(tasks=tuple(t.name for t in tasks), db_path=tmp_path / "k.db", proposer="scripted",
                        **{"budget": 6, "chains": 2, **kw})
     console = Console(file=io.StringIO(), width=120)
-    return run_search(cfg, console=console, tasks=tasks, proposer=proposer, evaluate=evaluate,
+    return run_search(cfg, console=console, tasks=tasks, proposer=proposer, judge=OneAtATime(evaluate),
                       build_prompt=fake_prompt), cfg
 
 
@@ -259,7 +261,7 @@ def test_baselines_measured_once(tmp_path: Path) -> None:
     cfg = SearchConfig(tasks=("a", "b"), db_path=tmp_path / "k.db", budget=1, chains=1)
     for _ in range(2):
         run_search(cfg, console=Console(file=io.StringIO()), tasks=_tasks("a", "b"), proposer=ScriptedProposer(),
-                   evaluate=ScriptedEvaluator(), build_prompt=prompt, measure_baseline=baseline)
+                   judge=OneAtATime(ScriptedEvaluator()), build_prompt=prompt, measure_baseline=baseline)
     assert sorted(calls) == ["a", "b"]
     with Database(cfg.db_path) as db:
         assert [(b.task, b.eager_ms, b.compile_ms) for b in db.baselines()] == [("a", 2.0, 1.0), ("b", 2.0, 1.0)]
@@ -296,7 +298,7 @@ _RUNNER = textwrap.dedent("""
     cfg = SearchConfig(tasks=("a", "b"), db_path=db, budget=budget, chains=2, resume=resume,
                        exchange_every=2)
     run_search(cfg, console=Console(file=io.StringIO()), tasks=T._tasks("a", "b"), proposer=P(),
-               evaluate=evaluate, build_prompt=T.fake_prompt)
+               judge=T.OneAtATime(evaluate), build_prompt=T.fake_prompt)
 """)
 
 
@@ -421,7 +423,9 @@ def test_real_prompt_builder_and_heuristic_proposer(tmp_path: Path) -> None:
         return EvalResult(task=t.name, status=Status.CORRECT, speedup=speed, candidate_hash=cand.hash)
 
     cfg = SearchConfig(tasks=(task.name,), db_path=tmp_path / "k.db", proposer="heuristic", budget=6, chains=2)
-    summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=[task], evaluate=evaluate)
+    with build_run(tasks=[task], eval_config=cfg.judge_config()) as run:
+        summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=[task], judge=OneAtATime(evaluate),
+                             proposer=run.proposer(cfg.proposer, **cfg.proposer_options()))
     assert summary.tasks[0].candidates >= 2 and summary.errors == ()
     with Database(cfg.db_path) as db:
         cands = db.candidates()
@@ -452,7 +456,9 @@ def test_scripted_openai_endpoint_three_tasks_two_chains_four_steps(tmp_path: Pa
                            proposer="openai:scripted-model", budget=8, chains=2, exchange_every=2,
                            proposer_opts={"base_url": server.base_url, "api_key": "k", "backoff_initial_s": 0.01,
                                           "timeout_s": 20.0})
-        summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=tasks, evaluate=evaluate)
+        with build_run(tasks=tasks, eval_config=cfg.judge_config()) as run:
+            summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=tasks, judge=OneAtATime(evaluate),
+                                 proposer=run.proposer(cfg.proposer, **cfg.proposer_options()))
         prompts = server.prompts() if callable(server.prompts) else server.prompts
     assert summary.errors == () and [t.candidates for t in summary.tasks] == [8, 8, 8]
     with Database(cfg.db_path) as db:
@@ -506,7 +512,7 @@ def test_failed_baseline_is_reported_and_the_task_goes_on(tmp_path: Path) -> Non
 
     cfg = SearchConfig(tasks=("a",), db_path=tmp_path / "k.db", budget=2, chains=1)
     summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=_tasks("a"), proposer=ScriptedProposer(),
-                         evaluate=ScriptedEvaluator(), build_prompt=fake_prompt, measure_baseline=baseline)
+                         judge=OneAtATime(ScriptedEvaluator()), build_prompt=fake_prompt, measure_baseline=baseline)
     assert summary.tasks[0].candidates == 2 and "reference does not run" in summary.errors[0]
     with Database(cfg.db_path) as db:
         assert db.baselines() == []
@@ -558,7 +564,8 @@ def test_search_against_scripted_server_stores_every_answer(openai_server, tmp_p
     proposer = openai_proposer(openai_server, concurrency=2)
     cfg = SearchConfig(tasks=tuple(t.name for t in tasks), db_path=tmp_path / "k.db", proposer=proposer.spec,
                        budget=8, chains=2, model_concurrency=2)
-    summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=tasks, proposer=proposer, evaluate=evaluate)
+    summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=tasks, proposer=proposer,
+                         judge=OneAtATime(evaluate))
     assert summary.errors == ()
     assert [t.candidates for t in summary.tasks] == [8, 8, 8]
     assert len(openai_server.requests) == 24 + 2
@@ -592,7 +599,12 @@ def test_search_against_scripted_server_with_the_real_evaluator(openai_server, t
     proposer = openai_proposer(openai_server, concurrency=2)
     cfg = SearchConfig(tasks=names, db_path=tmp_path / "k.db", proposer=proposer.spec, budget=8, chains=2,
                        baselines=False)
-    summary = run_search(cfg, console=Console(file=io.StringIO()), proposer=proposer)
+    from kernelrl.run_parts import build_run
+    from kernelrl.tasks.suites import load_tasks
+
+    tasks = load_tasks(list(names))
+    with build_run(tasks=tasks, eval_config=cfg.judge_config()) as run:
+        summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=tasks, proposer=proposer, judge=run.judge)
     assert summary.errors == () and [t.candidates for t in summary.tasks] == [8, 8, 8]
     with Database(cfg.db_path) as db:
         cands = db.candidates()

@@ -75,7 +75,7 @@ def test_a_verdict_is_stored_when_it_is_final_not_when_the_batch_ends(tmp_path: 
     judge = _StreamingJudge(db)
     config = SearchConfig(tasks=(str(tiny_task.path), str(other)), db_path=db, budget=1, chains=1,
                           baselines=False, batch_wait_s=30)
-    summary = run_search(config, console=Console(file=io.StringIO()), proposer=_BothAtOnce(), evaluator=judge)
+    summary = run_search(config, console=Console(file=io.StringIO()), proposer=_BothAtOnce(), judge=judge)
     assert judge.batches == [2]  # one batch of both tasks' candidates
     assert judge.stored_while_running  # the first verdict was in the database before the batch returned
     assert [t.evaluated for t in summary.tasks] == [1, 1] and summary.evaluations == 2

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from judge_fixtures import OneAtATime
 from kernelrl.candidate import Candidate
 from kernelrl.cli import main
 from kernelrl.report.report import build_report
@@ -83,7 +84,7 @@ def test_each_turn_is_shown_the_previous_turns_verdict_and_refines_it(tmp_path: 
     script = Script(codes)
     cfg = SearchConfig(tasks=("t",), db_path=tmp_path / "k.db", proposer="scripted", budget=4, chains=1,
                        episode=EpisodeConfig(turns=2), baselines=False)
-    run_search(cfg, console=Console(file=io.StringIO()), tasks=[TASK], proposer=script, evaluate=judge,
+    run_search(cfg, console=Console(file=io.StringIO()), tasks=[TASK], proposer=script, judge=OneAtATime(judge),
                build_prompt=prompt)
     first, second, third, fourth = script.prompts
     assert first == "improve t\n" and "Turn" not in first
@@ -104,7 +105,7 @@ def test_single_turn_runs_record_no_turns(tmp_path: Path) -> None:
     script = Script([program("SPEED = 2.0"), program("SPEED = 3.0")])
     cfg = SearchConfig(tasks=("t",), db_path=tmp_path / "k.db", proposer="scripted", budget=2, chains=1,
                        baselines=False)
-    run_search(cfg, console=Console(file=io.StringIO()), tasks=[TASK], proposer=script, evaluate=judge,
+    run_search(cfg, console=Console(file=io.StringIO()), tasks=[TASK], proposer=script, judge=OneAtATime(judge),
                build_prompt=prompt)
     assert all("Turn" not in p for p in script.prompts)
     assert build_report(cfg.db_path).by_turn == ()
