@@ -28,7 +28,7 @@ import random
 import string
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelrl.candidate import source_hash
 from kernelrl.checks.rules import RULES
@@ -36,6 +36,9 @@ from kernelrl.judge.device import DevicePeaks, device_peaks
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.result import EvalResult, Finding, Status
 from kernelrl.tasks.task import Task
+
+if TYPE_CHECKING:
+    pass
 
 BUILTIN_TEMPLATES = Path(__file__).parent / "templates"
 # Lines of a refused program shown around the line its rule points at (or from the top).
@@ -50,16 +53,19 @@ class PromptError(ValueError):
 class Record(Protocol):
     """What the prompt needs of a database row: the program and its verdict."""
 
-    source: str
-    result: EvalResult | None
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def result(self) -> EvalResult | None: ...
 
 
 class ContrastSource(Protocol):
     """The part of the code database the prompt builder reads (kernelrl.search.database implements it)."""
 
-    def contrast_set(self, task_name: str, k: int, rng: random.Random) -> Sequence[Record]: ...
+    def contrast_set(self, task: str, k: int, rng: random.Random) -> Sequence[Record]: ...
 
-    def recent_refused(self, task_name: str, n: int) -> Sequence[Record]: ...
+    def recent_refused(self, task: str, n: int) -> Sequence[Record]: ...
 
     # Optional: `get_baseline(task, device, size)` -> a record with `eager_ms` and `compile_ms`
     # (None when not measured); when the database has it, the prompt shows both times.
@@ -267,7 +273,7 @@ def describe_shapes_of(values: Sequence[Any]) -> list[str]:
     return out
 
 
-def _baselines(db: Any, task: Task, device: str, size: str) -> str:
+def _baselines(db: ContrastSource | None, task: Task, device: str, size: str) -> str:
     get = getattr(db, "get_baseline", None)
     record = get(task.name, device, size) if callable(get) else None
     if record is None:

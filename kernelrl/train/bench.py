@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.report.metrics import fast_p_at_k, geometric_mean, pass_at_k
@@ -54,6 +54,12 @@ from kernelrl.train.rollouts import (
     store_rollouts,
     task_profiles,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.search.proposers import Proposer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,8 +146,8 @@ class BenchReport:
                               "best_vs_compile": t.best_vs_compile, "statuses": t.statuses} for t in self.tasks]}
 
 
-def run_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = None, tasks: Sequence[Task] | None = None,
-              console: Any = None) -> BenchReport:
+def run_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend: ProfilingJudge | None = None,
+              tasks: Sequence[Task] | None = None, console: Console | None = None) -> BenchReport:
     """Sample, judge and summarise (see the module docstring); `proposer` and `backend` replace the
     configured ones (tests)."""
     from kernelrl.run_parts import build_run
@@ -217,7 +223,7 @@ def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str,
                        missing_samples=missing, statuses=statuses)
 
 
-def _sample(proposer: Any, tasks: Sequence[Task], config: BenchConfig, settings: EvalSettings,
+def _sample(proposer: Proposer, tasks: Sequence[Task], config: BenchConfig, settings: EvalSettings,
             profiles: Mapping[str, Any]) -> list[Rollout]:
     from kernelrl.search.prompt import build_prompt
     from kernelrl.search.proposers import Exhausted, ProposalRequest
@@ -242,8 +248,8 @@ def _sample(proposer: Any, tasks: Sequence[Task], config: BenchConfig, settings:
     return [r for r in outs if r is not None]
 
 
-def _compile_speedups(backend: Any, tasks: Sequence[Task], config: BenchConfig,
-                      console: Any) -> dict[str, float | None]:
+def _compile_speedups(backend: ProfilingJudge, tasks: Sequence[Task], config: BenchConfig,
+                      console: Console | None) -> dict[str, float | None]:
     measure = getattr(backend, "baseline", None)
     out: dict[str, float | None] = {}
     if measure is None:
@@ -260,7 +266,7 @@ def _compile_speedups(backend: Any, tasks: Sequence[Task], config: BenchConfig,
     return out
 
 
-def saying(console: Any, what: str, backend: Any) -> contextlib.AbstractContextManager[None]:
+def saying(console: Console | None, what: str, backend: ProfilingJudge | None) -> contextlib.AbstractContextManager[None]:
     """A spinner saying `what` (and who holds the backend's timing lock) on a rich console, while
     the block runs; nothing without one."""
     from rich.console import Console

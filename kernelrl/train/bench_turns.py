@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.result import Status
 from kernelrl.search.driver import Judgement, run_episodes
@@ -58,6 +58,12 @@ from kernelrl.train.rollouts import (
     store_rollouts,
     task_profiles,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.search.proposers import Proposer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,8 +97,8 @@ class TurnBenchReport:
                                  for b in self.budget]}
 
 
-def run_turn_bench(config: BenchConfig, *, proposer: Any = None, backend: Any = None,
-                   tasks: Sequence[Task] | None = None, console: Any = None) -> TurnBenchReport:
+def run_turn_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend: ProfilingJudge | None = None,
+                   tasks: Sequence[Task] | None = None, console: Console | None = None) -> TurnBenchReport:
     """Episodes, judged turn by turn, summarised by turn (see the module docstring); `proposer`
     and `backend` replace the configured ones (tests)."""
     from kernelrl.run_parts import build_run
@@ -185,7 +191,7 @@ class _Episodes:
         self.tokens = [(0, 0)] * len(self.keys)  # the latest answer's prompt and completion tokens
         self.judged: dict[tuple[str, int], list[Judged]] = {key: [] for key in self.keys}
 
-    def ask(self, proposer: Any, live: Sequence[int], prompts: Sequence[str]) -> list[str | None]:
+    def ask(self, proposer: Proposer, live: Sequence[int], prompts: Sequence[str]) -> list[str | None]:
         """The answers of episodes `live` to their prompts (None: the proposer has no more for it)."""
         from kernelrl.search.proposers import Exhausted, ProposalRequest
 

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.result import Status
@@ -46,6 +46,12 @@ from kernelrl.train.rollouts import (
     task_profiles,
 )
 from kernelrl.train.sft_set import SFTRow, dataset_dir, write_sft_set
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.search.database import Database
 
 MAX_FAILURES = 3
 STAGE = "collect"
@@ -166,7 +172,7 @@ class _Pair:
     stopped: str = ""
 
 
-def collect(config: CollectConfig, *, console: Any = None, backend: Any = None,
+def collect(config: CollectConfig, *, console: Console | None = None, backend: ProfilingJudge | None = None,
             proposers: Mapping[str, Any] | None = None, tasks: Sequence[Task] | None = None) -> CollectSummary:
     """Run (or continue) a collection; see the module docstring. `backend` and `proposers` (by
     label) replace the configured evaluator and proposers (tests)."""
@@ -211,6 +217,7 @@ def collect(config: CollectConfig, *, console: Any = None, backend: Any = None,
                 asked += len(open_pairs)
                 rollouts = [(p, r) for p, r in answers if r is not None]
                 if rollouts:
+                    assert backend is not None  # built when any pair was open
                     judged = evaluate_rollouts(backend, [r for _, r in rollouts], {t.name: t for t in tasks}, db=db,
                                                reuse=settings)
                     evaluated += sum(1 for j in judged if j.code is not None and j.reused_from is None)
@@ -240,18 +247,19 @@ def collect(config: CollectConfig, *, console: Any = None, backend: Any = None,
                           asked=asked, evaluated=evaluated, errors=tuple(errors))
 
 
-def sft_rows(db: Any) -> list[SFTRow]:
+def sft_rows(db: Database) -> list[SFTRow]:
     """Every accepted answer `collect` stored in the database, oldest first."""
     rows = []
     for rec in db.candidates():
         if rec.meta.get("stage") != STAGE or not rec.is_correct:
             continue
+        assert rec.status is not None  # a correct record has its verdict
         rows.append(SFTRow(task=rec.task, prompt=rec.prompt, answer=rec.answer, verdict=rec.status.value,
                            speedup=rec.speedup, proposer=rec.proposer, candidate_id=rec.id))
     return rows
 
 
-def _pairs(db: Any, tasks: Sequence[Task], specs: Sequence[ProposerSpec], config: CollectConfig) -> list[_Pair]:
+def _pairs(db: Database, tasks: Sequence[Task], specs: Sequence[ProposerSpec], config: CollectConfig) -> list[_Pair]:
     counts: dict[tuple[str, str], list[int]] = {}
     for rec in db.candidates():
         if rec.meta.get("stage") != STAGE or rec.result is None:
@@ -290,7 +298,7 @@ def _options(spec: ProposerSpec, config: CollectConfig) -> dict[str, Any]:
     return opts
 
 
-def _ask(pairs: Sequence[_Pair], proposers: Mapping[str, Any], db: Any, config: CollectConfig,
+def _ask(pairs: Sequence[_Pair], proposers: Mapping[str, Any], db: Database, config: CollectConfig,
          settings: EvalSettings, errors: list[str], profiles: Mapping[str, Any]) -> list[tuple[_Pair, Rollout | None]]:
     from kernelrl.search.prompt import build_prompt
     from kernelrl.search.proposers import (

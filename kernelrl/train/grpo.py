@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.config import ConfigError
 from kernelrl.reward import RewardModel
@@ -72,6 +72,12 @@ from kernelrl.train.stage import StageOutcome, checkpoint_to_resume
 from kernelrl.train.step_log import step_log_callback
 from kernelrl.train.stream import PromptStream
 from kernelrl.train.trl_args import build_args, check_keys, trl_class
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.search.database import Database
 
 STATE_FILE = "kernelrl_state.rank{rank}.json"
 LEGACY_STATE_FILE = "kernelrl_state.json"  # rank 0's state, in checkpoints of earlier versions
@@ -162,7 +168,7 @@ def state_callback(reward_fn: KernelRewardFunction, stream: PromptStream, rank: 
 
 
 def load_rank_state(checkpoint: Path, rank: int, reward_fn: KernelRewardFunction, stream: PromptStream,
-                    console: Any = None) -> Path | None:
+                    console: Console | None = None) -> Path | None:
     """Restore this rank's state from `checkpoint` (rank 0's when this rank has none, then the one
     file of a checkpoint written before states were kept per rank); the file used."""
     for path in (state_file(checkpoint, rank), state_file(checkpoint, 0), Path(checkpoint) / LEGACY_STATE_FILE):
@@ -231,9 +237,9 @@ def check_episode_layout(turns: int, generation_batch_size: int | None, processe
                          "multiple of turns")
 
 
-def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, tasks: Sequence[Task], backend: Any,
-               db: Any, output_dir: Path, reward: RewardModel, eval_settings: EvalSettings | None,
-               prompt_settings: EvalSettings, resume: bool = False, seed: int = 0, console: Any = None,
+def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, tasks: Sequence[Task], backend: ProfilingJudge,
+               db: Database, output_dir: Path, reward: RewardModel, eval_settings: EvalSettings | None,
+               prompt_settings: EvalSettings, resume: bool = False, seed: int = 0, console: Console | None = None,
                template_dir: Path | None = None, run_id: int | None = None,
                profiles: dict[str, Any] | None = None, ranks: Ranks | None = None) -> GRPOResult:
     """Train; `output_dir` is the stage's folder. `eval_settings` (None: do not reuse stored

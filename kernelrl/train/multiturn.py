@@ -71,7 +71,7 @@ import enum
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.candidate import extract_code
 from kernelrl.result import Status
@@ -82,6 +82,9 @@ from kernelrl.train.reward_fn import KernelRewardFunction, TaskMismatch, print_b
 from kernelrl.train.rollouts import Rollout
 from kernelrl.train.stream import PromptStream, row_key
 from kernelrl.train.trl_generate import Generated, generate
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,7 +185,7 @@ class MultiTurnRollout:
     """TRL `rollout_func` running refinement episodes (see the module docstring)."""
 
     def __init__(self, scorer: KernelRewardFunction, stream: PromptStream, config: EpisodeConfig, *,
-                 template_dir: Any = None, console: Any = None,
+                 template_dir: Any = None, console: Console | None = None,
                  count_tokens: Callable[[str], int] | None = None, credit: TurnCredit = TurnCredit.TURN) -> None:
         if config.turns < 2:
             raise ValueError("a multi-turn rollout needs turns >= 2 (one turn is TRL's own generation)")

@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.config import CONFIG_DIR, build, load_toml, to_dict, with_overrides
 from kernelrl.judge.eval_config import EvalConfig
@@ -39,6 +39,12 @@ from kernelrl.train.model import ModelConfig
 from kernelrl.train.rft import RFTStageConfig, RoundResult
 from kernelrl.train.sft import SFTStageConfig
 from kernelrl.train.stage import Init, Stage, StageOutcome
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.search.database import Database
 
 TRAIN_CONFIG_DIR = CONFIG_DIR / "train"
 
@@ -102,8 +108,8 @@ class StageReport:
     rows: int = 0  # sft: rows trained on
 
 
-def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, console: Any = None,
-              backend: Any = None) -> StageReport:
+def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, console: Console | None = None,
+              backend: ProfilingJudge | None = None) -> StageReport:
     """Run one stage (see the module docstring). `backend` replaces the configured one (tests)."""
     from kernelrl.run_parts import build_run
     from kernelrl.search.records import RunStatus
@@ -161,15 +167,14 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
             if stage is not Stage.SFT:
                 if ranks.is_main and backend is None:
                     _say(console, judge_notice(config))
-                backend = run.judge
                 reuse = settings if run.reuse_stored else None
             if stage is Stage.SFT:
                 report = _run_sft(config, init, folder, resume=resume)
             elif stage is Stage.RFT:
-                report = _run_rft(config, init, folder, tasks, backend, db, settings, run_id, console, ranks)
+                report = _run_rft(config, init, folder, tasks, run.judge, db, settings, run_id, console, ranks)
             else:
-                report = _run_grpo(config, init, folder, tasks, backend, db, reuse, settings, run_id, resume, console,
-                                   ranks)
+                report = _run_grpo(config, init, folder, tasks, run.judge, db, reuse, settings, run_id, resume,
+                                   console, ranks)
             if ranks.is_main:
                 mark_done(config.output_dir, stage, report["final_dir"], run_id=run_id)
             status = RunStatus.FINISHED
@@ -183,7 +188,7 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
                        seconds=time.monotonic() - started, **report)
 
 
-def _say(console: Any, text: str) -> None:
+def _say(console: Console | None, text: str) -> None:
     if console is not None:
         console.print(text)
 
@@ -203,8 +208,8 @@ def _run_sft(config: TrainConfig, init: Init, folder: Path, *, resume: bool) -> 
     return {"final_dir": outcome.final_dir, "outcome": outcome, "rows": len(rows)}
 
 
-def _run_rft(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], backend: Any, db: Any,
-             settings: Any, run_id: int, console: Any, ranks: Any) -> dict[str, Any]:
+def _run_rft(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], backend: ProfilingJudge, db: Database,
+             settings: Any, run_id: int, console: Console | None, ranks: Any) -> dict[str, Any]:
     from kernelrl.train.rft import train_rft
     from kernelrl.train.sft_set import read_sft_set
 
@@ -217,8 +222,8 @@ def _run_rft(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], ba
     return {"final_dir": Path(rounds[-1].final), "rounds": tuple(rounds)}
 
 
-def _run_grpo(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], backend: Any, db: Any,
-              reuse: Any, settings: Any, run_id: int, resume: bool, console: Any, ranks: Any) -> dict[str, Any]:
+def _run_grpo(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], backend: ProfilingJudge, db: Database,
+              reuse: Any, settings: Any, run_id: int, resume: bool, console: Console | None, ranks: Any) -> dict[str, Any]:
     from kernelrl.reward import RewardModel
     from kernelrl.train.grpo import train_grpo
 

@@ -59,7 +59,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import BaselineKind, Reward, RewardModel
@@ -77,6 +77,12 @@ from kernelrl.train.rollouts import (
     store_rollouts,
 )
 from kernelrl.train.stream import row_key
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.search.database import Database
 
 log = logging.getLogger("kernelrl.train.reward")
 
@@ -152,11 +158,11 @@ class KernelRewardFunction:
 
     __name__ = "kernelrl_reward"  # TRL reads reward_funcs' names
 
-    def __init__(self, backend: Any, *, tasks: Mapping[str, Task], reward: RewardModel | None = None,
-                 db: Any = None, roc: RoCConfig | None = None, curriculum: Curriculum | None = None,
+    def __init__(self, backend: ProfilingJudge, *, tasks: Mapping[str, Task], reward: RewardModel | None = None,
+                 db: Database | None = None, roc: RoCConfig | None = None, curriculum: Curriculum | None = None,
                  proposer: str = "grpo", reuse: EvalSettings | None = None, run_id: int | None = None,
                  max_completion_tokens: int | None = None, compile_speedups: Mapping[str, float] | None = None,
-                 console: Any = None, seed: int = 0, keep_logs: int = 100, ranks: Ranks | None = None,
+                 console: Console | None = None, seed: int = 0, keep_logs: int = 100, ranks: Ranks | None = None,
                  group_size: int | None = None) -> None:
         if group_size is not None and group_size < 1:
             raise ValueError("group_size must be >= 1")
@@ -435,7 +441,7 @@ def _rollout_log(j: Judged, r: Reward | None, kept: bool, value: float | None, g
                       copy=bool(r and r.copy))
 
 
-def print_batch(batch: BatchLog, console: Any) -> None:
+def print_batch(batch: BatchLog, console: Console) -> None:
     """One line per reward call: the verdicts, then raw -> clipped rewards (x: dropped by RoC)."""
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(batch.statuses.items()))
     parts = []

@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.result import Status
 from kernelrl.tasks.task import Task
@@ -56,6 +56,12 @@ from kernelrl.train.sft import finetune
 from kernelrl.train.sft_set import SFTRow, unique_rows
 from kernelrl.train.stage import StageOutcome
 from kernelrl.train.trl_args import check_keys, trl_class
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.search.database import Database
 
 ROUND_FILE = "round.json"
 
@@ -111,9 +117,9 @@ class Planned:
     count: int
 
 
-def train_rft(stage: RFTStageConfig, *, model: ModelConfig, init_from: str, tasks: Sequence[Task], backend: Any,
-              db: Any, output_dir: Path, eval_settings: EvalSettings, sft_rows: Sequence[SFTRow] = (),
-              seed: int = 0, console: Any = None, template_dir: Path | None = None,
+def train_rft(stage: RFTStageConfig, *, model: ModelConfig, init_from: str, tasks: Sequence[Task], backend: ProfilingJudge,
+              db: Database, output_dir: Path, eval_settings: EvalSettings, sft_rows: Sequence[SFTRow] = (),
+              seed: int = 0, console: Console | None = None, template_dir: Path | None = None,
               run_id: int | None = None, ranks: Ranks | None = None) -> list[RoundResult]:
     """Run (or continue) the rounds; the results in order. `output_dir` is the stage's folder.
 
@@ -204,7 +210,7 @@ def sample_share(stage: RFTStageConfig, model_cfg: ModelConfig, source: str, pla
             for i, per in zip(order, samples) for s in per]
 
 
-def _say(console: Any, text: str) -> None:
+def _say(console: Console | None, text: str) -> None:
     if console is not None:
         console.print(text)
 
@@ -231,7 +237,7 @@ def _write_round(folder: Path, **values: Any) -> None:
     tmp.replace(folder / ROUND_FILE)
 
 
-def _stored_samples(db: Any, label: str, tasks: Mapping[str, Task], per_task: int) -> tuple[list[Judged], int]:
+def _stored_samples(db: Database, label: str, tasks: Mapping[str, Task], per_task: int) -> tuple[list[Judged], int]:
     """A round's samples already in the database (an interrupted round), at most `per_task` per task."""
     out: list[Judged] = []
     count: dict[str, int] = {}
@@ -257,7 +263,7 @@ def _missing(tasks: Sequence[Task], have: Sequence[Judged], per_task: int) -> di
     return {t.name: per_task - count.get(t.name, 0) for t in tasks if count.get(t.name, 0) < per_task}
 
 
-def _plan(stage: RFTStageConfig, tasks: Sequence[Task], by_name: Mapping[str, Task], db: Any, settings: EvalSettings,
+def _plan(stage: RFTStageConfig, tasks: Sequence[Task], by_name: Mapping[str, Task], db: Database, settings: EvalSettings,
           label: str, *, seed: int, template_dir: Path | None, profiles: Mapping[str, Any]) -> list[Planned]:
     """What the round still needs: one prompt per task with samples missing (the main process)."""
     from kernelrl.search.prompt import build_prompt

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.candidate import Candidate, extract_code, source_hash
 from kernelrl.judge.contract import BatchJudge
@@ -35,8 +35,12 @@ from kernelrl.judge.reuse import JudgedKey, judged_before
 from kernelrl.result import EvalResult, Status
 from kernelrl.tasks.task import Task
 
+if TYPE_CHECKING:
+    from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.search.database import Database
 
-def task_profiles(backend: Any, tasks: Sequence[Task]) -> dict[str, Any]:
+
+def task_profiles(backend: ProfilingJudge, tasks: Sequence[Task]) -> dict[str, Any]:
     """Each task's `TaskProfile` (constants and shapes for prompts), read by the backend's
     reference workers when it can (an `Evaluator` can; without one, prompts say the shapes are
     unavailable: no task code runs in the trainer's process)."""
@@ -96,7 +100,7 @@ class Judged:
 
 
 def evaluate_rollouts(backend: BatchJudge, rollouts: Sequence[Rollout], tasks: Mapping[str, Task], *,
-                      db: Any = None, reuse: EvalSettings | None = None) -> list[Judged]:
+                      db: Database | None = None, reuse: EvalSettings | None = None) -> list[Judged]:
     """Judge every rollout (see the module docstring); one `evaluate_batch` call at most."""
     codes = [extract_code(r.answer) for r in rollouts]
     out: list[Judged | None] = [None] * len(rollouts)
@@ -122,7 +126,7 @@ def evaluate_rollouts(backend: BatchJudge, rollouts: Sequence[Rollout], tasks: M
     return [j for j in out if j is not None]
 
 
-def store_rollouts(db: Any, judged: Sequence[Judged], *, proposer: str, step: int = 0, chain: int = 0,
+def store_rollouts(db: Database, judged: Sequence[Judged], *, proposer: str, step: int = 0, chain: int = 0,
                    run_id: int | None = None, meta: Sequence[Mapping[str, Any]] | None = None,
                    settings: EvalSettings | None = None) -> list[Judged]:
     """Write each rollout and its verdict to the code database; the judged rows with their ids."""

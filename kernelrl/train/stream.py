@@ -42,11 +42,14 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.train.curriculum import Curriculum
 from kernelrl.train.model import prompt_text
 from kernelrl.train.ranks import Ranks, SingleProcess
+
+if TYPE_CHECKING:
+    from kernelrl.search.database import Database
 
 # `datasets` pickles a generator to fingerprint it, and a stream holds a database connection:
 # the dataset's generator names its stream by number instead.
@@ -71,7 +74,7 @@ def row_key(task: str, prompt: Any) -> str:
 
 
 class PromptStream:
-    def __init__(self, curriculum: Curriculum, db: Any, *, as_prompt: Callable[[str], Any], policy: str,
+    def __init__(self, curriculum: Curriculum, db: Database, *, as_prompt: Callable[[str], Any], policy: str,
                  device: str, size: str, k: int = 4, seed: int = 0, template_dir: Path | None = None,
                  chat: bool = False, profiles: dict[str, Any] | None = None, ranks: Ranks | None = None,
                  count_tokens: Callable[[str], int] | None = None, max_tokens: int | None = None) -> None:
