@@ -5,7 +5,9 @@ The task is KernelBench's level-1 elementwise shape scaled down (`--mib` per ten
 4096 x 393216 fp32 is 6144 MiB), judged with one correct candidate (the reference's own code) under
 the evaluator's defaults. A thread samples VmRSS of every process below this one every 20 ms; at
 the end it prints each process's peak, the judge's own peak, and the size of one input set (input
-plus output), so a worker's peak can be read in sets.
+plus output), so a worker's peak can be read in sets; then, for each busy process, its peak within
+each of the group's phases (`EvalResult.environment.phases`, laid end to end from the start of the
+evaluation), so the step that sets the peak is named.
 
 Usage: python benchmarks/worker_memory.py [--mib 256] [--sets 5] [--rewrite]
 """
@@ -81,22 +83,27 @@ def main() -> int:
     path.write_text(TASK.format(dim=dim))
     task = load_task_file(path)
     peaks: dict[int, int] = {}
+    series: dict[int, list[tuple[float, int]]] = {}  # pid -> (seconds since the start, KiB)
     done = threading.Event()
 
     def sample() -> None:
         me = os.getpid()
         while not done.is_set():
+            now = time.monotonic() - t0
             for pid in [me, *descendants(me, depth=8)]:
-                peaks[pid] = max(peaks.get(pid, 0), rss_kib(pid))
+                kib = rss_kib(pid)
+                peaks[pid] = max(peaks.get(pid, 0), kib)
+                series.setdefault(pid, []).append((now, kib))
             time.sleep(0.02)
 
+    t0 = time.monotonic()
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     config = EvalConfig(size="full", n_correctness=args.sets, constants={"dim": dim}, timeout_s=600,
                         timing=TimingConfig(min_rounds=5, max_rounds=20, max_timing_s=5.0, warmup_calls=2,
                                             min_spot_checks=2))
-    t0 = time.monotonic()
     with Evaluator(config) as ev:
+        started = time.monotonic() - t0
         source = task.source.replace("class Model(", "class ModelNew(")
         if args.rewrite:
             source = source.replace('return torch.nn.functional.gelu(x, approximate="tanh")',
@@ -112,6 +119,18 @@ def main() -> int:
     workers = sorted((kib for pid, kib in peaks.items() if pid != me and kib > 200 * 1024), reverse=True)
     for kib in workers:
         print(f"  process peak RSS: {kib / 1024:7.0f} MiB = {kib / 1024 / one_set_mib:5.2f} sets")
+    phases = result.environment.phases
+    if phases is not None:
+        edges, at = [], started
+        for name in ("reference_load_s", "reference_outputs_s", "candidate_checks_s", "timing_pool_s", "timing_s"):
+            edges.append((name.removesuffix("_s"), at, at + getattr(phases, name)))
+            at += getattr(phases, name)
+        print("peak in each phase (MiB), processes by peak: " + ", ".join(f"{n} {a:.1f}-{b:.1f} s" for n, a, b in edges))
+        busy = sorted((pid for pid, kib in peaks.items() if kib > 200 * 1024), key=lambda pid: -peaks[pid])
+        for pid in busy:
+            row = [max((kib for t, kib in series.get(pid, []) if a <= t < b), default=0) / 1024 for _, a, b in edges]
+            who = "judge" if pid == me else "worker"
+            print(f"  {who:6} {peaks[pid] / 1024:6.0f}: " + "  ".join(f"{n} {v:5.0f}" for (n, _, _), v in zip(edges, row)))
     return 0
 
 

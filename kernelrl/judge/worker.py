@@ -74,12 +74,22 @@ from kernelrl.judge.builds import (  # noqa: E402
     exclusive_build_dir,
 )
 from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError, commitment  # noqa: E402
-from kernelrl.judge.compare import exactly_equal, flatten  # noqa: E402
+from kernelrl.judge.compare import content_digest, flatten  # noqa: E402
 from kernelrl.judge.device import Device  # noqa: E402
 from kernelrl.judge.precision import set_precision  # noqa: E402
 from kernelrl.judge.timer import call_floor_ns  # noqa: E402
+from kernelrl.judge.values import clone as _clone  # noqa: E402
+from kernelrl.judge.values import kept as _kept  # noqa: E402
+from kernelrl.judge.values import readable as _readable  # noqa: E402
+from kernelrl.judge.values import shadows_tensor as _shadows_tensor  # noqa: E402
+from kernelrl.judge.values import stage  # noqa: E402
+from kernelrl.judge.values import to_cpu as _to_cpu  # noqa: E402
+from kernelrl.judge.values import to_device as _to_device  # noqa: E402
 
 _Tensor = torch.Tensor
+# What evicts the cache before a sample, bound now: a program that replaces torch's ops (to slow
+# whatever else runs in its process) cannot change the harness's own work.
+_add_ = _Tensor.add_
 # The C functions behind torch.cuda.synchronize, bound now: torch.cuda.synchronize looks
 # `torch._C._cuda_synchronize` up at each call, so a program could otherwise make it a no-op.
 _cuda_synchronize: Any = getattr(torch._C, "_cuda_synchronize", None)  # None in a CPU build of torch
@@ -120,73 +130,6 @@ def global_state() -> dict[str, Any]:
 def _own(variable: str, named: str) -> str:
     """The folder the sandbox gave this worker for `variable` (full containment), else the one the judge named."""
     return os.environ.get(variable) or named
-
-
-def _each_tensor(x: Any, fn: Any) -> Any:
-    """`fn` applied to every tensor of a value, a list or a tuple (nested), the rest kept."""
-    if isinstance(x, _Tensor):
-        return fn(x)
-    if isinstance(x, (list, tuple)):
-        out = [_each_tensor(v, fn) for v in x]
-        return tuple(out) if isinstance(x, tuple) else out
-    return x
-
-
-def _to_device(x: Any, device: str) -> Any:
-    return _each_tensor(x, lambda t: t.to(device))
-
-
-_detach, _to, _clone_tensor = _Tensor.detach, _Tensor.to, _Tensor.clone  # the class's own, bound now
-# What `prepare` makes a sample's inputs with, bound now: a program that replaces torch's ops
-# (to slow whatever else runs in its process) cannot change the harness's own work.
-_mul, _roll, _addcmul, _add_ = _Tensor.mul, torch.roll, torch.addcmul, _Tensor.add_
-_TENSOR_ATTRS = frozenset(dir(_Tensor))
-
-
-def _shadows_tensor(x: Any) -> bool:
-    """A tensor whose own attributes replace Tensor's (a per-object `detach`, say): not plain."""
-    own = getattr(x, "__dict__", None) or {}
-    return any(name in _TENSOR_ATTRS for name in own)
-
-
-def _to_cpu(x: Any) -> Any:
-    """Outputs for the judge: plain tensors become CPU copies; anything else is described.
-
-    Copies go through Tensor's own functions, never the object's attributes, so a program cannot
-    run code of its own (deferred work, say) while the judge reads its output.
-    """
-    if type(x) is _Tensor and not _shadows_tensor(x):
-        return _clone_tensor(_to(_detach(x), "cpu"))
-    if isinstance(x, (list, tuple)):
-        return [_to_cpu(v) for v in x]
-    if isinstance(x, _Tensor):
-        # A subclass (a lazy tensor, say) or a tensor with its own methods never crosses the
-        # channel: the judge gets a marker.
-        what = type(x).__module__ + "." + type(x).__qualname__
-        if type(x) is _Tensor:
-            what += " with its own " + ", ".join(sorted(n for n in x.__dict__ if n in _TENSOR_ATTRS))
-        return {"not_plain_tensor": what}
-    if isinstance(x, (int, float, bool)) or x is None:
-        return x
-    return {"unsupported_output": type(x).__module__ + "." + type(x).__qualname__}
-
-
-def _readable(x: Any) -> Any:
-    """`x` for the harness to read: a plain CPU tensor as itself (no copy), else as `_to_cpu` gives it."""
-    if type(x) is _Tensor and not _shadows_tensor(x) and x.device.type == "cpu":
-        return _detach(x)
-    return [_readable(v) for v in x] if isinstance(x, (list, tuple)) else _to_cpu(x)
-
-
-def _clone(x: Any) -> Any:
-    return _each_tensor(x, lambda t: t.clone())
-
-
-def _kept(x: Any) -> Any:
-    """A timed call's output as it was when returned: plain tensors copied on their device."""
-    if type(x) is _Tensor and not _shadows_tensor(x):
-        return _clone_tensor(_detach(x))
-    return [_kept(v) for v in x] if isinstance(x, (list, tuple)) else x
 
 
 def _perturb(values: list[Any], scale: float, offset_frac: float) -> list[Any]:
@@ -416,22 +359,27 @@ class WorkerState:
         """Correctness runs: each input set once (the first `repeat_first` times)."""
         outputs, inputs_changed = [], []
         thread_rises, changed_after = [], []
+        # Fingerprints, not copies, tell a changed input or output (compare.content_digest): on a CPU
+        # the call gets the set itself and its output is sent as it is (copied only when another
+        # call, which may write the same buffer, follows), so a worker holds one set.
         for i, inputs in enumerate(payload):
-            for _ in range(h.repeat_first if i == 0 else 1):
-                args = _to_device(_clone(inputs), self.device)
+            sent, repeats = content_digest(inputs), h.repeat_first if i == 0 else 1
+            for r in range(repeats):
+                args = _to_device(inputs, self.device)  # off the CPU, the device's own copy
                 before = _thread_count()
                 with _no_grad():
                     out = self.model(*args)
                 self._sync()
                 thread_rises.append(_thread_count() - before)
-                snapshot = _to_cpu(out)
+                snapshot = _readable(out)
+                at_return = content_digest(snapshot)
                 # An honest output is final when the call returns; one still being written by
                 # work the call left running changes in the next moments.
                 time.sleep(0.005)
                 self._sync()
-                changed_after.append(not exactly_equal(snapshot, _readable(out)))
-                outputs.append(snapshot)
-                inputs_changed.append(not exactly_equal(_readable(args), inputs))
+                changed_after.append(content_digest(_readable(out)) != at_return)
+                outputs.append(_clone(snapshot) if r + 1 < repeats and self.device == "cpu" else snapshot)
+                inputs_changed.append(content_digest(_readable(args)) != sent)
         return P.Kind.RAN, P.Ran(state_after=global_state(), thread_rises=thread_rises,
                                  changed_after_return=changed_after, inputs_changed=inputs_changed), {
             "outputs": outputs}
@@ -483,9 +431,9 @@ class WorkerState:
             for x, noise in zip(self.pool[k], self.noise[k]):
                 if noise is not None:
                     # x * scale * (1 + jitter * u), u in [-1, 1): new storage, new values, and no
-                    # multiple of any earlier input (so no earlier output, rescaled, is the answer)
-                    u = _roll(noise, int(shift))
-                    fresh.append(_addcmul(_mul(x, float(scale)), x, u, value=float(scale) * self.jitter))
+                    # multiple of any earlier input (so no earlier output, rescaled, is the answer);
+                    # made a chunk at a time (judge/staging.py)
+                    fresh.append(stage(x, noise, scale=float(scale), shift=int(shift), jitter=self.jitter))
                 else:
                     fresh.append(_clone(x))
             self.staged.append(fresh)
@@ -521,8 +469,9 @@ class WorkerState:
     def output(self, h: P.Output, payload: Any) -> Reply:
         if not 0 <= h.call < len(self.sample_outputs):
             raise ValueError(f"no call {h.call} in the last sample ({len(self.sample_outputs)} calls)")
-        return P.Kind.OUTPUT_DATA, P.Empty(), {"output": _to_cpu(self.sample_outputs[h.call]),
-                                               "inputs": _to_cpu(self.sample_inputs[h.call])}
+        # Read in place where they are plain CPU tensors: the channel copies them into the arena.
+        return P.Kind.OUTPUT_DATA, P.Empty(), {"output": _readable(self.sample_outputs[h.call]),
+                                               "inputs": _readable(self.sample_inputs[h.call])}
 
     def _evict(self) -> None:
         if self.evict_buf is not None:

@@ -106,3 +106,20 @@ def test_a_comparison_a_chunk_at_a_time_gives_the_whole_comparisons_verdict(monk
         monkeypatch.setattr(compare, "_CHUNK", 7)
         assert compare_outputs(c, r) == whole and exactly_equal(c, r) == same, (c, r)
         monkeypatch.setattr(compare, "_CHUNK", 1 << 22)
+
+
+def test_content_digest_tells_any_written_byte_and_nothing_else():
+    from kernelrl.judge.compare import content_digest
+
+    x = torch.randn(3000)
+    assert content_digest(x) == content_digest(x.clone())
+    for change in (lambda t: t.__setitem__(1234, t[1234] * 2), lambda t: t.__setitem__(0, -0.0 if t[0] == 0 else 0.0)):
+        y = x.clone()
+        change(y)
+        assert content_digest(y) != content_digest(x)
+    zero, negative_zero = torch.zeros(4), torch.zeros(4)
+    negative_zero[2] = -0.0
+    assert content_digest(zero) != content_digest(negative_zero)  # a zero's sign rewritten is a write
+    wide = torch.randn(64, 50).t()  # not contiguous: read rows at a time, same bytes as its copy
+    assert content_digest(wide) == content_digest(wide.contiguous())
+    assert content_digest([x, 1]) != content_digest([x, 2]) and content_digest(x) != content_digest(x.view(30, 100))

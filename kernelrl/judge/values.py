@@ -1,0 +1,115 @@
+"""How the worker's harness copies, reads and makes values, never running a candidate's code.
+
+A candidate's outputs are read through `torch.Tensor`'s own functions, bound when this module is
+imported (the worker imports it before any candidate code runs), never through the object's
+attributes: a program cannot run code of its own (deferred work, say) while the harness reads
+what it returned, and one that patches torch does not change how its inputs are made.
+
+- `to_cpu`: an output for the judge, plain tensors as CPU copies, anything else described by a
+  marker (`not_plain_tensor`, `unsupported_output`) that never crosses the channel as an object;
+- `readable`: the same, but a plain CPU tensor as itself (no copy), for the harness to read
+  or send at once;
+- `kept`: a timed call's output as it was when returned (plain tensors copied on their device);
+- `stage(x, noise, scale=, shift=, jitter=)`: a timed call's fresh input, `x * scale * (1 +
+  jitter * roll(noise, shift))`: new storage and new values for every call, and no multiple of
+  any earlier input. Written into one new tensor a chunk of `CHUNK` elements at a time, it takes
+  that input and a chunk more, where the whole-tensor expression took two more tensors of its
+  size (the rolled noise and the scaled copy): for KernelBench's 6 GiB elementwise inputs, 12 GiB
+  of a worker's peak. Its values are the whole-tensor expression's (the same operations on each
+  element; tests/judge/test_values.py); a non-contiguous input is made by the whole-tensor
+  expression, so its strides are kept.
+
+Does not decide what is compared or timed: the worker and the judge do.
+"""
+
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+CHUNK = 1 << 22  # elements: 16 MiB of fp32
+
+_Tensor = torch.Tensor
+_empty_like, _addcmul, _mul, _roll, _cat = torch.empty_like, torch.addcmul, torch.mul, torch.roll, torch.cat
+_reshape, _is_contiguous, _numel = _Tensor.reshape, _Tensor.is_contiguous, _Tensor.numel
+_detach, _to, _clone_tensor = _Tensor.detach, _Tensor.to, _Tensor.clone
+_TENSOR_ATTRS = frozenset(dir(_Tensor))
+
+
+def each_tensor(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """`fn` applied to every tensor of a value, a list or a tuple (nested), the rest kept."""
+    if isinstance(x, _Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        out = [each_tensor(v, fn) for v in x]
+        return tuple(out) if isinstance(x, tuple) else out
+    return x
+
+
+def to_device(x: Any, device: str) -> Any:
+    return each_tensor(x, lambda t: t.to(device))
+
+
+def clone(x: Any) -> Any:
+    return each_tensor(x, lambda t: t.clone())
+
+
+def shadows_tensor(x: Any) -> bool:
+    """A tensor whose own attributes replace Tensor's (a per-object `detach`, say): not plain."""
+    own = getattr(x, "__dict__", None) or {}
+    return any(name in _TENSOR_ATTRS for name in own)
+
+
+def to_cpu(x: Any) -> Any:
+    """An output for the judge: plain tensors become CPU copies; anything else is described."""
+    if type(x) is _Tensor and not shadows_tensor(x):
+        return _clone_tensor(_to(_detach(x), "cpu"))
+    if isinstance(x, (list, tuple)):
+        return [to_cpu(v) for v in x]
+    if isinstance(x, _Tensor):
+        # A subclass (a lazy tensor, say) or a tensor with its own methods never crosses the
+        # channel: the judge gets a marker.
+        what = type(x).__module__ + "." + type(x).__qualname__
+        if type(x) is _Tensor:
+            what += " with its own " + ", ".join(sorted(n for n in x.__dict__ if n in _TENSOR_ATTRS))
+        return {"not_plain_tensor": what}
+    if isinstance(x, (int, float, bool)) or x is None:
+        return x
+    return {"unsupported_output": type(x).__module__ + "." + type(x).__qualname__}
+
+
+def readable(x: Any) -> Any:
+    """`x` for the harness to read: a plain CPU tensor as itself (no copy), else as `to_cpu` gives it."""
+    if type(x) is _Tensor and not shadows_tensor(x) and x.device.type == "cpu":
+        return _detach(x)
+    return [readable(v) for v in x] if isinstance(x, (list, tuple)) else to_cpu(x)
+
+
+def kept(x: Any) -> Any:
+    """A timed call's output as it was when returned: plain tensors copied on their device."""
+    if type(x) is _Tensor and not shadows_tensor(x):
+        return _clone_tensor(_detach(x))
+    return [kept(v) for v in x] if isinstance(x, (list, tuple)) else x
+
+
+def stage(x: torch.Tensor, noise: torch.Tensor, *, scale: float, shift: int, jitter: float) -> torch.Tensor:
+    """`x * scale * (1 + jitter * roll(noise, shift))` in new storage (see the module docstring)."""
+    value = scale * jitter
+    if not (_is_contiguous(x) and _is_contiguous(noise)) or tuple(x.shape) != tuple(noise.shape):
+        return _addcmul(_mul(x, scale), x, _roll(noise, shift), value=value)
+    n = _numel(x)
+    out = _empty_like(x)
+    xf, uf, of = _reshape(x, (-1,)), _reshape(noise, (-1,)), _reshape(out, (-1,))
+    s = shift % n if n else 0
+    for start in range(0, n, CHUNK):
+        end = min(n, start + CHUNK)
+        # roll(noise, s) holds noise[(i - s) mod n] at flat index i (torch.roll over no dims)
+        a = (start - s) % n
+        u = uf[a:a + end - start] if a + end - start <= n else _cat((uf[a:], uf[:end - start - (n - a)]))
+        part = of[start:end]
+        _mul(xf[start:end], scale, out=part)
+        _addcmul(part, xf[start:end], u, value=value, out=part)
+    return out
