@@ -242,18 +242,18 @@ def _settings_given(rest: Sequence[str]) -> list[str]:
 
 
 def _dry_run(config: Any, stage: Any, name: str, settings: Sequence[str] = ()) -> int:
-    from kernelrl.train.launch import dry_run
+    from kernelrl.train.launch import CheckLevel, dry_run
 
     try:
         report = dry_run(config, stage, name=name, settings=settings)
     except _train_errors() as e:
         raise UsageError(str(e)) from e
-    marks = {"ok": "ok   ", "note": "note ", "error": "ERROR"}
+    marks = {CheckLevel.OK: "ok   ", CheckLevel.NOTE: "note ", CheckLevel.ERROR: "ERROR"}
     for c in report.checks:
         print(f"{marks[c.level]} {c.what}: {c.detail}")
     print(f"launch: {report.command}")
     if not report.ok:
-        errors = [c for c in report.checks if c.level == "error"]
+        errors = [c for c in report.checks if c.level is CheckLevel.ERROR]
         raise UsageError(f"dry run of {stage.value} with {name}: {len(errors)} check(s) failed "
                          f"({'; '.join(c.what for c in errors)})")
     print(f"dry run of {stage.value} with {name}: every check passed")

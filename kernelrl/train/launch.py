@@ -32,11 +32,12 @@ Does not download, check that a hub id exists, or reserve GPUs.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import importlib.util
 import json
 import math
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,10 +109,16 @@ def _shown(path: Path | None) -> str:
         return str(path)
 
 
+class CheckLevel(enum.StrEnum):
+    OK = "ok"
+    NOTE = "note"  # needed elsewhere (a hub id, a file made by an earlier stage), not checked here
+    ERROR = "error"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Check:
     what: str
-    level: str  # "ok", "note" (needed elsewhere, not here) or "error"
+    level: CheckLevel
     detail: str
 
 
@@ -123,14 +130,17 @@ class DryRun:
 
     @property
     def ok(self) -> bool:
-        return all(c.level != "error" for c in self.checks)
+        return all(c.level != CheckLevel.ERROR for c in self.checks)
+
+
+AddCheck = Callable[[str, CheckLevel, str], None]  # what was checked, its level, what was found
 
 
 def dry_run(config: Any, stage: Stage, *, name: str, settings: Sequence[str] = ()) -> DryRun:
     stage = Stage(stage)
     checks: list[Check] = []
 
-    def add(what: str, level: str, detail: str) -> None:
+    def add(what: str, level: CheckLevel, detail: str) -> None:
         checks.append(Check(what=what, level=level, detail=detail))
 
     _check_tasks(config, add)
@@ -142,22 +152,22 @@ def dry_run(config: Any, stage: Stage, *, name: str, settings: Sequence[str] = (
     _check_steps(config, stage, processes, add)
     _check_layout(config, stage, processes, add)
     if stage is not Stage.SFT:
-        add("hack defences", "ok" if config.eval.llm_judge.enabled else "note", judge_notice(config))
+        add("hack defences", CheckLevel.OK if config.eval.llm_judge.enabled else CheckLevel.NOTE, judge_notice(config))
     _check_packages(config, stage, accel, trl_values, add)
     return DryRun(stage=stage, command=launch_command(config, stage, name, settings), checks=tuple(checks))
 
 
-def _check_tasks(config: Any, add: Any) -> None:
+def _check_tasks(config: Any, add: AddCheck) -> None:
     try:
         tasks, left = for_training(load_tasks(list(config.tasks)), config.splits)
     except TaskError as e:
-        add("tasks", "error", str(e))
+        add("tasks", CheckLevel.ERROR, str(e))
         return
     kinds: dict[str, int] = {}
     for t in tasks:
         kinds[split_of(t).value] = kinds.get(split_of(t).value, 0) + 1
     gone = ", ".join(f"{len(v)} {k.value}" for k, v in left.items())
-    add("tasks", "ok", f"{len(tasks)} to train on ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))})"
+    add("tasks", CheckLevel.OK, f"{len(tasks)} to train on ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))})"
         + (f"; left out by their split: {gone}" if gone else ""))
 
 
@@ -165,81 +175,83 @@ def _is_local(text: str) -> bool:
     return text.startswith((".", "/", "~")) or Path(text).exists() or text.count("/") != 1
 
 
-def _check_model(config: Any, stage: Stage, add: Any) -> None:
+def _check_model(config: Any, stage: Stage, add: AddCheck) -> None:
     path = config.model.path
     if is_model_folder(path):
-        add("model.path", "ok", f"{path}: a model folder")
+        add("model.path", CheckLevel.OK, f"{path}: a model folder")
     elif config.model.tiny is not None:
-        add("model.path", "ok", f"{path}: the tiny model is built there on first use")
+        add("model.path", CheckLevel.OK, f"{path}: the tiny model is built there on first use")
     elif _is_local(path):
-        add("model.path", "error", f"{path}: no model there (no config.json) and not a hub id")
+        add("model.path", CheckLevel.ERROR, f"{path}: no model there (no config.json) and not a hub id")
     else:
-        add("model.path", "note", f"{path}: a hub id, fetched on the training machine (not checked offline)")
+        add("model.path", CheckLevel.NOTE, f"{path}: a hub id, fetched on the training machine (not checked offline)")
     init = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage].init_from
     if init != AUTO:
         if is_model_folder(init):
-            add("init_from", "ok", f"{init}: a model folder")
+            add("init_from", CheckLevel.OK, f"{init}: a model folder")
         elif _is_local(init):
-            add("init_from", "error", f"{init}: no model there")
+            add("init_from", CheckLevel.ERROR, f"{init}: no model there")
         else:
-            add("init_from", "note", f"{init}: a hub id (not checked offline)")
+            add("init_from", CheckLevel.NOTE, f"{init}: a hub id (not checked offline)")
 
 
-def _check_files(config: Any, stage: Stage, add: Any) -> None:
+def _check_files(config: Any, stage: Stage, add: AddCheck) -> None:
     data = config.sft_data
     if stage is Stage.SFT:
-        add("sft.data", "ok" if data.is_file() else "error",
+        add("sft.data", CheckLevel.OK if data.is_file() else CheckLevel.ERROR,
             f"{data}: {'present' if data.is_file() else 'missing: run `kernelrl collect --out ' + str(data) + '` first'}")
     elif stage is Stage.RFT and config.rft.include_sft_set:
-        add("sft.data", "ok" if data.is_file() else "note",
+        add("sft.data", CheckLevel.OK if data.is_file() else CheckLevel.NOTE,
             f"{data}: {'present' if data.is_file() else 'absent: rounds train on their own samples only'}")
     if config.template_dir is not None:
         there = Path(config.template_dir).is_dir()
-        add("template_dir", "ok" if there else "error", f"{config.template_dir}: {'a folder' if there else 'missing'}")
+        add("template_dir", CheckLevel.OK if there else CheckLevel.ERROR,
+            f"{config.template_dir}: {'a folder' if there else 'missing'}")
     token = config.backend.token_file
     if config.backend.url and stage is not Stage.SFT:
         if token is None:
-            add("backend.token_file", "note", f"unset: {config.backend.url} is asked without a token")
+            add("backend.token_file", CheckLevel.NOTE, f"unset: {config.backend.url} is asked without a token")
         else:
             readable = Path(token).is_file()
-            add("backend.token_file", "ok" if readable else "error", f"{token}: {'present' if readable else 'missing'}")
+            add("backend.token_file", CheckLevel.OK if readable else CheckLevel.ERROR,
+                f"{token}: {'present' if readable else 'missing'}")
     folder = Path(config.database).parent
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     writable = existing is not None and existing.is_dir()
-    add("database", "ok" if writable else "error", f"{config.database}: "
+    add("database", CheckLevel.OK if writable else CheckLevel.ERROR, f"{config.database}: "
         + ("its folder exists or can be made" if writable else "its folder cannot be made"))
 
 
-def _check_accelerate(config: Any, stage: Stage, processes: int, add: Any) -> dict[str, Any]:
+def _check_accelerate(config: Any, stage: Stage, processes: int, add: AddCheck) -> dict[str, Any]:
     path = config.launch.accelerate_file()
     if path is None:
-        add("launch", "ok", "one process, no accelerate config")
+        add("launch", CheckLevel.OK, "one process, no accelerate config")
         return {}
     if not path.is_file():
-        add("launch.accelerate_config", "error", f"{path}: missing")
+        add("launch.accelerate_config", CheckLevel.ERROR, f"{path}: missing")
         return {}
     import yaml
 
     try:
         values = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        add("launch.accelerate_config", "error", f"{path}: not YAML ({e})")
+        add("launch.accelerate_config", CheckLevel.ERROR, f"{path}: not YAML ({e})")
         return {}
     if not isinstance(values, dict) or "distributed_type" not in values:
-        add("launch.accelerate_config", "error", f"{path}: not an accelerate config (no distributed_type)")
+        add("launch.accelerate_config", CheckLevel.ERROR, f"{path}: not an accelerate config (no distributed_type)")
         return {}
     detail = f"{path}: {values['distributed_type']}, {processes} process(es) for {stage.value}"
-    level = "ok"
+    level = CheckLevel.OK
     ds = values.get("deepspeed_config") or {}
     if values["distributed_type"] == "DEEPSPEED":
         detail += f", ZeRO stage {ds.get('zero_stage')}"
         if ds.get("zero_stage") == 3 and not ds.get("zero3_save_16bit_model"):
-            level, detail = "error", detail + ": zero3_save_16bit_model is off, so final/ would hold shards only"
+            level, detail = CheckLevel.ERROR, detail + ": zero3_save_16bit_model is off, so final/ would hold shards only"
     add("launch.accelerate_config", level, detail)
     return values
 
 
-def _check_trl(config: Any, stage: Stage, processes: int, add: Any) -> dict[str, Any]:
+def _check_trl(config: Any, stage: Stage, processes: int, add: AddCheck) -> dict[str, Any]:
     table = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage].trl
     values = dict(table)
     name = "GRPOConfig" if stage is Stage.GRPO else "SFTConfig"
@@ -251,13 +263,13 @@ def _check_trl(config: Any, stage: Stage, processes: int, add: Any) -> dict[str,
     deepspeed_file = values.get("deepspeed")
     if isinstance(deepspeed_file, str):
         there = Path(deepspeed_file).is_file()
-        add(f"{stage.value}.trl.deepspeed", "ok" if there else "error",
+        add(f"{stage.value}.trl.deepspeed", CheckLevel.OK if there else CheckLevel.ERROR,
             f"{deepspeed_file}: {'present' if there else 'missing'}")
         if there:
             try:
                 json.loads(Path(deepspeed_file).read_text())
             except ValueError as e:
-                add(f"{stage.value}.trl.deepspeed", "error", f"{deepspeed_file}: not JSON ({e})")
+                add(f"{stage.value}.trl.deepspeed", CheckLevel.ERROR, f"{deepspeed_file}: not JSON ({e})")
         values.pop("deepspeed")
     asks = {"use_vllm": bool(values.get("use_vllm"))}
     cls = trl_class(name)
@@ -267,14 +279,14 @@ def _check_trl(config: Any, stage: Stage, processes: int, add: Any) -> dict[str,
         build_args(cls, {**values, **overrides}, output_dir=Path(config.output_dir) / stage.value,
                    where=f"{stage.value}.trl", forced=FORCED if stage is Stage.GRPO else None)
     except ConfigError as e:
-        add(f"{stage.value}.trl", "error", str(e))
+        add(f"{stage.value}.trl", CheckLevel.ERROR, str(e))
         return asks
     checked = "checked as on a CPU: bf16/fp16 off, use_cpu on" if overrides else "checked as on this GPU machine"
-    add(f"{stage.value}.trl", "ok", f"TRL's {name} accepts the table ({checked})")
+    add(f"{stage.value}.trl", CheckLevel.OK, f"TRL's {name} accepts the table ({checked})")
     return asks
 
 
-def _check_grpo_batch(cls: type, values: dict[str, Any], processes: int, add: Any) -> dict[str, Any]:
+def _check_grpo_batch(cls: type, values: dict[str, Any], processes: int, add: AddCheck) -> dict[str, Any]:
     """A generation batch at the launch's process count holds whole groups. TRL checks the same
     when it starts, with the processes it then has; here its config is given the batch size the
     launch will have instead of this machine's one process."""
@@ -285,7 +297,7 @@ def _check_grpo_batch(cls: type, values: dict[str, Any], processes: int, add: An
     n = int(values.get("num_generations") or defaults["num_generations"])
     batch = int(values.get("generation_batch_size") or per_device * processes * steps)
     whole = batch % n == 0
-    add("grpo batch", "ok" if whole else "error",
+    add("grpo batch", CheckLevel.OK if whole else CheckLevel.ERROR,
         f"{per_device} per device x {processes} processes x {steps} steps per generation = {batch} rollouts = "
         f"{batch / n:g} groups of {n}" + ("" if whole else ": not whole groups"))
     if not whole:
@@ -345,13 +357,14 @@ def gpu_layout(config: Any, stage: Stage, processes: int) -> tuple[str, int, int
     return "; ".join(parts), node, elsewhere
 
 
-def _check_layout(config: Any, stage: Stage, processes: int, add: Any) -> None:
+def _check_layout(config: Any, stage: Stage, processes: int, add: AddCheck) -> None:
     words, node, elsewhere = gpu_layout(config, stage, processes)
     limit = config.launch.node_gpus
     over = limit is not None and node > limit
     here = f"{node} GPU(s) on the training node" + (f" (it has {limit})" if limit else "")
     total = here + (f" + {elsewhere} on the judging machine = {node + elsewhere}" if elsewhere else "")
-    add("gpu layout", "error" if over else "ok", f"{words}: {total}" + (": more than the node has" if over else ""))
+    add("gpu layout", CheckLevel.ERROR if over else CheckLevel.OK,
+        f"{words}: {total}" + (": more than the node has" if over else ""))
 
 
 def optimizer_steps(trl: dict[str, Any], *, examples: int, processes: int) -> int:
@@ -376,7 +389,7 @@ def warmup_steps(trl: dict[str, Any], steps: int) -> int:
     return math.ceil(ratio * steps)
 
 
-def _check_steps(config: Any, stage: Stage, processes: int, add: Any) -> None:
+def _check_steps(config: Any, stage: Stage, processes: int, add: AddCheck) -> None:
     """The stage's optimizer steps, and a warmup that ends before they do."""
     if stage is Stage.GRPO:
         trl = config.grpo.trl
@@ -392,7 +405,7 @@ def _check_steps(config: Any, stage: Stage, processes: int, add: Any) -> None:
             rows = len(read_sft_set(data))
             steps, where = optimizer_steps(trl, examples=rows, processes=processes), f"{rows} rows of {data}"
         else:
-            add("sft steps", "note", f"{data} is not there yet: its rows decide the optimizer steps "
+            add("sft steps", CheckLevel.NOTE, f"{data} is not there yet: its rows decide the optimizer steps "
                                      f"(warmup {trl.get('warmup_steps', trl.get('warmup_ratio', 0))} must end first)")
             return
     else:
@@ -403,12 +416,12 @@ def _check_steps(config: Any, stage: Stage, processes: int, add: Any) -> None:
         where = f"at most {rows} kept samples a round (suites count as one task here)"
     warm = warmup_steps(trl, steps)
     detail = f"{steps} optimizer steps ({where}) on {processes} process(es); warmup {warm}"
-    add(f"{stage.value} steps", "error" if steps and warm >= steps else "ok",
+    add(f"{stage.value} steps", CheckLevel.ERROR if steps and warm >= steps else CheckLevel.OK,
         detail + (": the warmup outlasts the run, the learning rate never reaches its value"
                   if steps and warm >= steps else ""))
 
 
-def _check_packages(config: Any, stage: Stage, accel: dict[str, Any], trl_values: dict[str, Any], add: Any) -> None:
+def _check_packages(config: Any, stage: Stage, accel: dict[str, Any], trl_values: dict[str, Any], add: AddCheck) -> None:
     wanted = {"trl": "training", "accelerate": "training"}
     if accel.get("distributed_type") == "DEEPSPEED":
         wanted["deepspeed"] = "the accelerate config's DeepSpeed"
@@ -419,4 +432,4 @@ def _check_packages(config: Any, stage: Stage, accel: dict[str, Any], trl_values
     for module, why in wanted.items():
         there = importlib.util.find_spec(module) is not None
         where = "installed" if there else "not installed here; on the training machine: pip install 'kernelrl[gpu]'"
-        add(f"package {module}", "ok" if there else "note", f"{why}: {where}")
+        add(f"package {module}", CheckLevel.OK if there else CheckLevel.NOTE, f"{why}: {where}")
