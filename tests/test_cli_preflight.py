@@ -38,8 +38,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         raise AssertionError("a proposer was made")
 
     monkeypatch.setattr(evaluator.Evaluator, "__init__", evaluator_init)
-    monkeypatch.setattr(proposers, "make_proposer", make)
-    monkeypatch.setattr("kernelrl.search.loop.make_proposer", make)
+    monkeypatch.setattr(proposers, "make_proposer", make)  # run_parts builds every proposer through it
     yield seen
 
 
@@ -117,7 +116,8 @@ def test_a_mistake_is_one_line_in_the_users_words_and_nothing_starts(
 
 
 def test_the_guard_sees_a_start(tmp_path: Path, started: list[str]) -> None:
-    """A command that passes every check does reach the evaluator (so the tests above can fail)."""
+    """A command that passes every check does reach what it starts first, its proposer (so the
+    tests above can fail)."""
     with pytest.raises(AssertionError):
         main(["optimize", "--tasks", "softmax", "--db", str(tmp_path / "r.db"), "--budget", "1"])
-    assert started == ["evaluator"]
+    assert started == ["proposer"]
