@@ -20,6 +20,7 @@ import argparse
 import json
 import random
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -97,18 +98,27 @@ def main() -> int:
     print(f"# command: {' '.join(sys.argv)}")
     print(f"# {len(chosen)} of {len(usable)} usable entries ({len(entries)} read), seed {args.seed}\n")
     t0 = time.monotonic()
+    print(f"{'kernel':28s} {'published':>10s} {'kernelrl':>10s} {'ratio':>7s}  {'verdict':14s} why", flush=True)
+    guard = threading.Lock()
+
+    def line(i: int, r: EvalResult) -> None:
+        # Each row as its group ends, so a run stopped by a time limit keeps the rows it finished.
+        e = chosen[i]
+        pub = published_speedup(e, args.speedup_key)
+        ratio = r.speedup / pub if r.speedup is not None and pub else None
+        with guard:
+            print(f"{e.name:28s} {_num(pub):>10s} {_num(r.speedup):>10s} {_num(ratio):>7s}  {r.status.value:14s} "
+                  f"{why(r)}  ({time.monotonic() - t0:.0f} s)", flush=True)
+
     with Evaluator(config) as ev:
-        results = ev.evaluate_batch([(e.task, Candidate(source=e.code or "", origin=e.name)) for e in chosen])
-    print(f"{'kernel':28s} {'published':>10s} {'kernelrl':>10s} {'ratio':>7s}  {'verdict':14s} why")
+        results = ev.evaluate_batch([(e.task, Candidate(source=e.code or "", origin=e.name)) for e in chosen],
+                                    on_result=line)
     rows: list[dict[str, Any]] = []
     both: list[tuple[float, float]] = []
     for e, r in zip(chosen, results):
         pub = published_speedup(e, args.speedup_key)
-        ratio = r.speedup / pub if r.speedup is not None and pub else None
         if r.speedup is not None and pub:
             both.append((pub, r.speedup))
-        print(f"{e.name:28s} {_num(pub):>10s} {_num(r.speedup):>10s} {_num(ratio):>7s}  {r.status.value:14s} {why(r)}",
-              flush=True)
         rows.append({"name": e.name, "published_speedup": pub, **r.to_dict()})
     rules = Counter(rule for r in results for rule in {f.rule for f in r.findings if f.severity is Severity.REJECT})
     print(f"\nverdicts: {dict(Counter(r.status.value for r in results))}; refusing rules: {dict(rules)}")

@@ -84,3 +84,11 @@ def test_eval_throughput_tiny(tmp_path):
     out = _run("eval_throughput.py", "--device", "cpu", "--limit", "1", "--only", "pytorch", "--timeout", "30",
                "--paths", "naive,batched", "--warm", tmp_path=tmp_path)
     assert "warm build cache" in out and "candidates/hour" in out and "against the naive loop" in out
+
+
+def test_idle_probe_tiny(tmp_path):
+    out = _run("idle_probe.py", "--device", "cpu", "--examples", "softmax/cpp_fused", "--quick", tmp_path=tmp_path)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(r["measure"], r["example"], r["probe"]) for r in rows] == [("evaluation", "softmax/cpp_fused", False)]
+    assert rows[0]["result"]["status"] == "correct"
+    assert "phases" in rows[0]["result"]["environment"]  # where the evaluation's time went

@@ -61,6 +61,7 @@ def _call_ms(source: str, tmp_path) -> float:
 
     from kernelrl.judge.sandbox import SandboxConfig, Worker
 
+    tmp_path.mkdir(parents=True, exist_ok=True)  # the worker makes its own folder inside
     worker = Worker(config=SandboxConfig(), device="cuda", root=tmp_path)
     try:
         deadline = time.monotonic() + 300
@@ -100,7 +101,7 @@ def test_triton_compiles_on_cuda_even_when_the_judge_asks_for_the_interpreter(mo
     example = next(e for e in list_examples() if e.name == "rmsnorm/triton_fused")
     r = evaluate(builtin_task(example.task), Candidate(source=example.source),
                  EvalConfig(device="cuda", cache_dir=tmp_path))
-    assert r.status is Status.CORRECT, r.message
+    assert r.status is Status.CORRECT, (r.message, [(f.rule, f.message) for f in r.findings])
     assert r.timing is Timing.MEASURED and r.speedup is not None
 
 
