@@ -69,7 +69,7 @@ import math
 import statistics
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,6 +194,17 @@ class Reward:
                 "band": list(self.band) if self.band else None, "status": self.status.value if self.status else None,
                 "speedup": self.speedup, "within_noise": self.within_noise, "parts": dict(self.parts),
                 "copy": self.copy}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Reward:
+        """The inverse of `to_dict` (a stored reward read back)."""
+        band = d.get("band")
+        return cls(value=float(d["value"]), raw=float(d["raw"]), clipped=bool(d["clipped"]),
+                   band=(float(band[0]), float(band[1])) if band else None,
+                   status=Status(d["status"]) if d.get("status") is not None else None,
+                   speedup=float(d["speedup"]) if d.get("speedup") is not None else None,
+                   within_noise=bool(d["within_noise"]), parts={str(k): float(v) for k, v in d["parts"].items()},
+                   copy=bool(d.get("copy", False)))
 
 
 def within_noise(result: EvalResult) -> bool:

@@ -279,3 +279,15 @@ def test_a_copy_of_a_shown_version_is_paid_as_no_speedup():
     assert copied.value == pytest.approx(0.3) and copied.copy and copied.speedup == 1.0
     wrong = model.score(EvalResult(task="t", status=Status.INCORRECT), copy=True)
     assert wrong is not None and wrong.value == Penalties().incorrect and not wrong.copy  # a failure stays a failure
+
+
+def test_a_reward_read_back_from_its_dict_is_the_same_reward():
+    # the HTTP sessions store each turn's reward as its dict and read it back typed
+    from kernelrl.reward import Reward
+
+    model = RewardModel(RewardConfig(smoothing=SmoothingConfig(window=8, min_samples=2)))
+    made = [model.score(correct(s, ci=(s * 0.9, s * 1.1), band=(0.97, 1.03))) for s in (1.0, 1.2, 1.5, 9.0)]
+    made += [model.score(EvalResult(task="t", status=Status.FLAGGED)), model.score(None, answer="no code")]
+    for reward in made:
+        assert reward is not None and Reward.from_dict(reward.to_dict()) == reward
+    assert any(r is not None and r.band is not None for r in made) and any(r is not None and r.clipped for r in made)

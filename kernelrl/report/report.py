@@ -202,7 +202,7 @@ def build_report(db_path: str | Path, *, run_id: int | None = None) -> Report:
 def by_turn(cands: list[CandidateRecord]) -> tuple[TurnReport, ...]:
     """Per refinement turn: candidates, verdicts, the best speedup, and how often a turn raised its
     task's best so far (what each turn added); () when no candidate was a turn of an episode."""
-    turns = {c.id: c.meta["turn"] for c in cands if isinstance(c.meta.get("turn"), int)}
+    turns = {c.id: c.meta.turn for c in cands if c.meta.turn is not None}
     if not turns:
         return ()
     best: dict[str, float] = {}

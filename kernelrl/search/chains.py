@@ -20,7 +20,7 @@ from typing import Any
 from kernelrl.result import EvalResult
 from kernelrl.search.database import Database
 from kernelrl.search.episode import Episode, EpisodeConfig
-from kernelrl.search.records import BaselineRecord, CandidateRecord
+from kernelrl.search.records import BaselineRecord, CandidateRecord, RunMeta
 from kernelrl.tasks.task import Task
 
 
@@ -47,11 +47,11 @@ class Chain:
         parent = self.last_turn if self.episode.turns and self.last_turn is not None else self.best
         return self.episode.prompt(prompt), parent
 
-    def turn_meta(self) -> dict[str, int]:
+    def turn_meta(self) -> RunMeta:
         """Where the next candidate sits in the chain's episodes (nothing in single-turn runs)."""
         if self.episode is None:
-            return {}
-        return {"turn": self.episode.turn, "episode": self.episodes}
+            return RunMeta()
+        return RunMeta(turn=self.episode.turn, episode=self.episodes)
 
     def record_turn(self, rec: CandidateRecord, result: EvalResult, baseline: BaselineRecord | None) -> None:
         """A verdict joins the chain's episode; the next turn reads it (against torch.compile too,
@@ -130,17 +130,16 @@ def rebuild(ts: TaskState, db: Database, run_id: int, *, episodes: EpisodeConfig
 def _rebuild_episode(chain: Chain, own: list[CandidateRecord], config: EpisodeConfig,
                      template_dir: Path | None) -> None:
     """The chain's trailing episode, when it is unfinished and every turn of it was judged."""
-    numbers = [int(c.meta["episode"]) for c in own if isinstance(c.meta.get("episode"), int)]
-    chain.episodes = max(numbers, default=0)
+    chain.episodes = max((c.meta.episode for c in own if c.meta.episode is not None), default=0)
     trailing: list[CandidateRecord] = []
     for c in reversed(own):
-        if not isinstance(c.meta.get("turn"), int):
+        if c.meta.turn is None:
             break
         trailing.append(c)
-        if c.meta["turn"] == 1:
+        if c.meta.turn == 1:
             break
     trailing.reverse()
-    if ([c.meta.get("turn") for c in trailing] != list(range(1, len(trailing) + 1))
+    if ([c.meta.turn for c in trailing] != list(range(1, len(trailing) + 1))
             or not trailing or len(trailing) >= config.turns or any(c.result is None for c in trailing)):
         return  # finished, never started, or a turn still unjudged: the next step starts a fresh episode
     episode = Episode(task=chain.task, config=config, template_dir=template_dir)

@@ -1,12 +1,15 @@
 """The rows of the code database, as typed records (what `kernelrl.search.database` returns).
 
-Guarantees: records are frozen; a `CandidateRecord` carries its typed `EvalResult` once judged;
-`NewCandidate` validates what is about to be stored. Does not touch the database file.
+Guarantees: records are frozen; a `CandidateRecord` carries its typed `EvalResult` once judged
+and its typed `RunMeta`; `NewCandidate` validates what is about to be stored. Does not touch the
+database file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +62,87 @@ class BaselineRecord:
         return self.compile_ci is not None and self.compile_ci[0] <= 1.0 <= self.compile_ci[1]
 
 
+class RunStage(enum.StrEnum):
+    """Which command stored a candidate (none: a search)."""
+
+    COLLECT = "collect"
+    BENCH = "bench"
+    RFT = "rft"
+    GRPO = "grpo"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunMeta:
+    """Where a candidate sits in its run and what training did with it; None: not that kind of run.
+
+    Stored as one JSON object in the candidate's row: the set fields and the proposer's own keys
+    side by side (the layout rows have always had, so a database written before reads the same).
+    """
+
+    stage: RunStage | None = None
+    step: int | None = None  # the GRPO step
+    round: int | None = None  # the RFT round
+    rank: int | None = None  # the training rank that sampled it
+    group: int | None = None  # its GRPO group within the step
+    episode: int | None = None  # multi-turn: the episode's number (in its chain, or the trainer's batch)
+    turn: int | None = None  # multi-turn: 1 for the first answer of an episode
+    turns: int | None = None  # multi-turn: the episode's length
+    sample: int | None = None  # the turn bench: which sample of the task
+    kept: bool | None = None  # GRPO: whether its group's advantage trained on it (rollouts-of-consequence)
+    reward: float | None = None  # GRPO: the reward trained on
+    raw: float | None = None  # GRPO: before the clip
+    clipped: bool | None = None
+    band: tuple[float, float] | None = None  # the clip's window
+    within_noise: bool | None = None
+    copy: bool | None = None  # the program was one its prompt showed
+    proposer: Mapping[str, Any] = field(default_factory=dict)  # what the proposer said of its answer (JSON)
+
+    _INT = ("step", "round", "rank", "group", "episode", "turn", "turns", "sample")
+    _FLOAT = ("reward", "raw")
+    _BOOL = ("kept", "clipped", "within_noise", "copy")
+
+    def merged(self, other: RunMeta) -> RunMeta:
+        """This meta with every field `other` sets (its proposer's keys added to this one's)."""
+        changes = {f.name: getattr(other, f.name) for f in dataclasses.fields(other)
+                   if f.name != "proposer" and getattr(other, f.name) is not None}
+        return dataclasses.replace(self, **changes, proposer={**self.proposer, **other.proposer})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.proposer)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name != "proposer" and value is not None:
+                out[f.name] = list(value) if f.name == "band" else value.value if f.name == "stage" else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunMeta:
+        """The stored object read back: known keys typed (a value of the wrong type is dropped, not
+        trusted), every other key the proposer's."""
+        known: dict[str, Any] = {}
+        rest = {k: v for k, v in data.items() if k not in _FIELDS}
+        for name in cls._INT:
+            v = data.get(name)
+            if isinstance(v, int) and not isinstance(v, bool):
+                known[name] = v
+        for name in cls._FLOAT:
+            v = data.get(name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                known[name] = float(v)
+        for name in cls._BOOL:
+            if isinstance(data.get(name), bool):
+                known[name] = data[name]
+        if data.get("stage") in set(RunStage):
+            known["stage"] = RunStage(data["stage"])
+        band = data.get("band")
+        if isinstance(band, (list, tuple)) and len(band) == 2 and all(isinstance(b, (int, float)) for b in band):
+            known["band"] = (float(band[0]), float(band[1]))
+        return cls(**known, proposer=rest)
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(RunMeta))
+
+
 @dataclass(frozen=True, kw_only=True)
 class FindingRecord:
     candidate_id: int
@@ -87,7 +171,7 @@ class CandidateRecord:
     completion_tokens: int
     created: float  # seconds since the epoch
     state: CandidateState
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: RunMeta = field(default_factory=RunMeta)
     result: EvalResult | None = None
 
     @property
@@ -134,7 +218,7 @@ class NewCandidate:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     run_id: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: RunMeta = field(default_factory=RunMeta)
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 0 or self.completion_tokens < 0:

@@ -41,7 +41,7 @@ from kernelrl.search.database import Database
 from kernelrl.search.judging import Judging, Key
 from kernelrl.search.output import RunOutput
 from kernelrl.search.proposers import Exhausted, ProposalRequest, Proposer, ProposerUnavailable
-from kernelrl.search.records import CandidateRecord, NewCandidate
+from kernelrl.search.records import CandidateRecord, NewCandidate, RunMeta
 from kernelrl.search.state import RunState
 from kernelrl.search.summary import StopReason
 from kernelrl.search.workers import Workers
@@ -242,6 +242,7 @@ class Scheduler:
             task=name, hash=source_hash(source), source=source, parents=(parent.id,) if parent else (),
             chain=index, step=step, proposer=self.config.proposer, prompt=prompt, answer=out.answer,
             prompt_tokens=int(out.prompt_tokens), completion_tokens=int(out.completion_tokens),
-            run_id=self.run.run_id, meta={**dict(getattr(out, "meta", None) or {}), **chain.turn_meta()}))
+            run_id=self.run.run_id,
+            meta=RunMeta(proposer=dict(getattr(out, "meta", None) or {})).merged(chain.turn_meta())))
         ts.proposed += 1
         self.judging.submit(rec)

@@ -63,7 +63,7 @@ class RunState:
         chain = ts.chains[rec.chain]
         ts.evaluated += 1
         ts.correct += rec.is_correct
-        if chain.episode is not None and rec.meta.get("turn") == chain.episode.turn:
+        if chain.episode is not None and rec.meta.turn == chain.episode.turn:
             chain.record_turn(rec, result, baseline())
         if better(rec, chain.best):
             chain.best = rec

@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from kernelrl.checks.policy import PolicyName
+from kernelrl.result import EvalResult
+from kernelrl.reward import Reward
 from kernelrl.search.database.schema import transaction
 from kernelrl.search.episode import EpisodeConfig
 from kernelrl.serve.jobs import task_from_json, task_to_json
@@ -108,9 +110,9 @@ class TurnRecord:
     key: str | None
     job: str | None
     state: TurnState
-    result: dict[str, Any] | None
+    result: EvalResult | None  # None: not judged yet, or no code to judge
     verdict: str | None
-    reward: dict[str, Any] | None
+    reward: Reward | None  # None: not judged yet, or nothing to pay
     error: str | None
     created_s: float
     finished_s: float | None
@@ -251,7 +253,7 @@ class SessionStore:
     # -- turns ----------------------------------------------------------------------------------
 
     def add_turn(self, seq: int, number: int, *, answer: str | None, code: str | None, key: str | None,
-                 verdict: str | None = None, reward: dict[str, Any] | None = None) -> TurnRecord:
+                 verdict: str | None = None, reward: Reward | None = None) -> TurnRecord:
         """Store turn `number`: pending (to be judged) when it has code, judged at once (with its
         verdict and reward) when it has none. Raises TurnRefused (see the module docstring)."""
         now = time.time()
@@ -278,7 +280,7 @@ class SessionStore:
             db.execute("INSERT INTO session_turns (session_seq, number, answer, code, key, state, verdict, reward, "
                        "created_s, finished_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (seq, number, answer, code, key, str(TurnState.JUDGED if judged_now else TurnState.PENDING),
-                        verdict, json.dumps(reward) if judged_now else None, now, now if judged_now else None))
+                        verdict, _json(reward) if judged_now else None, now, now if judged_now else None))
             db.execute("UPDATE sessions SET updated_s = ? WHERE seq = ?", (now, seq))
             row = db.execute(f"SELECT {_TURN_COLUMNS} FROM session_turns WHERE session_seq = ? AND number = ?",
                              (seq, number)).fetchone()
@@ -295,8 +297,8 @@ class SessionStore:
             db.execute("DELETE FROM session_turns WHERE session_seq = ? AND number = ? AND state = 'pending' "
                        "AND job IS NULL", (seq, number))
 
-    def finish_turn(self, seq: int, number: int, *, result: dict[str, Any] | None = None, verdict: str | None = None,
-                    reward: dict[str, Any] | None = None, error: str | None = None) -> bool:
+    def finish_turn(self, seq: int, number: int, *, result: EvalResult | None = None, verdict: str | None = None,
+                    reward: Reward | None = None, error: str | None = None) -> bool:
         """Record a pending turn's verdict (or, with `error`, that it failed); False (nothing
         written) when it is no longer pending."""
         now = time.time()
@@ -304,8 +306,7 @@ class SessionStore:
         with self._write() as db:
             n = db.execute("UPDATE session_turns SET state = ?, result = ?, verdict = ?, reward = ?, error = ?, "
                            "finished_s = ? WHERE session_seq = ? AND number = ? AND state = 'pending'",
-                           (str(state), json.dumps(result) if result is not None else None, verdict,
-                            json.dumps(reward), error, now, seq, number)).rowcount
+                           (str(state), _json(result), verdict, _json(reward), error, now, seq, number)).rowcount
             if n:
                 db.execute("UPDATE sessions SET updated_s = ? WHERE seq = ?", (now, seq))
         return bool(n)
@@ -327,6 +328,16 @@ class SessionStore:
 def _turn(row: tuple[Any, ...]) -> TurnRecord:
     number, answer, code, key, job, state, result, verdict, reward, error, created_s, finished_s = row
     return TurnRecord(number=number, answer=answer, code=code, key=key, job=job, state=TurnState(state),
-                      result=json.loads(result) if result is not None else None, verdict=verdict,
-                      reward=json.loads(reward) if reward is not None else None, error=error, created_s=created_s,
-                      finished_s=finished_s)
+                      result=EvalResult.from_dict(json.loads(result)) if result is not None else None, verdict=verdict,
+                      reward=_reward(reward), error=error, created_s=created_s, finished_s=finished_s)
+
+
+def _json(record: EvalResult | Reward | None) -> str | None:
+    # Both are stored as their JSON (the columns are text); None stays NULL.
+    return json.dumps(record.to_dict()) if record is not None else None
+
+
+def _reward(text: str | None) -> Reward | None:
+    # A reward stored before nothing-to-pay was NULL was written as JSON `null`.
+    data = json.loads(text) if text is not None else None
+    return Reward.from_dict(data) if data is not None else None

@@ -231,8 +231,7 @@ class SessionService:
             return self._rewards.setdefault(owner, RewardModel(self._reward_config))
 
     def _no_code(self, answer: str | None, owner: str) -> dict[str, Any]:
-        reward = self.rewards(owner).score(None, answer=answer)
-        return {"verdict": feedback(None), "reward": reward.to_dict() if reward is not None else None}
+        return {"verdict": feedback(None), "reward": self.rewards(owner).score(None, answer=answer)}
 
     def _settle(self, rec: SessionRecord) -> SessionRecord:
         """Record the verdict of the pending turn when its job is done (see the module docstring)."""
@@ -261,11 +260,9 @@ class SessionService:
             self.store.finish_turn(rec.seq, turn.number, error=f"its evaluation failed on the server: {view.error}; "
                                                                "submit the turn again")
         elif view.state in FINISHED and view.results and view.results[0] is not None:
-            stored = view.results[0]
-            result = EvalResult.from_dict(stored)
+            result = EvalResult.from_dict(view.results[0])
             reward = self.rewards(rec.owner).score(result, answer=turn.answer, level=rec.task.level)
-            self.store.finish_turn(rec.seq, turn.number, result=stored, verdict=feedback(result),
-                                   reward=reward.to_dict() if reward is not None else None)
+            self.store.finish_turn(rec.seq, turn.number, result=result, verdict=feedback(result), reward=reward)
 
     # -- prompts and replies --------------------------------------------------------------------
 
@@ -301,17 +298,17 @@ class SessionService:
         given when it was judged."""
         episode = Episode(task=rec.task.name, config=rec.episode)
         for t in rec.judged:
-            episode.record(t.answer or "", t.code, EvalResult.from_dict(t.result) if t.result is not None else None,
-                           verdict=t.verdict or "", reward=t.reward.get("value") if t.reward is not None else None)
+            episode.record(t.answer or "", t.code, t.result, verdict=t.verdict or "",
+                           reward=t.reward.value if t.reward is not None else None)
         return episode
 
     def _turn_reply(self, rec: SessionRecord, turn: TurnRecord) -> TurnReply:
         status = speedup = None
         if turn.state is TurnState.JUDGED:
-            status = str(turn.result.get("status")) if turn.result is not None else Status.NO_CODE.value
-            if status == Status.CORRECT and turn.result is not None:
-                speedup = turn.result.get("speedup")
-        reward = turn.reward.get("value") if turn.reward is not None else None
+            status = turn.result.status.value if turn.result is not None else Status.NO_CODE.value
+            if turn.result is not None and turn.result.status is Status.CORRECT:
+                speedup = turn.result.speedup
+        reward = turn.reward.value if turn.reward is not None else None
         prompt = None
         latest = rec.judged[-1].number if rec.judged else None
         if turn.number == latest and not rec.done and rec.closed_s is None:

@@ -45,6 +45,7 @@ from kernelrl.report.metrics import fast_p_at_k, geometric_mean, pass_at_k
 from kernelrl.result import Status
 from kernelrl.reward import within_noise
 from kernelrl.search.episode import EpisodeConfig
+from kernelrl.search.records import RunMeta, RunStage
 from kernelrl.tasks.splits import Split, SplitError, select
 from kernelrl.tasks.task import Task
 from kernelrl.train.rollouts import (
@@ -175,7 +176,7 @@ def run_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend:
             judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
         if db is not None:
             store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings,
-                           meta=[{"stage": "bench"}] * len(judged))
+                           meta=[RunMeta(stage=RunStage.BENCH)] * len(judged))
         compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
     per_task: dict[str, list[Any]] = {t.name: [] for t in tasks}
     for j in judged:

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from kernelrl.result import Status
 from kernelrl.search.driver import Judgement, run_episodes
 from kernelrl.search.episode import Episode
+from kernelrl.search.records import RunMeta, RunStage
 from kernelrl.tasks.splits import SplitError, select
 from kernelrl.tasks.task import Task
 from kernelrl.train.bench import BenchConfig, BenchReport, _compile_speedups, saying, summarise
@@ -126,7 +127,7 @@ def run_turn_bench(config: BenchConfig, *, proposer: Proposer | None = None, bac
                 judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
             if db is not None:
                 judged = store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings,
-                                        meta=[{"stage": "bench", "sample": samples.keys[i][1], "turn": turn}
+                                        meta=[RunMeta(stage=RunStage.BENCH, sample=samples.keys[i][1], turn=turn)
                                               for i in asked])
             return samples.record(asked, judged)
 

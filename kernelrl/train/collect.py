@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.result import Status
+from kernelrl.search.records import RunMeta, RunStage
 from kernelrl.tasks.task import Task
 from kernelrl.train.rollouts import (
     EvalSettings,
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from kernelrl.search.database import Database
 
 MAX_FAILURES = 3
-STAGE = "collect"
+STAGE = RunStage.COLLECT
 DEFAULT_DB = "code.db"
 
 
@@ -223,7 +224,7 @@ def collect(config: CollectConfig, *, console: Console | None = None, backend: P
                     evaluated += sum(1 for j in judged if j.code is not None and j.reused_from is None)
                     for (p, _), j in zip(rollouts, judged):
                         store_rollouts(db, [j], proposer=p.spec.label, step=p.tries, run_id=run_id,
-                                       settings=settings, meta=[{"stage": STAGE}])
+                                       settings=settings, meta=[RunMeta(stage=STAGE)])
                         p.tries += 1
                         p.accepted += j.status is Status.CORRECT
                 for p in open_pairs:
@@ -251,7 +252,7 @@ def sft_rows(db: Database) -> list[SFTRow]:
     """Every accepted answer `collect` stored in the database, oldest first."""
     rows = []
     for rec in db.candidates():
-        if rec.meta.get("stage") != STAGE or not rec.is_correct:
+        if rec.meta.stage is not STAGE or not rec.is_correct:
             continue
         assert rec.status is not None  # a correct record has its verdict
         rows.append(SFTRow(task=rec.task, prompt=rec.prompt, answer=rec.answer, verdict=rec.status.value,
@@ -262,7 +263,7 @@ def sft_rows(db: Database) -> list[SFTRow]:
 def _pairs(db: Database, tasks: Sequence[Task], specs: Sequence[ProposerSpec], config: CollectConfig) -> list[_Pair]:
     counts: dict[tuple[str, str], list[int]] = {}
     for rec in db.candidates():
-        if rec.meta.get("stage") != STAGE or rec.result is None:
+        if rec.meta.stage is not STAGE or rec.result is None:
             continue
         c = counts.setdefault((rec.task, rec.proposer), [0, 0])
         c[0] += 1

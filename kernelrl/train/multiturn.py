@@ -77,6 +77,7 @@ from kernelrl.candidate import extract_code
 from kernelrl.result import Status
 from kernelrl.search.driver import Judgement, run_episodes
 from kernelrl.search.episode import Episode, EpisodeConfig
+from kernelrl.search.records import RunMeta
 from kernelrl.train.model import prompt_text
 from kernelrl.train.reward_fn import KernelRewardFunction, TaskMismatch, print_batch
 from kernelrl.train.rollouts import Rollout
@@ -229,7 +230,7 @@ class MultiTurnRollout:
                                 parents=episodes[j].parents if episodes[j].turns else trajectories[j].parents,
                                 shown=prompt_text(trajectories[j].prompt))
                         for j, p, a, ids in zip(asked, now, answers, g.completion_ids)]
-            meta = [{"turn": turn, "turns": T, "episode": numbers[j]} for j in asked]
+            meta = [RunMeta(turn=turn, turns=T, episode=numbers[j]) for j in asked]
             values, batch = self.scorer.score_rollouts(rollouts, keys=[keys[j] for j in asked], step=step, meta=meta,
                                                        observe=False)
             out: list[Judgement] = []

@@ -52,6 +52,7 @@ model does).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import statistics
@@ -63,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import BaselineKind, Reward, RewardModel
+from kernelrl.search.records import RunMeta, RunStage
 from kernelrl.tasks.task import Task
 from kernelrl.train.copies import is_copy, shown_keys
 from kernelrl.train.curriculum import Curriculum
@@ -220,7 +222,7 @@ class KernelRewardFunction:
     # -- the scoring path (any caller) ---------------------------------------------------------
 
     def score_rollouts(self, rollouts: Sequence[Rollout], *, keys: Sequence[str], step: int = 0,
-                       meta: Sequence[Mapping[str, Any]] | None = None, observe: bool = True
+                       meta: Sequence[RunMeta] | None = None, observe: bool = True
                        ) -> tuple[list[float | None], BatchLog]:
         """Judge, score, share across ranks, store (steps 2-6 of the module docstring); `meta` adds
         to each stored candidate's meta (a multi-turn episode's turn, say); `observe` False leaves
@@ -251,8 +253,8 @@ class KernelRewardFunction:
             if self.db is not None:
                 judged = store_rollouts(self.db, judged, proposer=self.proposer, step=step, run_id=self.run_id,
                                         settings=self.reuse,
-                                        meta=[{**_meta(step, rewards[i], kept[i], rank=self.ranks.index,
-                                                       group=group_of[i]), **(meta[n] if meta else {})}
+                                        meta=[_meta(step, rewards[i], kept[i], rank=self.ranks.index,
+                                                    group=group_of[i]).merged(meta[n] if meta else RunMeta())
                                               for n, i in enumerate(here)])
             evaluated = sum(1 for j in judged if j.code is not None and j.reused_from is None)
             logs = tuple(_rollout_log(j, rewards[i], kept[i], v, group_of[i])
@@ -425,13 +427,12 @@ def _metrics(every: Sequence[Scored], rewards: Sequence[Reward | None], kept: Se
     }
 
 
-def _meta(step: int, reward: Reward | None, kept: bool, *, rank: int, group: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"stage": "grpo", "step": step, "kept": kept, "rank": rank, "group": group}
-    if reward is not None:
-        out.update(raw=reward.raw, reward=reward.value, clipped=reward.clipped,
-                   band=list(reward.band) if reward.band else None, within_noise=reward.within_noise,
-                   copy=reward.copy)
-    return out
+def _meta(step: int, reward: Reward | None, kept: bool, *, rank: int, group: int) -> RunMeta:
+    meta = RunMeta(stage=RunStage.GRPO, step=step, kept=kept, rank=rank, group=group)
+    if reward is None:
+        return meta
+    return dataclasses.replace(meta, raw=reward.raw, reward=reward.value, clipped=reward.clipped, band=reward.band,
+                               within_noise=reward.within_noise, copy=reward.copy)
 
 
 def _rollout_log(j: Judged, r: Reward | None, kept: bool, value: float | None, group: int) -> RolloutLog:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelrl.result import Status
+from kernelrl.search.records import RunMeta, RunStage
 from kernelrl.tasks.task import Task
 from kernelrl.train.model import (
     ModelConfig,
@@ -148,7 +149,7 @@ def train_rft(stage: RFTStageConfig, *, model: ModelConfig, init_from: str, task
                 fresh = sample_share(stage, model, current, plan, ranks, seed=seed + r)
                 judged = evaluate_rollouts(backend, fresh, by_name, db=db, reuse=eval_settings)
                 store_rollouts(db, judged, proposer=label, step=r, run_id=run_id, settings=eval_settings,
-                               meta=[{"stage": "rft", "round": r, "rank": ranks.index}] * len(judged))
+                               meta=[RunMeta(stage=RunStage.RFT, round=r, rank=ranks.index)] * len(judged))
             ranks.barrier()  # every rank's samples are stored before the round is read back
         stored = ranks.broadcast(_stored_samples(db, label, by_name, stage.samples_per_task)
                                  if ranks.is_main else None)

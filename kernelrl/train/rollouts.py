@@ -38,6 +38,7 @@ from kernelrl.tasks.task import Task
 if TYPE_CHECKING:
     from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.search.database import Database
+    from kernelrl.search.records import RunMeta
 
 
 def task_profiles(backend: ProfilingJudge, tasks: Sequence[Task]) -> dict[str, Any]:
@@ -127,10 +128,10 @@ def evaluate_rollouts(backend: BatchJudge, rollouts: Sequence[Rollout], tasks: M
 
 
 def store_rollouts(db: Database, judged: Sequence[Judged], *, proposer: str, step: int = 0, chain: int = 0,
-                   run_id: int | None = None, meta: Sequence[Mapping[str, Any]] | None = None,
+                   run_id: int | None = None, meta: Sequence[RunMeta] | None = None,
                    settings: EvalSettings | None = None) -> list[Judged]:
     """Write each rollout and its verdict to the code database; the judged rows with their ids."""
-    from kernelrl.search.records import NewCandidate
+    from kernelrl.search.records import NewCandidate, RunMeta
 
     out = []
     for i, j in enumerate(judged):
@@ -140,7 +141,7 @@ def store_rollouts(db: Database, judged: Sequence[Judged], *, proposer: str, ste
             task=r.task, hash=source_hash(source), source=source, parents=tuple(r.parents), chain=chain, step=step,
             proposer=proposer, prompt=r.prompt, answer=r.answer, prompt_tokens=max(0, int(r.prompt_tokens)),
             completion_tokens=max(0, int(r.completion_tokens or 0)), run_id=run_id,
-            meta=dict(meta[i]) if meta is not None else {}))
+            meta=meta[i] if meta is not None else RunMeta()))
         result = j.result if j.result is not None else no_code_result(r.task, settings)
         if j.result is not None and not result.config_fingerprint and settings is not None:
             # A judge that does not say (a test double, an older server) judged under the run's config.

@@ -28,6 +28,7 @@ from kernelrl.search.database import (
     NewCandidate,
     RunStatus,
 )
+from kernelrl.search.records import RunMeta
 from kernelrl.tasks.task import Task
 
 
@@ -81,7 +82,7 @@ def test_candidate_and_result_round_trip(tmp_path: Path) -> None:
         run = db.start_run({"budget": 3})
         new = NewCandidate(task="t", hash="abc", source="class ModelNew: pass\n", parents=(4, 7), chain=2, step=3,
                            proposer="openai:m", prompt="P", answer="A", prompt_tokens=11, completion_tokens=22,
-                           run_id=run, meta={"model": "m"})
+                           run_id=run, meta=RunMeta(proposer={"model": "m"}, turn=2))
         rec = db.add_candidate(new)
         assert rec.state is CandidateState.PROPOSED and rec.result is None
         assert db.pending_candidates(run)[0].id == rec.id
@@ -93,7 +94,7 @@ def test_candidate_and_result_round_trip(tmp_path: Path) -> None:
         assert got is not None
         assert got.state is CandidateState.EVALUATED
         assert got.parents == (4, 7) and got.chain == 2 and got.step == 3 and got.proposer == "openai:m"
-        assert (got.prompt_tokens, got.completion_tokens) == (11, 22) and got.meta == {"model": "m"}
+        assert (got.prompt_tokens, got.completion_tokens) == (11, 22) and got.meta == RunMeta(proposer={"model": "m"}, turn=2)
         assert got.result == res  # full EvalResult survives, findings included
         assert got.result.rejecting_rules == ["extra_stream"]
         assert db.pending_candidates(run) == []

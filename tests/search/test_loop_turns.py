@@ -94,7 +94,7 @@ def test_each_turn_is_shown_the_previous_turns_verdict_and_refines_it(tmp_path: 
     assert "values outside tolerance" in fourth and "Fix the computation" in fourth
     with Database(cfg.db_path, readonly=True) as db:
         cands = sorted(db.candidates(task="t"), key=lambda c: c.id)
-    assert [(c.meta["episode"], c.meta["turn"]) for c in cands] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert [(c.meta.episode, c.meta.turn) for c in cands] == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert cands[1].parents == (cands[0].id,) and cands[3].parents == (cands[2].id,)
     turns = build_report(cfg.db_path).by_turn
     assert [(t.turn, t.candidates, t.correct) for t in turns] == [(1, 2, 0), (2, 2, 2)]

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from kernelrl.checks.policy import PolicyName
+from kernelrl.result import EvalResult, Status
+from kernelrl.reward import Reward
 from kernelrl.search.episode import EpisodeConfig
 from kernelrl.serve.jobs import JobStore
 from kernelrl.serve.session_store import SessionLimit, SessionStore, TurnRefused, TurnState
@@ -40,6 +42,11 @@ def test_a_session_is_its_owners_and_a_key_returns_it(store: SessionStore) -> No
     assert new(store, max_open=1).id != s.id
 
 
+def _reward(value: float, status: Status | None) -> Reward:
+    return Reward(value=value, raw=value, clipped=False, band=None, status=status, speedup=None, within_noise=False,
+                  parts={"speedup": value})
+
+
 def test_turns_in_order_one_pending_at_a_time_and_a_failed_turn_taken_again(store: SessionStore) -> None:
     s = new(store, turns=2)
     with pytest.raises(TurnRefused, match="next turn is 1"):
@@ -50,12 +57,16 @@ def test_turns_in_order_one_pending_at_a_time_and_a_failed_turn_taken_again(stor
     assert store.finish_turn(s.seq, 1, error="the job failed")
     assert store.get(s.id, owner="alice").turns[0].state is TurnState.FAILED
     store.add_turn(s.seq, 1, answer="b", code="c", key="k1b")  # the failed turn is replaced
-    assert store.finish_turn(s.seq, 1, result={"status": "correct"}, verdict="Correct.", reward={"value": 1.0})
-    assert not store.finish_turn(s.seq, 1, result={"status": "incorrect"}, verdict="x", reward={"value": -1.0})
+    correct = EvalResult(task="t", status=Status.CORRECT, speedup=1.5, speedup_ci=(1.4, 1.6))
+    assert store.finish_turn(s.seq, 1, result=correct, verdict="Correct.", reward=_reward(1.0, Status.CORRECT))
+    assert not store.finish_turn(s.seq, 1, result=EvalResult(task="t", status=Status.INCORRECT), verdict="x",
+                                 reward=_reward(-1.0, Status.INCORRECT))
     turn = store.get(s.id, owner="alice").turns[0]
-    assert (turn.answer, turn.verdict, turn.reward) == ("b", "Correct.", {"value": 1.0})
-    store.add_turn(s.seq, 2, answer="no code", code=None, key=None, verdict="No code", reward={"value": -1.0})
+    assert (turn.answer, turn.verdict, turn.reward, turn.result) == ("b", "Correct.", _reward(1.0, Status.CORRECT),
+                                                                    correct)  # read back typed, as stored
+    store.add_turn(s.seq, 2, answer="no code", code=None, key=None, verdict="No code", reward=_reward(-1.0, None))
     rec = store.get(s.id, owner="alice")
+    assert rec.turns[1].result is None and rec.turns[1].reward == _reward(-1.0, None)
     assert rec.done and rec.next_turn == 3 and [t.state for t in rec.turns] == [TurnState.JUDGED] * 2
     with pytest.raises(TurnRefused, match="episode is done"):
         store.add_turn(s.seq, 3, answer="a", code="c", key="k3")

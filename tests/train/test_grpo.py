@@ -45,7 +45,7 @@ def test_tiny_cpu_grpo_two_steps_with_the_evaluator_then_resume(tmp_path, cache_
     with Database(out / "code.db", readonly=True) as db:
         rows = db.candidates()
         assert len(rows) == 6 and all(r.result is not None and r.proposer == "grpo" for r in rows)
-        assert {r.meta["step"] for r in rows} == {0, 1} and all("raw" in r.meta for r in rows)
+        assert {r.meta.step for r in rows} == {0, 1} and all(r.meta.raw is not None for r in rows)
         assert {r.status for r in rows} <= set(Status)
     saved = json.loads((out / "grpo" / "checkpoint-2" / "kernelrl_state.rank0.json").read_text())
     assert saved["rank"] == 0 and saved["curriculum"]["draws"] >= 2 and saved["stream"]["built"] >= 2
@@ -109,5 +109,5 @@ def test_grpo_with_roc_chat_prompts_and_the_curriculum(tmp_path, tiny_task):
         rows = db.candidates()
     assert result.outcome.steps == 2 and result.reward_calls == 2 and len(backend.calls) <= 2
     assert len(rows) == 8 and {r.task for r in rows} == {"toy/easy"}  # level 2 stays closed
-    assert sum(r.meta["kept"] for r in rows) == 4  # RoC: half of each group of 4 trains
+    assert sum(r.meta.kept for r in rows) == 4  # RoC: half of each group of 4 trains
     assert all(r.prompt.startswith("# Task: make `toy/easy` faster") for r in rows)  # the user turn, stored

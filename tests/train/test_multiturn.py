@@ -95,7 +95,7 @@ def test_turn_two_is_shown_turn_ones_verdict_and_each_turn_is_paid_its_discounte
     assert EpisodeReturn()([PROMPT] * 4, ["a"] * 4, task=["t"] * 4, turn_task=out["turn_task"],
                            turn_return=out["turn_return"], key=[row_key("t", PROMPT)] * 4) == out["turn_return"]
     stored = sorted(db.candidates(task="t"), key=lambda c: c.id)
-    assert [(c.meta["episode"], c.meta["turn"]) for c in stored] == [(1, 1), (2, 1), (1, 2), (2, 2)]
+    assert [(c.meta.episode, c.meta.turn) for c in stored] == [(1, 1), (2, 1), (1, 2), (2, 2)]
     assert stored[2].parents == (stored[0].id,) and "### Turn 1" in stored[2].prompt
     assert stored[0].parents == (7,)  # turn 1 builds on what the row's prompt showed, as a single-turn rollout
 
@@ -288,13 +288,13 @@ def test_through_trl_a_failed_turn_then_a_correct_one_is_paid_as_the_docstring_s
         # outcomes, so no credit at all (no turn position is preferred)
         assert call["value"] == pytest.approx([0.0] * 4)
     # every turn stored: turn 2 shown turn 1's verdict, its parent turn 1's candidate
-    assert sorted(c.meta["turn"] for c in stored) == [1] * 4 + [2] * 4
+    assert sorted(c.meta.turn for c in stored) == [1] * 4 + [2] * 4
     by_id = {c.id: c for c in stored}
-    for c in (c for c in stored if c.meta["turn"] == 2):
+    for c in (c for c in stored if c.meta.turn == 2):
         (parent,) = c.parents
-        assert by_id[parent].meta["turn"] == 1 and by_id[parent].meta["episode"] == c.meta["episode"]
+        assert by_id[parent].meta.turn == 1 and by_id[parent].meta.episode == c.meta.episode
         assert "Does not build" in c.prompt and "### Turn 1" in c.prompt
-    assert len({c.meta["episode"] for c in stored}) == 4
+    assert len({c.meta.episode for c in stored}) == 4
     logged = json.loads((tmp_path / "grpo" / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
     assert logged[0]["kernelrl/turn1/correct_share"] == 0.0 and logged[0]["kernelrl/turn2/correct_share"] == 1.0
 
@@ -350,8 +350,8 @@ def test_tiny_cpu_multiturn_trains_two_steps_and_logs_both_turns(tmp_path: Path,
         assert f"returns step {step} (turn 1..2, gamma 0.4): episode" in log
     with Database(run / "code.db", readonly=True) as db:
         stored = db.candidates()
-    assert sorted(c.meta.get("turn") for c in stored) == [1, 1, 1, 1, 2, 2, 2, 2]
-    assert all("### Turn 1" in c.prompt for c in stored if c.meta.get("turn") == 2)
+    assert sorted(c.meta.turn for c in stored) == [1, 1, 1, 1, 2, 2, 2, 2]
+    assert all("### Turn 1" in c.prompt for c in stored if c.meta.turn == 2)
 
 
 @pytest.mark.slow
@@ -365,15 +365,15 @@ def test_two_processes_split_a_group_and_agree_on_its_episodes(tmp_path: Path, c
     assert done.returncode == 0, done.stderr[-3000:]
     with Database(run / "code.db", readonly=True) as db:
         stored = db.candidates()
-    assert len(stored) == 8 and {c.meta["rank"] for c in stored} == {0, 1}
+    assert len(stored) == 8 and {c.meta.rank for c in stored} == {0, 1}
     for step in (0, 1):
-        turns = [c for c in stored if c.meta["step"] == step]
+        turns = [c for c in stored if c.meta.step == step]
         assert len({c.task for c in turns}) == 1  # one group, one task, on both processes
-        assert len({c.meta["episode"] for c in turns}) == 2  # numbered apart across the processes
+        assert len({c.meta.episode for c in turns}) == 2  # numbered apart across the processes
     by_id = {c.id: c for c in stored}
-    for c in (c for c in stored if c.meta["turn"] == 2):
+    for c in (c for c in stored if c.meta.turn == 2):
         (parent,) = c.parents
-        assert (by_id[parent].meta["episode"], by_id[parent].meta["rank"]) == (c.meta["episode"], c.meta["rank"])
+        assert (by_id[parent].meta.episode, by_id[parent].meta.rank) == (c.meta.episode, c.meta.rank)
 
 
 def test_turn_credit_prefers_no_turn_position():

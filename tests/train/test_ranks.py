@@ -129,10 +129,10 @@ def test_two_processes_train_two_steps_agree_on_every_group_and_resume_both_rank
     with Database(run / "code.db", readonly=True) as db:
         assert len(db.runs()) == 1  # one run row, whatever the number of processes
         rows = db.candidates()
-    assert len(rows) == 12 and {r.meta["rank"] for r in rows} == {0, 1}
+    assert len(rows) == 12 and {r.meta.rank for r in rows} == {0, 1}
     by_group = {}
     for r in rows:
-        by_group.setdefault((r.meta["step"], r.meta["group"]), set()).add(r.task)
+        by_group.setdefault((r.meta.step, r.meta.group), set()).add(r.task)
     assert all(len(tasks) == 1 for tasks in by_group.values())
     for rank in (0, 1):
         assert (run / "grpo" / "checkpoint-2" / f"kernelrl_state.rank{rank}.json").is_file()
@@ -147,9 +147,9 @@ def test_two_processes_train_two_steps_agree_on_every_group_and_resume_both_rank
     lines = group_lines(done.stdout)
     assert set(lines) == {("2", "0"), ("2", "1")} and lines[("2", "0")] == lines[("2", "1")]
     with Database(run / "code.db", readonly=True) as db:
-        third = [r for r in db.candidates() if r.meta["step"] == 2]
-    assert len(third) == 4 and {r.meta["rank"] for r in third} == {0, 1} and len({r.task for r in third}) == 1
-    assert {r.meta["group"] for r in third} == {0}
+        third = [r for r in db.candidates() if r.meta.step == 2]
+    assert len(third) == 4 and {r.meta.rank for r in third} == {0, 1} and len({r.task for r in third}) == 1
+    assert {r.meta.group for r in third} == {0}
 
 
 def test_each_rank_restores_its_own_state_else_rank_0s_else_an_older_single_file(tmp_path):

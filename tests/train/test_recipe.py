@@ -77,7 +77,7 @@ def test_rft_runs_two_rounds_with_the_evaluator(tmp_path, tiny_task, cache_dir, 
     with Database(run / "code.db", readonly=True) as db:
         by_round = {p: [c for c in db.candidates() if c.proposer == p] for p in ("rft:round-1", "rft:round-2")}
     assert [len(v) for v in by_round.values()] == [3, 3]
-    assert all(c.result is not None and c.meta["stage"] == "rft" for v in by_round.values() for c in v)
+    assert all(c.result is not None and c.meta.stage == "rft" for v in by_round.values() for c in v)
     # each round fine-tuned (the SFT set's row at least) and the next sampled from its result
     assert finished_model(run, Stage.RFT) == run / "rft" / "round-2" / "final"
     assert json.loads((run / "rft" / "round-2" / "round.json").read_text())["final"] == str(

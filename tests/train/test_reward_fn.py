@@ -86,7 +86,7 @@ def test_every_code_and_verdict_goes_to_the_database_and_is_reused(tmp_path):
         call(fn, [answer("fast3.0"), "prose only", answer("hack")], trainer_state=state, parents=[[], [], []])
         rows = db.candidates()
         assert [r.status.value for r in rows] == ["correct", "no_code", "flagged"]  # "prose only": no code
-        assert rows[0].meta["stage"] == "grpo" and rows[0].step == 7 and rows[0].meta["raw"] == pytest.approx(
+        assert rows[0].meta.stage == "grpo" and rows[0].step == 7 and rows[0].meta.raw == pytest.approx(
             math.log(3.0))
         assert rows[1].source == "" and rows[1].answer == "prose only"
         assert db.recent_refused(TASK.name, 5)[0].id == rows[2].id  # later prompts show the refused hack
@@ -187,5 +187,5 @@ def test_a_copy_of_a_version_the_prompt_showed_is_paid_as_no_speedup(tmp_path):
         values = call(fn, ["Copy.\n\n" + shown, answer("fast2.0"), relaid], prompt=prompt)
         assert values == [pytest.approx(0.0), pytest.approx(math.log(2.0)), pytest.approx(0.0)]
         assert [r.copy for r in fn.logs[-1].rollouts] == [True, False, True]
-        assert [c.meta.get("copy") for c in db.candidates()] == [True, False, True]
+        assert [c.meta.copy for c in db.candidates()] == [True, False, True]
         assert fn.logs[-1].metrics["kernelrl/copy_share"] == pytest.approx(2 / 3)

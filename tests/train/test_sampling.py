@@ -106,4 +106,4 @@ def test_two_processes_run_two_rft_rounds_without_duplicates(tmp_path, cache_dir
         assert len(db.runs()) == 1
     for r in (1, 2):
         mine = [c for c in rows if c.proposer == f"rft:round-{r}"]
-        assert len(mine) == 5 and Counter(c.meta["rank"] for c in mine) == Counter({0: 3, 1: 2})
+        assert len(mine) == 5 and Counter(c.meta.rank for c in mine) == Counter({0: 3, 1: 2})

@@ -37,7 +37,7 @@ def db(tmp_path):
             code = version(i, 60)
             rec = db.add_candidate(NewCandidate(task=TASK.name, hash=source_hash(code), source=code, parents=(),
                                                 chain=0, step=0, proposer="seed", prompt="", answer=code,
-                                                prompt_tokens=0, completion_tokens=0, run_id=None, meta={}))
+                                                prompt_tokens=0, completion_tokens=0, run_id=None))
             db.store_result(rec.id, EvalResult(task=TASK.name, status=Status.CORRECT, speedup=1.0 + i / 10))
         yield db
 

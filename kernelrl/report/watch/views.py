@@ -28,14 +28,13 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from kernelrl.report.metrics import counts_as_faster, fast_p, geometric_mean
 from kernelrl.report.report import FAST_P
 from kernelrl.reward import within_noise
 from kernelrl.search.database.snapshot import CandidateDetail, CandidateRow, HackRow, Snapshot, TaskRow
 from kernelrl.search.database.steps import StepRecord
-from kernelrl.search.records import RunRecord, RunStatus
+from kernelrl.search.records import RunRecord, RunStage, RunStatus
 
 RATE_WINDOW = 20  # units (candidates or steps) the ETA's rate is measured over
 RECENT_REFUSED = 20  # refused candidates listed on a run page
@@ -253,8 +252,8 @@ def _progress(run: RunRecord, cands: list[CandidateRow], training: Training | No
         # and step k + 1 is under way; a logged step k (the step log) means k steps are done.
         stamps: dict[int, float] = {}
         for c in cands:
-            step = c.meta.get("step")
-            if isinstance(step, int) and c.evaluated is not None:
+            step = c.meta.step
+            if step is not None and c.evaluated is not None:
                 stamps[step + 1] = max(stamps.get(step + 1, 0.0), c.evaluated)
         for rec in training.logged:
             stamps[rec.step] = max(stamps.get(rec.step, 0.0), rec.logged)
@@ -286,28 +285,25 @@ def _progress(run: RunRecord, cands: list[CandidateRow], training: Training | No
 def _training(snap: Snapshot, run_id: int, cands: list[CandidateRow]) -> Training:
     by_step: dict[int, list[CandidateRow]] = {}
     for c in cands:
-        step = c.meta.get("step")
-        if c.meta.get("stage") == "grpo" and isinstance(step, int):
+        step = c.meta.step
+        if c.meta.stage is RunStage.GRPO and step is not None:
             by_step.setdefault(step, []).append(c)
     lines = []
     for step in sorted(by_step):
         own = by_step[step]
-        raws = [float(c.meta["raw"]) for c in own if _number(c.meta.get("raw"))]
-        given = [float(c.meta["reward"]) for c in own if c.meta.get("kept") and _number(c.meta.get("reward"))]
+        raws = [c.meta.raw for c in own if c.meta.raw is not None and math.isfinite(c.meta.raw)]
+        given = [c.meta.reward for c in own
+                 if c.meta.kept and c.meta.reward is not None and math.isfinite(c.meta.reward)]
         correct = [c for c in own if c.status == "correct"]
         full = snap.results([c.id for c in correct if c.speedup is not None])
         lines.append(StepLine(step=step, rollouts=len(own), raw_reward=statistics.fmean(raws) if raws else None,
                               clipped_reward=statistics.fmean(given) if given else None,
-                              clipped=sum(1 for c in own if c.meta.get("clipped")),
+                              clipped=sum(1 for c in own if c.meta.clipped),
                               correct_share=len(correct) / len(own),
                               fast_1_share=sum(counts_as_faster(c.speedup, 1.0, within_noise=c.id in full
                                                                 and within_noise(full[c.id])) for c in correct)
                               / len(own)))
     return Training(steps=lines, logged=snap.train_steps(run_id))
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def task_view(snap: Snapshot, run_id: int, task: str) -> TaskView:

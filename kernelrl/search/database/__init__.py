@@ -71,6 +71,7 @@ from kernelrl.search.records import (
     FindingRecord,
     HackCase,
     NewCandidate,
+    RunMeta,
     RunRecord,
     RunStatus,
     TaskRecord,
@@ -242,13 +243,13 @@ class Database:
                 "prompt_tokens, completion_tokens, created, state, meta) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (new.run_id, new.task, new.hash, new.source, json.dumps(list(new.parents)), new.chain, new.step,
                  new.proposer, new.prompt, new.answer, new.prompt_tokens, new.completion_tokens, created,
-                 CandidateState.PROPOSED.value, json.dumps(new.meta, default=str)))
+                 CandidateState.PROPOSED.value, json.dumps(new.meta.to_dict(), default=str)))
             cid = int(cur.lastrowid or 0)
         return CandidateRecord(id=cid, run_id=new.run_id, task=new.task, hash=new.hash, source=new.source,
                                parents=tuple(new.parents), chain=new.chain, step=new.step, proposer=new.proposer,
                                prompt=new.prompt, answer=new.answer, prompt_tokens=new.prompt_tokens,
                                completion_tokens=new.completion_tokens, created=created,
-                               state=CandidateState.PROPOSED, meta=dict(new.meta))
+                               state=CandidateState.PROPOSED, meta=new.meta)
 
     def store_result(self, candidate_id: int, result: EvalResult, *, reused_from: int | None = None) -> None:
         """Result, findings and the state change of one candidate, in one transaction."""
@@ -472,7 +473,7 @@ def _candidate(r: tuple[Any, ...]) -> CandidateRecord:
     return CandidateRecord(id=r[0], run_id=r[1], task=r[2], hash=r[3], source=r[4], parents=tuple(json.loads(r[5])),
                            chain=r[6], step=r[7], proposer=r[8], prompt=r[9], answer=r[10], prompt_tokens=r[11],
                            completion_tokens=r[12], created=r[13], state=CandidateState(r[14]),
-                           meta=json.loads(r[15]),
+                           meta=RunMeta.from_dict(json.loads(r[15])),
                            result=EvalResult.from_dict(json.loads(r[16])) if r[16] is not None else None)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from kernelrl.result import EvalResult
 from kernelrl.search.database import steps
 from kernelrl.search.database.schema import SCHEMA_VERSION, connect_reader, stored_version, transaction
-from kernelrl.search.records import RunRecord, RunStatus
+from kernelrl.search.records import RunMeta, RunRecord, RunStatus
 
 
 class SnapshotError(RuntimeError):
@@ -107,7 +107,7 @@ class CandidateRow:
     evaluated: float | None  # seconds since the epoch
     device: str | None
     size: str | None
-    meta: dict[str, Any]
+    meta: RunMeta
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,7 +139,7 @@ class CandidateDetail:
     completion_tokens: int
     created: float
     state: str
-    meta: dict[str, Any]
+    meta: RunMeta
     result: EvalResult | None
     reused_from: int | None
     evaluated: float | None
@@ -184,7 +184,7 @@ class Snapshot:
             sql += " AND c.task = ?"
             params.append(task)
         return [CandidateRow(id=r[0], task=r[1], chain=r[2], step=r[3], created=r[4], status=r[5], speedup=r[6],
-                             evaluated=r[7], device=r[8], size=r[9], meta=_json_object(r[10]))
+                             evaluated=r[7], device=r[8], size=r[9], meta=RunMeta.from_dict(_json_object(r[10])))
                 for r in self._conn.execute(sql + " ORDER BY c.id", params).fetchall()]
 
     def count_candidates(self, run_id: int) -> int:
@@ -243,7 +243,7 @@ class Snapshot:
         return CandidateDetail(id=row[0], run_id=row[1], task=row[2], hash=row[3], source=row[4],
                                parents=tuple(int(p) for p in json.loads(row[5] or "[]")), chain=row[6], step=row[7],
                                proposer=row[8], answer=row[9], prompt_tokens=row[10], completion_tokens=row[11],
-                               created=row[12], state=row[13], meta=_json_object(row[14]),
+                               created=row[12], state=row[13], meta=RunMeta.from_dict(_json_object(row[14])),
                                result=EvalResult.from_dict(json.loads(row[15])) if row[15] is not None else None,
                                reused_from=row[16], evaluated=row[17])
 

@@ -12,6 +12,7 @@ from kernelrl.search import database
 from kernelrl.search.database import Database, NewCandidate, RunStatus
 from kernelrl.search.database.snapshot import snapshot
 from kernelrl.search.database.steps import StepRecord
+from kernelrl.search.records import RunMeta, RunStage
 from watch_fixtures import add, correct, incorrect, start_run
 
 
@@ -66,8 +67,8 @@ def _grpo_run(path: Path) -> int:
             (1, 1.5, 0.4, 0.4, True, False), (1, 3.0, 1.1, 0.6, True, True), (1, None, -0.5, -0.5, True, False)]
         for i, (step, speed, raw, value, kept, clipped) in enumerate(rollouts):
             rec = db.add_candidate(NewCandidate(task="t1", hash=f"h{i}", source=f"s{i}", run_id=run, step=step,
-                                                proposer="grpo", meta={"stage": "grpo", "step": step, "kept": kept,
-                                                                       "raw": raw, "reward": value, "clipped": clipped}))
+                                                proposer="grpo", meta=RunMeta(stage=RunStage.GRPO, step=step, kept=kept,
+                                                                          raw=raw, reward=value, clipped=clipped)))
             result = (EvalResult(task="t1", status=Status.CORRECT, speedup=speed) if speed is not None
                       else EvalResult(task="t1", status=Status.INCORRECT, message="wrong"))
             db.store_result(rec.id, result)
