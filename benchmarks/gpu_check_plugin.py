@@ -5,7 +5,8 @@ Loaded with `-p gpu_check_plugin` (benchmarks/ on PYTHONPATH). Writes to the fil
 where outcome is passed, failed, error (setup or teardown failed), skipped, xfailed, xpassed or
 collection_error, and message is the end of the failure's report (2000 characters) or the skip
 reason. Each line is flushed and synced before the next test starts, so a run cut by its time
-limit keeps every test that ended; a test cut in the middle has no line.
+limit keeps every test that ended; a test cut in the middle has no line. Under pytest-xdist
+(`-n`) the controller writes each line once; its workers, which see the same reports, write none.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ _open: dict[str, dict[str, Any]] = {}
 
 def _write(row: dict[str, Any]) -> None:
     path = os.environ.get("GPU_CHECK_TESTS")
-    if not path:
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     row = {"step": os.environ.get("GPU_CHECK_STEP", ""), **row}
     with open(path, "a", encoding="utf-8") as f:

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = ["env", "streams", "floor", "aa", "kernelbench", "cuda_l1", "throughput", "gpu_tests"]
 LIMIT = 10
@@ -66,7 +68,11 @@ def test_gpu_check_needs_an_output_folder():
     assert done.returncode == 2 and "usage" in done.stderr
 
 
-def test_plugin_writes_one_line_per_test_as_it_ends(tmp_path):
+@pytest.mark.parametrize("workers", [None, "2"], ids=["serial", "xdist"])
+def test_plugin_writes_one_line_per_test_as_it_ends(tmp_path, workers):
+    # gpu_check.sh runs the gpu tests under pytest-xdist where it is installed: still one line a test
+    if workers:
+        pytest.importorskip("xdist")
     (tmp_path / "test_some.py").write_text(
         "import pytest\n"
         "def test_ok(): pass\n"
@@ -83,9 +89,12 @@ def test_plugin_writes_one_line_per_test_as_it_ends(tmp_path):
     env = dict(os.environ, GPU_CHECK_TESTS=str(target), GPU_CHECK_STEP="s1",
                PYTHONPATH=str(ROOT / "benchmarks"))
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "gpu_check_plugin", "-p", "no:cacheprovider",
+                    *(["-n", workers] if workers else []),
                     "--continue-on-collection-errors", "-c", os.devnull, str(tmp_path)],
                    capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
-    rows = {r["nodeid"].split("::")[-1]: r for r in map(json.loads, target.read_text().splitlines())}
+    lines = [json.loads(line) for line in target.read_text().splitlines()]
+    rows = {r["nodeid"].split("::")[-1]: r for r in lines}
+    assert len(lines) == len(rows)  # no test written twice
     assert {k: r["outcome"] for k, r in rows.items()} == {
         "test_ok": "passed", "test_bad": "failed", "test_skip": "skipped", "test_xf": "xfailed",
         "test_err": "error", "test_broken.py": "collection_error"}
