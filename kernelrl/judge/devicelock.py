@@ -3,8 +3,8 @@
 A device lock is a lock file in the evaluator's cache folder, named after the device: `cpu` (the
 whole machine: one lock), `cuda-0`, `cuda-1`, ... (one per GPU). Timing holds its device's lock
 exclusively; work that would disturb a measurement on that device holds it shared (on a CPU:
-builds and correctness runs, which use the same cores; on a GPU: correctness runs, which use
-the same GPU — builds run on the CPU and overlap GPU timing freely).
+builds and correctness runs, which use the same cores; on a GPU: a candidate's construction and
+correctness runs, which use the same GPU — builds run on the CPU and overlap GPU timing freely).
 
 Guarantees: the locks are `flock` locks on a file per device, so they hold across threads (each
 acquisition opens its own file description) and across processes sharing the cache folder; a
@@ -16,14 +16,18 @@ measurement cannot be starved by work that keeps arriving (`flock` itself prefer
 A GPU's lock is named after the device the judge's process sees as that index: its entry in
 `CUDA_VISIBLE_DEVICES` (an index or a UUID, MIG included) when that is set, so lanes that each see
 a different GPU as their device 0 (Ray's actors, a scheduler's subsets) hold different locks, and
-two that see one GPU hold the same. `build()` is what a candidate's build and load hold: on a CPU
-the shared lock (they use the cores being measured); on a GPU nothing, so builds (nvcc, ~60 s
-cold) overlap another group's measurement, and only correctness runs (`work(uses_device=True)`)
-and measurements contend for the GPU.
+two that see one GPU hold the same. `build()` is what a candidate's build and import hold: on a
+CPU the shared lock (they use the cores being measured); on a GPU nothing, so builds (nvcc, 52 s
+cold on an H100) overlap another group's measurement. `device_work()` is what its construction
+(parameters moved to the GPU), the reference's parameters copied in and its correctness runs
+hold: so work a program puts on the GPU while it is made lands in no other group's samples and
+in no idle probe after them (`kernelrl.judge.idle`, which would count it against the member timed).
 
-Does not stop programs outside kernelrl from using the device, nor a program's own construction
-(its `__init__`, run at load, outside the lock on a GPU) from launching GPU work while another
-group is measured: a group's members are interleaved, so such drift lands on all of them alike.
+Does not stop programs outside kernelrl from using the device, nor a program's module-level code
+(run at import, with its build, outside the lock on a GPU) or work it leaves running past its
+construction from reaching the GPU while another group is measured: a group's members are
+interleaved, so such drift lands on all of them alike in the times, and the idle probe after a
+sample counts it against whichever member was timed then (at most a work's length of samples).
 """
 
 from __future__ import annotations
@@ -100,11 +104,11 @@ class DeviceLock:
             yield
 
     def build(self) -> contextlib.AbstractContextManager[None]:
-        """Around a candidate's build and load: shared on a CPU (the cores), nothing on a GPU."""
+        """Around a candidate's build and import: shared on a CPU (the cores), nothing on a GPU."""
         return self.work(uses_device=False)
 
     def device_work(self) -> contextlib.AbstractContextManager[None]:
-        """Around a candidate's correctness runs, inside `build()`: the shared lock on a GPU; nothing
+        """Around a candidate's construction and correctness runs, inside `build()`: the shared lock on a GPU; nothing
         more on a CPU (`build()` holds it already; taking it again could wait behind a measurement
         that waits for the first)."""
         return contextlib.nullcontext() if self.device == Device.CPU else self._work()

@@ -29,6 +29,7 @@ class Kind(enum.StrEnum):
     # commands (judge -> worker)
     LOAD_TASK = "load_task"  # the reference: resolve sizes, run the task module, build Model
     LOAD_PROGRAM = "load_program"  # a candidate (or a compiled reference): build and construct ModelNew
+    CONSTRUCT = "construct"  # a program loaded without constructing: construct ModelNew now
     MAKE_INPUTS = "make_inputs"  # the reference: input sets from the judge's secret seeds
     GET_STATE = "get_state"
     LOAD_STATE = "load_state"
@@ -43,6 +44,7 @@ class Kind(enum.StrEnum):
     # answers (worker -> judge)
     TASK_LOADED = "task_loaded"
     LOADED = "loaded"
+    CONSTRUCTED = "constructed"
     INPUTS = "inputs"
     STATE = "state"
     STATE_LOADED = "state_loaded"
@@ -105,6 +107,15 @@ class LoadProgram(Header):
     build_dir: str  # TORCH_EXTENSIONS_DIR for this program: its own, keyed by content hash
     cache_root: str  # the evaluator's cache (precompiled header, inductor cache)
     allow_tf32: bool = False  # the judge's fp32 precision (judge.precision), set before program code runs
+    # False: import (and build) only; `Construct` makes the model later. The judge constructs under the
+    # device's lock, apart from the build: construction runs on the device (parameters moved there).
+    construct: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Construct(Header):
+    KIND: ClassVar[Kind] = Kind.CONSTRUCT
+    init_seed: int  # the payload: the task's init inputs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,6 +194,12 @@ class TaskLoaded(Header):
     profile: dict[str, Any] | None  # `kernelrl.judge.profile.TaskProfile` fields, when asked
     state_before: dict[str, Any]
     state_after: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constructed(Header):
+    KIND: ClassVar[Kind] = Kind.CONSTRUCTED
+    state_after: dict[str, Any]  # the process's global state once the model is made
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,9 +286,9 @@ class Error(Header):
 
 # Header class of each kind; kinds that carry no fields use `Empty`.
 HEADERS: dict[Kind, type[Header]] = {
-    cls.KIND: cls for cls in (LoadTask, LoadProgram, MakeInputs, Run, Pool, Warmup, Prepare, Output, MeasurePeaks, Hello,
-                              TaskLoaded, Loaded, InputsMade, State, StateLoaded, Ran, Pooled, Warm, Called,
-                              Peaks, Error)
+    cls.KIND: cls for cls in (LoadTask, LoadProgram, Construct, MakeInputs, Run, Pool, Warmup, Prepare, Output,
+                              MeasurePeaks, Hello, TaskLoaded, Loaded, Constructed, InputsMade, State, StateLoaded, Ran,
+                              Pooled, Warm, Called, Peaks, Error)
 }
 for _kind in (Kind.GET_STATE, Kind.LOAD_STATE, Kind.CALL, Kind.EXIT, Kind.PREPARED,
               Kind.OUTPUT_DATA):
@@ -279,7 +296,8 @@ for _kind in (Kind.GET_STATE, Kind.LOAD_STATE, Kind.CALL, Kind.EXIT, Kind.PREPAR
 
 # What each command may be answered with (every command may also fail with ERROR).
 ANSWERS: dict[Kind, Kind] = {
-    Kind.LOAD_TASK: Kind.TASK_LOADED, Kind.LOAD_PROGRAM: Kind.LOADED, Kind.MAKE_INPUTS: Kind.INPUTS,
+    Kind.LOAD_TASK: Kind.TASK_LOADED, Kind.LOAD_PROGRAM: Kind.LOADED, Kind.CONSTRUCT: Kind.CONSTRUCTED,
+    Kind.MAKE_INPUTS: Kind.INPUTS,
     Kind.GET_STATE: Kind.STATE, Kind.LOAD_STATE: Kind.STATE_LOADED, Kind.RUN: Kind.RAN, Kind.POOL: Kind.POOLED,
     Kind.WARMUP: Kind.WARM, Kind.PREPARE: Kind.PREPARED, Kind.CALL: Kind.CALLED, Kind.OUTPUT: Kind.OUTPUT_DATA,
     Kind.MEASURE_PEAKS: Kind.PEAKS,

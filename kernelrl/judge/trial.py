@@ -68,6 +68,7 @@ class Trial:
     parameters_shared: bool | None = None
     timing: Timing = Timing.MEASURED  # INTERPRETED: a Triton program on a CPU, checked but never timed
     state_before: dict[str, Any] = field(default_factory=dict)  # the worker's global state after loading
+    state_after_load: dict[str, Any] = field(default_factory=dict)  # after the import, before construction
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -125,9 +126,11 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
     """Build, construct and check one candidate; sets `trial.verdict` or leaves a survivor.
 
     The trial has `timeout_s` from its start, plus `build_timeout_s` when it compiles (`compiles`).
-    The correctness runs are inside `device_work()` (the device's lock, on a GPU: the build and the
-    load are not, so they overlap another group's measurement); time spent waiting for it is not
-    the candidate's.
+    The model's construction, its copy of the reference's parameters and the correctness runs are
+    inside `device_work()` (the device's lock; on a GPU the build and import are not, so they
+    overlap another group's measurement, while work the program puts on the device does not land
+    in that measurement, nor in the idle probe that follows each of its samples); time spent
+    waiting for it is not the candidate's.
     """
     # The program's build folder, looked at once: it decides the limit and is where the worker builds.
     # A fully contained worker builds in its scratch (`scratch`): a sealed build is copied in first.
@@ -150,6 +153,7 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
         asked = time.monotonic()
         with device_work():
             deadline += time.monotonic() - asked
+            _construct(trial, reference, spec, deadline)
             _correctness(trial, sets, deadline, tol_scale, spec.allow_tf32)
         if interpreted:
             raise _End(Verdict(status=Status.CORRECT, message=(
@@ -183,8 +187,7 @@ def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: 
         answer = worker.request(P.LoadProgram(
             source=source, constants=reference.constants, device=str(spec.device), threads=spec.threads,
             init_seed=spec.init_seed, evict_bytes=spec.evict_bytes, build_dir=str(bdir), cache_root=str(cache_dir),
-            allow_tf32=spec.allow_tf32),
-            reference.init_inputs, deadline=deadline)
+            allow_tf32=spec.allow_tf32, construct=False), deadline=deadline)
         build_s = answer.header.build_s if not answer.failed else 0.0
     if answer.failed:
         h = answer.header
@@ -196,7 +199,23 @@ def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: 
     if not trial.compiled_reference:
         _note(trial, dynamic.constants_overridden(answer.header.constants_overridden))
     trial.state_before = dict(answer.header.state_before)
-    for found in dynamic.global_state_changed("load", answer.header.state_before, answer.header.state_after):
+    trial.state_after_load = dict(answer.header.state_after)
+
+
+def _construct(trial: Trial, reference: ReferenceSession, spec: LoadSpec, deadline: float) -> None:
+    """The candidate's model (a compiled reference was made at load), then the reference's
+    parameters copied into it, under the device's lock (`run_trial`)."""
+    worker = trial.worker
+    assert worker is not None
+    state_after = trial.state_after_load
+    if not trial.compiled_reference:
+        made = worker.request(P.Construct(init_seed=spec.init_seed), reference.init_inputs, deadline=deadline)
+        if made.failed:
+            raise _End(Verdict(status=Status.RUNTIME_ERROR,
+                               message=f"candidate failed to initialise: {error_line(made.header.message)}",
+                               errors=(made.header.message, made.header.traceback, worker.log_tail())))
+        state_after = dict(made.header.state_after)
+    for found in dynamic.global_state_changed("load", trial.state_before, state_after):
         _note(trial, found)
     state = reference.state()
     if state:

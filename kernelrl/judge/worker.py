@@ -159,6 +159,7 @@ class WorkerState:
         self.device = "cpu"
         self.module: types.ModuleType | None = None  # the task's module (reference workers)
         self.model: Any = None
+        self.program_class: Any = None  # a loaded program's ModelNew, until `construct` makes the model
         self.pool: list[list[Any]] = []
         self.noise: list[list[Any]] = []  # per pool set and input: noise in [-1, 1) (floating inputs)
         self.jitter = 0.0
@@ -249,12 +250,24 @@ class WorkerState:
         except _LoadError as e:
             return P.Kind.ERROR, P.Error(phase=e.phase, message=str(e), traceback=e.tb), None
         build_s = time.monotonic() - t0
-        try:
-            self.model = self._construct(cls, list(payload or []), h.init_seed, None)
-        except _LoadError as e:
-            return P.Kind.ERROR, P.Error(phase=e.phase, message=str(e), traceback=e.tb), None
+        self.program_class = cls
+        if h.construct:
+            try:
+                self.model = self._construct(cls, list(payload or []), h.init_seed, None)
+            except _LoadError as e:
+                return P.Kind.ERROR, P.Error(phase=e.phase, message=str(e), traceback=e.tb), None
         return P.Kind.LOADED, P.Loaded(build_s=build_s, state_before=state_before, state_after=global_state(),
                                        constants_overridden=overridden), None
+
+    def construct(self, h: P.Construct, payload: Any) -> Reply:
+        """The model of a program loaded with `construct=False`."""
+        if self.program_class is None:
+            return P.Kind.ERROR, P.Error(phase=P.Phase.PROTOCOL, message="construct before a program was loaded"), None
+        try:
+            self.model = self._construct(self.program_class, list(payload or []), h.init_seed, None)
+        except _LoadError as e:
+            return P.Kind.ERROR, P.Error(phase=e.phase, message=str(e), traceback=e.tb), None
+        return P.Kind.CONSTRUCTED, P.Constructed(state_after=global_state()), None
 
     def _construct(self, cls: Any, init_inputs: list[Any], init_seed: int, compile_mode: str | None) -> Any:
         try:
@@ -542,6 +555,7 @@ def sync_every_gpu(devices: int) -> None:
 _HANDLERS: dict[P.Kind, Any] = {
     P.Kind.LOAD_TASK: WorkerState.load_task,
     P.Kind.LOAD_PROGRAM: WorkerState.load_program,
+    P.Kind.CONSTRUCT: WorkerState.construct,
     P.Kind.MAKE_INPUTS: WorkerState.make_inputs,
     P.Kind.GET_STATE: WorkerState.get_state,
     P.Kind.LOAD_STATE: WorkerState.load_state,

@@ -126,3 +126,54 @@ def test_a_build_runs_while_another_group_is_timed_on_a_gpu_but_not_on_a_cpu(tmp
         c.join()
         assert events == ["measurement ends", "build", "correctness"] if build_waits else \
             ["build", "measurement ends", "correctness"], device
+
+
+def test_a_candidates_construction_and_parameter_copy_hold_the_devices_lock(monkeypatch, quick_config, tiny_task):
+    """On a GPU `build()` holds nothing (builds overlap another group's measurement) and only
+    `device_work()` holds the device: the model's construction (parameters moved to the device) and
+    the reference's parameters copied in must be inside it, the import and build outside it. Checked
+    on a CPU by recording, for each message a candidate's worker is sent, whether `device_work()`
+    was held."""
+    import contextlib
+
+    from kernelrl.candidate import Candidate
+    from kernelrl.judge import devicelock, sandbox
+    from kernelrl.judge.evaluator import evaluate
+    from kernelrl.judge.protocol import Kind
+    from kernelrl.result import Status
+
+    held = threading.local()
+    sent: list[tuple[str, bool]] = []
+    real_device_work, real_request, real_command = (devicelock.DeviceLock.device_work, sandbox.Worker.request,
+                                                    sandbox.Worker.command)
+
+    @contextlib.contextmanager
+    def device_work(self):
+        with real_device_work(self):
+            held.on = True
+            try:
+                yield
+            finally:
+                held.on = False
+
+    def request(self, header, payload=None, *, deadline=None):
+        sent.append((str(header.KIND), getattr(held, "on", False)))
+        return real_request(self, header, payload, deadline=deadline)
+
+    def command(self, kind, payload=None, *, deadline=None):
+        sent.append((str(kind), getattr(held, "on", False)))
+        return real_command(self, kind, payload, deadline=deadline)
+
+    monkeypatch.setattr(devicelock.DeviceLock, "device_work", device_work)
+    monkeypatch.setattr(sandbox.Worker, "request", request)
+    monkeypatch.setattr(sandbox.Worker, "command", command)
+    source = tiny_task.source.replace("class Model(", "class ModelNew(")
+    res = evaluate(tiny_task, Candidate(source=source), quick_config)
+    assert res.status is Status.CORRECT, res.message
+    loads = [inside for kind, inside in sent if kind == Kind.LOAD_PROGRAM]
+    constructs = [inside for kind, inside in sent if kind == Kind.CONSTRUCT]
+    copies = [inside for kind, inside in sent if kind == Kind.LOAD_STATE]
+    # the candidate and the reference's A/A copy are each loaded as programs
+    assert loads and not any(loads)
+    assert len(constructs) == len(loads) and all(constructs)
+    assert copies and all(copies)
