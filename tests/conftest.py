@@ -8,10 +8,11 @@ every other selection (CI's fast suite included) a missing extra stays an error.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
+
+from optional_extras import missing_extra
 
 # The scripted OpenAI-compatible server (tests/openai_server.py) as a fixture for every test.
 pytest_plugins = ("openai_server",)
@@ -81,17 +82,6 @@ def tiny_task(tmp_path: Path):
     return load_task_file(path)
 
 
-# Top-level modules of pyproject's optional extras (hf, train, gpu, serve, watch, dev's test tools).
-# pydantic and starlette come with the serve extra (fastapi's own needs), which serve/api.py imports directly.
-OPTIONAL_MODULES = frozenset({"transformers", "trl", "datasets", "peft", "accelerate", "vllm", "deepspeed",
-                              "flash_attn", "fastapi", "uvicorn", "starlette", "pydantic", "httpx", "ray",
-                              "selenium", "hypothesis"})
-# Python's own message, and the one kernelrl's configs give when a config needs an extra that is missing
-# (tests that load every shipped training config at import).
-_MISSING = re.compile(r"ModuleNotFoundError: No module named '([A-Za-z0-9_.]+)'"
-                      r"|needs the optional extra: pip install '[^']+' \(([A-Za-z0-9_.]+)\)")
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-untyped-def]
     outcome = yield
@@ -104,12 +94,6 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
         report.outcome = "skipped"
         report.longrepr = (str(collector.path), 0, f"Skipped: needs {name} (an optional extra)")
 
-
-def missing_extra(error: str) -> str | None:
-    """The optional module whose absence `error` (a collection error's text) reports, if that is what it reports."""
-    missing = _MISSING.search(error)
-    name = missing and (missing.group(1) or missing.group(2))
-    return name if name and name.split(".")[0] in OPTIONAL_MODULES else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

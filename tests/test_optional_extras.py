@@ -1,9 +1,9 @@
-"""The gpu selection's collection rule (tests/conftest.py): a module that needs a missing optional
+"""The gpu selection's collection rule (tests/conftest.py, tests/optional_extras.py): a module that needs a missing optional
 extra is skipped there; anything else stays an error."""
 
 from __future__ import annotations
 
-from conftest import missing_extra
+from optional_extras import missing_extra
 
 
 def test_a_missing_extra_by_pythons_message_is_named():
