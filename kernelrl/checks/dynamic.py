@@ -44,21 +44,28 @@ def global_state_changed(phase: str, before: Mapping[str, Any], after: Mapping[s
     return out
 
 
-def side_work_in_calls(changed_after_return: Sequence[bool], thread_rises: Sequence[int]) -> Finding | None:
-    """Correctness calls whose output kept changing after return, or that left new threads alive.
+def side_work_in_calls(changed_after_return: Sequence[bool], thread_rises: Sequence[int],
+                       child_rises: Sequence[int]) -> Finding | None:
+    """Correctness calls whose output kept changing after return, or that left new threads or
+    processes alive.
 
-    Pools a program starts on its first call (torch.compile, thread pools) stay; threads that
-    appear on later calls are work started per call.
+    Pools a program starts on its first call (torch.compile, thread pools, compile workers) stay;
+    threads or processes that appear on later calls are work started per call. The processes are
+    counted the moment each call returns, so a child that exits soon after is still seen (the
+    judge's census of the worker comes later and may find it gone).
     """
     changed = sum(bool(c) for c in changed_after_return)
     rises = [r for r in list(thread_rises)[1:] if r > 0]
-    if not changed and not rises:
+    forks = [r for r in list(child_rises)[1:] if r > 0]
+    if not changed and not rises and not forks:
         return None
     what = []
     if changed:
         what.append(f"its output kept changing after {changed} call(s) had returned")
     if rises:
         what.append(f"{len(rises)} call(s) returned with new threads still alive")
+    if forks:
+        what.append(f"{len(forks)} call(s) returned with new child processes")
     return Finding(rule=R.SIDE_WORK_AFTER_RETURN, message="the candidate " + "; ".join(what))
 
 

@@ -236,6 +236,7 @@ class Ran(Header):
     KIND: ClassVar[Kind] = Kind.RAN
     state_after: dict[str, Any]
     thread_rises: list[int]  # per call: threads alive after the call minus before
+    child_rises: list[int]  # per call: descendant processes after the call minus before
     changed_after_return: list[bool]  # per call: the output changed in the moments after return
     # per call: the call changed its inputs (compared in the worker with the set as received, so
     # the inputs do not travel back: an honest program's in-place writes are what this catches;

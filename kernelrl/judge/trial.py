@@ -237,6 +237,7 @@ def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale:
     changed: list[bool] = []
     changed_after: list[bool] = []
     thread_rises: list[int] = []
+    child_rises: list[int] = []
     state_after: dict[str, Any] = {}
     for i, s in enumerate(sets):
         ran = worker.request(P.Run(repeat_first=2 if i == 0 else 1), [s.values], deadline=deadline)
@@ -261,11 +262,12 @@ def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale:
         changed += list(ran.header.inputs_changed)
         changed_after += list(ran.header.changed_after_return)
         thread_rises += list(ran.header.thread_rises)
+        child_rises += list(ran.header.child_rises)
         state_after = dict(ran.header.state_after)
         del got, ran  # the outputs: what is kept of them is above
     for found in dynamic.global_state_changed("run", trial.state_before, state_after):
         _note(trial, found)
-    _note(trial, dynamic.side_work_in_calls(changed_after, thread_rises))
+    _note(trial, dynamic.side_work_in_calls(changed_after, thread_rises, child_rises))
     if len(changed) != len(sets) + 1:  # the worker's report: one input check per run
         raise ChannelProtocolError(f"{len(changed)} input checks for {len(sets) + 1} runs")
     # changed[0] and changed[1] are the two runs on set 0; changed[k+1] is set k for k >= 1

@@ -45,6 +45,9 @@ import types  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+# What the calls' side-work census reads /proc with, bound before any program code can rebind it.
+_listdir, _open, _getpid = os.listdir, open, os.getpid
+
 from kernelrl.judge.containment import BUILD_DIR_ENV, CACHE_ROOT_ENV  # noqa: E402 - no torch behind it
 from kernelrl.judge.sandbox import NO_HUGE_PAGES_ENV, set_own_limits  # noqa: E402 - no torch behind it
 
@@ -103,9 +106,35 @@ Reply = tuple[P.Kind, P.Header, Any]
 
 def _thread_count() -> int:
     try:
-        return len(os.listdir("/proc/self/task"))
+        return len(_listdir("/proc/self/task"))
     except OSError:
         return 0
+
+
+def _descendant_count() -> int:
+    """Processes descended from this one, exited-but-unreaped ones included, read from /proc.
+
+    A call that forked leaves its child here the moment it returns, however soon the child ends
+    (until reaped it stays a zombie, still counted). A grandchild whose parent already exited was
+    reparented away and is not counted: the judge's own census of the worker's processes sees it.
+    """
+    parent: dict[int, int] = {}
+    for name in _listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with _open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+            # the fields after the command name, which may itself hold spaces and ')'
+            parent[int(name)] = int(stat.rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = 0, [_getpid()]
+    while frontier:
+        kids = [pid for pid, ppid in parent.items() if ppid in frontier]
+        found += len(kids)
+        frontier = kids
+    return found
 
 
 def global_state() -> dict[str, Any]:
@@ -371,7 +400,7 @@ class WorkerState:
     def run(self, h: P.Run, payload: Any) -> Reply:
         """Correctness runs: each input set once (the first `repeat_first` times)."""
         outputs, inputs_changed = [], []
-        thread_rises, changed_after = [], []
+        thread_rises, child_rises, changed_after = [], [], []
         # Fingerprints, not copies, tell a changed input or output (compare.content_digest): on a CPU
         # the call gets the set itself and its output is sent as it is (copied only when another
         # call, which may write the same buffer, follows), so a worker holds one set.
@@ -379,11 +408,12 @@ class WorkerState:
             sent, repeats = content_digest(inputs), h.repeat_first if i == 0 else 1
             for r in range(repeats):
                 args = _to_device(inputs, self.device)  # off the CPU, the device's own copy
-                before = _thread_count()
+                before, children_before = _thread_count(), _descendant_count()
                 with _no_grad():
                     out = self.model(*args)
                 self._sync()
                 thread_rises.append(_thread_count() - before)
+                child_rises.append(_descendant_count() - children_before)
                 snapshot = _readable(out)
                 at_return = content_digest(snapshot)
                 # An honest output is final when the call returns; one still being written by
@@ -393,9 +423,9 @@ class WorkerState:
                 changed_after.append(content_digest(_readable(out)) != at_return)
                 outputs.append(_clone(snapshot) if r + 1 < repeats and self.device == "cpu" else snapshot)
                 inputs_changed.append(content_digest(_readable(args)) != sent)
-        return P.Kind.RAN, P.Ran(state_after=global_state(), thread_rises=thread_rises,
-                                 changed_after_return=changed_after, inputs_changed=inputs_changed), {
-            "outputs": outputs}
+        ran = P.Ran(state_after=global_state(), thread_rises=thread_rises, child_rises=child_rises,
+                    changed_after_return=changed_after, inputs_changed=inputs_changed)
+        return P.Kind.RAN, ran, {"outputs": outputs}
 
     # -- timing -------------------------------------------------------------------------------
 

@@ -47,9 +47,14 @@ def test_precision_settings_are_judged_apart_from_other_state():
 
 
 def test_side_work_in_calls_ignores_the_first_calls_pool():
-    assert D.side_work_in_calls([False, False], [3, 0]) is None
-    assert D.side_work_in_calls([False, True], [0, 0]).rule == R.SIDE_WORK_AFTER_RETURN
-    assert "new threads" in D.side_work_in_calls([False, False, False], [0, 1, 0]).message
+    assert D.side_work_in_calls([False, False], [3, 0], [2, 0]) is None
+    assert D.side_work_in_calls([False, True], [0, 0], [0, 0]).rule == R.SIDE_WORK_AFTER_RETURN
+    assert "new threads" in D.side_work_in_calls([False, False, False], [0, 1, 0], [0, 0, 0]).message
+
+
+def test_side_work_in_calls_counts_a_process_started_by_a_later_call():
+    found = D.side_work_in_calls([False, False, False], [0, 0, 0], [0, 0, 1])
+    assert found is not None and "new child processes" in found.message
 
 
 def test_idle_census():
