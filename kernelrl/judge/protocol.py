@@ -102,18 +102,18 @@ class LoadProgram(Header):
     constants: dict[str, int]  # the task's constants at the judged size (copies of them follow)
     device: str
     threads: int
-    init_seed: int
     evict_bytes: int
     build_dir: str  # TORCH_EXTENSIONS_DIR for this program: its own, keyed by content hash
     cache_root: str  # the evaluator's cache (precompiled header, inductor cache)
     allow_tf32: bool = False  # the judge's fp32 precision (judge.precision), set before program code runs
-    # False: import (and build) only; `Construct` makes the model later. The judge constructs under the
-    # device's lock, apart from the build: construction runs on the device (parameters moved there).
-    construct: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
 class Construct(Header):
+    """The model of the loaded program. Apart from `LoadProgram` (import and build) because the judge
+    constructs under the device's lock and builds outside it: construction runs on the device
+    (parameters moved there)."""
+
     KIND: ClassVar[Kind] = Kind.CONSTRUCT
     init_seed: int  # the payload: the task's init inputs
 

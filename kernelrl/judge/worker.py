@@ -280,16 +280,11 @@ class WorkerState:
             return P.Kind.ERROR, P.Error(phase=e.phase, message=str(e), traceback=e.tb), None
         build_s = time.monotonic() - t0
         self.program_class = cls
-        if h.construct:
-            try:
-                self.model = self._construct(cls, list(payload or []), h.init_seed, None)
-            except _LoadError as e:
-                return P.Kind.ERROR, P.Error(phase=e.phase, message=str(e), traceback=e.tb), None
         return P.Kind.LOADED, P.Loaded(build_s=build_s, state_before=state_before, state_after=global_state(),
                                        constants_overridden=overridden), None
 
     def construct(self, h: P.Construct, payload: Any) -> Reply:
-        """The model of a program loaded with `construct=False`."""
+        """The model of the program `load_program` imported."""
         if self.program_class is None:
             return P.Kind.ERROR, P.Error(phase=P.Phase.PROTOCOL, message="construct before a program was loaded"), None
         try:

@@ -65,10 +65,12 @@ def _call_ms(source: str, tmp_path) -> float:
     worker = Worker(config=SandboxConfig(), device="cuda", root=tmp_path)
     try:
         deadline = time.monotonic() + 300
-        loaded = worker.request(P.LoadProgram(source=source, constants={}, device="cuda", threads=1, init_seed=0,
-                                              evict_bytes=0, build_dir=str(tmp_path / "build"),
-                                              cache_root=str(tmp_path / "cache")), [], deadline=deadline)
+        loaded = worker.request(P.LoadProgram(source=source, constants={}, device="cuda", threads=1, evict_bytes=0,
+                                              build_dir=str(tmp_path / "build"), cache_root=str(tmp_path / "cache")),
+                                deadline=deadline)
         assert not loaded.failed, loaded.header.message
+        made = worker.request(P.Construct(init_seed=0), [], deadline=deadline)
+        assert not made.failed, made.header.message
         worker.request(P.Pool(noise_seed=1, jitter=0.0), [[torch.randn(64, 4096)]], deadline=deadline)
         warm = worker.request(P.Warmup(calls=3, max_s=10.0), deadline=deadline)
         assert not warm.failed, warm.header.message
