@@ -35,7 +35,6 @@ import enum
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -86,7 +85,7 @@ def tolerance(dtype: torch.dtype, scale: float = 1.0, *, tf32: bool = False) -> 
     return atol * scale, rtol * scale
 
 
-def flatten(x: Any) -> list[Any]:
+def flatten(x: object) -> list[object]:
     if isinstance(x, (list, tuple)):
         return [y for item in x for y in flatten(item)]
     return [x]
@@ -136,7 +135,7 @@ def _leaf_errors(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> 
                        outside=outside)
 
 
-def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0, tf32: bool = False) -> Comparison:
+def compare_outputs(candidate: object, reference: object, *, tol_scale: float = 1.0, tf32: bool = False) -> Comparison:
     c_leaves, r_leaves = flatten(candidate), flatten(reference)
     if len(c_leaves) != len(r_leaves):
         return _failed(f"returned {len(c_leaves)} outputs, expected {len(r_leaves)}", Mismatch.COUNT)
@@ -174,7 +173,7 @@ def compare_outputs(candidate: Any, reference: Any, *, tol_scale: float = 1.0, t
     return Comparison(ok=True, reason="", max_abs_err=max_abs, max_rel_err=max_rel)
 
 
-def output_digest(a: Any) -> str:
+def output_digest(a: object) -> str:
     """A fingerprint of a nested output: the same for two outputs `exactly_equal` calls equal (NaN
     equal to NaN in the same places, -0.0 to 0.0, inf as `exactly_equal` reads it), different
     otherwise but for a hash collision. The judge keeps it instead of the output, so an output can
@@ -197,7 +196,7 @@ def output_digest(a: Any) -> str:
     return h.hexdigest()
 
 
-def content_digest(a: Any) -> str:
+def content_digest(a: object) -> str:
     """A fingerprint of a nested value's bytes (SHA-256 of each tensor's shape, dtype and raw
     memory, chunk by chunk; other values by repr): equal exactly when nothing in it changed,
     collisions aside, which a program cannot make at will. Faster than `output_digest` (no NaN
@@ -220,7 +219,7 @@ def content_digest(a: Any) -> str:
     return h.hexdigest()
 
 
-def exactly_equal(a: Any, b: Any) -> bool:
+def exactly_equal(a: object, b: object) -> bool:
     """Bitwise equality of two nested outputs (NaN equal to NaN in the same places)."""
     la, lb = flatten(a), flatten(b)
     if len(la) != len(lb):

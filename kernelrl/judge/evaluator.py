@@ -38,7 +38,6 @@ import dataclasses
 import re
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from kernelrl.candidate import Candidate
 from kernelrl.checks.llm_judge import CACHE_FILE as LLM_JUDGE_CACHE
@@ -235,7 +234,7 @@ class Evaluator:
     def profile(self, task: Task) -> TaskProfile | None:
         return self.task_info(task).profile
 
-    def reference_outputs(self, task: Task, plans: Sequence[InputPlan]) -> tuple[list[list[Any]], list[Any]]:
+    def reference_outputs(self, task: Task, plans: Sequence[InputPlan]) -> tuple[list[list[object]], list[object]]:
         """The task's inputs and its reference's outputs for the given input plans (for filters
         such as the degeneracy check); task code runs in a reference worker."""
         session = session_for(task, self.config, pool=self.context.pool, rng=self.context.secrets.generator())

@@ -18,7 +18,7 @@ import enum
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 from kernelrl.judge.channel import ChannelProtocolError
 
@@ -65,6 +65,10 @@ class Phase(enum.StrEnum):
     INIT = "init"  # the model cannot be constructed
     RUN = "run"
     PROTOCOL = "protocol"
+
+
+# One global torch setting as the worker reads it (`worker.global_state`): a flag, a count or a name.
+Setting: TypeAlias = bool | int | str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,22 +196,22 @@ class TaskLoaded(Header):
     constants: dict[str, int]
     load_s: float
     profile: dict[str, Any] | None  # `kernelrl.judge.profile.TaskProfile` fields, when asked
-    state_before: dict[str, Any]
-    state_after: dict[str, Any]
+    state_before: dict[str, Setting]
+    state_after: dict[str, Setting]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Constructed(Header):
     KIND: ClassVar[Kind] = Kind.CONSTRUCTED
-    state_after: dict[str, Any]  # the process's global state once the model is made
+    state_after: dict[str, Setting]  # the process's global state once the model is made
 
 
 @dataclass(frozen=True, kw_only=True)
 class Loaded(Header):
     KIND: ClassVar[Kind] = Kind.LOADED
     build_s: float
-    state_before: dict[str, Any]
-    state_after: dict[str, Any]
+    state_before: dict[str, Setting]
+    state_after: dict[str, Setting]
     # the task's size constants the program's module set to other values: name -> [theirs, the task's]
     constants_overridden: dict[str, list[int]]
 
@@ -234,7 +238,7 @@ class StateLoaded(Header):
 @dataclass(frozen=True, kw_only=True)
 class Ran(Header):
     KIND: ClassVar[Kind] = Kind.RAN
-    state_after: dict[str, Any]
+    state_after: dict[str, Setting]
     thread_rises: list[int]  # per call: threads alive after the call minus before
     child_rises: list[int]  # per call: descendant processes after the call minus before
     changed_after_return: list[bool]  # per call: the output changed in the moments after return
@@ -255,7 +259,7 @@ class Warm(Header):
     KIND: ClassVar[Kind] = Kind.WARM
     calls: int
     call_ms: float  # median of the warm-up calls
-    state_after: dict[str, Any]
+    state_after: dict[str, Setting]
     floor_ns: float = 0.0  # the timing bracket around nothing (timer.call_floor_ns)
 
 

@@ -62,8 +62,8 @@ class TaskInfo:
 @dataclass(kw_only=True)
 class InputSet:
     plan: InputPlan
-    values: list[Any]
-    output: Any = None
+    values: list[object]
+    output: object = None
 
 
 @dataclass(kw_only=True)
@@ -97,11 +97,11 @@ class ReferenceSession:
         self.worker: Worker | None = None
         self.pool = pool
         self.constants: dict[str, int] = {}
-        self.init_inputs: list[Any] = []
+        self.init_inputs: list[object] = []
         self.profile: TaskProfile | None = None
         self._state: dict[str, Any] | None = None
         self._state_fetched = False
-        self.precision: dict[str, Any] = {}
+        self.precision: dict[str, P.Setting] = {}
 
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout_s
@@ -138,12 +138,12 @@ class ReferenceSession:
         if answer.header.profile:
             self.profile = TaskProfile.from_dict(answer.header.profile)
 
-    def make(self, plans: list[InputPlan], *, run: bool) -> tuple[list[list[Any]], list[Any], list[bool]]:
+    def make(self, plans: list[InputPlan], *, run: bool) -> tuple[list[list[object]], list[object], list[bool]]:
         """Input sets (and the reference's outputs on them), one set per message: the reference's
         worker holds one set at a time, and no message carries more than one."""
         assert self.worker is not None
-        values: list[list[Any]] = []
-        outputs: list[Any] = []
+        values: list[list[object]] = []
+        outputs: list[object] = []
         finite: list[bool] = []
         for plan in plans:
             answer = self._ask("making inputs", lambda plan=plan: self.worker.request(
@@ -174,7 +174,7 @@ class ReferenceSession:
                 sets[i] = InputSet(plan=p, values=v, output=o)
         return sets
 
-    def timing_pool(self, n: int) -> list[list[Any]]:
+    def timing_pool(self, n: int) -> list[list[object]]:
         values, _, _ = self.make([plain_plan(self.rng) for _ in range(n)], run=False)
         return values
 

@@ -61,7 +61,8 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from kernelrl.checks.dynamic import MemberTiming, TimingFacts
 from kernelrl.judge import protocol as P
@@ -70,8 +71,10 @@ from kernelrl.judge.compare import compare_outputs, exactly_equal
 from kernelrl.judge.eval_config import TimingConfig  # declared with the other settings: no torch there
 from kernelrl.judge.idle import IdleMonitor, IdleTally, device_state
 from kernelrl.judge.inputs import timing_scale
-from kernelrl.judge.sandbox import Worker, WorkerDied
+from kernelrl.judge.sandbox import Answer, Worker, WorkerDied
 from kernelrl.result import DeviceIdle, TimingStop
+
+_T = TypeVar("_T")
 
 # How much faster than the reference a program's warm-up report is believed when sizing samples.
 MAX_PLAUSIBLE_SPEEDUP = 100.0
@@ -100,7 +103,7 @@ class Failure:
 
 @dataclass(kw_only=True)
 class _Member:
-    key: Any
+    key: str | None  # the candidate's hash, the judge's name for a copy of the reference; None: the reference
     worker: Worker
     samples_ms: list[float] = field(default_factory=list)  # per sample: mean per call, as the worker reported
     round_trips_ns: list[int] = field(default_factory=list)  # per sample: the judge's clock around it
@@ -122,8 +125,8 @@ class _Member:
     device: IdleTally = field(default_factory=IdleTally)  # the idle probe after its samples
     _idle_since_cpu: int | None = None
 
-    def request(self, header: P.Header | None, kind: P.Kind | None = None, payload: Any = None, *,
-                deadline: float) -> Any:
+    def request(self, header: P.Header | None, kind: P.Kind | None = None, payload: object = None, *,
+                deadline: float) -> Answer:
         """A command that also books the worker's CPU time since its last answer as idle."""
         now_cpu = self.worker.cpu_time_ns()
         if self._idle_since_cpu is not None and now_cpu is not None:
@@ -165,7 +168,7 @@ class CandidateTiming:
 @dataclass(frozen=True, kw_only=True)
 class GroupTiming:
     reference_ms: list[float]
-    candidates: dict[Any, CandidateTiming]
+    candidates: dict[str, CandidateTiming]
     rounds: int
     calls_per_sample: int
     stopped_by: TimingStop
@@ -245,10 +248,10 @@ def _nbytes(x: object) -> int:
     return int(numel() * size()) if callable(numel) and callable(size) else 0
 
 
-def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: list[list[Any]], config: TimingConfig,
+def measure_group(reference: Worker, candidates: Mapping[str, Worker], pool: list[list[object]], config: TimingConfig,
                   *, rng: random.Random, deadline: float, tol_scale: float = 1.0, tf32: bool = False,
                   cores: frozenset[int] | None = None, idle: IdleMonitor | None = None,
-                  trusted: frozenset[Any] = frozenset(), twin: Any = None) -> GroupTiming:
+                  trusted: frozenset[str] = frozenset(), twin: str | None = None) -> GroupTiming:
     """Time the reference and the candidates together (see the module docstring).
 
     `cores`: every member is bound to these cores for the measurement and unbound after it
@@ -270,9 +273,9 @@ def measure_group(reference: Worker, candidates: Mapping[Any, Worker], pool: lis
             w.bind(None)
 
 
-def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[list[Any]], config: TimingConfig,
+def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[list[object]], config: TimingConfig,
              *, rng: random.Random, deadline: float, tol_scale: float, tf32: bool, idle: IdleMonitor | None,
-             trusted: frozenset[Any], twin: Any) -> GroupTiming:
+             trusted: frozenset[str], twin: str | None) -> GroupTiming:
     t_start = time.monotonic()
     ref = _Member(key=None, worker=reference)
     cands = [_Member(key=k, worker=w) for k, w in candidates.items()]
@@ -294,7 +297,7 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
     def alive() -> list[_Member]:
         return [m for m in members if m.failure is None]
 
-    def guarded(m: _Member, fn: Any) -> Any:
+    def guarded(m: _Member, fn: Callable[[], _T]) -> _T | None:
         try:
             return fn()
         except (_CallFailed, ChannelTimeout, ChannelProtocolError, WorkerDied) as e:
@@ -305,10 +308,10 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
     clock = time.monotonic()
     pool_header = P.Pool(noise_seed=rng.getrandbits(31), jitter=config.jitter)
     for m in members:
-        guarded(m, lambda m=m: m.request(pool_header, None, pool, deadline=call_deadline()))
+        guarded(m, partial(m.request, pool_header, None, pool, deadline=call_deadline()))
     for m in alive():
-        warm = guarded(m, lambda m=m: m.request(P.Warmup(calls=config.warmup_calls, max_s=config.warmup_max_s),
-                                                deadline=call_deadline()))
+        warm = guarded(m, partial(m.request, P.Warmup(calls=config.warmup_calls, max_s=config.warmup_max_s),
+                                  deadline=call_deadline()))
         if warm is not None:
             m.warm_ms = warm.header.call_ms
             m.floor_ns = max(0.0, float(warm.header.floor_ns))
@@ -348,7 +351,7 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
         rng.shuffle(order)
         round_rt: dict[int, int] = {}
         for m in order:
-            def sample(m: _Member = m) -> float:
+            def sample(m: _Member = m) -> int:
                 m.request(P.Prepare(index=index, scales=scales, shifts=shifts), deadline=call_deadline())  # noqa: B023 - called at once, inside this round
                 m.prepare_ns.append(m.last_round_trip_ns)
                 th = m.worker.thread_count()
@@ -397,15 +400,15 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
                 output_bytes = _nbytes(answer.payload["output"])
                 spot_bytes += _nbytes(answer.payload["output"]) + _nbytes(answer.payload["inputs"])
             ref_out = ref_outs[call]
-            got = guarded(m, lambda m=m: m.request(P.Output(call=call), deadline=call_deadline()))  # noqa: B023 - called at once, inside this iteration
-            if got is None:
+            fetched = guarded(m, partial(m.request, P.Output(call=call), deadline=call_deadline()))
+            if fetched is None:
                 continue
             m.spot_checks += 1
-            spot_bytes += _nbytes(got.payload["output"]) + _nbytes(got.payload["inputs"])
-            cmp = compare_outputs(got.payload["output"], ref_out["output"], tol_scale=tol_scale, tf32=tf32)
+            spot_bytes += _nbytes(fetched.payload["output"]) + _nbytes(fetched.payload["inputs"])
+            cmp = compare_outputs(fetched.payload["output"], ref_out["output"], tol_scale=tol_scale, tf32=tf32)
             if not cmp.ok:
                 m.spot_mismatches.append(f"round {r}: {cmp.reason}")
-            if not exactly_equal(got.payload["inputs"], ref_out["inputs"]):
+            if not exactly_equal(fetched.payload["inputs"], ref_out["inputs"]):
                 m.input_mismatches += 1
         live = [m for m in alive() if m is not ref]
         spent["spot_checks_s"] += time.monotonic() - clock
@@ -424,28 +427,28 @@ def _measure(reference: Worker, candidates: Mapping[Any, Worker], pool: list[lis
             stopped_by = TimingStop.DEADLINE
             break
 
-    results = {}
+    results: dict[str, CandidateTiming] = {}
     ref_timing = _member_timing(ref, k)
     twin_timing = next((_member_timing(m, k) for m in cands if twin is not None and m.key == twin and m.failure is None),
                        None)
     overhead = taken_off()
-    for m in cands:
+    for key, m in zip(candidates, cands):  # cands were made from `candidates`, in its order
         if m.failure is not None or not m.pairs:
-            results[m.key] = CandidateTiming(speedup=None, speedup_ci=None, rel_ci_half_width=math.inf,
-                                             stopped_by=TimingStop.FAILED, times_ms=_judged_ms(m, overhead, k),
-                                             facts=None, failure=m.failure or Failure(kind=FailureKind.RUNTIME_ERROR,
-                                                                          message="no timed round completed"),
-                                             output_bytes=output_bytes)
+            results[key] = CandidateTiming(speedup=None, speedup_ci=None, rel_ci_half_width=math.inf,
+                                           stopped_by=TimingStop.FAILED, times_ms=_judged_ms(m, overhead, k),
+                                           facts=None, failure=m.failure or Failure(kind=FailureKind.RUNTIME_ERROR,
+                                                                        message="no timed round completed"),
+                                           output_bytes=output_bytes)
             continue
         ratios = _ratios(m.pairs, overhead)
         speedup, lo, hi = median_ci(ratios)
         facts = TimingFacts(candidate=_member_timing(m, k), reference=ref_timing,
                             twin=twin_timing if m.key != twin else None, spot_checks=m.spot_checks,
                             spot_mismatches=m.spot_mismatches, input_mismatches=m.input_mismatches)
-        results[m.key] = CandidateTiming(speedup=speedup, speedup_ci=(lo, hi), rel_ci_half_width=_rel_half(ratios),
-                                         stopped_by=stopped_by, times_ms=_judged_ms(m, overhead, k), facts=facts,
-                                         failure=None,
-                                         output_bytes=output_bytes)
+        results[key] = CandidateTiming(speedup=speedup, speedup_ci=(lo, hi), rel_ci_half_width=_rel_half(ratios),
+                                       stopped_by=stopped_by, times_ms=_judged_ms(m, overhead, k), facts=facts,
+                                       failure=None,
+                                       output_bytes=output_bytes)
     device_idle, device_note = DeviceIdle.NOT_PROBED, ""
     if idle is not None:
         device_idle = device_state(calibrated=calibrated, everyone=[m.device for m in members],

@@ -67,8 +67,8 @@ class Trial:
     max_rel_err: float | None = None
     parameters_shared: bool | None = None
     timing: Timing = Timing.MEASURED  # INTERPRETED: a Triton program on a CPU, checked but never timed
-    state_before: dict[str, Any] = field(default_factory=dict)  # the worker's global state after loading
-    state_after_load: dict[str, Any] = field(default_factory=dict)  # after the import, before construction
+    state_before: dict[str, P.Setting] = field(default_factory=dict)  # the worker's global state after loading
+    state_after_load: dict[str, P.Setting] = field(default_factory=dict)  # after the import, before construction
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -238,7 +238,7 @@ def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale:
     changed_after: list[bool] = []
     thread_rises: list[int] = []
     child_rises: list[int] = []
-    state_after: dict[str, Any] = {}
+    state_after: dict[str, P.Setting] = {}
     for i, s in enumerate(sets):
         ran = worker.request(P.Run(repeat_first=2 if i == 0 else 1), [s.values], deadline=deadline)
         if ran.failed:

@@ -26,7 +26,6 @@ Does not decide what is compared or timed: the worker and the judge do.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -39,7 +38,7 @@ _detach, _to, _clone_tensor = _Tensor.detach, _Tensor.to, _Tensor.clone
 _TENSOR_ATTRS = frozenset(dir(_Tensor))
 
 
-def each_tensor(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+def each_tensor(x: object, fn: Callable[[torch.Tensor], object]) -> object:
     """`fn` applied to every tensor of a value, a list or a tuple (nested), the rest kept."""
     if isinstance(x, _Tensor):
         return fn(x)
@@ -49,21 +48,21 @@ def each_tensor(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return x
 
 
-def to_device(x: Any, device: str) -> Any:
+def to_device(x: object, device: str) -> object:
     return each_tensor(x, lambda t: t.to(device))
 
 
-def clone(x: Any) -> Any:
+def clone(x: object) -> object:
     return each_tensor(x, lambda t: t.clone())
 
 
-def shadows_tensor(x: Any) -> bool:
+def shadows_tensor(x: object) -> bool:
     """A tensor whose own attributes replace Tensor's (a per-object `detach`, say): not plain."""
     own = getattr(x, "__dict__", None) or {}
     return any(name in _TENSOR_ATTRS for name in own)
 
 
-def to_cpu(x: Any) -> Any:
+def to_cpu(x: object) -> object:
     """An output for the judge: plain tensors become CPU copies; anything else is described."""
     if type(x) is _Tensor and not shadows_tensor(x):
         return _clone_tensor(_to(_detach(x), "cpu"))
@@ -81,14 +80,14 @@ def to_cpu(x: Any) -> Any:
     return {"unsupported_output": type(x).__module__ + "." + type(x).__qualname__}
 
 
-def readable(x: Any) -> Any:
+def readable(x: object) -> object:
     """`x` for the harness to read: a plain CPU tensor as itself (no copy), else as `to_cpu` gives it."""
     if type(x) is _Tensor and not shadows_tensor(x) and x.device.type == "cpu":
         return _detach(x)
     return [readable(v) for v in x] if isinstance(x, (list, tuple)) else to_cpu(x)
 
 
-def kept(x: Any) -> Any:
+def kept(x: object) -> object:
     """A timed call's output as it was when returned: plain tensors copied on their device."""
     if type(x) is _Tensor and not shadows_tensor(x):
         return _clone_tensor(_detach(x))

@@ -137,7 +137,7 @@ def _descendant_count() -> int:
     return found
 
 
-def global_state() -> dict[str, Any]:
+def global_state() -> dict[str, P.Setting]:
     """Settings a program could flip to change precision or parallelism."""
     return {
         "num_threads": torch.get_num_threads(),
@@ -161,13 +161,13 @@ def _own(variable: str, named: str) -> str:
     return os.environ.get(variable) or named
 
 
-def _perturb(values: list[Any], scale: float, offset_frac: float) -> list[Any]:
+def _perturb(values: list[object], scale: float, offset_frac: float) -> list[object]:
     """Floating inputs become x * scale + offset_frac * mean|x|; integers and booleans stay."""
     return [x * scale + offset_frac * (float(x.abs().mean()) or 1.0)
             if isinstance(x, _Tensor) and x.is_floating_point() and x.numel() else x for x in values]
 
 
-def _all_finite(x: Any) -> bool:
+def _all_finite(x: object) -> bool:
     if isinstance(x, _Tensor):
         return not x.is_floating_point() or bool(torch.isfinite(x).all())
     if isinstance(x, (list, tuple)):
@@ -189,18 +189,18 @@ class WorkerState:
         self.module: types.ModuleType | None = None  # the task's module (reference workers)
         self.model: Any = None
         self.program_class: Any = None  # a loaded program's ModelNew, until `construct` makes the model
-        self.pool: list[list[Any]] = []
-        self.noise: list[list[Any]] = []  # per pool set and input: noise in [-1, 1) (floating inputs)
+        self.pool: list[list[object]] = []
+        self.noise: list[list[torch.Tensor | None]] = []  # per pool set and input: noise in [-1, 1) (floating inputs)
         self.jitter = 0.0
-        self.staged: list[list[Any]] = []  # inputs of the calls of the next sample
-        self.sample_inputs: list[list[Any]] = []  # inputs and outputs of every call of the last sample
-        self.sample_outputs: list[Any] = []
+        self.staged: list[list[object]] = []  # inputs of the calls of the next sample
+        self.sample_inputs: list[list[object]] = []  # inputs and outputs of every call of the last sample
+        self.sample_outputs: list[object] = []
         self.evict_buf: torch.Tensor | None = None
         self.cuda_devices = 0  # GPUs this worker sees (cuda only)
 
     # -- loading ------------------------------------------------------------------------------
 
-    def _start(self, device: str, threads: int, evict_bytes: int, allow_tf32: bool) -> dict[str, Any]:
+    def _start(self, device: str, threads: int, evict_bytes: int, allow_tf32: bool) -> dict[str, P.Setting]:
         self.device = device
         torch.set_num_threads(int(threads))
         set_precision(bool(allow_tf32))
@@ -358,7 +358,7 @@ class WorkerState:
                 sets.append(values)
                 if h.run:
                     with _no_grad():
-                        out = self.model(*_to_device(_clone(values), self.device))
+                        out = self.model(*[_to_device(_clone(v), self.device) for v in values])
                     self._sync()
                     outputs.append(_to_cpu(out))
                     finite.append(_all_finite(outputs[-1]))
@@ -402,7 +402,7 @@ class WorkerState:
         for i, inputs in enumerate(payload):
             sent, repeats = content_digest(inputs), h.repeat_first if i == 0 else 1
             for r in range(repeats):
-                args = _to_device(inputs, self.device)  # off the CPU, the device's own copy
+                args = [_to_device(v, self.device) for v in inputs]  # off the CPU, the device's own copy
                 before, children_before = _thread_count(), _descendant_count()
                 with _no_grad():
                     out = self.model(*args)
@@ -425,7 +425,7 @@ class WorkerState:
     # -- timing -------------------------------------------------------------------------------
 
     def set_pool(self, h: P.Pool, payload: Any) -> Reply:
-        self.pool = [_to_device(s, self.device) for s in payload]
+        self.pool = [[_to_device(v, self.device) for v in s] for s in payload]
         self.jitter = float(h.jitter)
         # One noise tensor per floating input, made once: a call's noise is a roll of it (cheap),
         # so no two calls see inputs that are a multiple of each other.
@@ -465,9 +465,9 @@ class WorkerState:
         self.sample_inputs, self.sample_outputs = [], []  # freed before the next sample's inputs exist
         for j, (scale, shift) in enumerate(zip(h.scales, h.shifts)):
             k = (h.index + j) % len(self.pool)
-            fresh = []
+            fresh: list[object] = []
             for x, noise in zip(self.pool[k], self.noise[k]):
-                if noise is not None:
+                if noise is not None and isinstance(x, _Tensor):  # noise exists for floating tensors only
                     # x * scale * (1 + jitter * u), u in [-1, 1): new storage, new values, and no
                     # multiple of any earlier input (so no earlier output, rescaled, is the answer);
                     # made a chunk at a time (judge/staging.py)
