@@ -29,10 +29,13 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from kernelrl.plain import PlainError, from_plain, to_plain
 from kernelrl.plain import field_paths as plain_field_paths
+
+if TYPE_CHECKING:
+    from kernelrl.jsontypes import JSONObject
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -60,7 +63,8 @@ def config_path(name_or_path: str | Path, folder: Path = CONFIG_DIR) -> Path:
                       f"{', '.join(config_names(folder))})")
 
 
-def load_toml(name_or_path: str | Path, folder: Path = CONFIG_DIR) -> dict[str, Any]:
+def load_toml(name_or_path: str | Path, folder: Path = CONFIG_DIR) -> dict[str, object]:
+    # `object`, not JSON: TOML also has dates and times, and `build` checks every value's type.
     path = config_path(name_or_path, folder)
     try:
         return tomllib.loads(path.read_text())
@@ -68,7 +72,7 @@ def load_toml(name_or_path: str | Path, folder: Path = CONFIG_DIR) -> dict[str, 
         raise ConfigError(f"{path}: {e}") from e
 
 
-def with_overrides(values: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+def with_overrides(values: Mapping[str, object], overrides: Mapping[str, object]) -> dict[str, object]:
     """A deep copy of `values` with each dotted key of `overrides` set (None values skipped; a
     table merged into the table it names)."""
     out = _deep_copy(values)
@@ -82,20 +86,21 @@ def with_overrides(values: Mapping[str, Any], overrides: Mapping[str, Any]) -> d
             if not isinstance(child, dict):
                 raise ConfigError(f"{dotted}: {name} is a value, not a table")
             node = child
-        if isinstance(value, Mapping) and isinstance(node.get(key), dict):
-            node[key] = {**node[key], **_deep_copy(value)}
+        existing = node.get(key)
+        if isinstance(value, Mapping) and isinstance(existing, dict):
+            node[key] = {**existing, **_deep_copy(value)}
         else:
             node[key] = value
     return out
 
 
 def load_config(cls: type[T], name_or_path: str | Path | None = None,
-                overrides: Mapping[str, Any] | None = None, folder: Path = CONFIG_DIR) -> T:
+                overrides: Mapping[str, object] | None = None, folder: Path = CONFIG_DIR) -> T:
     values = load_toml(name_or_path, folder) if name_or_path is not None else {}
     return build(cls, with_overrides(values, overrides or {}))
 
 
-def build(cls: type[T], values: Mapping[str, Any], *, where: str = "") -> T:
+def build(cls: type[T], values: Mapping[str, object], *, where: str = "") -> T:
     """A `cls` dataclass from nested dicts (see the module docstring); unknown keys are errors."""
     try:
         return from_plain(cls, values, strict=True, where=where)
@@ -110,12 +115,12 @@ def field_paths(cls: type, prefix: str = "") -> set[str]:
     return leaves | tables
 
 
-def to_dict(config: Any) -> dict[str, Any]:
+def to_dict(config: object) -> JSONObject:
     """A config as plain TOML/JSON-able values (enums as values, paths as strings)."""
     plain = to_plain(config)
     assert isinstance(plain, dict)
     return plain
 
 
-def _deep_copy(values: Mapping[str, Any]) -> dict[str, Any]:
+def _deep_copy(values: Mapping[str, object]) -> dict[str, object]:
     return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in values.items()}

@@ -40,7 +40,10 @@ class PlainError(ValueError):
     """Plain values do not fit a record's types; the message names the dotted key."""
 
 
-def to_plain(value: Any) -> Any:
+# The result is `Any`, not `kernelrl.jsontypes.JSONValue`: it is exactly JSON-shaped, but callers
+# outside this module index the tables of a known record directly (`config_fingerprint` pops keys of
+# a nested table), which a JSONValue would make them narrow first.
+def to_plain(value: object) -> Any:
     """A dataclass (or list, dict, enum, path...) as plain JSON/TOML-able values."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
@@ -55,7 +58,7 @@ def to_plain(value: Any) -> Any:
     return value
 
 
-def from_plain(cls: type[T], values: Any, *, strict: bool = True, where: str = "") -> T:
+def from_plain(cls: type[T], values: object, *, strict: bool = True, where: str = "") -> T:
     """A `cls` dataclass from plain values (see the module docstring)."""
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
@@ -78,9 +81,10 @@ def from_plain(cls: type[T], values: Any, *, strict: bool = True, where: str = "
         raise PlainError(f"{where or cls.__name__}: {e}") from e
 
 
-def field_paths(cls: type, prefix: str = "") -> dict[str, Any]:
-    """Every settable dotted key of a dataclass, nested dataclasses included, with its type."""
-    out: dict[str, Any] = {}
+def field_paths(cls: type, prefix: str = "") -> dict[str, object]:
+    """Every settable dotted key of a dataclass, nested dataclasses included, with its type (a type
+    hint as `typing.get_type_hints` gives it: a class, a union, a generic alias...)."""
+    out: dict[str, object] = {}
     hints, fields = _fields(cls)
     for name in fields:
         path = _dotted(prefix, name)
@@ -92,12 +96,12 @@ def field_paths(cls: type, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def field_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
+def field_defaults(cls: type, prefix: str = "") -> dict[str, object]:
     """The default of every dotted key `field_paths` lists that has one; required fields are left
     out. A nested config's keys come from its class's defaults when the field's default is that
     class built bare; any other factory of a nested config is not called (building one may
     validate, and validating may import heavy libraries), and its keys are left out."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     hints, fields = _fields(cls)
     for name, f in fields.items():
         path = _dotted(prefix, name)
@@ -112,7 +116,7 @@ def field_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def dataclass_in(tp: Any) -> type | None:
+def dataclass_in(tp: object) -> type | None:
     """The dataclass a field's type holds (`X` or `X | None`), if any."""
     for option in _options(tp):
         if isinstance(option, type) and dataclasses.is_dataclass(option):
@@ -124,7 +128,7 @@ def dataclass_in(tp: Any) -> type | None:
 
 
 @functools.cache
-def _fields(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+def _fields(cls: type) -> tuple[dict[str, object], dict[str, dataclasses.Field[object]]]:
     # Type hints are resolved once per class: results are built from plain values in hot paths.
     hints = typing.get_type_hints(cls)
     return hints, {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -134,14 +138,14 @@ def _dotted(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _options(tp: Any) -> tuple[Any, ...]:
+def _options(tp: object) -> tuple[object, ...]:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return typing.get_args(tp)
     return (tp,)
 
 
-def _coerce(tp: Any, value: Any, where: str, strict: bool) -> Any:
+def _coerce(tp: object, value: object, where: str, strict: bool) -> object:
     options = _options(tp)
     if value is None:
         if type(None) in options or tp is Any:
@@ -158,7 +162,7 @@ def _coerce(tp: Any, value: Any, where: str, strict: bool) -> Any:
     raise PlainError(errors[0] if len(errors) == 1 else f"{where}: {value!r} fits none of {tp}")
 
 
-def _coerce_one(tp: Any, value: Any, where: str, strict: bool) -> Any:
+def _coerce_one(tp: object, value: object, where: str, strict: bool) -> object:
     origin = typing.get_origin(tp)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_plain(tp, value, strict=strict, where=where)

@@ -18,9 +18,12 @@ from __future__ import annotations
 import enum
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernelrl.plain import from_plain, to_plain
+
+if TYPE_CHECKING:
+    from kernelrl.jsontypes import JSONObject
 
 # The message of every NO_CODE result (and of the `compile_error` rows older versions stored for one).
 NO_CODE_MESSAGE = "the answer holds no complete code block"
@@ -78,11 +81,11 @@ class Finding:
     stage: str = "dynamic"  # "static" or "dynamic"
     line: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _plain_dict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Finding:
+    def from_dict(cls, d: JSONObject) -> Finding:
         return from_plain(cls, d, strict=False)
 
 
@@ -112,11 +115,11 @@ class TimingStats:
 
         return cls(median_ms=q(0.5), mean_ms=sum(s) / n, min_ms=s[0], iqr_ms=q(0.75) - q(0.25), n=n)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _plain_dict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> TimingStats | None:
+    def from_dict(cls, d: JSONObject | None) -> TimingStats | None:
         return None if d is None else from_plain(cls, d, strict=False)
 
 
@@ -181,7 +184,9 @@ class MachineRecord:
     # fp32 precision: whether the evaluation allowed TF32, and the flags as the reference's worker
     # had them before any task code ran (the same are set in every candidate's worker)
     allow_tf32: bool = False
-    precision: dict[str, Any] = field(default_factory=dict)
+    # `object`, not JSONValue: `from_plain` follows field types, and passes an `object` value through
+    # unchecked as it always has; a JSON union would be coerced option by option.
+    precision: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,11 +324,11 @@ class EvalResult:
     def rejecting_rules(self) -> list[str]:
         return [f.rule for f in self.findings if f.severity is Severity.REJECT]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return _plain_dict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EvalResult:
+    def from_dict(cls, d: JSONObject) -> EvalResult:
         if d.get("status") == Status.COMPILE_ERROR.value and d.get("message") == NO_CODE_MESSAGE:
             d = {**d, "status": Status.NO_CODE.value}  # stored by an older version under the old name
         return from_plain(cls, d, strict=False)
@@ -337,7 +342,7 @@ class EvalResult:
                    policy=policy, candidate_hash=candidate_hash)
 
 
-def _plain_dict(record: Any) -> dict[str, Any]:
+def _plain_dict(record: object) -> JSONObject:
     plain = to_plain(record)
     assert isinstance(plain, dict)
     return plain

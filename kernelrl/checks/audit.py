@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernelrl import syntax
 from kernelrl.candidate import extract_code
@@ -57,6 +57,9 @@ from kernelrl.result import EvalResult, Finding, Severity, Status
 from kernelrl.tasks.source import is_task_source
 from kernelrl.tasks.suites import load_task
 from kernelrl.tasks.task import Task, TaskError
+
+if TYPE_CHECKING:
+    from kernelrl.jsontypes import JSONObject, JSONValue
 
 _CODE_KEYS = ("custom_code", "code", "source", "kernel_code", "generated_code", "candidate", "cuda_code")
 _ANSWER_KEYS = ("answer", "response", "completion")
@@ -98,7 +101,7 @@ class AuditEntry:
     task: Task | None = None
     task_ref: str = ""  # what the input said about the task
     note: str = ""  # why the code or the task is missing
-    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    meta: JSONObject = field(default_factory=dict, compare=False)
 
 
 @dataclass(kw_only=True)
@@ -136,12 +139,12 @@ class AuditRecord:
         warning = sorted({f.rule for f in self.findings if f.severity is Severity.WARN} - set(rejecting))
         return rejecting, warning
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         rejecting, warning = self.rule_names()
-        out: dict[str, Any] = {"name": self.entry.name, "verdict": self.verdict.value, "rules": rejecting,
-                               "warnings": warning,
-                               "task": self.entry.task.name if self.entry.task else self.entry.task_ref,
-                               "note": "; ".join(n for n in (self.entry.note, self.note) if n)}
+        out: JSONObject = {"name": self.entry.name, "verdict": self.verdict.value, "rules": [*rejecting],
+                           "warnings": [*warning],
+                           "task": self.entry.task.name if self.entry.task else self.entry.task_ref,
+                           "note": "; ".join(n for n in (self.entry.note, self.note) if n)}
         if self.result is not None:
             out["status"] = self.result.status.value
             out["speedup"] = self.result.speedup
@@ -156,8 +159,8 @@ class DegenerateTask:
     reasons: list[str]
     entries: list[str]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "reasons": list(self.reasons), "entries": list(self.entries)}
+    def to_dict(self) -> JSONObject:
+        return {"task": self.task, "reasons": [*self.reasons], "entries": [*self.entries]}
 
 
 @dataclass(kw_only=True)
@@ -196,17 +199,17 @@ class AuditReport:
     def flagged(self) -> list[AuditRecord]:
         return self.with_verdict(AuditOutcome.FLAGGED)
 
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"source": self.source, "policy": self.policy, "dynamic": self.dynamic,
-                               "entries": len(self.records), "verdicts": self.verdict_counts(),
-                               "rules": {k: {"reject": a, "warn": b} for k, (a, b) in self.rule_counts().items()}}
+    def summary(self) -> JSONObject:
+        out: JSONObject = {"source": self.source, "policy": self.policy, "dynamic": self.dynamic,
+                           "entries": len(self.records), "verdicts": {**self.verdict_counts()},
+                           "rules": {k: {"reject": a, "warn": b} for k, (a, b) in self.rule_counts().items()}}
         if self.degeneracy_checked is not None:
             out["degeneracy"] = {"references_checked": self.degeneracy_checked,
                                  "degenerate_tasks": [d.to_dict() for d in self.degenerate],
-                                 "errors": dict(self.degeneracy_errors)}
+                                 "errors": {**self.degeneracy_errors}}
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"summary": self.summary(), "entries": [r.to_dict() for r in self.records]}
 
 
@@ -229,12 +232,13 @@ def read_entries(path: Path | str, *, default_task: Task | None = None) -> list[
     return _unique_names(_json_entries(_parse_json_or_lines(text, path), path, default_task))
 
 
-def _parse_json_or_lines(text: str, path: Path) -> Any:
+def _parse_json_or_lines(text: str, path: Path) -> JSONValue:
     """One JSON document, or JSON Lines (a list of the rows), whatever the suffix says."""
     try:
-        return json.loads(text)
+        data: JSONValue = json.loads(text)
+        return data
     except json.JSONDecodeError as whole:
-        rows = []
+        rows: list[JSONValue] = []
         for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
@@ -250,14 +254,15 @@ def _parse_json_or_lines(text: str, path: Path) -> Any:
         return rows
 
 
-def _json_entries(data: Any, path: Path, default_task: Task | None) -> list[AuditEntry]:
+def _json_entries(data: JSONValue, path: Path, default_task: Task | None) -> list[AuditEntry]:
     if isinstance(data, list):
         return [_row_entry(r, i, None, default_task) for i, r in enumerate(data, 1)]
     if not isinstance(data, dict):
         raise AuditInputError(f"{path}: expected a list of rows or a dict, found {type(data).__name__}")
     for key in _LIST_KEYS:
-        if isinstance(data.get(key), list):
-            return [_row_entry(r, i, None, default_task) for i, r in enumerate(data[key], 1)]
+        rows = data.get(key)
+        if isinstance(rows, list):
+            return [_row_entry(r, i, None, default_task) for i, r in enumerate(rows, 1)]
     levels = {k: v for k, v in data.items() if isinstance(v, list)}
     if not levels:
         raise AuditInputError(f"{path}: no list of entries found (expected rows, or a dict of levels of entries)")
@@ -281,7 +286,7 @@ def _unique_names(entries: list[AuditEntry]) -> list[AuditEntry]:
     return out
 
 
-def _first(row: dict[str, Any], keys: Iterable[str]) -> Any:
+def _first(row: JSONObject, keys: Iterable[str]) -> JSONValue:
     for k in keys:
         v = row.get(k)
         if v not in (None, ""):
@@ -289,7 +294,7 @@ def _first(row: dict[str, Any], keys: Iterable[str]) -> Any:
     return None
 
 
-def _row_name(row: dict[str, Any], index: int, level: int | None, prefix: str | None) -> tuple[str, int | None]:
+def _row_name(row: JSONObject, index: int, level: int | None, prefix: str | None) -> tuple[str, int | None]:
     ident = _first(row, _ID_KEYS)
     if level is None:
         raw = _first(row, _ROW_LEVEL_KEYS)
@@ -302,13 +307,14 @@ def _row_name(row: dict[str, Any], index: int, level: int | None, prefix: str | 
     return (f"{prefix}/{ident}" if prefix else str(ident)), level
 
 
-def _row_entry(row: Any, index: int, level: int | None, default_task: Task | None,
+def _row_entry(row: JSONValue, index: int, level: int | None, default_task: Task | None,
                prefix: str | None = None) -> AuditEntry:
     if not isinstance(row, dict):
         name = f"{prefix}/{index}" if prefix else f"row {index}"
         return AuditEntry(name=name, code=None, note=f"row is a {type(row).__name__}, not an object")
     name, level = _row_name(row, index, level, prefix)
-    meta = {k: v for k, v in row.items() if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) < 200)}
+    meta: JSONObject = {k: v for k, v in row.items()
+                        if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) < 200)}
     raw = _first(row, _CODE_KEYS)
     if raw is None:
         answer = _first(row, _ANSWER_KEYS)

@@ -19,7 +19,6 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from kernelrl.checks import rules as R
 from kernelrl.result import Finding
@@ -32,7 +31,7 @@ PRECISION_STATE = frozenset({"float32_matmul_precision", "cudnn_allow_tf32", "cu
                              "cuda_matmul_allow_fp16_reduced_precision", "cuda_matmul_allow_bf16_reduced_precision"})
 
 
-def global_state_changed(phase: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Finding]:
+def global_state_changed(phase: str, before: Mapping[str, object], after: Mapping[str, object]) -> list[Finding]:
     """Settings that differ after the program was loaded or called: precision ones, and the rest."""
     changed = {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v and k not in _HARNESS_STATE}
     out = []

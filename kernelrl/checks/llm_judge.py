@@ -52,12 +52,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from kernelrl.candidate import fenced_blocks, source_hash
 from kernelrl.checks import rules as R
 from kernelrl.endpoint import RetryPolicy, retry_after_s
 from kernelrl.result import EvalResult, Finding, Review, ReviewAnswer, Status, TimingStats
+
+if TYPE_CHECKING:
+    from kernelrl.jsontypes import JSONObject
 
 # RetryPolicy is the proposers' on purpose: one retry policy for every chat endpoint kernelrl
 # talks to (backoff, jitter, Retry-After, which statuses are worth another attempt).
@@ -208,11 +211,11 @@ MAX_ANSWER_CHARS = 64 * 1024
 MAX_BRACES_TRIED = 64
 
 
-def _json_objects(text: str) -> list[dict[str, Any]]:
+def _json_objects(text: str) -> list[JSONObject]:
     text = text[:MAX_ANSWER_CHARS]
     decoder = json.JSONDecoder()
     pieces = [text] + [body.strip() for _, body in fenced_blocks(text)]
-    found: list[dict[str, Any]] = []
+    found: list[JSONObject] = []
     for piece in pieces:
         try:
             obj = json.loads(piece)

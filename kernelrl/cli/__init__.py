@@ -26,7 +26,8 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from types import FrameType
+from typing import NoReturn
 
 from kernelrl.cli import judge, search, serve, train, watch
 from kernelrl.cli.options import UsageError
@@ -106,7 +107,7 @@ def leave(code: int) -> NoReturn:
     if not others:
         sys.exit(code)
 
-    def now(signum: int, frame: Any) -> None:
+    def now(signum: int, frame: FrameType | None) -> None:
         os._exit(130)
 
     signal.signal(signal.SIGINT, now)  # a Ctrl-C during the exit hooks: leave at once

@@ -38,7 +38,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kernelrl.cli.helps import field_docs
 from kernelrl.config import ConfigError, load_toml, with_overrides
@@ -58,8 +58,8 @@ class FlagTable:
     helps: Mapping[str, str] = field(default_factory=dict)  # field path -> help text
     skip: frozenset[str] = frozenset()  # paths set by another table (a nested config with its own)
 
-    def paths(self) -> dict[str, Any]:
-        """Field path -> type, for every field this table exposes."""
+    def paths(self) -> dict[str, object]:
+        """Field path -> type hint, for every field this table exposes."""
         return {p: t for p, t in field_paths(self.config).items()
                 if not any(p == s or p.startswith(s + ".") for s in self.skip)}
 
@@ -79,7 +79,7 @@ def add_flags(parser: argparse.ArgumentParser, *tables: FlagTable) -> None:
                  with_default(text, defaults.get(path)))
 
 
-def shown_default(value: Any) -> str | None:
+def shown_default(value: object) -> str | None:
     """A field's default as its help states it, or None where the flag shows none: no default
     (None), a boolean (the `--x`/`--no-x` pair), an empty or mapping value."""
     if isinstance(value, enum.Enum):
@@ -91,11 +91,11 @@ def shown_default(value: Any) -> str | None:
     return _shown(value)
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     return (f"{value:g}" if isinstance(value, float) else str(value)).replace("%", "%%")
 
 
-def with_default(help_text: str, default: Any) -> str:
+def with_default(help_text: str, default: object) -> str:
     """`help_text` ending with the field's default, read from the config; a help that says its
     default in words (one computed at run time: "(default $KERNELRL_CACHE, ...)") keeps them."""
     shown = shown_default(default)
@@ -104,9 +104,9 @@ def with_default(help_text: str, default: Any) -> str:
     return f"{help_text} (default {shown})" if help_text else f"default {shown}"
 
 
-def overrides(args: argparse.Namespace, *tables: FlagTable) -> dict[str, Any]:
+def overrides(args: argparse.Namespace, *tables: FlagTable) -> dict[str, object]:
     """The dotted config keys the flags given set (flags left out are None and set nothing)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for table in tables:
         for path in table.paths():
             value = getattr(args, _dest(table.prefix + path), None)
@@ -116,7 +116,7 @@ def overrides(args: argparse.Namespace, *tables: FlagTable) -> dict[str, Any]:
 
 
 def given_values(args: argparse.Namespace, *tables: FlagTable,
-                 legacy: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
+                 legacy: Callable[[dict[str, object]], dict[str, object]] | None = None) -> dict[str, object]:
     """A command's settings: the run config `--config` names (if any), rewritten by `legacy` (an
     older file's keys moved where they live now), then the flags given on top. Raises
     `kernelrl.config.ConfigError` for a config file that cannot be read."""
@@ -197,7 +197,7 @@ def _dest(path: str) -> str:
     return _DEST_PREFIX + path.replace(".", "__")
 
 
-def _inner(tp: Any) -> Any:
+def _inner(tp: object) -> object:
     """`X` of `X | None`."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -205,7 +205,7 @@ def _inner(tp: Any) -> Any:
     return tp
 
 
-def _add(group: Any, name: str, dest: str, tp: Any, help_text: str) -> None:
+def _add(group: argparse._ArgumentGroup, name: str, dest: str, tp: object, help_text: str) -> None:
     tp = _inner(tp)
     origin = typing.get_origin(tp)
     kwargs: dict[str, Any] = {"dest": dest, "default": None, "help": help_text or None}
@@ -213,7 +213,7 @@ def _add(group: Any, name: str, dest: str, tp: Any, help_text: str) -> None:
         group.add_argument(name, action=argparse.BooleanOptionalAction, **kwargs)
     elif isinstance(tp, type) and issubclass(tp, enum.Enum):
         group.add_argument(name, choices=[m.value for m in tp], **kwargs)
-    elif tp in (int, float, str):
+    elif isinstance(tp, type) and tp in (int, float, str):
         group.add_argument(name, type=tp, metavar=_metavar(name, tp), **kwargs)
     elif tp is Path:
         group.add_argument(name, type=str, metavar="PATH", **kwargs)
@@ -223,13 +223,13 @@ def _add(group: Any, name: str, dest: str, tp: Any, help_text: str) -> None:
                            action=_Extend, **kwargs)
     elif origin is dict or tp is dict:
         args = typing.get_args(tp)
-        value_type = args[1] if len(args) == 2 else Any
+        value_type = args[1] if len(args) == 2 else object  # only compared with int
         group.add_argument(name, type=_key_value(value_type), metavar="KEY=VALUE", action=_Merge, nargs="+", **kwargs)
     else:
         raise TypeError(f"{name}: no command-line form for settings of type {tp}")
 
 
-def _metavar(name: str, tp: Any) -> str:
+def _metavar(name: str, tp: type) -> str:
     if tp is str:
         return "TEXT"
     if name.endswith("-s") or name == "--timeout":
@@ -237,9 +237,9 @@ def _metavar(name: str, tp: Any) -> str:
     return "N" if tp is int else "X"
 
 
-def _list_item(kind: type) -> Any:
+def _list_item(kind: type[int | float | str]) -> Callable[[str], list[int | float | str]]:
     """A value of a list flag: one or several comma-separated items of `kind`."""
-    def parse(text: str) -> list[Any]:
+    def parse(text: str) -> list[int | float | str]:
         try:
             return [kind(s.strip()) for s in text.split(",") if s.strip()]
         except ValueError:
@@ -251,27 +251,28 @@ def _list_item(kind: type) -> Any:
 class _Extend(argparse.Action):
     """Several values, each possibly comma-separated, flattened into one list."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
         items = list(getattr(namespace, self.dest, None) or [])
         for chunk in values if isinstance(values, list) else [values]:
-            items.extend(chunk)
+            items.extend(cast("list[object]", chunk))  # every value went through `_list_item`'s parser
         setattr(namespace, self.dest, items)
 
 
 class _Merge(argparse.Action):
     """KEY=VALUE pairs, repeated, merged into one table."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
         table = dict(getattr(namespace, self.dest, None) or {})
-        for key, value in values if isinstance(values, list) else [values]:
+        for pair in values if isinstance(values, list) else [values]:
+            key, value = cast("tuple[str, object]", pair)  # every value went through `_key_value`'s parser
             table[key] = value
         setattr(namespace, self.dest, table)
 
 
-def _key_value(value_type: Any) -> Any:
-    def parse(text: str) -> tuple[str, Any]:
+def _key_value(value_type: object) -> Callable[[str], tuple[str, object]]:
+    def parse(text: str) -> tuple[str, object]:
         key, sep, raw = text.partition("=")
         if not sep or not key.strip():
             raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -285,7 +286,7 @@ def _key_value(value_type: Any) -> Any:
     return parse
 
 
-def _toml_value(raw: str) -> Any:
+def _toml_value(raw: str) -> object:
     """A value as TOML reads it (numbers, booleans, quoted strings, lists), else the text itself."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]

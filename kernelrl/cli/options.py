@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console
 
@@ -13,6 +13,12 @@ from kernelrl.cli.flags import FlagTable, add_flags, overrides, user_words
 from kernelrl.config import ConfigError, build, load_toml, with_overrides
 from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import EvalConfig
+
+if TYPE_CHECKING:
+    from kernelrl.candidate import Candidate
+    from kernelrl.tasks.task import Task
+
+T = TypeVar("T")
 
 
 class UsageError(Exception):
@@ -24,7 +30,7 @@ def console_for(json_mode: bool = False) -> Console:
     return Console(stderr=True) if json_mode else Console()
 
 
-def with_spinner(console: Console, text: str, fn: Callable[[], Any], backend: Any = None) -> Any:
+def with_spinner(console: Console, text: str, fn: Callable[[], T], backend: object = None) -> T:
     """`fn()` under a spinner saying `text`, its elapsed seconds and who holds `backend`'s timing lock."""
     from kernelrl.search.activity import lock_watch, waiting
 
@@ -40,7 +46,7 @@ def task_specs(values: Sequence[str] | None) -> list[str]:
 # eval, baseline
 
 
-def read_candidate(path_str: str) -> Any:
+def read_candidate(path_str: str) -> Candidate:
     from kernelrl.candidate import Candidate, extract_code
 
     path = Path(path_str)
@@ -60,6 +66,8 @@ def eval_config(args: argparse.Namespace, *, check: bool = True) -> EvalConfig:
     `check`: the device must be usable here."""
     try:
         values = load_toml(args.config).get("eval", {}) if args.config else {}
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{args.config}: eval must be a table")
         config = build(EvalConfig, with_overrides(values, overrides(args, EVAL_FLAGS)))
     except ConfigError as e:
         raise UsageError(user_words(str(e), EVAL_FLAGS)) from e
@@ -68,7 +76,7 @@ def eval_config(args: argparse.Namespace, *, check: bool = True) -> EvalConfig:
     return config
 
 
-def load_one_task(spec: str) -> Any:
+def load_one_task(spec: str) -> Task:
     from kernelrl.tasks.suites import load_task
     from kernelrl.tasks.task import TaskError
 

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernelrl.cli.options import UsageError
 
+if TYPE_CHECKING:
+    from kernelrl.tasks.task import Task
 
-def check_tasks(specs: Sequence[str], *, flag: str = "--tasks") -> list[Any]:
+
+def check_tasks(specs: Sequence[str], *, flag: str = "--tasks") -> list[Task]:
     """The tasks of these specs (suites, task names, files, folders), loaded; an unknown one is named
     as the user would call it (a suite where it looks like one)."""
     from kernelrl.tasks.suites import load_tasks
@@ -42,7 +45,7 @@ def check_tasks(specs: Sequence[str], *, flag: str = "--tasks") -> list[Any]:
     return tasks
 
 
-def check_suite(spec: str) -> list[Any]:
+def check_suite(spec: str) -> list[Task]:
     """`kernelrl tasks --suite SPEC`: a suite, a folder, a task file or a task name."""
     from kernelrl.tasks.suites import load_tasks, suite_names
     from kernelrl.tasks.task import TaskError
@@ -58,7 +61,7 @@ def check_suite(spec: str) -> list[Any]:
         raise UsageError(f"--suite: {e}") from e
 
 
-def check_proposer(spec: str, opts: dict[str, Any] | None = None, *, flag: str = "--proposer") -> None:
+def check_proposer(spec: str, opts: Mapping[str, object] | None = None, *, flag: str = "--proposer") -> None:
     """The proposer spec names a known kind with options it takes, and any file it names exists;
     nothing is loaded or called."""
     from kernelrl.search.proposers import ProposerError, check_spec

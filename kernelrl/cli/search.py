@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernelrl.cli.flags import FlagTable, add_flags, given_values, user_words
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
@@ -20,6 +20,9 @@ from kernelrl.cli.preflight import (
 from kernelrl.config import ConfigError, build
 from kernelrl.search.config import SearchConfig
 from kernelrl.search.episode import nest_episode_keys
+
+if TYPE_CHECKING:
+    from kernelrl.tasks.task import Task
 
 # optimize / report / export
 
@@ -56,7 +59,7 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
         raise UsageError(user_words(str(e), *OPTIMIZE_TABLES)) from e
 
 
-def preflight(config: SearchConfig, args: argparse.Namespace) -> list[Any]:
+def preflight(config: SearchConfig, args: argparse.Namespace) -> list[Task]:
     """Every check `optimize` can make before it starts a worker or a model: the database (and
     `--resume`), the proposer spec, the tasks, the templates folder and the HTML file; its tasks."""
     check_new_database(config.db_path, resume=config.resume)

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernelrl.cli.flags import FlagTable, add_flags, flag_for, given_values, overrides, user_words
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
@@ -15,6 +15,14 @@ from kernelrl.search.episode import nest_episode_keys
 from kernelrl.train.bench import BenchConfig
 from kernelrl.train.collect import CollectConfig
 from kernelrl.train.recipe import TrainConfig
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kernelrl.train.stage import Stage
+
+# The configs `_config` builds (the commands that read a run config and flags of their own).
+_C = TypeVar("_C", CollectConfig, BenchConfig)
 
 # collect / train / bench (kernelrl.train)
 
@@ -91,8 +99,8 @@ COLLECT_TABLES = (COLLECT_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval.")
 BENCH_TABLES = (BENCH_FLAGS, dataclasses.replace(EVAL_FLAGS, prefix="eval."))
 
 
-def _config(args: argparse.Namespace, tables: tuple[FlagTable, ...], command: str,
-            adjust: Callable[[dict[str, Any]], None] | None = None) -> Any:
+def _config(args: argparse.Namespace, cls: type[_C], tables: tuple[FlagTable, ...], command: str,
+            adjust: Callable[[dict[str, Any]], None] | None = None) -> _C:
     """A command's config: the named run config file, then the flags given on top; `adjust`
     rewrites the merged settings before they are built."""
     from kernelrl.config import ConfigError, build
@@ -101,14 +109,14 @@ def _config(args: argparse.Namespace, tables: tuple[FlagTable, ...], command: st
         values = given_values(args, *tables, legacy=nest_episode_keys)
         if adjust is not None:
             adjust(values)
-        config: Any = build(tables[0].config, values)
+        config = build(cls, values)  # `tables[0].config` is `cls`
     except (ConfigError, ValueError) as e:
         raise UsageError(user_words(str(e), *tables)) from e
     check_device(config.eval.device)
     return config
 
 
-def _preflight(config: Any, proposers: list[tuple[str, dict[str, Any]]]) -> None:
+def _preflight(config: CollectConfig | BenchConfig, proposers: list[tuple[str, dict[str, object]]]) -> None:
     """What `collect` and `bench` can check before a worker or a model starts: each proposer spec
     (with its own options), the tasks, the templates folder and the database."""
     from kernelrl.train.collect import ProposerSpec
@@ -135,6 +143,7 @@ def _preflight(config: Any, proposers: list[tuple[str, dict[str, Any]]]) -> None
             check_writable_parent(config.db_path, flag="--db")
 
 
+# Any: the settings as read, rewritten before `build` checks their types.
 def _bench_values(values: dict[str, Any]) -> None:
     """`bench`: the builtin suite by default; "hf:PATH key=value ...": the spec, its options on top of
     --proposer-opts."""
@@ -151,7 +160,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from kernelrl.train.collect import collect
     from kernelrl.train.console import render_collect
 
-    config = _config(args, COLLECT_TABLES, "collect")
+    config = _config(args, CollectConfig, COLLECT_TABLES, "collect")
     _preflight(config, [(spec, dict(config.proposer_opts)) for spec in config.proposers])
     check_writable_parent(config.out, flag="--out")
     console = console_for()
@@ -241,7 +250,7 @@ def _settings_given(rest: Sequence[str]) -> list[str]:
     return out
 
 
-def _dry_run(config: Any, stage: Any, name: str, settings: Sequence[str] = ()) -> int:
+def _dry_run(config: TrainConfig, stage: Stage, name: str, settings: Sequence[str] = ()) -> int:
     from kernelrl.train.launch import CheckLevel, dry_run
 
     try:
@@ -264,7 +273,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from kernelrl.train.bench import plot_bench, run_bench
     from kernelrl.train.console import render_bench
 
-    config = _config(args, BENCH_TABLES, "bench", adjust=_bench_values)
+    config = _config(args, BenchConfig, BENCH_TABLES, "bench", adjust=_bench_values)
     _preflight(config, [(config.proposer, dict(config.proposer_opts))])
     if args.plot:
         check_writable_parent(args.plot, flag="--plot")
@@ -284,7 +293,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_turns(config: Any, args: argparse.Namespace, console: Any) -> int:
+def _bench_turns(config: BenchConfig, args: argparse.Namespace, console: Console) -> int:
     """`kernelrl bench --turns T`: refinement episodes, reported by turn."""
     from kernelrl.train.bench_turns import plot_turn_bench, run_turn_bench
     from kernelrl.train.console import render_turn_bench

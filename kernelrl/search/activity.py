@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console, RenderableType
 from rich.progress import (
@@ -42,6 +42,12 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from kernelrl.search.chains import TaskState
+    from kernelrl.search.config import SearchConfig
+    from kernelrl.search.records import CandidateRecord
+    from kernelrl.search.summary import StopReason
 
 REFRESH_S = 1.0
 LOG_EVERY_S = 10.0  # a plain line this often where the console cannot redraw (not a terminal)
@@ -109,7 +115,7 @@ class LockWatch:
                 "here); timing waits for it")
 
 
-def lock_watch(evaluator: Any) -> LockWatch:
+def lock_watch(evaluator: object) -> LockWatch:
     """The watch of an evaluator's device lock (none for an injected judge)."""
     lock = getattr(evaluator, "lock", None)
     path = getattr(lock, "path", None)
@@ -149,16 +155,16 @@ class SearchView(Protocol):
     """What the status line reads of a search (`kernelrl.search.scheduler.Scheduler`)."""
 
     @property
-    def config(self) -> Any: ...  # its budget: candidates per task
+    def config(self) -> SearchConfig: ...  # its budget: candidates per task
 
     @property
-    def state(self) -> Mapping[str, Any]: ...  # per task: in_flight, profile_pending, evaluated
+    def state(self) -> Mapping[str, TaskState]: ...  # per task: in_flight, profile_pending, evaluated
 
     @property
     def eval_pending(self) -> Sequence[tuple[str, str]]: ...  # (task, hash) waiting for a batch
 
     @property
-    def evals_in_flight(self) -> Mapping[tuple[str, str], Any]: ...  # (task, hash) not judged yet
+    def evals_in_flight(self) -> Mapping[tuple[str, str], Sequence[CandidateRecord]]: ...  # (task, hash) not judged yet
 
     @property
     def batch_running(self) -> bool: ...
@@ -167,7 +173,7 @@ class SearchView(Protocol):
     def baselines_in_flight(self) -> int: ...
 
     @property
-    def stop_reason(self) -> Any: ...
+    def stop_reason(self) -> StopReason | None: ...
 
 
 class _Bars(Progress):

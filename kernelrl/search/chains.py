@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernelrl.result import EvalResult
 from kernelrl.search.database import Database
 from kernelrl.search.episode import Episode, EpisodeConfig
 from kernelrl.search.records import BaselineRecord, CandidateRecord, RunMeta
 from kernelrl.tasks.task import Task
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 
 @dataclass
@@ -77,7 +80,7 @@ class TaskState:
     best: CandidateRecord | None = None
     failures: int = 0  # consecutive proposer failures
     gave_up: str | None = None
-    progress_id: Any = None
+    progress_id: TaskID | None = None  # its bar, once the search shows one
     # a task's first prompts wait for its baseline, so they can state eager and compile times
     baseline_pending: bool = False
     profile_pending: bool = False  # and for its profile (shapes, constants), read by a reference worker

@@ -13,11 +13,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.config import to_dict
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.search.episode import EpisodeConfig
+
+if TYPE_CHECKING:
+    from kernelrl.jsontypes import JSONObject, JSONValue
 
 __all__ = ["SearchConfig"]
 
@@ -28,7 +31,7 @@ class SearchConfig:
     db_path: Path  # the run's SQLite code database (made when missing; a new run is added to an existing one)
     proposer: str = "heuristic"  # spec for kernelrl.search.proposers.make_proposer
     # options of the proposer, e.g. base_url=URL temperature=0.7 max_tokens=4096
-    proposer_opts: dict[str, Any] = field(default_factory=dict)
+    proposer_opts: dict[str, object] = field(default_factory=dict)
     budget: int = 8  # candidates (model answers) per task in this run, split evenly over its chains
     chains: int = 2  # parallel chains per task
     # prompt + completion tokens over the run; None: no limit. (A per-answer limit is a proposer
@@ -81,7 +84,7 @@ class SearchConfig:
         and torch.compile) are measured in each task's first timing group when `baselines` is on."""
         return dataclasses.replace(self.eval, compile_baseline=self.baselines)
 
-    def proposer_options(self) -> dict[str, Any]:
+    def proposer_options(self) -> dict[str, Any]:  # Any: forwarded as keyword arguments, which the proposer checks
         """The options the search's proposer is built with: `proposer_opts`, and for an
         OpenAI-compatible endpoint as many requests in flight as the loop makes calls at once."""
         opts = dict(self.proposer_opts)
@@ -89,8 +92,9 @@ class SearchConfig:
             opts.setdefault("concurrency", self.model_concurrency)
         return opts
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         d = to_dict(self)
         # options may hold an API key: the database keeps only their names
-        d["proposer_opts"] = sorted(self.proposer_opts)
+        names: list[JSONValue] = [*sorted(self.proposer_opts)]
+        d["proposer_opts"] = names
         return d

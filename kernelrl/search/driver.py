@@ -24,7 +24,7 @@ Does not generate, judge, store or pay: the callers' `ask` and `judge` do.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,7 +32,7 @@ from kernelrl.result import EvalResult
 from kernelrl.search.episode import Episode
 
 
-def turn_prompt(episode: Episode, base: Any) -> Any:
+def turn_prompt(episode: Episode, base: str | Sequence[Mapping[str, object]]) -> str | Sequence[Mapping[str, object]]:
     """The next turn's prompt from `base`, a plain prompt (`Episode.prompt`) or a chat (its last
     user message gets the history); turn 1's is `base` itself."""
     if not episode.turns:
@@ -59,6 +59,8 @@ class Judgement:
     compile_ci: tuple[float, float] | None = None
 
 
+# The prompts of `Ask` and `Judge` stay `Any`: a caller's own function may take a narrower kind
+# of prompt than `turn_prompt` makes (kernelrl.train.bench_turns asks with plain ones only).
 class Ask(Protocol):
     """Answers for a batch of prompts: `(turn, episode indices, prompts) -> answers`, one per
     prompt, None where there is none (a finite proposer ran out: that episode ends there)."""
@@ -74,8 +76,8 @@ class Judge(Protocol):
                  ) -> Sequence[Judgement]: ...
 
 
-def run_episodes(episodes: Sequence[Episode], bases: Sequence[Any], *, ask: Ask, judge: Judge
-                 ) -> list[list[float | None]]:
+def run_episodes(episodes: Sequence[Episode], bases: Sequence[str | Sequence[Mapping[str, object]]], *, ask: Ask,
+                 judge: Judge) -> list[list[float | None]]:
     """The turn loop, for fresh `episodes` run side by side (`bases[i]`: episode i's turn-1
     prompt, plain or chat). Each turn: every live episode's prompt (its base and its history
     within the budget, `turn_prompt`), one `ask` for all of them, one `judge` of every

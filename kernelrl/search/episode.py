@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.feedback import feedback, verdict_line
@@ -153,7 +152,7 @@ class Episode:
 FLAT_KEYS = ("turns", "history_tokens")  # an older config's top-level keys, now its `episode` table's
 
 
-def nest_episode_keys(values: dict[str, Any]) -> dict[str, Any]:
+def nest_episode_keys(values: dict[str, object]) -> dict[str, object]:
     """`values` (a run config's top level) with the older flat `turns` and `history_tokens` moved
     into its `episode` table; a ValueError when a key is given both ways."""
     flat = {k: values[k] for k in FLAT_KEYS if k in values}

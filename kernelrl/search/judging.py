@@ -31,21 +31,24 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernelrl.candidate import Candidate
 from kernelrl.judge.reuse import JudgedKey, judged_before
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.database import Database
-from kernelrl.search.output import RunOutput
+from kernelrl.search.output import MeasuredBaseline, RunOutput
 from kernelrl.search.records import CandidateRecord
 from kernelrl.search.state import RunState
 from kernelrl.search.workers import Workers
 from kernelrl.tasks.task import Task
 
+if TYPE_CHECKING:
+    from kernelrl.judge.profile import TaskProfile
+
 BatchFn = Callable[[list[tuple[Task, Candidate]]], list[EvalResult]]
-BaselineFn = Callable[[Task], Any]  # returns an object with eager_ms and compile_ms (kernelrl.judge.baseline.Baseline)
-ProfileFn = Callable[[Task], Any]  # returns a kernelrl.judge.profile.TaskProfile (or None)
+BaselineFn = Callable[[Task], MeasuredBaseline]  # e.g. a kernelrl.judge.baseline.Baseline
+ProfileFn = Callable[[Task], "TaskProfile | None"]
 Key = tuple[str, str]  # (task, source hash)
 # How much longer than `batch_wait_s` a batch waits for tasks still reading their profiles.
 PROFILE_HOLD_S = 60.0
@@ -118,7 +121,7 @@ class Judging:
         stream = {"on_result": lambda i, r: self.workers.put("result", keys[i], r)} if self.streams else {}
         self.workers.spawn("evaluation", self.workers.eval_slots, lambda: self.evaluate_batch(items, **stream), keys)
 
-    def on_batch(self, keys: list[Key], out: Any) -> None:
+    def on_batch(self, keys: list[Key], out: list[EvalResult] | BaseException) -> None:
         """A batch returned: its verdicts not streamed already land, in order."""
         self.batch_running = False
         if isinstance(out, BaseException) or len(out) != len(keys):
@@ -130,7 +133,7 @@ class Judging:
             self.on_result(key, result)
         self.out.known_baselines({k[0] for k in keys})
 
-    def on_result(self, key: Key, out: Any) -> None:
+    def on_result(self, key: Key, out: EvalResult | BaseException) -> None:
         """The verdict on one source (or the evaluator's failure): stored for every candidate waiting on it."""
         waiting = self.evals_in_flight.pop(key)
         first, rest = waiting[0], waiting[1:]
@@ -169,7 +172,7 @@ class Judging:
             ts.profile_pending = True
             self.workers.spawn("profile", self.workers.profile_slots, functools.partial(self.profile, ts.task), name)
 
-    def on_profile(self, name: str, out: Any) -> None:
+    def on_profile(self, name: str, out: TaskProfile | BaseException | None) -> None:
         ts = self.run.tasks[name]
         ts.profile_pending = False
         if isinstance(out, BaseException):
@@ -189,7 +192,7 @@ class Judging:
                 self.workers.spawn("baseline", self.workers.eval_slots,
                                    functools.partial(self.measure_baseline, ts.task), name)
 
-    def on_baseline(self, name: str, out: Any) -> None:
+    def on_baseline(self, name: str, out: MeasuredBaseline | BaseException) -> None:
         self.baselines_in_flight -= 1
         self.run.tasks[name].baseline_pending = False
         if isinstance(out, BaseException):

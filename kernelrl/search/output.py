@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console
 
@@ -34,10 +34,24 @@ from kernelrl.search.state import RunState
 from kernelrl.search.summary import SearchSummary, StopReason, TaskSummary
 from kernelrl.tasks.task import Task
 
+if TYPE_CHECKING:
+    from kernelrl.judge.baseline import Baseline
+
+
+class MeasuredBaseline(Protocol):
+    """What the search stores of a baseline it measured (`kernelrl.judge.baseline.Baseline` is one;
+    its `compile_speedup_ci` is read where the object has one)."""
+
+    @property
+    def eager_ms(self) -> float: ...
+
+    @property
+    def compile_ms(self) -> float | None: ...
+
 
 class RunOutput:
     def __init__(self, run: RunState, db: Database, console: Console, *, fingerprint: str,
-                 known_baseline: Callable[[Task], Any] | None = None, watch: LockWatch | None = None) -> None:
+                 known_baseline: Callable[[Task], Baseline | None] | None = None, watch: LockWatch | None = None) -> None:
         self.run = run
         self.db = db
         self.console = console
@@ -73,7 +87,7 @@ class RunOutput:
         self.db.store_reused_result(rec.id, source_id, result)
         self.reused += 1
 
-    def baseline(self, name: str, measured: Any) -> None:
+    def baseline(self, name: str, measured: MeasuredBaseline) -> None:
         """A task's baseline measured by the search (eager_ms, compile_ms, compile_speedup_ci)."""
         cfg = self.run.config.eval
         self.db.put_baseline(task=name, device=cfg.device, size=cfg.size, eager_ms=float(measured.eager_ms),

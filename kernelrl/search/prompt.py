@@ -28,7 +28,7 @@ import random
 import string
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kernelrl.candidate import source_hash
 from kernelrl.checks.rules import RULES
@@ -103,7 +103,7 @@ class Templates:
     def text(self, name: str) -> str:
         return self.path(name).read_text()
 
-    def render(self, name: str, **fields: Any) -> str:
+    def render(self, name: str, **fields: object) -> str:
         path = self.path(name)
         try:
             return string.Template(path.read_text()).substitute(fields)
@@ -260,7 +260,7 @@ def _task_facts(task: Task, size: str, profile: TaskProfile | None) -> tuple[str
     return consts, ", ".join(profile.inputs) or "none", ", ".join(profile.init_args) or "none"
 
 
-def describe_shapes_of(values: Sequence[Any]) -> list[str]:
+def describe_shapes_of(values: Sequence[object]) -> list[str]:
     """Tensors as 'dtype[shape]', everything else as its repr (init arguments are usually numbers)."""
     import torch
 
@@ -286,7 +286,7 @@ def _baselines(db: ContrastSource | None, task: Task, device: str, size: str) ->
     return text + "."
 
 
-def _policy_name(policy: Any) -> str:
+def _policy_name(policy: object) -> str:
     name = policy if isinstance(policy, str) else getattr(policy, "name", None)
     if not isinstance(name, str) or not name:
         raise PromptError(f"policy must be a name or an object with .name, not {policy!r}")
@@ -297,7 +297,7 @@ def _policy_name(policy: Any) -> str:
 # The prompt
 
 
-def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | None, policy: Any,
+def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | None, policy: object,
                  device: str | DevicePeaks, rng: random.Random, k: int = 4, n_refused: int = 3,
                  size: str = "small", template_dir: str | Path | None = None,
                  profile: TaskProfile | None = None) -> str:

@@ -11,9 +11,12 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.result import EvalResult, Severity, Status
+
+if TYPE_CHECKING:
+    from kernelrl.jsontypes import JSONObject, JSONValue
 
 
 class CandidateState(str, enum.Enum):
@@ -31,7 +34,7 @@ class RunStatus(str, enum.Enum):
 @dataclass(frozen=True, kw_only=True)
 class RunRecord:
     id: int
-    config: dict[str, Any]
+    config: dict[str, Any]  # as its command stored it: each reader (kernelrl.report) picks the keys it knows
     started: float  # seconds since the epoch
     finished: float | None
     status: RunStatus
@@ -95,7 +98,7 @@ class RunMeta:
     band: tuple[float, float] | None = None  # the clip's window
     within_noise: bool | None = None
     copy: bool | None = None  # the program was one its prompt showed
-    proposer: Mapping[str, Any] = field(default_factory=dict)  # what the proposer said of its answer (JSON)
+    proposer: Mapping[str, JSONValue] = field(default_factory=dict)  # what the proposer said of its answer (JSON)
 
     _INT = ("step", "round", "rank", "group", "episode", "turn", "turns", "sample")
     _FLOAT = ("reward", "raw")
@@ -107,7 +110,7 @@ class RunMeta:
                    if f.name != "proposer" and getattr(other, f.name) is not None}
         return dataclasses.replace(self, **changes, proposer={**self.proposer, **other.proposer})
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         out = dict(self.proposer)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -116,7 +119,7 @@ class RunMeta:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunMeta:
+    def from_dict(cls, data: Mapping[str, JSONValue]) -> RunMeta:
         """The stored object read back: known keys typed (a value of the wrong type is dropped, not
         trusted), every other key the proposer's."""
         known: dict[str, Any] = {}
@@ -132,11 +135,14 @@ class RunMeta:
         for name in cls._BOOL:
             if isinstance(data.get(name), bool):
                 known[name] = data[name]
-        if data.get("stage") in set(RunStage):
-            known["stage"] = RunStage(data["stage"])
+        stage = data.get("stage")
+        if stage in set(RunStage) and isinstance(stage, str):
+            known["stage"] = RunStage(stage)
         band = data.get("band")
-        if isinstance(band, (list, tuple)) and len(band) == 2 and all(isinstance(b, (int, float)) for b in band):
-            known["band"] = (float(band[0]), float(band[1]))
+        if isinstance(band, (list, tuple)) and len(band) == 2:
+            lo, hi = band
+            if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+                known["band"] = (float(lo), float(hi))
         return cls(**known, proposer=rest)
 
 

@@ -32,7 +32,8 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, cast
 
 from kernelrl.candidate import extract_code, source_hash
 from kernelrl.judge.device import DevicePeaks
@@ -45,6 +46,12 @@ from kernelrl.search.records import CandidateRecord, NewCandidate, RunMeta
 from kernelrl.search.state import RunState
 from kernelrl.search.summary import StopReason
 from kernelrl.search.workers import Workers
+
+if TYPE_CHECKING:
+    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.result import EvalResult
+    from kernelrl.search.output import MeasuredBaseline
+    from kernelrl.search.proposers import Proposal
 
 # A task whose proposer fails this many times in a row is given up for this run: the error is
 # then not transient (bad model name, bad key), and retrying only burns the wall clock.
@@ -100,7 +107,7 @@ class Scheduler:
         """Run until nothing is under way (the module docstring); the stop reason is set after."""
         interrupts = [0]
 
-        def on_sigint(signum: int, frame: Any) -> None:
+        def on_sigint(signum: int, frame: FrameType | None) -> None:
             interrupts[0] += 1
 
         old_handler = None
@@ -141,17 +148,20 @@ class Scheduler:
             self.run.tasks[rec.task].chains[rec.chain].busy = True
             self.judging.submit(rec)
 
-    def _handle(self, kind: str, payload: Any, out: Any) -> None:
+    def _handle(self, kind: str, payload: object, out: object) -> None:
+        # The kind says what was spawned with it (`schedule`, `Judging.start_*`): the payload and
+        # the outcome of its call, or the exception the call raised.
         if kind == "proposal":
-            self.on_proposal(payload, out)
+            self.on_proposal(cast("tuple[str, int, int, str, CandidateRecord | None]", payload),
+                             cast("Proposal | BaseException", out))
         elif kind == "evaluation":
-            self.judging.on_batch(payload, out)
+            self.judging.on_batch(cast("list[Key]", payload), cast("list[EvalResult] | BaseException", out))
         elif kind == "result":  # one result of a batch still running
-            self.judging.on_result(payload, out)
+            self.judging.on_result(cast("Key", payload), cast("EvalResult | BaseException", out))
         elif kind == "profile":
-            self.judging.on_profile(payload, out)
+            self.judging.on_profile(cast("str", payload), cast("TaskProfile | BaseException | None", out))
         else:
-            self.judging.on_baseline(payload, out)
+            self.judging.on_baseline(cast("str", payload), cast("MeasuredBaseline | BaseException", out))
 
     # ------------------------------------------------------------ what to ask next
     def _budget_stop(self) -> StopReason | None:
@@ -194,7 +204,7 @@ class Scheduler:
     def _start_step(self, ts: TaskState, chain: Chain) -> None:
         cfg = self.config
         rng = random.Random(f"{cfg.seed}:{ts.task.name}:{chain.index}:{chain.step}")
-        extra = {"template_dir": cfg.template_dir} if cfg.template_dir is not None else {}
+        extra: dict[str, object] = {"template_dir": cfg.template_dir} if cfg.template_dir is not None else {}
         profile = self.run.profiles.get(ts.task.name)
         if profile is not None:
             extra["profile"] = profile
@@ -212,7 +222,8 @@ class Scheduler:
                            (ts.task.name, chain.index, chain.step, prompt, parent))
         chain.step += 1
 
-    def on_proposal(self, payload: tuple[str, int, int, str, CandidateRecord | None], out: Any) -> None:
+    def on_proposal(self, payload: tuple[str, int, int, str, CandidateRecord | None],
+                    out: Proposal | BaseException) -> None:
         """A model's answer (or its failure): stored as a candidate, then sent to be judged."""
         name, index, step, prompt, parent = payload
         ts = self.run.tasks[name]

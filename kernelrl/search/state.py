@@ -23,7 +23,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernelrl.result import EvalResult
 from kernelrl.search.chains import Chain, TaskState, better, rebuild
@@ -32,6 +32,9 @@ from kernelrl.search.database import Database
 from kernelrl.search.records import BaselineRecord, CandidateRecord, CandidateState
 from kernelrl.search.summary import StopReason
 from kernelrl.tasks.task import Task
+
+if TYPE_CHECKING:
+    from kernelrl.judge.profile import TaskProfile
 
 
 @dataclass(kw_only=True)
@@ -43,7 +46,7 @@ class RunState:
     started: float  # time.monotonic() when this invocation started
     prompt_tokens: int = 0  # over the whole run
     completion_tokens: int = 0
-    profiles: dict[str, Any] = field(default_factory=dict)  # a task's kernelrl.judge.profile.TaskProfile, once read
+    profiles: dict[str, TaskProfile | None] = field(default_factory=dict)  # a task's profile, once read (None: none)
     stop_reason: StopReason | None = None  # set when no new model call may start
 
     def proposing(self) -> bool:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
 
-Event = tuple[str, Any, Any]  # (kind, payload, outcome: a value or the exception raised)
+# (kind, payload, outcome: a value or the exception raised); the kind says what the other two are
+Event = tuple[str, object, object]
 
 
 class Workers:
@@ -27,12 +27,12 @@ class Workers:
         self.eval_slots = threading.Semaphore(1)  # batches and injected baseline measurements, one at a time
         self.profile_slots = threading.Semaphore(2)
 
-    def spawn(self, kind: str, slots: threading.Semaphore, fn: Callable[[], Any], payload: Any) -> None:
+    def spawn(self, kind: str, slots: threading.Semaphore, fn: Callable[[], object], payload: object) -> None:
         """Run `fn` on a thread under `slots`; its outcome comes back as `(kind, payload, outcome)`."""
         def body() -> None:
             with slots:
                 try:
-                    out: Any = fn()
+                    out: object = fn()
                 except BaseException as e:  # noqa: BLE001 - reported to the loop, which decides
                     out = e
             self.events.put((kind, payload, out))
@@ -40,7 +40,7 @@ class Workers:
         # Daemon threads: a second Ctrl-C may leave while a call is still under way.
         threading.Thread(target=body, name=f"kernelrl-{kind}", daemon=True).start()
 
-    def put(self, kind: str, payload: Any, out: Any) -> None:
+    def put(self, kind: str, payload: object, out: object) -> None:
         """An event from a call still under way (a batch's result that is final)."""
         self.events.put((kind, payload, out))
 

@@ -80,8 +80,8 @@ class KernelInteraction:
             self._sessions[instance_id] = session
         return instance_id
 
-    async def generate_response(self, instance_id: str, messages: Sequence[Mapping[str, Any]],
-                                **kwargs: Any) -> tuple[bool, str, float, dict[str, Any]]:
+    async def generate_response(self, instance_id: str, messages: Sequence[Mapping[str, object]],
+                                **kwargs: object) -> tuple[bool, str, float, dict[str, float]]:
         session = self._session(instance_id)
         answer = _last_assistant(messages)
         if answer is None:
@@ -93,14 +93,14 @@ class KernelInteraction:
                    "scored": float(turn.reward is not None)}
         return turn.done, turn.verdict or "", float(turn.reward or 0.0), metrics
 
-    async def calculate_score(self, instance_id: str | None = None, **kwargs: Any) -> float:
+    async def calculate_score(self, instance_id: str | None = None, **kwargs: object) -> float:
         if instance_id is None:
             return 0.0
         state = await asyncio.to_thread(self._session(instance_id).state)
         first = state.returns[0] if state.returns else None
         return float(first or 0.0)
 
-    async def finalize_interaction(self, instance_id: str | None = None, **kwargs: Any) -> None:
+    async def finalize_interaction(self, instance_id: str | None = None, **kwargs: object) -> None:
         if instance_id is None:
             return
         with self._lock:
@@ -116,7 +116,7 @@ class KernelInteraction:
         return session
 
 
-def _last_assistant(messages: Sequence[Mapping[str, Any]]) -> str | None:
+def _last_assistant(messages: Sequence[Mapping[str, object]]) -> str | None:
     for m in reversed(messages):
         if m.get("role") == "assistant":
             content = m.get("content")

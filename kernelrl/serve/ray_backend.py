@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import ActorDiedError
@@ -43,6 +43,9 @@ from kernelrl.result import EvalResult
 from kernelrl.serve.lanes import LaneEvaluators, split_evenly
 from kernelrl.tasks.task import Size, Task
 
+if TYPE_CHECKING:
+    from kernelrl.jsontypes import JSONObject
+
 NAMESPACE = "kernelrl"
 
 
@@ -53,23 +56,23 @@ class LaneActor:
         self.lane = LaneEvaluators(config)
 
     def evaluate_batch(self, items: list[tuple[Task, Candidate]], size: str | None, policy: str | None
-                       ) -> list[dict[str, Any]]:
+                       ) -> list[JSONObject]:
         results = self.lane.evaluate_batch(items, size=Size(size) if size else None,
                                            policy=PolicyName(policy) if policy else None)
         return [r.to_dict() for r in results]
 
-    def profile(self, task: Task, size: str | None) -> dict[str, Any] | None:
+    def profile(self, task: Task, size: str | None) -> JSONObject | None:
         profile = self.lane.profile(task, size=Size(size) if size else None)
         return profile.to_dict() if profile else None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JSONObject:
         import os
 
         return {"pid": os.getpid(), "device": str(self.lane.config.device),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "settings": settings(self.lane.config)}
 
 
-def settings(config: EvalConfig) -> dict[str, Any]:
+def settings(config: EvalConfig) -> JSONObject:
     """What must agree for two drivers to share a lane: every setting but where caches live."""
     from kernelrl.config import to_dict
 
@@ -125,7 +128,7 @@ class RayLanes:
                 self.actors[i] = self._create(i)
             return self.actors[i]
 
-    def _get(self, i: int, method: str, *args: Any) -> Any:
+    def _get(self, i: int, method: str, *args: object) -> Any:
         """`actor.method(*args)` on lane i, on a new actor when the lane is found dead."""
         actor = self.actors[i]
         try:

@@ -128,7 +128,7 @@ class VerlScorer:
             self.backend = Evaluator(eval_config)
         atexit.register(self.backend.close)
 
-    def score_batch(self, solution_strs: Sequence[str], ground_truths: Sequence[Any],
+    def score_batch(self, solution_strs: Sequence[str], ground_truths: Sequence[object],
                     extra_infos: Sequence[Mapping[str, Any] | None]) -> list[dict[str, float]]:
         codes = [extract_code(s or "") for s in solution_strs]
         tasks: list[Task] = []
@@ -174,13 +174,13 @@ def scorer(settings: VerlSettings) -> VerlScorer:
         return found
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None,
+def compute_score(data_source: str, solution_str: str, ground_truth: object, extra_info: Mapping[str, Any] | None = None,
                   **kwargs: Any) -> dict[str, float]:
     """verl's per-sample reward: a dict with `score` (see the module docstring)."""
     return scorer(VerlSettings.resolve(kwargs)).score_batch([solution_str], [ground_truth], [extra_info])[0]
 
 
-def compute_score_batch(data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],
+def compute_score_batch(data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[object],
                         extra_infos: Sequence[Mapping[str, Any] | None] | None = None,
                         **kwargs: Any) -> list[dict[str, float]]:
     """verl's batch reward (`reward_model.reward_manager=batch`): one dict per sample, in order."""

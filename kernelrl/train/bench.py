@@ -60,7 +60,9 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.judge.profile import TaskProfile
     from kernelrl.search.proposers import Proposer
+    from kernelrl.train.rollouts import Judged
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +136,7 @@ class BenchReport:
     def solved(self) -> int:
         return sum(1 for t in self.tasks if t.best_speedup is not None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:  # for json.dumps
         return {"proposer": self.proposer, "k": self.k, "tasks": len(self.tasks), "solved": self.solved,
                 "pass_at": {str(j): v for j, v in self.pass_at.items()},
                 "fast_at": {str(p): {str(j): v for j, v in by_j.items()} for p, by_j in self.fast_at.items()},
@@ -178,13 +180,13 @@ def run_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend:
             store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings,
                            meta=[RunMeta(stage=RunStage.BENCH)] * len(judged))
         compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
-    per_task: dict[str, list[Any]] = {t.name: [] for t in tasks}
+    per_task: dict[str, list[Judged]] = {t.name: [] for t in tasks}
     for j in judged:
         per_task[j.rollout.task].append(j)
     return summarise(config, tasks, per_task, compile_speedups)
 
 
-def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str, Sequence[Any]],
+def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str, Sequence[Judged]],
               compile_speedups: Mapping[str, float | None]) -> BenchReport:
     rows = []
     statuses: dict[str, int] = {}
@@ -192,7 +194,9 @@ def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str,
     for t in tasks:
         judged = list(per_task.get(t.name, ()))
         missing += config.k - len(judged)
-        speedups: list[float | None] = [j.result.speedup if j.status is Status.CORRECT else None for j in judged]
+        # (a CORRECT status always has its result: `Judged.status` reads it)
+        speedups: list[float | None] = [j.result.speedup if j.status is Status.CORRECT and j.result is not None else None
+                                        for j in judged]
         correct = sum(1 for j in judged if j.status is Status.CORRECT)
         # Correct but untimed samples count for pass@k; for fast_p they need a speed, and one within
         # noise never counts as faster (`counts_as_faster`).
@@ -225,7 +229,7 @@ def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str,
 
 
 def _sample(proposer: Proposer, tasks: Sequence[Task], config: BenchConfig, settings: EvalSettings,
-            profiles: Mapping[str, Any]) -> list[Rollout]:
+            profiles: Mapping[str, TaskProfile | None]) -> list[Rollout]:
     from kernelrl.search.prompt import build_prompt
     from kernelrl.search.proposers import Exhausted, ProposalRequest
 

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kernelrl.result import Status
 from kernelrl.search.driver import Judgement, run_episodes
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.judge.profile import TaskProfile
     from kernelrl.search.proposers import Proposer
 
 
@@ -88,7 +89,7 @@ class TurnBenchReport:
     correct_at_turn: tuple[float, ...]  # [t - 1]: mean over tasks of the share of samples correct at turn t itself
     budget: tuple[EqualBudget, ...]  # [t - 1]: t model calls per task
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:  # for json.dumps
         return {"proposer": self.proposer, "k": self.k, "turns": self.turns, "result_at_turn": "best so far",
                 "by_turn": [{"turn": t, "correct_at_turn": c, **r.to_dict()}
                             for t, (r, c) in enumerate(zip(self.by_turn, self.correct_at_turn), 1)],
@@ -120,7 +121,7 @@ def run_turn_bench(config: BenchConfig, *, proposer: Proposer | None = None, bac
         compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
         samples = _Episodes(config, tasks, task_profiles(backend, tasks), compile_speedups)
 
-        def judge(turn: int, asked: Sequence[int], prompts: Sequence[Any], answers: Sequence[str]) -> list[Judgement]:
+        def judge(turn: int, asked: Sequence[int], prompts: Sequence[str], answers: Sequence[str]) -> list[Judgement]:
             rollouts = samples.rollouts(asked, prompts, answers)
             with saying(console, f"bench: turn {turn} of {config.episode.turns}: judging {len(rollouts)} answers from "
                                  f"{config.proposer}", backend):
@@ -172,7 +173,7 @@ class _Episodes:
     """The k episodes of every task (in (task, sample) order), their prompts and judged turns;
     what the driver's `ask` and `judge` call."""
 
-    def __init__(self, config: BenchConfig, tasks: Sequence[Task], profiles: dict[str, Any],
+    def __init__(self, config: BenchConfig, tasks: Sequence[Task], profiles: dict[str, TaskProfile | None],
                  compile_speedups: dict[str, float | None]) -> None:
         from kernelrl.search.prompt import build_prompt
 

@@ -52,7 +52,9 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.judge.profile import TaskProfile
     from kernelrl.search.database import Database
+    from kernelrl.search.proposers import Proposal, Proposer
 
 MAX_FAILURES = 3
 STAGE = RunStage.COLLECT
@@ -64,12 +66,12 @@ class ProposerSpec:
     """A proposer spec and its options, parsed from `SPEC key=value ...`."""
 
     spec: str
-    opts: dict[str, Any] = field(default_factory=dict)
+    opts: dict[str, object] = field(default_factory=dict)  # TOML scalars, or the raw text
 
     @classmethod
     def parse(cls, text: str) -> ProposerSpec:
         spec, *pairs = text.split()
-        opts: dict[str, Any] = {}
+        opts: dict[str, object] = {}
         for pair in pairs:
             key, sep, raw = pair.partition("=")
             if not sep or not key:
@@ -79,7 +81,7 @@ class ProposerSpec:
             opts[key] = _scalar(raw)
         return cls(spec=spec, opts=opts)
 
-    def options(self, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def options(self, environ: Mapping[str, str] | None = None) -> dict[str, object]:
         """The options for `make_proposer`, with `api_key_env=NAME` read from the environment."""
         environ = os.environ if environ is None else environ
         opts = dict(self.opts)
@@ -97,7 +99,7 @@ class ProposerSpec:
         return f"{self.spec}@{url}" if url else self.spec
 
 
-def _scalar(raw: str) -> Any:
+def _scalar(raw: str) -> object:
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -174,7 +176,7 @@ class _Pair:
 
 
 def collect(config: CollectConfig, *, console: Console | None = None, backend: ProfilingJudge | None = None,
-            proposers: Mapping[str, Any] | None = None, tasks: Sequence[Task] | None = None) -> CollectSummary:
+            proposers: Mapping[str, Proposer] | None = None, tasks: Sequence[Task] | None = None) -> CollectSummary:
     """Run (or continue) a collection; see the module docstring. `backend` and `proposers` (by
     label) replace the configured evaluator and proposers (tests)."""
     from kernelrl.config import to_dict
@@ -190,7 +192,7 @@ def collect(config: CollectConfig, *, console: Console | None = None, backend: P
             f"{s.value} {', '.join(names)}" for s, names in left_out.items()), soft_wrap=True)
     specs = [ProposerSpec.parse(p) for p in config.proposers]
     settings = EvalSettings.of(config.eval)
-    made: dict[str, Any] = {}
+    made: dict[str, Proposer] = {}
     errors: list[str] = []
     asked = evaluated = 0
     with build_run(tasks=tasks, eval_config=config.eval, db_path=config.database, judge=backend,
@@ -288,7 +290,7 @@ def _stop_reason(p: _Pair, config: CollectConfig) -> str:
     return ""
 
 
-def _options(spec: ProposerSpec, config: CollectConfig) -> dict[str, Any]:
+def _options(spec: ProposerSpec, config: CollectConfig) -> dict[str, object]:
     """The proposer's options: the collection's, then the spec's own."""
     opts = {**config.proposer_opts, **spec.options()}
     if not spec.spec.startswith("openai"):
@@ -299,8 +301,9 @@ def _options(spec: ProposerSpec, config: CollectConfig) -> dict[str, Any]:
     return opts
 
 
-def _ask(pairs: Sequence[_Pair], proposers: Mapping[str, Any], db: Database, config: CollectConfig,
-         settings: EvalSettings, errors: list[str], profiles: Mapping[str, Any]) -> list[tuple[_Pair, Rollout | None]]:
+def _ask(pairs: Sequence[_Pair], proposers: Mapping[str, Proposer], db: Database, config: CollectConfig,
+         settings: EvalSettings, errors: list[str], profiles: Mapping[str, TaskProfile | None]
+         ) -> list[tuple[_Pair, Rollout | None]]:
     from kernelrl.search.prompt import build_prompt
     from kernelrl.search.proposers import (
         Exhausted,
@@ -317,7 +320,7 @@ def _ask(pairs: Sequence[_Pair], proposers: Mapping[str, Any], db: Database, con
                               profile=profiles.get(p.task.name), template_dir=config.template_dir)
         requests.append((p, prompt, best[0].id if best else None))
 
-    def one(item: tuple[_Pair, str, int | None]) -> Any:
+    def one(item: tuple[_Pair, str, int | None]) -> Proposal | Exception:
         p, prompt, _ = item
         try:
             return proposers[p.spec.label].propose(ProposalRequest(task=p.task, prompt=prompt, step=p.tries))

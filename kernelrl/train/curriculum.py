@@ -114,7 +114,7 @@ class Curriculum:
             self._open += 1
             self._draws_at_level = 0
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, object]:
         with self._lock:
             return {"open": self._open, "solved": sorted(self._solved), "streak": dict(self._streak),
                     "draws": self.draws, "draws_at_level": self._draws_at_level, "rng": _rng_state(self._rng)}
@@ -131,6 +131,6 @@ class Curriculum:
                 self._rng.setstate((version, tuple(internal), gauss))
 
 
-def _rng_state(rng: random.Random) -> list[Any]:
+def _rng_state(rng: random.Random) -> list[int | list[int] | float | None]:
     version, internal, gauss = rng.getstate()
     return [version, list(internal), gauss]

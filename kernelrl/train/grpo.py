@@ -75,8 +75,10 @@ from kernelrl.train.trl_args import build_args, check_keys, trl_class
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from transformers import TrainerCallback, TrainerControl, TrainerState
 
     from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.judge.profile import TaskProfile
     from kernelrl.search.database import Database
 
 STATE_FILE = "kernelrl_state.rank{rank}.json"
@@ -150,12 +152,15 @@ def state_file(checkpoint: Path, rank: int) -> Path:
     return Path(checkpoint) / STATE_FILE.format(rank=rank)
 
 
-def state_callback(reward_fn: KernelRewardFunction, stream: PromptStream, rank: int) -> Any:
+def state_callback(reward_fn: KernelRewardFunction, stream: PromptStream, rank: int) -> TrainerCallback:
     """A TrainerCallback writing this rank's kernelrl state next to TRL's in every checkpoint."""
     from transformers import TrainerCallback
 
     class KernelrlState(TrainerCallback):
-        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # args stays untyped: TrainingArguments types output_dir as optional, and Path() of it is what the
+        # Trainer's own checkpoint code does (it is set by then).
+        def on_save(self, args: Any, state: TrainerState, control: TrainerControl,
+                    **kwargs: object) -> TrainerControl:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             folder.mkdir(parents=True, exist_ok=True)  # as the Trainer does for each rank's RNG state
             path = state_file(folder, rank)
@@ -241,7 +246,7 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
                db: Database, output_dir: Path, reward: RewardModel, eval_settings: EvalSettings | None,
                prompt_settings: EvalSettings, resume: bool = False, seed: int = 0, console: Console | None = None,
                template_dir: Path | None = None, run_id: int | None = None,
-               profiles: dict[str, Any] | None = None, ranks: Ranks | None = None) -> GRPOResult:
+               profiles: dict[str, TaskProfile | None] | None = None, ranks: Ranks | None = None) -> GRPOResult:
     """Train; `output_dir` is the stage's folder. `eval_settings` (None: do not reuse stored
     verdicts) say which database results stand for the backend's; `prompt_settings` give the
     policy, device and size the prompts state; `ranks` are the run's processes (one by default)."""

@@ -37,10 +37,10 @@ import importlib.util
 import json
 import math
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelrl.config import CONFIG_DIR, ConfigError
 from kernelrl.tasks.splits import for_training, split_of
@@ -51,8 +51,48 @@ from kernelrl.train.model import is_model_folder
 from kernelrl.train.stage import AUTO, Stage
 from kernelrl.train.trl_args import build_args, trl_class
 
+if TYPE_CHECKING:
+    from kernelrl.judge.eval_config import EvalConfig
+    from kernelrl.run_parts import BackendConfig
+    from kernelrl.train.grpo import GRPOStageConfig
+    from kernelrl.train.model import ModelConfig
+    from kernelrl.train.rft import RFTStageConfig
+    from kernelrl.train.sft import SFTStageConfig
+
 ACCELERATE_CONFIG_DIR = CONFIG_DIR / "accelerate"
 CPU_ONLY = {"bf16": False, "fp16": False, "use_cpu": True}  # what a machine without CUDA accepts
+
+
+class CheckedConfig(Protocol):
+    """What the checks read of a run's config: `kernelrl.train.recipe.TrainConfig`, which imports
+    this module (for `LaunchConfig`), so it is described here rather than imported."""
+
+    @property
+    def tasks(self) -> tuple[str, ...]: ...
+    @property
+    def splits(self) -> tuple[str, ...]: ...
+    @property
+    def output_dir(self) -> Path: ...
+    @property
+    def model(self) -> ModelConfig: ...
+    @property
+    def template_dir(self) -> Path | None: ...
+    @property
+    def eval(self) -> EvalConfig: ...
+    @property
+    def backend(self) -> BackendConfig: ...
+    @property
+    def launch(self) -> LaunchConfig: ...
+    @property
+    def sft(self) -> SFTStageConfig: ...
+    @property
+    def rft(self) -> RFTStageConfig: ...
+    @property
+    def grpo(self) -> GRPOStageConfig: ...
+    @property
+    def database(self) -> Path: ...
+    @property
+    def sft_data(self) -> Path: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +125,7 @@ class LaunchConfig:
         return ACCELERATE_CONFIG_DIR / f"{self.accelerate_config}.yaml"
 
 
-def launch_command(config: Any, stage: Stage, name: str, settings: Sequence[str] = ()) -> str:
+def launch_command(config: CheckedConfig, stage: Stage, name: str, settings: Sequence[str] = ()) -> str:
     """The command line that starts `stage` of the run config `name` as the config says, with the
     command-line `settings` (flags and their values) the config was given on top."""
     launch: LaunchConfig = config.launch
@@ -136,7 +176,7 @@ class DryRun:
 AddCheck = Callable[[str, CheckLevel, str], None]  # what was checked, its level, what was found
 
 
-def dry_run(config: Any, stage: Stage, *, name: str, settings: Sequence[str] = ()) -> DryRun:
+def dry_run(config: CheckedConfig, stage: Stage, *, name: str, settings: Sequence[str] = ()) -> DryRun:
     stage = Stage(stage)
     checks: list[Check] = []
 
@@ -157,7 +197,14 @@ def dry_run(config: Any, stage: Stage, *, name: str, settings: Sequence[str] = (
     return DryRun(stage=stage, command=launch_command(config, stage, name, settings), checks=tuple(checks))
 
 
-def _check_tasks(config: Any, add: AddCheck) -> None:
+def _stage_config(config: CheckedConfig, stage: Stage) -> SFTStageConfig | RFTStageConfig | GRPOStageConfig:
+    """The config table of `stage` (each has its own `init_from` and `trl`)."""
+    tables: dict[Stage, SFTStageConfig | RFTStageConfig | GRPOStageConfig] = {
+        Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}
+    return tables[stage]
+
+
+def _check_tasks(config: CheckedConfig, add: AddCheck) -> None:
     try:
         tasks, left = for_training(load_tasks(list(config.tasks)), config.splits)
     except TaskError as e:
@@ -175,7 +222,7 @@ def _is_local(text: str) -> bool:
     return text.startswith((".", "/", "~")) or Path(text).exists() or text.count("/") != 1
 
 
-def _check_model(config: Any, stage: Stage, add: AddCheck) -> None:
+def _check_model(config: CheckedConfig, stage: Stage, add: AddCheck) -> None:
     path = config.model.path
     if is_model_folder(path):
         add("model.path", CheckLevel.OK, f"{path}: a model folder")
@@ -185,7 +232,7 @@ def _check_model(config: Any, stage: Stage, add: AddCheck) -> None:
         add("model.path", CheckLevel.ERROR, f"{path}: no model there (no config.json) and not a hub id")
     else:
         add("model.path", CheckLevel.NOTE, f"{path}: a hub id, fetched on the training machine (not checked offline)")
-    init = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage].init_from
+    init = _stage_config(config, stage).init_from
     if init != AUTO:
         if is_model_folder(init):
             add("init_from", CheckLevel.OK, f"{init}: a model folder")
@@ -195,7 +242,7 @@ def _check_model(config: Any, stage: Stage, add: AddCheck) -> None:
             add("init_from", CheckLevel.NOTE, f"{init}: a hub id (not checked offline)")
 
 
-def _check_files(config: Any, stage: Stage, add: AddCheck) -> None:
+def _check_files(config: CheckedConfig, stage: Stage, add: AddCheck) -> None:
     data = config.sft_data
     if stage is Stage.SFT:
         add("sft.data", CheckLevel.OK if data.is_file() else CheckLevel.ERROR,
@@ -222,7 +269,7 @@ def _check_files(config: Any, stage: Stage, add: AddCheck) -> None:
         + ("its folder exists or can be made" if writable else "its folder cannot be made"))
 
 
-def _check_accelerate(config: Any, stage: Stage, processes: int, add: AddCheck) -> dict[str, Any]:
+def _check_accelerate(config: CheckedConfig, stage: Stage, processes: int, add: AddCheck) -> Mapping[str, object]:
     path = config.launch.accelerate_file()
     if path is None:
         add("launch", CheckLevel.OK, "one process, no accelerate config")
@@ -251,8 +298,8 @@ def _check_accelerate(config: Any, stage: Stage, processes: int, add: AddCheck) 
     return values
 
 
-def _check_trl(config: Any, stage: Stage, processes: int, add: AddCheck) -> dict[str, Any]:
-    table = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage].trl
+def _check_trl(config: CheckedConfig, stage: Stage, processes: int, add: AddCheck) -> dict[str, bool]:
+    table = _stage_config(config, stage).trl
     values = dict(table)
     name = "GRPOConfig" if stage is Stage.GRPO else "SFTConfig"
     import torch
@@ -305,7 +352,7 @@ def _check_grpo_batch(cls: type, values: dict[str, Any], processes: int, add: Ad
     return {**{k: v for k, v in values.items() if k != "steps_per_generation"}, "generation_batch_size": batch}
 
 
-def judge_notice(config: Any) -> str:
+def judge_notice(config: CheckedConfig) -> str:
     """What refuses hacks in this run, said at its start (training pays the lowest reward for
     every refusal; a run without the adversarial LLM judge relies on the static and dynamic
     defences alone)."""
@@ -326,7 +373,7 @@ def judge_notice(config: Any) -> str:
             f"that only a reader would see is paid{warned}")
 
 
-def gpu_layout(config: Any, stage: Stage, processes: int) -> tuple[str, int, int]:
+def gpu_layout(config: CheckedConfig, stage: Stage, processes: int) -> tuple[str, int, int]:
     """Where a stage's GPUs go (training, generation, judging), in words, and how many GPUs it
     uses on the training node and elsewhere."""
     launch = config.launch
@@ -337,7 +384,7 @@ def gpu_layout(config: Any, stage: Stage, processes: int) -> tuple[str, int, int
         train = [str(i) for i in range(processes)]
     parts = [f"training on {len(train)} GPU(s) ({','.join(train)})"]
     node = len(train)
-    trl = {Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}[stage].trl
+    trl = _stage_config(config, stage).trl
     if stage is Stage.GRPO and trl.get("use_vllm") and trl.get("vllm_mode") == "server":
         rest = [str(i) for i in range(launch.node_gpus or 0) if str(i) not in train]
         parts.append(f"generation on the vLLM server's GPU ({rest[0] if rest else 'one more GPU'})")
@@ -357,7 +404,7 @@ def gpu_layout(config: Any, stage: Stage, processes: int) -> tuple[str, int, int
     return "; ".join(parts), node, elsewhere
 
 
-def _check_layout(config: Any, stage: Stage, processes: int, add: AddCheck) -> None:
+def _check_layout(config: CheckedConfig, stage: Stage, processes: int, add: AddCheck) -> None:
     words, node, elsewhere = gpu_layout(config, stage, processes)
     limit = config.launch.node_gpus
     over = limit is not None and node > limit
@@ -389,7 +436,7 @@ def warmup_steps(trl: dict[str, Any], steps: int) -> int:
     return math.ceil(ratio * steps)
 
 
-def _check_steps(config: Any, stage: Stage, processes: int, add: AddCheck) -> None:
+def _check_steps(config: CheckedConfig, stage: Stage, processes: int, add: AddCheck) -> None:
     """The stage's optimizer steps, and a warmup that ends before they do."""
     if stage is Stage.GRPO:
         trl = config.grpo.trl
@@ -421,7 +468,8 @@ def _check_steps(config: Any, stage: Stage, processes: int, add: AddCheck) -> No
                   if steps and warm >= steps else ""))
 
 
-def _check_packages(config: Any, stage: Stage, accel: dict[str, Any], trl_values: dict[str, Any], add: AddCheck) -> None:
+def _check_packages(config: CheckedConfig, stage: Stage, accel: Mapping[str, object], trl_values: Mapping[str, bool],
+                    add: AddCheck) -> None:
     wanted = {"trl": "training", "accelerate": "training"}
     if accel.get("distributed_type") == "DEEPSPEED":
         wanted["deepspeed"] = "the accelerate config's DeepSpeed"

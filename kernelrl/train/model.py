@@ -23,9 +23,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.train.tiny import TinyModelConfig
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -113,7 +117,7 @@ def load_model(source: str | Path, config: ModelConfig) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def peft_config(config: ModelConfig) -> Any:
+def peft_config(config: ModelConfig) -> LoraConfig | None:
     """peft's LoraConfig for the trainer, or None for full fine-tuning."""
     if config.lora is None:
         return None
@@ -150,7 +154,7 @@ def as_completion(tokenizer: Any, answer: str) -> str | list[dict[str, str]]:
     return answer
 
 
-def completion_text(completion: Any) -> str:
+def completion_text(completion: object) -> str:
     """A TRL completion (a string, or a list of chat messages) as the answer's text."""
     if isinstance(completion, str):
         return completion
@@ -163,7 +167,7 @@ def completion_text(completion: Any) -> str:
     return str(completion)
 
 
-def prompt_text(prompt: Any) -> str:
+def prompt_text(prompt: object) -> str:
     """A TRL prompt (a string, or chat messages) as the user's text, for the code database."""
     if isinstance(prompt, str):
         return prompt
@@ -234,7 +238,8 @@ def norm_probe() -> Any:
     class NormProbe(TrainerCallback):
         before: float | None = None
 
-        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
+        def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                           model: Any = None, **kwargs: object) -> TrainerControl:
             if model is not None:
                 self.before = trainable_norm(model)
             return control

@@ -71,7 +71,7 @@ import enum
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from kernelrl.candidate import extract_code
 from kernelrl.result import Status
@@ -79,13 +79,17 @@ from kernelrl.search.driver import Judgement, run_episodes
 from kernelrl.search.episode import Episode, EpisodeConfig
 from kernelrl.search.records import RunMeta
 from kernelrl.train.model import prompt_text
-from kernelrl.train.reward_fn import KernelRewardFunction, TaskMismatch, print_batch
+from kernelrl.train.reward_fn import KernelRewardFunction, LogExtra, LogMetric, TaskMismatch, print_batch
 from kernelrl.train.rollouts import Rollout
 from kernelrl.train.stream import PromptStream, row_key
 from kernelrl.train.trl_generate import Generated, generate
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rich.console import Console
+
+    from kernelrl.train.sampling import Prompt
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,9 +97,23 @@ class Trajectory:
     """One refinement episode's rows on this process: its task, its row's prompt, key and parents."""
 
     task: str
-    prompt: Any
+    prompt: Prompt
     key: str
     parents: tuple[int, ...] = ()  # the versions the row's prompt built on: turn 1's parents
+
+
+class RolloutColumns(TypedDict):
+    """What `MultiTurnRollout` gives TRL: one entry per turn row in each column."""
+
+    prompt_ids: list[Sequence[int]]
+    completion_ids: list[Sequence[int]]
+    logprobs: list[Sequence[float] | None] | None  # None: transformers' generate gives none; TRL computes them
+    turn: list[int]
+    turn_task: list[str]
+    turn_verdict: list[str]
+    turn_reward: list[float | None]
+    turn_return: list[float | None]
+    turn_credit: list[float | None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,11 +169,12 @@ class EpisodeReturn:
     def __init__(self, rollout: MultiTurnRollout | None = None) -> None:
         self.rollout = rollout  # where the latest episodes' metrics are read
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], task: Sequence[str],
+    def __call__(self, prompts: Sequence[Prompt], completions: Sequence[object], task: Sequence[str],
                  turn_task: Sequence[str], turn_return: Sequence[float | None], key: Sequence[str] | None = None,
                  turn: Sequence[int] | None = None, turn_verdict: Sequence[str] | None = None,
                  turn_reward: Sequence[float | None] | None = None, turn_credit: Sequence[float | None] | None = None,
-                 log_metric: Any = None, log_extra: Any = None, **kwargs: Any) -> list[float | None]:
+                 log_metric: LogMetric | None = None, log_extra: LogExtra | None = None,
+                 **kwargs: object) -> list[float | None]:
         n = len(completions)
         if not (len(prompts) == len(task) == len(turn_task) == len(turn_return) == n):
             raise ValueError(f"{len(prompts)} prompts, {len(task)} tasks, {len(turn_task)} judged tasks and "
@@ -186,7 +205,7 @@ class MultiTurnRollout:
     """TRL `rollout_func` running refinement episodes (see the module docstring)."""
 
     def __init__(self, scorer: KernelRewardFunction, stream: PromptStream, config: EpisodeConfig, *,
-                 template_dir: Any = None, console: Console | None = None,
+                 template_dir: str | Path | None = None, console: Console | None = None,
                  count_tokens: Callable[[str], int] | None = None, credit: TurnCredit = TurnCredit.TURN) -> None:
         if config.turns < 2:
             raise ValueError("a multi-turn rollout needs turns >= 2 (one turn is TRL's own generation)")
@@ -200,7 +219,7 @@ class MultiTurnRollout:
         self.episodes = 0  # trajectories started in this run, over every rank (the same on each)
         self.metrics: dict[str, float] = {}  # the latest call's, over the global batch
 
-    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+    def __call__(self, prompts: list[Prompt], trainer: Any) -> RolloutColumns:
         T = self.config.turns
         ranks = self.scorer.ranks
         trajectories = self._trajectories(prompts)
@@ -213,17 +232,18 @@ class MultiTurnRollout:
         episodes = [Episode(task=t.task, config=self.config, template_dir=self.template_dir,
                             count_tokens=self.count_tokens) for t in trajectories]
         keys = [t.key for t in trajectories]
-        samples: list[list[tuple[Any, Any, Any]]] = [[] for _ in trajectories]  # (prompt_ids, completion_ids, logprobs)
+        # (prompt_ids, completion_ids, logprobs) of each turn
+        samples: list[list[tuple[Sequence[int], Sequence[int], Sequence[float] | None]]] = [[] for _ in trajectories]
         verdicts: list[list[str]] = [[] for _ in trajectories]
         correct = [False] * len(trajectories)
         metrics: dict[str, float] = {}
         generated: list[Generated] = []  # this turn's
 
-        def ask(turn: int, live: Sequence[int], now: Sequence[Any]) -> list[str | None]:
+        def ask(turn: int, live: Sequence[int], now: Sequence[Prompt]) -> list[str | None]:
             generated[:] = [generate(trainer, now)]
             return list(generated[0].answers)  # one per prompt: every trajectory runs its T turns
 
-        def judge(turn: int, asked: Sequence[int], now: Sequence[Any], answers: Sequence[str]) -> list[Judgement]:
+        def judge(turn: int, asked: Sequence[int], now: Sequence[Prompt], answers: Sequence[str]) -> list[Judgement]:
             g = generated[0]
             # turn 1's parents are the row's; a later turn's, the previous turn's candidate
             rollouts = [Rollout(task=trajectories[j].task, prompt=prompt_text(p), answer=a, completion_tokens=len(ids),
@@ -266,25 +286,26 @@ class MultiTurnRollout:
                               for n, vs, gs in zip(numbers, verdicts, returns))
             self.console.print(f"[bold]returns[/bold] step {step} (turn 1..{T}, gamma {self.config.gamma}): {shown}",
                                highlight=False, soft_wrap=True)
-        out: dict[str, Any] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "turn": [], "turn_task": [],
+        logprobs: list[Sequence[float] | None] = []
+        out: RolloutColumns = {"prompt_ids": [], "completion_ids": [], "logprobs": logprobs, "turn": [], "turn_task": [],
                                "turn_verdict": [], "turn_reward": [], "turn_return": [], "turn_credit": []}
         for j, t in enumerate(trajectories):
             for k in range(T):
                 p_ids, c_ids, lps = samples[j][k]
                 out["prompt_ids"].append(p_ids)
                 out["completion_ids"].append(c_ids)
-                out["logprobs"].append(lps)
+                logprobs.append(lps)
                 out["turn"].append(k + 1)
                 out["turn_task"].append(t.task)
                 out["turn_verdict"].append(verdicts[j][k])
                 out["turn_reward"].append(rewards[j][k])
                 out["turn_return"].append(returns[j][k])
                 out["turn_credit"].append(credits[j][k])
-        if all(lp is None for lp in out["logprobs"]):
+        if all(lp is None for lp in logprobs):
             out["logprobs"] = None  # transformers' generate gives none; TRL computes them
         return out
 
-    def _trajectories(self, prompts: list[Any]) -> list[Trajectory]:
+    def _trajectories(self, prompts: list[Prompt]) -> list[Trajectory]:
         """One per T rows: each run of equal prompts cut into trajectories of T rows."""
         T = self.config.turns
         out: list[Trajectory] = []

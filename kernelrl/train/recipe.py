@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Required, TypedDict
 
 from kernelrl.config import CONFIG_DIR, build, load_toml, to_dict, with_overrides
 from kernelrl.judge.eval_config import EvalConfig
@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
     from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.search.database import Database
+    from kernelrl.tasks.task import Task
+    from kernelrl.train.ranks import Ranks
+    from kernelrl.train.rollouts import EvalSettings
 
 TRAIN_CONFIG_DIR = CONFIG_DIR / "train"
 
@@ -88,7 +91,7 @@ class TrainConfig:
         return self.sft.data if self.sft.data is not None else self.output_dir / "sft.jsonl"
 
 
-def load_train_config(name_or_path: str | Path, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
+def load_train_config(name_or_path: str | Path, overrides: Mapping[str, object] | None = None) -> TrainConfig:
     """A named config from kernelrl/configs/train/ (or a .toml file), with dotted overrides."""
     values = with_overrides(load_toml(name_or_path, TRAIN_CONFIG_DIR), overrides or {})
     return build(TrainConfig, values)
@@ -188,12 +191,22 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
                        seconds=time.monotonic() - started, **report)
 
 
+class StageParts(TypedDict, total=False):
+    """What a stage's runner adds to its `StageReport` (each stage its own fields)."""
+
+    final_dir: Required[Path]
+    outcome: StageOutcome  # sft, grpo
+    rows: int  # sft
+    rounds: tuple[RoundResult, ...]  # rft
+    grpo: GRPOResult
+
+
 def _say(console: Console | None, text: str) -> None:
     if console is not None:
         console.print(text)
 
 
-def _run_sft(config: TrainConfig, init: Init, folder: Path, *, resume: bool) -> dict[str, Any]:
+def _run_sft(config: TrainConfig, init: Init, folder: Path, *, resume: bool) -> StageParts:
     from kernelrl.train.sft import finetune, select_rows
     from kernelrl.train.sft_set import read_sft_set
     from kernelrl.train.stage import StageError
@@ -208,8 +221,8 @@ def _run_sft(config: TrainConfig, init: Init, folder: Path, *, resume: bool) -> 
     return {"final_dir": outcome.final_dir, "outcome": outcome, "rows": len(rows)}
 
 
-def _run_rft(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], backend: ProfilingJudge, db: Database,
-             settings: Any, run_id: int, console: Console | None, ranks: Any) -> dict[str, Any]:
+def _run_rft(config: TrainConfig, init: Init, folder: Path, tasks: list[Task], backend: ProfilingJudge, db: Database,
+             settings: EvalSettings, run_id: int, console: Console | None, ranks: Ranks) -> StageParts:
     from kernelrl.train.rft import train_rft
     from kernelrl.train.sft_set import read_sft_set
 
@@ -222,8 +235,9 @@ def _run_rft(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], ba
     return {"final_dir": Path(rounds[-1].final), "rounds": tuple(rounds)}
 
 
-def _run_grpo(config: TrainConfig, init: Init, folder: Path, tasks: list[Any], backend: ProfilingJudge, db: Database,
-              reuse: Any, settings: Any, run_id: int, resume: bool, console: Console | None, ranks: Any) -> dict[str, Any]:
+def _run_grpo(config: TrainConfig, init: Init, folder: Path, tasks: list[Task], backend: ProfilingJudge, db: Database,
+              reuse: EvalSettings | None, settings: EvalSettings, run_id: int, resume: bool, console: Console | None,
+              ranks: Ranks) -> StageParts:
     from kernelrl.reward import RewardModel
     from kernelrl.train.grpo import train_grpo
 

@@ -58,7 +58,7 @@ import random
 import statistics
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -82,9 +82,16 @@ from kernelrl.train.stream import row_key
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from transformers import TrainerState
 
     from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.search.database import Database
+    from kernelrl.train.sampling import Prompt
+
+
+# What TRL passes a reward function to log with: a scalar metric, and a column of the completions table.
+LogMetric = Callable[[str, float], object]
+LogExtra = Callable[[str, list[object]], object]
 
 log = logging.getLogger("kernelrl.train.reward")
 
@@ -194,10 +201,11 @@ class KernelRewardFunction:
 
     # -- TRL's entry point (the single-turn path) ----------------------------------------------
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], task: Sequence[str],
-                 completion_ids: Sequence[Sequence[int]] | None = None, trainer_state: Any = None,
-                 log_metric: Any = None, log_extra: Any = None, parents: Sequence[Sequence[int]] | None = None,
-                 key: Sequence[str] | None = None, **kwargs: Any) -> list[float | None]:
+    def __call__(self, prompts: Sequence[Prompt], completions: Sequence[object], task: Sequence[str],
+                 completion_ids: Sequence[Sequence[int]] | None = None, trainer_state: TrainerState | None = None,
+                 log_metric: LogMetric | None = None, log_extra: LogExtra | None = None,
+                 parents: Sequence[Sequence[int]] | None = None, key: Sequence[str] | None = None,
+                 **kwargs: object) -> list[float | None]:
         if not (len(prompts) == len(completions) == len(task)):
             raise ValueError(f"{len(prompts)} prompts, {len(completions)} completions and {len(task)} task names")
         unknown = sorted({name for name in task if name not in self.tasks})
@@ -375,7 +383,7 @@ class KernelRewardFunction:
             values = [rewards[i].value for i in group if rewards[i] is not None and kept[i]]  # type: ignore[union-attr]
             self.curriculum.observe(every[group[0]].task, values, any_correct=any(every[i].correct for i in group))
 
-    def _report(self, batch: BatchLog, log_metric: Any, log_extra: Any) -> None:
+    def _report(self, batch: BatchLog, log_metric: LogMetric | None, log_extra: LogExtra | None) -> None:
         if callable(log_metric):
             for name, value in batch.metrics.items():
                 log_metric(name, value)
@@ -395,7 +403,7 @@ class KernelRewardFunction:
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, object]:
         version, internal, gauss = self.rng.getstate()
         return {"reward": self.reward.state(), "curriculum": self.curriculum.state() if self.curriculum else None,
                 "compile_speedups": self.compile_speedups, "roc_rng": [version, list(internal), gauss]}

@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from kernelrl.result import Status
 from kernelrl.search.records import RunMeta, RunStage
@@ -61,7 +61,9 @@ from kernelrl.train.trl_args import check_keys, trl_class
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from kernelrl.jsontypes import JSONValue
     from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.judge.profile import TaskProfile
     from kernelrl.search.database import Database
 
 ROUND_FILE = "round.json"
@@ -220,9 +222,18 @@ def _has_checkpoint(folder: Path) -> bool:
     return folder.is_dir() and any(p.name.startswith("checkpoint-") for p in folder.iterdir())
 
 
-def _read_round(folder: Path) -> dict[str, Any] | None:
+class RoundFile(TypedDict):
+    """A finished round's ROUND_FILE (`_write_round`)."""
+
+    final: str  # the round's model folder
+    correct: int
+    sampled: int
+    finished: float  # time.time() when it was written
+
+
+def _read_round(folder: Path) -> RoundFile | None:
     try:
-        done: dict[str, Any] = json.loads((folder / ROUND_FILE).read_text())
+        done: RoundFile = json.loads((folder / ROUND_FILE).read_text())
     except (OSError, ValueError):
         return None
     final = done.get("final")
@@ -231,7 +242,7 @@ def _read_round(folder: Path) -> dict[str, Any] | None:
     return done
 
 
-def _write_round(folder: Path, **values: Any) -> None:
+def _write_round(folder: Path, **values: JSONValue) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / (ROUND_FILE + ".tmp")
     tmp.write_text(json.dumps({**values, "finished": time.time()}, indent=1))
@@ -265,7 +276,7 @@ def _missing(tasks: Sequence[Task], have: Sequence[Judged], per_task: int) -> di
 
 
 def _plan(stage: RFTStageConfig, tasks: Sequence[Task], by_name: Mapping[str, Task], db: Database, settings: EvalSettings,
-          label: str, *, seed: int, template_dir: Path | None, profiles: Mapping[str, Any]) -> list[Planned]:
+          label: str, *, seed: int, template_dir: Path | None, profiles: Mapping[str, TaskProfile | None]) -> list[Planned]:
     """What the round still needs: one prompt per task with samples missing (the main process)."""
     from kernelrl.search.prompt import build_prompt
 

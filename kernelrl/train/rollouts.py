@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kernelrl.candidate import Candidate, extract_code, source_hash
 from kernelrl.judge.contract import BatchJudge
@@ -37,16 +37,17 @@ from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:
     from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.judge.profile import TaskProfile
     from kernelrl.search.database import Database
     from kernelrl.search.records import RunMeta
 
 
-def task_profiles(backend: ProfilingJudge, tasks: Sequence[Task]) -> dict[str, Any]:
+def task_profiles(backend: ProfilingJudge, tasks: Sequence[Task]) -> dict[str, TaskProfile | None]:
     """Each task's `TaskProfile` (constants and shapes for prompts), read by the backend's
     reference workers when it can (an `Evaluator` can; without one, prompts say the shapes are
     unavailable: no task code runs in the trainer's process)."""
     read = getattr(backend, "profile", None)
-    out: dict[str, Any] = {}
+    out: dict[str, TaskProfile | None] = {}
     for t in tasks:
         try:
             out[t.name] = read(t) if callable(read) else None

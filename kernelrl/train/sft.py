@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.train.model import (
     ModelConfig,
@@ -36,6 +36,9 @@ from kernelrl.train.model import (
 from kernelrl.train.sft_set import SFTRow
 from kernelrl.train.stage import StageError, StageOutcome, checkpoint_to_resume
 from kernelrl.train.trl_args import build_args, check_keys, trl_class
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,14 +56,14 @@ class SFTStageConfig:
         check_keys(trl_class("SFTConfig"), self.trl, where="sft.trl")
 
 
-def sft_dataset(rows: Sequence[SFTRow], tokenizer: Any, system: str) -> Any:
+def sft_dataset(rows: Sequence[SFTRow], tokenizer: Any, system: str) -> Dataset:
     from datasets import Dataset
 
     return Dataset.from_list([{"prompt": as_prompt(tokenizer, r.prompt, system),
                                "completion": as_completion(tokenizer, r.answer)} for r in rows])
 
 
-def finetune(rows: Sequence[SFTRow], *, source: str, model: ModelConfig, trl: Mapping[str, Any], output_dir: Path,
+def finetune(rows: Sequence[SFTRow], *, source: str, model: ModelConfig, trl: Mapping[str, object], output_dir: Path,
              resume: bool = False, where: str = "sft.trl") -> StageOutcome:
     """One SFT pass over `rows`, starting from `source`; the model lands in `output_dir/final`."""
     from trl.trainer.sft_config import SFTConfig

@@ -19,7 +19,12 @@ import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from datasets import Features
+
+    from kernelrl.jsontypes import JSONObject
 
 
 class SFTSetError(ValueError):
@@ -36,7 +41,7 @@ class SFTRow:
     proposer: str
     candidate_id: int | None = None  # its row in the code database
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
 
@@ -66,7 +71,7 @@ def write_sft_set(path: str | Path, rows: Sequence[SFTRow], *, dataset: bool = T
     return path
 
 
-def _features() -> Any:
+def _features() -> Features:
     from datasets import Features, Value
 
     return Features({"task": Value("string"), "prompt": Value("string"), "answer": Value("string"),

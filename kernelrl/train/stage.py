@@ -20,7 +20,6 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 
 class Stage(enum.StrEnum):
@@ -84,7 +83,7 @@ def stage_dir(output_dir: Path, stage: Stage) -> Path:
     return Path(output_dir) / stage.value
 
 
-def mark_done(output_dir: Path, stage: Stage, final_dir: Path, **extra: Any) -> None:
+def mark_done(output_dir: Path, stage: Stage, final_dir: Path, **extra: object) -> None:
     path = stage_dir(output_dir, stage) / DONE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -23,13 +23,19 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from kernelrl.search.database import Database
 from kernelrl.search.database.steps import StepRecord
 
+if TYPE_CHECKING:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-def curriculum_weights(curriculum: Any) -> tuple[dict[str, float], tuple[int, ...]]:
+    from kernelrl.train.curriculum import Curriculum
+
+
+def curriculum_weights(curriculum: Curriculum | None) -> tuple[dict[str, float], tuple[int, ...]]:
     """(task -> weight of its next draw, open levels); a task of a level not yet open weighs 0."""
     if curriculum is None:
         return {}, ()
@@ -39,7 +45,7 @@ def curriculum_weights(curriculum: Any) -> tuple[dict[str, float], tuple[int, ..
     return weights, tuple(int(x) for x in curriculum.open_levels)
 
 
-def finite_numbers(logs: dict[str, Any] | None) -> dict[str, float]:
+def finite_numbers(logs: Mapping[str, object] | None) -> dict[str, float]:
     """The finite numbers of a logs dict (bools and strings dropped)."""
     out: dict[str, float] = {}
     for key, value in (logs or {}).items():
@@ -50,7 +56,7 @@ def finite_numbers(logs: dict[str, Any] | None) -> dict[str, float]:
     return out
 
 
-def step_log_callback(db: Database | None, *, run_id: int | None, curriculum: Any = None) -> Any:
+def step_log_callback(db: Database | None, *, run_id: int | None, curriculum: Curriculum | None = None) -> TrainerCallback:
     """A `TrainerCallback` writing each logging step to the run database `db`.
 
     With no database or no run id it records nothing (the trainer runs without one in tests).
@@ -58,8 +64,8 @@ def step_log_callback(db: Database | None, *, run_id: int | None, curriculum: An
     from transformers import TrainerCallback
 
     class StepLog(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-                   **kwargs: Any) -> Any:
+        def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                   logs: Mapping[str, object] | None = None, **kwargs: object) -> TrainerControl:
             if db is None or run_id is None or not state.is_world_process_zero:
                 return control
             metrics = finite_numbers(logs)

@@ -40,16 +40,20 @@ import itertools
 import random
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from kernelrl.train.curriculum import Curriculum
 from kernelrl.train.model import prompt_text
 from kernelrl.train.ranks import Ranks, SingleProcess
 
 if TYPE_CHECKING:
+    from datasets import IterableDataset
+
+    from kernelrl.judge.profile import TaskProfile
     from kernelrl.search.database import Database
+    from kernelrl.train.sampling import Prompt
 
 # `datasets` pickles a generator to fingerprint it, and a stream holds a database connection:
 # the dataset's generator names its stream by number instead.
@@ -59,24 +63,34 @@ _NUMBERS = itertools.count()
 _REMEMBERED = 4096
 
 
+class PromptRow(TypedDict):
+    """One row of the stream's dataset (its columns are `PromptStream.dataset`'s features)."""
+
+    prompt: Prompt  # what the policy reads: the text, or chat messages
+    task: str
+    key: str  # `row_key(task, prompt)`
+    parents: list[int]  # the candidate the prompt builds on, if any
+
+
 class PromptBudgetError(ValueError):
     """A task's prompt does not fit the token budget even with no earlier version shown."""
 
 
-def _rows(stream: int) -> Iterator[dict[str, Any]]:
+def _rows(stream: int) -> Iterator[PromptRow]:
     yield from _STREAMS[stream].rows()
 
 
-def row_key(task: str, prompt: Any) -> str:
+def row_key(task: str, prompt: Prompt) -> str:
     """What ties a row's task to its prompt (a string, or chat messages): a hash of both."""
     text = f"{task}\0{prompt_text(prompt)}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class PromptStream:
-    def __init__(self, curriculum: Curriculum, db: Database, *, as_prompt: Callable[[str], Any], policy: str,
+    def __init__(self, curriculum: Curriculum, db: Database, *, as_prompt: Callable[[str], Prompt], policy: str,
                  device: str, size: str, k: int = 4, seed: int = 0, template_dir: Path | None = None,
-                 chat: bool = False, profiles: dict[str, Any] | None = None, ranks: Ranks | None = None,
+                 chat: bool = False, profiles: dict[str, TaskProfile | None] | None = None,
+                 ranks: Ranks | None = None,
                  count_tokens: Callable[[str], int] | None = None, max_tokens: int | None = None) -> None:
         if max_tokens is not None and max_tokens < 1:
             raise ValueError("max_tokens must be >= 1 or None")
@@ -94,9 +108,9 @@ class PromptStream:
         self.profiles = dict(profiles or {})  # task name -> the judge's TaskProfile (shapes in prompts)
         self.built = 0  # prompts built so far (for logs and tests)
         # the row of each prompt this rank yielded lately (a rollout function is handed prompts only)
-        self._rows: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._rows: OrderedDict[str, PromptRow] = OrderedDict()
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> PromptRow:
         from kernelrl.search.prompt import build_prompt
 
         task = self.curriculum.draw()
@@ -129,7 +143,7 @@ class PromptStream:
         return {"prompt": prompt, "task": task.name, "key": row_key(task.name, prompt),
                 "parents": [chain_best.id] if chain_best is not None else []}
 
-    def rows(self) -> Iterator[dict[str, Any]]:
+    def rows(self) -> Iterator[PromptRow]:
         """Rows without end; with several ranks, the main process's rows on every rank."""
         while True:
             row = self.ranks.broadcast(self.row() if self.ranks.is_main else None)
@@ -139,7 +153,7 @@ class PromptStream:
                 self._rows.popitem(last=False)
             yield row
 
-    def row_of(self, prompt: Any) -> dict[str, Any]:
+    def row_of(self, prompt: object) -> PromptRow:
         """The row a prompt this stream yielded came in (its task, key and parents); KeyError for
         any other prompt."""
         text = prompt_text(prompt)
@@ -147,13 +161,13 @@ class PromptStream:
             raise KeyError("a prompt this stream did not yield (or yielded too long ago)")
         return self._rows[text]
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, int]:
         return {"built": self.built}
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: Mapping[str, int]) -> None:
         self.built = int(state.get("built", 0))
 
-    def dataset(self) -> Any:
+    def dataset(self) -> IterableDataset:
         from datasets import Features, IterableDataset, List, Value
 
         prompt = List({"role": Value("string"), "content": Value("string")}) if self.chat else Value("string")

@@ -40,7 +40,7 @@ def trl_class(name: str) -> type:
     return cls
 
 
-def check_keys(cls: type, values: Mapping[str, Any], *, where: str) -> None:
+def check_keys(cls: type, values: Mapping[str, object], *, where: str) -> None:
     """Every key of `values` is a field of TRL's `cls`, and none is reserved."""
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     for key in values:

@@ -27,9 +27,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.train.model import completion_text
+
+if TYPE_CHECKING:
+    from kernelrl.train.sampling import Prompt
 
 TESTED_TRL = "1.16.0"  # the TRL version whose private methods this module was checked against
 # method -> its leading parameters (after self), as TESTED_TRL declares them
@@ -47,9 +50,9 @@ class TrlApiChanged(RuntimeError):
 class Generated:
     """One completion per prompt: the token ids TRL trains on, and the decoded answer."""
 
-    prompt_ids: Sequence[Any]
-    completion_ids: Sequence[Any]
-    logprobs: Sequence[Any] | None  # None: transformers' generate gives none (TRL computes them)
+    prompt_ids: Sequence[Sequence[int]]
+    completion_ids: Sequence[Sequence[int]]
+    logprobs: Sequence[Sequence[float]] | None  # None: transformers' generate gives none (TRL computes them)
     answers: list[str]
 
 
@@ -89,7 +92,7 @@ def _check_once(cls: type) -> None:
         _CHECKED.add(name)
 
 
-def generate(trainer: Any, prompts: Sequence[Any]) -> Generated:
+def generate(trainer: Any, prompts: Sequence[Prompt]) -> Generated:
     """One completion of each prompt by the trainer's own generation (see the module docstring)."""
     _check_once(type(trainer))
     prompt_ids, _, _ = trainer._tokenize_prompts(list(prompts))

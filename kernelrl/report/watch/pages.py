@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import quote
 
 from kernelrl.report.console import percent_text, roofline_text, speedup_text
@@ -30,6 +30,14 @@ from kernelrl.search.database.snapshot import CandidateDetail
 
 MAX_ERROR_CHARS = 6000  # the tail of compiler output shown per candidate
 Cell = str | dict[str, str]
+
+
+class Table(TypedDict):
+    """A table as the page's script reads it: column names, rows of cells, the text shown when empty."""
+
+    header: list[str]
+    rows: list[list[Cell]]
+    empty: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +124,7 @@ def _chart(name: str) -> str:
     return f"<div class='chart empty' id='chart-{name}'>{esc(name)}: nothing to plot yet</div>"
 
 
-def table_html(table_id: str, table: dict[str, Any]) -> str:
+def table_html(table_id: str, table: Table) -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in table["header"])
     rows = "".join("<tr>" + "".join(cell_html(c) for c in row) + "</tr>" for row in table["rows"])
     empty = f"<p class='empty' id='{esc(table_id)}-empty'{' hidden' if table['rows'] else ''}>{esc(table['empty'])}</p>"
@@ -124,7 +132,7 @@ def table_html(table_id: str, table: dict[str, Any]) -> str:
             f"<tbody>{rows}</tbody></table>{empty}")
 
 
-def _table(header: list[str], rows: list[list[Cell]], empty: str) -> dict[str, Any]:
+def _table(header: list[str], rows: list[list[Cell]], empty: str) -> Table:
     """A table as data; its texts with hidden controls shown (the page's script writes them as they are)."""
     shown = [[visible(c) if isinstance(c, str) else {**c, "text": visible(c.get("text", ""))} for c in row]
              for row in rows]

@@ -46,7 +46,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -136,7 +136,8 @@ class Database:
             raise DatabaseError(f"{self.path} is open read-only")
         return transaction(self._conn, self._lock)
 
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    # Rows stay `Any`: sqlite3 types a fetched row so, and each reader knows its columns' types.
+    def _query(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
 
@@ -162,7 +163,7 @@ class Database:
         return str(self._query("PRAGMA journal_mode")[0][0]).lower()
 
     # ----------------------------------------------------------------- runs
-    def start_run(self, config: dict[str, Any]) -> int:
+    def start_run(self, config: Mapping[str, object]) -> int:
         with self._tx() as c:
             cur = c.execute("INSERT INTO runs (config, started, status) VALUES (?, ?, ?)",
                             (json.dumps(config, sort_keys=True, default=str), time.time(), RunStatus.RUNNING.value))
@@ -172,7 +173,7 @@ class Database:
         with self._tx() as c:
             c.execute("UPDATE runs SET status = ?, finished = ? WHERE id = ?", (status.value, time.time(), run_id))
 
-    def reopen_run(self, run_id: int, config: dict[str, Any]) -> None:
+    def reopen_run(self, run_id: int, config: Mapping[str, object]) -> None:
         """Mark a run as running again (resume), with the config it now continues under."""
         with self._tx() as c:
             c.execute("UPDATE runs SET status = ?, finished = NULL, config = ? WHERE id = ?",
@@ -339,7 +340,7 @@ class Database:
 
     def findings(self, *, rule: str | None = None) -> list[FindingRecord]:
         sql = "SELECT candidate_id, rule, severity, stage, message FROM findings"
-        params: tuple[Any, ...] = ()
+        params: tuple[str, ...] = ()
         if rule is not None:
             sql += " WHERE rule = ?"
             params = (rule,)
@@ -397,7 +398,7 @@ class Database:
 
     def hack_cases(self, *, task: str | None = None, limit: int | None = None) -> list[HackCase]:
         """Refused programs with the rule that refused each, newest first (one row per rule)."""
-        params: list[Any] = [task] if task is not None else []
+        params: list[str | int] = [task] if task is not None else []
         where = " WHERE h.task = ?" if task is not None else ""
         sql = ("SELECT h.candidate_id, h.task, h.hash, h.rule, h.stage, h.message, h.line, h.created, c.source "
                f"FROM hack_cases h JOIN candidates c ON c.id = h.candidate_id{where} ORDER BY h.id DESC")
@@ -444,9 +445,9 @@ class Database:
         return out
 
 
-def _where(*, task: str | None, run_id: int | None, state: CandidateState | None) -> tuple[str, tuple[Any, ...]]:
+def _where(*, task: str | None, run_id: int | None, state: CandidateState | None) -> tuple[str, tuple[str | int, ...]]:
     clauses: list[str] = []
-    params: list[Any] = []
+    params: list[str | int] = []
     if task is not None:
         clauses.append("c.task = ?")
         params.append(task)

@@ -24,12 +24,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.result import EvalResult
 from kernelrl.search.database import steps
 from kernelrl.search.database.schema import SCHEMA_VERSION, connect_reader, stored_version, transaction
 from kernelrl.search.records import RunMeta, RunRecord, RunStatus
+
+if TYPE_CHECKING:
+    from kernelrl.jsontypes import JSONObject
 
 
 class SnapshotError(RuntimeError):
@@ -179,7 +182,7 @@ class Snapshot:
         """A run's candidates (of one task, or all) in creation order, with their verdict columns."""
         sql = ("SELECT c.id, c.task, c.chain, c.step, c.created, r.status, r.speedup, r.evaluated, r.device, "
                "r.size, c.meta FROM candidates c LEFT JOIN results r ON r.candidate_id = c.id WHERE c.run_id = ?")
-        params: list[Any] = [run_id]
+        params: list[str | int] = [run_id]
         if task is not None:
             sql += " AND c.task = ?"
             params.append(task)
@@ -205,7 +208,7 @@ class Snapshot:
         """Refused programs of a run with each rule that refused them, newest first."""
         sql = ("SELECT h.candidate_id, h.task, h.rule, h.stage, h.message, h.line, h.created FROM hack_cases h "
                "JOIN candidates c ON c.id = h.candidate_id WHERE c.run_id = ?")
-        params: list[Any] = [run_id]
+        params: list[str | int] = [run_id]
         if task is not None:
             sql += " AND h.task = ?"
             params.append(task)
@@ -266,7 +269,7 @@ def _run(r: tuple[Any, ...]) -> RunRecord:
     return RunRecord(id=r[0], config=_json_object(r[1]), started=r[2], finished=r[3], status=RunStatus(r[4]))
 
 
-def _json_object(text: str | None) -> dict[str, Any]:
+def _json_object(text: str | None) -> JSONObject:
     try:
         value = json.loads(text or "{}")
     except ValueError:

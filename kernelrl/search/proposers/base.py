@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernelrl.candidate import extract_code
 from kernelrl.tasks.task import Task
+
+if TYPE_CHECKING:
+    from kernelrl.jsontypes import JSONObject
+    from kernelrl.judge.profile import TaskProfile
 
 
 class ProposerError(RuntimeError):
@@ -40,7 +44,7 @@ class ProposalRequest:
     step: int = 0
     # What the judge read about the task in its reference worker (kernelrl.judge.profile.TaskProfile);
     # None when unknown. Proposers use it instead of running task code.
-    profile: Any = None
+    profile: TaskProfile | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,11 +55,11 @@ class Proposal:
     code: str | None
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: JSONObject = field(default_factory=dict)  # stored as JSON with the candidate (`RunMeta.proposer`)
 
 
 def proposal_from_answer(answer: str | None, *, prompt_tokens: int = 0, completion_tokens: int = 0,
-                         meta: dict[str, Any] | None = None) -> Proposal:
+                         meta: JSONObject | None = None) -> Proposal:
     text = answer or ""
     return Proposal(answer=text, code=extract_code(text), prompt_tokens=prompt_tokens,
                     completion_tokens=completion_tokens, meta=dict(meta or {}))

@@ -23,7 +23,7 @@ import string
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernelrl.checks.policy import get_policy
 from kernelrl.search.proposers.base import (
@@ -35,6 +35,9 @@ from kernelrl.search.proposers.base import (
 )
 from kernelrl.tasks.source import embed_reference, sized_source
 from kernelrl.tasks.task import Task
+
+if TYPE_CHECKING:
+    from kernelrl.judge.profile import TaskProfile
 
 HEURISTIC_MARKER = "# kernelrl-heuristic:"
 
@@ -130,7 +133,7 @@ class TaskTraits:
         return self.conv2d or self.conv3d
 
 
-def task_traits(task: Task, profile: Any = None) -> TaskTraits:
+def task_traits(task: Task, profile: TaskProfile | None = None) -> TaskTraits:
     """What the model is, from the judge's profile of the task (read in a reference worker).
 
     Without a profile, only the task's text is read (no task code runs here), and the unsure
@@ -263,12 +266,12 @@ class HeuristicProposer(Proposer):
         self._tried: dict[str, set[str]] = {}
         self._traits: dict[tuple[str, str], TaskTraits] = {}
 
-    def portfolio(self, task: Task, profile: Any = None) -> list[Rewrite]:
+    def portfolio(self, task: Task, profile: TaskProfile | None = None) -> list[Rewrite]:
         traits = self._traits_for(task, profile)
         full = GPU_PORTFOLIO if self.config.device.startswith("cuda") else CPU_PORTFOLIO
         return [r for r in full if applicable(r, traits, self.config.device)]
 
-    def _traits_for(self, task: Task, profile: Any = None) -> TaskTraits:
+    def _traits_for(self, task: Task, profile: TaskProfile | None = None) -> TaskTraits:
         key = (task.name, task.source_hash)
         with self._lock:
             cached = self._traits.get(key)

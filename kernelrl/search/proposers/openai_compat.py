@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.endpoint import RetryPolicy, retry_after_s
 from kernelrl.search.proposers.base import (
@@ -29,6 +29,9 @@ from kernelrl.search.proposers.base import (
     ProposerUnavailable,
     proposal_from_answer,
 )
+
+if TYPE_CHECKING:
+    from kernelrl.jsontypes import JSONObject
 
 
 @dataclass(kw_only=True)
@@ -150,11 +153,11 @@ class OpenAIProposer(Proposer):
             self.usage.requests += 1
             self.usage.prompt_tokens += prompt_tokens
             self.usage.completion_tokens += completion_tokens
-        meta = {
+        meta: JSONObject = {
             "model": getattr(response, "model", None) or self.config.model,
             "finish_reason": getattr(choice, "finish_reason", None),
             "attempts": requests,
-            "errors": failures,
+            "errors": [*failures],
             "latency_s": round(elapsed_s, 3),
             "usage_reported": usage is not None,
         }
