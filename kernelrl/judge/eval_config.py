@@ -44,7 +44,10 @@ class TimingConfig:
     target_rel_ci: float = 0.01
     max_timing_s: float = 20.0  # per candidate; a group's cap grows with its size
     spot_check_prob: float = 0.1
-    min_spot_checks: int = 3
+    # A program skipping half its calls passes n spot checks with probability 2^-n: at 3, one
+    # evaluation in 8 paid it ~2x (tests/fixtures/redteam/skip_calls_after_warmup.py, seen at 1.5 s
+    # of timing); at 10, one in a thousand.
+    min_spot_checks: int = 10
     pool_size: int = 3
     jitter: float = 0.1  # every timed call's floating inputs: pool values x scale x (1 +- up to this)
     min_sample_ms: float = 2.0  # shorter calls are timed several per sample

@@ -11,6 +11,9 @@ The decision, in order:
   (the rule is what teaches the next prompt);
 - a candidate that failed during timing is `timeout` or `runtime_error`, or `flagged`
   (`result_channel_forged`) when it broke the protocol;
+- a crash or a hang (early or in timing) after a defence already refused the candidate is
+  `flagged`: a hack that then fails is still a hack, and failing is no way to trade the hack
+  penalty for a failure's smaller one;
 - a timed candidate's findings are its trial's, the timing's cross-checks
   (`kernelrl.checks.dynamic.timing_findings`), the physical floor (`impossible_speedup`, from
   the task's floors at the measured peaks) and the LLM review's; the policy weighs every finding
@@ -206,6 +209,10 @@ def review_to_finding(review: Review | None) -> Finding | None:
 # ---------------------------------------------------------------------------------------------
 
 
+# Verdicts a rejecting finding turns into `flagged`. A compile error stays one: nothing ran.
+_REFUSED_WHEN_FOUND = frozenset({Status.INCORRECT, Status.CORRECT, Status.RUNTIME_ERROR, Status.TIMEOUT})
+
+
 def _result(setting: Setting, checked: Checked, verdict: Verdict | None, findings: list[Finding],
             environment: Environment, *, ref_time: TimingStats | None = None, cand_time: TimingStats | None = None,
             speedup: float | None = None, speedup_ci: tuple[float, float] | None = None,
@@ -221,9 +228,10 @@ def _result(setting: Setting, checked: Checked, verdict: Verdict | None, finding
         else:
             assert speedup is not None
             verdict = Verdict(status=Status.CORRECT, message=f"correct, {speedup:.3g}x")
-    elif verdict.status in (Status.INCORRECT, Status.CORRECT) and rejecting:
+    elif verdict.status in _REFUSED_WHEN_FOUND and rejecting:
         # Wrong, and a defence saw why: the rule is what teaches the next prompt. Correct without
-        # timing (an interpreted run) but with a rejecting finding: refused as well.
+        # timing (an interpreted run) but with a rejecting finding: refused as well. Crashed or hung
+        # after a defence refused it: flagged, or a program could fail on purpose once caught.
         verdict = dataclasses.replace(verdict, status=Status.FLAGGED,
                                       message=f"flagged: {', '.join(rejecting)} ({verdict.message})")
     correct = verdict.status is Status.CORRECT

@@ -35,10 +35,11 @@ from kernelrl.result import EvalResult, Severity
 from kernelrl.tasks.task import load_task_file
 
 TIMEOUT_S = 180.0
-# Timing as a search on this machine runs it (the README's main job: 2.5 s a member), not the
-# library's default 20 s: that buys a +-1 % interval, and no verdict here is a speedup to 1 %. The
-# defences' own sampling is the default's (15 rounds at least, 3 spot checks, warm-up, A/A copy).
-TIMING = dict(max_timing_s=3.0, max_rounds=150)
+# Timing shorter than a search on this machine runs it (the README's main job: 2.5 s a member), and
+# far shorter than the library's default 20 s, which buys a +-1 % interval: no verdict here is a
+# speedup to 1 %. The defences' own sampling is the default's (15 rounds at least, 10 spot checks,
+# warm-up, A/A copy), and that is what the hacks meet.
+TIMING = dict(max_timing_s=1.5, max_rounds=150)
 REDTEAM = redteam_specs()
 CONTROLS = control_specs()
 

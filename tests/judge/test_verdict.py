@@ -153,6 +153,22 @@ def test_failing_during_timing(kind, status, rule):
     assert (rule in res.rejecting_rules) if rule else not res.rejecting_rules
 
 
+@pytest.mark.parametrize("kind", [FailureKind.TIMEOUT, FailureKind.RUNTIME_ERROR])
+def test_a_candidate_refused_before_timing_that_then_fails_in_timing_stays_flagged(kind):
+    m = measured(2.0, failure=Failure(kind=kind, message="fork: resource temporarily unavailable", log_tail=""))
+    caught = Finding(rule=R.SIDE_WORK_AFTER_RETURN, message="5 calls returned with new child processes")
+    res = V.failed_in_timing(SETTING, checked(caught), m, group(m, 2.0), ENV)
+    assert res.status is Status.FLAGGED and res.rejecting_rules == [R.SIDE_WORK_AFTER_RETURN]
+    assert "failed during timing" in res.message  # what happened is still said
+
+
+def test_a_crash_after_a_defence_refused_the_candidate_is_flagged():
+    crashed = V.Verdict(status=Status.RUNTIME_ERROR, message="candidate raised: boom")
+    assert V.early(SETTING, checked(), crashed, ENV).status is Status.RUNTIME_ERROR
+    found = Finding(rule=R.INPUTS_MUTATED, message="mutated")
+    assert V.early(SETTING, checked(found), crashed, ENV).status is Status.FLAGGED
+
+
 def test_an_incorrect_candidate_a_defence_explains_becomes_flagged():
     wrong = V.Verdict(status=Status.INCORRECT, message="incorrect on input set 2", errors=("off",), max_abs_err=3.0)
     res = V.early(SETTING, checked(), wrong, ENV)
