@@ -304,7 +304,7 @@ def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings
     from kernelrl.judge.evaluator import Evaluator
     from kernelrl.search.database import Database
     from kernelrl.search.prompt import build_prompt
-    from kernelrl.search.records import NewCandidate
+    from kernelrl.search.records import NewCandidate, RunMeta
     from kernelrl.tasks.suites import load_tasks
     from kernelrl.train.tiny import TinyModelConfig, build_tiny_model, program_tokens
 
@@ -331,7 +331,7 @@ def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings
             code = shown_best(variant, t.name)
             rec = db.add_candidate(NewCandidate(task=t.name, hash=source_hash(code), source=code, parents=(),
                                                 chain=0, step=0, proposer="seed", prompt="", answer=code,
-                                                prompt_tokens=0, completion_tokens=0, run_id=None, meta={}))
+                                                prompt_tokens=0, completion_tokens=0, run_id=None, meta=RunMeta()))
             db.store_result(rec.id, result)
             best = db.top_candidates(t.name, 1)
             prompts.append(build_prompt(t, db=db, chain_best=best[0] if best else None, policy="open",
@@ -405,7 +405,7 @@ def analyse(folder: Path, tokens: dict[str, int], *, variant: str) -> list[Point
     by_id = {c.id: c for c in rows}
     labels: dict[str, str] = {}  # label -> prompt
     for c in sorted(rows, key=lambda c: c.id):
-        turn = int(c.meta.get("turn", 1))
+        turn = c.meta.turn or 1
         if turn == 1:
             labels.setdefault(c.task, c.prompt)
         elif c.parents and (parent := by_id.get(c.parents[0])) is not None:
