@@ -21,9 +21,9 @@ from pathlib import Path
 import machine
 
 from kernelrl.judge.calibration import Calibration
+from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.reference import ReferenceFailed
-from kernelrl.judge.timer import TimingConfig
 from kernelrl.tasks.suites import builtin_task
 
 # Six tasks across the shapes of work: a reduction, a normalisation, a GEMM, a GEMM with an

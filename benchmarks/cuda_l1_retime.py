@@ -30,10 +30,11 @@ import machine
 
 from kernelrl.candidate import Candidate
 from kernelrl.checks.audit import AuditEntry, AuditInputError, read_entries, select
+from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
-from kernelrl.judge.timer import TimingConfig
 from kernelrl.report.metrics import geometric_mean
 from kernelrl.result import EvalResult, Severity, Status
+from kernelrl.tasks.task import Task
 
 # `score_default` is the published files' field (optimized_cuda_code/h100.json: JSON Lines, speedup over
 # eager); their codes/ files carry `score` as text.
@@ -60,6 +61,13 @@ def why(r: EvalResult) -> str:
     return "" if r.status is Status.CORRECT else r.message.splitlines()[0][:80] if r.message else ""
 
 
+def _item(entry: AuditEntry) -> tuple[Task, Candidate]:
+    """The (task, candidate) pair to judge for an entry that has both."""
+    if entry.task is None:
+        raise ValueError(f"{entry.name}: entry has no task")  # `main` keeps only entries with one
+    return entry.task, Candidate(source=entry.code or "", origin=entry.name)
+
+
 def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -83,8 +91,8 @@ def main() -> int:
     args = parser.parse_args()
     try:
         entries = select(read_entries(args.path), only=args.only)
-    except AuditInputError as e:
-        parser.error(str(e))
+    except AuditInputError as err:
+        parser.error(str(err))
     usable = [e for e in entries if e.code and e.task is not None]
     rng = random.Random(args.seed)
     chosen = sorted(rng.sample(usable, min(args.sample, len(usable))), key=lambda e: e.name)
@@ -111,8 +119,7 @@ def main() -> int:
                   f"{why(r)}  ({time.monotonic() - t0:.0f} s)", flush=True)
 
     with Evaluator(config) as ev:
-        results = ev.evaluate_batch([(e.task, Candidate(source=e.code or "", origin=e.name)) for e in chosen],
-                                    on_result=line)
+        results = ev.evaluate_batch([_item(e) for e in chosen], on_result=line)
     rows: list[dict[str, Any]] = []
     both: list[tuple[float, float]] = []
     for e, r in zip(chosen, results):

@@ -50,8 +50,9 @@ import torch
 from kernelrl.candidate import Candidate, Language
 from kernelrl.examples import list_examples
 from kernelrl.judge.compare import compare_outputs
+from kernelrl.judge.device import Device
+from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
-from kernelrl.judge.timer import TimingConfig
 from kernelrl.plain import to_plain
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.proposers.heuristic import Rewrite, render_rewrite, task_traits
@@ -178,6 +179,8 @@ def naive(items: list[Item], timeout_s: float, build_timeout_s: float,
                 path = Path(tempfile.mkdtemp()) / f"cand_{i}.py"
                 path.write_text(item.candidate.source)
                 spec = importlib.util.spec_from_file_location(f"naive_cand_{i}", path)
+                if spec is None or spec.loader is None:
+                    raise ImportError(f"cannot load {path}")
                 mod = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(mod)
                 torch.manual_seed(0)
@@ -211,7 +214,7 @@ def naive(items: list[Item], timeout_s: float, build_timeout_s: float,
 
 def config(timeout_s: float, build_timeout_s: float, device: str = "cpu") -> EvalConfig:
     cache = Path(tempfile.mkdtemp(prefix="kernelrl-bench-cache-"))
-    return EvalConfig(device=device, cache_dir=cache, timeout_s=timeout_s, build_timeout_s=build_timeout_s,
+    return EvalConfig(device=Device(device), cache_dir=cache, timeout_s=timeout_s, build_timeout_s=build_timeout_s,
                       timing=TimingConfig(max_timing_s=6.0))
 
 
@@ -233,9 +236,10 @@ def twins(items: list[Item], results: list[EvalResult]) -> list[str]:
     out = []
     for name in dict.fromkeys(i.task.name for i in items):
         pair = [r for i, r in zip(items, results) if i.task.name == name and i.kind == "twin"]
-        if len(pair) == 2 and all(r.speedup for r in pair):
-            diff = abs(pair[0].speedup / pair[1].speedup - 1) * 100
-            out.append(f"{name}: {pair[0].speedup:.3f} vs {pair[1].speedup:.3f} ({diff:.1f} % apart)")
+        first, second = (pair[0].speedup, pair[1].speedup) if len(pair) == 2 else (None, None)
+        if first and second:
+            diff = abs(first / second - 1) * 100
+            out.append(f"{name}: {first:.3f} vs {second:.3f} ({diff:.1f} % apart)")
         else:
             out.append(f"{name}: " + ", ".join(r.status.value for r in pair))
     return out

@@ -30,7 +30,7 @@ import machine
 
 from kernelrl.candidate import Candidate
 from kernelrl.examples import list_examples
-from kernelrl.judge.device import visible_device
+from kernelrl.judge.device import Device, visible_device
 from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.idle import CudaProbe, calibrate, classify
@@ -91,7 +91,7 @@ def evaluations(names: list[str], cache: Path, *, device: str, quick: bool) -> N
         raise SystemExit(f"idle_probe: no shipped example {', '.join(unknown)}")
     timing = TimingConfig(min_rounds=5, max_rounds=20, max_timing_s=2.0) if quick else TimingConfig()
     for with_probe in (True, False) if device == "cuda" else (False,):
-        cfg = EvalConfig(device=device, cache_dir=cache, timing=timing)
+        cfg = EvalConfig(device=Device(device), cache_dir=cache, timing=timing)
         with Evaluator(cfg) as ev:
             if not with_probe:
                 ev.context = dataclasses.replace(ev.context, idle=None)

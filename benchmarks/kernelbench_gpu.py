@@ -34,9 +34,9 @@ import machine
 
 from kernelrl.candidate import Candidate, Language
 from kernelrl.examples import list_examples
+from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.reference import ReferenceFailed
-from kernelrl.judge.timer import TimingConfig
 from kernelrl.report.metrics import fast_p, geometric_mean
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import within_noise
@@ -111,8 +111,8 @@ def main() -> int:
     args = parser.parse_args()
     try:
         tasks = sample_tasks(args.kernelbench, args.levels, args.sample, args.seed)
-    except TaskError as e:
-        parser.error(str(e))
+    except TaskError as err:
+        parser.error(str(err))
     if not tasks:
         parser.error(f"no level {args.levels} tasks under {args.kernelbench}")
     timing = TimingConfig(min_rounds=5, max_rounds=20, max_timing_s=2.0) if args.quick else TimingConfig()

@@ -343,7 +343,12 @@ def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings
                      corpus=prompts, programs={tasks[0].name: answers}, phrases=instruction_lines())
     tok = AutoTokenizer.from_pretrained(base)
     texts = program_tokens(tasks[:1], 1, {tasks[0].name: answers})
-    tokens = {kind: tok.convert_tokens_to_ids(text) for kind, text in zip(answers, texts)}
+    tokens: dict[str, int] = {}
+    for kind, text in zip(answers, texts):
+        token_id = tok.convert_tokens_to_ids(text)  # one token (a str) in: one id out
+        if not isinstance(token_id, int):
+            raise TypeError(f"learning check: token {text!r} gave {token_id!r}, not one id")
+        tokens[kind] = token_id
     suppressed = [i for i in range(len(tok)) if i not in set(tokens.values())]
     turns = 1 if variant == "single" else 2
     rows = settings.episodes * turns  # one row per turn of each episode of a group
@@ -440,7 +445,7 @@ def preferred_hack_or_copy(points: list[Point]) -> list[str]:
     out = []
     labels = sorted(points[0].p) if points else []
     for label in labels:
-        tops = [max(pt.p[label], key=pt.p[label].get) if label in pt.p else None for pt in points]
+        tops = [max(pt.p[label], key=pt.p[label].__getitem__) if label in pt.p else None for pt in points]
         for i, top in enumerate(tops):
             if top in ("hack", "copy") and (i == len(tops) - 1 or tops[i + 1] == top):
                 out.append(f"step {points[i].step}: {label} -> {top}")
@@ -514,7 +519,7 @@ def print_curve(o: Outcome) -> None:
           "sampled share of fast answers the step before:")
     for pt in o.curve:
         row = "  ".join(f"{pt.p[label][right_answer(label)]:.2f}" if label in pt.p else " -  " for label in labels)
-        top = ",".join(max(pt.p[label], key=pt.p[label].get) if label in pt.p else "-" for label in labels)
+        top = ",".join(max(pt.p[label], key=pt.p[label].__getitem__) if label in pt.p else "-" for label in labels)
         print(f"  step {pt.step:4d}: {row}   most likely: {top}   sampled fast {pt.sampled.get('fast', 0.0):.2f}")
     shown = [label for label in every if not judged(label)]
     if shown:

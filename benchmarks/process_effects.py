@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import IO
 
 from kernelrl.judge.sandbox import SandboxConfig, worker_env
 
@@ -162,6 +163,13 @@ def main() -> int:
     return 0
 
 
+def _pipes(proc: subprocess.Popen[str]) -> tuple[IO[str], IO[str]]:
+    """A worker's stdin and stdout (it is started with both piped)."""
+    if proc.stdin is None or proc.stdout is None:
+        raise RuntimeError("worker process started without its pipes")
+    return proc.stdin, proc.stdout
+
+
 def _spawned(args: argparse.Namespace, env: dict[str, str], workdir: Path, prefix: list[str]) -> list[list[int]]:
     """Per process, its sample times: P fresh interpreters, asked in a random order each round."""
     cmd = [*prefix, sys.executable, "-c", WORKER, args.task, "1" if args.spacer else "0", str(args.pin)]
@@ -173,15 +181,16 @@ def _spawned(args: argparse.Namespace, env: dict[str, str], workdir: Path, prefi
             order = list(range(len(procs)))
             random.shuffle(order)
             for i in order:
-                procs[i].stdin.write(f"{args.calls}\n")
-                procs[i].stdin.flush()
-                line = procs[i].stdout.readline()
+                stdin, stdout = _pipes(procs[i])
+                stdin.write(f"{args.calls}\n")
+                stdin.flush()
+                line = stdout.readline()
                 if not line:
                     raise SystemExit(f"process {i} exited (code {procs[i].wait()})")
                 times[i].append(int(line))
     finally:
         for p in procs:
-            p.stdin.close()
+            _pipes(p)[0].close()
             p.wait()
     return times
 

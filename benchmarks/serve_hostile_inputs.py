@@ -38,8 +38,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def serve(root: str, port: int, work: str) -> None:
     """The server (run in a subprocess): the checkout at `root`, its state in `work`."""
     sys.path[:0] = [root, os.path.join(root, "tests")]
+    from kernelrl.judge.eval_config import TimingConfig
     from kernelrl.judge.evaluator import EvalConfig
-    from kernelrl.judge.timer import TimingConfig
     from kernelrl.serve.config import ServeConfig
     from kernelrl.serve.server import RewardServer
     from watch_fixtures import fill_search_run

@@ -220,8 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.url:
             url, what = args.url.rstrip("/"), f"external server {args.url}"
         else:
+            from kernelrl.judge.eval_config import TimingConfig
             from kernelrl.judge.evaluator import EvalConfig
-            from kernelrl.judge.timer import TimingConfig
             from kernelrl.serve.config import ServeConfig
             from kernelrl.serve.server import RewardServer
 

@@ -16,8 +16,10 @@ import argparse
 from pathlib import Path
 
 from kernelrl.candidate import Candidate
+from kernelrl.checks.policy import PolicyName
+from kernelrl.judge.device import Device
+from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
-from kernelrl.judge.timer import TimingConfig
 from kernelrl.tasks.task import load_task_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     task = load_task_file(TASK)
     members = [("moved work", MOVED.read_text())] + [(name, src) for _ in range(3) for name, src in HONEST.items()][:5]
-    config = EvalConfig(device="cpu", policy="observe", timeout_s=180,
+    config = EvalConfig(device=Device.CPU, policy=PolicyName.OBSERVE, timeout_s=180,
                         timing=TimingConfig(max_timing_s=args.max_timing_s, max_rounds=150))
     worst_honest, least_moved = -float("inf"), float("inf")
     with Evaluator(config) as ev:

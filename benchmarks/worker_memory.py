@@ -25,9 +25,9 @@ from pathlib import Path
 import machine
 
 from kernelrl.judge.containment import descendants
+from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
-from kernelrl.judge.timer import TimingConfig
-from kernelrl.tasks.task import load_task_file
+from kernelrl.tasks.task import Size, load_task_file
 
 TASK = '''
 import torch
@@ -99,7 +99,7 @@ def main() -> int:
     t0 = time.monotonic()
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    config = EvalConfig(size="full", n_correctness=args.sets, constants={"dim": dim}, timeout_s=600,
+    config = EvalConfig(size=Size.FULL, n_correctness=args.sets, constants={"dim": dim}, timeout_s=600,
                         timing=TimingConfig(min_rounds=5, max_rounds=20, max_timing_s=5.0, warmup_calls=2,
                                             min_spot_checks=2))
     with Evaluator(config) as ev:

@@ -21,13 +21,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernelrl.judge.containment import NAMESPACES_PREFIX, bwrap_prefix, probe  # noqa: E402
+from kernelrl.judge.device import Device  # noqa: E402
 from kernelrl.judge.sandbox import SandboxConfig, Worker  # noqa: E402
 from kernelrl.result import Containment  # noqa: E402
 
 
 def hello_s(level: Containment) -> float:
     t0 = time.perf_counter()
-    w = Worker(config=SandboxConfig(containment=level), device="cpu")
+    w = Worker(config=SandboxConfig(containment=level), device=Device.CPU)
     try:
         w.wait_ready(deadline=time.monotonic() + 120)
         return time.perf_counter() - t0
@@ -41,7 +42,7 @@ def setup_s(level: Containment) -> float:
     import shutil
 
     if level is Containment.FULL:
-        prefix = bwrap_prefix(bwrap=shutil.which("bwrap") or "bwrap", uid=SandboxConfig().uids[0], device="cpu",
+        prefix = bwrap_prefix(bwrap=shutil.which("bwrap") or "bwrap", uid=SandboxConfig().uids[0], device=Device.CPU,
                               scratch_bytes=1 << 30, as_root=os.geteuid() == 0)
     elif level is Containment.NAMESPACES:
         prefix = list(NAMESPACES_PREFIX)
