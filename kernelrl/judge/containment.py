@@ -344,12 +344,18 @@ def spawn(start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[byte
     return _spawner.submit(start).result()
 
 
+# Bound at import: the worker counts its own descendants with `descendants` after program code
+# ran, which may have rebound `os.listdir` or `open` (the worker imports this module first).
+_listdir, _open = os.listdir, open
+
+
 def _children(pid: int) -> list[int]:
+    """`pid`'s children, exited-but-unreaped ones included (the kernel lists them until reaped)."""
     kids: list[int] = []
     try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
+        for tid in _listdir(f"/proc/{pid}/task"):
             try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                with _open(f"/proc/{pid}/task/{tid}/children") as f:
                     kids += [int(k) for k in f.read().split()]
             except OSError:
                 continue

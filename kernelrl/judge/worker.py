@@ -45,10 +45,11 @@ import types  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-# What the calls' side-work census reads /proc with, bound before any program code can rebind it.
-_listdir, _open, _getpid = os.listdir, open, os.getpid
+# What the calls' thread and process counts read /proc with, bound before any program code can
+# rebind it (`containment.descendants` binds its own).
+_listdir, _getpid = os.listdir, os.getpid
 
-from kernelrl.judge.containment import BUILD_DIR_ENV, CACHE_ROOT_ENV  # noqa: E402 - no torch behind it
+from kernelrl.judge.containment import BUILD_DIR_ENV, CACHE_ROOT_ENV, descendants  # noqa: E402 - no torch behind it
 from kernelrl.judge.sandbox import NO_HUGE_PAGES_ENV, set_own_limits  # noqa: E402 - no torch behind it
 
 
@@ -112,29 +113,11 @@ def _thread_count() -> int:
 
 
 def _descendant_count() -> int:
-    """Processes descended from this one, exited-but-unreaped ones included, read from /proc.
-
-    A call that forked leaves its child here the moment it returns, however soon the child ends
-    (until reaped it stays a zombie, still counted). A grandchild whose parent already exited was
-    reparented away and is not counted: the judge's own census of the worker's processes sees it.
-    """
-    parent: dict[int, int] = {}
-    for name in _listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with _open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-            # the fields after the command name, which may itself hold spaces and ')'
-            parent[int(name)] = int(stat.rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    found, frontier = 0, [_getpid()]
-    while frontier:
-        kids = [pid for pid, ppid in parent.items() if ppid in frontier]
-        found += len(kids)
-        frontier = kids
-    return found
+    """Processes descended from this one, exited-but-unreaped ones included. A call that forked
+    leaves its child here the moment it returns, however soon the child ends. A grandchild whose
+    parent already exited was reparented away and is not counted: the judge's own census of the
+    worker's processes sees it."""
+    return sum(1 for _ in descendants(_getpid(), depth=64))
 
 
 def global_state() -> dict[str, P.Setting]:
