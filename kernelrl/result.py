@@ -231,8 +231,8 @@ class TimingRecord:
     exchange_ms: float = 0.0
     call_floor_ms: float = 0.0
     # the group's A/A pair (a copy of the reference timed as a member): its speedup, whether it
-    # disagreed beyond the tolerance after every re-timing (noisy: a speedup inside the band it
-    # measured is in noise_band, paid as none), and how often the group was measured again
+    # disagreed beyond the tolerance after every re-timing (noisy), and how often the group was
+    # measured again; the band it measured is always in the result's noise_band
     aa_speedup: float | None = None
     noisy: bool = False
     retimed: int = 0
@@ -289,8 +289,9 @@ class EvalResult:
     message: str = ""  # one line a person reads first
     speedup: float | None = None  # reference median / candidate median; CORRECT only
     speedup_ci: tuple[float, float] | None = None  # 95 % interval of the speedup
-    # The speedups identical code measured on this task (its A/A calibration, `kernelrl calibrate`),
-    # when it has one: a speedup inside it cannot be told from noise. CORRECT only.
+    # The speedups identical code measured on this task: the group's A/A copy, mirrored about 1,
+    # widened by the task's calibration (`kernelrl calibrate`) where it has one; a speedup inside
+    # it cannot be told from noise. CORRECT only.
     noise_band: tuple[float, float] | None = None
     ref_time: TimingStats | None = None
     cand_time: TimingStats | None = None

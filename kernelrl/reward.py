@@ -22,8 +22,8 @@ Semantics (each is a property tested in `tests/test_reward.py`, over every shipp
    they are mapped, so every reward lies in `RewardModel.bounds()`, and one absurd
    measurement (0.001x, or an exploit's 1000x) cannot dominate a gradient.
 6. **Noise is no speedup**: a speedup whose 95 % interval (`EvalResult.speedup_ci`) contains
-   1.0, or that lies inside the task's A/A noise band (`EvalResult.noise_band`, from
-   calibration: identical code measured against itself), is paid as exactly 1.0x (so against
+   1.0, or that lies inside the task's A/A noise band (`EvalResult.noise_band`: identical code
+   measured against itself, in the same timing group and in calibration), is paid as exactly 1.0x (so against
    torch.compile it pays what the reference itself would). `noise = false` turns this off.
 7. **The speed term**: `log` (default: log of the held speedup, 0 at 1x, symmetric, gentle on
    outliers) or `speedup` (the ratio itself: CUDA-L1's mapping; with a low `speedup_cap` it is

@@ -205,20 +205,36 @@ def commitment(x: Any) -> int:
     """A number that pins down the bytes of every tensor in `x` (a call's output), as a worker
     commits to it when the call returns and the judge recomputes it from the output it is handed.
 
-    The sum of the tensors' 32-bit words (bytes where a size is not a multiple of 4), exact in
-    64-bit integers, mixed with their shapes and dtypes: one memory pass, the same on every
-    device. It binds a worker to outputs it has; it is not a cryptographic hash.
+    The wrapping sum of the tensors' 64-bit words (32-bit words, or bytes, where size or alignment
+    does not allow 64), mixed with their shapes and dtypes: one memory pass, the same on every
+    device (a sum modulo 2**64 does not depend on the order it is added in). It binds a worker to
+    outputs it has; it is not a cryptographic hash. It is computed inside the judge's clock, for
+    every member alike, so its cost is part of the exchange taken off every sample: 64-bit words
+    without widening cost a quarter of what 32-bit words widened to 64 did (0.024 against
+    0.085 ms per MiB on one CPU thread), and a smaller exchange is less noise in every ratio.
     """
     import torch
 
     total = 0
     for t in _tensors(x):
         flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        words = flat.view(torch.int32) if flat.numel() % 4 == 0 else flat
         kind = zlib.crc32(f"{t.dtype}{tuple(t.shape)}".encode())
-        total = total * 1_000_003 + int(words.sum(dtype=torch.int64).item()) + kind
+        total = total * 1_000_003 + _word_sum(flat, torch) + kind
         total %= 1 << 61
     return total
+
+
+def _word_sum(flat: Any, torch: Any) -> int:
+    """The sum of a byte tensor's words, modulo 2**64: 64-bit words where the byte count allows,
+    else 32-bit, else bytes. The width depends on the byte count alone, so an output and its copy
+    (the payload the judge is handed) agree wherever the output's storage starts; a view whose
+    start is not aligned for its width is copied first (rare, and cheap next to the call)."""
+    for width, dtype in ((8, torch.int64), (4, torch.int32)):
+        if flat.numel() % width == 0:
+            if flat.storage_offset() % width:
+                flat = flat.clone()
+            return int(flat.view(dtype).sum(dtype=torch.int64).item()) % (1 << 64)
+    return int(flat.sum(dtype=torch.int64).item()) % (1 << 64)
 
 
 def _tensors(x: Any) -> list[Any]:

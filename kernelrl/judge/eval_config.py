@@ -96,8 +96,8 @@ class EvalConfig:
     floor_slack: float = dynamic.FLOOR_SLACK  # below this share of the floor: impossible_speedup
     # Every timed group includes an A/A pair: a copy of the reference timed as a member. When its
     # 95 % interval lies wholly outside 1 +- aa_tolerance, the group is measured again (up to
-    # aa_retimes times); still so, its results say noisy and a speedup inside the band the copy
-    # measured is no speedup (noise_band). 0 leaves the copy out.
+    # aa_retimes times); still so, its results say noisy. Noisy or not, a speedup inside the band
+    # the copy measured is no speedup (noise_band). 0 leaves the copy out.
     aa_tolerance: float = 0.05
     aa_retimes: int = 1
     cache_dir: Path = field(default_factory=default_cache_dir)

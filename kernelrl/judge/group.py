@@ -299,8 +299,9 @@ class Group:
         roofline = self._roofline(measured)
         slack = self.ctx.config.floor_slack
         band = self.ctx.tasks.band(self.task, self.ctx.fingerprint)
-        if timing.noisy and (measured_band := aa_band(timing)) is not None:
-            # identical code measured this far from 1.00 here: inside it, nothing is a speedup
+        if (measured_band := aa_band(timing)) is not None:
+            # identical code measured this far from 1.00 in this very group (noisy or not): a
+            # speedup inside it cannot be told from the copy's, so it is no speedup
             band = measured_band if band is None else (min(band[0], measured_band[0]), max(band[1], measured_band[1]))
         result = V.timed(self.setting, checked, measured, timing, roofline=roofline, roofline_error=self.ctx.peaks.error,
                          floor_slack=slack, noise_band=band, environment=env)

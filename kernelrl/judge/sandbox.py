@@ -336,6 +336,7 @@ class Worker:
         if self.cgroup is not None:
             argv = self.cgroup.join_argv(argv)
         self._timing = False  # from the timing pool on, strays are ended around every exchange
+        self.last_exchange_ns = 0  # the last command's send to its answer, by the judge's clock
         self.strays_ended = 0
         # Spot checks: outputs handed over, and those that are not what their call committed to
         self._commits: list[int] = []
@@ -455,11 +456,8 @@ class Worker:
         return self._inner_pid if self._inner_pid is not None else self.proc.pid
 
     def request(self, header: Header, payload: Any = None, *, deadline: float | None = None) -> Answer:
-        """Send one command and wait for its answer (ChannelTimeout past the deadline).
-
-        The answer must be the kind the command allows, or an error; anything else is a
-        protocol violation (ChannelProtocolError).
-        """
+        """Send one command and wait for its answer (ChannelTimeout past the deadline). The answer
+        must be the kind the command allows, or an error; anything else is a ChannelProtocolError."""
         return self._exchange(header.KIND, header, payload, deadline)
 
     def command(self, kind: Kind, payload: Any = None, *, deadline: float | None = None) -> Answer:
@@ -475,12 +473,14 @@ class Worker:
             self._timing = True
         if self._timing:
             self.end_strays()
+        t0 = time.perf_counter_ns()  # the exchange alone: the stray census is the judge's work, and noisy
         try:
             self.channel.send(kind.value, encode(kind, header), payload)
         except (BrokenPipeError, OSError) as e:
             raise self._died(f"worker stopped accepting commands ({e})") from e
         try:
             answer = self._receive(deadline)
+            self.last_exchange_ns = time.perf_counter_ns() - t0
         finally:
             if self._timing:
                 self.end_strays()

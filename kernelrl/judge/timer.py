@@ -134,14 +134,13 @@ class _Member:
         now_cpu = self.worker.cpu_time_ns()
         if self._idle_since_cpu is not None and now_cpu is not None:
             self.idle_cpu_ns += max(0, now_cpu - self._idle_since_cpu)
-        t0 = time.perf_counter_ns()
         if header is not None:
             answer = self.worker.request(header, payload, deadline=deadline)
         else:
             assert kind is not None
             answer = self.worker.command(kind, payload, deadline=deadline)
         # the judge's clock around the exchange alone (its own /proc reads stay outside)
-        self.last_round_trip_ns = time.perf_counter_ns() - t0
+        self.last_round_trip_ns = self.worker.last_exchange_ns
         self._idle_since_cpu = self.worker.cpu_time_ns()
         if answer.failed:
             raise _CallFailed(answer.header.message, answer.header.traceback)

@@ -11,7 +11,9 @@ Each fixture under tests/fixtures/{redteam,control}/ starts with a docstring who
                                    policy `observe`; controls: under `open`). Each alternative is
                                    `correct`, `incorrect`, `runtime_error`, `timeout`,
                                    `compile_error`, `incorrect:<rule>` or `flagged:<rule>`.
-    MAX_SPEEDUP: 3                 when the verdict is correct, the speedup must stay below this
+    MAX_SPEEDUP: 3                 when the verdict is correct, the speedup must stay below this,
+                                   or be paid as none (`kernelrl.reward.within_noise`: its interval
+                                   holds 1.0, or identical code in its group measured as far)
     CANARY: yes                    run the judge with canary secrets in its own environment
     SLOW: yes                      compiles C++ (load_inline, torch.compile): marked slow
     CPU-FORM: ...                  where the CPU form of the hack lives (documentation only)

@@ -32,6 +32,7 @@ from kernelrl.candidate import Candidate
 from kernelrl.checks.policy import get_policy
 from kernelrl.checks.static import check_source
 from kernelrl.result import EvalResult, Severity
+from kernelrl.reward import within_noise
 from kernelrl.tasks.task import load_task_file
 
 TIMEOUT_S = 180.0
@@ -129,7 +130,8 @@ def judge_with_canaries(spec: FixtureSpec, policy: str, tmp_path: Path) -> EvalR
 
 
 def describe(res: EvalResult) -> str:
-    lines = [f"status={res.status.value} message={res.message!r} speedup={res.speedup}"]
+    lines = [f"status={res.status.value} message={res.message!r} speedup={res.speedup} interval={res.speedup_ci} "
+             f"noise_band={res.noise_band}"]
     lines += [f"  {f.severity.value} {f.stage} {f.rule}: {f.message}" for f in res.findings]
     lines += [e[-800:] for e in res.errors[:2]]
     return "\n".join(lines)
@@ -142,7 +144,8 @@ def test_redteam_dynamic_defences_alone(spec, tmp_path, outcomes, evaluators):
     rules = [f.rule for f in res.findings]
     ok = spec.matches(res.status.value, rejecting, rules)
     if ok and res.status.value == "correct" and spec.max_speedup is not None and res.speedup is not None:
-        ok = res.speedup < spec.max_speedup
+        # what a forged report could win is a speedup the reward pays: one within noise pays as none
+        ok = res.speedup < spec.max_speedup or within_noise(res)
     outcomes.setdefault("redteam-dynamic", {})[spec.name] = (res.status.value, sorted(set(rejecting)), ok)
     if spec.pending:
         outcomes.setdefault("pending", {})[spec.name] = spec.pending

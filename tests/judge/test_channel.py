@@ -196,3 +196,26 @@ def test_a_commitment_pins_an_outputs_bytes_shape_and_dtype():
     assert commitment(x.reshape(33, 64)) != commitment(x)
     assert commitment(x.view(torch.int32)) != commitment(x)
     assert commitment(torch.ones(3, dtype=torch.float16)) != commitment(torch.zeros(3, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("start", [0, 1, 2, 3])
+def test_a_commitment_is_the_same_for_an_output_and_its_copy_wherever_its_storage_starts(start):
+    # the worker commits to the output it has (perhaps a view into a larger buffer); the judge
+    # recomputes it from the copy it is handed, which starts at offset 0
+    from kernelrl.judge.channel import commitment
+
+    base = torch.randn(4 + 64 * 6)
+    for n in (64 * 6, 63, 62):  # byte counts divisible by 8, by 4 only, and (as bytes) by neither
+        view = base[start:start + n]
+        assert commitment(view) == commitment(view.clone())
+        as_bytes = view.view(torch.uint8)[1:]
+        assert commitment(as_bytes) == commitment(as_bytes.clone())
+
+
+def test_a_commitment_wraps_and_still_sees_one_changed_word():
+    from kernelrl.judge.channel import commitment
+
+    big = torch.full((1024,), 2**62, dtype=torch.int64)  # its sum overflows 64 bits many times
+    changed = big.clone()
+    changed[100] += 1
+    assert commitment(big) == commitment(big.clone()) and commitment(changed) != commitment(big)
