@@ -118,8 +118,10 @@ class Judging:
             rec = self.evals_in_flight[key][0]
             items.append((self.run.tasks[rec.task].task, Candidate(source=rec.source, origin=f"candidate {rec.id}")))
         self.batch_running = True  # results stream in as each task's group ends, where the evaluator can:
-        stream = {"on_result": lambda i, r: self.workers.put("result", keys[i], r)} if self.streams else {}
-        self.workers.spawn("evaluation", self.workers.eval_slots, lambda: self.evaluate_batch(items, **stream), keys)
+        stream = ({"on_result": lambda i, r: self.workers.post(functools.partial(self.on_result, keys[i], r))}
+                  if self.streams else {})
+        self.workers.spawn("evaluation", self.workers.eval_slots, lambda: self.evaluate_batch(items, **stream),
+                           functools.partial(self.on_batch, keys))
 
     def on_batch(self, keys: list[Key], out: list[EvalResult] | BaseException) -> None:
         """A batch returned: its verdicts not streamed already land, in order."""
@@ -170,7 +172,8 @@ class Judging:
             return
         for name, ts in self.run.tasks.items():
             ts.profile_pending = True
-            self.workers.spawn("profile", self.workers.profile_slots, functools.partial(self.profile, ts.task), name)
+            self.workers.spawn("profile", self.workers.profile_slots, functools.partial(self.profile, ts.task),
+                               functools.partial(self.on_profile, name))
 
     def on_profile(self, name: str, out: TaskProfile | BaseException | None) -> None:
         ts = self.run.tasks[name]
@@ -190,7 +193,8 @@ class Judging:
                 ts.baseline_pending = True
                 self.baselines_in_flight += 1
                 self.workers.spawn("baseline", self.workers.eval_slots,
-                                   functools.partial(self.measure_baseline, ts.task), name)
+                                   functools.partial(self.measure_baseline, ts.task),
+                                   functools.partial(self.on_baseline, name))
 
     def on_baseline(self, name: str, out: MeasuredBaseline | BaseException) -> None:
         self.baselines_in_flight -= 1

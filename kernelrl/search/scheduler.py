@@ -32,8 +32,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from types import FrameType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from kernelrl.candidate import extract_code, source_hash
 from kernelrl.judge.device import DevicePeaks
@@ -48,9 +49,6 @@ from kernelrl.search.summary import StopReason
 from kernelrl.search.workers import Workers
 
 if TYPE_CHECKING:
-    from kernelrl.judge.profile import TaskProfile
-    from kernelrl.result import EvalResult
-    from kernelrl.search.output import MeasuredBaseline
     from kernelrl.search.proposers import Proposal
 
 # A task whose proposer fails this many times in a row is given up for this run: the error is
@@ -132,7 +130,7 @@ class Scheduler:
                                      "(Ctrl-C again to leave now; a resume evaluates what is left)[/yellow]")
                     event = self.workers.next(_POLL_S)
                     if event is not None:
-                        self._handle(*event)
+                        event()  # the handler its call was spawned with (`Workers.spawn`)
                     self.schedule()
         finally:
             if old_handler is not None:
@@ -147,21 +145,6 @@ class Scheduler:
                 continue  # a task this invocation does not run: it stays pending for a later resume
             self.run.tasks[rec.task].chains[rec.chain].busy = True
             self.judging.submit(rec)
-
-    def _handle(self, kind: str, payload: object, out: object) -> None:
-        # The kind says what was spawned with it (`schedule`, `Judging.start_*`): the payload and
-        # the outcome of its call, or the exception the call raised.
-        if kind == "proposal":
-            self.on_proposal(cast("tuple[str, int, int, str, CandidateRecord | None]", payload),
-                             cast("Proposal | BaseException", out))
-        elif kind == "evaluation":
-            self.judging.on_batch(cast("list[Key]", payload), cast("list[EvalResult] | BaseException", out))
-        elif kind == "result":  # one result of a batch still running
-            self.judging.on_result(cast("Key", payload), cast("EvalResult | BaseException", out))
-        elif kind == "profile":
-            self.judging.on_profile(cast("str", payload), cast("TaskProfile | BaseException | None", out))
-        else:
-            self.judging.on_baseline(cast("str", payload), cast("MeasuredBaseline | BaseException", out))
 
     # ------------------------------------------------------------ what to ask next
     def _budget_stop(self) -> StopReason | None:
@@ -219,7 +202,7 @@ class Scheduler:
         chain.busy = True
         ts.in_flight += 1
         self.workers.spawn("proposal", self.workers.model_slots, lambda: self.proposer.propose(request),
-                           (ts.task.name, chain.index, chain.step, prompt, parent))
+                           partial(self.on_proposal, (ts.task.name, chain.index, chain.step, prompt, parent)))
         chain.step += 1
 
     def on_proposal(self, payload: tuple[str, int, int, str, CandidateRecord | None],

@@ -3,8 +3,9 @@ task's profile) runs on its own thread, and its outcome comes back on one event 
 
 Guarantees: a call runs while it holds a slot of its kind (`model_concurrency` model calls at
 once; one batch or injected baseline measurement at a time; two profiles); its outcome, or the
-exception it raised, is put on the queue as one `(kind, payload, outcome)` event, and only the
-thread that reads the queue (the loop's) acts on it. The threads are daemons: a second Ctrl-C may
+exception it raised, is put on the queue bound to the handler the caller named for it (typed: the
+handler takes what the call returns, or an exception), and only the thread that reads the queue
+(the loop's) runs that handler. The threads are daemons: a second Ctrl-C may
 leave while a call is still under way.
 
 Does not time out, retry or cancel a call.
@@ -15,9 +16,13 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
-# (kind, payload, outcome: a value or the exception raised); the kind says what the other two are
-Event = tuple[str, object, object]
+_T = TypeVar("_T")
+
+# A call's outcome bound to its handler: the loop's thread runs it.
+Event = Callable[[], None]
 
 
 class Workers:
@@ -27,22 +32,25 @@ class Workers:
         self.eval_slots = threading.Semaphore(1)  # batches and injected baseline measurements, one at a time
         self.profile_slots = threading.Semaphore(2)
 
-    def spawn(self, kind: str, slots: threading.Semaphore, fn: Callable[[], object], payload: object) -> None:
-        """Run `fn` on a thread under `slots`; its outcome comes back as `(kind, payload, outcome)`."""
+    def spawn(self, name: str, slots: threading.Semaphore, fn: Callable[[], _T],
+              on_done: Callable[[_T | BaseException], None]) -> None:
+        """Run `fn` on a thread (named `name`) under `slots`; `on_done` gets its outcome, or the
+        exception it raised, on the loop's thread."""
         def body() -> None:
+            out: _T | BaseException
             with slots:
                 try:
-                    out: object = fn()
+                    out = fn()
                 except BaseException as e:  # noqa: BLE001 - reported to the loop, which decides
                     out = e
-            self.events.put((kind, payload, out))
+            self.events.put(partial(on_done, out))
 
         # Daemon threads: a second Ctrl-C may leave while a call is still under way.
-        threading.Thread(target=body, name=f"kernelrl-{kind}", daemon=True).start()
+        threading.Thread(target=body, name=f"kernelrl-{name}", daemon=True).start()
 
-    def put(self, kind: str, payload: object, out: object) -> None:
+    def post(self, handler: Event) -> None:
         """An event from a call still under way (a batch's result that is final)."""
-        self.events.put((kind, payload, out))
+        self.events.put(handler)
 
     def next(self, timeout: float) -> Event | None:
         """The next event, or None when none came within `timeout` seconds."""

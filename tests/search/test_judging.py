@@ -15,7 +15,8 @@ def _judging(*, profile_pending: bool, proposing: bool = False, batch_wait_s: fl
     run = SimpleNamespace(config=SimpleNamespace(batch_wait_s=batch_wait_s), tasks=tasks, stop_reason=None,
                           proposing=lambda: proposing)
     spawned: list[list] = []
-    workers = SimpleNamespace(eval_slots=1, spawn=lambda kind, slots, fn, keys: spawned.append(keys))
+    # the keys a batch was spawned with are what its handler is bound to (`on_batch(keys, out)`)
+    workers = SimpleNamespace(eval_slots=1, spawn=lambda name, slots, fn, on_done: spawned.append(on_done.args[0]))
     j = J.Judging(run, SimpleNamespace(), SimpleNamespace(), workers, evaluate_batch=lambda items: [])
     j.evals_in_flight[("a", "h")] = [SimpleNamespace(task="a", source="x", id=1)]
     j.eval_pending.append(("a", "h"))
