@@ -1,8 +1,7 @@
 """How a stage is launched, and the dry run that checks a launch could start, on any machine.
 
-`LaunchConfig` (`[launch]` in a run config) says how many processes each stage runs on and
-which accelerate config file starts them (a name in `kernelrl/configs/accelerate/`, e.g.
-`zero3`, or a .yaml path); `launch_command(config, stage, name)` is the command line.
+`launch_command(config, stage, name)` is the command line that starts a stage as the run
+config's `[launch]` says (`kernelrl.train.launch_config.LaunchConfig`).
 
 `dry_run(config, stage)` checks everything a launch needs that can be checked here, without
 loading a model, starting a process or judging anything:
@@ -40,92 +39,29 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from kernelrl.config import CONFIG_DIR, ConfigError
+from kernelrl.config import ConfigError
 from kernelrl.tasks.splits import for_training, split_of
 from kernelrl.tasks.suites import load_tasks
 from kernelrl.tasks.task import TaskError
 from kernelrl.train.grpo import DEFAULTS, FORCED
 from kernelrl.train.model import is_model_folder
+from kernelrl.train.recipe import judge_notice
 from kernelrl.train.stage import AUTO, Stage
 from kernelrl.train.trl_args import build_args, trl_class
 
 if TYPE_CHECKING:
-    from kernelrl.judge.eval_config import EvalConfig
-    from kernelrl.run_parts import BackendConfig
     from kernelrl.train.grpo import GRPOStageConfig
-    from kernelrl.train.model import ModelConfig
+    from kernelrl.train.launch_config import LaunchConfig
+    from kernelrl.train.recipe import TrainConfig
     from kernelrl.train.rft import RFTStageConfig
     from kernelrl.train.sft import SFTStageConfig
 
-ACCELERATE_CONFIG_DIR = CONFIG_DIR / "accelerate"
 CPU_ONLY = {"bf16": False, "fp16": False, "use_cpu": True}  # what a machine without CUDA accepts
 
 
-class CheckedConfig(Protocol):
-    """What the checks read of a run's config: `kernelrl.train.recipe.TrainConfig`, which imports
-    this module (for `LaunchConfig`), so it is described here rather than imported."""
-
-    @property
-    def tasks(self) -> tuple[str, ...]: ...
-    @property
-    def splits(self) -> tuple[str, ...]: ...
-    @property
-    def output_dir(self) -> Path: ...
-    @property
-    def model(self) -> ModelConfig: ...
-    @property
-    def template_dir(self) -> Path | None: ...
-    @property
-    def eval(self) -> EvalConfig: ...
-    @property
-    def backend(self) -> BackendConfig: ...
-    @property
-    def launch(self) -> LaunchConfig: ...
-    @property
-    def sft(self) -> SFTStageConfig: ...
-    @property
-    def rft(self) -> RFTStageConfig: ...
-    @property
-    def grpo(self) -> GRPOStageConfig: ...
-    @property
-    def database(self) -> Path: ...
-    @property
-    def sft_data(self) -> Path: ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class LaunchConfig:
-    accelerate_config: str | None = None  # kernelrl/configs/accelerate/NAME.yaml or a .yaml file; None: one process
-    sft_processes: int = 1
-    rft_processes: int = 1
-    grpo_processes: int = 1
-    grpo_visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES of the GRPO launch (a GPU left for vLLM)
-    node_gpus: int | None = None  # GPUs of the training node, for the layout's count; None: not stated
-    judge_gpus: int = 0  # GPUs the reward server (backend.url) judges on, on its own machine
-
-    def __post_init__(self) -> None:
-        if min(self.sft_processes, self.rft_processes, self.grpo_processes) < 1:
-            raise ValueError("launch: process counts must be >= 1")
-        if self.judge_gpus < 0 or (self.node_gpus is not None and self.node_gpus < 1):
-            raise ValueError("launch: judge_gpus must be >= 0 and node_gpus >= 1 or unset")
-        if self.accelerate_config is None and max(self.sft_processes, self.rft_processes, self.grpo_processes) > 1:
-            raise ValueError("launch: several processes need an accelerate_config")
-
-    def processes(self, stage: Stage) -> int:
-        return int(getattr(self, f"{Stage(stage).value}_processes"))
-
-    def accelerate_file(self) -> Path | None:
-        if self.accelerate_config is None:
-            return None
-        path = Path(self.accelerate_config)
-        if path.suffix in (".yaml", ".yml", ".json"):
-            return path
-        return ACCELERATE_CONFIG_DIR / f"{self.accelerate_config}.yaml"
-
-
-def launch_command(config: CheckedConfig, stage: Stage, name: str, settings: Sequence[str] = ()) -> str:
+def launch_command(config: TrainConfig, stage: Stage, name: str, settings: Sequence[str] = ()) -> str:
     """The command line that starts `stage` of the run config `name` as the config says, with the
     command-line `settings` (flags and their values) the config was given on top."""
     launch: LaunchConfig = config.launch
@@ -176,7 +112,7 @@ class DryRun:
 AddCheck = Callable[[str, CheckLevel, str], None]  # what was checked, its level, what was found
 
 
-def dry_run(config: CheckedConfig, stage: Stage, *, name: str, settings: Sequence[str] = ()) -> DryRun:
+def dry_run(config: TrainConfig, stage: Stage, *, name: str, settings: Sequence[str] = ()) -> DryRun:
     stage = Stage(stage)
     checks: list[Check] = []
 
@@ -197,14 +133,14 @@ def dry_run(config: CheckedConfig, stage: Stage, *, name: str, settings: Sequenc
     return DryRun(stage=stage, command=launch_command(config, stage, name, settings), checks=tuple(checks))
 
 
-def _stage_config(config: CheckedConfig, stage: Stage) -> SFTStageConfig | RFTStageConfig | GRPOStageConfig:
+def _stage_config(config: TrainConfig, stage: Stage) -> SFTStageConfig | RFTStageConfig | GRPOStageConfig:
     """The config table of `stage` (each has its own `init_from` and `trl`)."""
     tables: dict[Stage, SFTStageConfig | RFTStageConfig | GRPOStageConfig] = {
         Stage.SFT: config.sft, Stage.RFT: config.rft, Stage.GRPO: config.grpo}
     return tables[stage]
 
 
-def _check_tasks(config: CheckedConfig, add: AddCheck) -> None:
+def _check_tasks(config: TrainConfig, add: AddCheck) -> None:
     try:
         tasks, left = for_training(load_tasks(list(config.tasks)), config.splits)
     except TaskError as e:
@@ -222,7 +158,7 @@ def _is_local(text: str) -> bool:
     return text.startswith((".", "/", "~")) or Path(text).exists() or text.count("/") != 1
 
 
-def _check_model(config: CheckedConfig, stage: Stage, add: AddCheck) -> None:
+def _check_model(config: TrainConfig, stage: Stage, add: AddCheck) -> None:
     path = config.model.path
     if is_model_folder(path):
         add("model.path", CheckLevel.OK, f"{path}: a model folder")
@@ -242,7 +178,7 @@ def _check_model(config: CheckedConfig, stage: Stage, add: AddCheck) -> None:
             add("init_from", CheckLevel.NOTE, f"{init}: a hub id (not checked offline)")
 
 
-def _check_files(config: CheckedConfig, stage: Stage, add: AddCheck) -> None:
+def _check_files(config: TrainConfig, stage: Stage, add: AddCheck) -> None:
     data = config.sft_data
     if stage is Stage.SFT:
         add("sft.data", CheckLevel.OK if data.is_file() else CheckLevel.ERROR,
@@ -269,7 +205,7 @@ def _check_files(config: CheckedConfig, stage: Stage, add: AddCheck) -> None:
         + ("its folder exists or can be made" if writable else "its folder cannot be made"))
 
 
-def _check_accelerate(config: CheckedConfig, stage: Stage, processes: int, add: AddCheck) -> Mapping[str, object]:
+def _check_accelerate(config: TrainConfig, stage: Stage, processes: int, add: AddCheck) -> Mapping[str, object]:
     path = config.launch.accelerate_file()
     if path is None:
         add("launch", CheckLevel.OK, "one process, no accelerate config")
@@ -298,7 +234,7 @@ def _check_accelerate(config: CheckedConfig, stage: Stage, processes: int, add: 
     return values
 
 
-def _check_trl(config: CheckedConfig, stage: Stage, processes: int, add: AddCheck) -> dict[str, bool]:
+def _check_trl(config: TrainConfig, stage: Stage, processes: int, add: AddCheck) -> dict[str, bool]:
     table = _stage_config(config, stage).trl
     values = dict(table)
     name = "GRPOConfig" if stage is Stage.GRPO else "SFTConfig"
@@ -352,28 +288,7 @@ def _check_grpo_batch(cls: type, values: dict[str, Any], processes: int, add: Ad
     return {**{k: v for k, v in values.items() if k != "steps_per_generation"}, "generation_batch_size": batch}
 
 
-def judge_notice(config: CheckedConfig) -> str:
-    """What refuses hacks in this run, said at its start (training pays the lowest reward for
-    every refusal; a run without the adversarial LLM judge relies on the static and dynamic
-    defences alone)."""
-    from kernelrl.checks import rules as R
-    from kernelrl.checks.policy import STRICT, get_policy
-
-    judge = config.eval.llm_judge
-    where = f"the reward server at {config.backend.url}" if config.backend.url else "this process's evaluator"
-    policy = f"policy {config.eval.policy}"
-    # What `strict` refuses (its custom-kernel requirement aside) and this policy pays, said up front.
-    paid = sorted(STRICT.reject - {R.NO_CUSTOM_KERNEL} - get_policy(config.eval.policy).reject)
-    warned = f"; findings {policy} only warns on, and pays: {', '.join(paid)}" if paid else ""
-    if judge.enabled and judge.model:
-        return f"hacks: refused by {where} ({policy}) and the adversarial LLM judge {judge.model}{warned}"
-    why = ("turned off by eval.llm_judge.enabled=false" if judge.model else
-           "no endpoint configured: set eval.llm_judge.model and eval.llm_judge.base_url, and it is on")
-    return (f"hacks: refused by {where} ({policy}); the adversarial LLM judge is OFF ({why}), so a hack "
-            f"that only a reader would see is paid{warned}")
-
-
-def gpu_layout(config: CheckedConfig, stage: Stage, processes: int) -> tuple[str, int, int]:
+def gpu_layout(config: TrainConfig, stage: Stage, processes: int) -> tuple[str, int, int]:
     """Where a stage's GPUs go (training, generation, judging), in words, and how many GPUs it
     uses on the training node and elsewhere."""
     launch = config.launch
@@ -404,7 +319,7 @@ def gpu_layout(config: CheckedConfig, stage: Stage, processes: int) -> tuple[str
     return "; ".join(parts), node, elsewhere
 
 
-def _check_layout(config: CheckedConfig, stage: Stage, processes: int, add: AddCheck) -> None:
+def _check_layout(config: TrainConfig, stage: Stage, processes: int, add: AddCheck) -> None:
     words, node, elsewhere = gpu_layout(config, stage, processes)
     limit = config.launch.node_gpus
     over = limit is not None and node > limit
@@ -436,7 +351,7 @@ def warmup_steps(trl: dict[str, Any], steps: int) -> int:
     return math.ceil(ratio * steps)
 
 
-def _check_steps(config: CheckedConfig, stage: Stage, processes: int, add: AddCheck) -> None:
+def _check_steps(config: TrainConfig, stage: Stage, processes: int, add: AddCheck) -> None:
     """The stage's optimizer steps, and a warmup that ends before they do."""
     if stage is Stage.GRPO:
         trl = config.grpo.trl
@@ -468,7 +383,7 @@ def _check_steps(config: CheckedConfig, stage: Stage, processes: int, add: AddCh
                   if steps and warm >= steps else ""))
 
 
-def _check_packages(config: CheckedConfig, stage: Stage, accel: Mapping[str, object], trl_values: Mapping[str, bool],
+def _check_packages(config: TrainConfig, stage: Stage, accel: Mapping[str, object], trl_values: Mapping[str, bool],
                     add: AddCheck) -> None:
     wanted = {"trl": "training", "accelerate": "training"}
     if accel.get("distributed_type") == "DEEPSPEED":

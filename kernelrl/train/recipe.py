@@ -34,7 +34,7 @@ from kernelrl.reward import RewardConfig
 from kernelrl.run_parts import BackendConfig
 from kernelrl.tasks.splits import Split, for_training, split_of, split_of_name
 from kernelrl.train.grpo import GRPOResult, GRPOStageConfig
-from kernelrl.train.launch import LaunchConfig, judge_notice
+from kernelrl.train.launch_config import LaunchConfig
 from kernelrl.train.model import ModelConfig
 from kernelrl.train.rft import RFTStageConfig, RoundResult
 from kernelrl.train.sft import SFTStageConfig
@@ -246,3 +246,24 @@ def _run_grpo(config: TrainConfig, init: Init, folder: Path, tasks: list[Task], 
                         prompt_settings=settings, resume=resume, seed=config.seed, console=console,
                         template_dir=config.template_dir, run_id=run_id, ranks=ranks)
     return {"final_dir": result.outcome.final_dir, "outcome": result.outcome, "grpo": result}
+
+
+def judge_notice(config: TrainConfig) -> str:
+    """What refuses hacks in this run, said at its start (training pays the lowest reward for
+    every refusal; a run without the adversarial LLM judge relies on the static and dynamic
+    defences alone)."""
+    from kernelrl.checks import rules as R
+    from kernelrl.checks.policy import STRICT, get_policy
+
+    judge = config.eval.llm_judge
+    where = f"the reward server at {config.backend.url}" if config.backend.url else "this process's evaluator"
+    policy = f"policy {config.eval.policy}"
+    # What `strict` refuses (its custom-kernel requirement aside) and this policy pays, said up front.
+    paid = sorted(STRICT.reject - {R.NO_CUSTOM_KERNEL} - get_policy(config.eval.policy).reject)
+    warned = f"; findings {policy} only warns on, and pays: {', '.join(paid)}" if paid else ""
+    if judge.enabled and judge.model:
+        return f"hacks: refused by {where} ({policy}) and the adversarial LLM judge {judge.model}{warned}"
+    why = ("turned off by eval.llm_judge.enabled=false" if judge.model else
+           "no endpoint configured: set eval.llm_judge.model and eval.llm_judge.base_url, and it is on")
+    return (f"hacks: refused by {where} ({policy}); the adversarial LLM judge is OFF ({why}), so a hack "
+            f"that only a reader would see is paid{warned}")

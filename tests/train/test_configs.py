@@ -184,7 +184,7 @@ def test_a_dry_run_refuses_a_warmup_that_outlasts_the_run(stage):
 
 
 def test_the_shipped_gpu_configs_train_strictly_and_say_when_no_llm_judge_watches():
-    from kernelrl.train.launch import judge_notice
+    from kernelrl.train.recipe import judge_notice
 
     for name in ("qwen7b-lora-1gpu", "qwen7b-full-8gpu-vllm"):
         config = load_train_config(name)
@@ -208,7 +208,7 @@ def test_every_shipped_config_refuses_every_hack_strict_refuses(name):
 
 
 def test_the_start_notice_names_the_findings_a_softer_policy_pays():
-    from kernelrl.train.launch import judge_notice
+    from kernelrl.train.recipe import judge_notice
 
     assert "only warns on" not in judge_notice(load_train_config("tiny-cpu"))
     notice = judge_notice(load_train_config("tiny-cpu", {"eval.policy": "open"}))
@@ -217,7 +217,7 @@ def test_the_start_notice_names_the_findings_a_softer_policy_pays():
 
 
 def test_naming_a_judge_model_turns_the_llm_judge_on_unless_turned_off():
-    from kernelrl.train.launch import judge_notice
+    from kernelrl.train.recipe import judge_notice
 
     named = load_train_config("qwen7b-lora-1gpu", {"eval.llm_judge.model": "judge-model"})
     assert named.eval.llm_judge.enabled is True
