@@ -77,7 +77,7 @@ from kernelrl.judge.builds import (  # noqa: E402
     configure_triton,
     exclusive_build_dir,
 )
-from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError, commitment  # noqa: E402
+from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError, commitments  # noqa: E402
 from kernelrl.judge.compare import content_digest, flatten  # noqa: E402
 from kernelrl.judge.device import Device  # noqa: E402
 from kernelrl.judge.precision import set_precision  # noqa: E402
@@ -485,7 +485,7 @@ class WorkerState:
         self.sample_inputs = self.staged
         self.sample_outputs = outs
         self.staged = []
-        return P.Kind.CALLED, P.Called(t_ns=times, plain=plain, commits=[commitment(o) for o in outs]), None
+        return P.Kind.CALLED, P.Called(t_ns=times, plain=plain, commits=commitments(outs)), None
 
     def output(self, h: P.Output, payload: Any) -> Reply:
         if not 0 <= h.call < len(self.sample_outputs):

@@ -212,6 +212,16 @@ def test_a_commitment_is_the_same_for_an_output_and_its_copy_wherever_its_storag
         assert commitment(as_bytes) == commitment(as_bytes.clone())
 
 
+def test_a_samples_commitments_are_each_outputs_own():
+    # the worker commits to a whole sample at once (one read-back per device): each entry must be
+    # what the judge recomputes from that call's output alone
+    from kernelrl.judge.channel import commitment, commitments
+
+    outs = [torch.randn(8, 3), (torch.arange(5), torch.ones(2, dtype=torch.float16)), None, torch.empty(0)]
+    assert commitments(outs) == [commitment(o) for o in outs]
+    assert commitments(outs)[2] == 0 and commitments([]) == []
+
+
 def test_a_commitment_wraps_and_still_sees_one_changed_word():
     from kernelrl.judge.channel import commitment
 
