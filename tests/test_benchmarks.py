@@ -41,6 +41,11 @@ def _kernelbench(tmp_path: Path) -> Path:
     return root.parent
 
 
+def test_identical_paid_tiny(tmp_path):
+    out = _run("identical_paid.py", "level1/gelu", "--runs", "1", "--max-timing-s", "0.3", tmp_path=tmp_path)
+    assert "# identical code paid above 1.0x:" in out and "of 1 correct runs" in out
+
+
 def test_calibrate_tasks_tiny(tmp_path):
     out = _run("calibrate_tasks.py", "--device", "cpu", "--size", "small", "--limit", "1", "--runs", "1", "--quick",
                tmp_path=tmp_path)
