@@ -23,8 +23,10 @@ Semantics (each is a property tested in `tests/test_reward.py`, over every shipp
    measurement (0.001x, or an exploit's 1000x) cannot dominate a gradient.
 6. **Noise is no speedup**: a speedup whose 95 % interval (`EvalResult.speedup_ci`) contains
    1.0, or that lies inside the task's A/A noise band (`EvalResult.noise_band`: identical code
-   measured against itself, in the same timing group and in calibration), is paid as exactly 1.0x (so against
-   torch.compile it pays what the reference itself would). `noise = false` turns this off.
+   measured against itself, in the same timing group and in calibration), or whose interval
+   reaches into that band (it cannot be told apart from what identical code measured), is paid
+   as exactly 1.0x (so against torch.compile it pays what the reference itself would).
+   `noise = false` turns this off.
 7. **The speed term**: `log` (default: log of the held speedup, 0 at 1x, symmetric, gentle on
    outliers) or `speedup` (the ratio itself: CUDA-L1's mapping; with a low `speedup_cap` it is
    the published "capped linear" choice), plus `correct_bonus` for every correct result.
@@ -209,7 +211,10 @@ class Reward:
 
 def within_noise(result: EvalResult) -> bool:
     """The measured speedup cannot be told from 1.0x: its interval holds 1.0, or it lies inside the
-    task's A/A band (widened to hold 1.0, so the rule never makes a faster result pay less)."""
+    task's A/A band (widened to hold 1.0, so the rule never makes a faster result pay less), or its
+    interval reaches into that band. The last is what identical code paid otherwise: a copy of the
+    reference at 1.058x (interval 1.031-1.082) beside its group's copy at 0.986 (band 0.96-1.04),
+    the few percent two processes running the same code measure apart (benchmarks/README.md)."""
     s = result.speedup
     if s is None:
         return False
@@ -217,7 +222,10 @@ def within_noise(result: EvalResult) -> bool:
     if ci is not None and min(ci) <= NO_SPEEDUP <= max(ci):
         return True
     band = result.noise_band
-    return band is not None and min(*band, NO_SPEEDUP) <= s <= max(*band, NO_SPEEDUP)
+    if band is None:
+        return False
+    lo, hi = min(*band, NO_SPEEDUP), max(*band, NO_SPEEDUP)
+    return lo <= s <= hi or (ci is not None and min(ci) <= hi and max(ci) >= lo)
 
 
 class RewardModel:

@@ -165,6 +165,10 @@ def test_a_speedup_within_noise_pays_as_no_speedup():
     # a real speedup, and a real slowdown, pay as measured
     assert model.score(correct(1.5, ci=(1.4, 1.6), band=(0.97, 1.04))).value == pytest.approx(0.3 + math.log(1.5))
     assert model.score(correct(0.8, ci=(0.75, 0.85))).value == pytest.approx(0.3 + math.log(0.8))
+    # an interval that reaches into the band cannot be told from identical code; one clear of it can
+    assert within_noise(correct(1.058, ci=(1.031, 1.082), band=(0.96, 1.04)))
+    assert not within_noise(correct(1.06, ci=(1.045, 1.08), band=(0.96, 1.04)))
+    assert within_noise(correct(0.94, ci=(0.92, 0.965), band=(0.96, 1.04)))  # slower alike: paid 1.0x
     # a band that misses 1.0 is widened to hold it: 0.99 inside (0.95, 0.98) + 1.0 pays 1.0x
     assert within_noise(correct(0.99, band=(0.95, 0.98))) and not within_noise(correct(0.9, band=(0.95, 0.98)))
     off = RewardModel(RewardConfig(noise=False, smoothing=SmoothingConfig(enabled=False)))
