@@ -51,8 +51,8 @@ def main() -> int:
     config = EvalConfig(device=args.device, size=args.size, timing=timing, roofline=False, **extra)
     print(machine.header(args.device))
     print(f"# command: {' '.join(sys.argv)}")
-    print(f"{'task':34s} {'run':>3s} {'copy a':>8s} {'copy b':>8s} {'b / a':>8s} {'rounds':>6s} {'ref ms':>9s}  "
-          "within  elapsed")
+    print(f"{'task':34s} {'run':>3s} {'copy a':>8s} {'copy b':>8s} {'b / a':>8s} {'rounds':>6s} {'ref ms':>9s} "
+          f"{'calls':>5s} {'exch ms':>7s}  within  elapsed")
     within = total = 0
     worst = 0.0
     failed = []
@@ -67,7 +67,8 @@ def main() -> int:
         runs_of[r.task] += 1
         worst = max(worst, *(abs(s - 1) for s in (r.speedup_a, r.speedup_b, r.b_over_a)))
         print(f"{r.task:34s} {runs_of[r.task]:3d} {r.speedup_a:8.4f} {r.speedup_b:8.4f} {r.b_over_a:8.4f} "
-              f"{r.rounds:6d} {r.reference_ms:9.4f}  {'yes' if ok else 'NO'}  {time.monotonic() - t0:.0f} s", flush=True)
+              f"{r.rounds:6d} {r.reference_ms:9.4f} {r.calls_per_sample:5d} {r.exchange_ms:7.3f}  "
+              f"{'yes' if ok else 'NO'}  {time.monotonic() - t0:.0f} s", flush=True)
 
     with Evaluator(config) as ev:
         for task in tasks:

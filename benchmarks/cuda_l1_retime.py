@@ -108,6 +108,7 @@ def main() -> int:
     t0 = time.monotonic()
     print(f"{'kernel':28s} {'published':>10s} {'kernelrl':>10s} {'ratio':>7s}  {'verdict':14s} why", flush=True)
     guard = threading.Lock()
+    landed: list[dict[str, Any]] = []
 
     def line(i: int, r: EvalResult) -> None:
         # Each row as its group ends, so a run stopped by a time limit keeps the rows it finished.
@@ -117,6 +118,11 @@ def main() -> int:
         with guard:
             print(f"{e.name:28s} {_num(pub):>10s} {_num(r.speedup):>10s} {_num(ratio):>7s}  {r.status.value:14s} "
                   f"{why(r)}  ({time.monotonic() - t0:.0f} s)", flush=True)
+            if args.json:  # written as each row lands: a run stopped by a time limit keeps its rows
+                landed.append({"name": e.name, "published_speedup": pub, "elapsed_s": time.monotonic() - t0,
+                               **r.to_dict()})
+                args.json.write_text(json.dumps({"machine": machine.describe(args.device), "rows": landed},
+                                                indent=1, default=str))
 
     with Evaluator(config) as ev:
         results = ev.evaluate_batch([_item(e) for e in chosen], on_result=line)

@@ -12,17 +12,20 @@
 # Steps, most valuable first, each under its own time limit (clipped to what is left of --budget,
 # 540 s by default; a step with under 5 s left is skipped and says so):
 #   env         environment and clocks (gpu_env.py)                                  -> env.txt
-#   streams     side-stream, second-context, event and graph tests (pytest, gpu)     -> tests.jsonl
 #   floor       the per-call floor of the worker's timing bracket (call_floor.py)    -> floor.jsonl
 #   aa          A/A: the reference against copies of itself on 2 tasks (calibrate)   -> log.txt
 #   kernelbench a KernelBench level-1 sample, eager and torch.compile baselines      -> kernelbench.json
 #   cuda_l1     a sample of CUDA-L1's H100 kernels re-timed                          -> cuda_l1.json
 #   throughput  evaluations per hour, the evaluator's batch (eval_throughput.py)     -> log.txt
+#   streams     side-stream, second-context, event and graph tests (pytest, gpu)     -> tests.jsonl
 #   gpu_tests   every other gpu-marked test                                          -> tests.jsonl
+# The measurements come before the tests: the 2026-11-26 lease spent its first 100 s on the tests'
+# cold nvcc builds and then cut every measuring step before it printed a row. Each measuring
+# script prints (and writes its JSON) row by row, so a step cut by its limit keeps what it finished.
 # OUT gets at most 8 files, each appended to as results end: env.txt, steps.jsonl (one line per step:
 # name, limit, seconds, exit code, timed_out, skipped), tests.jsonl (one line per test, written by
 # gpu_check_plugin.py as each test ends), log.txt (every step's output), floor.jsonl,
-# kernelbench.json and cuda_l1.json (written by those scripts when they finish).
+# kernelbench.json and cuda_l1.json (rewritten by those scripts as each row lands).
 #
 # --dry-run: on a CPU, every step starts with tiny CPU settings and stops within its own short
 # limit ($GPU_CHECK_DRY_LIMIT, 20 s by default); a step cut by its limit is recorded as timed_out.
@@ -41,7 +44,7 @@ while [ $# -gt 0 ]; do
         --kernelbench) KB=$2; shift ;;
         --cuda-l1) CL1=$2; shift ;;
         --budget) BUDGET=$2; shift ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         -*) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
         *) [ -z "$OUT" ] || { echo "gpu_check: one output folder only" >&2; exit 2; }; OUT=$1 ;;
     esac
@@ -149,28 +152,28 @@ fi
 
 cd "$ROOT" || exit 2
 run_step env 30 bash -c '"$0" benchmarks/gpu_env.py "$1" | tee "$2"' "$PYTHON" "$DEV" "$OUT/env.txt"
-run_step streams 120 "${PYTEST[@]}" -m gpu "${STREAM_TESTS[@]}"
 run_step floor 25 "$PYTHON" benchmarks/call_floor.py --device "$DEV" --n "$([ "$DRY" = 1 ] && echo 200 || echo 2000)" \
     --json "$OUT/floor.jsonl"
 # At --size small: one small-size group took 26-36 s on the H100 (reference load 4-8 s, 400 rounds
 # 13-19 s); at full size no run ended within 80 s.
-run_step aa 80 "$PYTHON" benchmarks/calibrate_tasks.py --device "$DEV" --size small --runs 2 --tolerance 0.02 \
+run_step aa 80 "$PYTHON" benchmarks/calibrate_tasks.py --device "$DEV" --size small --runs 1 --tolerance 0.02 \
     --tasks level1/softmax level1/rmsnorm $QUICK
 if [ -n "$KB" ] && [ -d "$KB" ]; then
-    run_step kernelbench 110 "$PYTHON" benchmarks/kernelbench_gpu.py "$KB" --device "$DEV" --size "$SIZE" --levels 1 \
+    run_step kernelbench 120 "$PYTHON" benchmarks/kernelbench_gpu.py "$KB" --device "$DEV" --size "$SIZE" --levels 1 \
         --sample "$([ "$DRY" = 1 ] && echo 1 || echo 3)" --no-examples --concurrency 8 $QUICK \
         $([ "$DRY" = 1 ] && echo --no-compile) --json "$OUT/kernelbench.json"
 else
     skip_step kernelbench "no KernelBench checkout: pass --kernelbench DIR or set KERNELBENCH"
 fi
 if [ -n "$CL1" ] && [ -e "$CL1" ]; then
-    run_step cuda_l1 90 "$PYTHON" benchmarks/cuda_l1_retime.py "$CL1" --device "$DEV" --size "$SIZE" \
+    run_step cuda_l1 130 "$PYTHON" benchmarks/cuda_l1_retime.py "$CL1" --device "$DEV" --size "$SIZE" \
         --sample "$([ "$DRY" = 1 ] && echo 1 || echo 6)" --seed 0 --concurrency 8 $QUICK --json "$OUT/cuda_l1.json"
 else
     skip_step cuda_l1 "no CUDA-L1 kernels: pass --cuda-l1 PATH or set CUDA_L1"
 fi
-run_step throughput 45 "$PYTHON" benchmarks/eval_throughput.py --device "$DEV" --only pytorch --paths batched \
+run_step throughput 50 "$PYTHON" benchmarks/eval_throughput.py --device "$DEV" --only pytorch --paths batched \
     --limit "$([ "$DRY" = 1 ] && echo 1 || echo 2)"
+run_step streams 100 "${PYTEST[@]}" -m gpu "${STREAM_TESTS[@]}"
 DESELECT=()
 for t in "${STREAM_TESTS[@]}"; do DESELECT+=(--deselect "$t"); done
 run_step gpu_tests 600 "${PYTEST[@]}" -m gpu tests "${DESELECT[@]}"

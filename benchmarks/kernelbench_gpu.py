@@ -25,6 +25,7 @@ import argparse
 import json
 import random
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,6 +35,7 @@ import machine
 
 from kernelrl.candidate import Candidate, Language
 from kernelrl.examples import list_examples
+from kernelrl.judge.baseline import Baseline
 from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.reference import ReferenceFailed
@@ -126,18 +128,26 @@ def main() -> int:
     t0 = time.monotonic()
     with Evaluator(config) as ev:
         print(f"\n== baselines: {len(tasks)} tasks (levels {args.levels}, seed {args.seed}), judged as one batch")
-        for task, b in zip(tasks, ev.baselines(tasks, compile=not args.no_compile)):
-            if isinstance(b, ReferenceFailed):
-                print(f"  {task.name:48s} reference failed: {str(b).splitlines()[0][:80]}", flush=True)
-                out["baselines"].append({"task": task.name, "error": str(b).splitlines()[0]})
-                continue
-            if b.compile_ms:
-                ratio[task.name] = b.compile_ms / b.eager_ms
-            compiled = f"{b.compile_ms:10.4f}" if b.compile_ms else f"{'-':>10s}"
-            print(f"  {task.name:48s} eager {b.eager_ms:10.4f} ms  compile {compiled} ms  {b.compile_error[:60]}",
-                  flush=True)
-            out["baselines"].append({"task": task.name, "eager_ms": b.eager_ms, "compile_ms": b.compile_ms,
-                                     "compile_error": b.compile_error})
+        lock = threading.Lock()
+
+        def baseline(i: int, b: Baseline | ReferenceFailed) -> None:  # as each task's group closes
+            task = tasks[i]
+            with lock:
+                if isinstance(b, ReferenceFailed):
+                    print(f"  {task.name:48s} reference failed: {str(b).splitlines()[0][:80]}", flush=True)
+                    out["baselines"].append({"task": task.name, "error": str(b).splitlines()[0]})
+                    return
+                if b.compile_ms:
+                    ratio[task.name] = b.compile_ms / b.eager_ms
+                compiled = f"{b.compile_ms:10.4f}" if b.compile_ms else f"{'-':>10s}"
+                print(f"  {task.name:48s} eager {b.eager_ms:10.4f} ms  compile {compiled} ms  "
+                      f"{time.monotonic() - t0:5.0f} s  {b.compile_error[:60]}", flush=True)
+                out["baselines"].append({"task": task.name, "eager_ms": b.eager_ms, "compile_ms": b.compile_ms,
+                                         "compile_error": b.compile_error, "elapsed_s": time.monotonic() - t0})
+                if args.json:  # written as each row lands: a step cut by its limit keeps what it measured
+                    args.json.write_text(json.dumps(out, indent=1, default=str))
+
+        ev.baselines(tasks, compile=not args.no_compile, on_result=baseline)
         if not args.no_examples:
             examples = list_examples(device=args.device)
             if args.device == "cpu":  # Triton runs on a CPU too, under its interpreter

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ["env", "streams", "floor", "aa", "kernelbench", "cuda_l1", "throughput", "gpu_tests"]
+STEPS = ["env", "floor", "aa", "kernelbench", "cuda_l1", "throughput", "streams", "gpu_tests"]
 LIMIT = 10
 KILL_AFTER = 5
 

@@ -40,6 +40,7 @@ class Calibration:
     calls_per_sample: int
     stopped_by: TimingStop
     reference_ms: float
+    exchange_ms: float = 0.0  # the judge's exchange per sample, taken off every timed sample
 
     def speedups(self) -> tuple[float, float, float]:
         """What identical code measured in this run: each copy against the reference, and B against A."""
@@ -84,7 +85,8 @@ def calibrate(ctx: JudgeContext, task: Task, *, runs: int = 5,
                            ci_a=a.speedup_ci, ci_b=b.speedup_ci, b_over_a=b.speedup / a.speedup,
                            rounds=timing.rounds, calls_per_sample=timing.calls_per_sample,
                            stopped_by=timing.stopped_by,
-                           reference_ms=a.ref_time.median_ms if a.ref_time else float("nan"))
+                           reference_ms=a.ref_time.median_ms if a.ref_time else float("nan"),
+                           exchange_ms=timing.exchange_ms)
         out.append(made)
         if on_run is not None:
             on_run(made)

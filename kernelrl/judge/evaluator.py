@@ -167,10 +167,13 @@ class Evaluator:
             raise found
         return found
 
-    def baselines(self, tasks: Sequence[Task], *, compile: bool = True) -> list[Baseline | ReferenceFailed]:
+    def baselines(self, tasks: Sequence[Task], *, compile: bool = True,
+                  on_result: Callable[[int, Baseline | ReferenceFailed], None] | None = None,
+                  ) -> list[Baseline | ReferenceFailed]:
         """`baseline` of several tasks, their groups judged together as a batch's are: references
         load and torch.compile builds overlap, while timing still holds the device alone. Where a
-        task's reference failed, its place holds the failure."""
+        task's reference failed, its place holds the failure. `on_result(i, found)` hands over
+        each task's answer as soon as its group closes (tasks already known first)."""
         self._before_compiling(compile or self.config.compile_baseline)
         todo: dict[str, Task] = {}
         for task in tasks:
@@ -179,17 +182,29 @@ class Evaluator:
                 todo.setdefault(self.context.tasks.key(task), task)
         groups = {key: Group(self.context, task, {}, lambda positions, res: None, baseline=True, compile=compile)
                   for key, task in todo.items()}
-        run_groups(list(groups.values()), device=self.config.device, width=self.config.concurrency)
-        out: list[Baseline | ReferenceFailed] = []
-        for task in tasks:
-            group = groups.get(self.context.tasks.key(task))
-            found = self.cached_baseline(task)
+        keys = [self.context.tasks.key(task) for task in tasks]
+
+        def answer(i: int) -> Baseline | ReferenceFailed:
+            found = self.cached_baseline(tasks[i])
             if found is not None:
-                out.append(found)
-            else:
-                why = group.failure if group is not None and group.failure else "the reference could not be timed"
-                out.append(ReferenceFailed(f"{task.name}: {why}" if task.name not in why else why))
-        return out
+                return found
+            group = groups.get(keys[i])
+            why = group.failure if group is not None and group.failure else "the reference could not be timed"
+            return ReferenceFailed(f"{tasks[i].name}: {why}" if tasks[i].name not in why else why)
+
+        def closed(group: Group) -> None:
+            if on_result is not None:
+                for i, key in enumerate(keys):
+                    if groups.get(key) is group:
+                        on_result(i, answer(i))
+
+        if on_result is not None:
+            for i, key in enumerate(keys):
+                if key not in groups:
+                    on_result(i, answer(i))
+        run_groups(list(groups.values()), device=self.config.device, width=self.config.concurrency,
+                   on_closed=closed)
+        return [answer(i) for i in range(len(tasks))]
 
     def _before_compiling(self, compiles: bool) -> None:
         """inductor's ISA check, once per machine instead of in every worker that compiles

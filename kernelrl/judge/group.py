@@ -458,8 +458,11 @@ def reference_program(task: Task, *, copy: str = "the task's reference") -> Cand
     return Candidate(source=task.source + f"\n\n# {copy}, loaded as a program\nModelNew = Model\n")
 
 
-def run_groups(groups: Sequence[Group], *, device: Device, width: int) -> None:
-    """Judge a batch's groups (see the module docstring); every group is finished and closed."""
+def run_groups(groups: Sequence[Group], *, device: Device, width: int,
+               on_closed: Callable[[Group], None] | None = None) -> None:
+    """Judge a batch's groups (see the module docstring); every group is finished and closed.
+    `on_closed(group)` runs as each group closes, finished or failed, so a caller can report it
+    before the slowest group of the batch ends."""
     checks = threading.Semaphore(max(1, width))
 
     def whole(g: Group) -> None:
@@ -469,6 +472,8 @@ def run_groups(groups: Sequence[Group], *, device: Device, width: int) -> None:
             g.finish()
         finally:
             g.close()
+            if on_closed is not None:
+                on_closed(g)
 
     # On a CPU one group more than `width`: while one is timed (and holds the machine), `width`
     # others are ready to check as soon as it is done. Groups in flight bound the workers alive.

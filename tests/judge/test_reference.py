@@ -131,7 +131,12 @@ def test_paths_in_this_file_are_not_task_files():
 
 def test_baselines_of_several_tasks_are_one_batch_and_a_broken_reference_is_none(evaluator):
     good, other, bad = task("bl_good"), task("bl_other", module="n = 128"), task("bl_bad", module="raise RuntimeError('x')")
-    got = evaluator.baselines([good, bad, other, good], compile=False)
+    heard: list[tuple[int, object]] = []
+    got = evaluator.baselines([good, bad, other, good], compile=False,
+                              on_result=lambda i, found: heard.append((i, found)))
+    # each position is handed over once, as its group closes, with what the call returns for it
+    assert sorted(i for i, _ in heard) == [0, 1, 2, 3]
+    assert all(found == got[i] or str(found) == str(got[i]) for i, found in heard)
     assert isinstance(got[1], ReferenceFailed) and "bl_bad" in str(got[1]) and "RuntimeError: x" in str(got[1])
     assert got[0] is not None and got[0].eager_ms > 0 and got[2] is not None and got[2].eager_ms > 0
     assert got[3] is got[0] or got[3] == got[0]  # a task given twice is measured once
