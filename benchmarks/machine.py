@@ -1,12 +1,13 @@
 """What a benchmark ran on: printed first by every GPU-path benchmark, so no figure travels alone.
 
 `describe(device)` returns the device's name, the NVIDIA driver, CUDA (torch's build and nvcc),
-torch, Triton, Python and the kernelrl commit; anything that cannot be read is "none" or
+torch, Triton, Python, the kernelrl commit and a digest of its source; anything that cannot be read is "none" or
 "unknown", never guessed. `header(device)` is the same as one printable block.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import platform
 import shutil
@@ -54,9 +55,24 @@ def describe(device: str) -> dict[str, str]:
     except importlib.metadata.PackageNotFoundError:
         info["triton"] = "not installed"
     info["python"] = sys.version.split()[0]
-    info["kernelrl_commit"] = _run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"]) \
-        or "unknown"
+    here = str(Path(__file__).resolve().parent)
+    commit = _run(["git", "-C", here, "rev-parse", "--short", "HEAD"]) or "unknown"
+    # A copied checkout can carry an older .git than its files (the device machines' copies did):
+    # the commit then names where the files started, and the digest says which files ran.
+    if _run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"]):
+        commit += " (files differ from it)"
+    info["kernelrl_commit"] = commit
+    info["kernelrl_source"] = source_digest()
     return info
+
+
+def source_digest() -> str:
+    """sha256 (12 hex digits) of every kernelrl/*.py file's path and bytes: equal digests, same code."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for f in sorted((root / "kernelrl").rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
 
 
 def header(device: str) -> str:

@@ -22,7 +22,7 @@ from kernelrl.judge.context import JudgeContext
 from kernelrl.judge.group import run_group
 from kernelrl.judge.reference import ReferenceFailed
 from kernelrl.plain import to_plain
-from kernelrl.result import EvalResult, Status, TimingRecord, TimingStop
+from kernelrl.result import EvalResult, GroupPhases, Status, TimingRecord, TimingStop
 from kernelrl.tasks.task import Task
 
 
@@ -41,6 +41,7 @@ class Calibration:
     stopped_by: TimingStop
     reference_ms: float
     exchange_ms: float = 0.0  # the judge's exchange per sample, taken off every timed sample
+    phases: GroupPhases | None = None  # where the run's wall time went
 
     def speedups(self) -> tuple[float, float, float]:
         """What identical code measured in this run: each copy against the reference, and B against A."""
@@ -86,7 +87,7 @@ def calibrate(ctx: JudgeContext, task: Task, *, runs: int = 5,
                            rounds=timing.rounds, calls_per_sample=timing.calls_per_sample,
                            stopped_by=timing.stopped_by,
                            reference_ms=a.ref_time.median_ms if a.ref_time else float("nan"),
-                           exchange_ms=timing.exchange_ms)
+                           exchange_ms=timing.exchange_ms, phases=a.environment.phases)
         out.append(made)
         if on_run is not None:
             on_run(made)

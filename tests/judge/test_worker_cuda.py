@@ -87,8 +87,10 @@ def _call_ms(source: str, tmp_path) -> float:
 def test_work_left_on_another_stream_is_inside_the_call(source, tmp_path):
     plain_ms = _call_ms(PLAIN, tmp_path / "plain")
     spun_ms = _call_ms(source, tmp_path / "spun")
-    # the spin alone is milliseconds; the plain call is microseconds
-    assert spun_ms > 2.0 and spun_ms > 20 * plain_ms, (spun_ms, plain_ms)
+    # The spin is 20M cycles, 10 ms or more at any clock up to 2 GHz, on top of what the plain call
+    # takes: a worker that missed it reports about the plain call. Not a ratio to the plain call:
+    # on the 2026-11-27 H100, beside 7 other tests building, a plain call read 0.5-1.0 ms.
+    assert spun_ms > plain_ms + 5.0, (spun_ms, plain_ms)
 
 
 def test_triton_compiles_on_cuda_even_when_the_judge_asks_for_the_interpreter(monkeypatch, tmp_path):
