@@ -167,6 +167,7 @@ class MemberTiming:
     # device was busy (confirmed), and after which it stayed busy past the drain
     device_busy: int = 0
     device_undrained: int = 0
+    device_probes: int = 0  # samples after which the probe was read (0: no probe, as on a CPU)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,14 +186,49 @@ class TimingFacts:
 # be another member's delayed work landing after this one's sample; a program that leaves work
 # running does so after most of its samples.
 DEVICE_BUSY_SAMPLES = 2
+# ...and only when so many busy readings are improbable at the rate the trusted members (the
+# reference, its A/A copy) read busy in the same rounds: the probe times its kernel on the host's
+# clock, so a loaded CPU (nvcc builds beside the measurement) makes an idle device read busy now and
+# then, after every member alike. On the 2026-11-26 H100 an honest Triton candidate timed beside 7
+# tests building was flagged; alone it was not (2026-11-27). Work left running to gain time must be
+# left after most samples (one sample in a hundred moves no median), far above any such rate.
+DEVICE_BUSY_TAIL = 1e-3
 
 
-def device_busy_after_calls(busy: int, undrained: int) -> Finding | None:
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
+             for i in range(k, n + 1)]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
+def device_busy_after_calls(candidate: MemberTiming, trusted: Sequence[MemberTiming]) -> Finding | None:
     """The judge's own probe found the device busy right after the candidate's timed calls returned
-    and its worker had synchronised: work left running in a context the worker does not wait for."""
+    and its worker had synchronised, more often than it read busy after the trusted members' calls
+    (work left running in a context the worker does not wait for); or busy for longer than the judge
+    waits, once (that work reached the next member's sample)."""
+    busy, undrained = candidate.device_busy, candidate.device_undrained
     if busy < DEVICE_BUSY_SAMPLES and not undrained:
         return None
+    base_busy = sum(t.device_busy for t in trusted)
+    base_probes = sum(t.device_probes for t in trusted)
+    if not undrained and base_probes and candidate.device_probes:
+        rate = (base_busy + 1) / (base_probes + 2)  # never zero: a few busy readings are always possible
+        if binomial_tail(busy, candidate.device_probes, rate) >= DEVICE_BUSY_TAIL:
+            return None
     what = f"after {busy} of its timed samples the device was still busy (the judge's probe kernel waited)"
+    if base_probes:
+        what += f", against {base_busy} of {base_probes} after the trusted members' samples"
     if undrained:
         what += f", {undrained} time(s) for longer than the judge waits for it"
     return Finding(rule=R.SIDE_WORK_AFTER_RETURN, message=(
@@ -251,7 +287,8 @@ def timing_findings(facts: TimingFacts) -> tuple[list[Finding], CrossChecks]:
     if c.threads_warm is not None and c.threads_max is not None and c.threads_max - c.threads_warm > max(ref_rise, 0):
         out.append(Finding(rule=R.THREAD_COUNT_CHANGED, message=(
             f"the candidate's thread count rose from {c.threads_warm} to {c.threads_max} during timed calls")))
-    if (busy := device_busy_after_calls(c.device_busy, c.device_undrained)) is not None:
+    trusted = [r] if facts.twin is None else [r, facts.twin]
+    if (busy := device_busy_after_calls(c, trusted)) is not None:
         out.append(busy)
     if c.non_plain_calls:
         out.append(Finding(rule=R.OUTPUT_NOT_PLAIN_TENSOR, message=(

@@ -25,8 +25,9 @@ The decision is pure and tested with fake probes (tests/judge/test_idle.py):
   more samples of a trusted member (the reference, its A/A copy, the compiled reference): then
   the reference's own times may hold someone's work, and the group's speedups are not paid
   (`kernelrl.judge.verdict.timed`: a `judge_error`, judged again on the next try); IDLE otherwise;
-- a candidate after whose samples the device was busy `BUSY_SAMPLES` times or more is found out
-  by `kernelrl.checks.dynamic.timing_findings` (`side_work_after_return`).
+- a candidate after whose samples the device was busy `BUSY_SAMPLES` times or more, improbably
+  often at the rate the trusted members read busy in the same rounds, or busy past the drain once,
+  is found out by `kernelrl.checks.dynamic.timing_findings` (`side_work_after_return`).
 
 Order of operations around one sample (`kernelrl.judge.timer`, `kernelrl.judge.sandbox`): the
 member's worker answers (it synchronised its own context first); from the timing pool on, the

@@ -493,4 +493,4 @@ def _member_timing(m: _Member, k: int) -> MemberTiming:
                         idle_cpu_ms=m.idle_cpu_ns / 1e6, busy_ms=sum(m.samples_ms),
                         threads_warm=m.threads_warm, threads_max=max(m.threads_seen, default=None),
                         non_plain_calls=m.non_plain_calls, device_busy=m.device.busy,
-                        device_undrained=m.device.undrained)
+                        device_undrained=m.device.undrained, device_probes=m.device.probes)

@@ -51,9 +51,10 @@ class FakeClock:
         self.now += s
 
 
-def honest(ms: float, *, device_busy: int = 0, n: int = 20) -> MemberTiming:
+def honest(ms: float, *, device_busy: int = 0, n: int = 20, probes: int = 0, undrained: int = 0) -> MemberTiming:
     return MemberTiming(times_ms=[ms] * n, round_trips_ms=[ms + 0.05] * n, idle_cpu_ms=0.0, busy_ms=ms * n,
-                        threads_warm=2, threads_max=2, prepare_ms=[1.0] * n, device_busy=device_busy)
+                        threads_warm=2, threads_max=2, prepare_ms=[1.0] * n, device_busy=device_busy,
+                        device_probes=probes, device_undrained=undrained)
 
 
 def measured(speedup: float, *, device_busy: int = 0) -> CandidateTiming:
@@ -198,6 +199,38 @@ def test_a_candidate_after_whose_samples_the_device_was_busy_is_found_out(n, fou
     facts = TimingFacts(candidate=honest(1.0, device_busy=n), reference=honest(2.0), spot_checks=3)
     rules = [f.rule for f in timing_findings(facts)[0]]
     assert (R.SIDE_WORK_AFTER_RETURN in rules) is found
+
+
+def side_work(candidate: MemberTiming, reference: MemberTiming, twin: MemberTiming | None = None) -> bool:
+    facts = TimingFacts(candidate=candidate, reference=reference, twin=twin, spot_checks=3)
+    return R.SIDE_WORK_AFTER_RETURN in [f.rule for f in timing_findings(facts)[0]]
+
+
+def test_busy_readings_at_the_trusted_members_rate_are_the_machine_not_the_candidate():
+    """A loaded CPU makes the host-clocked probe read busy now and then after every member alike:
+    3 of 400 beside 2 of 800 for the reference and its A/A copy is no finding."""
+    assert not side_work(honest(1.0, device_busy=3, probes=400), honest(2.0, device_busy=1, probes=400),
+                         twin=honest(1.0, device_busy=1, probes=400))
+
+
+def test_work_left_after_most_samples_is_found_whatever_the_trusted_rate():
+    assert side_work(honest(1.0, device_busy=390, probes=400), honest(2.0, device_busy=6, probes=400),
+                     twin=honest(1.0, device_busy=5, probes=400))
+    # and well above the trusted rate, though after few samples: 12 of 400 against 0 of 800
+    assert side_work(honest(1.0, device_busy=12, probes=400), honest(2.0, probes=400),
+                     twin=honest(1.0, probes=400))
+
+
+def test_work_outlasting_the_drain_is_found_once_whatever_the_rate():
+    assert side_work(honest(1.0, device_busy=1, undrained=1, probes=400), honest(2.0, device_busy=9, probes=400))
+
+
+@pytest.mark.parametrize(("k", "n", "p", "want"), [(0, 10, 0.3, 1.0), (11, 10, 0.3, 0.0), (10, 10, 0.5, 0.5 ** 10),
+                                                   (1, 3, 0.5, 0.875), (2, 400, 1 / 400, 0.2642)])
+def test_binomial_tail(k, n, p, want):
+    from kernelrl.checks.dynamic import binomial_tail
+
+    assert binomial_tail(k, n, p) == pytest.approx(want, abs=1e-4)
 
 
 # -- the verdict ------------------------------------------------------------------------------
