@@ -163,6 +163,12 @@ class Group:
         self._phases[name] = round(self._phases.get(name, 0.0) + now - self._clock, 3)
         self._clock = now
 
+    def _trusted_keys(self) -> frozenset[str]:
+        """Members timed as kernelrl's own code: the A/A copy, the compiled reference, and members
+        the caller vouched for (calibration's copies). Their verdicts pay nothing."""
+        return frozenset({AA_REFERENCE, COMPILED}) | {h for h, t in self.trials.items()
+                                                      if t.trusted or t.compiled_reference}
+
     def environment(self) -> Environment:
         """What every result of this group records about how it was obtained (so far)."""
         return Environment(machine=self.machine, phases=GroupPhases(**self._phases), reference=self.reference)
@@ -186,8 +192,12 @@ class Group:
             self._check_size(info)
             self.machine = dataclasses.replace(self.machine, precision=dict(self.session.precision))
             if not info.degenerate:
+                # A group of the task's own programs only (a baseline, a calibration) pays no one: one
+                # plain set checks the compiled reference; the perturbed ones are for candidates.
+                # At full size a set is the task's whole inputs (2 GiB for KernelBench's KLDivLoss).
+                n_sets = cfg.n_correctness if any(h not in self.trusted for h in self.members) else 1
                 with ctx.lock.work(uses_device=True):
-                    self.sets = self.session.correctness_sets(cfg.n_correctness)
+                    self.sets = self.session.correctness_sets(n_sets)
                 self._phase("reference_outputs_s")
                 reasons = outputs_degenerate([s.output for s in self.sets], DEFAULT_TOLERANCE)
                 if reasons:
@@ -247,7 +257,7 @@ class Group:
                         deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
                         timing = measure_group(reference, workers, pool, cfg.timing, rng=self.rng, deadline=deadline,
                                                tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32, cores=self.cores,
-                                               idle=ctx.idle, trusted=frozenset({AA_REFERENCE, COMPILED}),
+                                               idle=ctx.idle, trusted=self._trusted_keys(),
                                                twin=AA_REFERENCE if aa else None)
                     noisy = aa and aa_noisy(timing.candidates.get(AA_REFERENCE), cfg.aa_tolerance)
                     disturbed = noisy or timing.device_idle is DeviceIdle.BUSY

@@ -143,6 +143,27 @@ def test_baselines_of_several_tasks_are_one_batch_and_a_broken_reference_is_none
     assert evaluator.baseline(good, compile=False) == got[0]  # and what was measured is kept
 
 
+def test_a_baseline_checks_one_input_set_and_a_candidate_all_of_them(evaluator, monkeypatch):
+    """A group of the task's own programs pays no one: one plain set is enough to check the compiled
+    reference; the perturbed sets are made only for a candidate (at full size a set is the task's
+    whole inputs)."""
+    from kernelrl.judge.reference import ReferenceSession
+
+    asked: list[int] = []
+    made = ReferenceSession.correctness_sets
+
+    def counted(self, n):  # type: ignore[no-untyped-def]
+        asked.append(n)
+        return made(self, n)
+
+    monkeypatch.setattr(ReferenceSession, "correctness_sets", counted)
+    t = task("bl_sets", module="n = 96")
+    evaluator.baselines([t], compile=False)
+    assert asked == [1]
+    evaluator.evaluate(t, CANDIDATE)
+    assert asked == [1, evaluator.config.n_correctness]
+
+
 REFUSED = "import torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return eval('x + x')\n"
 
 
