@@ -305,6 +305,33 @@ def test_a_measurement_probes_after_every_sample_and_its_result_says_so(tiny_tas
     assert timing is not None and timing.device_idle is DeviceIdle.BUSY
     assert res.status is Status.FLAGGED and R.SIDE_WORK_AFTER_RETURN in res.rejecting_rules, res.message
     assert timing.device_busy >= timing.rounds  # every sample of the candidate was followed by a probe
+    # the trusted members' probes reached the rule: busy after theirs too, and still found out
+    assert any("after the trusted members' samples" in f.message for f in res.findings
+               if f.rule == R.SIDE_WORK_AFTER_RETURN), res.findings
+
+
+class Hiccups(I.IdleMonitor):
+    """After calibration, one check in four reads busy (confirmed, then drained at once), whoever
+    was timed: what a loaded CPU does to a host-clocked probe of an idle device."""
+
+    def start(self) -> bool:
+        ok = super().start()
+        assert isinstance(self.probe, FakeProbe)
+        self.probe.script = ([IDLE_MS] * 3 + [BUSY_MS, BUSY_MS, IDLE_MS]) * 1000
+        return ok
+
+
+def test_busy_readings_after_every_member_alike_do_not_find_the_candidate_out(tiny_task, quick_config):
+    import dataclasses
+
+    from kernelrl.judge.evaluator import Evaluator
+
+    with Evaluator(quick_config) as ev:
+        ev.context = dataclasses.replace(ev.context, idle=Hiccups(FakeProbe([]), drain_limit_s=1.0))
+        res = ev.evaluate(tiny_task, IDENTICAL)
+    timing = res.environment.timing
+    assert timing is not None and timing.device_busy >= 1  # the candidate met the hiccups too
+    assert R.SIDE_WORK_AFTER_RETURN not in res.rejecting_rules, [f.message for f in res.findings]
 
 
 # -- the CUDA probe (a GPU) -------------------------------------------------------------------
