@@ -13,7 +13,6 @@ Tiny CPU check: python benchmarks/calibrate_tasks.py --device cpu --limit 2 --ru
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from collections import Counter
@@ -71,8 +70,7 @@ def main() -> int:
               f"{r.rounds:6d} {r.reference_ms:9.4f} {r.calls_per_sample:5d} {r.exchange_ms:7.3f}  "
               f"{'yes' if ok else 'NO'}  {time.monotonic() - t0:.0f} s", flush=True)
         if r.phases is not None:  # where the run's time went: fixed costs against the timed rounds
-            print("    phases (s): " + ", ".join(f"{k.removesuffix('_s')} {v:.1f}"
-                                          for k, v in dataclasses.asdict(r.phases).items() if v), flush=True)
+            print(f"    phases (s): {r.phases.describe()}", flush=True)
 
     with Evaluator(config) as ev:
         for task in tasks:

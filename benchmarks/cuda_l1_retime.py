@@ -17,7 +17,6 @@ Tiny CPU check: python benchmarks/cuda_l1_retime.py FILE --device cpu --size sma
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import sys
@@ -120,8 +119,7 @@ def main() -> int:
             print(f"{e.name:28s} {_num(pub):>10s} {_num(r.speedup):>10s} {_num(ratio):>7s}  {r.status.value:14s} "
                   f"{why(r)}  ({time.monotonic() - t0:.0f} s)", flush=True)
             if r.environment.phases is not None:
-                print("    phases (s): " + ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in
-                                              dataclasses.asdict(r.environment.phases).items() if v), flush=True)
+                print(f"    phases (s): {r.environment.phases.describe()}", flush=True)
             if args.json:  # written as each row lands: a run stopped by a time limit keeps its rows
                 landed.append({"name": e.name, "published_speedup": pub, "elapsed_s": time.monotonic() - t0,
                                **r.to_dict()})

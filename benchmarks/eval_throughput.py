@@ -53,7 +53,6 @@ from kernelrl.judge.compare import compare_outputs
 from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
-from kernelrl.plain import to_plain
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.proposers.heuristic import Rewrite, render_rewrite, task_traits
 from kernelrl.tasks.sizes import instantiate
@@ -250,7 +249,7 @@ def phases(items: list[Item], results: list[EvalResult]) -> list[str]:
     for name in dict.fromkeys(i.task.name for i in items):
         got = next((r.environment.phases for i, r in zip(items, results) if i.task.name == name), None)
         if got:
-            out.append(f"{name.split('/')[-1]} " + ", ".join(f"{k} {v:.1f}" for k, v in to_plain(got).items()))
+            out.append(f"{name.split('/')[-1]} {got.describe()}")
     return out
 
 

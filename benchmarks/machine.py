@@ -1,8 +1,8 @@
 """What a benchmark ran on: printed first by every GPU-path benchmark, so no figure travels alone.
 
 `describe(device)` returns the device's name, the NVIDIA driver, CUDA (torch's build and nvcc),
-torch, Triton, Python, the kernelrl commit and a digest of its source; anything that cannot be read is "none" or
-"unknown", never guessed. `header(device)` is the same as one printable block.
+torch, Triton, Python, the kernelrl commit and a digest of its source; anything that cannot be
+read is "none" or "unknown", never guessed. `header(device)` is the same as one printable block.
 """
 
 from __future__ import annotations

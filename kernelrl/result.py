@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from kernelrl.plain import from_plain, to_plain
@@ -201,6 +201,11 @@ class GroupPhases:
     timing_setup_s: float = 0.0  # pools sent, warm-up
     timing_samples_s: float = 0.0  # the timed rounds
     timing_spot_checks_s: float = 0.0  # outputs and inputs fetched and compared
+
+    def describe(self) -> str:
+        """The phases that took any time, one line: "reference_load 7.9, timing 21.9, ..." (s)."""
+        return ", ".join(f"{f.name.removesuffix('_s')} {getattr(self, f.name):.1f}"
+                         for f in fields(self) if getattr(self, f.name))
 
 
 @dataclass(frozen=True, kw_only=True)

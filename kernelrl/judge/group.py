@@ -166,8 +166,7 @@ class Group:
     def _trusted_keys(self) -> frozenset[str]:
         """Members timed as kernelrl's own code: the A/A copy, the compiled reference, and members
         the caller vouched for (calibration's copies). Their verdicts pay nothing."""
-        return frozenset({AA_REFERENCE, COMPILED}) | {h for h, t in self.trials.items()
-                                                      if t.trusted or t.compiled_reference}
+        return frozenset(h for h, t in self.trials.items() if t.trusted or t.compiled_reference)
 
     def environment(self) -> Environment:
         """What every result of this group records about how it was obtained (so far)."""
