@@ -4,6 +4,11 @@
 # through PYTHONPATH, bubblewrap comes from the .deb beside this script when bwrap is missing).
 #
 #   bash benchmarks/gpu_check.sh OUT [--kernelbench DIR] [--cuda-l1 PATH] [--budget SECONDS] [--dry-run]
+#                                    [--steps NAME,NAME] [--limit NAME=SECONDS]...
+#
+# --steps runs only the named steps (the others are recorded as skipped); --limit replaces a step's
+# own limit. Together they let a second command on a still-warm machine finish the steps the first
+# one cut, e.g. --steps cuda_l1,throughput --limit cuda_l1=300.
 #
 # KernelBench and CUDA-L1's published kernels are data the user brings: --kernelbench (or
 # $KERNELBENCH) names a KernelBench checkout, --cuda-l1 (or $CUDA_L1) the published kernels
@@ -38,19 +43,29 @@ DRY=0
 BUDGET=540
 KB=${KERNELBENCH:-}
 CL1=${CUDA_L1:-}
+ONLY=""
+declare -A LIMITS=()
+ALL_STEPS=" env floor aa kernelbench cuda_l1 throughput streams gpu_tests "
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY=1 ;;
         --kernelbench) KB=$2; shift ;;
         --cuda-l1) CL1=$2; shift ;;
         --budget) BUDGET=$2; shift ;;
-        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        --steps) ONLY=" ${2//,/ } "; shift ;;
+        --limit)
+            [[ "$2" =~ ^([a-z_0-9]+)=([0-9]+)$ ]] || { echo "gpu_check: --limit takes NAME=SECONDS, not '$2'" >&2; exit 2; }
+            LIMITS[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}; shift ;;
+        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
         -*) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
         *) [ -z "$OUT" ] || { echo "gpu_check: one output folder only" >&2; exit 2; }; OUT=$1 ;;
     esac
     shift
 done
-[ -n "$OUT" ] || { echo "usage: gpu_check.sh OUT [--kernelbench DIR] [--cuda-l1 PATH] [--budget S] [--dry-run]" >&2; exit 2; }
+[ -n "$OUT" ] || { echo "usage: gpu_check.sh OUT [--kernelbench DIR] [--cuda-l1 PATH] [--budget S] [--dry-run] [--steps A,B] [--limit NAME=S]" >&2; exit 2; }
+for name in $ONLY "${!LIMITS[@]}"; do
+    [[ "$ALL_STEPS" == *" $name "* ]] || { echo "gpu_check: no step named '$name' (steps:$ALL_STEPS)" >&2; exit 2; }
+done
 mkdir -p "$OUT" || exit 2
 OUT=$(cd "$OUT" && pwd)
 LOG=$OUT/log.txt
@@ -86,6 +101,11 @@ record() {  # name limit seconds rc timed_out skipped reason
 run_step() {  # name limit command...
     local name=$1 limit=$2 left t0 t1 rc timed_out
     shift 2
+    if [ -n "$ONLY" ] && [[ "$ONLY" != *" $name "* ]]; then
+        record "$name" 0 0 null false true "not in --steps"
+        return
+    fi
+    [ -n "${LIMITS[$name]:-}" ] && limit=${LIMITS[$name]}
     [ "$DRY" = 1 ] && limit=$DRY_LIMIT
     left=$((DEADLINE - $(date +%s)))
     [ "$left" -lt "$limit" ] && limit=$left
@@ -107,6 +127,10 @@ run_step() {  # name limit command...
 }
 
 skip_step() {  # name reason
+    if [ -n "$ONLY" ] && [[ "$ONLY" != *" $1 "* ]]; then
+        record "$1" 0 0 null false true "not in --steps"
+        return
+    fi
     note "step $1 skipped: $2"
     record "$1" 0 0 null false true "$2"
 }

@@ -63,6 +63,28 @@ def test_gpu_check_dry_run_starts_every_step_and_stops_in_time(tmp_path):
         assert f"step {name}" in log
 
 
+def test_gpu_check_steps_runs_only_the_named_steps_under_their_given_limits(tmp_path):
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("KERNELBENCH", "CUDA_L1", "GPU_CHECK_DRY_LIMIT")}
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(out), "--steps", "env,cuda_l1",
+                           "--limit", "env=7"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    by = {s["step"]: s for s in map(json.loads, (out / "steps.jsonl").read_text().splitlines())}
+    assert list(by) == STEPS
+    assert by["env"]["skipped"] is False and by["env"]["limit_s"] == 7
+    # a named step whose data is missing still says why; an unnamed one says it was not asked for
+    assert by["cuda_l1"]["skipped"] is True and "CUDA_L1" in by["cuda_l1"]["reason"]
+    assert all(by[s]["reason"] == "not in --steps" for s in STEPS if s not in ("env", "cuda_l1"))
+
+
+@pytest.mark.parametrize("args", [["--steps", "env,nope"], ["--limit", "nope=3"], ["--limit", "env"]])
+def test_gpu_check_refuses_an_unknown_step_or_a_malformed_limit(tmp_path, args):
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path / "out"), *args],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "gpu_check:" in done.stderr
+    assert not (tmp_path / "out" / "steps.jsonl").exists()
+
+
 def test_gpu_check_needs_an_output_folder():
     done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True)
     assert done.returncode == 2 and "usage" in done.stderr
