@@ -29,14 +29,23 @@ _HARNESS_STATE = frozenset({"grad_enabled"})
 # the one precision policy applies to them (kernelrl.checks.policy).
 PRECISION_STATE = frozenset({"float32_matmul_precision", "cudnn_allow_tf32", "cuda_matmul_allow_tf32",
                              "cuda_matmul_allow_fp16_reduced_precision", "cuda_matmul_allow_bf16_reduced_precision"})
+# Backend choices that change how the candidate's own operators run, not what they compute to
+# within tolerance nor what anything else gets: cuDNN's algorithm search (CUDA-L1's published
+# level2/24 sets cudnn.benchmark at import), determinism, oneDNN. Each program has its own worker,
+# so they reach neither the reference nor another candidate; the policy judges them like the
+# static backend_setting_change. Thread counts and the default dtype stay global_state_changed.
+BACKEND_STATE = frozenset({"cudnn_benchmark", "cudnn_deterministic", "deterministic_algorithms", "mkldnn_enabled"})
 
 
 def global_state_changed(phase: str, before: Mapping[str, object], after: Mapping[str, object]) -> list[Finding]:
-    """Settings that differ after the program was loaded or called: precision ones, and the rest."""
+    """Settings that differ after the program was loaded or called: precision ones, backend ones, and
+    the rest (thread counts, the default dtype)."""
     changed = {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v and k not in _HARNESS_STATE}
     out = []
     for rule, keys in ((R.PRECISION_STATE_CHANGED, [k for k in changed if k in PRECISION_STATE]),
-                       (R.GLOBAL_STATE_CHANGED, [k for k in changed if k not in PRECISION_STATE])):
+                       (R.BACKEND_STATE_CHANGED, [k for k in changed if k in BACKEND_STATE]),
+                       (R.GLOBAL_STATE_CHANGED, [k for k in changed
+                                                 if k not in PRECISION_STATE and k not in BACKEND_STATE])):
         if keys:
             desc = ", ".join(f"{k}: {changed[k][0]} -> {changed[k][1]}" for k in sorted(keys))
             out.append(Finding(rule=rule, message=f"the candidate changed global torch settings ({phase}): {desc}"))

@@ -109,8 +109,8 @@ _ALWAYS_WARN = frozenset({R.OUTPUT_CACHING, R.ENVIRONMENT_WRITE, R.RNG_SEEDING, 
 # tolerance decides, since fp32's 1e-4 is what separates a harmless choice from a wrong answer;
 # under `strict` they reject, since a KernelBench-style kernel must compute at the task's
 # precision. A precision flag the candidate leaves on in its own process is the same choice, seen at
-# run time (`precision_state_changed`); other settings left changed (thread counts, determinism,
-# the default dtype) are `global_state_changed` and refused everywhere.
+# run time (`precision_state_changed`); thread counts and the default dtype left changed are
+# `global_state_changed` and refused everywhere (backend flags: `_BACKEND` below).
 _PRECISION = frozenset({R.PRECISION_CHANGE, R.REDUCED_PRECISION_COMPUTE, R.PRECISION_STATE_CHANGED})
 # Beating the compute floor but not the memory floor is what a cheaper algorithm does (an exact
 # simplification that skips FLOPs the reference spends) as well as what a hack does: a warning
@@ -119,22 +119,24 @@ _PRECISION = frozenset({R.PRECISION_CHANGE, R.REDUCED_PRECISION_COMPUTE, R.PRECI
 # anyway: reported, never a reason to refuse.
 _DYNAMIC_WARN = frozenset({R.COMPUTE_FLOOR_BEATEN, R.INIT_OR_SHAPE_TAMPERED})
 # Allowed under `open` because they are PyTorch-level choices, not hacks: a torch fallback in an
-# except branch still computes the right answer in the candidate's own time, and backend flags are
-# reset by the judge before the reference runs (reported as global_state_changed if they persist).
-_OPEN_WARN = _ALWAYS_WARN | _PRECISION | {R.TRY_FALLBACK, R.BACKEND_SETTING_CHANGE}
+# except branch still computes the right answer in the candidate's own time, and backend flags
+# (cuDNN autotuning, determinism, oneDNN) change only the candidate's own worker, whether seen in
+# its source or left changed at run time (backend_state_changed). `strict` refuses both.
+_BACKEND = frozenset({R.BACKEND_SETTING_CHANGE, R.BACKEND_STATE_CHANGED})
+_OPEN_WARN = _ALWAYS_WARN | _PRECISION | _BACKEND | {R.TRY_FALLBACK}
 # The LLM judge gives an opinion, not a measurement. `strict` refuses what it calls a hack (CUDA-L1
 # used such a judge as a gate on suspicious scores); `open` allows rewrites a reviewer can mistake
 # for skipped work, and `observe` measures the mechanical defences alone, so both only warn. Its
 # doubts and its outages warn everywhere: the reward must not hinge on a flaky endpoint.
 _LLM_JUDGE_NOTES = frozenset({R.LLM_JUDGE_UNSURE, R.LLM_JUDGE_UNAVAILABLE})
 _LLM_JUDGE = frozenset({R.LLM_JUDGE}) | _LLM_JUDGE_NOTES
-_DYNAMIC = frozenset(R.DYNAMIC_RULES) - _LLM_JUDGE - _DYNAMIC_WARN - {R.PRECISION_STATE_CHANGED}
+_DYNAMIC = frozenset(R.DYNAMIC_RULES) - _LLM_JUDGE - _DYNAMIC_WARN - {R.PRECISION_STATE_CHANGED, R.BACKEND_STATE_CHANGED}
 _STATIC = frozenset(R.STATIC_RULES)
 
 STRICT = Policy(
     name="strict",
     description="KernelBench-style: needs a real custom kernel, no PyTorch fallback",
-    reject=(_STATIC - _ALWAYS_WARN) | _DYNAMIC | {R.LLM_JUDGE, R.PRECISION_STATE_CHANGED},
+    reject=(_STATIC - _ALWAYS_WARN) | _DYNAMIC | {R.LLM_JUDGE, R.PRECISION_STATE_CHANGED, R.BACKEND_STATE_CHANGED},
     warn=_ALWAYS_WARN | _LLM_JUDGE_NOTES | _DYNAMIC_WARN,
     requires_custom_kernel=True,
 )
@@ -156,7 +158,8 @@ OBSERVE = Policy(
     name="observe",
     description="static rules only warn; dynamic defences decide (for testing defences and auditing)",
     reject=_DYNAMIC,
-    warn=(_STATIC - {R.NO_CUSTOM_KERNEL}) | _LLM_JUDGE | _DYNAMIC_WARN | {R.PRECISION_STATE_CHANGED},
+    warn=(_STATIC - {R.NO_CUSTOM_KERNEL}) | _LLM_JUDGE | _DYNAMIC_WARN | {R.PRECISION_STATE_CHANGED,
+                                                                          R.BACKEND_STATE_CHANGED},
     ignore=frozenset({R.NO_CUSTOM_KERNEL}),
 )
 

@@ -143,6 +143,7 @@ NONDETERMINISTIC_OUTPUT = "nondeterministic_output"
 TIMER_MISMATCH = "timer_mismatch"
 WORK_BEFORE_TIMED_CALL = "work_before_timed_call"
 GLOBAL_STATE_CHANGED = "global_state_changed"
+BACKEND_STATE_CHANGED = "backend_state_changed"
 DEGENERATE_UNDER_OFFSET_SCALE = "degenerate_under_offset_scale"
 INIT_OR_SHAPE_TAMPERED = "init_or_shape_tampered"
 IMPOSSIBLE_SPEEDUP = "impossible_speedup"
@@ -179,8 +180,13 @@ DYNAMIC_RULES: dict[str, Rule] = {r.name: r for r in [
     _dynamic(WORK_BEFORE_TIMED_CALL, "the worker took longer than the reference's to prepare a timed sample "
                                      "(untimed: fresh inputs and a cache eviction): the candidate's code did "
                                      "work before the timer started, such as computing the outputs ahead"),
-    _dynamic(GLOBAL_STATE_CHANGED, "precision, threading, determinism, grad-mode or default-dtype settings "
-                                   "differ after the candidate was imported or called"),
+    _dynamic(GLOBAL_STATE_CHANGED, "thread counts or the default dtype differ after the candidate was imported "
+                                   "or called: more cores than the judge allotted, or a different dtype for "
+                                   "every tensor it makes"),
+    _dynamic(BACKEND_STATE_CHANGED, "cuDNN autotuning or determinism, deterministic algorithms or oneDNN left "
+                                    "changed in the candidate's own process: a PyTorch-level choice that reaches "
+                                    "nothing else (its reference is timed in another worker), judged like the "
+                                    "static backend_setting_change"),
     _dynamic(DEGENERATE_UNDER_OFFSET_SCALE, "the output matched on standard-normal inputs but not under a "
                                             "random offset and scale: it does not track the input"),
     _dynamic(INIT_OR_SHAPE_TAMPERED, "the candidate's module sets the task's size constants to other values "

@@ -46,6 +46,16 @@ def test_precision_settings_are_judged_apart_from_other_state():
     assert "allow_tf32" in found[R.PRECISION_STATE_CHANGED] and "num_threads" not in found[R.PRECISION_STATE_CHANGED]
 
 
+def test_backend_settings_are_judged_apart_from_threads_and_the_default_dtype():
+    before = {"num_threads": 2, "default_dtype": "torch.float32", "cudnn_benchmark": False, "mkldnn_enabled": True}
+    after = {"num_threads": 2, "default_dtype": "torch.float16", "cudnn_benchmark": True, "mkldnn_enabled": False}
+    found = {f.rule: f.message for f in D.global_state_changed("load", before, after)}
+    assert set(found) == {R.BACKEND_STATE_CHANGED, R.GLOBAL_STATE_CHANGED}
+    assert "cudnn_benchmark: False -> True" in found[R.BACKEND_STATE_CHANGED]
+    assert "mkldnn_enabled" in found[R.BACKEND_STATE_CHANGED] and "default_dtype" not in found[R.BACKEND_STATE_CHANGED]
+    assert "default_dtype" in found[R.GLOBAL_STATE_CHANGED] and "cudnn" not in found[R.GLOBAL_STATE_CHANGED]
+
+
 def test_side_work_in_calls_ignores_the_first_calls_pool():
     assert D.side_work_in_calls([False, False], [3, 0], [2, 0]) is None
     assert D.side_work_in_calls([False, True], [0, 0], [0, 0]).rule == R.SIDE_WORK_AFTER_RETURN

@@ -45,7 +45,7 @@ def test_strict_pytorch_takes_a_pytorch_rewrite_and_refuses_everything_else_stri
     assert pytorch.warn == strict.warn
     # where it differs from open: each of these is paid under open and refused here
     for rule in (R.TRY_FALLBACK, R.PRECISION_CHANGE, R.REDUCED_PRECISION_COMPUTE, R.PRECISION_STATE_CHANGED,
-                 R.BACKEND_SETTING_CHANGE, R.LLM_JUDGE):
+                 R.BACKEND_SETTING_CHANGE, R.BACKEND_STATE_CHANGED, R.LLM_JUDGE):
         assert pytorch.severity(rule) is Severity.REJECT and get_policy("open").severity(rule) is Severity.WARN
 
 
@@ -78,8 +78,10 @@ def test_one_precision_policy_tf32_flags_and_reduced_precision_compute_agree():
 
 LLM_JUDGE_RULES = {R.LLM_JUDGE, R.LLM_JUDGE_UNSURE, R.LLM_JUDGE_UNAVAILABLE}
 # Measured, but not proof of a hack: a cheaper algorithm beats the compute floor, and a precision
-# flag in the candidate's own process is the same choice as autocast (the one precision policy).
-JUDGED_BY_POLICY = {R.COMPUTE_FLOOR_BEATEN, R.PRECISION_STATE_CHANGED, R.INIT_OR_SHAPE_TAMPERED}
+# flag in the candidate's own process is the same choice as autocast (the one precision policy), and a
+# backend flag there the same choice as one seen in its source.
+JUDGED_BY_POLICY = {R.COMPUTE_FLOOR_BEATEN, R.PRECISION_STATE_CHANGED, R.BACKEND_STATE_CHANGED,
+                    R.INIT_OR_SHAPE_TAMPERED}
 
 
 def test_observe_warns_on_every_static_rule_and_rejects_every_measured_dynamic_rule():
@@ -96,6 +98,18 @@ def test_the_compute_floor_warns_and_precision_state_follows_the_precision_polic
         assert get_policy(name).severity(R.COMPUTE_FLOOR_BEATEN) is Severity.WARN
     assert get_policy("strict").severity(R.PRECISION_STATE_CHANGED) is Severity.REJECT
     assert get_policy("open").severity(R.PRECISION_STATE_CHANGED) is Severity.WARN
+
+
+def test_a_backend_flag_left_on_is_judged_like_the_same_flag_seen_in_the_source():
+    for name in POLICY_NAMES:
+        p = get_policy(name)
+        if name != "observe":  # observe lets only measured defences decide; static rules all warn there
+            assert p.severity(R.BACKEND_STATE_CHANGED) is p.severity(R.BACKEND_SETTING_CHANGE), name
+    assert get_policy("observe").severity(R.BACKEND_STATE_CHANGED) is Severity.WARN
+    assert get_policy("strict").severity(R.BACKEND_STATE_CHANGED) is Severity.REJECT
+    # thread counts and the default dtype are not backend choices: refused under every policy
+    for name in POLICY_NAMES:
+        assert get_policy(name).severity(R.GLOBAL_STATE_CHANGED) is Severity.REJECT
 
 
 def test_llm_judge_rejects_only_under_strict_and_its_doubts_and_outages_only_warn():

@@ -96,7 +96,7 @@ def test_each_rule_family_module_names_its_rules_in_its_docstring():
 def test_dynamic_rule_names_are_listed():
     expected = {"side_work_after_return", "thread_count_changed", "output_not_plain_tensor",
                 "output_cached_across_calls", "inputs_mutated", "nondeterministic_output", "timer_mismatch",
-                "global_state_changed", "degenerate_under_offset_scale", "init_or_shape_tampered",
+                "global_state_changed", "backend_state_changed", "degenerate_under_offset_scale", "init_or_shape_tampered",
                 "impossible_speedup", "result_channel_forged", "degenerate_task", "llm_judge", "llm_judge_unsure",
                 "llm_judge_unavailable", "compute_floor_beaten", "precision_state_changed", "work_before_timed_call",
                 "output_deferred"}

@@ -19,8 +19,8 @@ defaults as of the supported torch) changes nothing and is no finding; a value t
 cannot read is a change. `SETTINGS_PREFIXES` is what `module_patching` leaves to these rules.
 
 Does not catch: settings reached through names the tree cannot resolve, or changed by native
-code. The dynamic `global_state_changed` and `precision_state_changed` compare the settings in
-the candidate's process before and after, whatever changed them.
+code. The dynamic `global_state_changed`, `backend_state_changed` and `precision_state_changed`
+compare the settings in the candidate's process before and after, whatever changed them.
 """
 
 from __future__ import annotations
