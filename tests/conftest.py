@@ -48,9 +48,34 @@ def get_init_inputs():
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One build cache for the session (C++ builds are slow; tests share them)."""
+    """One build cache for the session (C++ builds are slow; tests share them), and with it one
+    device lock (`locks/` under it) for every evaluator the tests make.
+
+    Under pytest-xdist the workers' base folders share a parent, and the cache goes there: one
+    lock for all of them, so a test timing on a GPU is not disturbed by another worker's checks.
+    On the 2026-11-27 H200, 8 workers with a lock each made the idle probe refuse two red-team
+    measurements and a plain call read 10.9 ms behind another test's spin.
+    """
     env = os.environ.get("KERNELRL_TEST_CACHE")
-    return Path(env) if env else tmp_path_factory.mktemp("kernelrl-cache")
+    if env:
+        return Path(env)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "kernelrl-cache"
+        shared.mkdir(exist_ok=True)
+        return shared
+    return tmp_path_factory.mktemp("kernelrl-cache")
+
+
+@pytest.fixture
+def device_alone(cache_dir: Path):
+    """The tests' CUDA device lock, held exclusively for the test: for gpu tests that put work on
+    the device outside an evaluator (a bare worker, a probe, modules run in the test's process),
+    so their work lands in no other test's measurement and none lands in theirs."""
+    from kernelrl.judge.device import Device
+    from kernelrl.judge.devicelock import DeviceLock
+
+    with DeviceLock(cache_dir, Device.CUDA).timing():
+        yield
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,17 +121,18 @@ def test_build_error_example_fails_to_build():
                 _outputs(example)
 
 
-def _evaluate(example: Example, device: str):
+def _evaluate(example: Example, device: str, cache_dir: Path):
     from kernelrl.judge.evaluator import EvalConfig, evaluate
 
     task = suites.builtin_task(example.task)
-    return evaluate(task, Candidate(source=example.source, origin=str(example.path)), EvalConfig(device=device))
+    return evaluate(task, Candidate(source=example.source, origin=str(example.path)),
+                    EvalConfig(device=device, cache_dir=cache_dir))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("example", CPU, ids=_ids)
-def test_evaluator_gives_the_declared_verdict_on_cpu(example):
-    result = _evaluate(example, "cpu")
+def test_evaluator_gives_the_declared_verdict_on_cpu(example, cache_dir):
+    result = _evaluate(example, "cpu", cache_dir)
     assert result.status.value == example.expected, f"{example.name}: {result.status} {result.message}"
     if example.expected == "correct":
         assert result.speedup is not None and result.speedup > 0
@@ -142,8 +144,8 @@ def test_evaluator_gives_the_declared_verdict_on_cpu(example):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("example", GPU, ids=_ids)
-def test_evaluator_gives_the_declared_verdict_on_cuda(example):
+def test_evaluator_gives_the_declared_verdict_on_cuda(example, cache_dir):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    result = _evaluate(example, "cuda")
+    result = _evaluate(example, "cuda", cache_dir)
     assert result.status.value == example.expected, f"{example.name}: {result.status} {result.message}"

@@ -89,10 +89,11 @@ def params(specs: list[FixtureSpec], *, pending_xfail: bool = False) -> list:
 
 
 @pytest.fixture(scope="module")
-def evaluators():
+def evaluators(cache_dir):
     """One long-lived evaluator per (device, policy), as a search or a trainer keeps one: its warm
     workers start while the previous fixture is judged. Each fixture is still its own evaluation
-    (its own workers, fresh secret inputs, its own timing group)."""
+    (its own workers, fresh secret inputs, its own timing group). The session's cache, so the
+    device lock every other test's evaluator holds."""
     from kernelrl.judge.evaluator import EvalConfig, Evaluator
     from kernelrl.judge.timer import TimingConfig
 
@@ -101,7 +102,7 @@ def evaluators():
     def get(device: str, policy: str) -> Evaluator:
         if (device, policy) not in made:
             made[device, policy] = Evaluator(EvalConfig(device=device, policy=policy, timeout_s=TIMEOUT_S,
-                                                        timing=TimingConfig(**TIMING)))
+                                                        timing=TimingConfig(**TIMING), cache_dir=cache_dir))
         return made[device, policy]
 
     yield get

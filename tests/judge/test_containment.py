@@ -335,7 +335,7 @@ def test_a_sandbox_where_cuda_cannot_start_is_not_full_and_says_why():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not FULL_HERE, reason="full containment (bubblewrap) is not available here")
-def test_a_gpu_sandbox_starts_cuda():
+def test_a_gpu_sandbox_starts_cuda(device_alone):
     import torch
 
     from kernelrl.judge.device import Device

@@ -347,7 +347,7 @@ def _cuda() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA device")
-def test_the_cuda_probe_reads_idle_on_an_idle_device_and_busy_behind_another_context():
+def test_the_cuda_probe_reads_idle_on_an_idle_device_and_busy_behind_another_context(device_alone):
     import torch
 
     from kernelrl.judge.device import visible_device

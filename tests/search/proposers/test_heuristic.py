@@ -135,7 +135,7 @@ def test_heuristic_gpu_portfolio_renders_cuda_graph_program():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_heuristic_gpu_programs_run_on_cuda():
+def test_heuristic_gpu_programs_run_on_cuda(device_alone):
     task = make_task("toy/conv", CONV)
     tm = instantiate(task, "full")
     proposer = HeuristicProposer(HeuristicConfig(device="cuda"))
