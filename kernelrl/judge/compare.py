@@ -26,6 +26,10 @@ TF32 keeps fp16's 10-bit mantissa, so fp32 computed through it gets fp16's toler
 off (the default) the reference and every candidate run exact fp32 (`precision.set_precision`), and a
 candidate that turns TF32 on for itself is held to 1e-4 and reported (`checks.dynamic`).
 
+A failed comparison also says whether every value was within `NEAR_FACTOR` (100) times the
+tolerance (`Comparison.near`: KernelBench's older 1e-2 for fp32): an answer that tracks its input
+with too little precision (autocast, fp16 accumulation), not one that ignores it.
+
 Does not decide what a mismatch means (incorrect, cached, nondeterministic): the evaluator does.
 """
 
@@ -45,6 +49,10 @@ DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-2, 1e-2),
     torch.bfloat16: (1e-2, 1e-2),
 }
+
+
+# A failed comparison whose every value is within this many times the tolerance is `near`.
+NEAR_FACTOR = 100.0
 
 
 class Mismatch(enum.StrEnum):
@@ -67,6 +75,8 @@ class Comparison:
     max_abs_err: float
     max_rel_err: float
     mismatch: Mismatch | None = None  # None when ok
+    # failed on tolerance alone, with every value within NEAR_FACTOR times it: imprecise, not unrelated
+    near: bool = False
 
 
 # Elements compared or hashed at a time (`compare_outputs`, `output_digest`, `exactly_equal`): the
@@ -103,12 +113,13 @@ class _LeafErrors:
     max_abs: float
     max_rel: float
     outside: int  # values outside the tolerance
+    far: int  # values outside NEAR_FACTOR times the tolerance
 
 
 def _leaf_errors(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> _LeafErrors:
     """The errors of one flat output against the reference's, a chunk at a time: the judge's working
     memory is a few float64 copies of `_CHUNK` elements, not of the whole output."""
-    nan_differ = outside = 0
+    nan_differ = outside = far = 0
     inf_differ = False
     max_abs = max_rel = 0.0
     for start in range(0, r.numel(), _CHUNK):
@@ -130,9 +141,11 @@ def _leaf_errors(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> 
             max_abs = max(max_abs, float(diff.max()))
             rel = diff / r64.abs().clamp_min(1e-12)  # NaN where both are infinite: no relative error
             max_rel = max(max_rel, float(torch.nan_to_num(rel, nan=0.0, posinf=math.inf).max()))
-        outside += int((diff > atol + rtol * r64.abs()).sum())
+        allowed = atol + rtol * r64.abs()
+        outside += int((diff > allowed).sum())
+        far += int((diff > NEAR_FACTOR * allowed).sum())
     return _LeafErrors(nan_differ=nan_differ, inf_differ=inf_differ, max_abs=max_abs, max_rel=max_rel,
-                       outside=outside)
+                       outside=outside, far=far)
 
 
 def compare_outputs(candidate: object, reference: object, *, tol_scale: float = 1.0, tf32: bool = False) -> Comparison:
@@ -169,7 +182,8 @@ def compare_outputs(candidate: object, reference: object, *, tol_scale: float = 
         if found.outside:
             return Comparison(ok=False, reason=(f"{where}: {found.outside} of {r.numel()} values outside tolerance "
                                                 f"(max abs err {found.max_abs:.3g}, atol {atol:g}, rtol {rtol:g})"),
-                              max_abs_err=max_abs, max_rel_err=max_rel, mismatch=Mismatch.TOLERANCE)
+                              max_abs_err=max_abs, max_rel_err=max_rel, mismatch=Mismatch.TOLERANCE,
+                              near=found.far == 0)
     return Comparison(ok=True, reason="", max_abs_err=max_abs, max_rel_err=max_rel)
 
 

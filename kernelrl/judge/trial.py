@@ -38,7 +38,7 @@ from kernelrl.checks import dynamic
 from kernelrl.judge import protocol as P
 from kernelrl.judge.builds import build_dir, has_build, seal, sealed_dir, unseal
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
-from kernelrl.judge.compare import Comparison, Mismatch, compare_outputs, flatten, output_digest
+from kernelrl.judge.compare import NEAR_FACTOR, Comparison, Mismatch, compare_outputs, flatten, output_digest
 from kernelrl.judge.device import Device
 from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
 from kernelrl.judge.sandbox import Worker, WorkerDied
@@ -288,8 +288,9 @@ def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale:
         if s.plan.perturbed:
             _note(trial, dynamic.wrong_on_moved_inputs(set_label=label, reason=cmp.reason, plain_sets_right=plain_right,
                                                        same_as_first=digests[i] in digests[:i],
-                                                       constant=constant[i]))
-        raise _End(Verdict(status=Status.INCORRECT, message=f"incorrect on input set {label}: {cmp.reason}",
+                                                       constant=constant[i], near=cmp.near))
+        short = f" (every value within {NEAR_FACTOR:g}x the tolerance: too little precision)" if cmp.near else ""
+        raise _End(Verdict(status=Status.INCORRECT, message=f"incorrect on input set {label}: {cmp.reason}{short}",
                            errors=(cmp.reason,), max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err))
     if twice is not None and not twice.ok:
         trial.findings.append(dynamic.nondeterministic(twice.reason))

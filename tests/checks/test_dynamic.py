@@ -84,6 +84,16 @@ def test_wrong_on_moved_inputs_tells_a_cache_from_a_near_constant_answer():
                                    constant=False) is None
 
 
+def test_a_near_miss_on_moved_inputs_is_too_little_precision_not_a_degenerate_answer():
+    assert D.wrong_on_moved_inputs(set_label="1", reason="r", plain_sets_right=True, same_as_first=False,
+                                   constant=False, near=True) is None
+    assert D.wrong_on_moved_inputs(set_label="1", reason="r", plain_sets_right=True, same_as_first=False,
+                                   constant=False, near=False).rule == R.DEGENERATE_UNDER_OFFSET_SCALE
+    # an output exactly an earlier set's is kept from before, however close it happens to be
+    assert D.wrong_on_moved_inputs(set_label="1", reason="r", plain_sets_right=True, same_as_first=True,
+                                   constant=False, near=True).rule == R.OUTPUT_CACHED_ACROSS_CALLS
+
+
 def test_degenerate_task_needs_reasons():
     assert D.degenerate_task([]) is None
     assert D.degenerate_task(["zeros"]).rule == R.DEGENERATE_TASK

@@ -18,6 +18,19 @@ def test_outside_fp32_tolerance_fails_with_errors():
     assert not cmp.ok and cmp.max_abs_err > 9e-3 and "outside tolerance" in cmp.reason
 
 
+def test_a_miss_within_a_hundred_times_the_tolerance_is_near_and_one_beyond_is_not():
+    r = torch.randn(10_000)
+    # what autocast does to an fp32 answer: every value rounded to fp16, about 5e-4 relative
+    imprecise = compare_outputs(r.half().float(), r)
+    assert not imprecise.ok and imprecise.near
+    # one value off by more than 100 x (atol + rtol |r|) is enough to be far
+    wrong = r.clone()
+    wrong[1234] += 0.5
+    assert not compare_outputs(wrong, r).near
+    assert not compare_outputs(torch.zeros_like(r), r).near
+    assert not compare_outputs(r, r).near  # a comparison that passed is not a near miss
+
+
 def test_half_precision_has_looser_tolerance():
     r = torch.randn(100).half()
     assert compare_outputs(r * (1 + 4e-3), r).ok
