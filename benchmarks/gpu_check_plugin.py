@@ -7,6 +7,9 @@ collection_error, and message is the end of the failure's report (2000 character
 reason. Each line is flushed and synced before the next test starts, so a run cut by its time
 limit keeps every test that ended; a test cut in the middle has no line. Under pytest-xdist
 (`-n`) the controller writes each line once; its workers, which see the same reports, write none.
+A worker is told by its own config (`workerinput`, xdist's mark), not by the environment: a pytest
+started inside an xdist worker (this plugin's own tests under `pytest -n`) inherits the worker's
+`PYTEST_XDIST_WORKER` and is still a controller.
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ from typing import Any
 import pytest
 
 _open: dict[str, dict[str, Any]] = {}
+_worker = False  # set by pytest_configure: this process is an xdist worker
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _worker
+    _worker = hasattr(config, "workerinput")
 
 
 def _write(row: dict[str, Any]) -> None:
     path = os.environ.get("GPU_CHECK_TESTS")
-    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+    if not path or _worker:
         return
     row = {"step": os.environ.get("GPU_CHECK_STEP", ""), **row}
     with open(path, "a", encoding="utf-8") as f:
