@@ -98,13 +98,16 @@ record() {  # name limit seconds rc timed_out skipped reason
         "$1" "$2" "$3" "$4" "$5" "$6" "$7" >> "$STEPS"
 }
 
+# A step --steps did not name: recorded as skipped and nothing else. True when it was not named.
+unselected() {  # name
+    [ -n "$ONLY" ] && [[ "$ONLY" != *" $1 "* ]] || return 1
+    record "$1" 0 0 null false true "not in --steps"
+}
+
 run_step() {  # name limit command...
     local name=$1 limit=$2 left t0 t1 rc timed_out
     shift 2
-    if [ -n "$ONLY" ] && [[ "$ONLY" != *" $name "* ]]; then
-        record "$name" 0 0 null false true "not in --steps"
-        return
-    fi
+    unselected "$name" && return
     [ -n "${LIMITS[$name]:-}" ] && limit=${LIMITS[$name]}
     [ "$DRY" = 1 ] && limit=$DRY_LIMIT
     left=$((DEADLINE - $(date +%s)))
@@ -127,10 +130,7 @@ run_step() {  # name limit command...
 }
 
 skip_step() {  # name reason
-    if [ -n "$ONLY" ] && [[ "$ONLY" != *" $1 "* ]]; then
-        record "$1" 0 0 null false true "not in --steps"
-        return
-    fi
+    unselected "$1" && return
     note "step $1 skipped: $2"
     record "$1" 0 0 null false true "$2"
 }
