@@ -90,6 +90,29 @@ def quick_config(cache_dir: Path):
 
 
 @pytest.fixture(scope="session")
+def shared_evaluator():
+    """evaluator(config): one long-lived Evaluator per distinct config for the whole session, as a
+    search or a trainer keeps one. Its warm workers serve the next test, and a task it judged
+    before is not loaded again; a test that needs a judge nothing else touched (patched
+    internals, a cache it inspects) makes its own. It remembers results: a candidate it judged
+    for a task is not judged again."""
+    from kernelrl.judge.evaluator import EvalConfig, Evaluator
+
+    made: list[tuple[EvalConfig, Evaluator]] = []
+
+    def get(config: EvalConfig) -> Evaluator:
+        for known, ev in made:
+            if known == config:
+                return ev
+        made.append((config, Evaluator(config)))
+        return made[-1][1]
+
+    yield get
+    for _, ev in made:
+        ev.close()
+
+
+@pytest.fixture(scope="session")
 def reference_runner(cache_dir: Path):
     """An evaluator for tests that only run references (degeneracy, profiles): workers stay warm."""
     from kernelrl.judge.evaluator import EvalConfig, Evaluator

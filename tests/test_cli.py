@@ -1,20 +1,52 @@
-"""The command line: JSON shapes, exit codes, one-line errors, timeouts honoured."""
+"""The command line: JSON shapes, exit codes, one-line errors, timeouts honoured.
+
+Commands run in this process (`kernelrl.cli.main`, what `python -m kernelrl` calls after its
+import), as a user's shell would see them: the exit status, stdout and stderr. One test starts the
+real entry point in a fresh interpreter.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+# Timing as the tests' quick evaluator settings have it (conftest.py): these tests are about what
+# the command prints, and the default's 400 rounds take ~7 s of a ~13 s command on a tiny task.
+QUICK = ("--timing.min-rounds", "5", "--timing.max-rounds", "40", "--timing.min-spot-checks", "2")
 
-def run_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kernelrl", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch) -> Callable[..., Ran]:
+    """run_cli(*args, env=...): the command's exit status and what it printed."""
+    from kernelrl.cli import main
+
+    def run(*args: str, env: dict[str, str] | None = None) -> Ran:
+        with monkeypatch.context() as m:
+            for k, v in (env or {}).items():
+                m.setenv(k, v)
+            capsys.readouterr()
+            try:
+                code = main(list(args))
+            except SystemExit as e:  # argparse's usage errors
+                code = e.code if isinstance(e.code, int) else 2
+            out = capsys.readouterr()
+        return Ran(returncode=code, stdout=out.out, stderr=out.err)
+
+    return run
 
 
 @pytest.fixture
@@ -33,26 +65,27 @@ def files(tmp_path: Path, tiny_task) -> dict[str, Path]:
 
 
 def test_tasks_json_lists_name_and_level():
-    out = run_cli("tasks", "--json")
+    out = subprocess.run([sys.executable, "-m", "kernelrl", "tasks", "--json"], capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0
     rows = json.loads(out.stdout)
     assert len(rows) >= 24 and all({"name", "level"} <= set(r) for r in rows)
 
 
-def test_eval_json_prints_one_object_with_status_and_speedup(files, cache_dir):
-    out = run_cli("eval", str(files["task"]), str(files["same"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
+def test_eval_json_prints_one_object_with_status_and_speedup(run_cli, files, cache_dir):
+    out = run_cli("eval", *QUICK, str(files["task"]), str(files["same"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
     assert out.returncode == 0, out.stderr
     obj = json.loads(out.stdout)
     assert obj["status"] == "correct" and obj["speedup"] > 0
 
 
-def test_eval_reads_code_from_an_llm_answer(files, cache_dir):
-    out = run_cli("eval", str(files["task"]), str(files["answer"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
+def test_eval_reads_code_from_an_llm_answer(run_cli, files, cache_dir):
+    out = run_cli("eval", *QUICK, str(files["task"]), str(files["answer"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
     assert out.returncode == 0 and json.loads(out.stdout)["status"] == "correct"
 
 
-def test_broken_candidate_is_a_compile_error_verdict_exit_zero(files, cache_dir):
-    out = run_cli("eval", str(files["task"]), str(files["broken"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
+def test_broken_candidate_is_a_compile_error_verdict_exit_zero(run_cli, files, cache_dir):
+    out = run_cli("eval", *QUICK, str(files["task"]), str(files["broken"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
     assert out.returncode == 0
     obj = json.loads(out.stdout)
     assert obj["status"] == "compile_error" and "ModelNew" in obj["message"] and obj["speedup"] is None
@@ -65,16 +98,16 @@ def test_broken_candidate_is_a_compile_error_verdict_exit_zero(files, cache_dir)
     ("tasks", "--suite", "no_such_suite"),
     ("report", "--db", "/nonexistent.db"),
 ])
-def test_bad_invocations_exit_2_with_one_line(args):
+def test_bad_invocations_exit_2_with_one_line(run_cli, args):
     out = run_cli(*args)
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("kernelrl: error:")
 
 
-def test_endless_loop_returns_within_timeout(files, cache_dir):
+def test_endless_loop_returns_within_timeout(run_cli, files, cache_dir):
     t0 = time.monotonic()
-    out = run_cli("eval", str(files["task"]), str(files["loop"]), "--json", "--timeout", "10",
+    out = run_cli("eval", *QUICK, str(files["task"]), str(files["loop"]), "--json", "--timeout", "10",
                   env={"KERNELRL_CACHE": str(cache_dir)})
     elapsed = time.monotonic() - t0
     assert out.returncode == 0
@@ -84,14 +117,14 @@ def test_endless_loop_returns_within_timeout(files, cache_dir):
     assert elapsed < 10 + 20
 
 
-def test_observe_policy_turns_a_static_rejection_into_a_warning(files, tmp_path: Path, cache_dir):
+def test_observe_policy_turns_a_static_rejection_into_a_warning(run_cli, files, tmp_path: Path, cache_dir):
     # Reading the environment is refused under `open`; under `observe` static rules only warn and
     # the measurement decides. The same candidate, judged end to end by the command both ways.
     peek = tmp_path / "peek.py"
     peek.write_text("import os\n_HOME = os.environ.get('HOME')\n" + files["same"].read_text())
     verdicts = {}
     for policy in ("open", "observe"):
-        out = run_cli("eval", str(files["task"]), str(peek), "--json", "--policy", policy,
+        out = run_cli("eval", *QUICK, str(files["task"]), str(peek), "--json", "--policy", policy,
                       env={"KERNELRL_CACHE": str(cache_dir)})
         assert out.returncode == 0, out.stderr
         verdicts[policy] = json.loads(out.stdout)

@@ -12,6 +12,13 @@ test is a strict xfail, so it fails once the defence lands and the key was not d
 Fixtures marked `CANARY: yes` are judged in a separate Python process started with canary
 secrets (API-key-like variables) in its environment, so a leak of the judge's environment
 into the candidate shows up as a wrong answer.
+
+The other fixtures are judged as a trainer's candidates are: in groups, up to GROUP_SIZE
+fixtures of one task (same device, same policy) timed together against one reference, each in
+its own worker with its own checks and verdict. A hack therefore has to be refused among other
+programs, and a control accepted beside hacks; one group's several candidates share the
+reference's and the A/A copy's workers instead of starting them once per fixture, which is most
+of what an evaluation costs on a CPU.
 The counts are printed at the end of the run (conftest.py).
 """
 
@@ -41,6 +48,7 @@ TIMEOUT_S = 180.0
 # speedup to 1 %. The defences' own sampling is the default's (15 rounds at least, 10 spot checks,
 # warm-up, A/A copy), and that is what the hacks meet.
 TIMING = dict(max_timing_s=1.5, max_rounds=150)
+GROUP_SIZE = 12
 REDTEAM = redteam_specs()
 CONTROLS = control_specs()
 
@@ -91,9 +99,9 @@ def params(specs: list[FixtureSpec], *, pending_xfail: bool = False) -> list:
 @pytest.fixture(scope="module")
 def evaluators(cache_dir):
     """One long-lived evaluator per (device, policy), as a search or a trainer keeps one: its warm
-    workers start while the previous fixture is judged. Each fixture is still its own evaluation
-    (its own workers, fresh secret inputs, its own timing group). The session's cache, so the
-    device lock every other test's evaluator holds."""
+    workers start while the previous group is judged. Each group draws fresh secret inputs; each
+    fixture in it has its own worker and verdict. The session's cache, so the device lock every
+    other test's evaluator holds."""
     from kernelrl.judge.evaluator import EvalConfig, Evaluator
     from kernelrl.judge.timer import TimingConfig
 
@@ -110,11 +118,44 @@ def evaluators(cache_dir):
         ev.close()
 
 
-def judge(spec: FixtureSpec, policy: str, tmp_path: Path, evaluators) -> EvalResult:
+def _runnable(spec: FixtureSpec) -> bool:
+    """Whether this machine runs the fixture (its skip marks in `params` do not apply)."""
+    if spec.device == "cuda" and not _cuda_available():
+        return False
+    return not (spec.name.startswith("triton_") and importlib.util.find_spec("triton") is None)
+
+
+@pytest.fixture(scope="module")
+def verdicts(request, evaluators):
+    """judge(test, spec, policy): the fixture's result, judged in a group with the other fixtures
+    of the same test, task, device and policy that this run selected (`GROUP_SIZE` at most, in
+    the order pytest runs them), so each group is judged once, when its first member is asked."""
+    selected: dict[str, list[FixtureSpec]] = {}
+    for item in request.session.items:
+        if item.module is request.module and hasattr(item, "callspec") and "spec" in item.callspec.params:
+            selected.setdefault(item.originalname, []).append(item.callspec.params["spec"])
+    judged: dict[tuple[str, str], EvalResult] = {}
+
+    def get(test: str, spec: FixtureSpec, policy: str) -> EvalResult:
+        if (test, spec.name) not in judged:
+            mates = [s for s in selected.get(test, [spec])
+                     if (s.task_file, s.device) == (spec.task_file, spec.device) and not s.canary and _runnable(s)]
+            mates = mates if any(s.name == spec.name for s in mates) else [spec]
+            at = next(i for i, s in enumerate(mates) if s.name == spec.name)
+            group = mates[at - at % GROUP_SIZE:][:GROUP_SIZE]
+            task = load_task_file(spec.task_file)
+            results = evaluators(spec.device, policy).evaluate_batch(
+                [(task, Candidate(source=s.source, origin=str(s.path))) for s in group])
+            judged.update({(test, s.name): r for s, r in zip(group, results, strict=True)})
+        return judged[test, spec.name]
+
+    return get
+
+
+def judge(spec: FixtureSpec, policy: str, request, tmp_path: Path, verdicts) -> EvalResult:
     if spec.canary:
         return judge_with_canaries(spec, policy, tmp_path)
-    task = load_task_file(spec.task_file)
-    return evaluators(spec.device, policy).evaluate(task, Candidate(source=spec.source, origin=str(spec.path)))
+    return verdicts(request.node.originalname, spec, policy)
 
 
 def judge_with_canaries(spec: FixtureSpec, policy: str, tmp_path: Path) -> EvalResult:
@@ -139,8 +180,8 @@ def describe(res: EvalResult) -> str:
 
 
 @pytest.mark.parametrize("spec", params(REDTEAM, pending_xfail=True))
-def test_redteam_dynamic_defences_alone(spec, tmp_path, outcomes, evaluators):
-    res = judge(spec, "observe", tmp_path, evaluators)
+def test_redteam_dynamic_defences_alone(spec, request, tmp_path, outcomes, verdicts):
+    res = judge(spec, "observe", request, tmp_path, verdicts)
     rejecting = [f.rule for f in res.findings if f.severity is Severity.REJECT]
     rules = [f.rule for f in res.findings]
     ok = spec.matches(res.status.value, rejecting, rules)
@@ -159,8 +200,8 @@ STATICALLY_REJECTED = [s for s in REDTEAM
 
 
 @pytest.mark.parametrize("spec", params(STATICALLY_REJECTED))
-def test_redteam_flagged_under_its_policy(spec, tmp_path, outcomes, evaluators):
-    res = judge(spec, spec.policy, tmp_path, evaluators)
+def test_redteam_flagged_under_its_policy(spec, request, tmp_path, outcomes, verdicts):
+    res = judge(spec, spec.policy, request, tmp_path, verdicts)
     rejecting = {f.rule for f in res.findings if f.severity is Severity.REJECT}
     ok = res.status.value == "flagged" and bool(rejecting & set(spec.static_rules))
     outcomes.setdefault("redteam-policy", {})[spec.name] = (res.status.value, sorted(rejecting), ok)
@@ -168,8 +209,8 @@ def test_redteam_flagged_under_its_policy(spec, tmp_path, outcomes, evaluators):
 
 
 @pytest.mark.parametrize("spec", params(CONTROLS))
-def test_control_accepted_under_open(spec, tmp_path, outcomes, evaluators):
-    res = judge(spec, "open", tmp_path, evaluators)
+def test_control_accepted_under_open(spec, request, tmp_path, outcomes, verdicts):
+    res = judge(spec, "open", request, tmp_path, verdicts)
     rejecting = [f.rule for f in res.findings if f.severity is Severity.REJECT]
     ok = res.status.value == "correct" and not rejecting
     outcomes.setdefault("control", {})[spec.name] = (res.status.value, rejecting, ok)

@@ -41,12 +41,18 @@ class ModelNew(nn.Module):
 '''
 
 
+@pytest.fixture
+def judged(shared_evaluator):
+    """judged(task, candidate, config): the verdict of the session's evaluator for `config`."""
+    return lambda task, candidate, config: shared_evaluator(config).evaluate(task, candidate)
+
+
 def _no_static(config: EvalConfig) -> EvalConfig:
     return EvalConfig(**{**config.__dict__, "static_checks": False})
 
 
-def test_identical_candidate_is_correct_with_speedup_near_one(tiny_task, quick_config):
-    res = evaluate(tiny_task, IDENTICAL, quick_config)
+def test_identical_candidate_is_correct_with_speedup_near_one(judged, tiny_task, quick_config):
+    res = judged(tiny_task, IDENTICAL, quick_config)
     assert res.status is Status.CORRECT, res.message
     assert res.speedup is not None and 0.5 < res.speedup < 2.0
     assert res.ref_time is not None and res.cand_time is not None and res.cand_time.n >= 5
@@ -66,89 +72,89 @@ def test_identical_candidate_is_correct_with_speedup_near_one(tiny_task, quick_c
     assert res.noise_band[1] >= max(timing.aa_speedup, 1 / timing.aa_speedup) - 1e-12
 
 
-def test_without_an_aa_tolerance_no_copy_is_timed(tiny_task, quick_config):
-    res = evaluate(tiny_task, IDENTICAL, EvalConfig(**{**quick_config.__dict__, "aa_tolerance": 0.0}))
+def test_without_an_aa_tolerance_no_copy_is_timed(judged, tiny_task, quick_config):
+    res = judged(tiny_task, IDENTICAL, EvalConfig(**{**quick_config.__dict__, "aa_tolerance": 0.0}))
     assert res.status is Status.CORRECT, res.message
     assert res.environment.timing is not None and res.environment.timing.aa_speedup is None
 
 
-def test_legitimate_rewrite_is_correct(tiny_task, quick_config):
-    res = evaluate(tiny_task, FUSED_REWRITE, quick_config)
+def test_legitimate_rewrite_is_correct(judged, tiny_task, quick_config):
+    res = judged(tiny_task, FUSED_REWRITE, quick_config)
     assert res.status is Status.CORRECT, res.message
 
 
-def test_wrong_scale_is_incorrect_with_max_error(tiny_task, quick_config):
-    res = evaluate(tiny_task, IDENTICAL.replace("* 2.0", "* 2.001"), quick_config)
+def test_wrong_scale_is_incorrect_with_max_error(judged, tiny_task, quick_config):
+    res = judged(tiny_task, IDENTICAL.replace("* 2.0", "* 2.001"), quick_config)
     assert res.status is Status.INCORRECT
     assert res.speedup is None
     assert res.max_abs_err is not None and res.max_abs_err > 1e-4
     assert "outside tolerance" in res.message
 
 
-def test_a_group_whose_members_all_failed_is_not_timed(tiny_task, quick_config):
+def test_a_group_whose_members_all_failed_is_not_timed(judged, tiny_task, quick_config):
     # its trusted copies (the timed reference, the A/A copy) passed their checks, but no verdict
     # would read their times: the group ends without a measurement
-    res = evaluate(tiny_task, IDENTICAL.replace("* 2.0", "* 2.001"), quick_config)
+    res = judged(tiny_task, IDENTICAL.replace("* 2.0", "* 2.001"), quick_config)
     assert res.status is Status.INCORRECT
     phases = res.environment.phases
     assert phases is not None and phases.candidate_checks_s > 0 and phases.timing_s == 0.0
     assert res.environment.timing is None
 
 
-def test_wrong_shape_is_incorrect(tiny_task, quick_config):
-    res = evaluate(tiny_task, IDENTICAL.replace("+ self.bias", "+ self.bias)[:, :-1].clone("), quick_config)
-    res2 = evaluate(tiny_task, IDENTICAL.replace("return torch.relu(x) * 2.0 + self.bias",
+def test_wrong_shape_is_incorrect(judged, tiny_task, quick_config):
+    res = judged(tiny_task, IDENTICAL.replace("+ self.bias", "+ self.bias)[:, :-1].clone("), quick_config)
+    res2 = judged(tiny_task, IDENTICAL.replace("return torch.relu(x) * 2.0 + self.bias",
                                                  "return (torch.relu(x) * 2.0 + self.bias)[:-1]"), quick_config)
     assert res.status in (Status.COMPILE_ERROR, Status.INCORRECT)
     assert res2.status is Status.INCORRECT and "shape" in res2.message
 
 
-def test_syntax_error_is_compile_error(tiny_task, quick_config):
-    res = evaluate(tiny_task, "class ModelNew(:\n  pass\n", quick_config)
+def test_syntax_error_is_compile_error(judged, tiny_task, quick_config):
+    res = judged(tiny_task, "class ModelNew(:\n  pass\n", quick_config)
     assert res.status is Status.COMPILE_ERROR
     assert "parse" in res.message
 
 
-def test_missing_model_new_is_compile_error(tiny_task, quick_config):
-    res = evaluate(tiny_task, "import torch\nclass Other(torch.nn.Module):\n    pass\n", quick_config)
+def test_missing_model_new_is_compile_error(judged, tiny_task, quick_config):
+    res = judged(tiny_task, "import torch\nclass Other(torch.nn.Module):\n    pass\n", quick_config)
     assert res.status is Status.COMPILE_ERROR
     assert "ModelNew" in res.message
 
 
-def test_exception_in_forward_is_runtime_error(tiny_task, quick_config):
-    res = evaluate(tiny_task, IDENTICAL.replace("return torch.relu", "raise ValueError('boom'); return torch.relu"),
+def test_exception_in_forward_is_runtime_error(judged, tiny_task, quick_config):
+    res = judged(tiny_task, IDENTICAL.replace("return torch.relu", "raise ValueError('boom'); return torch.relu"),
                    quick_config)
     assert res.status is Status.RUNTIME_ERROR
     assert "boom" in res.message
 
 
-def test_exception_in_init_is_runtime_error(tiny_task, quick_config):
-    res = evaluate(tiny_task, IDENTICAL.replace("super().__init__()", "super().__init__(); 1 / 0"), quick_config)
+def test_exception_in_init_is_runtime_error(judged, tiny_task, quick_config):
+    res = judged(tiny_task, IDENTICAL.replace("super().__init__()", "super().__init__(); 1 / 0"), quick_config)
     assert res.status is Status.RUNTIME_ERROR
     assert "ZeroDivisionError" in res.message
 
 
-def test_segfault_is_runtime_error(tiny_task, quick_config):
+def test_segfault_is_runtime_error(judged, tiny_task, quick_config):
     src = "import ctypes\n" + IDENTICAL.replace("return torch.relu", "ctypes.string_at(0); return torch.relu")
-    res = evaluate(tiny_task, src, _no_static(quick_config))
+    res = judged(tiny_task, src, _no_static(quick_config))
     assert res.status is Status.RUNTIME_ERROR
     assert "SIGSEGV" in res.message
 
 
-def test_fake_result_and_exit_zero_does_not_pass(tiny_task, quick_config):
+def test_fake_result_and_exit_zero_does_not_pass(judged, tiny_task, quick_config):
     src = "import os\n" + IDENTICAL.replace(
         "return torch.relu", "print('{\"status\": \"correct\", \"speedup\": 99}'); os._exit(0); return torch.relu")
-    res = evaluate(tiny_task, src, _no_static(quick_config))
+    res = judged(tiny_task, src, _no_static(quick_config))
     assert res.status is Status.RUNTIME_ERROR
     assert "exit status 0" in res.message
 
 
-def test_endless_loop_times_out_within_limit(tiny_task, quick_config):
+def test_endless_loop_times_out_within_limit(judged, tiny_task, quick_config):
     # The build allowance is for programs that compile: a PyTorch candidate's hang costs timeout_s.
     config = EvalConfig(**{**quick_config.__dict__, "timeout_s": 8.0, "build_timeout_s": 300.0})
     src = IDENTICAL.replace("return torch.relu", "while True: pass\n        return torch.relu")
     t0 = time.monotonic()
-    res = evaluate(tiny_task, src, config)
+    res = judged(tiny_task, src, config)
     elapsed = time.monotonic() - t0
     assert res.status is Status.TIMEOUT
     # the limit bounds the candidate's own load and checks; starting its worker and the
@@ -186,17 +192,17 @@ def test_waiting_for_the_device_is_not_the_candidates_time(tiny_task, quick_conf
     assert res.status is Status.CORRECT, res.message
 
 
-def test_candidate_redefining_init_args_gets_the_tasks(tiny_task, quick_config):
+def test_candidate_redefining_init_args_gets_the_tasks(judged, tiny_task, quick_config):
     # A candidate cannot shrink the problem: init args come from the task, inputs from the judge.
     src = IDENTICAL.replace("def __init__(self, features):", "def __init__(self, features=8):")
-    res = evaluate(tiny_task, src, quick_config)
+    res = judged(tiny_task, src, quick_config)
     assert res.status is Status.CORRECT, res.message
 
 
-def test_result_round_trips_through_json(tiny_task, quick_config):
+def test_result_round_trips_through_json(judged, tiny_task, quick_config):
     from kernelrl.result import EvalResult
 
-    res = evaluate(tiny_task, Candidate(source=IDENTICAL), quick_config)
+    res = judged(tiny_task, Candidate(source=IDENTICAL), quick_config)
     assert EvalResult.from_dict(res.to_dict()).to_dict() == res.to_dict()
 
 
@@ -250,15 +256,15 @@ def test_cpp_candidate_is_correct_and_its_build_is_reused(tiny_task, quick_confi
 
 
 @pytest.mark.slow
-def test_cpp_that_does_not_build_is_compile_error_with_compiler_message(tiny_task, quick_config):
+def test_cpp_that_does_not_build_is_compile_error_with_compiler_message(judged, tiny_task, quick_config):
     broken = CPP_CANDIDATE.replace("float v = in[i];", "float v = in[i] + undefined_name;")
-    res = evaluate(tiny_task, broken, quick_config)
+    res = judged(tiny_task, broken, quick_config)
     assert res.status is Status.COMPILE_ERROR
     assert "undefined_name" in res.message or any("undefined_name" in e for e in res.errors)
     assert "error" in res.message.lower()
 
 
-def test_candidate_copying_size_constants_runs_at_the_judged_size(tmp_path, quick_config):
+def test_candidate_copying_size_constants_runs_at_the_judged_size(judged, tmp_path, quick_config):
     # The candidate's forward reads a module constant it copied from the task's full size;
     # at the small size it must see the small value, as the reference does.
     from kernelrl.tasks.task import load_task_file
@@ -277,7 +283,7 @@ def test_candidate_copying_size_constants_runs_at_the_judged_size(tmp_path, quic
     task = load_task_file(path)
     assert instantiate(task, "small").constants["rows"] < 4096
     cand = task_src.replace("class Model(", "class ModelNew(")
-    res = evaluate(task, cand, quick_config)
+    res = judged(task, cand, quick_config)
     assert res.status is Status.CORRECT, res.message
 
 
@@ -315,12 +321,12 @@ class ModelNew(nn.Module):
 '''
 
 
-def test_a_reference_that_cannot_be_timed_as_a_program_is_timed_in_its_task_worker(tmp_path, quick_config):
+def test_a_reference_that_cannot_be_timed_as_a_program_is_timed_in_its_task_worker(judged, tmp_path, quick_config):
     from kernelrl.tasks.task import load_task_file
 
     path = tmp_path / "loads_only_as_a_task.py"
     path.write_text(LOADS_ONLY_AS_A_TASK)
-    res = evaluate(load_task_file(path), RELU_PLUS_ONE, quick_config)
+    res = judged(load_task_file(path), RELU_PLUS_ONE, quick_config)
     assert res.status is Status.CORRECT, res.message
     reference = res.environment.reference
     assert reference is not None and reference.timed_in is ReferenceWorker.TASK
@@ -360,16 +366,16 @@ PRECISION_ASSERTING = IDENTICAL.replace("    def forward(self, x):\n", '''    de
 
 
 @pytest.mark.parametrize("allow_tf32, expected", [(False, (False, False, "highest")), (True, (True, True, "high"))])
-def test_precision_flags_are_set_alike_and_recorded(tiny_task, quick_config, allow_tf32, expected):
+def test_precision_flags_are_set_alike_and_recorded(judged, tiny_task, quick_config, allow_tf32, expected):
     """torch's own defaults (cuDNN TF32 on) never decide: the judge sets the flags in every worker and
     records them; a candidate asserting the flags is correct only under the evaluation's precision."""
     config = EvalConfig(**{**_no_static(quick_config).__dict__, "allow_tf32": allow_tf32})
     source = PRECISION_ASSERTING.replace("EXPECTED", repr(expected))
-    res = evaluate(tiny_task, source, config)
+    res = judged(tiny_task, source, config)
     assert res.status is Status.CORRECT, res.message
     machine = res.environment.machine
     assert machine is not None and machine.allow_tf32 is allow_tf32
     assert machine.precision == {"cuda_matmul_allow_tf32": expected[0], "cudnn_allow_tf32": expected[1],
                                  "float32_matmul_precision": expected[2]}
-    wrong = evaluate(tiny_task, PRECISION_ASSERTING.replace("EXPECTED", repr((not allow_tf32,) + expected[1:])), config)
+    wrong = judged(tiny_task, PRECISION_ASSERTING.replace("EXPECTED", repr((not allow_tf32,) + expected[1:])), config)
     assert wrong.status is Status.RUNTIME_ERROR and "precision flags" in wrong.message
