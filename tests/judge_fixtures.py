@@ -1,4 +1,5 @@
-"""Judges for tests of what drives a judge (search, trainer): a function of one candidate as a `BatchJudge`."""
+"""Judges for tests of what drives a judge (search, trainer, commands): a function of one candidate as
+a `BatchJudge`, and the command-line flags that give a command the tests' quick timing."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ from collections.abc import Callable, Sequence
 from kernelrl.candidate import Candidate
 from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Task
+
+# The timing of conftest.py's `quick_config`, as flags of any command that judges (`eval`, `bench`,
+# `collect`, ...): tests of what a command prints or stores need no 1 % interval, and the default's
+# 400 rounds took ~7 s of a ~13 s `kernelrl eval` of the tiny task.
+QUICK_TIMING = ("--timing.min-rounds", "5", "--timing.max-rounds", "40", "--timing.min-spot-checks", "2")
 
 
 class OneAtATime:

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 
-# Timing as the tests' quick evaluator settings have it (conftest.py): these tests are about what
-# the command prints, and the default's 400 rounds take ~7 s of a ~13 s command on a tiny task.
-QUICK = ("--timing.min-rounds", "5", "--timing.max-rounds", "40", "--timing.min-spot-checks", "2")
+from judge_fixtures import QUICK_TIMING
 
 
 @dataclass
@@ -73,19 +71,19 @@ def test_tasks_json_lists_name_and_level():
 
 
 def test_eval_json_prints_one_object_with_status_and_speedup(run_cli, files, cache_dir):
-    out = run_cli("eval", *QUICK, str(files["task"]), str(files["same"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
+    out = run_cli("eval", *QUICK_TIMING, str(files["task"]), str(files["same"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
     assert out.returncode == 0, out.stderr
     obj = json.loads(out.stdout)
     assert obj["status"] == "correct" and obj["speedup"] > 0
 
 
 def test_eval_reads_code_from_an_llm_answer(run_cli, files, cache_dir):
-    out = run_cli("eval", *QUICK, str(files["task"]), str(files["answer"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
+    out = run_cli("eval", *QUICK_TIMING, str(files["task"]), str(files["answer"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
     assert out.returncode == 0 and json.loads(out.stdout)["status"] == "correct"
 
 
 def test_broken_candidate_is_a_compile_error_verdict_exit_zero(run_cli, files, cache_dir):
-    out = run_cli("eval", *QUICK, str(files["task"]), str(files["broken"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
+    out = run_cli("eval", *QUICK_TIMING, str(files["task"]), str(files["broken"]), "--json", env={"KERNELRL_CACHE": str(cache_dir)})
     assert out.returncode == 0
     obj = json.loads(out.stdout)
     assert obj["status"] == "compile_error" and "ModelNew" in obj["message"] and obj["speedup"] is None
@@ -107,7 +105,7 @@ def test_bad_invocations_exit_2_with_one_line(run_cli, args):
 
 def test_endless_loop_returns_within_timeout(run_cli, files, cache_dir):
     t0 = time.monotonic()
-    out = run_cli("eval", *QUICK, str(files["task"]), str(files["loop"]), "--json", "--timeout", "10",
+    out = run_cli("eval", *QUICK_TIMING, str(files["task"]), str(files["loop"]), "--json", "--timeout", "10",
                   env={"KERNELRL_CACHE": str(cache_dir)})
     elapsed = time.monotonic() - t0
     assert out.returncode == 0
@@ -124,7 +122,7 @@ def test_observe_policy_turns_a_static_rejection_into_a_warning(run_cli, files, 
     peek.write_text("import os\n_HOME = os.environ.get('HOME')\n" + files["same"].read_text())
     verdicts = {}
     for policy in ("open", "observe"):
-        out = run_cli("eval", *QUICK, str(files["task"]), str(peek), "--json", "--policy", policy,
+        out = run_cli("eval", *QUICK_TIMING, str(files["task"]), str(peek), "--json", "--policy", policy,
                       env={"KERNELRL_CACHE": str(cache_dir)})
         assert out.returncode == 0, out.stderr
         verdicts[policy] = json.loads(out.stdout)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from judge_fixtures import QUICK_TIMING
 from kernelrl.cli import main
 from kernelrl.result import EvalResult, Status
 from kernelrl.tasks.task import Task
@@ -40,7 +41,7 @@ def test_bench_a_replay_file(tmp_path, tiny_task, cache_dir, capsys, monkeypatch
                                 for c in (right.replace("* 2.0", "* 3.0"), right)) + "\n")
     plot = tmp_path / "bench.png"
     args = ["bench", "--proposer", f"replay:{replay}", "--tasks", str(tiny_task.path), "--k", "2", "--fast", "0",
-            "1000", "--no-compile"]
+            "1000", "--no-compile", *QUICK_TIMING]
     assert main([*args, "--plot", str(plot)]) == 0
     out = capsys.readouterr().out
     assert "pass@k, fast_p@k" in out

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from judge_fixtures import QUICK_TIMING
 from kernelrl.candidate import Candidate
 from kernelrl.cli import main
 from kernelrl.result import EvalResult, Status
@@ -118,7 +119,7 @@ def test_kernelrl_bench_turns_prints_the_by_turn_table(tmp_path, tiny_task, cach
                                            {"task": tiny_task.name, "answer": c}) for c in rows) + "\n")
     plot, db = tmp_path / "turns.png", tmp_path / "bench.db"
     args = ["bench", "--proposer", f"replay:{replay}", "--tasks", str(tiny_task.path), "--k", "2", "--turns", "3",
-            "--fast", "0", "--no-compile", "--model-concurrency", "1", "--db", str(db)]
+            "--fast", "0", "--no-compile", "--model-concurrency", "1", "--db", str(db), *QUICK_TIMING]
     assert main([*args, "--plot", str(plot)]) == 0
     out = capsys.readouterr().out
     assert "by turn: each sample's best of its first t turns" in out and "equal budget" in out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from judge_fixtures import QUICK_TIMING
 from kernelrl.cli import main
 from kernelrl.search.database import Database
 from kernelrl.train.recipe import load_train_config
@@ -38,7 +39,7 @@ def test_collect_writes_the_sft_set_and_sft_trains_on_it(tmp_path, tiny_task, ca
     out = run / "sft.jsonl"  # the training config's sft_data for output_dir=run
     collect = ["collect", "--tasks", str(tiny_task.path), "--proposer",
                f"openai:scripted-model base_url={openai_server.base_url} api_key_env=KRL_TEST_KEY",
-               "--proposer", f"replay:{replay}", "--tries", "3", "--out", str(out)]
+               "--proposer", f"replay:{replay}", "--tries", "3", "--out", str(out), *QUICK_TIMING]
     assert main(collect) == 0
     printed = capsys.readouterr().out
     rows = read_sft_set(out)
