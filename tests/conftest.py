@@ -81,12 +81,10 @@ def device_alone(cache_dir: Path):
 @pytest.fixture
 def quick_config(cache_dir: Path):
     """Evaluator settings that judge a tiny task in a few seconds."""
+    from judge_fixtures import quick_timing
     from kernelrl.judge.evaluator import EvalConfig
-    from kernelrl.judge.timer import TimingConfig
 
-    return EvalConfig(cache_dir=cache_dir, timeout_s=120,
-                      timing=TimingConfig(min_rounds=5, max_rounds=40, max_timing_s=2.0, warmup_calls=2,
-                                          min_spot_checks=2))
+    return EvalConfig(cache_dir=cache_dir, timeout_s=120, timing=quick_timing())
 
 
 @pytest.fixture(scope="session")

@@ -4,15 +4,28 @@ a `BatchJudge`, and the command-line flags that give a command the tests' quick 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from kernelrl.candidate import Candidate
 from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Task
 
-# The timing of conftest.py's `quick_config`, as flags of any command that judges (`eval`, `bench`,
-# `collect`, ...): tests of what a command prints or stores need no 1 % interval, and the default's
-# 400 rounds took ~7 s of a ~13 s `kernelrl eval` of the tiny task.
-QUICK_TIMING = ("--timing.min-rounds", "5", "--timing.max-rounds", "40", "--timing.min-spot-checks", "2")
+if TYPE_CHECKING:
+    from kernelrl.judge.timer import TimingConfig
+
+# Timing for tests whose verdicts are not about a speedup's precision (conftest.py's `quick_config`
+# has it): the default's 400 rounds took ~7 s of a ~13 s `kernelrl eval` of the tiny task.
+QUICK_TIMING_SETTINGS = {"min_rounds": 5, "max_rounds": 40, "max_timing_s": 2.0, "warmup_calls": 2, "min_spot_checks": 2}
+# The same as flags of any command that judges (`eval`, `bench`, `collect`, ...).
+QUICK_TIMING = tuple(part for k, v in QUICK_TIMING_SETTINGS.items() if k != "max_timing_s"
+                     for part in (f"--timing.{k.replace('_', '-')}", str(v)))
+
+
+def quick_timing() -> TimingConfig:
+    """`QUICK_TIMING_SETTINGS` as the evaluator's timing config."""
+    from kernelrl.judge.timer import TimingConfig
+
+    return TimingConfig(**QUICK_TIMING_SETTINGS)
 
 
 class OneAtATime:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from judge_fixtures import quick_timing
 from kernelrl.judge.contract import SearchJudge
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.reference import ReferenceFailed
@@ -54,7 +55,7 @@ def task(name: str, *, module: str = "", inputs: str = "pass") -> Task:
 
 @pytest.fixture(scope="module")
 def evaluator(tmp_path_factory):
-    config = EvalConfig(cache_dir=tmp_path_factory.mktemp("ref-cache"), timeout_s=8.0, roofline=False)
+    config = EvalConfig(cache_dir=tmp_path_factory.mktemp("ref-cache"), timeout_s=8.0, roofline=False, timing=quick_timing())
     with Evaluator(config) as ev:
         yield ev
 
@@ -113,7 +114,8 @@ def test_a_search_goes_on_with_its_other_tasks(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text(task("bad", module="raise RuntimeError('broken task')").source)
     config = SearchConfig(tasks=(str(good), str(bad)), db_path=tmp_path / "k.db", budget=1, chains=1,
-                          baselines=False, eval=EvalConfig(cache_dir=tmp_path / "cache", timeout_s=30, roofline=False))
+                          baselines=False, eval=EvalConfig(cache_dir=tmp_path / "cache", timeout_s=30, roofline=False,
+                                                                       timing=quick_timing()))
     tasks = [load_task_file(good), load_task_file(bad)]
     with build_run(tasks=tasks, eval_config=config.judge_config()) as run:
         assert isinstance(run.judge, SearchJudge)  # the in-process evaluator gives the search everything it uses
