@@ -31,7 +31,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kernelrl.judge.contract import ProfilingJudge
@@ -69,7 +69,7 @@ class RunParts:
         self._judge = judge
         self._given_judge = judge is not None
         self._given = dict(proposers)
-        self._made: dict[tuple[str, tuple[tuple[str, Any], ...]], Proposer] = {}
+        self._made: dict[tuple[str, tuple[tuple[str, object], ...]], Proposer] = {}
         self._closing = closing
 
     @property
@@ -90,7 +90,7 @@ class RunParts:
         reward server judges on its own device, so its verdicts and ours are not interchangeable."""
         return self._given_judge or not self.backend.url
 
-    def proposer(self, spec: str, *, label: str | None = None, **opts: Any) -> Proposer:
+    def proposer(self, spec: str, *, label: str | None = None, **opts: object) -> Proposer:
         """The proposer of `spec` with `opts`, built once with the run's policy and device; one the
         caller handed in under `label` (or under `spec`) is returned as it is."""
         given = self._given.get(label or spec)

@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Self
 
 from kernelrl.candidate import fenced_blocks, source_hash
 from kernelrl.checks import rules as R
@@ -60,6 +60,8 @@ from kernelrl.endpoint import RetryPolicy, retry_after_s
 from kernelrl.result import EvalResult, Finding, Review, ReviewAnswer, Status, TimingStats
 
 if TYPE_CHECKING:
+    import openai
+
     from kernelrl.jsontypes import JSONObject
 
 # RetryPolicy is the proposers' on purpose: one retry policy for every chat endpoint kernelrl
@@ -340,7 +342,7 @@ class LLMJudge:
         self._cache = ReviewCache(config.cache_path)
         self._sleep = sleep
         self._rng = rng or random.Random()
-        self._client: Any = None
+        self._client: openai.OpenAI | None = None
         if config.enabled:
             import openai
 
@@ -415,11 +417,13 @@ class LLMJudge:
         import openai
 
         cfg = self.config
+        client = self._client
+        assert client is not None, "asked only when enabled, which makes the client"
         attempts = 0
         while True:
             attempts += 1
             try:
-                response = self._client.chat.completions.create(
+                response = client.chat.completions.create(  # type: ignore[call-overload]
                     model=cfg.model, messages=messages, temperature=cfg.temperature,
                     **{cfg.max_tokens_field: cfg.max_tokens})
             except openai.OpenAIError as e:

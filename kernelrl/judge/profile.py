@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 
@@ -55,7 +57,7 @@ class TaskProfile:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def describe(values: Any) -> list[str]:
+def describe(values: object) -> list[str]:
     """Tensors as 'dtype[shape]', everything else as its repr."""
     import torch
 
@@ -68,7 +70,7 @@ def describe(values: Any) -> list[str]:
     return out
 
 
-def profile_task(module: Any, *, task: str, size: str, constants: dict[str, int], init_inputs: list[Any],
+def profile_task(module: ModuleType, *, task: str, size: str, constants: dict[str, int], init_inputs: Sequence[object],
                  source: str) -> TaskProfile:
     """Profile a task module (already run with its constants). Runs task code: workers only."""
     import torch
@@ -97,7 +99,7 @@ def profile_task(module: Any, *, task: str, size: str, constants: dict[str, int]
                            conv3d=bool(re.search(r"conv(transpose)?3d", source, re.IGNORECASE)),
                            training_dependent=True, tensor_inputs_only=False, notes=notes)
 
-    def nbytes(xs: Any) -> int:
+    def nbytes(xs: object) -> int:
         return sum(t.numel() * t.element_size() for t in leaves(xs) if isinstance(t, torch.Tensor))
 
     mods = list(model.modules()) if isinstance(model, nn.Module) else []

@@ -19,8 +19,10 @@ Does not judge candidates: `kernelrl.judge.evaluator` does, with what this sessi
 
 from __future__ import annotations
 
+import functools
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +34,7 @@ from kernelrl.judge.inputs import InputPlan, correctness_plans, plain_plan
 from kernelrl.judge.pool import WorkerPool
 from kernelrl.judge.precision import PRECISION_FLAGS
 from kernelrl.judge.profile import TaskProfile
-from kernelrl.judge.sandbox import Worker, WorkerDied
+from kernelrl.judge.sandbox import Answer, Worker, WorkerDied
 from kernelrl.tasks.task import Task, TaskError
 
 
@@ -106,7 +108,7 @@ class ReferenceSession:
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout_s
 
-    def _ask(self, what: str, fn: Any) -> Any:
+    def _ask(self, what: str, fn: Callable[[], Answer]) -> Answer:
         """Run one exchange with the reference worker; any failure is the task's."""
         try:
             answer = fn()
@@ -128,8 +130,8 @@ class ReferenceSession:
         return answer
 
     def load(self, *, constants: dict[str, int] | None, profile: bool) -> None:
-        self.worker = self.pool.take("reference", deadline=self._deadline())
-        answer = self._ask("while loading", lambda: self.worker.request(
+        self.worker = worker = self.pool.take("reference", deadline=self._deadline())
+        answer = self._ask("while loading", lambda: worker.request(
             self.spec.header(profile=profile), constants, deadline=self._deadline()))
         self.constants = dict(answer.header.constants)
         # the precision flags as the worker set them, before the task's code ran (recorded in results)
@@ -141,12 +143,13 @@ class ReferenceSession:
     def make(self, plans: list[InputPlan], *, run: bool) -> tuple[list[list[object]], list[object], list[bool]]:
         """Input sets (and the reference's outputs on them), one set per message: the reference's
         worker holds one set at a time, and no message carries more than one."""
-        assert self.worker is not None
+        worker = self.worker
+        assert worker is not None
         values: list[list[object]] = []
         outputs: list[object] = []
         finite: list[bool] = []
         for plan in plans:
-            answer = self._ask("making inputs", lambda plan=plan: self.worker.request(
+            answer = self._ask("making inputs", functools.partial(worker.request,
                 P.MakeInputs(seeds=[plan.seed], perturb=[plan.perturb], run=run), deadline=self._deadline()))
             payload = answer.payload or {}
             values += list(payload.get("inputs") or [])
@@ -181,8 +184,9 @@ class ReferenceSession:
     def state(self) -> dict[str, Any] | None:
         """The reference's parameters and buffers (None when it has none)."""
         if not self._state_fetched:
-            assert self.worker is not None
-            answer = self._ask("handing over its parameters", lambda: self.worker.command(
+            worker = self.worker
+            assert worker is not None
+            answer = self._ask("handing over its parameters", lambda: worker.command(
                 P.Kind.GET_STATE, deadline=self._deadline()))
             self._state = answer.payload or None
             self._state_fetched = True

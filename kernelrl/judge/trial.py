@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
 
 from kernelrl.candidate import Candidate, Language
 from kernelrl.checks import dynamic
@@ -120,7 +120,7 @@ def compiles(trial: Trial, *, build_cached: bool) -> bool:
     return language in (Language.CPP, Language.CUDA) and not build_cached
 
 
-def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets: list[InputSet], cache_dir: Any,
+def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets: list[InputSet], cache_dir: Path,
               timeout_s: float, build_timeout_s: float = 0.0, tol_scale: float,
               device_work: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
     """Build, construct and check one candidate; sets `trial.verdict` or leaves a survivor.
@@ -174,7 +174,7 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
             scratch.close()
 
 
-def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: Any, bdir: Any,
+def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: Path, bdir: Path | None,
           deadline: float) -> None:
     worker = trial.worker
     assert worker is not None
@@ -316,7 +316,7 @@ def _note(trial: Trial, finding: Finding | None) -> None:
         trial.findings.append(finding)
 
 
-def _is_constant(x: Any) -> bool:
+def _is_constant(x: object) -> bool:
     """Every element of every tensor output is one and the same value."""
     import torch
 

@@ -244,7 +244,7 @@ class WorkerState:
         return P.Kind.TASK_LOADED, P.TaskLoaded(constants=constants, load_s=time.monotonic() - t0, profile=profile,
                                                 state_before=state_before, state_after=global_state()), init_inputs
 
-    def load_program(self, h: P.LoadProgram, payload: Any) -> Reply:
+    def load_program(self, h: P.LoadProgram, payload: object) -> Reply:
         state_before = self._start(h.device, h.threads, h.evict_bytes, h.allow_tf32)
         # The program's own build folder (keyed by its source) and the shared inductor cache;
         # under full containment both are in this worker's scratch (the judge's are not visible).
@@ -327,7 +327,7 @@ class WorkerState:
 
     # -- inputs (reference workers) -----------------------------------------------------------
 
-    def make_inputs(self, h: P.MakeInputs, payload: Any) -> Reply:
+    def make_inputs(self, h: P.MakeInputs, payload: object) -> Reply:
         if self.module is None:
             return P.Kind.ERROR, P.Error(phase=P.Phase.PROTOCOL, message="make_inputs before load_task"), None
         sets, outputs, finite = [], [], []
@@ -355,7 +355,7 @@ class WorkerState:
 
     # -- parameters ---------------------------------------------------------------------------
 
-    def get_state(self, h: P.Header, payload: Any) -> Reply:
+    def get_state(self, h: P.Header, payload: object) -> Reply:
         if not isinstance(self.model, torch.nn.Module):
             return P.Kind.STATE, P.State(keys=[]), None
         sd = {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
@@ -424,7 +424,7 @@ class WorkerState:
             self.noise.append(row)
         return P.Kind.POOLED, P.Pooled(n=len(self.pool)), None
 
-    def warmup(self, h: P.Warmup, payload: Any) -> Reply:
+    def warmup(self, h: P.Warmup, payload: object) -> Reply:
         t_end = time.monotonic() + h.max_s
         times = []
         for i in range(max(h.calls, 1)):
@@ -442,7 +442,7 @@ class WorkerState:
         return P.Kind.WARM, P.Warm(calls=len(times), call_ms=call_ms, state_after=global_state(),
                                    floor_ns=call_floor_ns(self._sync, _perf_ns)), None
 
-    def prepare(self, h: P.Prepare, payload: Any) -> Reply:
+    def prepare(self, h: P.Prepare, payload: object) -> Reply:
         """Fresh inputs for each call of the next sample (new storage, new values)."""
         self.staged = []
         self.sample_inputs, self.sample_outputs = [], []  # freed before the next sample's inputs exist
@@ -461,7 +461,7 @@ class WorkerState:
         self._evict()
         return P.Kind.PREPARED, P.Empty(), None
 
-    def call(self, h: P.Header, payload: Any) -> Reply:
+    def call(self, h: P.Header, payload: object) -> Reply:
         times = []
         plain = True
         outs = []
@@ -487,7 +487,7 @@ class WorkerState:
         self.staged = []
         return P.Kind.CALLED, P.Called(t_ns=times, plain=plain, commits=commitments(outs)), None
 
-    def output(self, h: P.Output, payload: Any) -> Reply:
+    def output(self, h: P.Output, payload: object) -> Reply:
         if not 0 <= h.call < len(self.sample_outputs):
             raise ValueError(f"no call {h.call} in the last sample ({len(self.sample_outputs)} calls)")
         # Read in place where they are plain CPU tensors: the channel copies them into the arena.
@@ -505,7 +505,7 @@ class WorkerState:
 
     # -- machine peaks ------------------------------------------------------------------------
 
-    def measure_peaks(self, h: P.MeasurePeaks, payload: Any) -> Reply:
+    def measure_peaks(self, h: P.MeasurePeaks, payload: object) -> Reply:
         """Best of a few runs: triad bandwidth (a = b + s * c) and large matmuls (fp32, bf16)."""
         self._start(h.device, h.threads, 0, False)  # exact fp32: the peaks of the default precision
         n = (64 << 20) // 4 if h.device == "cpu" else (512 << 20) // 4
@@ -577,7 +577,7 @@ _HANDLERS: dict[P.Kind, Any] = {
 }
 
 
-def send(channel: Channel, kind: P.Kind, header: P.Header | None, payload: Any = None) -> None:
+def send(channel: Channel, kind: P.Kind, header: P.Header | None, payload: object = None) -> None:
     try:
         channel.send(kind.value, P.encode(kind, header), payload)
     except ChannelProtocolError as e:

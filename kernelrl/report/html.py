@@ -16,15 +16,21 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernelrl.report.console import percent_text, roofline_text, speedup_text
 from kernelrl.report.report import Report
 
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.axis import Axis
+    from matplotlib.figure import Figure
+
 _GOOD, _BAD, _INK, _GRID = "#2a9d8f", "#e76f51", "#264653", "#d9d9d9"
 
 
-def _png(fig: Any) -> str:
+def _png(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt
@@ -33,7 +39,7 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _style(ax: Any) -> None:
+def _style(ax: Axes) -> None:
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     ax.grid(True, which="major", color=_GRID, linewidth=0.8)
@@ -44,7 +50,7 @@ _NICE = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4
          30.0, 50.0, 75.0, 100.0, 200.0, 500.0, 1000.0)
 
 
-def _speedup_axis(axis: Any, lo: float, hi: float) -> None:
+def _speedup_axis(axis: Axis, lo: float, hi: float) -> None:
     """Readable ticks on a log speedup axis: round factors like 0.5x 1x 1.5x 2x 3x, at most about 8."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
@@ -119,7 +125,7 @@ def plot_per_task(report: Report) -> str | None:
     eager = [float(r.speedup_vs_eager or 1.0) for r in rows]
     ax.barh(y, [e - 1 for e in eager], left=1, height=0.6, color=[_GOOD if e >= 1 else _BAD for e in eager])
     # One legend entry per bar colour: a bar's label would show the first bar's colour only.
-    handles: list[Any] = [Patch(color=_GOOD, label="against eager: faster"),
+    handles: list[Artist] = [Patch(color=_GOOD, label="against eager: faster"),
                           Patch(color=_BAD, label="against eager: slower")]
     comp = [(i, float(r.speedup_vs_compile)) for i, r in enumerate(rows) if r.speedup_vs_compile is not None]
     if comp:

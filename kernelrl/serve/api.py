@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -66,6 +66,7 @@ MAX_TURNS = 16  # turns of one session at most
 # its last part. Each part ends at the next "/", so the pattern matches in linear time.
 _SERVER_PATH = re.compile(r"(?:/[\w.+@-]+){2,}")
 M = TypeVar("M", bound=BaseModel)
+_J = TypeVar("_J")  # a value as JSON, given back with the same type
 
 
 class ApiError(Exception):
@@ -268,16 +269,16 @@ def check_body(body: bytes, *, max_items: int, max_string_bytes: int) -> None:
             depth -= 1
 
 
-def scrub_paths(value: Any) -> Any:
+def scrub_paths(value: _J) -> _J:
     """`value` (a result as JSON: dicts, lists, strings) with every absolute path of two or more
     parts cut to its file name: tracebacks and compiler output returned to clients name no
     folder of the server's machine (where kernelrl, its checkout or its caches live)."""
     if isinstance(value, str):
-        return _SERVER_PATH.sub(lambda m: m.group(0).rsplit("/", 1)[-1], value) if "/" in value else value
+        return cast(_J, _SERVER_PATH.sub(lambda m: m.group(0).rsplit("/", 1)[-1], value)) if "/" in value else value
     if isinstance(value, list):
-        return [scrub_paths(v) for v in value]
+        return cast(_J, [scrub_paths(v) for v in value])
     if isinstance(value, dict):
-        return {k: scrub_paths(v) for k, v in value.items()}
+        return cast(_J, {k: scrub_paths(v) for k, v in value.items()})
     return value
 
 

@@ -34,15 +34,14 @@ from __future__ import annotations
 import json
 import re
 import socket
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kernelrl.serve.config import is_loopback
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
+if TYPE_CHECKING:  # the ASGI types, as the web framework spells them
+    from starlette.types import ASGIApp as App
+    from starlette.types import Receive, Scope, Send
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_ADDRESSES = frozenset({"0.0.0.0", "::", ""})

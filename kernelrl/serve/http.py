@@ -183,6 +183,6 @@ async def read_body(request: Request, *, limit: int, timeout_s: float) -> bytes:
     return b"".join(chunks)
 
 
-def limits_of(config: Any) -> HttpLimits:
+def limits_of(config: object) -> HttpLimits:
     """The `HttpLimits` fields of a config that has them (`ServeConfig`)."""
     return HttpLimits(**{f.name: getattr(config, f.name) for f in dataclasses.fields(HttpLimits)})

@@ -56,6 +56,7 @@ from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from kernelrl.candidate import extract_code
@@ -352,7 +353,7 @@ def mount_sessions(app: FastAPI, service: SessionService, *, authorized: Callabl
             except TimeoutError:
                 pass
 
-    def answer(reply: Any, status: int = 200, **headers: str) -> JSONResponse:
+    def answer(reply: BaseModel, status: int = 200, **headers: str) -> JSONResponse:
         return JSONResponse(_scrub_errors(reply.model_dump(mode="json")), status_code=status, headers=headers or None)
 
     @app.post("/v1/sessions", status_code=201)
@@ -396,7 +397,7 @@ def mount_sessions(app: FastAPI, service: SessionService, *, authorized: Callabl
         return answer(reply)
 
 
-def _scrub_errors(reply: Any) -> Any:
+def _scrub_errors(reply: object) -> object:
     """A reply with the server's paths cut from its error texts (prompts and verdicts are left
     as they are: the feedback already shows no path)."""
     if isinstance(reply, list):

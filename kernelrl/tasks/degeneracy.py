@@ -40,10 +40,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernelrl.tasks.task import TaskError, leaves
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # Per dtype (atol, rtol), as in the evaluator's protocol.
 DEFAULT_TOLERANCE = {"float32": (1e-4, 1e-4), "float64": (1e-4, 1e-4), "float16": (1e-2, 1e-2),
@@ -80,7 +84,7 @@ class DegeneracyReport:
         return line
 
 
-def outputs_degenerate(outputs: list[Any], tolerance: dict[str, tuple[float, float]] | None = None) -> list[str]:
+def outputs_degenerate(outputs: Sequence[object], tolerance: dict[str, tuple[float, float]] | None = None) -> list[str]:
     """Reasons a reference's outputs on several input sets do not depend on the inputs ([] if none).
 
     The evaluator calls this on the outputs it holds for its secret, scaled and shifted input
@@ -106,7 +110,7 @@ def outputs_degenerate(outputs: list[Any], tolerance: dict[str, tuple[float, flo
     return reasons
 
 
-def judge_outputs(task: str, size: str, outputs: list[Any], *, n_inputs: int,
+def judge_outputs(task: str, size: str, outputs: Sequence[object], *, n_inputs: int,
                   min_sensitivity: float = MIN_SENSITIVITY,
                   tolerance: dict[str, tuple[float, float]] | None = None) -> DegeneracyReport:
     """Judge a reference's outputs: the first `n_inputs` on the task's own (plain) input sets,
@@ -162,23 +166,23 @@ def judge_outputs(task: str, size: str, outputs: list[Any], *, n_inputs: int,
                             notes=notes)
 
 
-def _tensors(out: Any) -> list[Any] | None:
+def _tensors(out: object) -> list[Tensor] | None:
     """The tensor leaves of an output as received from a worker (None: something else)."""
     import torch
 
     leaves_ = [x for x in leaves(out)]
     if not leaves_ or not all(isinstance(x, torch.Tensor) for x in leaves_):
         return None
-    return [x.detach() for x in leaves_]
+    return [x.detach() for x in leaves_ if isinstance(x, torch.Tensor)]
 
 
-def _as_float(t: Any) -> Any:
+def _as_float(t: Tensor) -> Tensor:
     import torch
 
     return t.to(torch.float64) if t.dtype != torch.float64 else t
 
 
-def _within(out: list[Any], expected: list[Any], tol: dict[str, tuple[float, float]]) -> bool:
+def _within(out: list[Tensor], expected: list[Tensor], tol: dict[str, tuple[float, float]]) -> bool:
     """Would `out` pass an allclose-style check against `expected` (shapes must match)?"""
     import torch
 
@@ -196,7 +200,7 @@ def _within(out: list[Any], expected: list[Any], tol: dict[str, tuple[float, flo
     return True
 
 
-def _mean_abs(outs: list[list[Any]]) -> float:
+def _mean_abs(outs: list[list[Tensor]]) -> float:
     total, count = 0.0, 0
     for out in outs:
         for t in out:
@@ -205,7 +209,7 @@ def _mean_abs(outs: list[list[Any]]) -> float:
     return total / max(count, 1)
 
 
-def _rel_std(outs: list[list[Any]]) -> float:
+def _rel_std(outs: list[list[Tensor]]) -> float:
     import torch
 
     mean_abs = _mean_abs(outs)
@@ -218,7 +222,7 @@ def _rel_std(outs: list[list[Any]]) -> float:
     return float(torch.stack(stds).mean()) / mean_abs
 
 
-def _sensitivity(outs: list[list[Any]]) -> float:
+def _sensitivity(outs: list[list[Tensor]]) -> float:
     import torch
 
     changes = []

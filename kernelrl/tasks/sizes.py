@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.tasks.source import (
     _ELEMENT_KEY,
@@ -35,6 +35,9 @@ from kernelrl.tasks.source import (
     _width_literals,
 )
 from kernelrl.tasks.task import Size, Task, TaskError, TaskModule, exec_task_module, leaves
+
+if TYPE_CHECKING:
+    from torch.overrides import TorchFunctionMode
 
 # Small preset budgets. Constants shrink until all three hold (where they can):
 # - elements over all inputs plus parameters (plus outputs, when the forward is counted): about
@@ -102,8 +105,8 @@ class _Probe:
     elements: int  # inputs + parameters + buffers (+ outputs when the forward ran)
     flops: int = 0  # of one forward (0 when the forward did not run)
     largest: int = 0  # elements of the largest tensor one op of the forward wrote (views excluded)
-    model: tuple[Any, ...] = ()  # parameter and buffer shapes and init arguments: what the model is
-    inputs: tuple[Any, ...] = ()  # input shapes
+    model: tuple[object, ...] = ()  # parameter and buffer shapes and init arguments: what the model is
+    inputs: tuple[object, ...] = ()  # input shapes
     shapes: frozenset[tuple[int, ...]] = frozenset()  # the distinct shapes of inputs, parameters, buffers
 
 
@@ -255,7 +258,7 @@ def _probe(task: Task, consts: dict[str, int], *, forward: bool, count: bool = T
                   shapes=frozenset(tuple(t.shape) for t in tensors))
 
 
-def _describe(values: Any) -> tuple[Any, ...]:
+def _describe(values: object) -> tuple[object, ...]:
     """Shapes and dtypes of the tensors, reprs of everything else (to compare two runs)."""
     import torch
 
@@ -286,13 +289,13 @@ def _build_on_meta(task: Task, consts: dict[str, int]) -> tuple[list[Any], Any, 
         model = tm.Model(*init)
         inputs = tm.get_inputs()
 
-    def to_meta(x: Any) -> Any:
+    def to_meta(x: object) -> object:
         return x.to("meta") if isinstance(x, torch.Tensor) else x
 
     return tree_map(to_meta, init), model.to("meta"), tree_map(to_meta, inputs)
 
 
-def _small_factories_real() -> Any:
+def _small_factories_real() -> TorchFunctionMode:
     """A torch function mode: factory calls (torch.zeros, torch.linspace, ...) with no device give
     real CPU tensors up to _REAL_FACTORY_LIMIT elements and meta tensors beyond."""
     import torch

@@ -138,7 +138,7 @@ def exec_task_module(task: Task, constants: dict[str, int]) -> TaskModule:
     return TaskModule(task=task, module=mod, constants=dict(constants))
 
 
-def leaves(x: Any) -> list[Any]:
+def leaves(x: object) -> list[object]:
     """The leaves of nested lists, tuples and dicts (inputs and outputs of a task)."""
     if isinstance(x, (list, tuple)):
         return [y for item in x for y in leaves(item)]
@@ -192,9 +192,9 @@ def load_task_dir(root: Path, *, suite: str = "") -> list[Task]:
     return tasks
 
 
-def natural_key(s: str) -> list[Any]:
+def natural_key(s: str) -> tuple[int | str, ...]:
     """Sort key that orders `level1/2_x` before `level1/10_x`."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s))
 
 
 def describe_shapes(tm: TaskModule) -> list[str]:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kernelrl.train.tiny import TinyModelConfig
 
 if TYPE_CHECKING:
+    import torch
     from peft import LoraConfig
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
@@ -137,18 +138,18 @@ def system_text(config: ModelConfig) -> str:
     return system_message()
 
 
-def has_chat_template(tokenizer: Any) -> bool:
+def has_chat_template(tokenizer: object) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def as_prompt(tokenizer: Any, prompt: str, system: str) -> str | list[dict[str, str]]:
+def as_prompt(tokenizer: object, prompt: str, system: str) -> str | list[dict[str, str]]:
     """The prompt as the model takes it (see the module docstring)."""
     if has_chat_template(tokenizer):
         return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     return f"{system}\n\n{prompt}" if system else prompt
 
 
-def as_completion(tokenizer: Any, answer: str) -> str | list[dict[str, str]]:
+def as_completion(tokenizer: object, answer: str) -> str | list[dict[str, str]]:
     if has_chat_template(tokenizer):
         return [{"role": "assistant", "content": answer}]
     return answer
@@ -221,7 +222,7 @@ def sample_answers(model: Any, tokenizer: Any, prompts: Sequence[str | list[dict
     return out
 
 
-def trainable_norm(model: Any) -> float:
+def trainable_norm(model: Any) -> float:  # a transformers model, or a trainer's (typed as optional)
     """L2 norm of the trainable parameters: a cheap before/after check that training moved them."""
     total = 0.0
     for p in model.parameters():
@@ -239,7 +240,7 @@ def norm_probe() -> Any:
         before: float | None = None
 
         def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                           model: Any = None, **kwargs: object) -> TrainerControl:
+                           model: torch.nn.Module | None = None, **kwargs: object) -> TrainerControl:
             if model is not None:
                 self.before = trainable_norm(model)
             return control

@@ -73,7 +73,7 @@ def _check_opts(kind: str, opts: dict[str, Any], allowed: set[str]) -> dict[str,
     return given
 
 
-def check_spec(spec: str, **opts: Any) -> None:
+def check_spec(spec: str, **opts: object) -> None:
     """What `make_proposer` would refuse in `spec` and `opts`, found without making the proposer."""
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kernelrl.endpoint import RetryPolicy, retry_after_s
 from kernelrl.search.proposers.base import (
@@ -31,6 +31,8 @@ from kernelrl.search.proposers.base import (
 )
 
 if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletion
+
     from kernelrl.jsontypes import JSONObject
 
 
@@ -143,7 +145,7 @@ class OpenAIProposer(Proposer):
                 continue
             return self._to_proposal(response, len(failures) + 1, failures, time.monotonic() - started)
 
-    def _to_proposal(self, response: Any, requests: int, failures: list[str], elapsed_s: float) -> Proposal:
+    def _to_proposal(self, response: ChatCompletion, requests: int, failures: list[str], elapsed_s: float) -> Proposal:
         choice = response.choices[0] if getattr(response, "choices", None) else None
         content = choice.message.content if choice is not None and choice.message is not None else None
         usage = getattr(response, "usage", None)
