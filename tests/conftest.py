@@ -81,10 +81,10 @@ def device_alone(cache_dir: Path):
 @pytest.fixture
 def quick_config(cache_dir: Path):
     """Evaluator settings that judge a tiny task in a few seconds."""
-    from judge_fixtures import quick_timing
+    from judge_fixtures import QUICK_AA_TOLERANCE, quick_timing
     from kernelrl.judge.evaluator import EvalConfig
 
-    return EvalConfig(cache_dir=cache_dir, timeout_s=120, timing=quick_timing())
+    return EvalConfig(cache_dir=cache_dir, timeout_s=120, timing=quick_timing(), aa_tolerance=QUICK_AA_TOLERANCE)
 
 
 @pytest.fixture(scope="session")

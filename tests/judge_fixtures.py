@@ -16,9 +16,14 @@ if TYPE_CHECKING:
 # Timing for tests whose verdicts are not about a speedup's precision (conftest.py's `quick_config`
 # has it): the default's 400 rounds took ~7 s of a ~13 s `kernelrl eval` of the tiny task.
 QUICK_TIMING_SETTINGS = {"min_rounds": 5, "max_rounds": 40, "max_timing_s": 2.0, "warmup_calls": 2, "min_spot_checks": 2}
+# No A/A copy of the reference in those tests' groups (`EvalConfig.aa_tolerance` 0): a fourth
+# worker and a third timed member cost ~2.4 s of a ~7.4 s single-candidate evaluation here, and
+# their verdicts do not ask whether a speedup is noise. The A/A pair has its own tests
+# (tests/judge/test_evaluator.py) and the red-team fixtures keep it.
+QUICK_AA_TOLERANCE = 0.0
 # The same as flags of any command that judges (`eval`, `bench`, `collect`, ...).
 QUICK_TIMING = tuple(part for k, v in QUICK_TIMING_SETTINGS.items() if k != "max_timing_s"
-                     for part in (f"--timing.{k.replace('_', '-')}", str(v)))
+                     for part in (f"--timing.{k.replace('_', '-')}", str(v))) + ("--aa-tolerance", str(QUICK_AA_TOLERANCE))
 
 
 def quick_timing() -> TimingConfig:

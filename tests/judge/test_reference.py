@@ -74,7 +74,9 @@ def test_a_bad_task_is_a_task_error_within_the_limit(evaluator, name, kw, reason
     res = evaluator.evaluate(task(name, **kw), CANDIDATE)
     assert res.status is Status.TASK_ERROR and reason in res.message, res.message
     assert "\n" not in res.message
-    assert time.monotonic() - t0 < 8.0 + 8.0
+    # the task's 8 s limit, far below the default 300 s; the slack covers the module evaluator's first
+    # workers starting on two busy cores (the first case took 17.1 s once, 14.8 s in a full run)
+    assert time.monotonic() - t0 < 8.0 + 12.0
 
 
 def test_a_good_task_still_runs_after_bad_ones(evaluator):
