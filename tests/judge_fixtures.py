@@ -19,7 +19,7 @@ QUICK_TIMING_SETTINGS = {"min_rounds": 5, "max_rounds": 40, "max_timing_s": 2.0,
 # No A/A copy of the reference in those tests' groups (`EvalConfig.aa_tolerance` 0): a fourth
 # worker and a third timed member cost ~2.4 s of a ~7.4 s single-candidate evaluation here, and
 # their verdicts do not ask whether a speedup is noise. The A/A pair has its own tests
-# (tests/judge/test_evaluator.py) and the red-team fixtures keep it.
+# (tests/judge/test_evaluator.py) and the red-team fixtures keep it; the escapes (checks/test_escapes.py) do not.
 QUICK_AA_TOLERANCE = 0.0
 # The same as flags of any command that judges (`eval`, `bench`, `collect`, ...).
 QUICK_TIMING = tuple(part for k, v in QUICK_TIMING_SETTINGS.items() if k != "max_timing_s"
