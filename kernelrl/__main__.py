@@ -5,6 +5,7 @@ one line, like one at any later moment (`kernelrl.cli.leave`); torch is imported
 command that needs it, inside `kernelrl.cli.main`, which answers a Ctrl-C the same way.
 """
 
+import os
 import signal
 import sys
 
@@ -15,7 +16,8 @@ def run() -> None:
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("kernelrl: interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.stderr.flush()
+        os._exit(130)  # not sys.exit: see kernelrl.cli.leave (nothing has started that needs closing)
     command()
 
 
