@@ -13,8 +13,9 @@ Ctrl-C, once or twice, ends with exit 130 and never an abort: `run` (the `kernel
 left behind is still running on another thread, flushes the output, runs the exit hooks (worker
 pools closed, scratch removed) and ends the process without the interpreter's teardown, which
 would destroy native state (torch's threads) under that thread and abort with "terminate called
-without an active exception" (exit 134). A Ctrl-C during that last step leaves at once, still
-with 130. Everything a run stored is committed before this point (`kernelrl.search.loop`).
+without an active exception" (exit 134); an interrupted command always leaves that way (see
+`leave`). A Ctrl-C during that last step leaves at once, still with 130. Everything a run stored
+is committed before this point (`kernelrl.search.loop`).
 """
 
 from __future__ import annotations
