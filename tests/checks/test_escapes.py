@@ -30,14 +30,13 @@ import pytest
 import torch
 from fixture_spec import FIXTURES, parse_fixture
 
-from judge_fixtures import QUICK_AA_TOLERANCE
+from judge_fixtures import QUICK_AA_TOLERANCE, quick_timing
 from kernelrl.candidate import Candidate
 from kernelrl.checks.policy import get_policy
 from kernelrl.checks.static import check_source
 from kernelrl.judge.containment import probe
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.sandbox import SandboxConfig
-from kernelrl.judge.timer import TimingConfig
 from kernelrl.result import Containment, EvalResult, Status
 from kernelrl.tasks.task import load_task_file
 
@@ -76,7 +75,7 @@ def judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tu
             made[policy, level] = Evaluator(EvalConfig(
                 cache_dir=cache, policy=policy, timeout_s=60, build_timeout_s=300,
                 sandbox=dataclasses.replace(SANDBOX, containment=level),
-                timing=TimingConfig(min_rounds=5, max_rounds=40, max_timing_s=1.0, warmup_calls=2, min_spot_checks=2),
+                timing=dataclasses.replace(quick_timing(), max_timing_s=1.0),
                 # no A/A copy: what is checked is containment and the neighbour's verdict, and what
                 # helpers that slow the reference win is held to AA_NOISE, not to a group's band
                 aa_tolerance=QUICK_AA_TOLERANCE))
