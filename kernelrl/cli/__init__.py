@@ -107,8 +107,8 @@ def leave(code: int) -> NoReturn:
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
     # An interrupted command leaves the same way: after a Ctrl-C at start the interpreter's own
     # exit was seen to end the process by SIGINT (exit -2, not 130) in 3 of 27 tries here, after
-    # this message was printed (CPython keeps a "KeyboardInterrupt unhandled" mark set by native
-    # code it passed through, and reads it after finalisation, whatever sys.exit said).
+    # this message was printed (likely, not confirmed: CPython's "KeyboardInterrupt unhandled" mark,
+    # set by native code the interrupt passed through and read after finalisation).
     if not others and code != 130:
         sys.exit(code)
 
