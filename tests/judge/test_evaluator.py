@@ -159,8 +159,9 @@ def test_endless_loop_times_out_within_limit(judged, tiny_task, quick_config):
     elapsed = time.monotonic() - t0
     assert res.status is Status.TIMEOUT
     # the limit bounds the candidate's own load and checks; starting its worker and the
-    # reference's add a few seconds
-    assert elapsed < 8.0 + 10.0
+    # reference's add seconds (16-18 s in all were seen on two cores shared with other jobs), far
+    # below the build allowance it must not get
+    assert elapsed < 8.0 + 20.0
 
 
 def test_waiting_for_the_device_is_not_the_candidates_time(tiny_task, quick_config, monkeypatch):
