@@ -207,3 +207,21 @@ def test_help_and_tasks_import_no_runtime():
     found = json.loads(out.stderr.strip().splitlines()[-1])
     assert "train grpo --help" in found and "optimize --help" in found and "tasks" in found, found
     assert not {argv: mods for argv, mods in found.items() if mods}, found
+
+
+# What a worker may import of kernelrl: the judge's worker side and the records it sends. Every
+# worker start pays for each module: importing the timer, and through it the settings, the static
+# checker and the LLM review (52 kernelrl modules in all, 18 without), took 0.11-0.15 s of a ~2 s
+# start (`python -X importtime`).
+WORKER_SIDE = ("kernelrl.judge", "kernelrl.result", "kernelrl.plain")
+JUDGE_SIDE = ("kernelrl.judge.timer", "kernelrl.judge.eval_config", "kernelrl.judge.evaluator", "kernelrl.judge.group",
+              "kernelrl.judge.trial", "kernelrl.judge.reference", "kernelrl.judge.pool", "kernelrl.judge.verdict")
+
+
+def test_a_worker_imports_only_the_worker_side():
+    script = "import sys, kernelrl.judge.worker; print(' '.join(m for m in sys.modules if m.startswith('kernelrl.')))"
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT.parent, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    imported = out.stdout.split()
+    assert "kernelrl.judge.worker" in imported
+    assert not [m for m in imported if not m.startswith(WORKER_SIDE) or m.startswith(JUDGE_SIDE)], imported

@@ -260,7 +260,7 @@ class Warm(Header):
     calls: int
     call_ms: float  # median of the warm-up calls
     state_after: dict[str, Setting]
-    floor_ns: float = 0.0  # the timing bracket around nothing (timer.call_floor_ns)
+    floor_ns: float = 0.0  # the timing bracket around nothing (worker.call_floor_ns)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,7 +13,7 @@ reply) is taken off both sides of every ratio: its median over the reference's s
 the reference worker's reports (task code, trusted) give the judge's clock less the call time.
 So is the per-call floor, once per call of a sample: what the worker's timing bracket costs
 around nothing (synchronise, clock, synchronise, clock: on a GPU the device-wide synchronisation's
-round trip), measured by `call_floor_ns` in the reference's worker at warm-up; every member pays
+round trip), measured by `worker.call_floor_ns` in the reference's worker at warm-up; every member pays
 it on every call whatever the call does, and left in, it pulls the ratios of sub-millisecond calls
 toward 1. A kernel's own launch is not in the floor: it is the call's cost. Both are reported
 (`GroupTiming.exchange_ms`, `call_floor_ms`), and the times the physical-floor check
@@ -191,17 +191,6 @@ class GroupTiming:
     retimed: int = 0  # measurements repeated because the A/A pair disagreed
     device_idle: DeviceIdle = DeviceIdle.NOT_PROBED  # the idle probe after every sample (`kernelrl.judge.idle`)
     device_note: str = ""  # why the device could not be confirmed idle ("" when it could)
-
-
-def call_floor_ns(sync: Callable[[], None], clock: Callable[[], int], *, n: int = 201) -> float:
-    """The worker's timing bracket around nothing (sync, clock, sync, clock): its median, in ns."""
-    times = []
-    for _ in range(n):
-        sync()
-        t0 = clock()
-        sync()
-        times.append(clock() - t0)
-    return float(statistics.median(times))
 
 
 def aa_noisy(aa: CandidateTiming | None, tolerance: float) -> bool:

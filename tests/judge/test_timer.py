@@ -13,9 +13,9 @@ from kernelrl.judge.timer import (
     _ratios,
     aa_band,
     aa_noisy,
-    call_floor_ns,
     median_ci,
 )
+from kernelrl.judge.worker import call_floor_ns
 from kernelrl.result import TimingStop
 
 
