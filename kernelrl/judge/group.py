@@ -31,7 +31,6 @@ Does not decide verdicts: `kernelrl.judge.verdict` does, with what a group measu
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import statistics
 import threading
@@ -132,15 +131,6 @@ class Group:
         self.reference = ReferenceRecord()
         self._phases: dict[str, float] = {}  # where the group's wall time went, in seconds
         self._clock = time.monotonic()
-
-    def workers_wanted(self) -> int:
-        """At most how many workers this group will take: its reference's, one per member, the timed
-        reference, the A/A copy and the compiled reference where they may be wanted (`pool.expecting`)."""
-        cfg = self.ctx.config
-        programs = len(self.members) + (1 if self.members or self.baseline else 0)
-        aa = 1 if self.members and cfg.aa_tolerance > 0 else 0
-        compiled = 1 if cfg.compile_baseline or (self.baseline and self.compile) else 0
-        return 1 + programs + aa + compiled
 
     @staticmethod
     def _note_deferred_outputs(survivors: dict[str, Trial]) -> None:
@@ -481,8 +471,7 @@ def run_groups(groups: Sequence[Group], *, device: Device, width: int,
                on_closed: Callable[[Group], None] | None = None) -> None:
     """Judge a batch's groups (see the module docstring); every group is finished and closed.
     `on_closed(group)` runs as each group closes, finished or failed, so a caller can report it
-    before the slowest group of the batch ends. The pool is told how many workers the batch may
-    take (`Group.workers_wanted`), so it starts no spare the batch will not use while it runs."""
+    before the slowest group of the batch ends."""
     checks = threading.Semaphore(max(1, width))
 
     def whole(g: Group) -> None:
@@ -498,12 +487,8 @@ def run_groups(groups: Sequence[Group], *, device: Device, width: int,
     # On a CPU one group more than `width`: while one is timed (and holds the machine), `width`
     # others are ready to check as soon as it is done. Groups in flight bound the workers alive.
     in_flight = max(1, width) + (1 if device == Device.CPU else 0)
-    # The pool keeps ready only what the batch will still take, so no spare's start holds back
-    # its measurements; it tops up when the batch is over.
-    expecting = groups[0].ctx.pool.expecting(sum(g.workers_wanted() for g in groups)) if groups else (
-        contextlib.nullcontext())
     try:
-        with expecting, ThreadPoolExecutor(max_workers=max(1, min(in_flight, len(groups)))) as ex:
+        with ThreadPoolExecutor(max_workers=max(1, min(in_flight, len(groups)))) as ex:
             list(ex.map(whole, groups))
     finally:
         for g in groups:

@@ -4,18 +4,11 @@ Starting a worker costs a second or more (a fresh interpreter importing torch); 
 needs at least two. A `WorkerPool` keeps `size` workers started and waiting, and starts a new
 one in the background each time one is taken, so an evaluation takes workers that are ready.
 
-A call that knows how many workers it will take says so (`expecting`): while calls are under way
-the pool keeps ready only as many as they still expect (at most `size`), and tops up to `size`
-when the last one ends. A replacement nobody in the call will take is not started during it: a
-start holds the device's lock shared (`starting`), so it would hold back the call's own
-measurement, and a short-lived evaluator would start workers only to kill them.
-
 Guarantees:
 - a worker handed out by `take` has never been given a program (it only said hello): no
   candidate ever gets a worker another program touched; workers are never returned to the pool,
   their owner closes them;
-- every worker the pool holds is killed by `close` (also at interpreter exit), one still
-  starting included;
+- every worker the pool holds is killed by `close` (also at interpreter exit);
 - a worker that died while waiting is discarded, never handed out; when workers keep dying
   before they say hello, `take` raises the last one's death instead of starting more.
 
@@ -33,7 +26,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
@@ -68,8 +61,6 @@ class WorkerPool:
         self._booting: list[Worker] = []  # started, not ready yet
         self._ready = threading.Condition()  # guards the lists below; notified when a worker is ready
         self._closed = False
-        self._calls = 0  # calls under way (`expecting`)
-        self._expected = 0  # workers those calls still expect to take
         self.started = 0  # workers started over the pool's life (for reports and tests)
         self.handed_out = 0
         threading.Thread(target=self._fill, name="kernelrl-pool-fill", daemon=True).start()
@@ -97,37 +88,11 @@ class WorkerPool:
         self.started += 1
         return Worker(config=self.config, device=self.device, device_index=self.device_index, root=self.root)
 
-    def _target(self) -> int:
-        """How many workers should be ready or starting now (called holding `_ready`)."""
-        return self.size if self._calls == 0 else min(self.size, self._expected)
-
-    @contextlib.contextmanager
-    def expecting(self, n: int) -> Iterator[None]:
-        """A call that will take about `n` workers: see the module docstring. Calls may overlap."""
-        with self._ready:
-            self._calls += 1
-            self._expected += max(0, n)
-        self._refill()
-        try:
-            yield
-        finally:
-            with self._ready:
-                self._calls -= 1
-                if self._calls == 0:
-                    self._expected = 0
-            self._refill()
-
-    def _refill(self) -> None:
-        threading.Thread(target=self._fill, name="kernelrl-pool-fill", daemon=True).start()
-
     def _fill(self) -> None:
-        with self._ready:
-            if self._closed or len(self._idle) + len(self._booting) >= self._target():
-                return  # nothing to start: no hold taken
         with self._starting():
             started = []
             with self._ready:
-                while not self._closed and len(self._idle) + len(self._booting) < self._target():
+                while not self._closed and len(self._idle) + len(self._booting) < self.size:
                     try:
                         w = self._spawn()
                     except (OSError, RuntimeError):
@@ -165,7 +130,6 @@ class WorkerPool:
                     raise RuntimeError("worker pool is closed")
                 if self._idle:
                     worker = self._idle.popleft()
-                self._expected = max(0, self._expected - 1)
             if worker is None:
                 worker = self._spawn()
             limit = time.monotonic() + _START_LIMIT_S
@@ -181,8 +145,8 @@ class WorkerPool:
                 worker.close()
                 raise
             finally:
-                # Refill in the background (as far as `_target` says): the next take should not wait for an import.
-                self._refill()
+                # Refill in the background: the next evaluation should not wait for an import.
+                threading.Thread(target=self._fill, name="kernelrl-pool-fill", daemon=True).start()
             worker.role = role
             self.handed_out += 1
             return worker
@@ -191,11 +155,7 @@ class WorkerPool:
         with self._ready:
             self._closed = True
             idle, self._idle = list(self._idle), deque()
-            booting = list(self._booting)
             self._ready.notify_all()
-        for w in booting:
-            # Not waited for: its filler sees it die and closes it.
-            w.proc.kill()
         for w in idle:
             w.kill()
             w.close()
