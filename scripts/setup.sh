@@ -32,9 +32,10 @@ else
     "$PYTHON" -m pip install -q -e ".[dev]"
 fi
 # Bytecode for the package: an editable install writes none, and where PYTHONDONTWRITEBYTECODE is set
-# (and in every worker, which may not write) each interpreter would compile the ~50 modules a
-# worker imports on every start (a worker's start, ~2 s here, took 0.1-0.2 s less with it: medians
-# of 8 starts). A file older than its source is ignored, not used.
+# (and in every worker, which may not write) each interpreter would compile the kernelrl modules it
+# imports on every start: 18 in a worker, more in a command (a worker's start, ~2 s here, took
+# 0.1-0.2 s less with it when workers imported 52: medians of 8 starts). A file older than its
+# source is ignored, not used.
 "$PYTHON" -m compileall -q kernelrl >/dev/null || echo "setup: could not write kernelrl's bytecode" >&2
 # Worker containment (kernelrl/judge/containment.py) needs bubblewrap: Debian's package, when missing.
 if ! command -v bwrap >/dev/null 2>&1; then
