@@ -318,6 +318,12 @@ class Channel:
             payload = self.arena.read(header.pop("payload"))
         return Message(kind=kind, header=header, payload=payload)
 
+    def pending(self, timeout: float) -> bool:
+        """Whether a message (or the worker's end of the pipe closing) is there to read, waiting at
+        most `timeout` seconds; reads nothing."""
+        ready, _, _ = select.select([self.read_fd], [], [], max(0.0, timeout))
+        return bool(ready)
+
     def _read_exact(self, n: int, deadline: float | None) -> bytes | bytearray:
         buf = bytearray(n)
         view = memoryview(buf)

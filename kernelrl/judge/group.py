@@ -49,6 +49,7 @@ from kernelrl.judge.channel import arena_need, payload_bytes
 from kernelrl.judge.context import JudgeContext
 from kernelrl.judge.device import Device
 from kernelrl.judge.inputs import available_memory, memory_need, timing_pool_size, too_large
+from kernelrl.judge.pool import Claim
 from kernelrl.judge.reference import InputSet, ReferenceFailed, ReferenceSession, TaskInfo, session_for
 from kernelrl.judge.sandbox import Worker, timing_cores
 from kernelrl.judge.timer import (
@@ -131,6 +132,29 @@ class Group:
         self.reference = ReferenceRecord()
         self._phases: dict[str, float] = {}  # where the group's wall time went, in seconds
         self._clock = time.monotonic()
+        self.claim: Claim | None = None  # the workers it told the pool it will take (`run_groups`)
+
+    def workers_wanted(self) -> int:
+        """How many workers this group will still take, as far as it knows: its reference's (until
+        loaded), one per member reading did not refuse, the timed reference, the A/A copy and the
+        compiled reference where they will be wanted."""
+        cfg = self.ctx.config
+        live = sum(1 for h in self.members if (t := self.trials.get(h)) is None or t.verdict is None)
+        if not live and not self.baseline:
+            return 0
+        timed = 1 + live + (1 if live and cfg.aa_tolerance > 0 else 0) + (1 if self._wants_compile() else 0)
+        return timed + (1 if self.session.worker is None else 0)
+
+    def _wants_compile(self) -> bool:
+        """Whether the compiled reference is timed in this group (a baseline not yet known)."""
+        cfg = self.ctx.config
+        known = self.ctx.baselines.get(self.ctx.tasks.key(self.task))
+        return (cfg.compile_baseline or (self.baseline and self.compile)) and (
+            known is None or (known.compile_ms is None and not known.compile_error))
+
+    def use_claim(self, claim: Claim) -> None:
+        """Count the group's takes against `claim` (the pool starts no spare beyond it)."""
+        self.claim = self.session.claim = claim
 
     @staticmethod
     def _note_deferred_outputs(survivors: dict[str, Trial]) -> None:
@@ -179,6 +203,8 @@ class Group:
         for h, (cand, _) in self.members.items():
             self.trials[h] = Trial(candidate=cand, trusted=h in self.trusted)
         self._read_all()
+        if self.claim is not None:  # members reading refused take no worker
+            ctx.pool.expect(self.claim, self.workers_wanted())
         if self.members and not self.baseline and all(self.trials[h].verdict is not None for h in self.members):
             # Every member was refused by reading it (a syntax error, a rejecting static rule, a
             # language the device cannot run): no verdict needs the reference, so it never loads.
@@ -215,9 +241,7 @@ class Group:
                 self.machine, proc_isolation=self.session.worker.isolated if self.session.worker else None)
             self.reference = dataclasses.replace(self.reference,
                                                  perturbed_sets=sum(s.plan.perturbed for s in self.sets))
-            known = ctx.baselines.get(ctx.tasks.key(task))
-            want_compile = (cfg.compile_baseline or (self.baseline and self.compile)) and (
-                known is None or (known.compile_ms is None and not known.compile_error))
+            want_compile = self._wants_compile()
             if self.members or self.baseline:
                 self.trials[TIMED_REFERENCE] = Trial(candidate=reference_program(task), trusted=True)
             if self.members and cfg.aa_tolerance > 0:
@@ -449,7 +473,7 @@ class Group:
                         # The clock starts once the lock lets the work in: waiting for another
                         # group's measurement is not the candidate's time.
                         t.started = time.monotonic()
-                        t.worker = ctx.pool.take("candidate", deadline=t.started + cfg.timeout_s)
+                        t.worker = ctx.pool.take("candidate", deadline=t.started + cfg.timeout_s, claim=self.claim)
                         t.worker.size_arena(self._arena_need())
                         run_trial(t, reference=self.session, spec=self.session.spec, sets=self.sets,
                                   cache_dir=cfg.cache_dir, timeout_s=cfg.timeout_s, build_timeout_s=cfg.build_timeout_s,
@@ -475,14 +499,18 @@ def run_groups(groups: Sequence[Group], *, device: Device, width: int,
     checks = threading.Semaphore(max(1, width))
 
     def whole(g: Group) -> None:
-        try:
-            g.prepare(checks)
-            g.time()
-            g.finish()
-        finally:
-            g.close()
-            if on_closed is not None:
-                on_closed(g)
+        # The pool starts what the group will take as it begins, and no spare while it runs
+        # (a start would hold back its measurement); it tops up once no group is left.
+        with g.ctx.pool.claim(g.workers_wanted()) as claim:
+            g.use_claim(claim)
+            try:
+                g.prepare(checks)
+                g.time()
+                g.finish()
+            finally:
+                g.close()
+                if on_closed is not None:
+                    on_closed(g)
 
     # On a CPU one group more than `width`: while one is timed (and holds the machine), `width`
     # others are ready to check as soon as it is done. Groups in flight bound the workers alive.

@@ -4,11 +4,20 @@ Starting a worker costs a second or more (a fresh interpreter importing torch); 
 needs at least two. A `WorkerPool` keeps `size` workers started and waiting, and starts a new
 one in the background each time one is taken, so an evaluation takes workers that are ready.
 
+A call that knows how many workers it will take says so (`claim`, updated with `expect` as it
+learns more, each of its `take`s counted against it): while claims are open the pool keeps ready
+only as many as they still expect (at most `size`), and tops up to `size` when the last one
+closes. So no spare starts during a batch: a start holds the device's lock shared (`starting`),
+and a spare nobody takes would hold back the batch's own measurement; a short-lived evaluator
+starts no worker only to kill it.
+
 Guarantees:
 - a worker handed out by `take` has never been given a program (it only said hello): no
   candidate ever gets a worker another program touched; workers are never returned to the pool,
   their owner closes them;
-- every worker the pool holds is killed by `close` (also at interpreter exit);
+- every worker the pool holds is killed by `close` (also at interpreter exit), one still
+  starting included: its starter sees the pool closed within `_POLL_S` and ends it, with
+  everything it started (its cgroup, its process group), and lets go of `starting`;
 - a worker that died while waiting is discarded, never handed out; when workers keep dying
   before they say hello, `take` raises the last one's death instead of starting more.
 
@@ -26,7 +35,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
@@ -40,6 +50,15 @@ _START_LIMIT_S = 120.0
 # Workers that die before saying hello, in a row, that mean the interpreter cannot start one
 # (kernelrl or torch not importable, a bad environment): the error is raised, not retried forever.
 _START_FAILURES = 3
+# How often a starter looks whether its pool was closed while a worker is starting.
+_POLL_S = 0.25
+
+
+@dataclass(eq=False)
+class Claim:
+    """Workers one call (a group of a batch) still expects to take (`WorkerPool.claim`)."""
+
+    remaining: int
 
 
 class WorkerPool:
@@ -61,6 +80,7 @@ class WorkerPool:
         self._booting: list[Worker] = []  # started, not ready yet
         self._ready = threading.Condition()  # guards the lists below; notified when a worker is ready
         self._closed = False
+        self._claims: list[Claim] = []  # open calls (`claim`)
         self.started = 0  # workers started over the pool's life (for reports and tests)
         self.handed_out = 0
         threading.Thread(target=self._fill, name="kernelrl-pool-fill", daemon=True).start()
@@ -88,11 +108,43 @@ class WorkerPool:
         self.started += 1
         return Worker(config=self.config, device=self.device, device_index=self.device_index, root=self.root)
 
+    def _target(self) -> int:
+        """How many workers should be ready or starting now (called holding `_ready`)."""
+        if not self._claims:
+            return self.size
+        return min(self.size, sum(c.remaining for c in self._claims))
+
+    @contextlib.contextmanager
+    def claim(self, n: int) -> Iterator[Claim]:
+        """A call that will take about `n` workers (see the module docstring); calls may overlap."""
+        c = Claim(remaining=max(0, n))
+        with self._ready:
+            self._claims.append(c)
+        self._refill()
+        try:
+            yield c
+        finally:
+            with self._ready:
+                self._claims.remove(c)
+            self._refill()  # the last claim closed: topped up to `size` for the next call
+
+    def expect(self, claim: Claim, n: int) -> None:
+        """The call now expects to take `n` more workers (it learned some will not be needed)."""
+        with self._ready:
+            claim.remaining = max(0, n)
+        self._refill()
+
+    def _refill(self) -> None:
+        threading.Thread(target=self._fill, name="kernelrl-pool-fill", daemon=True).start()
+
     def _fill(self) -> None:
+        with self._ready:
+            if self._closed or len(self._idle) + len(self._booting) >= self._target():
+                return  # nothing to start: no hold taken
         with self._starting():
             started = []
             with self._ready:
-                while not self._closed and len(self._idle) + len(self._booting) < self.size:
+                while not self._closed and len(self._idle) + len(self._booting) < self._target():
                     try:
                         w = self._spawn()
                     except (OSError, RuntimeError):
@@ -100,11 +152,7 @@ class WorkerPool:
                     self._booting.append(w)
                     started.append(w)
             for w in started:
-                try:
-                    w.wait_ready(deadline=time.monotonic() + _START_LIMIT_S)
-                    ok = True
-                except (WorkerDied, ChannelProtocolError, ChannelTimeout):
-                    ok = False
+                ok = self._await_hello(w)
                 with self._ready:
                     self._booting.remove(w)
                     if ok and not self._closed:
@@ -112,10 +160,28 @@ class WorkerPool:
                         self._ready.notify()
                         continue
                     self._ready.notify()
+                w.kill()  # it and whatever it started (a worker killed while starting may leave a child)
                 w.close()
 
-    def take(self, role: str, *, deadline: float | None = None) -> Worker:
-        """A ready worker that no program has touched (started now if none is waiting).
+    def _await_hello(self, w: Worker) -> bool:
+        """Whether `w` said hello within the start limit; False as soon as the pool is closed, so
+        a closed pool's starter holds `starting` (the device's lock) no longer than `_POLL_S`."""
+        limit = time.monotonic() + _START_LIMIT_S
+        while not self._closed:
+            left = limit - time.monotonic()
+            if left <= 0:
+                return False
+            if w.channel.pending(min(_POLL_S, left)):
+                try:
+                    w.wait_ready(deadline=limit)
+                except (WorkerDied, ChannelProtocolError, ChannelTimeout):
+                    return False
+                return True
+        return False
+
+    def take(self, role: str, *, deadline: float | None = None, claim: Claim | None = None) -> Worker:
+        """A ready worker that no program has touched (started now if none is waiting), counted
+        against `claim` when the call made one.
 
         Raises WorkerDied, with the last one's log, when workers keep dying before they say hello.
         """
@@ -130,6 +196,8 @@ class WorkerPool:
                     raise RuntimeError("worker pool is closed")
                 if self._idle:
                     worker = self._idle.popleft()
+                if claim is not None:
+                    claim.remaining = max(0, claim.remaining - 1)
             if worker is None:
                 worker = self._spawn()
             limit = time.monotonic() + _START_LIMIT_S
@@ -145,8 +213,8 @@ class WorkerPool:
                 worker.close()
                 raise
             finally:
-                # Refill in the background: the next evaluation should not wait for an import.
-                threading.Thread(target=self._fill, name="kernelrl-pool-fill", daemon=True).start()
+                # Refill in the background (as far as `_target` says): the next take should not wait for an import.
+                self._refill()
             worker.role = role
             self.handed_out += 1
             return worker

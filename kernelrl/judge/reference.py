@@ -31,7 +31,7 @@ from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.device import Device, evict_bytes
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.inputs import InputPlan, correctness_plans, plain_plan
-from kernelrl.judge.pool import WorkerPool
+from kernelrl.judge.pool import Claim, WorkerPool
 from kernelrl.judge.precision import PRECISION_FLAGS
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.judge.sandbox import Answer, Worker, WorkerDied
@@ -98,6 +98,7 @@ class ReferenceSession:
         self.timeout_s = timeout_s
         self.worker: Worker | None = None
         self.pool = pool
+        self.claim: Claim | None = None  # its group's (`WorkerPool.claim`): the take is counted against it
         self.constants: dict[str, int] = {}
         self.init_inputs: list[object] = []
         self.profile: TaskProfile | None = None
@@ -130,7 +131,7 @@ class ReferenceSession:
         return answer
 
     def load(self, *, constants: dict[str, int] | None, profile: bool) -> None:
-        self.worker = worker = self.pool.take("reference", deadline=self._deadline())
+        self.worker = worker = self.pool.take("reference", deadline=self._deadline(), claim=self.claim)
         answer = self._ask("while loading", lambda: worker.request(
             self.spec.header(profile=profile), constants, deadline=self._deadline()))
         self.constants = dict(answer.header.constants)
