@@ -6,10 +6,11 @@ one in the background each time one is taken, so an evaluation takes workers tha
 
 A call that knows how many workers it will take says so (`claim`, updated with `expect` as it
 learns more, each of its `take`s counted against it): while claims are open the pool keeps ready
-only as many as they still expect (at most `size`), and tops up to `size` when the last one
-closes. So no spare starts during a batch: a start holds the device's lock shared (`starting`),
-and a spare nobody takes would hold back the batch's own measurement; a short-lived evaluator
-starts no worker only to kill it.
+only as many as they still expect (at most `size`), and tops up to `size` `_TOP_UP_AFTER_S` after
+the last one closes, unless another claim opened or the pool closed by then. So no spare starts
+during a batch: a start holds the device's lock shared (`starting`), and a spare nobody takes
+would hold back the batch's own measurement; an evaluator closed after its batch starts no worker
+only to kill it.
 
 Guarantees:
 - a worker handed out by `take` has never been given a program (it only said hello): no
@@ -52,6 +53,9 @@ _START_LIMIT_S = 120.0
 _START_FAILURES = 3
 # How often a starter looks whether its pool was closed while a worker is starting.
 _POLL_S = 0.25
+# How long after its last claim closes the pool tops up: an evaluator closed after one batch
+# (`evaluate`, a command's `eval`) is closed by then, and a next batch sooner starts its own.
+_TOP_UP_AFTER_S = 1.0
 
 
 @dataclass(eq=False)
@@ -126,7 +130,8 @@ class WorkerPool:
         finally:
             with self._ready:
                 self._claims.remove(c)
-            self._refill()  # the last claim closed: topped up to `size` for the next call
+                last = not self._claims
+            self._refill(after=_TOP_UP_AFTER_S if last else 0.0)
 
     def expect(self, claim: Claim, n: int) -> None:
         """The call now expects to take `n` more workers (it learned some will not be needed)."""
@@ -134,8 +139,12 @@ class WorkerPool:
             claim.remaining = max(0, n)
         self._refill()
 
-    def _refill(self) -> None:
-        threading.Thread(target=self._fill, name="kernelrl-pool-fill", daemon=True).start()
+    def _refill(self, *, after: float = 0.0) -> None:
+        def fill() -> None:
+            time.sleep(after)
+            self._fill()
+
+        threading.Thread(target=fill if after > 0 else self._fill, name="kernelrl-pool-fill", daemon=True).start()
 
     def _fill(self) -> None:
         with self._ready:

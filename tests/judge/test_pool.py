@@ -129,3 +129,4 @@ def test_a_batch_starts_only_the_workers_it_takes(quick_config, tiny_task):
     (started, handed_out), = seen
     assert handed_out >= 3  # the reference, its timed copy, the candidate (and what the config adds)
     assert started == handed_out  # the first fill's two among them: no spare
+    assert ev.pool.started == started  # closed at once after its batch: no top-up began
