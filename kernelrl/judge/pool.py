@@ -141,10 +141,11 @@ class WorkerPool:
 
     def _refill(self, *, after: float = 0.0) -> None:
         def fill() -> None:
-            time.sleep(after)
+            if after > 0:
+                time.sleep(after)
             self._fill()
 
-        threading.Thread(target=fill if after > 0 else self._fill, name="kernelrl-pool-fill", daemon=True).start()
+        threading.Thread(target=fill, name="kernelrl-pool-fill", daemon=True).start()
 
     def _fill(self) -> None:
         with self._ready:
@@ -169,7 +170,7 @@ class WorkerPool:
                         self._ready.notify()
                         continue
                     self._ready.notify()
-                w.kill()  # it and whatever it started (a worker killed while starting may leave a child)
+                w.kill()  # now: `close` would first wait up to 2 s for a worker still starting to read its exit
                 w.close()
 
     def _await_hello(self, w: Worker) -> bool:

@@ -46,7 +46,6 @@ import contextlib
 import dataclasses
 import os
 import resource
-import select
 import shutil
 import signal
 import subprocess
@@ -64,7 +63,6 @@ from kernelrl.judge.channel import (
     Channel,
     ChannelClosed,
     ChannelProtocolError,
-    ChannelTimeout,
     commitment,
 )
 from kernelrl.judge.containment import (
@@ -414,19 +412,6 @@ class Worker:
         if self.containment is not Containment.FULL or self._scratch_dev is None or self.uid is None:
             return None
         return Scratch.open(self.pid, pid_fd=self._pidfd, dev=self._scratch_dev, uid=self.uid)
-
-    def ready_now(self) -> bool:
-        """Whether the hello has arrived (without waiting)."""
-        if self.hello is not None:
-            return True
-        ready, _, _ = select.select([self.channel.read_fd], [], [], 0)
-        if not ready:
-            return False
-        try:
-            self.wait_ready(deadline=time.monotonic() + 5)
-        except (WorkerDied, ChannelTimeout, ChannelProtocolError):
-            return False
-        return True
 
     def _apply_limits(self) -> None:
         """Core dumps and address space on the first process, at once (best effort: the worker sets
