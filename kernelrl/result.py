@@ -216,6 +216,7 @@ class ReferenceRecord:
     copy_failed: str = ""  # why the reference's copy could not be timed ("" when it was)
     perturbed_sets: int = 0  # correctness sets that were scaled and shifted
     parameters_shared: bool | None = None  # the candidate was given the reference's parameters
+    reseeded: bool = False  # the task's worker was kept from an earlier group, its model built again under a new seed
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,7 +26,7 @@ import os
 import random
 import secrets
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelrl.checks.llm_judge import LLMJudge
@@ -35,7 +35,7 @@ from kernelrl.judge.devicelock import DeviceLock
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.idle import IdleMonitor
 from kernelrl.judge.pool import WorkerPool
-from kernelrl.judge.reference import TaskInfo
+from kernelrl.judge.reference import ReferenceKeeper, TaskInfo
 from kernelrl.judge.roofline import PeakStore
 from kernelrl.tasks.task import Task
 
@@ -133,3 +133,5 @@ class JudgeContext:
     peaks: PeakStore
     reviewer: LLMJudge | None = None
     idle: IdleMonitor | None = None  # on a GPU: the device confirmed idle after every timed sample
+    # reference workers kept between groups of a task (the evaluator's: `EvalConfig.kept_references`)
+    references: ReferenceKeeper = field(default_factory=lambda: ReferenceKeeper(size=0))

@@ -92,6 +92,9 @@ class EvalConfig:
     static_checks: bool = True
     concurrency: int = 2  # candidates built and checked at once (timing never overlaps on a device)
     compile_baseline: bool = False  # also time each task's reference under torch.compile (once per task)
+    # Reference workers an evaluator keeps between groups, one per task, for the task's next group
+    # (judge.reference.ReferenceKeeper; ~350 MB each on a CPU): 0 starts a worker for every group.
+    kept_references: int = 8
     roofline: bool = True  # measure this machine's peaks (once, cached) and give every result its roofline %
     floor_slack: float = dynamic.FLOOR_SLACK  # below this share of the floor: impossible_speedup
     # Every timed group includes an A/A pair: a copy of the reference timed as a member. When its
@@ -126,6 +129,8 @@ class EvalConfig:
             raise ValueError("tol_scale must be positive")
         if self.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if self.kept_references < 0:
+            raise ValueError("kept_references must be >= 0")
         if self.aa_tolerance < 0 or self.aa_retimes < 0:
             raise ValueError("aa_tolerance and aa_retimes must be >= 0")
         if not 0 < self.floor_slack <= 1:
@@ -134,9 +139,10 @@ class EvalConfig:
 
 def config_fingerprint(config: EvalConfig) -> str:
     """What makes two evaluations comparable: every setting but where caches live, how many
-    candidates are checked at once and whether the compile baseline is measured beside them."""
+    candidates are checked at once, how many reference workers are kept and whether the compile
+    baseline is measured beside them."""
     d = to_plain(config)
-    for key in ("cache_dir", "concurrency", "compile_baseline"):
+    for key in ("cache_dir", "concurrency", "kept_references", "compile_baseline"):
         d.pop(key, None)
     d["llm_judge"].pop("cache_path", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -54,7 +54,7 @@ from kernelrl.judge.inductor import start_vec_isa_check
 from kernelrl.judge.inputs import InputPlan
 from kernelrl.judge.pool import WorkerPool
 from kernelrl.judge.profile import TaskProfile
-from kernelrl.judge.reference import ReferenceFailed, TaskInfo, session_for
+from kernelrl.judge.reference import ReferenceFailed, ReferenceKeeper, ReferenceSession, TaskInfo, session_for
 from kernelrl.judge.reuse import JudgedKey, ResultCache, judged_before
 from kernelrl.judge.roofline import MachinePeaks, PeakStore
 from kernelrl.judge.sandbox import worker_env
@@ -98,7 +98,8 @@ class Evaluator:
                             device_index=cfg.device_index, lock=lock),
             reviewer=reviewer,
             # a process of the judge's own on the lane's GPU, started at the first measurement
-            idle=IdleMonitor(CudaProbe(visible_device(cfg.device_index or 0))) if cfg.device is Device.CUDA else None)
+            idle=IdleMonitor(CudaProbe(visible_device(cfg.device_index or 0))) if cfg.device is Device.CUDA else None,
+            references=ReferenceKeeper(size=cfg.kept_references))
         self.evaluations = 0  # candidates judged (cache hits excluded)
 
     @property
@@ -116,6 +117,7 @@ class Evaluator:
         self.close()
 
     def close(self) -> None:
+        self.context.references.close()
         self.context.pool.close()
         if self.context.idle is not None:
             self.context.idle.close()
@@ -239,11 +241,11 @@ class Evaluator:
         """Constants, profile and degeneracy of the task at the configured size (cached)."""
         info = self.context.tasks.get(task)
         if info is None:
-            session = session_for(task, self.config, pool=self.context.pool, rng=self.context.secrets.generator())
+            session = self._session(task)
             try:
                 info = load_task_info(self.context, session, task)
             finally:
-                session.close()
+                self.context.references.release(task, session)
         return info
 
     def profile(self, task: Task) -> TaskProfile | None:
@@ -252,13 +254,18 @@ class Evaluator:
     def reference_outputs(self, task: Task, plans: Sequence[InputPlan]) -> tuple[list[list[object]], list[object]]:
         """The task's inputs and its reference's outputs for the given input plans (for filters
         such as the degeneracy check); task code runs in a reference worker."""
-        session = session_for(task, self.config, pool=self.context.pool, rng=self.context.secrets.generator())
+        session = self._session(task)
         try:
             load_task_info(self.context, session, task)
             values, outputs, _ = session.make(list(plans), run=True)
             return values, outputs
         finally:
-            session.close()
+            self.context.references.release(task, session)
+
+    def _session(self, task: Task) -> ReferenceSession:
+        """A reference session of `task` outside a group, with the task's kept worker if there is one."""
+        return session_for(task, self.config, pool=self.context.pool, rng=self.context.secrets.generator(),
+                           kept=self.context.references.take(task))
 
     def peaks(self, *, remeasure: bool = False) -> MachinePeaks | None:
         """This machine's measured peaks (measured once, cached); None when they cannot be measured."""

@@ -114,7 +114,8 @@ class Group:
         self.compile = compile
         self.trusted = trusted
         self.rng = ctx.secrets.generator()
-        self.session = session_for(task, cfg, pool=ctx.pool, rng=self.rng)
+        # the task's worker kept from an earlier group, if any: reseeded instead of a fresh load
+        self.session = session_for(task, cfg, pool=ctx.pool, rng=self.rng, kept=ctx.references.take(task))
         self.trials: dict[str, Trial] = {}
         # Why the task itself failed (its reference), if it did: a baseline group has no member to
         # tell, so its caller reads it here.
@@ -143,7 +144,7 @@ class Group:
         if not live and not self.baseline:
             return 0
         timed = 1 + live + (1 if live and cfg.aa_tolerance > 0 else 0) + (1 if self._wants_compile() else 0)
-        return timed + (1 if self.session.worker is None else 0)
+        return timed + (1 if self.session.worker is None and self.session.kept is None else 0)
 
     def _wants_compile(self) -> bool:
         """Whether the compiled reference is timed in this group (a baseline not yet known)."""
@@ -216,6 +217,7 @@ class Group:
             self._phase("reference_load_s")
             self._check_size(info)
             self.machine = dataclasses.replace(self.machine, precision=dict(self.session.precision))
+            self.reference = dataclasses.replace(self.reference, reseeded=self.session.reused)
             if not info.degenerate:
                 # A group of the task's own programs only (a baseline, a calibration) pays no one: one
                 # plain set checks the compiled reference; the perturbed ones are for candidates.
@@ -313,7 +315,7 @@ class Group:
     def close(self) -> None:
         for t in self.trials.values():
             t.close()
-        self.session.close()
+        self.ctx.references.release(self.task, self.session)  # kept for the task's next group where it may be
 
     # -- parts --------------------------------------------------------------------------------
 
@@ -414,12 +416,14 @@ class Group:
             return copy.worker
         failed = copy.verdict.message if copy is not None and copy.verdict is not None else ""
         self.reference = dataclasses.replace(self.reference, timed_in=ReferenceWorker.TASK, copy_failed=failed)
+        self.session.keepable = False  # a timed worker's history is not a fresh load's
         if self.session.worker is None:
             raise ReferenceFailed(f"{self.task.name}: the reference worker is gone")
         return self.session.worker
 
     def _task_error(self, e: Exception) -> None:
         self.failure = str(e)
+        self.session.keepable = False
         env = self.environment()
         for h, (cand, positions) in self.members.items():
             read = self.trials.get(h)

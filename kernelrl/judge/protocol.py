@@ -28,6 +28,7 @@ class Kind(enum.StrEnum):
     HELLO = "hello"
     # commands (judge -> worker)
     LOAD_TASK = "load_task"  # the reference: resolve sizes, run the task module, build Model
+    RESEED = "reseed"  # a kept reference worker's next group: build Model again under a new init seed
     LOAD_PROGRAM = "load_program"  # a candidate (or a compiled reference): build and construct ModelNew
     CONSTRUCT = "construct"  # a program loaded without constructing: construct ModelNew now
     MAKE_INPUTS = "make_inputs"  # the reference: input sets from the judge's secret seeds
@@ -67,7 +68,7 @@ class Phase(enum.StrEnum):
     PROTOCOL = "protocol"
 
 
-# One global torch setting as the worker reads it (`worker.global_state`): a flag, a count or a name.
+# One global torch setting as the worker reads it (`precision.global_state`): a flag, a count or a name.
 Setting: TypeAlias = bool | int | str
 
 
@@ -97,6 +98,16 @@ class LoadTask(Header):
     cache_root: str  # the evaluator's cache (torch.compile's cache persists there)
     compile_mode: str | None = None  # set: this worker runs the reference under torch.compile
     allow_tf32: bool = False  # the judge's fp32 precision (judge.precision), set before task code runs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reseed(Header):
+    """The loaded task's `get_init_inputs` and `Model` again, under a new init seed; the module is
+    not run again. Answered with `TaskLoaded` (its `state_before`: the settings as the last group
+    left them) and the init inputs."""
+
+    KIND: ClassVar[Kind] = Kind.RESEED
+    init_seed: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -291,9 +302,9 @@ class Error(Header):
 
 # Header class of each kind; kinds that carry no fields use `Empty`.
 HEADERS: dict[Kind, type[Header]] = {
-    cls.KIND: cls for cls in (LoadTask, LoadProgram, Construct, MakeInputs, Run, Pool, Warmup, Prepare, Output,
-                              MeasurePeaks, Hello, TaskLoaded, Loaded, Constructed, InputsMade, State, StateLoaded, Ran,
-                              Pooled, Warm, Called, Peaks, Error)
+    cls.KIND: cls for cls in (LoadTask, Reseed, LoadProgram, Construct, MakeInputs, Run, Pool, Warmup, Prepare,
+                              Output, MeasurePeaks, Hello, TaskLoaded, Loaded, Constructed, InputsMade, State,
+                              StateLoaded, Ran, Pooled, Warm, Called, Peaks, Error)
 }
 for _kind in (Kind.GET_STATE, Kind.LOAD_STATE, Kind.CALL, Kind.EXIT, Kind.PREPARED,
               Kind.OUTPUT_DATA):
@@ -301,8 +312,8 @@ for _kind in (Kind.GET_STATE, Kind.LOAD_STATE, Kind.CALL, Kind.EXIT, Kind.PREPAR
 
 # What each command may be answered with (every command may also fail with ERROR).
 ANSWERS: dict[Kind, Kind] = {
-    Kind.LOAD_TASK: Kind.TASK_LOADED, Kind.LOAD_PROGRAM: Kind.LOADED, Kind.CONSTRUCT: Kind.CONSTRUCTED,
-    Kind.MAKE_INPUTS: Kind.INPUTS,
+    Kind.LOAD_TASK: Kind.TASK_LOADED, Kind.RESEED: Kind.TASK_LOADED, Kind.LOAD_PROGRAM: Kind.LOADED,
+    Kind.CONSTRUCT: Kind.CONSTRUCTED, Kind.MAKE_INPUTS: Kind.INPUTS,
     Kind.GET_STATE: Kind.STATE, Kind.LOAD_STATE: Kind.STATE_LOADED, Kind.RUN: Kind.RAN, Kind.POOL: Kind.POOLED,
     Kind.WARMUP: Kind.WARM, Kind.PREPARE: Kind.PREPARED, Kind.CALL: Kind.CALLED, Kind.OUTPUT: Kind.OUTPUT_DATA,
     Kind.MEASURE_PEAKS: Kind.PEAKS,

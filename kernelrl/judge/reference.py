@@ -5,12 +5,22 @@ A `ReferenceSession` holds one reference worker for one task during one batch. I
 for input sets made from the judge's secret plans and for the reference's outputs on them, for
 the timing pool, and for its parameters, so candidates can be given the same weights.
 
+A `ReferenceKeeper` keeps an evaluator's reference workers between batches (a search or a trainer
+judges the same tasks again and again): the task's next session takes its worker and builds the
+model again under its own secret init seed (`protocol.Reseed`) instead of starting an
+interpreter and running the task's module again. A worker is kept only when nothing gave it a
+history a fresh one would not have: it was never timed, its session did not fail, no process or
+thread the task started after its load lives on, it used no CPU while it waited, and its global
+settings are, when reseeded, the ones its load left (else a fresh worker loads the task); and
+only for tasks whose input sets are small (`KEEP_MAX_SET_BYTES`).
+
 Guarantees:
 - task code never runs in the judge's process: the judge receives constants, tensors and plain
   data; a task whose module, `get_init_inputs`, `get_inputs` or `Model` hangs, crashes or
   exhausts memory raises `ReferenceFailed` (a `TaskError`) within the session's deadline, with a
   one-line reason, and its worker is killed;
 - the reference worker is never given a candidate, and no candidate worker ever receives a seed;
+  a kept worker serves only sessions of its own task (name, source, presets) in its own evaluator;
 - a perturbed set that makes the reference non-finite is replaced by a plain one, so
   perturbation never makes a task unjudgeable.
 
@@ -19,15 +29,19 @@ Does not judge candidates: `kernelrl.judge.evaluator` does, with what this sessi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import random
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kernelrl.judge import protocol as P
-from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
+from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout, payload_bytes
 from kernelrl.judge.device import Device, evict_bytes
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.inputs import InputPlan, correctness_plans, plain_plan
@@ -36,6 +50,18 @@ from kernelrl.judge.precision import PRECISION_FLAGS
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.judge.sandbox import Answer, Worker, WorkerDied
 from kernelrl.tasks.task import Task, TaskError
+
+# The largest input set (with its outputs) whose task's worker is kept between sessions: a kept worker
+# holds its model and last set, and a task at full size (GiBs a set) would hold them while other
+# tasks are judged.
+KEEP_MAX_SET_BYTES = 256 << 20
+
+
+# The CPU a kept worker may use while it waits (an interpreter blocked on its pipe uses none): 1 ms,
+# and a tenth of the time it waited; more means task code still runs in it (a thread it started),
+# and it is not reused.
+_KEPT_CPU_NS = 1_000_000
+_KEPT_CPU_SHARE = 0.1
 
 
 class ReferenceFailed(TaskError):
@@ -90,8 +116,82 @@ class LoadSpec:
                           allow_tf32=self.allow_tf32)
 
 
+@dataclass(frozen=True, kw_only=True)
+class KeptReference:
+    """A reference worker between two sessions of its task (`ReferenceKeeper`)."""
+
+    worker: Worker
+    precision: dict[str, P.Setting]  # as its load recorded them, before the task's code ran
+    settings: dict[str, P.Setting]  # its global settings as its load left them
+    threads: int  # its interpreter's threads when its load ended
+    cpu_ns: int | None = None  # its CPU time when it was kept (`ReferenceKeeper.keep`)
+    kept_at_ns: int = 0  # when it was kept (time.monotonic_ns)
+
+
+class ReferenceKeeper:
+    """An evaluator's reference workers kept between sessions, one per task, `size` at most (the
+    oldest is closed first). Thread-safe; `close` ends every worker it holds."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._kept: OrderedDict[str, KeptReference] = OrderedDict()
+        self._guard = threading.Lock()
+        self._closed = False
+
+    @staticmethod
+    def _key(task: Task) -> str:
+        return f"{task.name}|{task.source_hash}|{json.dumps(task.presets, sort_keys=True)}"
+
+    def take(self, task: Task) -> KeptReference | None:
+        """The task's kept worker, which no other session can take now; None when there is none,
+        or when it used the CPU while it waited (task code still running: it is closed)."""
+        with self._guard:
+            kept = self._kept.pop(self._key(task), None)
+        if kept is not None and not _idle_since(kept):
+            kept.worker.close()
+            return None
+        return kept
+
+    def release(self, task: Task, session: ReferenceSession) -> None:
+        """Close `session`, keeping its worker for the task's next session where it may be kept."""
+        kept = session.release()
+        if kept is not None:
+            self.keep(task, kept)
+
+    def keep(self, task: Task, kept: KeptReference) -> None:
+        """Hold `kept` for the task's next session; the oldest beyond `size` is closed."""
+        key, drop = self._key(task), []
+        kept = dataclasses.replace(kept, cpu_ns=kept.worker.cpu_time_ns(), kept_at_ns=time.monotonic_ns())
+        with self._guard:
+            if self._closed or self.size <= 0:
+                drop.append(kept)
+            else:
+                if key in self._kept:  # two sessions of the task ran at once: the newer is kept
+                    drop.append(self._kept.pop(key))
+                self._kept[key] = kept
+                while len(self._kept) > self.size:
+                    drop.append(self._kept.popitem(last=False)[1])
+        for k in drop:
+            k.worker.close()
+
+    def close(self) -> None:
+        with self._guard:
+            self._closed = True
+            kept, self._kept = list(self._kept.values()), OrderedDict()
+        for k in kept:
+            k.worker.close()
+
+
+def _idle_since(kept: KeptReference) -> bool:
+    """Whether the kept worker used no more CPU than a waiting interpreter would since it was kept."""
+    now, waited = kept.worker.cpu_time_ns(), time.monotonic_ns() - kept.kept_at_ns
+    return (kept.cpu_ns is not None and now is not None
+            and now - kept.cpu_ns <= _KEPT_CPU_NS + _KEPT_CPU_SHARE * waited)
+
+
 class ReferenceSession:
-    def __init__(self, spec: LoadSpec, *, pool: WorkerPool, rng: random.Random, timeout_s: float) -> None:
+    def __init__(self, spec: LoadSpec, *, pool: WorkerPool, rng: random.Random, timeout_s: float,
+                 kept: KeptReference | None = None) -> None:
         self.spec = spec
         self.task = spec.task
         self.rng = rng
@@ -105,6 +205,12 @@ class ReferenceSession:
         self._state: dict[str, Any] | None = None
         self._state_fetched = False
         self.precision: dict[str, P.Setting] = {}
+        self.kept = kept  # a worker that loaded this task for an earlier session, to reseed
+        self.settings: dict[str, P.Setting] = {}  # the worker's global settings as its load left them
+        self.threads: int | None = None  # its interpreter's threads when its load ended
+        self.reused = False  # the task was not loaded again: a kept worker was reseeded
+        self.keepable = True  # nothing gave the worker a history its task's next session must not inherit
+        self.largest_set = 0  # bytes of the largest input set and its outputs the worker made
 
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout_s
@@ -131,15 +237,39 @@ class ReferenceSession:
         return answer
 
     def load(self, *, constants: dict[str, int] | None, profile: bool) -> None:
+        """Load the task in a worker: a kept one reseeded when the constants are known and no
+        profile is asked, else a fresh one from the pool."""
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            if constants is not None and not profile and self._reseed(kept):
+                return
+            kept.worker.close()
         self.worker = worker = self.pool.take("reference", deadline=self._deadline(), claim=self.claim)
         answer = self._ask("while loading", lambda: worker.request(
             self.spec.header(profile=profile), constants, deadline=self._deadline()))
         self.constants = dict(answer.header.constants)
         # the precision flags as the worker set them, before the task's code ran (recorded in results)
         self.precision = {k: answer.header.state_before[k] for k in PRECISION_FLAGS if k in answer.header.state_before}
+        self.settings = dict(answer.header.state_after)
+        self.threads = worker.thread_count()
         self.init_inputs = list(answer.payload or [])
         if answer.header.profile:
             self.profile = TaskProfile.from_dict(answer.header.profile)
+
+    def _reseed(self, kept: KeptReference) -> bool:
+        """Whether `kept` built the model again under this session's seed with its settings as its
+        load left them; any failure says no (a fresh worker then loads the task, and that decides)."""
+        try:
+            answer = kept.worker.request(P.Reseed(init_seed=self.spec.init_seed), None, deadline=self._deadline())
+        except (ChannelTimeout, WorkerDied, ChannelProtocolError, OSError):
+            return False
+        if answer.failed or dict(answer.header.state_before) != kept.settings:
+            return False
+        self.worker, self.reused = kept.worker, True
+        self.constants = dict(answer.header.constants)
+        self.precision, self.settings, self.threads = dict(kept.precision), dict(kept.settings), kept.threads
+        self.init_inputs = list(answer.payload or [])
+        return True
 
     def make(self, plans: list[InputPlan], *, run: bool) -> tuple[list[list[object]], list[object], list[bool]]:
         """Input sets (and the reference's outputs on them), one set per message: the reference's
@@ -153,6 +283,8 @@ class ReferenceSession:
             answer = self._ask("making inputs", functools.partial(worker.request,
                 P.MakeInputs(seeds=[plan.seed], perturb=[plan.perturb], run=run), deadline=self._deadline()))
             payload = answer.payload or {}
+            self.largest_set = max(self.largest_set, payload_bytes(payload.get("inputs") or []) +
+                                   payload_bytes(payload.get("outputs") or []))
             values += list(payload.get("inputs") or [])
             outputs += list(payload.get("outputs") or [])
             finite += list(answer.header.finite)
@@ -193,20 +325,43 @@ class ReferenceSession:
             self._state_fetched = True
         return self._state
 
+    def release(self) -> KeptReference | None:
+        """Close the session and hand over its worker (or the kept one it never used) where the
+        task's next session may take it; None when there is none to keep."""
+        kept, self.kept = self.kept, None
+        if (kept is None and self.worker is not None and self.keepable and self.largest_set <= KEEP_MAX_SET_BYTES
+                and self.threads is not None and self._quiet(self.worker, self.threads)):
+            kept = KeptReference(worker=self.worker, precision=dict(self.precision), settings=dict(self.settings),
+                                 threads=self.threads)
+            self.worker = None
+        self.close()
+        return kept
+
+    @staticmethod
+    def _quiet(worker: Worker, threads: int) -> bool:
+        """No process the task started lives on, and no thread it started since its load ended."""
+        now = worker.thread_count()
+        return now is not None and now <= threads and not worker.strays()
+
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+        if self.kept is not None:
+            self.kept.worker.close()
+            self.kept = None
 
 
-def session_for(task: Task, config: EvalConfig, *, pool: WorkerPool, rng: random.Random) -> ReferenceSession:
+def session_for(task: Task, config: EvalConfig, *, pool: WorkerPool, rng: random.Random,
+                kept: KeptReference | None = None) -> ReferenceSession:
     """A reference session for `task` as the evaluator's config says (size, device, limits), with
-    the model's init seed drawn from the group's secret generator."""
+    the model's init seed drawn from the group's secret generator (and `kept`, the task's kept
+    worker, to reseed)."""
     spec = LoadSpec(task=task, size=config.size, overrides=dict(config.constants), device=config.device,
                     threads=config.sandbox.effective_threads, init_seed=rng.getrandbits(31),
                     evict_bytes=evict_bytes(config.device), cache_root=str(config.cache_dir),
                     allow_tf32=config.allow_tf32)
-    return ReferenceSession(spec, pool=pool, rng=rng, timeout_s=config.timeout_s)
+    return ReferenceSession(spec, pool=pool, rng=rng, timeout_s=config.timeout_s, kept=kept)
 
 
 def _first_line(text: str) -> str:

@@ -1,5 +1,8 @@
 """The worker: runs one program (a task's reference or a candidate) on the judge's command.
 
+A reference worker may serve several groups of its task: the judge keeps it and has it build the
+task's model again under each group's seed (`Reseed`); a candidate's worker serves one program.
+
 Started by `kernelrl.judge.sandbox.Worker` as `python -m kernelrl.judge.worker READ_FD WRITE_FD`.
 It imports torch, says hello, and then answers one command at a time (`kernelrl.judge.protocol`),
 doing nothing unasked. The judge holds the secrets' meaning, the reference outputs and the
@@ -81,7 +84,7 @@ from kernelrl.judge.builds import (  # noqa: E402
 from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError, commitments  # noqa: E402
 from kernelrl.judge.compare import content_digest, flatten  # noqa: E402
 from kernelrl.judge.device import Device  # noqa: E402
-from kernelrl.judge.precision import set_precision  # noqa: E402
+from kernelrl.judge.precision import global_state, set_precision  # noqa: E402
 from kernelrl.judge.values import clone as _clone  # noqa: E402
 from kernelrl.judge.values import kept as _kept  # noqa: E402
 from kernelrl.judge.values import readable as _readable  # noqa: E402
@@ -120,25 +123,6 @@ def _descendant_count() -> int:
     return sum(1 for _ in descendants(_getpid(), depth=64))
 
 
-def global_state() -> dict[str, P.Setting]:
-    """Settings a program could flip to change precision or parallelism."""
-    return {
-        "num_threads": torch.get_num_threads(),
-        "num_interop_threads": torch.get_num_interop_threads(),
-        "default_dtype": str(torch.get_default_dtype()),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "grad_enabled": torch.is_grad_enabled(),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "mkldnn_enabled": torch.backends.mkldnn.enabled,
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "cudnn_deterministic": torch.backends.cudnn.deterministic,
-        "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cuda_matmul_allow_fp16_reduced_precision": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-        "cuda_matmul_allow_bf16_reduced_precision": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
-    }
-
-
 def _own(variable: str, named: str) -> str:
     """The folder the sandbox gave this worker for `variable` (full containment), else the one the judge named."""
     return os.environ.get(variable) or named
@@ -170,6 +154,8 @@ class WorkerState:
         self.channel = channel
         self.device = "cpu"
         self.module: types.ModuleType | None = None  # the task's module (reference workers)
+        self.constants: dict[str, int] = {}  # the task's, as loaded
+        self.compile_mode: str | None = None  # the task's reference runs under torch.compile (a baseline's worker)
         self.model: Any = None
         self.program_class: Any = None  # a loaded program's ModelNew, until `construct` makes the model
         self.pool: list[list[object]] = []
@@ -224,15 +210,12 @@ class WorkerState:
             for name in ("Model", "get_inputs", "get_init_inputs"):
                 if not hasattr(mod, name):
                     raise TaskError(f"task {h.task_name} defines no `{name}`")
-            with _fork_rng(devices=[]):
-                _manual_seed(h.init_seed)
-                init_inputs = list(mod.get_init_inputs())
         except Exception as e:  # noqa: BLE001 - any failure of task code is the task's
             return P.Kind.ERROR, P.Error(phase=P.Phase.COMPILE, message=f"{type(e).__name__}: {e}",
                                          traceback=traceback.format_exc(limit=8)), None
-        self.module = mod
+        self.module, self.constants, self.compile_mode = mod, constants, h.compile_mode
         try:
-            self.model = self._construct(mod.Model, init_inputs, h.init_seed, h.compile_mode)
+            init_inputs = self._build_model(h.init_seed)
         except _LoadError as e:
             return P.Kind.ERROR, P.Error(phase=e.phase, message=str(e), traceback=e.tb), None
         profile = None
@@ -243,6 +226,32 @@ class WorkerState:
                                    source=h.task_source).to_dict()
         return P.Kind.TASK_LOADED, P.TaskLoaded(constants=constants, load_s=time.monotonic() - t0, profile=profile,
                                                 state_before=state_before, state_after=global_state()), init_inputs
+
+    def reseed(self, h: P.Reseed, payload: Any) -> Reply:
+        """The loaded task's model built again under a new init seed (a kept reference worker's next
+        group); `state_before` is the settings as the last group left them, for the judge to compare."""
+        if self.module is None:
+            return P.Kind.ERROR, P.Error(phase=P.Phase.PROTOCOL, message="reseed before load_task"), None
+        state_before, t0 = global_state(), time.monotonic()
+        self.model = None  # the last group's model goes before the next one is built
+        try:
+            init_inputs = self._build_model(h.init_seed)
+        except _LoadError as e:
+            return P.Kind.ERROR, P.Error(phase=e.phase, message=str(e), traceback=e.tb), None
+        return P.Kind.TASK_LOADED, P.TaskLoaded(constants=self.constants, load_s=time.monotonic() - t0, profile=None,
+                                                state_before=state_before, state_after=global_state()), init_inputs
+
+    def _build_model(self, init_seed: int) -> list[Any]:
+        """The loaded task's init inputs and model under `init_seed`; raises _LoadError."""
+        assert self.module is not None
+        try:
+            with _fork_rng(devices=[]):
+                _manual_seed(init_seed)
+                init_inputs = list(self.module.get_init_inputs())
+        except Exception as e:  # noqa: BLE001 - any failure of task code is the task's
+            raise _LoadError(P.Phase.COMPILE, f"{type(e).__name__}: {e}", traceback.format_exc(limit=8)) from e
+        self.model = self._construct(self.module.Model, init_inputs, init_seed, self.compile_mode)
+        return init_inputs
 
     def load_program(self, h: P.LoadProgram, payload: object) -> Reply:
         state_before = self._start(h.device, h.threads, h.evict_bytes, h.allow_tf32)
@@ -562,6 +571,7 @@ def sync_every_gpu(devices: int) -> None:
 
 _HANDLERS: dict[P.Kind, Any] = {
     P.Kind.LOAD_TASK: WorkerState.load_task,
+    P.Kind.RESEED: WorkerState.reseed,
     P.Kind.LOAD_PROGRAM: WorkerState.load_program,
     P.Kind.CONSTRUCT: WorkerState.construct,
     P.Kind.MAKE_INPUTS: WorkerState.make_inputs,

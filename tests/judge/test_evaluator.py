@@ -333,6 +333,9 @@ def test_a_reference_that_cannot_be_timed_as_a_program_is_timed_in_its_task_work
     reference = res.environment.reference
     assert reference is not None and reference.timed_in is ReferenceWorker.TASK
     assert "only loadable as a task" in reference.copy_failed
+    # a worker that was timed is not kept for the task's next group: it loads the task afresh
+    again = judged(load_task_file(path), RELU_PLUS_ONE + "# again\n", quick_config)
+    assert again.environment.reference is not None and not again.environment.reference.reseeded
 
 
 def test_the_judges_own_failure_is_a_judge_error_and_the_next_call_judges_again(tiny_task, quick_config, monkeypatch):

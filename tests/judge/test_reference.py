@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -183,3 +184,227 @@ def test_a_member_refused_by_reading_keeps_its_verdict_whatever_the_task_does(ev
     refused, ran = evaluator.evaluate_batch([(task("hangs_with_mates", inputs="while True: pass"), REFUSED),
                                              (task("hangs_with_mates", inputs="while True: pass"), CANDIDATE)])
     assert refused.status is Status.FLAGGED and ran.status is Status.TASK_ERROR, (refused.message, ran.message)
+
+
+# -- reference workers kept between groups (ReferenceKeeper) ------------------------------------
+
+LINEAR = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        def __init__(self, features):
+            super().__init__()
+            self.fc = nn.Linear(features, features)
+
+        def forward(self, x):
+            return self.fc(x)
+
+
+    features = 32
+    {module}
+
+    def get_inputs():
+        return [torch.randn(8, features)]
+
+
+    def get_init_inputs():
+        {init}
+        return [features]
+''')
+
+
+def linear(name: str, *, module: str = "", init: str = "pass") -> Task:
+    return Task(name=name, source=LINEAR.format(module=module, init=init))
+
+
+LINEAR_CANDIDATE = ("import torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def __init__(self, features):\n"
+                    "        super().__init__()\n        self.fc = nn.Linear(features, features)\n\n"
+                    "    def forward(self, x):\n        return self.fc(x)\n")
+
+
+def test_a_reseeded_worker_gives_what_a_fresh_load_under_the_same_seed_gives(tmp_path):
+    import random
+
+    import torch
+
+    from kernelrl.judge.inputs import plain_plan
+    from kernelrl.judge.pool import WorkerPool
+    from kernelrl.judge.reference import ReferenceKeeper, session_for
+
+    config = EvalConfig(cache_dir=tmp_path, timeout_s=60.0, roofline=False)
+    t = linear("reseeded")
+    pool = WorkerPool(config=config.sandbox, device=config.device, size=0)
+    keeper = ReferenceKeeper(size=1)
+    sessions = []
+    try:
+        first = session_for(t, config, pool=pool, rng=random.Random(1))
+        sessions.append(first)
+        first.load(constants=None, profile=False)
+        first_state = first.state()
+        keeper.release(t, first)
+        again = session_for(t, config, pool=pool, rng=random.Random(2), kept=keeper.take(t))
+        fresh = session_for(t, config, pool=pool, rng=random.Random(2))
+        sessions += [again, fresh]
+        for s in (again, fresh):
+            s.load(constants=dict(first.constants), profile=False)
+        assert again.reused and not fresh.reused and pool.started == 2
+        assert again.precision == fresh.precision and again.init_inputs == fresh.init_inputs
+        plans = [plain_plan(random.Random(3))]
+        (a_in,), (a_out,), _ = again.make(plans, run=True)
+        (f_in,), (f_out,), _ = fresh.make(plans, run=True)
+        a_state, f_state = again.state(), fresh.state()
+        assert a_state is not None and f_state is not None and first_state is not None
+        assert all(torch.equal(a_state[k], f_state[k]) for k in f_state)
+        assert not torch.equal(a_state["fc.weight"], first_state["fc.weight"])  # the group's own seed
+        assert torch.equal(a_in[0], f_in[0]) and torch.equal(a_out, f_out)
+    finally:
+        for s in sessions:
+            s.close()
+        keeper.close()
+        pool.close()
+
+
+# Tasks whose worker must not be reused for their next group, each with why.
+NOT_REUSED = {
+    # the task's code changed a global setting while its first group ran (from the forward's 4th
+    # call on: loading, and its profile on the meta device, run it at most twice)
+    "flips_a_setting": {"module": "_calls = []\nModel.forward = lambda self, x: (_calls.append(1), setattr("
+                                  "torch.backends.cudnn, 'benchmark', len(_calls) > 3), self.fc(x))[2]"},
+    # a thread its forward started lives on after the group (asleep: it would burn a core beside
+    # the tests' other work; one that uses the CPU while kept: `test_a_kept_worker_that_used_the_cpu...`)
+    "thread_after_its_group": {"module": "import threading\n_calls = []\ndef _wait():\n    threading.Event().wait()\n"
+                                         "Model.forward = lambda self, x: (_calls.append(1), len(_calls) == 4 and "
+                                         "threading.Thread(target=_wait, daemon=True).start(), self.fc(x))[2]"},
+    # its get_init_inputs fails when called twice in one process: the reseed fails, a fresh load decides
+    "init_once": {"module": "_calls = []", "init": "_calls.append(1); assert len(_calls) == 1"},
+    # its kept worker dies before the next group (killed from outside, as the judge sees a death)
+    "died_while_kept": {"module": "# its own source: a task of the same source is the same task"},
+}
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory):
+    """(config, pool, keeper) for tests of reference sessions alone: no candidate, no timing."""
+    from kernelrl.judge.pool import WorkerPool
+    from kernelrl.judge.reference import ReferenceKeeper
+
+    config = EvalConfig(cache_dir=tmp_path_factory.mktemp("sessions"), timeout_s=30.0, roofline=False)
+    pool = WorkerPool(config=config.sandbox, device=config.device, size=2)
+    keeper = ReferenceKeeper(size=8)
+    yield config, pool, keeper
+    keeper.close()
+    pool.close()
+
+
+@pytest.mark.parametrize("name", NOT_REUSED)
+def test_a_worker_whose_reseed_would_differ_from_a_fresh_load_is_not_reused(sessions, name):
+    """Each task's session runs as a group's does (its load with a profile, five correctness sets),
+    then the task's next session loads it: from a fresh worker, which succeeds."""
+    import random
+
+    from kernelrl.judge.inputs import correctness_plans
+    from kernelrl.judge.reference import session_for
+
+    config, pool, keeper = sessions
+    t = linear(name, **NOT_REUSED[name])
+    first = session_for(t, config, pool=pool, rng=random.Random(1), kept=keeper.take(t))
+    try:
+        first.load(constants=None, profile=True)
+        first.make(correctness_plans(5, random.Random(2)), run=True)
+    finally:
+        keeper.release(t, first)
+    if name == "died_while_kept":
+        dying = keeper.take(t)
+        assert dying is not None
+        os.killpg(dying.worker.proc.pid, signal.SIGKILL)
+        dying.worker.proc.wait(timeout=10)
+        keeper.keep(t, dying)
+    second = session_for(t, config, pool=pool, rng=random.Random(3), kept=keeper.take(t))
+    try:
+        second.load(constants=dict(first.constants), profile=False)
+        assert not second.reused and second.worker is not None
+        second.make(correctness_plans(2, random.Random(4)), run=True)
+    finally:
+        second.close()
+
+
+def test_a_tasks_next_batch_reseeds_its_kept_worker_and_says_so(shared_evaluator, quick_config):
+    evaluator = shared_evaluator(quick_config)
+    t = linear("kept")
+    first = evaluator.evaluate(t, LINEAR_CANDIDATE)
+    second = evaluator.evaluate(t, LINEAR_CANDIDATE + "# another\n")
+    assert first.status is Status.CORRECT and second.status is Status.CORRECT, (first.message, second.message)
+    assert first.environment.reference is not None and not first.environment.reference.reseeded
+    assert second.environment.reference is not None and second.environment.reference.reseeded
+
+
+def test_a_task_with_large_input_sets_keeps_no_worker(tmp_path, monkeypatch):
+    import random
+
+    import kernelrl.judge.reference as reference
+    from kernelrl.judge.inputs import plain_plan
+    from kernelrl.judge.pool import WorkerPool
+
+    config = EvalConfig(cache_dir=tmp_path, timeout_s=60.0, roofline=False)
+    pool = WorkerPool(config=config.sandbox, device=config.device, size=0)
+    session = reference.session_for(linear("large_sets"), config, pool=pool, rng=random.Random(1))
+    try:
+        session.load(constants=None, profile=False)
+        session.make([plain_plan(random.Random(2))], run=True)
+        assert session.largest_set > 0
+        monkeypatch.setattr(reference, "KEEP_MAX_SET_BYTES", session.largest_set - 1)
+        assert session.release() is None and session.worker is None
+    finally:
+        session.close()
+        pool.close()
+
+
+class _StubWorker:
+    def __init__(self) -> None:
+        self.closed = False
+        self.cpu_ns = 0
+
+    def close(self) -> None:
+        self.closed = True
+
+    def cpu_time_ns(self) -> int:
+        return self.cpu_ns
+
+
+def _kept(worker: _StubWorker):  # type: ignore[no-untyped-def]
+    from kernelrl.judge.reference import KeptReference
+
+    return KeptReference(worker=worker, precision={}, settings={}, threads=1)  # type: ignore[arg-type]
+
+
+def test_a_kept_worker_that_used_the_cpu_while_it_waited_is_not_handed_out():
+    from kernelrl.judge.reference import ReferenceKeeper
+
+    keeper = ReferenceKeeper(size=2)
+    busy, idle = _StubWorker(), _StubWorker()
+    keeper.keep(task("busy"), _kept(busy))
+    keeper.keep(task("idle"), _kept(idle))
+    busy.cpu_ns = 200_000_000  # a thread of the task's ran 0.2 s since it was kept
+    assert keeper.take(task("busy")) is None and busy.closed
+    taken = keeper.take(task("idle"))
+    assert taken is not None and taken.worker is idle and not idle.closed
+
+
+def test_the_keeper_holds_at_most_its_size_and_closes_what_it_drops():
+    from kernelrl.judge.reference import ReferenceKeeper
+
+    keeper = ReferenceKeeper(size=1)
+    a, b, c = _StubWorker(), _StubWorker(), _StubWorker()
+    keeper.keep(task("a"), _kept(a))
+    keeper.keep(task("b"), _kept(b))
+    assert a.closed and not b.closed  # the oldest went
+    assert keeper.take(task("a")) is None
+    taken = keeper.take(task("b"))
+    assert taken is not None and taken.worker is b
+    keeper.keep(task("b"), taken)
+    keeper.close()
+    assert b.closed
+    keeper.keep(task("c"), _kept(c))  # after close: nothing is held
+    assert c.closed and keeper.take(task("c")) is None
