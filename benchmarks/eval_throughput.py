@@ -22,10 +22,13 @@ evaluator, one GPU); the naive loop runs on the GPU too, synchronising after its
 `--warm` measures with a warm build cache, as a trainer sees it after its first steps: a first,
 unmeasured pass of each evaluator path builds every candidate into the path's cache folder, and
 the measured pass is a fresh evaluator (no result cache) over the same batch. `--limit N` takes
-the first N tasks. A machine header (device, driver, CUDA, torch, Triton) is printed first.
+the first N tasks. `--kept-references 0,8` measures each evaluator path once per value of
+`EvalConfig.kept_references` (0: every group starts a worker for its task's reference; the one-by-one
+path judges each task's candidates as groups of one, so it shows what keeping those workers saves).
+A machine header (device, driver, CUDA, torch, Triton) is printed first.
 
 Usage: python benchmarks/eval_throughput.py [--timeout 20] [--build-timeout 240] [--only all|pytorch|both]
-       [--paths naive,one,batched] [--device cpu|cuda] [--warm] [--limit N]
+       [--paths naive,one,batched] [--device cpu|cuda] [--warm] [--limit N] [--kept-references N[,N]]
 Numbers depend on the machine and its load; compare ratios from one run on a quiet machine.
 """
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import re
@@ -211,10 +215,11 @@ def naive(items: list[Item], timeout_s: float, build_timeout_s: float,
 # ---------------------------------------------------------------------------------------------
 
 
-def config(timeout_s: float, build_timeout_s: float, device: str = "cpu") -> EvalConfig:
+def config(timeout_s: float, build_timeout_s: float, device: str = "cpu", kept: int | None = None) -> EvalConfig:
     cache = Path(tempfile.mkdtemp(prefix="kernelrl-bench-cache-"))
-    return EvalConfig(device=Device(device), cache_dir=cache, timeout_s=timeout_s, build_timeout_s=build_timeout_s,
-                      timing=TimingConfig(max_timing_s=6.0))
+    cfg = EvalConfig(device=Device(device), cache_dir=cache, timeout_s=timeout_s, build_timeout_s=build_timeout_s,
+                     timing=TimingConfig(max_timing_s=6.0))
+    return cfg if kept is None else dataclasses.replace(cfg, kept_references=kept)
 
 
 def one_by_one(items: list[Item], cfg: EvalConfig) -> tuple[float, list[EvalResult]]:
@@ -257,7 +262,7 @@ PATHS = ("naive", "one", "batched")
 
 
 def run(label: str, items: list[Item], timeout_s: float, build_timeout_s: float, paths: tuple[str, ...],
-        device: str = "cpu", warm: bool = False) -> None:
+        device: str = "cpu", warm: bool = False, kept: tuple[int | None, ...] = (None,)) -> None:
     print(f"\n== {label}: {len(items)} candidates ({dict(Counter(i.kind for i in items))})"
           + (", warm build cache" if warm else ", cold build cache"), flush=True)
     rate = "candidates/hour/GPU" if device == "cuda" else "candidates/hour"
@@ -267,15 +272,19 @@ def run(label: str, items: list[Item], timeout_s: float, build_timeout_s: float,
         if path == "naive":
             wall, verdicts = naive(items, timeout_s, build_timeout_s, device)
             rows.append(("naive serial loop", wall, dict(Counter(verdicts))))
-        else:
-            judge = one_by_one if path == "one" else batched
-            cfg = config(timeout_s, build_timeout_s, device)
+            print(f"  {rows[-1][0]:24s} {wall:7.1f} s  {len(items) / wall * 3600:7.0f} {rate}  {rows[-1][2]}", flush=True)
+            continue
+        judge = one_by_one if path == "one" else batched
+        for k in kept:  # the first setting's results are the ones compared below
+            cfg = config(timeout_s, build_timeout_s, device, k)
             if warm:
                 judge(items, cfg)  # fills cfg.cache_dir's build cache; the measured pass is a fresh evaluator
-            wall, results[path] = judge(items, cfg)
-            rows.append((f"evaluator, {'one by one' if path == 'one' else 'batched'}", wall,
-                         dict(Counter(r.status.value for r in results[path]))))
-        print(f"  {rows[-1][0]:24s} {wall:7.1f} s  {len(items) / wall * 3600:7.0f} {rate}  {rows[-1][2]}", flush=True)
+            wall, got = judge(items, cfg)
+            results.setdefault(path, got)
+            name = f"evaluator, {'one by one' if path == 'one' else 'batched'}"
+            rows.append((name + (f", kept {cfg.kept_references}" if len(kept) > 1 else ""), wall,
+                         dict(Counter(r.status.value for r in got))))
+            print(f"  {rows[-1][0]:24s} {wall:7.1f} s  {len(items) / wall * 3600:7.0f} {rate}  {rows[-1][2]}", flush=True)
     if "naive" in paths:
         base = rows[0][1]
         print("  against the naive loop: " + ", ".join(f"{name} {base / w:.2f}x" for name, w, _ in rows[1:]))
@@ -311,19 +320,28 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--warm", action="store_true", help="measure evaluator paths with a warm build cache")
     parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    parser.add_argument("--kept-references", default=None, metavar="N[,N]",
+                        help="the evaluator's kept reference workers (EvalConfig.kept_references; default its "
+                             "default); a comma list measures each evaluator path once per value, in turn")
     args = parser.parse_args()
     paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
     if not paths or set(paths) - set(PATHS):
         parser.error(f"--paths: choose from {', '.join(PATHS)}")
+    try:
+        kept = tuple(int(v) for v in args.kept_references.split(",")) if args.kept_references else (None,)
+    except ValueError:
+        parser.error(f"--kept-references: whole numbers, comma-separated, not {args.kept_references!r}")
+    if any(k is not None and k < 0 for k in kept):
+        parser.error("--kept-references: each value must be >= 0")
     print(machine.header(args.device))
     print(f"# command: {' '.join(sys.argv)}")
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, python {sys.version.split()[0]}")
     items = batch(args.device, args.limit)
     if args.only in ("all", "both"):
-        run("GRPO-shaped batch", items, args.timeout, args.build_timeout, paths, args.device, args.warm)
+        run("GRPO-shaped batch", items, args.timeout, args.build_timeout, paths, args.device, args.warm, kept)
     if args.only in ("pytorch", "both"):
         run("PyTorch-only half", [i for i in items if i.kind != "cpp"], args.timeout, args.build_timeout, paths,
-            args.device, args.warm)
+            args.device, args.warm, kept)
     return 0
 
 
