@@ -268,11 +268,15 @@ def run(label: str, items: list[Item], timeout_s: float, build_timeout_s: float,
     rate = "candidates/hour/GPU" if device == "cuda" else "candidates/hour"
     rows = []
     results: dict[str, list[EvalResult]] = {}
+
+    def row(name: str, wall: float, verdicts: list[str]) -> None:
+        rows.append((name, wall, dict(Counter(verdicts))))
+        print(f"  {name:24s} {wall:7.1f} s  {len(items) / wall * 3600:7.0f} {rate}  {rows[-1][2]}", flush=True)
+
     for path in paths:
         if path == "naive":
             wall, verdicts = naive(items, timeout_s, build_timeout_s, device)
-            rows.append(("naive serial loop", wall, dict(Counter(verdicts))))
-            print(f"  {rows[-1][0]:24s} {wall:7.1f} s  {len(items) / wall * 3600:7.0f} {rate}  {rows[-1][2]}", flush=True)
+            row("naive serial loop", wall, verdicts)
             continue
         judge = one_by_one if path == "one" else batched
         for k in kept:  # the first setting's results are the ones compared below
@@ -282,9 +286,7 @@ def run(label: str, items: list[Item], timeout_s: float, build_timeout_s: float,
             wall, got = judge(items, cfg)
             results.setdefault(path, got)
             name = f"evaluator, {'one by one' if path == 'one' else 'batched'}"
-            rows.append((name + (f", kept {cfg.kept_references}" if len(kept) > 1 else ""), wall,
-                         dict(Counter(r.status.value for r in got))))
-            print(f"  {rows[-1][0]:24s} {wall:7.1f} s  {len(items) / wall * 3600:7.0f} {rate}  {rows[-1][2]}", flush=True)
+            row(name + (f", kept {cfg.kept_references}" if len(kept) > 1 else ""), wall, [r.status.value for r in got])
     if "naive" in paths:
         base = rows[0][1]
         print("  against the naive loop: " + ", ".join(f"{name} {base / w:.2f}x" for name, w, _ in rows[1:]))

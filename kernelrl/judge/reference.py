@@ -283,10 +283,10 @@ class ReferenceSession:
             answer = self._ask("making inputs", functools.partial(worker.request,
                 P.MakeInputs(seeds=[plan.seed], perturb=[plan.perturb], run=run), deadline=self._deadline()))
             payload = answer.payload or {}
-            self.largest_set = max(self.largest_set, payload_bytes(payload.get("inputs") or []) +
-                                   payload_bytes(payload.get("outputs") or []))
-            values += list(payload.get("inputs") or [])
-            outputs += list(payload.get("outputs") or [])
+            made, ran = list(payload.get("inputs") or []), list(payload.get("outputs") or [])
+            self.largest_set = max(self.largest_set, payload_bytes(made) + payload_bytes(ran))
+            values += made
+            outputs += ran
             finite += list(answer.header.finite)
         return values, outputs, finite
 
