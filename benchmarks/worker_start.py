@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernelrl.judge.containment import NAMESPACES_PREFIX, bwrap_prefix, probe  # noqa: E402
+from kernelrl.judge.containment import NAMESPACES_PREFIX, bwrap_prefix, find_in_namespace, probe  # noqa: E402
 from kernelrl.judge.device import Device  # noqa: E402
 from kernelrl.judge.sandbox import SandboxConfig, Worker  # noqa: E402
 from kernelrl.result import Containment  # noqa: E402
@@ -83,16 +83,15 @@ def forked_s(uid: int) -> tuple[float, dict[str, object]]:
                         as_root=True)
     holder = subprocess.Popen([*argv, "sleep", "1000"], start_new_session=True)
     try:
-        inside = 0
-        while not inside:  # bwrap -> its PID namespace's first process -> sleep
+        inside = None
+        while inside is None:  # the holder: second in its PID namespace (bubblewrap's reaper is first)
+            inside, _ = find_in_namespace(holder.pid, 2)
             try:
-                first = Path(f"/proc/{holder.pid}/task/{holder.pid}/children").read_text().split()
-                kids = Path(f"/proc/{first[0]}/task/{first[0]}/children").read_text().split() if first else []
-                if kids and Path(f"/proc/{kids[0]}/comm").read_text().strip() == "sleep":
-                    inside = int(kids[0])
+                if inside is not None and Path(f"/proc/{inside}/comm").read_text().strip() != "sleep":
+                    inside = None  # not exec'd yet: the sandbox is not finished
             except OSError:
-                pass
-            if not inside:
+                inside = None
+            if inside is None:
                 if time.perf_counter() - t0 > 30:
                     raise RuntimeError("the sandbox did not start")
                 time.sleep(0.002)
