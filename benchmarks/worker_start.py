@@ -4,10 +4,13 @@ Starts N workers one after another at each level this machine offers (full: bubb
 namespaces: unshare + setpriv; none), in an interleaved order so drift hits every level alike,
 and prints the median and spread of spawn-to-hello (a fresh interpreter importing torch) and of
 the sandbox setup alone (bwrap / unshare running `true`). Levels this machine cannot give are
-skipped, with the reason.
+skipped, with the reason. Where the judge forks its workers (`SandboxConfig.fork_workers`: root,
+full containment, a cgroup per worker) a row `full, forked` times the judge's own start of one,
+from `Worker(...)` to its hello (`kernelrl.judge.zygote`; the zygote's own start is left out: it
+is started once, before the first).
 
-With `--forked` (root, full containment only) it also measures a start the judge does not use
-today: this interpreter, torch already imported, forks; the child joins the namespaces of a fresh
+With `--forked` (root, full containment only) it also measures the step alone, outside the judge:
+this interpreter, torch already imported, forks; the child joins the namespaces of a fresh
 bubblewrap sandbox (the judge's own command line, holding a `sleep`), forks again into its PID
 namespace, drops to the worker's uid with no capabilities, installs the judge's seccomp program,
 closes every other descriptor, runs one torch operation and reports. Printed: request to report,
@@ -36,14 +39,25 @@ from kernelrl.judge.sandbox import SandboxConfig, Worker  # noqa: E402
 from kernelrl.result import Containment  # noqa: E402
 
 
-def hello_s(level: Containment) -> float:
+def hello_s(level: Containment, *, fork: bool = False) -> float:
     t0 = time.perf_counter()
-    w = Worker(config=SandboxConfig(containment=level), device=Device.CPU)
+    w = Worker(config=SandboxConfig(containment=level, fork_workers=fork), device=Device.CPU)
     try:
         w.wait_ready(deadline=time.monotonic() + 120)
+        if w.forked is not fork:
+            raise RuntimeError("the judge does not fork workers here")
         return time.perf_counter() - t0
     finally:
         w.close()
+
+
+def forks_here() -> bool:
+    """Whether the judge forks its workers here (and its zygote started: it is not timed)."""
+    try:
+        hello_s(Containment.FULL, fork=True)
+    except RuntimeError:
+        return False
+    return True
 
 
 def setup_s(level: Containment) -> float:
@@ -166,15 +180,22 @@ def main() -> None:
             print(f"{level.value}: not available here ({got.reason})")
     hello: dict[Containment, list[float]] = {lv: [] for lv in levels}
     setup: dict[Containment, list[float]] = {lv: [] for lv in levels}
+    forked: list[float] = []
+    fork = Containment.FULL in levels and forks_here()
     for i in range(args.n):
         for level in levels[i % len(levels):] + levels[:i % len(levels)]:
             hello[level].append(hello_s(level))
             setup[level].append(setup_s(level))
+            if fork and level is Containment.FULL:
+                forked.append(hello_s(level, fork=True))
     print(f"{'containment':<12} {'spawn->hello median':>20} {'min..max':>16} {'sandbox alone median':>22}")
     for level in levels:
         h, s = hello[level], setup[level]
         print(f"{level.value:<12} {statistics.median(h) * 1e3:>17.0f} ms {min(h) * 1e3:>7.0f}..{max(h) * 1e3:<6.0f} "
               f"{statistics.median(s) * 1e3:>19.1f} ms")
+    if forked:
+        print(f"{'full, forked':<12} {statistics.median(forked) * 1e3:>17.0f} ms "
+              f"{min(forked) * 1e3:>7.0f}..{max(forked) * 1e3:<6.0f}")
     if args.forked:
         import os
 

@@ -1,8 +1,12 @@
-"""The sandbox: a spawned worker process with its own interpreter, directory, limits and env.
+"""The sandbox: a worker process with its own interpreter, directory, limits and env.
 
 Guarantees:
-- every worker is a fresh interpreter (`python -m kernelrl.judge.worker`), never a fork of the judge,
-  in its own session (process group), with its own scratch folder as cwd, HOME and TMPDIR;
+- a worker is never a fork of the judge: it is a fresh interpreter (`python -m
+  kernelrl.judge.worker`) or, under FULL containment as root on CPU with a cgroup of its own
+  (`SandboxConfig.fork_workers`), a fork of a zygote (`kernelrl.judge.zygote`: an interpreter
+  spawned with a worker's environment that has torch imported) joined to a bubblewrap sandbox
+  made for it, contained as a spawned one is; in its own session (process group), with its own
+  scratch folder as cwd, HOME and TMPDIR;
 - it is contained as well as this machine allows, no better than `SandboxConfig.containment`
   (`kernelrl.judge.containment`: FULL through bubblewrap, NAMESPACES through unshare, NONE), and
   says which (`Worker.containment`); where FULL was asked for and is not available, the level is
@@ -29,9 +33,9 @@ Guarantees:
   count (every process it ever held, dead ones included), else every live process of the sandbox
   (each one's threads and reaped children); and its thread count from /proc;
 - from the timing pool on (`Kind.POOL`), every process of the worker other than its interpreter
-  (and bubblewrap's own) is ended before the command is sent and again as soon as an answer
-  arrives (`end_strays`, counted in `strays_ended`): no helper a program started runs while
-  another member of its group is timed;
+  (and bubblewrap's own; a forked worker's holder and keeper) is ended before the command is
+  sent and again as soon as an answer arrives (`end_strays`, counted in `strays_ended`): no
+  helper a program started runs while another member of its group is timed;
 - every output handed over for a spot check is checked against the commitment its call made
   when it returned (`Called.commits`, `kernelrl.judge.channel.commitment`): one computed only
   when asked for cannot match (`uncommitted_outputs`, `kernelrl.checks.dynamic.output_deferred`).
@@ -91,6 +95,8 @@ from kernelrl.judge.inductor import inductor_env
 from kernelrl.judge.protocol import ANSWERS, Error, Header, Hello, Kind, Output, decode, encode
 from kernelrl.judge.redact import redact
 from kernelrl.judge.seccomp import program_fd
+from kernelrl.judge.startup import LIMITS_ENV, NO_HUGE_PAGES_ENV, PINNED_ALLOCATOR_ENV
+from kernelrl.judge.zygote import Joined, fork_into, ns_pid, read_status
 from kernelrl.result import Containment
 
 # Copied from the judge's environment when present; everything else is dropped.
@@ -99,50 +105,8 @@ ENV_ALLOW = (
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
     "CC", "CXX", "TORCH_CUDA_ARCH_LIST", "TRITON_INTERPRET",
 )
-# glibc reads these at start-up. Every allocation comes from the heap, never from mmap, and freed
-# memory stays there: a tensor of 32 MiB or more (glibc's largest mmap threshold) was otherwise
-# mapped afresh, and its pages faulted in and zeroed, on every call in one process, but carved
-# from free heap in another, depending on each process's history; identical code measured up to
-# 1.7x apart between two processes (benchmarks/README.md, timing noise). A fixed threshold also
-# turns off the adaptive one that made large-tensor timings swing up to 3x.
-#
-# Carved from the heap, a tensor lands wherever the process's history left free space, so the
-# distance between a call's input and its output, modulo 4 KiB, differed from process to process;
-# an output starting 64-256 bytes past its input (modulo 4 KiB) made loads wait on unrelated
-# stores (4K aliasing): GELU on 4 MiB ran 10 % slower at 64 bytes than at 0, in one process
-# (benchmarks/README.md, timing noise). Torch's THP allocation setting starts every tensor of
-# 2 MiB or more on a page boundary, so every such input and output pair is 0 apart modulo 4 KiB in
-# every process; the worker turns transparent huge pages off for itself (`NO_HUGE_PAGES_ENV`), so
-# whether a tensor happens to span an aligned 2 MiB extent cannot make it faster either.
-PINNED_ALLOCATOR_ENV = {
-    "MALLOC_MMAP_MAX_": "0",
-    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
-    "MALLOC_TOP_PAD_": str(64 << 20),
-    "THP_MEM_ALLOC_ENABLE": "1",
-}
-# Read by the worker at start-up: no transparent huge pages in this process (prctl).
-NO_HUGE_PAGES_ENV = "KERNELRL_NO_HUGE_PAGES"
-# Read by the worker at start-up: limits it sets on itself before it says hello ("nofile=4096,nproc=272").
-LIMITS_ENV = "KERNELRL_LIMITS"
 # the folder that holds the kernelrl package (this file is kernelrl/judge/sandbox.py)
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
-
-
-def set_own_limits() -> None:
-    """The limits the judge chose (`LIMITS_ENV`), set on this process before any program is given.
-
-    Lowering a limit needs no privilege, so this works whatever the worker's uid; the judge reads
-    the process limit back from /proc.
-    """
-    names = {"core": resource.RLIMIT_CORE, "nofile": resource.RLIMIT_NOFILE, "fsize": resource.RLIMIT_FSIZE,
-             "as": resource.RLIMIT_AS, "nproc": resource.RLIMIT_NPROC}
-    for item in filter(None, os.environ.get(LIMITS_ENV, "").split(",")):
-        name, _, value = item.partition("=")
-        which = names[name]
-        hard = resource.getrlimit(which)[1]
-        cap = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
-        resource.setrlimit(which, (cap, cap))
 
 
 def isolation_available() -> bool:
@@ -178,6 +142,10 @@ class SandboxConfig:
     uids: tuple[int, int] = (1_900_000_000, 1_900_000_000 + (1 << 20))
     expose: tuple[str, ...] = ()  # more folders shown read-only under FULL (a toolchain outside /usr, /opt)
     log_tail_chars: int = 4000
+    # Under FULL as root on CPU, with a cgroup per worker: a worker is a fork of a zygote that has
+    # torch imported, joined to its own bubblewrap sandbox (kernelrl.judge.zygote), which starts in
+    # ~50 ms instead of the ~1.7 s of an interpreter importing torch. False: always spawned.
+    fork_workers: bool = True
 
     def __post_init__(self) -> None:
         if self.threads < 0:
@@ -300,6 +268,9 @@ class Worker:
         self._ns_init: int | None = None  # the first process of its PID namespace (killing it ends them all)
         self._init_fd: int | None = None  # readable once that one has exited
         self._inner_pid: int | None = None
+        self._joined: Joined | None = None  # a forked worker's processes (kernelrl.judge.zygote)
+        self._status_r: int | None = None  # a forked worker's exit code, written by its keeper
+        self._exit: int | None = None  # that exit code, once read
         self.hello: Hello | None = None
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
@@ -327,12 +298,13 @@ class Worker:
         extra[LIMITS_ENV] = ",".join(f"{k}={v}" for k, v in self.limits().items())
         env = worker_env(config, Path(SCRATCH) if full else self.workdir, extra)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the worker's life
-        argv = [*prefix, sys.executable, "-m", "kernelrl.judge.worker", str(p2c_r), str(c2p_w),
-                str(self.arena.fd), str(self.arena.capacity)]
         # Its own cgroup, joined before anything is exec'd: every process it ever starts is in it.
         self.cgroup = Cgroup.make()
-        if self.cgroup is not None:
-            argv = self.cgroup.join_argv(argv)
+        # Forked only where its processes are found without its parentage (the cgroup: a forked
+        # worker is not bubblewrap's descendant); descriptors to inherit by number (tests) come
+        # only through a spawn.
+        forked = (full and os.geteuid() == 0 and config.fork_workers and self.cgroup is not None
+                  and not inherit_fds and device == Device.CPU)
         self._timing = False  # from the timing pool on, strays are ended around every exchange
         self.last_exchange_ns = 0  # the last command's send to its answer, by the judge's clock
         self.strays_ended = 0
@@ -341,15 +313,35 @@ class Worker:
         self.spot_outputs = 0
         self.uncommitted_outputs = 0
 
-        def start() -> subprocess.Popen[bytes]:
-            fds = (p2c_r, c2p_w, self.arena.fd, *inherit_fds, *([seccomp_fd] if seccomp_fd is not None else []))
+        def start(hold: bool) -> subprocess.Popen[bytes]:
+            # A forked worker's channel goes to it through the zygote: the holder must not keep
+            # its pipes open (the judge sees a worker's death as the end of its answer pipe).
+            program = ["sleep", "infinity"] if hold else [sys.executable, "-m", "kernelrl.judge.worker",
+                                                          str(p2c_r), str(c2p_w), str(self.arena.fd),
+                                                          str(self.arena.capacity)]
+            argv = [*prefix, *program]
+            if self.cgroup is not None:
+                argv = self.cgroup.join_argv(argv)
+            own = () if hold else (p2c_r, c2p_w, self.arena.fd, *inherit_fds)
+            fds = (*own, *([seccomp_fd] if seccomp_fd is not None else []))
             return subprocess.Popen(argv, pass_fds=fds, cwd=self.workdir, env=env,
                                     stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                     start_new_session=True, close_fds=True)
 
         try:
-            # bwrap dies with the thread that started it: the judge's long-lived one starts it.
-            self.proc = spawn(start) if full else start()
+            if forked:  # else, or where the zygote cannot, spawned
+                holder = spawn(lambda: start(True))
+                self._joined = fork_into(holder, env, uid=self.uid, cgroup=self.cgroup, arena=self.arena,
+                                         fds=(p2c_r, c2p_w, self.arena.fd, self._log.fileno()))
+                if self._joined is not None:
+                    self.proc, self._status_r = holder, self._joined.status_r
+                else:
+                    forked = False
+                if not forked and seccomp_fd is not None:
+                    os.lseek(seccomp_fd, 0, os.SEEK_SET)  # read by the holder's bubblewrap; again for the next
+            if not forked:
+                # bwrap dies with the thread that started it: the judge's long-lived one starts it.
+                self.proc = spawn(lambda: start(False)) if full else start(False)
         except BaseException:
             if self.uid is not None and full and os.geteuid() == 0:
                 release_uid(self.uid)
@@ -369,6 +361,11 @@ class Worker:
         if self.arena.sealed:
             raise RuntimeError("the worker's arena is already sized")
         self._arena_need = need
+
+    @property
+    def forked(self) -> bool:
+        """Whether the worker is a fork of a zygote (`SandboxConfig.fork_workers`), not spawned."""
+        return self._joined is not None
 
     @property
     def isolated(self) -> bool:
@@ -392,6 +389,8 @@ class Worker:
     def _settle(self, pid_in_namespace: int) -> None:
         if self.containment is not Containment.NONE:
             inner, self._ns_init = find_in_namespace(self.proc.pid, pid_in_namespace)
+            if self._joined is not None:  # not bubblewrap's descendant: known from the zygote
+                inner = self._joined.pid if ns_pid(self._joined.pid) == pid_in_namespace else None
             if inner is None:
                 raise self._died("the worker's interpreter is not among its sandbox's processes")
             self._inner_pid = inner
@@ -416,7 +415,7 @@ class Worker:
     def _apply_limits(self) -> None:
         """Core dumps and address space on the first process, at once (best effort: the worker sets
         every limit on itself before it says hello, `LIMITS_ENV`)."""
-        pid = self.proc.pid
+        pid = self._joined.pid if self._joined is not None else self.proc.pid
         try:
             resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
             if self.config.memory_limit_gib is not None and self.device == "cpu":
@@ -491,11 +490,16 @@ class Worker:
         return Answer(kind=kind, header=header, payload=msg.payload)
 
     def _died(self, what: str) -> WorkerDied:
-        try:
-            rc = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            rc = None
-        if rc is not None and rc > 128 and self.containment is Containment.FULL and rc - 128 in _SIGNALS:
+        rc: int | None
+        if self._status_r is not None:  # written once: kept for a second report of the same death
+            rc = self._exit = self._exit if self._exit is not None else read_status(self._status_r, 5.0)
+        else:
+            try:
+                rc = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                rc = None
+        bwrap = self._status_r is None and self.containment is Containment.FULL
+        if rc is not None and bwrap and rc > 128 and rc - 128 in _SIGNALS:
             rc = 128 - rc  # bubblewrap exits 128 + N when its program was killed by signal N
         if rc is not None and rc < 0:
             try:
@@ -527,9 +531,12 @@ class Worker:
         return sandbox_processes(self.proc.pid)
 
     def strays(self) -> list[int]:
-        """The worker's processes other than its interpreter and bubblewrap's own (a build's compiler
-        while it runs; a helper a program started, wherever it was reparented)."""
+        """The worker's processes other than its interpreter, bubblewrap's own and a forked worker's
+        holder and keeper (a build's compiler while it runs; a helper a program started, wherever
+        it was reparented)."""
         own = {self.proc.pid, self._ns_init, self.pid}
+        if self._joined is not None:
+            own |= {self._joined.holder, self._joined.keeper}
         return [p for p in self.processes() if p not in own]
 
     def end_strays(self) -> int:
@@ -607,10 +614,12 @@ class Worker:
             pass
         # The namespace's first process exits only once every process in it has.
         exited(self._init_fd, 10.0)
-        for fd in (self._init_fd, self._pidfd):
+        if self._status_r is not None:  # the keeper, unless killed with the cgroup, ends once it wrote
+            read_status(self._status_r, 10.0)
+        for fd in (self._init_fd, self._pidfd, self._status_r):
             if fd is not None:
                 os.close(fd)
-        self._init_fd = self._pidfd = self._ns_init = None
+        self._init_fd = self._pidfd = self._ns_init = self._status_r = None
         if self.uid is not None and self.containment is Containment.FULL and os.geteuid() == 0:
             release_uid(self.uid)
             self.uid = None
@@ -626,7 +635,10 @@ class Worker:
         if self.proc.poll() is None:
             try:
                 self.channel.send(Kind.EXIT.value, {})
-                self.proc.wait(timeout=2)
+                if self._status_r is not None:  # bubblewrap holds a `sleep`: the worker's exit is the keeper's word
+                    read_status(self._status_r, 2.0)
+                else:
+                    self.proc.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()

@@ -54,7 +54,7 @@ from typing import Any  # noqa: E402
 _listdir, _getpid = os.listdir, os.getpid
 
 from kernelrl.judge.containment import BUILD_DIR_ENV, CACHE_ROOT_ENV, descendants  # noqa: E402 - no torch behind it
-from kernelrl.judge.sandbox import NO_HUGE_PAGES_ENV, set_own_limits  # noqa: E402 - no torch behind it
+from kernelrl.judge.startup import NO_HUGE_PAGES_ENV, set_own_limits  # noqa: E402 - no torch behind it
 
 
 def _no_huge_pages() -> None:

@@ -1,0 +1,171 @@
+"""Forked workers (`kernelrl.judge.zygote`): contained as a spawned worker is, told apart only by
+their start, and the zygote refuses what it was not built for.
+
+Each test compares a forked worker with a spawned one of the same configuration, read from the
+judge's side (/proc), never on the worker's word. They need what forking needs (root, bubblewrap,
+a cgroup per worker); elsewhere they skip, and every worker is spawned.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelrl.judge.containment import probe
+from kernelrl.judge.sandbox import SandboxConfig, Worker, worker_env
+from kernelrl.judge.zygote import Request, Zygote, ZygoteError
+from kernelrl.result import Containment
+
+
+def _worker(tmp_path: Path, *, fork: bool) -> Worker:
+    config = SandboxConfig(fork_workers=fork)
+    if probe(Containment.FULL, config.uids).level is not Containment.FULL:
+        pytest.skip("full containment is not available here")
+    w = Worker(role="candidate", config=config, device="cpu", root=tmp_path)
+    w.wait_ready(deadline=time.monotonic() + 60)
+    if w.forked is not fork:
+        w.close()
+        pytest.skip("workers are not forked here (not root, or no cgroup per worker)")
+    return w
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def _facts(w: Worker) -> dict[str, object]:
+    """What the judge can read of a worker from outside: identity, privileges, descriptors, its
+    environment and its namespaces' neighbours."""
+    status = _status(w.pid)
+    environ = dict(item.split("=", 1) for item in Path(f"/proc/{w.pid}/environ").read_text().split("\0") if "=" in item)
+    return {
+        "uids": status["Uid"].split(), "gids": status["Gid"].split(), "groups": status["Groups"],
+        "CapEff": status["CapEff"], "CapPrm": status["CapPrm"], "CapBnd": status["CapBnd"],
+        "CapAmb": status["CapAmb"], "NoNewPrivs": status["NoNewPrivs"], "Seccomp": status["Seccomp"],
+        "fds": len(os.listdir(f"/proc/{w.pid}/fd")), "environ": environ,
+        "own_session": os.getsid(w.pid) != os.getsid(0),
+        "tty": Path(f"/proc/{w.pid}/stat").read_text().rpartition(")")[2].split()[4],  # tty_nr: none is 0
+        "cwd": os.readlink(f"/proc/{w.pid}/cwd"),
+    }
+
+
+def test_a_forked_worker_is_what_a_spawned_one_is(tmp_path: Path):
+    """Same uid (the worker's, not root), no capability in any set, no_new_privs, the same seccomp
+    mode, as many descriptors, the same environment, a session not the judge's and no terminal,
+    its scratch as cwd."""
+    spawned, forked = _worker(tmp_path, fork=False), _worker(tmp_path, fork=True)
+    try:
+        a, b = _facts(spawned), _facts(forked)
+        assert b["uids"] == [str(forked.uid)] * 4 and a["uids"] == [str(spawned.uid)] * 4
+        b_env = dict(b.pop("environ"))  # type: ignore[call-overload]
+        a_env = dict(a.pop("environ"))  # type: ignore[call-overload]
+        assert b_env == a_env
+        for k in ("uids", "gids"):
+            a.pop(k), b.pop(k)  # each its own uid
+        assert b == a
+        assert b["CapEff"] == b["CapBnd"] == "0000000000000000" and b["NoNewPrivs"] == "1" and b["Seccomp"] == "2"
+        assert b["own_session"] is True and b["tty"] == "0"
+    finally:
+        spawned.close()
+        forked.close()
+
+
+def test_a_forked_worker_shares_its_sandbox_not_the_judges_namespaces(tmp_path: Path):
+    """It is in its holder's namespaces (bubblewrap's), none of them the judge's, and sees the
+    sandbox's processes only: bubblewrap's reaper, the holder, itself."""
+    w = _worker(tmp_path, fork=True)
+    try:
+        assert w._joined is not None
+        holder = w._joined.holder
+        for ns in ("mnt", "pid", "net", "ipc", "uts", "cgroup"):
+            theirs = os.readlink(f"/proc/{w.pid}/ns/{ns}")
+            assert theirs == os.readlink(f"/proc/{holder}/ns/{ns}")
+            assert theirs != os.readlink(f"/proc/self/ns/{ns}")
+        assert _status(w.pid)["NSpid"].split()[-1] == "3"
+        assert w.strays() == []  # neither the holder nor the keeper is taken for a helper
+    finally:
+        w.close()
+
+
+def test_a_forked_workers_end_is_seen_with_its_exit_status(tmp_path: Path):
+    """Killed from outside, the worker's death reaches the judge as a spawned one's does: the
+    answer pipe ends, and its signal comes from its keeper."""
+    import signal
+
+    from kernelrl.judge.protocol import Kind
+    from kernelrl.judge.sandbox import WorkerDied
+
+    w = _worker(tmp_path, fork=True)
+    try:
+        os.kill(w.pid, signal.SIGSEGV)
+        with pytest.raises(WorkerDied, match="SIGSEGV"):
+            w.command(Kind.GET_STATE, deadline=time.monotonic() + 30)
+    finally:
+        w.close()
+    assert not Path(f"/proc/{w.pid}").exists()
+
+
+def test_a_bad_request_is_refused_and_the_zygote_goes_on(tmp_path: Path):
+    """A request with the wrong descriptors, or one naming no live process, is answered with an
+    error, and the same zygote starts the next worker."""
+    env = worker_env(SandboxConfig(), tmp_path)
+    z = Zygote(env)
+    try:
+        r, w = os.pipe()
+        socket.send_fds(z._sock, [b'{"holder": 1, "uid": 1900000000, "cgroup_procs": null, "arena_capacity": 1}'], [r, w])
+        assert "descriptors" in z._sock.recv(4096).decode()
+        fds = [*os.pipe(), *os.pipe(), os.open("/dev/null", os.O_RDONLY)]
+        with pytest.raises(ZygoteError):
+            z.start(Request(holder=2**22 + 7, uid=1_900_000_000, cgroup_procs=None, arena_capacity=1),
+                    (fds[0], fds[1], fds[2], fds[3], fds[4]))
+        for fd in (r, w, *fds):
+            os.close(fd)
+        assert z.proc.poll() is None
+    finally:
+        z.close()
+    assert z.proc.poll() is not None
+
+
+def test_a_dead_zygote_is_started_again(tmp_path: Path):
+    from kernelrl.judge import zygote
+
+    _worker(tmp_path, fork=True).close()
+    dead = list(zygote._zygotes.values())
+    for z in dead:
+        z.proc.kill()
+        z.proc.wait()
+    w = _worker(tmp_path, fork=True)
+    try:
+        live = {z for z in zygote._zygotes.values() if z.proc.poll() is None}
+        assert w.forked and live and not live & set(dead)
+    finally:
+        w.close()
+
+
+def test_a_zygote_that_cannot_fork_leaves_the_worker_spawned(tmp_path: Path, monkeypatch):
+    """Where the zygote cannot start a worker (here: it says so at once), the sandbox made for
+    the fork is ended and the worker is spawned, contained as ever, the reason in its log."""
+    from kernelrl.judge import zygote
+
+    def refuse(env: dict[str, str]) -> Zygote:
+        raise ZygoteError("the zygote has 2 threads")
+
+    monkeypatch.setattr(zygote, "zygote_for", refuse)
+    config = SandboxConfig()
+    if probe(Containment.FULL, config.uids).level is not Containment.FULL:
+        pytest.skip("full containment is not available here")
+    w = Worker(role="candidate", config=config, device="cpu", root=tmp_path)
+    try:
+        hello = w.wait_ready(deadline=time.monotonic() + 60)
+        if w.cgroup is None or os.geteuid() != 0:
+            pytest.skip("workers are not forked here (not root, or no cgroup per worker)")
+        assert not w.forked and hello.pid == 2 and _status(w.pid)["Seccomp"] == "2"
+        assert not w.strays()  # nothing of the sandbox made for the fork is left in its cgroup
+        assert "not forked, spawned instead: the zygote has 2 threads" in w.log_tail()
+    finally:
+        w.close()
