@@ -144,7 +144,7 @@ class SandboxConfig:
     log_tail_chars: int = 4000
     # Under FULL as root on CPU, with a cgroup per worker: a worker is a fork of a zygote that has
     # torch imported, joined to its own bubblewrap sandbox (kernelrl.judge.zygote), which starts in
-    # ~50 ms instead of the ~1.7 s of an interpreter importing torch. False: always spawned.
+    # ~60 ms instead of the ~1.8 s of an interpreter importing torch. False: always spawned.
     fork_workers: bool = True
 
     def __post_init__(self) -> None:

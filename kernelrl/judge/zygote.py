@@ -1,5 +1,5 @@
 """Worker starts without `import torch`: a fork of an interpreter that has torch already, joined to
-a fresh bubblewrap sandbox (~50 ms against ~1.7 s for a spawned worker; benchmarks/README.md).
+a fresh bubblewrap sandbox (~60 ms against ~1.8 s for a spawned worker; benchmarks/README.md).
 
 A `Zygote` is a fresh interpreter (`python -m kernelrl.judge.zygote`), started by the judge with a
 worker's environment and nothing of the judge's memory, that imports the worker module (torch with
