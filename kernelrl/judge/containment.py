@@ -375,6 +375,12 @@ def _nspids(pid: int) -> list[int]:
     return []
 
 
+def ns_pid(pid: int) -> int | None:
+    """`pid`'s number in its own PID namespace (None once it is gone)."""
+    ns = _nspids(pid)
+    return ns[-1] if ns else None
+
+
 def descendants(pid: int, depth: int = 4) -> Iterator[int]:
     """`pid`'s descendants, nearest first, `depth` generations deep."""
     level = [pid]

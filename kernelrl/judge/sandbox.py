@@ -81,6 +81,7 @@ from kernelrl.judge.containment import (
     exited,
     find_in_namespace,
     namespaces_available,
+    ns_pid,
     pidfd,
     probe,
     process_cpu_ns,
@@ -96,7 +97,7 @@ from kernelrl.judge.protocol import ANSWERS, Error, Header, Hello, Kind, Output,
 from kernelrl.judge.redact import redact
 from kernelrl.judge.seccomp import program_fd
 from kernelrl.judge.startup import LIMITS_ENV, NO_HUGE_PAGES_ENV, PINNED_ALLOCATOR_ENV
-from kernelrl.judge.zygote import Joined, fork_into, ns_pid, read_status
+from kernelrl.judge.zygote import Joined, fork_into, read_status
 from kernelrl.result import Containment
 
 # Copied from the judge's environment when present; everything else is dropped.

@@ -214,17 +214,6 @@ def read_status(fd: int, timeout_s: float) -> int | None:
     return int(said) if said.lstrip("-").isdigit() else None
 
 
-def ns_pid(pid: int) -> int | None:
-    """`pid`'s number in its own PID namespace (None once it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("NSpid:"):
-                return int(line.split()[-1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
 # -- inside the zygote ------------------------------------------------------------------------
 
 
