@@ -105,7 +105,9 @@ class OpenAIServer:
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="openai-server", daemon=True)
+        # shutdown() waits for the serving loop's next poll: 0.5 s by default, paid by every test's teardown
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                                        name="openai-server", daemon=True)
 
     @property
     def port(self) -> int:

@@ -11,7 +11,8 @@ Fixtures marked `PENDING: <defence>` need a defence the judge does not have yet:
 test is a strict xfail, so it fails once the defence lands and the key was not dropped.
 Fixtures marked `CANARY: yes` are judged in a separate Python process started with canary
 secrets (API-key-like variables) in its environment, so a leak of the judge's environment
-into the candidate shows up as a wrong answer.
+into the candidate shows up as a wrong answer; a test's canary fixtures of one task share that
+process and are judged there as one group.
 
 The other fixtures are judged as a trainer's candidates are: in groups, up to GROUP_SIZE
 fixtures of one task (same device, same policy) timed together against one reference, each in
@@ -56,14 +57,15 @@ _JUDGE_SCRIPT = """
 import json, sys
 from pathlib import Path
 from kernelrl.candidate import Candidate
-from kernelrl.judge.evaluator import EvalConfig, evaluate
+from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.timer import TimingConfig
 from kernelrl.tasks.task import load_task_file
-task_file, cand_file, device, policy, timeout, out, timing = sys.argv[1:8]
+task_file, device, policy, timeout, out, timing, *cand_files = sys.argv[1:]
 task = load_task_file(Path(task_file))
 cfg = EvalConfig(device=device, policy=policy, timeout_s=float(timeout), timing=TimingConfig(**json.loads(timing)))
-res = evaluate(task, Candidate(source=Path(cand_file).read_text(), origin=cand_file), cfg)
-Path(out).write_text(json.dumps(res.to_dict()))
+with Evaluator(cfg) as ev:
+    got = ev.evaluate_batch([(task, Candidate(source=Path(f).read_text(), origin=f)) for f in cand_files])
+Path(out).write_text(json.dumps([r.to_dict() for r in got]))
 """
 
 
@@ -127,25 +129,29 @@ def _runnable(spec: FixtureSpec) -> bool:
 
 @pytest.fixture(scope="module")
 def verdicts(request, evaluators):
-    """judge(test, spec, policy): the fixture's result, judged in a group with the other fixtures
-    of the same test, task, device and policy that this run selected (`GROUP_SIZE` at most, in
-    the order pytest runs them), so each group is judged once, when its first member is asked."""
+    """judge(test, spec, policy, tmp_path): the fixture's result, judged in a group with the other
+    fixtures of the same test, task, device, policy and canary-ness that this run selected
+    (`GROUP_SIZE` at most, in the order pytest runs them), so each group is judged once, when its
+    first member is asked; canary groups in a process of their own (`judge_with_canaries`)."""
     selected: dict[str, list[FixtureSpec]] = {}
     for item in request.session.items:
         if item.module is request.module and hasattr(item, "callspec") and "spec" in item.callspec.params:
             selected.setdefault(item.originalname, []).append(item.callspec.params["spec"])
     judged: dict[tuple[str, str], EvalResult] = {}
 
-    def get(test: str, spec: FixtureSpec, policy: str) -> EvalResult:
+    def get(test: str, spec: FixtureSpec, policy: str, tmp_path: Path) -> EvalResult:
         if (test, spec.name) not in judged:
             mates = [s for s in selected.get(test, [spec])
-                     if (s.task_file, s.device) == (spec.task_file, spec.device) and not s.canary and _runnable(s)]
+                     if (s.task_file, s.device, s.canary) == (spec.task_file, spec.device, spec.canary) and _runnable(s)]
             mates = mates if any(s.name == spec.name for s in mates) else [spec]
             at = next(i for i, s in enumerate(mates) if s.name == spec.name)
             group = mates[at - at % GROUP_SIZE:][:GROUP_SIZE]
-            task = load_task_file(spec.task_file)
-            results = evaluators(spec.device, policy).evaluate_batch(
-                [(task, Candidate(source=s.source, origin=str(s.path))) for s in group])
+            if spec.canary:
+                results = judge_with_canaries(group, policy, tmp_path)
+            else:
+                task = load_task_file(spec.task_file)
+                results = evaluators(spec.device, policy).evaluate_batch(
+                    [(task, Candidate(source=s.source, origin=str(s.path))) for s in group])
             judged.update({(test, s.name): r for s, r in zip(group, results, strict=True)})
         return judged[test, spec.name]
 
@@ -153,22 +159,22 @@ def verdicts(request, evaluators):
 
 
 def judge(spec: FixtureSpec, policy: str, request, tmp_path: Path, verdicts) -> EvalResult:
-    if spec.canary:
-        return judge_with_canaries(spec, policy, tmp_path)
-    return verdicts(request.node.originalname, spec, policy)
+    return verdicts(request.node.originalname, spec, policy, tmp_path)
 
 
-def judge_with_canaries(spec: FixtureSpec, policy: str, tmp_path: Path) -> EvalResult:
+def judge_with_canaries(group: list[FixtureSpec], policy: str, tmp_path: Path) -> list[EvalResult]:
+    """The group judged in one batch by a judge process whose environment holds canary secrets."""
     canary = f"kernelrl-canary-{uuid.uuid4().hex}"
     env = dict(os.environ)
     env.update({"OPENAI_API_KEY": canary, "ANTHROPIC_API_KEY": canary, "HF_TOKEN": canary,
                 "AWS_SECRET_ACCESS_KEY": canary, "KERNELRL_CANARY_SECRET": canary})
-    out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-c", _JUDGE_SCRIPT, str(spec.task_file), str(spec.path), spec.device,
-                           policy, str(TIMEOUT_S), str(out), json.dumps(TIMING)], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=TIMEOUT_S + 120)
+    out = tmp_path / "results.json"
+    spec = group[0]
+    proc = subprocess.run([sys.executable, "-c", _JUDGE_SCRIPT, str(spec.task_file), spec.device, policy, str(TIMEOUT_S),
+                           str(out), json.dumps(TIMING), *(str(s.path) for s in group)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=TIMEOUT_S + 120)
     assert proc.returncode == 0 and out.is_file(), f"judge process failed:\n{proc.stderr[-3000:]}"
-    return EvalResult.from_dict(json.loads(out.read_text()))
+    return [EvalResult.from_dict(d) for d in json.loads(out.read_text())]
 
 
 def describe(res: EvalResult) -> str:

@@ -133,20 +133,28 @@ def test_a_bad_request_is_refused_and_the_zygote_goes_on(tmp_path: Path):
     assert z.proc.poll() is not None
 
 
-def test_a_dead_zygote_is_started_again(tmp_path: Path):
+def test_a_dead_zygote_is_started_again(tmp_path: Path, monkeypatch):
     from kernelrl.judge import zygote
 
-    _worker(tmp_path, fork=True).close()
-    dead = list(zygote._zygotes.values())
-    for z in dead:
-        z.proc.kill()
-        z.proc.wait()
-    w = _worker(tmp_path, fork=True)
+    # A registry of the test's own: the session's zygotes serve other tests' long-lived workers,
+    # whose ends their zygote reaps (killed, its orphans wait for the host's init to reap them).
+    own: dict = {}
+    monkeypatch.setattr(zygote, "_zygotes", own)
     try:
-        live = {z for z in zygote._zygotes.values() if z.proc.poll() is None}
-        assert w.forked and live and not live & set(dead)
+        _worker(tmp_path, fork=True).close()
+        dead = list(own.values())
+        for z in dead:
+            z.proc.kill()
+            z.proc.wait()
+        w = _worker(tmp_path, fork=True)
+        try:
+            live = {z for z in own.values() if z.proc.poll() is None}
+            assert w.forked and live and not live & set(dead)
+        finally:
+            w.close()
     finally:
-        w.close()
+        for z in own.values():
+            z.close()
 
 
 def test_a_zygote_that_cannot_fork_leaves_the_worker_spawned(tmp_path: Path, monkeypatch):

@@ -18,8 +18,9 @@ from kernelrl.result import Status
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
+    """One local Ray for the module (starting one takes ~6 s here); each test uses its own pool."""
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield
