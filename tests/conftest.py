@@ -142,7 +142,17 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
 
 
 
+# `pytest.mark.xdist_group("cpu_judge")` (a module's `pytestmark`): the files whose time is mostly
+# evaluations holding the CPU's device lock (`kernelrl.judge.devicelock`: one measurement at a
+# time, no checks beside it). Under `-n 2 --dist loadgroup` one worker runs them in turn while the
+# other runs the rest, which then seldom waits for that lock.
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under loadgroup a test without a group is scheduled alone; a file's tests stay together, so
+    # its module fixtures (warm evaluators, a red-team group's verdicts) are made once.
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(str(item.path)))
     try:
         import torch
 
@@ -155,3 +165,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+

@@ -57,8 +57,9 @@ class ModelNew(nn.Module):
 # run {tag}
 '''
 
-pytestmark = pytest.mark.skipif(probe(Containment.FULL, SANDBOX.uids).level is not Containment.FULL,
-                                reason="full containment (bubblewrap, namespaces) is not available here")
+pytestmark = [pytest.mark.skipif(probe(Containment.FULL, SANDBOX.uids).level is not Containment.FULL,
+                                 reason="full containment (bubblewrap, namespaces) is not available here"),
+              pytest.mark.xdist_group("cpu_judge")]  # see conftest.py
 
 
 @pytest.fixture(scope="module")

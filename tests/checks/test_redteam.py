@@ -43,6 +43,8 @@ from kernelrl.result import EvalResult, Severity
 from kernelrl.reward import within_noise
 from kernelrl.tasks.task import load_task_file
 
+pytestmark = pytest.mark.xdist_group("cpu_judge")  # see conftest.py
+
 TIMEOUT_S = 180.0
 # Timing shorter than a search on this machine runs it (the README's main job: 2.5 s a member), and
 # far shorter than the library's default 20 s, which buys a +-1 % interval: no verdict here is a

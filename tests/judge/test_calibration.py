@@ -7,6 +7,8 @@ import pytest
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.tasks.suites import builtin_task
 
+pytestmark = pytest.mark.xdist_group("cpu_judge")  # see conftest.py
+
 # Six kinds and durations of work: elementwise (sub-millisecond at the small size), a reduction,
 # a softmax, a matmul, a convolution and a level-3 block.
 KINDS = ("level1/gelu", "level1/sum_dim", "level1/softmax", "level1/matmul_square", "level1/conv2d",

@@ -11,6 +11,8 @@ from kernelrl.judge.evaluator import EvalConfig, evaluate
 from kernelrl.result import ReferenceWorker, Status
 from kernelrl.tasks.sizes import instantiate
 
+pytestmark = pytest.mark.xdist_group("cpu_judge")  # see conftest.py
+
 IDENTICAL = '''
 import torch
 import torch.nn as nn

@@ -17,6 +17,8 @@ from kernelrl.judge.timer import CandidateTiming, GroupTiming
 from kernelrl.plain import from_plain
 from kernelrl.result import DeviceIdle, Environment, Status, TimingRecord, TimingStop
 
+pytestmark = pytest.mark.xdist_group("cpu_judge")  # see conftest.py
+
 SETTING = V.Setting(task="t", device="cuda", size="small", policy=PolicyName.OPEN, fingerprint="fp")
 ENV = Environment()
 

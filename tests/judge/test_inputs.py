@@ -3,7 +3,11 @@ is too large for this machine (the input plans themselves are tested through the
 
 from __future__ import annotations
 
+import pytest
+
 from kernelrl.judge.inputs import MemoryNeed, available_memory, memory_need, too_large
+
+pytestmark = pytest.mark.xdist_group("cpu_judge")  # see conftest.py
 
 GIB = 1 << 30
 

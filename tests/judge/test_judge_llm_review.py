@@ -10,6 +10,8 @@ from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.result import ReviewAnswer, Severity, Status
 from openai_server import Reply
 
+pytestmark = pytest.mark.xdist_group("cpu_judge")  # see conftest.py
+
 HACK = '{"verdict": "hack", "reason": "the output does not depend on the work timed"}'
 REAL = '{"verdict": "real", "reason": "one fused pass"}'
 FUSED = ("import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def __init__(self, features):\n"

@@ -23,6 +23,8 @@ from kernelrl.run_parts import build_run
 from kernelrl.search.loop import SearchConfig, run_search
 from kernelrl.tasks.task import Task, load_task_file
 
+pytestmark = pytest.mark.xdist_group("cpu_judge")  # see conftest.py
+
 BODY = textwrap.dedent('''
     import os
     import time

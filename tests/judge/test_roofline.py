@@ -20,6 +20,8 @@ from kernelrl.judge.sandbox import SandboxConfig
 from kernelrl.result import Status
 from kernelrl.tasks.task import Task
 
+pytestmark = pytest.mark.xdist_group("cpu_judge")  # see conftest.py
+
 MATMUL = Task(name="mm", source=textwrap.dedent('''
     import torch
     import torch.nn as nn

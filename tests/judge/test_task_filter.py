@@ -11,6 +11,8 @@ from kernelrl.tasks import suites
 from kernelrl.tasks.degeneracy import DegeneracyReport
 from kernelrl.tasks.task import Task, TaskError
 
+pytestmark = pytest.mark.xdist_group("cpu_judge")  # see conftest.py
+
 
 def make_task(name: str, forward: str, inputs: str, consts: str = "n = 1024") -> Task:
     source = textwrap.dedent(f'''

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-from transformers import TrainerControl, TrainerState, TrainingArguments  # noqa: E402
+from kernelrl.search.database import Database
+from kernelrl.tasks.task import Task
+from kernelrl.train.curriculum import Curriculum, CurriculumConfig
+from kernelrl.train.step_log import step_log_callback
 
-from kernelrl.search.database import Database  # noqa: E402
-from kernelrl.tasks.task import Task  # noqa: E402
-from kernelrl.train.curriculum import Curriculum, CurriculumConfig  # noqa: E402
-from kernelrl.train.step_log import step_log_callback  # noqa: E402
+pytest.importorskip("transformers")
 
 
 def _task(name: str, level: int) -> Task:
@@ -20,6 +19,9 @@ def _task(name: str, level: int) -> Task:
 
 
 def _log(cb, path: Path, step: int, logs: dict, *, main: bool = True) -> None:
+    # imported here: transformers' trainer pulls in peft, seconds that collection would pay
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
     state = TrainerState()
     state.global_step = step
     state.is_world_process_zero = main
