@@ -141,7 +141,6 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
         report.longrepr = (str(collector.path), 0, f"Skipped: needs {name} (an optional extra)")
 
 
-
 # `pytest.mark.xdist_group("cpu_judge")` (a module's `pytestmark`): the files whose time is mostly
 # evaluations holding the CPU's device lock (`kernelrl.judge.devicelock`: one measurement at a
 # time, no checks beside it). Under `-n 2 --dist loadgroup` one worker runs them in turn while the
@@ -165,4 +164,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
