@@ -18,10 +18,13 @@
 # 540 s by default; a step with under 5 s left is skipped and says so):
 #   env         environment and clocks (gpu_env.py)                                  -> env.txt
 #   floor       the per-call floor of the worker's timing bracket (call_floor.py)    -> floor.jsonl
+#   workers     a CPU worker's start per containment level, forked or spawned       -> log.txt
+#               (worker_start.py: whether this machine forks the judge's CPU workers)
 #   aa          A/A: the reference against copies of itself on 2 tasks (calibrate)   -> log.txt
 #   kernelbench a KernelBench level-1 sample, eager and torch.compile baselines      -> kernelbench.json
 #   cuda_l1     a sample of CUDA-L1's H100 kernels re-timed                          -> cuda_l1.json
-#   throughput  evaluations per hour, the evaluator's batch (eval_throughput.py)     -> log.txt
+#   throughput  evaluations per hour, one task's six candidates judged one by one,   -> log.txt
+#               with kept reference workers and without (eval_throughput.py)
 #   streams     side-stream, second-context, event and graph tests (pytest, gpu)     -> tests.jsonl
 #   gpu_tests   every other gpu-marked test                                          -> tests.jsonl
 # The measurements come before the tests: the 2026-11-26 lease spent its first 100 s on the tests'
@@ -34,7 +37,7 @@
 #
 # --dry-run: on a CPU, every step starts with tiny CPU settings and stops within its own short
 # limit ($GPU_CHECK_DRY_LIMIT, 20 s by default); a step cut by its limit is recorded as timed_out.
-# tests/test_benchmarks.py runs it. Nothing is claimed from a dry run's figures.
+# tests/test_gpu_check.py runs it. Nothing is claimed from a dry run's figures.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,7 +48,7 @@ KB=${KERNELBENCH:-}
 CL1=${CUDA_L1:-}
 ONLY=""
 declare -A LIMITS=()
-ALL_STEPS=" env floor aa kernelbench cuda_l1 throughput streams gpu_tests "
+ALL_STEPS=" env floor workers aa kernelbench cuda_l1 throughput streams gpu_tests "
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY=1 ;;
@@ -56,7 +59,7 @@ while [ $# -gt 0 ]; do
         --limit)
             [[ "$2" =~ ^([a-z_0-9]+)=([0-9]+)$ ]] || { echo "gpu_check: --limit takes NAME=SECONDS, not '$2'" >&2; exit 2; }
             LIMITS[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}; shift ;;
-        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
         -*) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
         *) [ -z "$OUT" ] || { echo "gpu_check: one output folder only" >&2; exit 2; }; OUT=$1 ;;
     esac
@@ -178,6 +181,7 @@ cd "$ROOT" || exit 2
 run_step env 30 bash -c '"$0" benchmarks/gpu_env.py "$1" | tee "$2"' "$PYTHON" "$DEV" "$OUT/env.txt"
 run_step floor 25 "$PYTHON" benchmarks/call_floor.py --device "$DEV" --n "$([ "$DRY" = 1 ] && echo 200 || echo 2000)" \
     --json "$OUT/floor.jsonl"
+run_step workers 40 "$PYTHON" benchmarks/worker_start.py --n 2
 # At --size small one A/A group took 44-57 s on the H100 (2026-11-27: reference load 8 s, checks 8 s,
 # 400 rounds 9 s, spot checks of its trusted copies 7.6 s, no longer made); at full size no run
 # ended within 80 s. The 2026-11-27 lease's full-size KernelBench baseline took 77 s (a 3D
@@ -198,8 +202,11 @@ if [ -n "$CL1" ] && [ -e "$CL1" ]; then
 else
     skip_step cuda_l1 "no CUDA-L1 kernels: pass --cuda-l1 PATH or set CUDA_L1"
 fi
-run_step throughput 70 "$PYTHON" benchmarks/eval_throughput.py --device "$DEV" --only pytorch --paths batched \
-    --limit 1
+# One by one, each candidate is a group of its own: the kept reference worker (EvalConfig.kept_references)
+# spares every group after the first the reference's load (8 s on the 2026-11-27 H200, CUDA's start
+# included), and 0 shows what that is worth. The batched path's figure is the fourth lease's.
+run_step throughput 150 "$PYTHON" benchmarks/eval_throughput.py --device "$DEV" --only pytorch --paths one \
+    --kept-references 8,0 --timeout 10 --limit 1
 run_step streams 100 "${PYTEST[@]}" -m gpu "${STREAM_TESTS[@]}"
 DESELECT=()
 for t in "${STREAM_TESTS[@]}"; do DESELECT+=(--deselect "$t"); done

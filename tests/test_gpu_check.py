@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ["env", "floor", "aa", "kernelbench", "cuda_l1", "throughput", "streams", "gpu_tests"]
+STEPS = ["env", "floor", "workers", "aa", "kernelbench", "cuda_l1", "throughput", "streams", "gpu_tests"]
 LIMIT = 6  # seconds a step may run: each starts an interpreter that imports torch, most are cut
 KILL_AFTER = 5
 
