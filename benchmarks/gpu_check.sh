@@ -31,7 +31,9 @@
 # cold nvcc builds and then cut every measuring step before it printed a row. Each measuring
 # script prints (and writes its JSON) row by row, so a step cut by its limit keeps what it finished.
 # OUT gets at most 8 files, each appended to as results end: env.txt, steps.jsonl (one line per step:
-# name, limit, seconds, exit code, timed_out, skipped), tests.jsonl (one line per test, written by
+# name, limit, seconds, exit code, timed_out, skipped and why, the lowest MemAvailable while it ran,
+# OOM kills meanwhile; a step ended by a signal before its limit says so, with the kernel's log in
+# log.txt), tests.jsonl (one line per test, written by
 # gpu_check_plugin.py as each test ends), log.txt (every step's output), floor.jsonl,
 # kernelbench.json and cuda_l1.json (rewritten by those scripts as each row lands).
 #
@@ -95,10 +97,23 @@ fi
 
 note() { echo "gpu_check: $*" | tee -a "$LOG" >&2; }
 
-# A step's line in steps.jsonl. Every value is a number or a word this script chose.
-record() {  # name limit seconds rc timed_out skipped reason
-    printf '{"step": "%s", "limit_s": %s, "seconds": %s, "rc": %s, "timed_out": %s, "skipped": %s, "reason": "%s"}\n' \
-        "$1" "$2" "$3" "$4" "$5" "$6" "$7" >> "$STEPS"
+# A step's line in steps.jsonl. Every value is a number or a word this script chose. The last two
+# say what the step left of the machine's memory: the lowest MemAvailable sampled while it ran, and
+# how many processes the kernel's OOM killer ended meanwhile (/proc/vmstat's oom_kill): the
+# 2026-11-30 lease's cuda_l1 step died by SIGKILL 19 s before its limit and nothing recorded why.
+record() {  # name limit seconds rc timed_out skipped reason [min_mem_available_gib oom_kills]
+    printf '{"step": "%s", "limit_s": %s, "seconds": %s, "rc": %s, "timed_out": %s, "skipped": %s, "reason": "%s", "min_mem_available_gib": %s, "oom_kills": %s}\n' \
+        "$1" "$2" "$3" "$4" "$5" "$6" "$7" "${8:-null}" "${9:-null}" >> "$STEPS"
+}
+
+oom_kills() { awk '$1 == "oom_kill" { print $2; found = 1 } END { if (!found) print "null" }' /proc/vmstat 2>/dev/null || echo null; }
+
+# MemAvailable (KiB) every half second into FILE until killed.
+sample_memory() {  # file
+    while :; do
+        awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo 2>/dev/null >> "$1"
+        sleep 0.5
+    done
 }
 
 # A step --steps did not name: recorded as skipped and nothing else. True when it was not named.
@@ -121,15 +136,33 @@ run_step() {  # name limit command...
         return
     fi
     echo "=== step $name, limit ${limit}s, $(date -u +%Y-%m-%dT%H:%M:%SZ): $*" >> "$LOG"
+    local mem=$WORK/mem.$name oom0 oom1 sampler min_gib seconds reason=""
+    oom0=$(oom_kills)
+    : > "$mem"
+    sample_memory "$mem" &
+    sampler=$!
     t0=$(date +%s.%N)
     # timeout signals the step's whole process group (workers included); KILL 5 s after TERM.
     GPU_CHECK_STEP=$name timeout --kill-after=5 "$limit" "$@" >> "$LOG" 2>&1
     rc=$?
     t1=$(date +%s.%N)
+    kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+    oom1=$(oom_kills)
+    seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+    min_gib=$(sort -n "$mem" | head -n 1 | awk '{ printf "%.1f", $1 / 1048576 }')
+    # 124: timeout ended the step at its limit; 137 is that too only once the limit has passed (the
+    # step ignored TERM), else something else sent SIGKILL (timeout then dies by the same signal).
     timed_out=false
-    { [ "$rc" = 124 ] || [ "$rc" = 137 ]; } && timed_out=true
-    record "$name" "$limit" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')" "$rc" "$timed_out" false ""
-    echo "=== step $name: rc $rc, timed_out $timed_out" >> "$LOG"
+    if [ "$rc" = 124 ] || { [ "$rc" = 137 ] && awk -v s="$seconds" -v l="$limit" 'BEGIN { exit !(s >= l) }'; }; then
+        timed_out=true
+    elif [ "$rc" -gt 128 ]; then
+        reason="ended by signal $((rc - 128)) before its limit"
+        { echo "=== step $name ended by signal $((rc - 128)); MemAvailable now $(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo) kB, OOM kills ${oom0} -> ${oom1}; the kernel's log:"
+          dmesg 2>&1 | tail -n 30; } >> "$LOG"
+    fi
+    [ "$oom0" != null ] && [ "$oom1" != null ] && oom1=$((oom1 - oom0)) || oom1=null
+    record "$name" "$limit" "$seconds" "$rc" "$timed_out" false "$reason" "${min_gib:-null}" "$oom1"
+    echo "=== step $name: rc $rc, timed_out $timed_out${reason:+, $reason}" >> "$LOG"
 }
 
 skip_step() {  # name reason
@@ -178,7 +211,7 @@ if [ "$DRY" = 0 ] && "$PYTHON" -c "import xdist" >/dev/null 2>&1; then
 fi
 
 cd "$ROOT" || exit 2
-run_step env 30 bash -c '"$0" benchmarks/gpu_env.py "$1" | tee "$2"' "$PYTHON" "$DEV" "$OUT/env.txt"
+run_step env 30 bash -c 'set -o pipefail; "$0" benchmarks/gpu_env.py "$1" | tee "$2"' "$PYTHON" "$DEV" "$OUT/env.txt"
 run_step floor 25 "$PYTHON" benchmarks/call_floor.py --device "$DEV" --n "$([ "$DRY" = 1 ] && echo 200 || echo 2000)" \
     --json "$OUT/floor.jsonl"
 run_step workers 40 "$PYTHON" benchmarks/worker_start.py --n 2

@@ -36,6 +36,32 @@ def _run(cmd: list[str]) -> str:
     return (done.stdout + done.stderr).strip()
 
 
+def _meminfo() -> str:
+    """MemTotal and MemAvailable in GiB, from /proc/meminfo."""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = {k.rstrip(":"): int(v) for k, v, *_ in (line.split() for line in f) if k in ("MemTotal:", "MemAvailable:")}
+    except (OSError, ValueError):
+        return "unreadable"
+    return ", ".join(f"{k} {v / (1 << 20):.1f} GiB" for k, v in kib.items())
+
+
+def _cgroups() -> str:
+    """Whether the judge gives each worker a cgroup here (and so may fork CPU workers from a
+    zygote: `SandboxConfig.fork_workers`), with this process's cgroup and the cgroup2 mounts."""
+    from kernelrl.judge import cgroup
+
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = "; ".join(line.strip() for line in f)
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split()[4] for line in f if " - cgroup2 " in line]
+    except OSError as e:
+        return f"unreadable: {e}"
+    return (f"per-worker cgroups {'yes' if cgroup.available() else 'no'}; this process in {own!r}; "
+            f"cgroup2 mounted at {', '.join(mounts) or 'nowhere'}")
+
+
 def extract_deb(deb: Path, dest: Path) -> None:
     """The files of a .deb (its data.tar member) under `dest`; members leaving `dest` are refused."""
     import io
@@ -83,6 +109,9 @@ def main() -> int:
                 "KERNELRL_CACHE", "OMP_NUM_THREADS"):
         print(f"# env {var}: {os.environ.get(var, '(unset)')}")
     print(f"# cores: {os.cpu_count()}; affinity: {len(os.sched_getaffinity(0))}")
+    print(f"# kernel: {os.uname().release}")
+    print(f"# memory: {_meminfo()}")
+    print(f"# cgroups: {_cgroups()}")
     if shutil.which("nvidia-smi"):
         print("# nvidia-smi -L:")
         print(_run(["nvidia-smi", "-L"]))

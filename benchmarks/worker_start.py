@@ -7,7 +7,8 @@ the sandbox setup alone (bwrap / unshare running `true`). Levels this machine ca
 skipped, with the reason. Where the judge forks its workers (`SandboxConfig.fork_workers`: root,
 full containment, a cgroup per worker) a row `full, forked` times the judge's own start of one,
 from `Worker(...)` to its hello (`kernelrl.judge.zygote`; the zygote's own start is left out: it
-is started once, before the first).
+is started once, before the first); where it does not, a line says why (not root, or no cgroup v2
+it can give each worker).
 
 What a forked worker sees from inside (uid, capabilities, seccomp, its namespaces and
 descriptors) is tested against a spawned one in tests/judge/test_zygote.py.
@@ -44,13 +45,22 @@ def hello_s(level: Containment, *, fork: bool = False) -> float:
         w.close()
 
 
-def forks_here() -> bool:
-    """Whether the judge forks its workers here (and its zygote started: it is not timed)."""
+def why_not_forked() -> str | None:
+    """None where the judge forks its workers here (and its zygote started: it is not timed), else
+    why it spawns them: the conditions `Worker` checks besides full containment and a CPU device."""
     try:
         hello_s(Containment.FULL, fork=True)
     except RuntimeError:
-        return False
-    return True
+        import os
+
+        from kernelrl.judge import cgroup
+
+        if os.geteuid() != 0:
+            return "the judge is not root"
+        if not cgroup.available():
+            return "no cgroup v2 the judge can give each worker (kernelrl.judge.cgroup.available())"
+        return "a worker asked to fork came out spawned"
+    return None
 
 
 def setup_s(level: Containment) -> float:
@@ -84,7 +94,8 @@ def main() -> None:
     hello: dict[Containment, list[float]] = {lv: [] for lv in levels}
     setup: dict[Containment, list[float]] = {lv: [] for lv in levels}
     forked: list[float] = []
-    fork = Containment.FULL in levels and forks_here()
+    why = why_not_forked() if Containment.FULL in levels else "no full containment here"
+    fork = why is None
     for i in range(args.n):
         for level in levels[i % len(levels):] + levels[:i % len(levels)]:
             hello[level].append(hello_s(level))
@@ -99,6 +110,8 @@ def main() -> None:
     if forked:
         print(f"{'full, forked':<12} {statistics.median(forked) * 1e3:>17.0f} ms "
               f"{min(forked) * 1e3:>7.0f}..{max(forked) * 1e3:<6.0f}")
+    else:
+        print(f"full, forked: not here ({why})")
 
 if __name__ == "__main__":
     main()

@@ -77,6 +77,23 @@ def test_gpu_check_steps_runs_only_the_named_steps_under_their_given_limits(tmp_
     assert all(by[s]["reason"] == "not in --steps" for s in STEPS if s not in ("env", "cuda_l1"))
 
 
+def test_a_step_killed_before_its_limit_says_so_and_not_that_it_timed_out(tmp_path):
+    # what a step's python dies of (the OOM killer's SIGKILL, say) is not its limit: the 2026-11-30
+    # lease read such a death as a time-out
+    python = tmp_path / "python3"
+    python.write_text("#!/bin/sh\nkill -KILL $$\n")
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(out), "--dry-run", "--steps", "env"],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHON=str(python)), timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    env = json.loads((out / "steps.jsonl").read_text().splitlines()[0])
+    assert env["step"] == "env" and env["rc"] == 137 and env["timed_out"] is False
+    assert env["reason"] == "ended by signal 9 before its limit"
+    assert env["min_mem_available_gib"] > 0 and env["oom_kills"] == 0
+    assert "=== step env ended by signal 9" in (out / "log.txt").read_text()
+
+
 @pytest.mark.parametrize("args", [["--steps", "env,nope"], ["--limit", "nope=3"], ["--limit", "env"]])
 def test_gpu_check_refuses_an_unknown_step_or_a_malformed_limit(tmp_path, args):
     done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path / "out"), *args],
