@@ -127,8 +127,8 @@ EVAL_FLAGS = FlagTable(
         "timing.min_spot_checks": "spot checks every candidate passes before timing may stop",
         "timing.pool_size": "input sets each timed call draws from (scaled and jittered per call)",
         "timing.max_calls_per_sample": "calls one sample may hold when calls are shorter than --timing.min-sample-ms",
-        "sandbox.pin_allocator": "the same memory-allocator settings in every worker, so no member's tensors are "
-                                 "placed luckier than another's",
+        "sandbox.pin_allocator": "the same memory-allocator settings in every timed worker from its timing pool "
+                                 "on, so no member's tensors are placed luckier than another's",
         "sandbox.max_open_files": "open files one worker may hold",
         "sandbox.log_tail_chars": "characters of a worker's log kept with a failed verdict",
         "llm_judge.enabled": "ask an adversarial LLM judge about results above --llm-judge.min-speedup or "

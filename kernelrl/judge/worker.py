@@ -54,7 +54,7 @@ from typing import Any  # noqa: E402
 _listdir, _getpid = os.listdir, os.getpid
 
 from kernelrl.judge.containment import BUILD_DIR_ENV, CACHE_ROOT_ENV, descendants  # noqa: E402 - no torch behind it
-from kernelrl.judge.startup import NO_HUGE_PAGES_ENV, set_own_limits  # noqa: E402 - no torch behind it
+from kernelrl.judge.startup import NO_HUGE_PAGES_ENV, allocator_pin, set_own_limits  # noqa: E402 - no torch behind it
 
 
 def _no_huge_pages() -> None:
@@ -71,6 +71,8 @@ def _no_huge_pages() -> None:
 
 
 _no_huge_pages()
+# Bound now, before any program code runs (`kernelrl.judge.startup`): called when timing begins.
+_pin_allocator = allocator_pin()
 
 import torch  # noqa: E402
 
@@ -166,6 +168,7 @@ class WorkerState:
         self.sample_outputs: list[object] = []
         self.evict_buf: torch.Tensor | None = None
         self.cuda_devices = 0  # GPUs this worker sees (cuda only)
+        self.allocator_pinned = False  # `startup.PINNED_MALLOPT` set (from the timing pool on)
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -417,6 +420,8 @@ class WorkerState:
     # -- timing -------------------------------------------------------------------------------
 
     def set_pool(self, h: P.Pool, payload: Any) -> Reply:
+        if _pin_allocator is not None and not self.allocator_pinned:
+            self.allocator_pinned = _pin_allocator()  # timing begins here in every timed worker alike
         self.pool = [[_to_device(v, self.device) for v in s] for s in payload]
         self.jitter = float(h.jitter)
         # One noise tensor per floating input, made once: a call's noise is a roll of it (cheap),

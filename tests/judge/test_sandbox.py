@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from kernelrl.judge.sandbox import SandboxConfig, worker_env
-from kernelrl.judge.startup import PINNED_ALLOCATOR_ENV
+from kernelrl.judge.startup import PIN_ALLOCATOR_ENV, PINNED_ALLOCATOR_ENV
 from kernelrl.result import Containment
 
 
@@ -25,7 +26,93 @@ def test_allocator_is_pinned_and_threads_set(tmp_path: Path):
     for k, v in PINNED_ALLOCATOR_ENV.items():
         assert env[k] == v
     assert env["OMP_NUM_THREADS"] == "3"
-    assert "MALLOC_MMAP_THRESHOLD_" not in worker_env(SandboxConfig(pin_allocator=False), tmp_path)
+    # glibc's own settings until timing begins: nothing pins them at the worker's start
+    assert not [k for k in env if k.startswith("MALLOC_")]
+    assert PIN_ALLOCATOR_ENV not in worker_env(SandboxConfig(pin_allocator=False), tmp_path)
+
+
+_FREED = """
+import os, sys, torch
+from kernelrl.judge.startup import allocator_pin
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:"))
+
+def kept_after_free():
+    before = rss_mib()
+    x = torch.ones(64 << 18)  # 64 MiB, touched
+    del x
+    return rss_mib() - before
+
+pin = allocator_pin()
+unpinned = kept_after_free()
+pinned = pin() and kept_after_free()
+print(unpinned, pinned)
+"""
+
+
+def test_the_pinned_allocator_keeps_what_a_program_frees_and_glibcs_own_returns_it(tmp_path: Path):
+    # What pinning does (the worker calls it when its timing pool arrives): a freed large tensor
+    # stays in the heap for the next call, where glibc's own settings return it to the system.
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run([sys.executable, "-c", _FREED], capture_output=True, text=True, timeout=120,
+                          env={**env, PIN_ALLOCATOR_ENV: "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    unpinned, pinned = map(int, done.stdout.split())
+    assert unpinned < 16 and pinned >= 60, (unpinned, pinned)
+    unasked = subprocess.run([sys.executable, "-c", "from kernelrl.judge.startup import allocator_pin\n"
+                              "print(allocator_pin())"], capture_output=True, text=True, timeout=120, env=env)
+    assert unasked.stdout.strip() == "None"
+
+
+_BIG_TEMPORARY = """
+import torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def forward(self, x):
+        t = torch.ones(64 << 18) + 1  # a 64 MiB temporary, freed before the call returns
+        return x + t[:1]
+"""
+
+
+def _rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_worker_pins_its_allocator_when_its_timing_pool_arrives_not_before(tmp_path: Path):
+    # Checks run under glibc's own settings (a freed 64 MiB temporary goes back); from the timing
+    # pool on the worker is pinned (it stays): a worker's memory is not every earlier pattern's.
+    import time
+
+    import torch
+
+    from kernelrl.judge import protocol as P
+    from kernelrl.judge.device import Device
+    from kernelrl.judge.sandbox import Worker
+
+    worker = Worker(config=SandboxConfig(), device=Device.CPU, root=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        loaded = worker.request(P.LoadProgram(source=_BIG_TEMPORARY, constants={}, device="cpu", threads=1,
+                                              evict_bytes=0, build_dir=str(tmp_path / "build"),
+                                              cache_root=str(tmp_path / "cache")), deadline=deadline)
+        assert not loaded.failed, loaded.header.message
+        assert not worker.request(P.Construct(init_seed=0), [], deadline=deadline).failed
+        before = _rss_mib(worker.pid)
+        ran = worker.request(P.Run(repeat_first=3), [[torch.zeros(4)]], deadline=deadline)
+        assert not ran.failed, ran.header.message
+        after_checks = _rss_mib(worker.pid)
+        assert not worker.request(P.Pool(noise_seed=1, jitter=0.0), [[torch.zeros(4)]], deadline=deadline).failed
+        assert not worker.request(P.Warmup(calls=3, max_s=10.0), deadline=deadline).failed
+        after_timing = _rss_mib(worker.pid)
+    finally:
+        worker.close()
+    assert after_checks - before < 16, (before, after_checks)
+    assert after_timing - after_checks >= 60, (after_checks, after_timing)
 
 
 @pytest.mark.parametrize("level", [Containment.NAMESPACES, Containment.FULL])
