@@ -144,10 +144,12 @@ class ReferenceKeeper:
 
     def take(self, task: Task) -> KeptReference | None:
         """The task's kept worker, which no other session can take now; None when there is none,
-        or when it used the CPU while it waited (task code still running: it is closed)."""
+        when its sandbox has ended (a forked worker outlives bubblewrap for the moment its PID
+        namespace takes to end, and may still answer), or when it used the CPU while it waited
+        (task code still running). Such a worker is closed."""
         with self._guard:
             kept = self._kept.pop(self._key(task), None)
-        if kept is not None and not _idle_since(kept):
+        if kept is not None and (kept.worker.proc.poll() is not None or not _idle_since(kept)):
             kept.worker.close()
             return None
         return kept

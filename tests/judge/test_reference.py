@@ -363,10 +363,16 @@ def test_a_task_with_large_input_sets_keeps_no_worker(tmp_path, monkeypatch):
         pool.close()
 
 
+class _StubProcess:
+    def poll(self) -> int | None:
+        return None  # its sandbox still runs
+
+
 class _StubWorker:
     def __init__(self) -> None:
         self.closed = False
         self.cpu_ns = 0
+        self.proc = _StubProcess()
 
     def close(self) -> None:
         self.closed = True
