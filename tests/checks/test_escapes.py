@@ -32,6 +32,7 @@ from fixture_spec import FIXTURES, parse_fixture
 
 from judge_fixtures import QUICK_AA_TOLERANCE, quick_timing
 from kernelrl.candidate import Candidate
+from kernelrl.checks import rules as R
 from kernelrl.checks.policy import get_policy
 from kernelrl.checks.static import check_source
 from kernelrl.judge.containment import probe
@@ -71,31 +72,42 @@ def judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tu
     alone: dict[tuple[str, Containment], Status] = {}
     task = load_task_file(CONTAINMENT.parent / "tasks" / "elementwise_silu.py")
 
-    def evaluator(policy: str, level: Containment) -> Evaluator:
-        if (policy, level) not in made:
-            made[policy, level] = Evaluator(EvalConfig(
-                cache_dir=cache, policy=policy, timeout_s=60, build_timeout_s=300,
-                sandbox=dataclasses.replace(SANDBOX, containment=level),
-                timing=dataclasses.replace(quick_timing(), max_timing_s=1.0),
-                # no A/A copy: what is checked is containment and the neighbour's verdict, and what
-                # helpers that slow the reference win is held to AA_NOISE, not to a group's band
-                aa_tolerance=QUICK_AA_TOLERANCE))
-        return made[policy, level]
+    def new_evaluator(policy: str, level: Containment) -> Evaluator:
+        return Evaluator(EvalConfig(
+            cache_dir=cache, policy=policy, timeout_s=60, build_timeout_s=300,
+            sandbox=dataclasses.replace(SANDBOX, containment=level),
+            timing=dataclasses.replace(quick_timing(), max_timing_s=1.0),
+            # no A/A copy: what is checked is containment and the neighbour's verdict, and what
+            # helpers that slow the reference win is held to AA_NOISE, not to a group's band
+            aa_tolerance=QUICK_AA_TOLERANCE))
 
-    def run(name: str, target: str, *, level: Containment = Containment.FULL) -> tuple[EvalResult, EvalResult]:
+    def run(name: str, target: str, *, level: Containment = Containment.FULL,
+            own_evaluator: bool = False) -> tuple[EvalResult, EvalResult]:
+        """`own_evaluator`: judged by an evaluator made for this call and closed after it (a test
+        that changes how workers are made while it runs), not the module's shared one."""
         spec = parse_fixture(CONTAINMENT / name)
         assert PLACEHOLDER in spec.source, f"{name} has no {PLACEHOLDER}"
         source = spec.source.replace(PLACEHOLDER, f"TARGET = {target!r}")
         policy = "open" if not get_policy("open").rejects(check_source(source)) else "observe"
-        ev = evaluator(policy, level)
-        if (policy, level) not in alone:
-            alone[policy, level] = ev.evaluate(task, BESIDE.format(tag=secrets.token_hex(8))).status
-        escape, beside = ev.evaluate_batch([(task, Candidate(source=source, origin=name)),
-                                            (task, BESIDE.format(tag=secrets.token_hex(8)))])
+        key = (policy, level)
+        if own_evaluator:
+            with new_evaluator(policy, level) as ev:
+                beside_alone = ev.evaluate(task, BESIDE.format(tag=secrets.token_hex(8))).status
+                escape, beside = ev.evaluate_batch([(task, Candidate(source=source, origin=name)),
+                                                    (task, BESIDE.format(tag=secrets.token_hex(8)))])
+        else:
+            if key not in made:
+                made[key] = new_evaluator(policy, level)
+            ev = made[key]
+            if key not in alone:
+                alone[key] = ev.evaluate(task, BESIDE.format(tag=secrets.token_hex(8))).status
+            beside_alone = alone[key]
+            escape, beside = ev.evaluate_batch([(task, Candidate(source=source, origin=name)),
+                                                (task, BESIDE.format(tag=secrets.token_hex(8)))])
         assert escape.containment is level and beside.containment is level
-        assert beside.status is alone[policy, level], (
+        assert beside.status is beside_alone, (
             f"the kernel beside {name} got {beside.status.value} ({beside.message}), alone "
-            f"{alone[policy, level].value}")
+            f"{beside_alone.value}")
         return escape, beside
 
     run.cache = cache  # type: ignore[attr-defined]  # the tests that look at the judge's disk
@@ -244,21 +256,38 @@ def test_no_child_outlives_its_worker(judge):
 AA_NOISE = 1.25
 
 
-def _burners_not_paid(judge, name: str) -> None:
+def _burners_not_paid(judge, name: str, *, own_evaluator: bool = False) -> EvalResult:
     title = f"kh{secrets.token_hex(6)}"
     with sampling(lambda: _comm_count(title)) as counts:
-        escape, beside = judge(name, title)
+        escape, beside = judge(name, title, own_evaluator=own_evaluator)
     assert max(counts) >= 1, "the helpers never started"
     assert _comm_count(title) == 0, f"{escape.status.value}: helpers outlived the worker"
     paid = escape.status is Status.CORRECT and (escape.speedup or 0.0) > AA_NOISE
     assert not paid, f"paid {escape.speedup:.2f}x for slowing the reference (beside: {beside.speedup})"
     assert escape.status in (Status.CORRECT, Status.FLAGGED), escape.message
+    return escape
 
 
 def test_cpu_burning_helpers_are_not_paid(judge):
     """Helpers started at import, orphaned into a session of their own, burn CPU whenever the
     candidate is not inside a call: they end before the group is timed, whoever adopted them."""
     _burners_not_paid(judge, "burn_cpu_helpers.py")
+
+
+def test_cpu_burning_helpers_are_not_paid_where_workers_get_no_cgroup(judge, monkeypatch):
+    """Where the judge cannot give each worker a cgroup (no writable cgroup v2; whether the lent
+    GPU machines, which spawned their CPU workers, are such is what `gpu_env.py`'s cgroups line
+    says), a worker's processes are the census of its sandbox's tree (orphans go to its PID
+    namespace's first process): the helpers are found and ended there too."""
+    from kernelrl.judge.cgroup import Cgroup
+
+    asked = []
+    monkeypatch.setattr(Cgroup, "make", classmethod(lambda cls: asked.append(1)))  # None: no cgroup
+    escape = _burners_not_paid(judge, "burn_cpu_helpers.py", own_evaluator=True)
+    assert asked, "no worker was made while cgroups were off"
+    # found by the census: their CPU between calls is the worker's (with the census broken they
+    # went unseen, judged correct)
+    assert any(f.rule == R.SIDE_WORK_AFTER_RETURN for f in escape.findings), escape.message
 
 
 @pytest.mark.slow
