@@ -36,6 +36,7 @@ the answer to the request just sent) and never trusts a worker's claim it can ch
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import mmap
@@ -195,11 +196,13 @@ class Arena:
                 mm.madvise(mmap.MADV_REMOVE, 0, _aligned_page(total))
 
     def close(self) -> None:
+        """Unmap and close the memfd, once: a second call closes nothing (its number may be
+        another descriptor's by then, opened by another thread of the judge)."""
         self._unmap()
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def commitment(x: Any) -> int:
@@ -320,7 +323,9 @@ class Channel:
 
     def pending(self, timeout: float) -> bool:
         """Whether a message (or the worker's end of the pipe closing) is there to read, waiting at
-        most `timeout` seconds; reads nothing."""
+        most `timeout` seconds; reads nothing. A closed channel has its end there at once."""
+        if self.read_fd < 0:
+            return True
         ready, _, _ = select.select([self.read_fd], [], [], max(0.0, timeout))
         return bool(ready)
 
@@ -328,6 +333,8 @@ class Channel:
         buf = bytearray(n)
         view = memoryview(buf)
         got = 0
+        if self.read_fd < 0:
+            raise ChannelClosed("this side closed the channel")
         while got < n:
             if deadline is not None:
                 wait = deadline - time.monotonic()
@@ -343,11 +350,13 @@ class Channel:
         return buf
 
     def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        """Close both pipe ends, once: a worker is often killed, then closed, and a descriptor
+        closed twice may by then be a new worker's pidfd or pipe, opened by the pool's starter."""
+        fds, self.read_fd, self.write_fd = (self.read_fd, self.write_fd), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------

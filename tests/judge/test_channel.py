@@ -72,6 +72,30 @@ def test_closed_pipe_is_reported():
         b.recv(time.monotonic() + 5)
 
 
+def test_closing_twice_closes_no_descriptor_that_took_a_closed_ones_number():
+    # A worker is killed, then closed (the pool's starter, `close` after `kill`); meanwhile another
+    # thread may open a new worker's pidfd or pipes under the numbers just freed.
+    a, _b = _pair()
+    numbers = {a.read_fd, a.write_fd, a.arena.fd}
+    a.close()
+    a.arena.close()
+    opened: list[int] = []
+    while not numbers <= set(opened) and len(opened) < 256:  # the lowest free numbers come first
+        opened.append(os.open(os.devnull, os.O_RDONLY))
+    assert numbers <= set(opened)
+    try:
+        a.close()
+        a.arena.close()
+        for fd in opened:
+            os.fstat(fd)  # EBADF had a second close taken it
+        assert a.pending(0.0)  # a closed channel reads as ended, at once
+        with pytest.raises(ChannelClosed):
+            a.recv(time.monotonic() + 1)
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
 class Lazy(torch.Tensor):
     pass
 
