@@ -9,7 +9,11 @@ plus output), so a worker's peak can be read in sets; then, for each busy proces
 each of the group's phases (`EvalResult.environment.phases`, laid end to end from the start of the
 evaluation), so the step that sets the peak is named.
 
-Usage: python benchmarks/worker_memory.py [--mib 256] [--sets 5] [--rewrite]
+Peaks are VmRSS and, beside it, what the kernel cannot drop (RssAnon + RssShmem): the judge keeps
+large sets in files (`EvalConfig.spill_set_mib`, `--spill-mib none` to keep them in its heap), whose
+pages count in VmRSS but are page cache.
+
+Usage: python benchmarks/worker_memory.py [--mib 256] [--sets 5] [--rewrite] [--spill-mib 64|none]
 """
 
 from __future__ import annotations
@@ -57,14 +61,17 @@ def get_init_inputs():
 '''
 
 
-def rss_kib(pid: int) -> int:
+def rss_kib(pid: int) -> tuple[int, int, int]:
+    """VmRSS, RssAnon (the heap) and RssShmem (shared memory: the arenas), in KiB. The last two are
+    what the kernel cannot drop; the rest is file pages, such as the judge's sets kept in files."""
+    fields: dict[str, int] = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+            if line.startswith(("VmRSS:", "RssAnon:", "RssShmem:")):
+                fields[line.split(":")[0]] = int(line.split()[1])
     except (OSError, ValueError):
         pass
-    return 0
+    return fields.get("VmRSS", 0), fields.get("RssAnon", 0), fields.get("RssShmem", 0)
 
 
 def main() -> int:
@@ -75,7 +82,11 @@ def main() -> int:
                     help="judge GELU written out (x/2 (1 + tanh(...))): right within the tolerance but not "
                          "bitwise, so every comparison measures its errors (the reference's own code matches "
                          "bitwise and is compared without them)")
+    ap.add_argument("--spill-mib", default="64",
+                    help="EvalConfig.spill_set_mib: sets of this many MiB or more kept by the judge in files; "
+                         "'none' keeps them in its heap")
     args = ap.parse_args()
+    spill_mib = None if args.spill_mib == "none" else int(args.spill_mib)
     print(machine.header("cpu"))
     dim = args.mib * (1 << 20) // 4 // 4096
     folder = Path(tempfile.mkdtemp(prefix="worker-memory-"))
@@ -83,7 +94,9 @@ def main() -> int:
     path.write_text(TASK.format(dim=dim))
     task = load_task_file(path)
     peaks: dict[int, int] = {}
-    series: dict[int, list[tuple[float, int]]] = {}  # pid -> (seconds since the start, KiB)
+    held_peaks: dict[int, int] = {}
+    parts_at_peak: dict[int, tuple[int, int]] = {}  # pid -> (heap, shared) when its held memory peaked
+    series: dict[int, list[tuple[float, int]]] = {}  # pid -> (seconds since the start, KiB held)
     done = threading.Event()
 
     def sample() -> None:
@@ -91,9 +104,11 @@ def main() -> int:
         while not done.is_set():
             now = time.monotonic() - t0
             for pid in [me, *descendants(me, depth=8)]:
-                kib = rss_kib(pid)
+                kib, anon, shmem = rss_kib(pid)
                 peaks[pid] = max(peaks.get(pid, 0), kib)
-                series.setdefault(pid, []).append((now, kib))
+                if anon + shmem > held_peaks.get(pid, -1):
+                    held_peaks[pid], parts_at_peak[pid] = anon + shmem, (anon, shmem)
+                series.setdefault(pid, []).append((now, anon + shmem))
             time.sleep(0.02)
 
     t0 = time.monotonic()
@@ -101,7 +116,7 @@ def main() -> int:
     sampler.start()
     config = EvalConfig(size=Size.FULL, n_correctness=args.sets, constants={"dim": dim}, timeout_s=600,
                         timing=TimingConfig(min_rounds=5, max_rounds=20, max_timing_s=5.0, warmup_calls=2,
-                                            min_spot_checks=2))
+                                            min_spot_checks=2), spill_set_mib=spill_mib)
     with Evaluator(config) as ev:
         started = time.monotonic() - t0
         source = task.source.replace("class Model(", "class ModelNew(")
@@ -115,17 +130,24 @@ def main() -> int:
     print(f"task: 4096 x {dim} fp32 ({args.mib} MiB a tensor; one set, input and output: {one_set_mib} MiB); "
           f"{args.sets} sets; verdict {result.status.value} {result.message!r}; {time.monotonic() - t0:.0f} s")
     me = os.getpid()
-    print(f"judge process peak RSS: {peaks.get(me, 0) / 1024:.0f} MiB")
-    workers = sorted((kib for pid, kib in peaks.items() if pid != me and kib > 200 * 1024), reverse=True)
-    for kib in workers:
-        print(f"  process peak RSS: {kib / 1024:7.0f} MiB = {kib / 1024 / one_set_mib:5.2f} sets")
+    ref = result.environment.reference
+    print(f"spill_set_mib {spill_mib}: sets the judge kept in files {ref.sets_in_files if ref else '?'}")
+    print(f"judge process peak RSS: {peaks.get(me, 0) / 1024:.0f} MiB; held (heap and shared memory, not file "
+          f"pages): {held_peaks.get(me, 0) / 1024:.0f} MiB = {held_peaks.get(me, 0) / 1024 / one_set_mib:.2f} sets "
+          f"(heap {parts_at_peak.get(me, (0, 0))[0] / 1024:.0f}, shared {parts_at_peak.get(me, (0, 0))[1] / 1024:.0f})")
+    workers = sorted((pid for pid, kib in peaks.items() if pid != me and kib > 200 * 1024), key=lambda p: -peaks[p])
+    for pid in workers:
+        kib, held = peaks[pid], held_peaks.get(pid, 0)
+        print(f"  process peak RSS: {kib / 1024:7.0f} MiB = {kib / 1024 / one_set_mib:5.2f} sets; "
+              f"held {held / 1024:7.0f} MiB (heap {parts_at_peak[pid][0] / 1024:.0f}, "
+              f"shared {parts_at_peak[pid][1] / 1024:.0f})")
     phases = result.environment.phases
     if phases is not None:
         edges, at = [], started
         for name in ("reference_load_s", "reference_outputs_s", "candidate_checks_s", "timing_pool_s", "timing_s"):
             edges.append((name.removesuffix("_s"), at, at + getattr(phases, name)))
             at += getattr(phases, name)
-        print("peak in each phase (MiB), processes by peak: " + ", ".join(f"{n} {a:.1f}-{b:.1f} s" for n, a, b in edges))
+        print("held memory's peak in each phase (MiB), processes by peak: " + ", ".join(f"{n} {a:.1f}-{b:.1f} s" for n, a, b in edges))
         busy = sorted((pid for pid, kib in peaks.items() if kib > 200 * 1024), key=lambda pid: -peaks[pid])
         for pid in busy:
             row = [max((kib for t, kib in series.get(pid, []) if a <= t < b), default=0) / 1024 for _, a, b in edges]

@@ -217,6 +217,7 @@ class ReferenceRecord:
     perturbed_sets: int = 0  # correctness sets that were scaled and shifted
     parameters_shared: bool | None = None  # the candidate was given the reference's parameters
     reseeded: bool = False  # the task's worker was kept from an earlier group, its model built again under a new seed
+    sets_in_files: int = 0  # input sets (correctness and timing) the judge kept in files, not its heap (judge/spill.py)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -103,6 +103,10 @@ class EvalConfig:
     # the copy measured is no speedup (noise_band). 0 leaves the copy out.
     aa_tolerance: float = 0.05
     aa_retimes: int = 1
+    # A set of this many MiB or more (inputs and the reference's outputs) is kept by the judge in
+    # files under cache_dir, mapped (judge/spill.py), not in its heap: at full size a group's sets
+    # are tens of GiB. None keeps every set in the heap.
+    spill_set_mib: int | None = 64
     cache_dir: Path = field(default_factory=default_cache_dir)
     timing: TimingConfig = field(default_factory=TimingConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
@@ -133,16 +137,18 @@ class EvalConfig:
             raise ValueError("kept_references must be >= 0")
         if self.aa_tolerance < 0 or self.aa_retimes < 0:
             raise ValueError("aa_tolerance and aa_retimes must be >= 0")
+        if self.spill_set_mib is not None and self.spill_set_mib < 0:
+            raise ValueError("spill_set_mib must be >= 0 (or None: never)")
         if not 0 < self.floor_slack <= 1:
             raise ValueError("floor_slack must be in (0, 1]")
 
 
 def config_fingerprint(config: EvalConfig) -> str:
     """What makes two evaluations comparable: every setting but where caches live, how many
-    candidates are checked at once, how many reference workers are kept and whether the compile
-    baseline is measured beside them."""
+    candidates are checked at once, how many reference workers are kept, whether the compile
+    baseline is measured beside them and where the judge keeps its sets."""
     d = to_plain(config)
-    for key in ("cache_dir", "concurrency", "kept_references", "compile_baseline"):
+    for key in ("cache_dir", "concurrency", "kept_references", "compile_baseline", "spill_set_mib"):
         d.pop(key, None)
     d["llm_judge"].pop("cache_path", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -52,6 +52,7 @@ from kernelrl.judge.inputs import available_memory, memory_need, timing_pool_siz
 from kernelrl.judge.pool import Claim
 from kernelrl.judge.reference import InputSet, ReferenceFailed, ReferenceSession, TaskInfo, session_for
 from kernelrl.judge.sandbox import Worker, timing_cores
+from kernelrl.judge.spill import disk_free
 from kernelrl.judge.timer import (
     CandidateTiming,
     GroupTiming,
@@ -242,7 +243,8 @@ class Group:
             self.machine = dataclasses.replace(
                 self.machine, proc_isolation=self.session.worker.isolated if self.session.worker else None)
             self.reference = dataclasses.replace(self.reference,
-                                                 perturbed_sets=sum(s.plan.perturbed for s in self.sets))
+                                                 perturbed_sets=sum(s.plan.perturbed for s in self.sets),
+                                                 sets_in_files=self.session.spilled_sets)
             want_compile = self._wants_compile()
             if self.members or self.baseline:
                 self.trials[TIMED_REFERENCE] = Trial(candidate=reference_program(task), trusted=True)
@@ -268,6 +270,7 @@ class Group:
             if any(h in self.members for h in survivors) or self.baseline:
                 reference = self._timed_reference()
                 pool = self.session.timing_pool(self._pool_size())
+                self.reference = dataclasses.replace(self.reference, sets_in_files=self.session.spilled_sets)
                 self._phase("timing_pool_s")
                 # Members in a random order: pool and warm-up messages go out in this order.
                 order = list(survivors)
@@ -384,12 +387,15 @@ class Group:
         cfg, p = self.ctx.config, info.profile
         if p is None or not (p.input_bytes or p.output_bytes):
             return
+        folder = self.session.spill_to
+        in_files = folder is not None and p.input_bytes + p.output_bytes >= self.session.spill_bytes
         need = memory_need(input_bytes=p.input_bytes, output_bytes=p.output_bytes, param_bytes=p.param_bytes,
                            n_sets=cfg.n_correctness,
-                           pool_size=timing_pool_size(cfg.timing.pool_size, p.input_bytes))
+                           pool_size=timing_pool_size(cfg.timing.pool_size, p.input_bytes), in_files=in_files)
         cap = cfg.sandbox.memory_limit_gib
         why = too_large(need, available=available_memory(),
-                        worker_cap=int(cap * (1 << 30)) if cap is not None and cfg.device is Device.CPU else None)
+                        worker_cap=int(cap * (1 << 30)) if cap is not None and cfg.device is Device.CPU else None,
+                        disk_free=disk_free(folder) if folder is not None and in_files else None)
         if why is not None:
             raise TaskError(f"{self.task.name}: {why}")
 

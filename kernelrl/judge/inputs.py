@@ -21,7 +21,9 @@ by a plain one.
 input exists), and `too_large` says in one line why a task cannot be judged on this machine,
 before anything is built: input sets travel one per message, so a worker holds about one set
 (its inputs, the output, and the two runs of the first set) beside the timing pool, while the
-judge keeps every set's inputs and reference outputs. The figures are the tensors' own bytes;
+judge keeps every set's inputs and reference outputs: in its heap, or for sets of
+`EvalConfig.spill_set_mib` or more in files (`kernelrl.judge.spill`), which need that much disk
+instead and leave one set in the heap at a time. The figures are the tensors' own bytes;
 allocator slack, torch itself and a candidate's own buffers come on top (not guaranteed).
 """
 
@@ -88,24 +90,33 @@ def timing_pool_size(configured: int, input_bytes: int) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryNeed:
-    """Bytes an evaluation's tensors need: in the busiest worker and in the judge."""
+    """Bytes an evaluation's tensors need: in the busiest worker, in the judge's heap, and on disk
+    for the judge's sets kept in files."""
 
     worker: int
     judge: int
+    disk: int = 0
 
 
-def memory_need(*, input_bytes: int, output_bytes: int, param_bytes: int, n_sets: int, pool_size: int) -> MemoryNeed:
+def memory_need(*, input_bytes: int, output_bytes: int, param_bytes: int, n_sets: int, pool_size: int,
+                in_files: bool = False) -> MemoryNeed:
     """A worker: its parameters, one set's inputs (and the clone a call gets), the first set's two
     outputs, and the timing pool with its noise tensors. The judge: every set's inputs and outputs,
-    the pool it sends, and one spot check's output and inputs from a member and from the reference."""
+    the pool it sends, and one spot check's output and inputs from a member and from the reference;
+    with its sets `in_files`, those go to disk and its heap holds the set arriving."""
     worker = param_bytes + 2 * input_bytes + 2 * output_bytes + 2 * pool_size * input_bytes
-    judge = n_sets * (input_bytes + output_bytes) + pool_size * input_bytes + 2 * (input_bytes + output_bytes)
-    return MemoryNeed(worker=worker, judge=judge)
+    one_set, spot = input_bytes + output_bytes, 2 * (input_bytes + output_bytes)
+    sets = n_sets * one_set + pool_size * input_bytes
+    if in_files:
+        return MemoryNeed(worker=worker, judge=one_set + spot, disk=sets)
+    return MemoryNeed(worker=worker, judge=sets + spot)
 
 
-def too_large(need: MemoryNeed, *, available: int | None, worker_cap: int | None) -> str | None:
+def too_large(need: MemoryNeed, *, available: int | None, worker_cap: int | None,
+              disk_free: int | None = None) -> str | None:
     """Why the task cannot be judged here (None when it can): a worker past its address-space cap,
-    or the judge and two workers (the reference and one candidate) past the memory available."""
+    the judge and two workers (the reference and one candidate) past the memory available, or the
+    judge's sets in files past the disk free where they go."""
     gib = 1 << 30
     if worker_cap is not None and need.worker > worker_cap:
         return (f"too large: a worker needs {need.worker / gib:.1f} GiB for its tensors, above its "
@@ -114,6 +125,9 @@ def too_large(need: MemoryNeed, *, available: int | None, worker_cap: int | None
     if available is not None and total > available:
         return (f"too large: the judge and two workers need {total / gib:.1f} GiB for their tensors, "
                 f"{available / gib:.1f} GiB is available")
+    if need.disk and disk_free is not None and need.disk > disk_free:
+        return (f"too large: the judge's input sets need {need.disk / gib:.1f} GiB of disk under cache_dir "
+                f"(spill_set_mib), {disk_free / gib:.1f} GiB is free")
     return None
 
 

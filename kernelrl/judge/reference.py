@@ -38,6 +38,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kernelrl.judge import protocol as P
@@ -49,6 +50,7 @@ from kernelrl.judge.pool import Claim, WorkerPool
 from kernelrl.judge.precision import PRECISION_FLAGS
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.judge.sandbox import Answer, Worker, WorkerDied
+from kernelrl.judge.spill import SPILL_SUBDIR, folder_in_memory, spill
 from kernelrl.tasks.task import Task, TaskError
 
 # The largest input set (with its outputs) whose task's worker is kept between sessions: a kept worker
@@ -193,8 +195,14 @@ def _idle_since(kept: KeptReference) -> bool:
 
 class ReferenceSession:
     def __init__(self, spec: LoadSpec, *, pool: WorkerPool, rng: random.Random, timeout_s: float,
-                 kept: KeptReference | None = None) -> None:
+                 kept: KeptReference | None = None, spill_to: Path | None = None,
+                 spill_bytes: int = 0) -> None:
         self.spec = spec
+        # Where a set of `spill_bytes` or more (inputs and outputs) is kept as files (judge/spill.py);
+        # None: every set stays in the judge's heap.
+        self.spill_to = spill_to
+        self.spill_bytes = spill_bytes
+        self.spilled_sets = 0  # sets (correctness and timing) the judge keeps in files
         self.task = spec.task
         self.rng = rng
         self.timeout_s = timeout_s
@@ -286,10 +294,16 @@ class ReferenceSession:
                 P.MakeInputs(seeds=[plan.seed], perturb=[plan.perturb], run=run), deadline=self._deadline()))
             payload = answer.payload or {}
             made, ran = list(payload.get("inputs") or []), list(payload.get("outputs") or [])
-            self.largest_set = max(self.largest_set, payload_bytes(made) + payload_bytes(ran))
+            size = payload_bytes(made) + payload_bytes(ran)
+            self.largest_set = max(self.largest_set, size)
+            if self.spill_to is not None and size >= self.spill_bytes:
+                # Before the next set arrives: the judge's heap holds one set at a time.
+                (made, ran), written = spill((made, ran), self.spill_to)
+                self.spilled_sets += written > 0
             values += made
             outputs += ran
             finite += list(answer.header.finite)
+            del payload, answer  # the heap's copies of a spilled set go now, before the next arrives
         return values, outputs, finite
 
     def correctness_sets(self, n: int) -> list[InputSet]:
@@ -363,7 +377,10 @@ def session_for(task: Task, config: EvalConfig, *, pool: WorkerPool, rng: random
                     threads=config.sandbox.effective_threads, init_seed=rng.getrandbits(31),
                     evict_bytes=evict_bytes(config.device), cache_root=str(config.cache_dir),
                     allow_tf32=config.allow_tf32)
-    return ReferenceSession(spec, pool=pool, rng=rng, timeout_s=config.timeout_s, kept=kept)
+    folder = config.cache_dir / SPILL_SUBDIR
+    spill_to = None if config.spill_set_mib is None or folder_in_memory(config.cache_dir) else folder
+    return ReferenceSession(spec, pool=pool, rng=rng, timeout_s=config.timeout_s, kept=kept, spill_to=spill_to,
+                            spill_bytes=(config.spill_set_mib or 0) << 20)
 
 
 def _first_line(text: str) -> str:

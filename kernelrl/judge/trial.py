@@ -20,7 +20,8 @@ Guarantees:
   (`compare.output_digest`), never its outputs, so a trial adds at most one output to the judge.
 
 Does not bound the judge's own copy of the sets: the group holds every set and its reference
-output for all its trials (`kernelrl.judge.inputs.memory_need` counts them before anything starts).
+output for all its trials, large ones in files (`kernelrl.judge.spill`; `kernelrl.judge.inputs.memory_need`
+counts them before anything starts).
 
 Does not time anything: `kernelrl.judge.timer` does, for all survivors of a task together.
 """

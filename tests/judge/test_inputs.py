@@ -19,6 +19,17 @@ def test_a_worker_holds_about_one_set_whatever_the_number_of_sets():
     assert many.judge - one.judge == 45 * 2 * GIB  # the judge keeps every set's inputs and outputs
 
 
+def test_a_judge_keeping_its_sets_in_files_needs_disk_for_them_and_its_heap_for_one():
+    few = memory_need(input_bytes=GIB, output_bytes=GIB, param_bytes=0, n_sets=5, pool_size=1, in_files=True)
+    many = memory_need(input_bytes=GIB, output_bytes=GIB, param_bytes=0, n_sets=50, pool_size=1, in_files=True)
+    assert few.judge == many.judge == 6 * GIB  # the set arriving, and a spot check's output and inputs twice
+    assert many.disk - few.disk == 45 * 2 * GIB
+    assert few.worker == memory_need(input_bytes=GIB, output_bytes=GIB, param_bytes=0, n_sets=5, pool_size=1).worker
+    short = too_large(few, available=None, worker_cap=None, disk_free=4 * GIB)
+    assert short is not None and "of disk" in short and "4.0 GiB is free" in short
+    assert too_large(few, available=None, worker_cap=None, disk_free=None) is None
+
+
 def test_too_large_names_the_limit_it_passes():
     need = MemoryNeed(worker=10 * GIB, judge=20 * GIB)
     assert too_large(need, available=None, worker_cap=None) is None

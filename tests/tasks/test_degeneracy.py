@@ -41,3 +41,22 @@ def test_non_tensor_outputs_are_the_tasks_fault():
         judge_outputs("t", "small", [["x"], ["y"]], n_inputs=2)
     with pytest.raises(ValueError, match="n_inputs"):
         judge_outputs("t", "small", _sets(torch.ones(2)), n_inputs=1)
+
+
+@pytest.mark.parametrize("where", ["first chunk", "last chunk"])
+def test_one_value_outside_the_tolerance_in_any_chunk_tells_outputs_apart(monkeypatch, where):
+    # Compared a chunk at a time (the judge holds no float64 copy of a whole output): a value
+    # outside the tolerance is seen wherever it lies, and near-zero outputs as zero likewise.
+    from kernelrl.tasks import degeneracy
+
+    monkeypatch.setattr(degeneracy, "_CHUNK", 16)
+    n = 16 * 3 + 5
+    same = [torch.full((n,), 3.0) for _ in range(4)]
+    assert outputs_degenerate(_sets(*same))
+    odd = [t.clone() for t in same]
+    odd[2][1 if where == "first chunk" else n - 1] = 3.1
+    assert outputs_degenerate(_sets(*odd)) == []
+    tiny = [torch.full((n,), 1e-6) for _ in range(4)]
+    assert any("all-zero" in r for r in outputs_degenerate(_sets(*tiny)))
+    tiny[3][1 if where == "first chunk" else n - 1] = 1.0
+    assert not any("all-zero" in r for r in outputs_degenerate(_sets(*tiny)))
