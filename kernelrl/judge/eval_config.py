@@ -105,7 +105,7 @@ class EvalConfig:
     aa_retimes: int = 1
     # A set of this many MiB or more (inputs and the reference's outputs) is kept by the judge in
     # files under cache_dir, mapped (judge/spill.py), not in its heap: at full size a group's sets
-    # are tens of GiB. None keeps every set in the heap.
+    # are tens of GiB. None (from Python; a large value on the command line) keeps every set in the heap.
     spill_set_mib: int | None = 64
     cache_dir: Path = field(default_factory=default_cache_dir)
     timing: TimingConfig = field(default_factory=TimingConfig)
