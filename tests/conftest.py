@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import verdict_summary
 from optional_extras import missing_extra
 
 # The scripted OpenAI-compatible server (tests/openai_server.py) as a fixture for every test.
@@ -164,3 +165,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# The red-team and control verdicts, printed after the run (`verdict_summary.py`), from every
+# xdist worker when there are several.
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    verdict_summary.send_from_worker(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's: a worker process ended
+def pytest_testnodedown(node: object, error: object) -> None:
+    output = getattr(node, "workeroutput", None)
+    config = getattr(node, "config", None)
+    if isinstance(output, dict) and config is not None:
+        verdict_summary.merge_from_worker(config, output)
+
+
+def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: pytest.Config) -> None:
+    verdict_summary.write(terminalreporter, config)

@@ -276,7 +276,10 @@ def test_profiles_go_through_the_queue(start_server) -> None:
 
 def test_40_slow_profiles_do_not_delay_the_other_routes(start_server) -> None:
     """40 clients ask for profiles whose references hang: job status, metrics and new jobs still
-    answer within a second each, and every profile comes back once the references return."""
+    answer, each within a few seconds, and every profile comes back once the references return.
+    A route held behind the profiles would answer only once the gate opens (never, here: the
+    client's 10 s timeout); the bound leaves room for a machine loaded by other work (1.46 s seen
+    in CI under a second test process)."""
     gate = threading.Event()
     backend = FakeBackend(profile_gate=gate, capacity=2)
     server = start_server(backend)
@@ -300,7 +303,7 @@ def test_40_slow_profiles_do_not_delay_the_other_routes(start_server) -> None:
                     r = http.request(method, url + path, json=body)
                     slowest = max(slowest, time.monotonic() - t0)
                     assert r.status_code in (200, 202), (path, r.text)
-        assert slowest < 1.0, f"a request took {slowest:.2f} s while 40 profiles waited"
+        assert slowest < 3.0, f"a request took {slowest:.2f} s while 40 profiles waited"
         assert backend.profiled == []  # the references were still hanging all along
         gate.set()
         profiles = [f.result(timeout=60) for f in futures]
