@@ -147,7 +147,8 @@ def main() -> int:
         for name in ("reference_load_s", "reference_outputs_s", "candidate_checks_s", "timing_pool_s", "timing_s"):
             edges.append((name.removesuffix("_s"), at, at + getattr(phases, name)))
             at += getattr(phases, name)
-        print("held memory's peak in each phase (MiB), processes by peak: " + ", ".join(f"{n} {a:.1f}-{b:.1f} s" for n, a, b in edges))
+        spans = ", ".join(f"{n} {a:.1f}-{b:.1f} s" for n, a, b in edges)
+        print(f"held memory's peak in each phase (MiB), processes by peak: {spans}")
         busy = sorted((pid for pid, kib in peaks.items() if kib > 200 * 1024), key=lambda pid: -peaks[pid])
         for pid in busy:
             row = [max((kib for t, kib in series.get(pid, []) if a <= t < b), default=0) / 1024 for _, a, b in edges]
