@@ -179,7 +179,9 @@ class MachineRecord:
     threads: int = 0  # threads each worker uses
     device_lock: str = ""  # the device's lock (cpu, cuda-0, ...): one measurement at a time on it
     timing_cores: tuple[int, ...] = ()  # cores every timed member was bound to ( (): unbound )
-    pinned_allocator: bool = False  # timed workers allocate from the heap only, from their timing pool on
+    # every timed worker said glibc took the pinned settings (heap only, from its timing pool on);
+    # False where nothing was timed, the config turned it off, or there is no glibc mallopt
+    pinned_allocator: bool = False
     proc_isolation: bool | None = None  # the task worker had a private /proc (None: not known)
     # fp32 precision: whether the evaluation allowed TF32, and the flags as the reference's worker
     # had them before any task code ran (the same are set in every candidate's worker)

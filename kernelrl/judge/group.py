@@ -130,7 +130,7 @@ class Group:
         self.cores = timing_cores(cfg.sandbox)
         self.machine = MachineRecord(threads=cfg.sandbox.effective_threads, device_lock=ctx.lock.name,
                                      timing_cores=tuple(sorted(self.cores or ())),
-                                     pinned_allocator=cfg.sandbox.pin_allocator, allow_tf32=cfg.allow_tf32)
+                                     allow_tf32=cfg.allow_tf32)
         self.reference = ReferenceRecord()
         self._phases: dict[str, float] = {}  # where the group's wall time went, in seconds
         self._clock = time.monotonic()
@@ -300,6 +300,7 @@ class Group:
                 self.timing = dataclasses.replace(timing, device_wait_s=waited, noisy=noisy, retimed=retimed,
                                                   aa_speedup=pair.speedup if pair else None,
                                                   aa_ci=pair.speedup_ci if pair else None)
+                self.machine = dataclasses.replace(self.machine, pinned_allocator=timing.allocator_pinned)
                 self._note_deferred_outputs(survivors)
                 self._phase("timing_s")
                 self._phases.update(timing_setup_s=round(timing.setup_s, 3), timing_samples_s=round(timing.samples_s, 3),

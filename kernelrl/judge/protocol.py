@@ -263,6 +263,7 @@ class Ran(Header):
 class Pooled(Header):
     KIND: ClassVar[Kind] = Kind.POOLED
     n: int
+    allocator_pinned: bool = False  # the worker's report: glibc took `startup.PINNED_MALLOPT` (from this pool on)
 
 
 @dataclass(frozen=True, kw_only=True)

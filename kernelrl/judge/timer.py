@@ -191,6 +191,7 @@ class GroupTiming:
     retimed: int = 0  # measurements repeated because the A/A pair disagreed
     device_idle: DeviceIdle = DeviceIdle.NOT_PROBED  # the idle probe after every sample (`kernelrl.judge.idle`)
     device_note: str = ""  # why the device could not be confirmed idle ("" when it could)
+    allocator_pinned: bool = False  # every member that took its pool said its allocator is pinned
 
 
 def aa_noisy(aa: CandidateTiming | None, tolerance: float) -> bool:
@@ -299,8 +300,11 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
     spent = {"setup_s": 0.0, "samples_s": 0.0, "spot_checks_s": 0.0}  # where the measurement's time went
     clock = time.monotonic()
     pool_header = P.Pool(noise_seed=rng.getrandbits(31), jitter=config.jitter)
+    pinned: list[bool] = []  # each member's report that its allocator is pinned
     for m in members:
-        guarded(m, partial(m.request, pool_header, None, pool, deadline=call_deadline()))
+        pooled = guarded(m, partial(m.request, pool_header, None, pool, deadline=call_deadline()))
+        if pooled is not None:
+            pinned.append(isinstance(pooled.header, P.Pooled) and pooled.header.allocator_pinned)
     for m in alive():
         warm = guarded(m, partial(m.request, P.Warmup(calls=config.warmup_calls, max_s=config.warmup_max_s),
                                   deadline=call_deadline()))
@@ -454,7 +458,8 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
                        setup_s=spent["setup_s"], samples_s=spent["samples_s"], spot_checks_s=spent["spot_checks_s"],
                        spot_check_bytes=spot_bytes, call_floor_ms=floor_ns / 1e6,
                        exchange_ms=(statistics.median(overheads_ns) if overheads_ns else 0.0) / 1e6,
-                       stopped_by=stopped_by, wall_s=time.monotonic() - t_start)
+                       stopped_by=stopped_by, wall_s=time.monotonic() - t_start,
+                       allocator_pinned=bool(pinned) and all(pinned))
 
 
 def _ratios(pairs: Sequence[tuple[int, int]], overhead_ns: float) -> list[float]:

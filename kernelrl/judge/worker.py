@@ -436,7 +436,7 @@ class WorkerState:
                 else:
                     row.append(None)
             self.noise.append(row)
-        return P.Kind.POOLED, P.Pooled(n=len(self.pool)), None
+        return P.Kind.POOLED, P.Pooled(n=len(self.pool), allocator_pinned=self.allocator_pinned), None
 
     def warmup(self, h: P.Warmup, payload: object) -> Reply:
         t_end = time.monotonic() + h.max_s

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import platform
 import time
 
 import pytest
@@ -92,6 +94,19 @@ def test_wrong_scale_is_incorrect_with_max_error(judged, tiny_task, quick_config
     assert res.speedup is None
     assert res.max_abs_err is not None and res.max_abs_err > 1e-4
     assert "outside tolerance" in res.message
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the pinned allocator is glibc's mallopt")
+def test_the_pinned_allocator_is_recorded_as_the_timed_workers_report_it(judged, tiny_task, quick_config):
+    timed = judged(tiny_task, FUSED_REWRITE, quick_config)
+    assert timed.status is Status.CORRECT and timed.environment.machine is not None
+    assert timed.environment.machine.pinned_allocator  # every timed worker said glibc took it
+    untimed = judged(tiny_task, IDENTICAL.replace("* 2.0", "* 2.001"), quick_config)
+    assert untimed.environment.machine is not None and not untimed.environment.machine.pinned_allocator
+    off = dataclasses.replace(quick_config, sandbox=dataclasses.replace(quick_config.sandbox, pin_allocator=False))
+    unpinned = judged(tiny_task, FUSED_REWRITE, off)
+    assert unpinned.status is Status.CORRECT and unpinned.environment.machine is not None
+    assert not unpinned.environment.machine.pinned_allocator
 
 
 def test_a_group_whose_members_all_failed_is_not_timed(judged, tiny_task, quick_config):
