@@ -5,8 +5,8 @@ A group holds every correctness set and the reference's output on it while it ju
 full size that is tens of GiB (a level-1 elementwise set is 12 GiB): in the judge's heap it is memory
 nothing else can have, and the kernel's OOM killer takes the judge or a worker. A message at or above
 `EvalConfig.spill_set_mib` has its tensors written to files in `<cache_dir>/sets` and mapped back
-privately: the judge's tensors are then page cache, which the kernel
-drops when memory runs short (the file holds the bytes) and reads back when a candidate is sent a set.
+privately: the judge's tensors are then page cache, which the kernel drops when memory runs short
+(the file holds the bytes) and reads back when a candidate is sent a set.
 
 Guarantees: a spilled tensor has the dtype, shape and bytes it had, and is contiguous (as every
 tensor read from the channel is); the tree keeps its structure and every other value; an in-place
