@@ -132,6 +132,9 @@ def main() -> int:
     me = os.getpid()
     ref = result.environment.reference
     print(f"spill_set_mib {spill_mib}: sets the judge kept in files {ref.sets_in_files if ref else '?'}")
+    timing = result.environment.timing
+    if timing is not None:  # a sample of k calls stages k inputs in each timed worker: its peak grows with k
+        print(f"timing: {timing.rounds} rounds, {timing.calls_per_sample} call(s) per sample")
     print(f"judge process peak RSS: {peaks.get(me, 0) / 1024:.0f} MiB; held (heap and shared memory, not file "
           f"pages): {held_peaks.get(me, 0) / 1024:.0f} MiB = {held_peaks.get(me, 0) / 1024 / one_set_mib:.2f} sets "
           f"(heap {parts_at_peak.get(me, (0, 0))[0] / 1024:.0f}, shared {parts_at_peak.get(me, (0, 0))[1] / 1024:.0f})")

@@ -10,6 +10,9 @@ what it returned, and one that patches torch does not change how its inputs are 
 - `readable`: the same, but a plain CPU tensor as itself (no copy), for the harness to read
   or send at once;
 - `kept`: a timed call's output as it was when returned (plain tensors copied on their device);
+- `all_finite`: no NaN or infinity in a value's floating tensors, read a chunk at a time;
+- `perturb(values, scale, offset_frac)`: a moved correctness set, made with one tensor of the
+  input's size beside it at a time;
 - `stage(x, noise, scale=, shift=, jitter=)`: a timed call's fresh input, `x * scale * (1 +
   jitter * roll(noise, shift))`: new storage and new values for every call, and no multiple of
   any earlier input. Written into one new tensor a chunk of `CHUNK` elements at a time, it takes
@@ -92,6 +95,33 @@ def kept(x: object) -> object:
     if type(x) is _Tensor and not shadows_tensor(x):
         return _clone_tensor(_detach(x))
     return [kept(v) for v in x] if isinstance(x, (list, tuple)) else x
+
+
+def all_finite(x: object) -> bool:
+    """No NaN or infinity in any floating tensor of a value (lists and tuples looked into), read a
+    chunk at a time: `torch.isfinite` of a whole tensor takes about twice its size in temporaries."""
+    if isinstance(x, _Tensor):
+        if not x.is_floating_point():
+            return True
+        flat = _reshape(x, (-1,)) if _is_contiguous(x) else x.flatten()
+        return all(bool(torch.isfinite(flat[i:i + CHUNK]).all()) for i in range(0, _numel(flat), CHUNK))
+    if isinstance(x, (list, tuple)):
+        return all(all_finite(v) for v in x)
+    return True
+
+
+def perturb(values: list[object], scale: float, offset_frac: float) -> list[object]:
+    """A moved input set (the reference worker's): floating inputs become `x * scale + offset_frac *
+    mean|x|`; integers and booleans stay. The shift is taken before the scaled copy is made and is
+    added into it: a tensor of the input's size more at a time, not two (the same values bitwise)."""
+    out: list[object] = []
+    for x in values:
+        if isinstance(x, _Tensor) and x.is_floating_point() and _numel(x):
+            shift = offset_frac * (float(x.abs().mean()) or 1.0)
+            out.append(_mul(x, scale).add_(shift))
+        else:
+            out.append(x)
+    return out
 
 
 def stage(x: torch.Tensor, noise: torch.Tensor, *, scale: float, shift: int, jitter: float) -> torch.Tensor:

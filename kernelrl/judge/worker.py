@@ -87,8 +87,10 @@ from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError, commitm
 from kernelrl.judge.compare import content_digest, flatten  # noqa: E402
 from kernelrl.judge.device import Device  # noqa: E402
 from kernelrl.judge.precision import global_state, set_precision  # noqa: E402
+from kernelrl.judge.values import all_finite as _all_finite  # noqa: E402
 from kernelrl.judge.values import clone as _clone  # noqa: E402
 from kernelrl.judge.values import kept as _kept  # noqa: E402
+from kernelrl.judge.values import perturb as _perturb  # noqa: E402
 from kernelrl.judge.values import readable as _readable  # noqa: E402
 from kernelrl.judge.values import shadows_tensor as _shadows_tensor  # noqa: E402
 from kernelrl.judge.values import stage  # noqa: E402
@@ -128,20 +130,6 @@ def _descendant_count() -> int:
 def _own(variable: str, named: str) -> str:
     """The folder the sandbox gave this worker for `variable` (full containment), else the one the judge named."""
     return os.environ.get(variable) or named
-
-
-def _perturb(values: list[object], scale: float, offset_frac: float) -> list[object]:
-    """Floating inputs become x * scale + offset_frac * mean|x|; integers and booleans stay."""
-    return [x * scale + offset_frac * (float(x.abs().mean()) or 1.0)
-            if isinstance(x, _Tensor) and x.is_floating_point() and x.numel() else x for x in values]
-
-
-def _all_finite(x: object) -> bool:
-    if isinstance(x, _Tensor):
-        return not x.is_floating_point() or bool(torch.isfinite(x).all())
-    if isinstance(x, (list, tuple)):
-        return all(_all_finite(v) for v in x)
-    return True
 
 
 class _LoadError(Exception):
@@ -343,6 +331,9 @@ class WorkerState:
         if self.module is None:
             return P.Kind.ERROR, P.Error(phase=P.Phase.PROTOCOL, message="make_inputs before load_task"), None
         sets, outputs, finite = [], [], []
+        # One set per message (the judge's way) is sent as it is, read in place: no copy of it can
+        # be changed by a later run before the arena takes it. Several in one message are copied.
+        take = _readable if len(h.seeds) == 1 else _to_cpu
         try:
             for seed, perturb in zip(h.seeds, h.perturb):
                 with _fork_rng(devices=[]):
@@ -355,14 +346,14 @@ class WorkerState:
                     with _no_grad():
                         out = self.model(*[_to_device(_clone(v), self.device) for v in values])
                     self._sync()
-                    outputs.append(_to_cpu(out))
+                    outputs.append(take(out))
                     finite.append(_all_finite(outputs[-1]))
                 else:
                     finite.append(True)
         except Exception as e:  # noqa: BLE001 - the reference's own failure: a task problem
             return P.Kind.ERROR, P.Error(phase=P.Phase.RUN, message=f"{type(e).__name__}: {e}",
                                          traceback=traceback.format_exc(limit=8)), None
-        return P.Kind.INPUTS, P.InputsMade(finite=finite), {"inputs": [_to_cpu(s) for s in sets],
+        return P.Kind.INPUTS, P.InputsMade(finite=finite), {"inputs": [take(s) for s in sets],
                                                            "outputs": outputs}
 
     # -- parameters ---------------------------------------------------------------------------

@@ -92,7 +92,6 @@ def outputs_degenerate(outputs: Sequence[object], tolerance: dict[str, tuple[flo
     sets: when a fixed answer (the first set's output) or an all-zero answer is within tolerance
     of every set's output, no candidate of the task can be told from a constant.
     """
-    import torch
 
     tol = dict(DEFAULT_TOLERANCE)
     tol.update(tolerance or {})
@@ -100,7 +99,7 @@ def outputs_degenerate(outputs: Sequence[object], tolerance: dict[str, tuple[flo
     outs = [o for o in found if o]
     if len(outs) < 2 or len(outs) != len(found):
         return []
-    if any(not bool(torch.isfinite(t).all()) for out in outs for t in out if t.is_floating_point()):
+    if any(not _finite(t) for out in outs for t in out if t.is_floating_point()):
         return []
     reasons = []
     if all(_within(out, None, tol) for out in outs):
@@ -116,7 +115,6 @@ def judge_outputs(task: str, size: str, outputs: Sequence[object], *, n_inputs: 
                   tolerance: dict[str, tuple[float, float]] | None = None) -> DegeneracyReport:
     """Judge a reference's outputs: the first `n_inputs` on the task's own (plain) input sets,
     the rest on offset and scaled ones (see the module docstring for what is measured)."""
-    import torch
 
     if n_inputs < 2:
         raise ValueError(f"n_inputs must be at least 2 to compare outputs, got {n_inputs}")
@@ -132,12 +130,12 @@ def judge_outputs(task: str, size: str, outputs: Sequence[object], *, n_inputs: 
 
     reasons: list[str] = []
     notes: list[str] = []
-    nonfinite = any(not bool(torch.isfinite(t).all()) for out in plain for t in out)
+    nonfinite = any(not _finite(t) for out in plain for t in out)
     if nonfinite:
         reasons.append("the output holds NaN or inf on the task's own inputs")
-    if any(not bool(torch.isfinite(t).all()) for out in perturbed for t in out):
+    if any(not _finite(t) for out in perturbed for t in out):
         notes.append("non-finite output on offset/scaled inputs; perturbed measurements skip those sets")
-        perturbed = [out for out in perturbed if all(bool(torch.isfinite(t).all()) for t in out)]
+        perturbed = [out for out in perturbed if all(_finite(t) for t in out)]
 
     mean_abs = _mean_abs(plain)
     # Judged on the task's own inputs: a task whose own distribution lets zeros pass is degenerate
@@ -181,6 +179,15 @@ def _as_float(t: Tensor) -> Tensor:
     import torch
 
     return t.to(torch.float64) if t.dtype != torch.float64 else t
+
+
+def _finite(t: Tensor) -> bool:
+    """No NaN or infinity in `t`, a chunk at a time (`torch.isfinite` of a whole output takes
+    about twice its size in temporaries)."""
+    import torch
+
+    flat = t.reshape(-1)
+    return all(bool(torch.isfinite(flat[i:i + _CHUNK]).all()) for i in range(0, flat.numel(), _CHUNK))
 
 
 def _within(out: list[Tensor], expected: list[Tensor] | None, tol: dict[str, tuple[float, float]]) -> bool:

@@ -46,3 +46,29 @@ def test_a_plain_cpu_output_is_read_in_place_and_anything_else_is_copied_or_desc
 
     lazy = torch.randn(4).as_subclass(Lazy)
     assert values.readable(lazy) == {"not_plain_tensor": f"{__name__}.{Lazy.__qualname__}"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_a_moved_set_is_the_whole_expression_bitwise_and_leaves_the_rest(dtype):
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(1000, generator=g) * 3).to(dtype)
+    ints, empty, flag = torch.arange(5), torch.empty(0, dtype=dtype), True
+    scale, frac = 1.7, -0.35
+    got = values.perturb([x, ints, empty, flag, torch.zeros(4, dtype=dtype)], scale, frac)
+    assert torch.equal(got[0], x * scale + frac * float(x.abs().mean())) and got[0].dtype == dtype
+    assert got[1] is ints and got[2] is empty and got[3] is flag
+    assert torch.equal(got[4], torch.full((4,), frac, dtype=dtype))  # mean|x| of zeros: the shift is frac
+    assert not torch.equal(got[0], x)  # new values in new storage; the input is untouched
+    assert got[0].data_ptr() != x.data_ptr()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_value_is_found_in_any_chunk_of_any_tensor(monkeypatch, bad):
+    monkeypatch.setattr(values, "CHUNK", 16)  # read a chunk at a time: a value past the first chunk counts
+    x = torch.randn(16 * 3 + 5)
+    assert values.all_finite([x, (torch.arange(4), 2.0)])
+    for at in (0, 20, x.numel() - 1):
+        y = x.clone()
+        y[at] = bad
+        assert not values.all_finite([torch.ones(3), (y,)])
+        assert not values.all_finite(y.reshape(-1, 1).expand(-1, 2).t())  # not contiguous

@@ -56,6 +56,9 @@ def test_one_value_outside_the_tolerance_in_any_chunk_tells_outputs_apart(monkey
     odd = [t.clone() for t in same]
     odd[2][1 if where == "first chunk" else n - 1] = 3.1
     assert outputs_degenerate(_sets(*odd)) == []
+    nan = [t.clone() for t in same]
+    nan[1][1 if where == "first chunk" else n - 1] = float("nan")
+    assert outputs_degenerate(_sets(*nan)) == []  # a non-finite output is no evidence either way
     tiny = [torch.full((n,), 1e-6) for _ in range(4)]
     assert any("all-zero" in r for r in outputs_degenerate(_sets(*tiny)))
     tiny[3][1 if where == "first chunk" else n - 1] = 1.0
