@@ -123,7 +123,11 @@ def test_a_batch_starts_only_the_workers_it_takes(quick_config, tiny_task):
     with Evaluator(quick_config, warm_workers=2) as ev:
         seen: list[tuple[int, int]] = []
         ev.evaluate_batch([(tiny_task, refused)], on_result=lambda i, r: seen.append((ev.pool.started, ev.pool.handed_out)))
-        assert seen == [(2, 0)]  # refused by reading: no reference loaded, nothing started for it
+        # refused by reading: no reference loaded, nothing started for it. The pool's first fill (two)
+        # runs in the background and starts nothing while a claim is open, so it may not have begun
+        # by the time the result arrives (seen once in CI, under a second test process).
+        (started, handed_out), = seen
+        assert handed_out == 0 and started <= 2
         seen.clear()
         ev.evaluate_batch([(tiny_task, same)], on_result=lambda i, r: seen.append((ev.pool.started, ev.pool.handed_out)))
     (started, handed_out), = seen
