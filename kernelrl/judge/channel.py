@@ -330,11 +330,11 @@ class Channel:
         return bool(ready)
 
     def _read_exact(self, n: int, deadline: float | None) -> bytes | bytearray:
+        if self.read_fd < 0:
+            raise ChannelClosed("this side closed the channel")
         buf = bytearray(n)
         view = memoryview(buf)
         got = 0
-        if self.read_fd < 0:
-            raise ChannelClosed("this side closed the channel")
         while got < n:
             if deadline is not None:
                 wait = deadline - time.monotonic()

@@ -389,7 +389,7 @@ class Group:
         if p is None or not (p.input_bytes or p.output_bytes):
             return
         folder = self.session.spill_to
-        in_files = folder is not None and p.input_bytes + p.output_bytes >= self.session.spill_bytes
+        in_files = self.session.spills(p.input_bytes + p.output_bytes)
         need = memory_need(input_bytes=p.input_bytes, output_bytes=p.output_bytes, param_bytes=p.param_bytes,
                            n_sets=cfg.n_correctness,
                            pool_size=timing_pool_size(cfg.timing.pool_size, p.input_bytes), in_files=in_files)

@@ -222,6 +222,10 @@ class ReferenceSession:
         self.keepable = True  # nothing gave the worker a history its task's next session must not inherit
         self.largest_set = 0  # bytes of the largest input set and its outputs the worker made
 
+    def spills(self, set_bytes: int) -> bool:
+        """Whether a set (inputs and outputs) of `set_bytes` is kept in files, not the judge's heap."""
+        return self.spill_to is not None and set_bytes >= self.spill_bytes
+
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout_s
 
@@ -296,7 +300,7 @@ class ReferenceSession:
             made, ran = list(payload.get("inputs") or []), list(payload.get("outputs") or [])
             size = payload_bytes(made) + payload_bytes(ran)
             self.largest_set = max(self.largest_set, size)
-            if self.spill_to is not None and size >= self.spill_bytes:
+            if self.spill_to is not None and self.spills(size):
                 # Before the next set arrives: the judge's heap holds one set at a time.
                 (made, ran), written = spill((made, ran), self.spill_to)
                 self.spilled_sets += written > 0

@@ -23,6 +23,7 @@ of a result says how many sets were kept in files).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -37,9 +38,11 @@ MIN_TENSOR_BYTES = 1 << 20
 _MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "shm"})
 
 
+@functools.cache
 def folder_in_memory(folder: Path) -> bool:
     """Whether `folder` lies on a filesystem whose pages are memory (tmpfs, ramfs): the longest
-    mount point of /proc/self/mounts that contains it decides."""
+    mount point of /proc/self/mounts that contains it decides. Read once per folder in a process
+    (every group asks; a cache folder does not change filesystems under a running judge)."""
     path = str(folder.resolve())
     best, kind = "", ""
     try:

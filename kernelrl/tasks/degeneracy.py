@@ -92,7 +92,6 @@ def outputs_degenerate(outputs: Sequence[object], tolerance: dict[str, tuple[flo
     sets: when a fixed answer (the first set's output) or an all-zero answer is within tolerance
     of every set's output, no candidate of the task can be told from a constant.
     """
-
     tol = dict(DEFAULT_TOLERANCE)
     tol.update(tolerance or {})
     found = [_tensors(o) for o in outputs]
@@ -115,7 +114,6 @@ def judge_outputs(task: str, size: str, outputs: Sequence[object], *, n_inputs: 
                   tolerance: dict[str, tuple[float, float]] | None = None) -> DegeneracyReport:
     """Judge a reference's outputs: the first `n_inputs` on the task's own (plain) input sets,
     the rest on offset and scaled ones (see the module docstring for what is measured)."""
-
     if n_inputs < 2:
         raise ValueError(f"n_inputs must be at least 2 to compare outputs, got {n_inputs}")
     if not 0.0 <= min_sensitivity < 1.0:

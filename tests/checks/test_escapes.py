@@ -14,6 +14,7 @@ Needs full containment (bubblewrap, namespaces): skipped where the evaluator wou
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -90,18 +91,17 @@ def judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tu
         source = spec.source.replace(PLACEHOLDER, f"TARGET = {target!r}")
         policy = "open" if not get_policy("open").rejects(check_source(source)) else "observe"
         key = (policy, level)
-        if own_evaluator:
-            with new_evaluator(policy, level) as ev:
+        with contextlib.ExitStack() as closing:
+            if own_evaluator:
+                ev = closing.enter_context(new_evaluator(policy, level))
                 beside_alone = ev.evaluate(task, BESIDE.format(tag=secrets.token_hex(8))).status
-                escape, beside = ev.evaluate_batch([(task, Candidate(source=source, origin=name)),
-                                                    (task, BESIDE.format(tag=secrets.token_hex(8)))])
-        else:
-            if key not in made:
-                made[key] = new_evaluator(policy, level)
-            ev = made[key]
-            if key not in alone:
-                alone[key] = ev.evaluate(task, BESIDE.format(tag=secrets.token_hex(8))).status
-            beside_alone = alone[key]
+            else:
+                if key not in made:
+                    made[key] = new_evaluator(policy, level)
+                ev = made[key]
+                if key not in alone:
+                    alone[key] = ev.evaluate(task, BESIDE.format(tag=secrets.token_hex(8))).status
+                beside_alone = alone[key]
             escape, beside = ev.evaluate_batch([(task, Candidate(source=source, origin=name)),
                                                 (task, BESIDE.format(tag=secrets.token_hex(8)))])
         assert escape.containment is level and beside.containment is level
