@@ -11,9 +11,9 @@ Guarantees:
 - the code database (when a path is given) is opened once, and every task is registered in it
   at the run's size before the block starts (`register_tasks=False`: a training rank other than
   the main one, which only reads);
-- the judge is built on first use, so a run with nothing left to judge starts no worker: a
-  `kernelrl.serve.client.RewardClient` when `backend.url` is set, else an in-process
-  `kernelrl.judge.evaluator.Evaluator` of `eval_config`. `reuse_stored` says whether verdicts stored
+- the judge is built on first use, so a run with nothing left to judge starts no worker, by
+  `kernelrl.serve.judges.make_judge`: the reward server's client when `backend.url` is set, else
+  an in-process `Evaluator` of `eval_config`. `reuse_stored` says whether verdicts stored
   under the run's evaluator settings stand for this judge's (not for a reward server's: its device
   is its own);
 - a proposer is built on the first ask for its spec and options, once, with the run's policy and
@@ -28,32 +28,18 @@ runs nothing: the commands drive the parts.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernelrl.serve.judges import BackendConfig, make_judge
+
 if TYPE_CHECKING:
-    from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.judge.contract import OwnedJudge, ProfilingJudge
     from kernelrl.judge.eval_config import EvalConfig
     from kernelrl.search.database import Database
     from kernelrl.search.proposers import Proposer
     from kernelrl.tasks.task import Task
-
-
-@dataclass(frozen=True, kw_only=True)
-class BackendConfig:
-    """Where verdicts come from: an in-process evaluator (the run's `eval`), or a reward server."""
-
-    url: str | None = None  # `kernelrl serve`'s address; None: an Evaluator in this process
-    token_file: Path | None = None
-    timeout_s: float | None = None  # one batch, client side; None: the client's default (an hour)
-
-    def __post_init__(self) -> None:
-        if self.token_file is not None:
-            object.__setattr__(self, "token_file", Path(self.token_file))
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise ValueError("backend.timeout_s must be positive or unset")
 
 
 class RunParts:
@@ -76,8 +62,9 @@ class RunParts:
     def judge(self) -> ProfilingJudge:
         """The run's judge, built on first use (see the module docstring)."""
         if self._judge is None:
-            self._judge = make_judge(self.eval_config, self.backend)
-            self._closing.callback(_close, self._judge)
+            made: OwnedJudge = make_judge(self.eval_config, self.backend)
+            self._closing.callback(made.close)
+            self._judge = made
         return self._judge
 
     @property
@@ -125,23 +112,3 @@ def build_run(*, tasks: Sequence[Task], eval_config: EvalConfig, db_path: Path |
                                    size=eval_config.size)
         yield RunParts(tasks=tasks, eval_config=eval_config, backend=backend or BackendConfig(), db=db,
                        judge=judge, proposers=proposers or {}, closing=closing)
-
-
-def make_judge(eval_config: EvalConfig, backend: BackendConfig | None = None) -> ProfilingJudge:
-    """A judge of the config's settings: the reward server's client when `backend.url` is set,
-    else an in-process evaluator."""
-    if backend is not None and backend.url:
-        from kernelrl.serve.client import DEFAULT_TIMEOUT_S, ClientConfig, RewardClient
-
-        return RewardClient(backend.url, token_file=backend.token_file,
-                            config=ClientConfig(size=eval_config.size, policy=eval_config.policy,
-                                                timeout_s=backend.timeout_s or DEFAULT_TIMEOUT_S))
-    from kernelrl.judge.evaluator import Evaluator
-
-    return Evaluator(eval_config)
-
-
-def _close(judge: object) -> None:
-    close: Callable[[], object] | None = getattr(judge, "close", None)
-    if close is not None:
-        close()

@@ -9,8 +9,9 @@ import pytest
 
 import kernelrl.search.proposers as proposers_module
 from kernelrl.judge.eval_config import EvalConfig
-from kernelrl.run_parts import BackendConfig, build_run
+from kernelrl.run_parts import build_run
 from kernelrl.search.database import Database
+from kernelrl.serve.judges import BackendConfig
 from kernelrl.tasks.task import Task
 
 TASK = Task(name="double", source="import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"

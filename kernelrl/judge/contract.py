@@ -9,6 +9,8 @@ checker rather than by convention.
   raising for a candidate's or a task's fault;
 - `ProfilingJudge`: also `profile(task)`, what a reference worker read about a task (shapes,
   FLOPs, bytes) for prompts, or None where the judge cannot say;
+- `OwnedJudge`: a `ProfilingJudge` its holder closes (`close()`), as every judge built from a
+  config is (`kernelrl.serve.backend.make_judge`);
 - `SearchJudge`: everything a search uses when its judge has it (the in-process `Evaluator`
   has all of it): `evaluate_batch(items, on_result=...)` handing each result over as soon as its
   group ends, the `fingerprint` of its settings, the baselines it measured (`cached_baseline`)
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from kernelrl.judge.baseline import Baseline
     from kernelrl.judge.roofline import MachinePeaks
 
-__all__ = ["BatchJudge", "ProfilingJudge", "SearchJudge"]
+__all__ = ["BatchJudge", "OwnedJudge", "ProfilingJudge", "SearchJudge"]
 
 
 class BatchJudge(Protocol):
@@ -41,6 +43,10 @@ class BatchJudge(Protocol):
 
 class ProfilingJudge(BatchJudge, Protocol):
     def profile(self, task: Task) -> TaskProfile | None: ...
+
+
+class OwnedJudge(ProfilingJudge, Protocol):
+    def close(self) -> None: ...
 
 
 @runtime_checkable

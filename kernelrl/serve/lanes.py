@@ -5,8 +5,8 @@
   no device appears twice (two lanes on one device would time against each other).
 - `lane_config(base, lane)`: the evaluator settings of one lane (the base settings, pinned to
   the lane's device).
-- `LaneEvaluators`: the evaluators of one lane, one per (size, policy) asked for, created on
-  first use and kept warm.
+- `LaneEvaluators`: the evaluators of one lane, one per (size, policy) asked for, made by
+  `kernelrl.serve.judges.make_judge` on first use and kept warm.
 - `LocalLanes`: a backend (`kernelrl.serve.backend.EvalBackend`) of in-process evaluators, one
   per lane. A batch is split into contiguous chunks, one per lane, run at once, and put back in
   order.
@@ -35,10 +35,11 @@ from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.result import EvalResult
+from kernelrl.serve.judges import make_judge
 from kernelrl.tasks.task import Size, Task
 
-if TYPE_CHECKING:  # the evaluator (and torch) is imported when a lane first judges, not to read `devices`
-    from kernelrl.judge.evaluator import Evaluator
+if TYPE_CHECKING:
+    from kernelrl.judge.contract import OwnedJudge
 
 _LANE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
@@ -96,17 +97,17 @@ class LaneEvaluators:
 
     def __init__(self, config: EvalConfig) -> None:
         self.config = config
-        self._evaluators: dict[tuple[Size, PolicyName], Evaluator] = {}
+        self._evaluators: dict[tuple[Size, PolicyName], OwnedJudge] = {}
         self._lock = threading.Lock()
 
-    def evaluator(self, size: Size | None = None, policy: PolicyName | None = None) -> Evaluator:
+    def evaluator(self, size: Size | None = None, policy: PolicyName | None = None) -> OwnedJudge:
+        """The lane's in-process evaluator at `size` and `policy` (the lane's own where None); the
+        evaluator and torch are imported when a lane first judges, not to read `devices`."""
         key = (Size(size or self.config.size), PolicyName(policy or self.config.policy))
         with self._lock:
             ev = self._evaluators.get(key)
             if ev is None:
-                from kernelrl.judge.evaluator import Evaluator
-
-                ev = Evaluator(dataclasses.replace(self.config, size=key[0], policy=key[1]))
+                ev = make_judge(dataclasses.replace(self.config, size=key[0], policy=key[1]))
                 self._evaluators[key] = ev
             return ev
 

@@ -47,13 +47,17 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.candidate import extract_code
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import Reward, RewardConfig, RewardModel
 from kernelrl.serve.api import BadItem, is_task_name, resolve_task
 from kernelrl.tasks.task import Task
+
+if TYPE_CHECKING:
+    from kernelrl.judge.contract import OwnedJudge
 
 log = logging.getLogger("kernelrl.serve")
 
@@ -109,23 +113,18 @@ class VerlScorer:
 
     def __init__(self, settings: VerlSettings) -> None:
         from kernelrl.config import build
-        from kernelrl.judge.evaluator import EvalConfig
+        from kernelrl.judge.eval_config import EvalConfig
+        from kernelrl.serve.judges import BackendConfig, make_judge
 
         self.settings = settings
         self.model = RewardModel(build(RewardConfig, json.loads(settings.reward)))
         table = json.loads(settings.eval)
         eval_config = build(EvalConfig, table)  # checked even when a server judges
-        if settings.url:
-            from kernelrl.serve.client import DEFAULT_TIMEOUT_S, ClientConfig, RewardClient
-
-            self.backend: Any = RewardClient(settings.url, token_file=settings.token_file, config=ClientConfig(
-                size=eval_config.size if "size" in table else None,
-                policy=eval_config.policy if "policy" in table else None,
-                timeout_s=settings.timeout_s or DEFAULT_TIMEOUT_S))
-        else:
-            from kernelrl.judge.evaluator import Evaluator
-
-            self.backend = Evaluator(eval_config)
+        # A server judges at the size and policy the table names; those it leaves out are the server's.
+        self.backend: OwnedJudge = make_judge(
+            eval_config, BackendConfig(url=settings.url, timeout_s=settings.timeout_s,
+                                      token_file=Path(settings.token_file) if settings.token_file else None),
+            server_chooses=[k for k in ("size", "policy") if k not in table])
         atexit.register(self.backend.close)
 
     def score_batch(self, solution_strs: Sequence[str], ground_truths: Sequence[object],
@@ -142,11 +141,11 @@ class VerlScorer:
             tasks.append(task)
             level = extra.get("level", task.level)
             levels.append(int(level) if level is not None else None)
-        todo = [i for i, c in enumerate(codes) if c is not None]
+        todo = [(i, c) for i, c in enumerate(codes) if c is not None]
         results: dict[int, EvalResult] = {}
         if todo:
-            for i, r in zip(todo, self.backend.evaluate_batch([(tasks[i], codes[i]) for i in todo])):
-                results[i] = r
+            judged = self.backend.evaluate_batch([(tasks[i], code) for i, code in todo])
+            results = {i: r for (i, _), r in zip(todo, judged)}
         # One clip for the batch: every band is the window's before it, so no score depends on the
         # order of the batch (RewardModel.clip_batch).
         raws = [self.model.raw(results.get(i), answer=answer) for i, answer in enumerate(solution_strs)]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Required, TypedDict
 from kernelrl.config import CONFIG_DIR, build, load_toml, to_dict, with_overrides
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.reward import RewardConfig
-from kernelrl.run_parts import BackendConfig
+from kernelrl.serve.judges import BackendConfig
 from kernelrl.tasks.splits import Split, for_training, split_of, split_of_name
 from kernelrl.train.grpo import GRPOResult, GRPOStageConfig
 from kernelrl.train.launch_config import LaunchConfig
