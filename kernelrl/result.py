@@ -234,7 +234,7 @@ class TimingRecord:
     wall_s: float = 0.0  # the group's measurement
     device_wait_s: float = 0.0  # waiting for the device's lock, over the evaluator's life
     spot_checks: int = 0
-    spot_check_bytes: int = 0  # outputs and inputs the group's spot checks fetched from workers
+    spot_check_bytes: int = 0  # outputs the group's spot checks fetched from workers (inputs come as digests)
     # taken off the judge's clock: the exchange per sample, the per-call floor (the timing bracket
     # around nothing) per call (`kernelrl.judge.timer`)
     exchange_ms: float = 0.0

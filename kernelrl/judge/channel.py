@@ -151,8 +151,11 @@ class Arena:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def write(self, payload: Any) -> dict[str, Any]:
-        """Copy a payload into the arena; the description the header carries."""
+    def write(self, payload: Any, *, give: bool = False) -> dict[str, Any]:
+        """Copy a payload into the arena; the description the header carries. `give`: the payload is
+        the sender's to give away: its lists and dicts are emptied and each tensor let go once it is
+        in the arena, so a tensor nothing else holds is freed before the next one is copied (a
+        worker answering with a set and its output holds the arena's copy and one of them, not both)."""
         tensors: list[Any] = []
         tree = _describe(payload, tensors, [0])
         offsets, total = [], 0
@@ -161,16 +164,20 @@ class Arena:
             total += _aligned(t.numel() * t.element_size())
         if total > self.capacity:
             raise ChannelProtocolError(f"payload of {total} B exceeds the arena's {self.capacity} B")
+        if give:
+            _empty(payload)
         if total:
             import torch
 
             mm = self._map(total)
-            for t, off in zip(tensors, offsets):
+            for i, off in enumerate(offsets):
+                t, tensors[i] = tensors[i], None
                 n = t.numel() * t.element_size()
                 if n:
                     dst = torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=off)
                     dst.copy_(t.detach().reshape(-1).view(torch.uint8))
                     del dst
+                del t
         _place(tree, iter(offsets))
         return {"bytes": total, "tree": tree}
 
@@ -292,10 +299,11 @@ class Channel:
         self.write_fd = write_fd
         self.arena = arena
 
-    def send(self, kind: str, header: dict[str, Any] | None = None, payload: Any = None) -> None:
+    def send(self, kind: str, header: dict[str, Any] | None = None, payload: Any = None, *, give: bool = False) -> None:
+        """One message; `give`: the payload is given away as it is copied (`Arena.write`)."""
         fields: dict[str, Any] = {"kind": kind, **(header or {})}
         if payload is not None:
-            fields["payload"] = self.arena.write(payload)
+            fields["payload"] = self.arena.write(payload, give=give)
         try:
             head = json.dumps(fields).encode()
         except (TypeError, ValueError) as e:
@@ -370,6 +378,19 @@ def _aligned(n: int) -> int:
 def _aligned_page(n: int) -> int:
     page = mmap.PAGESIZE
     return max(page, (n + page - 1) // page * page)
+
+
+def _empty(x: Any) -> None:
+    """Every list and dict of a payload emptied (tuples cannot be: their lists and dicts are)."""
+    if isinstance(x, (list, tuple)):
+        for v in x:
+            _empty(v)
+        if isinstance(x, list):
+            x.clear()
+    elif isinstance(x, dict):
+        for v in x.values():
+            _empty(v)
+        x.clear()
 
 
 def _describe(x: Any, tensors: list[Any], count: list[int]) -> Any:

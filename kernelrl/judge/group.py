@@ -391,7 +391,7 @@ class Group:
         folder = self.session.spill_to
         in_files = self.session.spills(p.input_bytes + p.output_bytes)
         need = memory_need(input_bytes=p.input_bytes, output_bytes=p.output_bytes, param_bytes=p.param_bytes,
-                           n_sets=cfg.n_correctness,
+                           n_sets=cfg.n_correctness, n_inputs=len(p.inputs),
                            pool_size=timing_pool_size(cfg.timing.pool_size, p.input_bytes), in_files=in_files)
         cap = cfg.sandbox.memory_limit_gib
         why = too_large(need, available=available_memory(),

@@ -19,9 +19,10 @@ by a plain one.
 
 `memory_need` sizes an evaluation from the task's profile (made on the meta device, before any
 input exists), and `too_large` says in one line why a task cannot be judged on this machine,
-before anything is built: input sets travel one per message, so a worker holds about one set
-(its inputs, the output, and the two runs of the first set) beside the timing pool, while the
-judge keeps every set's inputs and reference outputs: in its heap, or for sets of
+before anything is built: input sets travel one per message and one run per message, so a worker
+holds one set's inputs and output, and the arena a copy of what travels, beside the timing pool
+(a spot check sends the output, and the inputs as a digest), while the judge keeps every set's
+inputs and reference outputs: in its heap, or for sets of
 `EvalConfig.spill_set_mib` or more in files (`kernelrl.judge.spill`), which need that much disk
 instead and leave one set in the heap at a time. The figures are the tensors' own bytes;
 allocator slack, torch itself and a candidate's own buffers come on top (not guaranteed).
@@ -32,6 +33,8 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+
+from kernelrl.judge.protocol import POOL_NOISE_ELEMENTS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,13 +102,17 @@ class MemoryNeed:
 
 
 def memory_need(*, input_bytes: int, output_bytes: int, param_bytes: int, n_sets: int, pool_size: int,
-                in_files: bool = False) -> MemoryNeed:
-    """A worker: its parameters, one set's inputs (and the clone a call gets), the first set's two
-    outputs, and the timing pool with its noise tensors. The judge: every set's inputs and outputs,
-    the pool it sends, and one spot check's output and inputs from a member and from the reference;
-    with its sets `in_files`, those go to disk and its heap holds the set arriving."""
-    worker = param_bytes + 2 * input_bytes + 2 * output_bytes + 2 * pool_size * input_bytes
-    one_set, spot = input_bytes + output_bytes, 2 * (input_bytes + output_bytes)
+                n_inputs: int = 1, in_files: bool = False) -> MemoryNeed:
+    """A worker: its parameters, the timing pool and its noise (`n_inputs` tensors of noise a set,
+    each at most `protocol.POOL_NOISE_ELEMENTS` values of the widest dtype), and the larger of a
+    set arriving (its copy in the arena and the worker's) and a call (the inputs, the output and
+    the output's copy in the arena). The judge: every set's inputs and outputs, the pool it sends,
+    and a spot check's outputs from a member and from the reference; with its sets `in_files`,
+    those go to disk and its heap holds the set arriving."""
+    noise = min(input_bytes, n_inputs * POOL_NOISE_ELEMENTS * 8)
+    worker = (param_bytes + pool_size * (input_bytes + noise)
+              + max(2 * input_bytes, input_bytes + 2 * output_bytes))
+    one_set, spot = input_bytes + output_bytes, 2 * output_bytes
     sets = n_sets * one_set + pool_size * input_bytes
     if in_files:
         return MemoryNeed(worker=worker, judge=one_set + spot, disk=sets)

@@ -149,13 +149,18 @@ class Empty(Header):
 
 @dataclass(frozen=True, kw_only=True)
 class Run(Header):
+    """One correctness run of the input set in the payload (its answer's payload: `{"outputs": [output]}`)."""
+
     KIND: ClassVar[Kind] = Kind.RUN
-    repeat_first: int
+
+
+POOL_NOISE_ELEMENTS = 1 << 22  # a pool input's noise at most (16 MiB of fp32): not a second copy of a large set
 
 
 @dataclass(frozen=True, kw_only=True)
 class Pool(Header):
-    """The timing pool (payload: input sets) and the noise every timed call's inputs are jittered by."""
+    """The timing pool (payload: input sets) and the noise every timed call's inputs are jittered by:
+    per floating input, `POOL_NOISE_ELEMENTS` values at most, repeated over a larger input."""
 
     KIND: ClassVar[Kind] = Kind.POOL
     noise_seed: int  # the same in every worker of a group, so every member gets the same inputs
@@ -286,6 +291,16 @@ class Called(Header):
 
 
 @dataclass(frozen=True, kw_only=True)
+class OutputData(Header):
+    """A spot check's answer (payload: `{"output": ...}`): the call's inputs travel as a digest, not
+    as values; the judge compares it with the reference's for the same call (an input written in
+    place), so only the output crosses the arena."""
+
+    KIND: ClassVar[Kind] = Kind.OUTPUT_DATA
+    inputs_digest: str  # `compare.content_digest` of the call's inputs, read after its sample
+
+
+@dataclass(frozen=True, kw_only=True)
 class Peaks(Header):
     KIND: ClassVar[Kind] = Kind.PEAKS
     bandwidth_gbs: float  # triad: a = b + s * c, bytes read + written per second
@@ -305,10 +320,9 @@ class Error(Header):
 HEADERS: dict[Kind, type[Header]] = {
     cls.KIND: cls for cls in (LoadTask, Reseed, LoadProgram, Construct, MakeInputs, Run, Pool, Warmup, Prepare,
                               Output, MeasurePeaks, Hello, TaskLoaded, Loaded, Constructed, InputsMade, State,
-                              StateLoaded, Ran, Pooled, Warm, Called, Peaks, Error)
+                              StateLoaded, Ran, Pooled, Warm, Called, OutputData, Peaks, Error)
 }
-for _kind in (Kind.GET_STATE, Kind.LOAD_STATE, Kind.CALL, Kind.EXIT, Kind.PREPARED,
-              Kind.OUTPUT_DATA):
+for _kind in (Kind.GET_STATE, Kind.LOAD_STATE, Kind.CALL, Kind.EXIT, Kind.PREPARED):
     HEADERS[_kind] = Empty
 
 # What each command may be answered with (every command may also fail with ERROR).

@@ -66,12 +66,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from kernelrl.checks.dynamic import MemberTiming, TimingFacts
 from kernelrl.judge import protocol as P
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
-from kernelrl.judge.compare import compare_outputs, exactly_equal
+from kernelrl.judge.compare import compare_outputs
 from kernelrl.judge.eval_config import TimingConfig  # declared with the other settings: no torch there
 from kernelrl.judge.idle import IdleMonitor, IdleTally, device_state
 from kernelrl.judge.inputs import timing_scale
@@ -380,7 +380,7 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
         clock = time.monotonic()
         # Which rounds are checked is decided only now, after the calls returned.
         rounds_left = config.max_rounds - r - 1
-        ref_outs: dict[int, dict[str, Any]] = {}
+        ref_outs: dict[int, tuple[object, str]] = {}  # per call: the reference's output and inputs' digest
         # Trusted members (the reference's copies, its compiled form) are kernelrl's own code and no
         # verdict reads their outputs: fetching them bought nothing (7.6 s of a 44 s A/A group of
         # three trusted programs on the 2026-11-27 H100).
@@ -396,19 +396,21 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
                 answer = guarded(ref, lambda: ref.request(P.Output(call=call), deadline=call_deadline()))  # noqa: B023 - called at once, inside this iteration
                 if answer is None:
                     break
-                ref_outs[call] = answer.payload
+                ref_outs[call] = (answer.payload["output"], answer.header.inputs_digest)
                 output_bytes = _nbytes(answer.payload["output"])
-                spot_bytes += _nbytes(answer.payload["output"]) + _nbytes(answer.payload["inputs"])
-            ref_out = ref_outs[call]
+                spot_bytes += output_bytes
+            ref_output, ref_inputs = ref_outs[call]
             fetched = guarded(m, partial(m.request, P.Output(call=call), deadline=call_deadline()))
             if fetched is None:
                 continue
             m.spot_checks += 1
-            spot_bytes += _nbytes(fetched.payload["output"]) + _nbytes(fetched.payload["inputs"])
-            cmp = compare_outputs(fetched.payload["output"], ref_out["output"], tol_scale=tol_scale, tf32=tf32)
+            spot_bytes += _nbytes(fetched.payload["output"])
+            cmp = compare_outputs(fetched.payload["output"], ref_output, tol_scale=tol_scale, tf32=tf32)
             if not cmp.ok:
                 m.spot_mismatches.append(f"round {r}: {cmp.reason}")
-            if not exactly_equal(fetched.payload["inputs"], ref_out["inputs"]):
+            # The inputs as the call left them, by digest: the same staging made both members' (an
+            # honest program's in-place write is what this catches; outputs are judged by value above).
+            if fetched.header.inputs_digest != ref_inputs:
                 m.input_mismatches += 1
         live = [m for m in alive() if m is not ref]
         spent["spot_checks_s"] += time.monotonic() - clock

@@ -227,44 +227,55 @@ def _construct(trial: Trial, reference: ReferenceSession, spec: LoadSpec, deadli
 def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale: float, tf32: bool) -> None:
     worker = trial.worker
     assert worker is not None
-    # One set per message (the first run twice), each output compared as it arrives and then
-    # dropped: the worker holds one set and its output at a time, and the judge holds a candidate's
-    # output only while it compares it. Kept per set: the comparison, the output's digest (to tell
-    # an output given again), and whether a wrong output was one value throughout.
+    # One run per message, the first set run twice (two messages), each output compared as it
+    # arrives and then dropped: the worker holds one set and one output at a time, and the judge
+    # a candidate's output only while it compares it (the first run's until the second is compared
+    # with it). Kept per set: the comparison, the output's digest (to tell an output given again),
+    # and whether a wrong output was one value throughout.
     compared: list[Comparison] = []
     digests: list[str] = []
     constant: list[bool] = []
     twice: Comparison | None = None
+    first: object = None
     changed: list[bool] = []
     changed_after: list[bool] = []
     thread_rises: list[int] = []
     child_rises: list[int] = []
     state_after: dict[str, P.Setting] = {}
-    for i, s in enumerate(sets):
-        ran = worker.request(P.Run(repeat_first=2 if i == 0 else 1), [s.values], deadline=deadline)
+    runs = [0, *range(len(sets))]  # set 0 twice, then every other set once
+    for n, i in enumerate(runs):
+        s = sets[i]
+        ran = worker.request(P.Run(), s.values, deadline=deadline)
         if ran.failed:
             _idle_census(trial, worker)
             h = ran.header
             raise _End(Verdict(status=Status.RUNTIME_ERROR, message=f"candidate raised: {first_line(h.message)}",
                                errors=(h.message, h.traceback, worker.log_tail())))
         got = list(ran.payload["outputs"])
-        if len(got) != (2 if i == 0 else 1):
-            raise ChannelProtocolError(f"{len(got)} outputs for input set {i}")
-        if i == len(sets) - 1:
+        reports = (ran.header.inputs_changed, ran.header.changed_after_return, ran.header.thread_rises,
+                   ran.header.child_rises)
+        if len(got) != 1 or any(len(r) != 1 for r in reports):
+            raise ChannelProtocolError(f"{len(got)} outputs and {[len(r) for r in reports]} reports for one run")
+        if n == len(runs) - 1:
             # Watched the moment the last call returned, before the judge spends time comparing:
             # work a call left running (a forked child writing its output later) is seen now.
             _idle_census(trial, worker)
-        if i == 0:
-            twice = compare_outputs(got[1], got[0], tol_scale=tol_scale, tf32=tf32)
+        changed += ran.header.inputs_changed
+        changed_after += ran.header.changed_after_return
+        thread_rises += ran.header.thread_rises
+        child_rises += ran.header.child_rises
+        state_after = dict(ran.header.state_after)
+        if n == 1:  # set 0 again: compared with its first output, which is then dropped
+            twice = compare_outputs(got[0], first, tol_scale=tol_scale, tf32=tf32)
+            first = None
+            del got, ran
+            continue
         cmp = compare_outputs(got[0], s.output, tol_scale=tol_scale, tf32=tf32)
         compared.append(cmp)
         digests.append(output_digest(got[0]))
         constant.append(not cmp.ok and _is_constant(got[0]))
-        changed += list(ran.header.inputs_changed)
-        changed_after += list(ran.header.changed_after_return)
-        thread_rises += list(ran.header.thread_rises)
-        child_rises += list(ran.header.child_rises)
-        state_after = dict(ran.header.state_after)
+        if n == 0:
+            first = got[0]
         del got, ran  # the outputs: what is kept of them is above
     for found in dynamic.global_state_changed("run", trial.state_before, state_after):
         _note(trial, found)

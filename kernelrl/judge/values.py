@@ -19,8 +19,11 @@ what it returned, and one that patches torch does not change how its inputs are 
   that input and a chunk more, where the whole-tensor expression took two more tensors of its
   size (the rolled noise and the scaled copy): for KernelBench's 6 GiB elementwise inputs, 12 GiB
   of a worker's peak. Its values are the whole-tensor expression's (the same operations on each
-  element; tests/judge/test_values.py); a non-contiguous input is made by the whole-tensor
-  expression, so its strides are kept.
+  element; tests/judge/test_values.py); a non-contiguous input is made from a contiguous copy and
+  laid out with its strides. The noise may be smaller than the input and is then repeated over it
+  (the worker's is at most `protocol.POOL_NOISE_ELEMENTS` values per floating input: on an input
+  that size or smaller it is the input's own size and the values are the ones above; on a larger
+  one it costs 16 MiB of fp32, not a second input).
 
 Does not decide what is compared or timed: the worker and the judge do.
 """
@@ -125,20 +128,38 @@ def perturb(values: list[object], scale: float, offset_frac: float) -> list[obje
 
 
 def stage(x: torch.Tensor, noise: torch.Tensor, *, scale: float, shift: int, jitter: float) -> torch.Tensor:
-    """`x * scale * (1 + jitter * roll(noise, shift))` in new storage (see the module docstring)."""
+    """`x * scale * (1 + jitter * u)` in new storage, `u[i] = noise[(i - shift) mod m]` over the flat
+    (row-major) index of `x`, `m` the noise's size: `roll(noise, shift)` where the noise has the
+    input's size, the noise repeated over a larger input (see the module docstring)."""
     value = scale * jitter
-    if not (_is_contiguous(x) and _is_contiguous(noise)) or tuple(x.shape) != tuple(noise.shape):
-        return _addcmul(_mul(x, scale), x, _roll(noise, shift), value=value)
-    n = _numel(x)
+    if not _is_contiguous(x):  # made from a contiguous copy, then laid out as `x` is
+        return _empty_like(x).copy_(stage(x.contiguous(), noise, scale=scale, shift=shift, jitter=jitter))
+    n, m = _numel(x), _numel(noise)
     out = _empty_like(x)
-    xf, uf, of = _reshape(x, (-1,)), _reshape(noise, (-1,)), _reshape(out, (-1,))
-    s = shift % n if n else 0
+    if not n:
+        return out
+    if not m:
+        raise ValueError("stage: a non-empty input needs noise")
+    xf, uf, of = _reshape(x, (-1,)), _reshape(noise.contiguous(), (-1,)), _reshape(out, (-1,))
+    s = shift % m
     for start in range(0, n, CHUNK):
         end = min(n, start + CHUNK)
-        # roll(noise, s) holds noise[(i - s) mod n] at flat index i (torch.roll over no dims)
-        a = (start - s) % n
-        u = uf[a:a + end - start] if a + end - start <= n else _cat((uf[a:], uf[:end - start - (n - a)]))
+        u = _noise_span(uf, (start - s) % m, end - start)
         part = of[start:end]
         _mul(xf[start:end], scale, out=part)
         _addcmul(part, xf[start:end], u, value=value, out=part)
     return out
+
+
+def _noise_span(noise: torch.Tensor, at: int, length: int) -> torch.Tensor:
+    """`length` values of the flat `noise` read from `at` on, wrapping round to its start (as often
+    as it takes)."""
+    m = _numel(noise)
+    if at + length <= m:
+        return noise[at:at + length]
+    pieces, left = [], length
+    while left:
+        take = min(m - at, left)
+        pieces.append(noise[at:at + take])
+        left, at = left - take, 0
+    return _cat(pieces)

@@ -83,7 +83,7 @@ from kernelrl.judge.builds import (  # noqa: E402
     configure_triton,
     exclusive_build_dir,
 )
-from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError, commitments  # noqa: E402
+from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError, Message, commitments  # noqa: E402
 from kernelrl.judge.compare import content_digest, flatten  # noqa: E402
 from kernelrl.judge.device import Device  # noqa: E402
 from kernelrl.judge.precision import global_state, set_precision  # noqa: E402
@@ -379,34 +379,28 @@ class WorkerState:
     # -- correctness --------------------------------------------------------------------------
 
     def run(self, h: P.Run, payload: Any) -> Reply:
-        """Correctness runs: each input set once (the first `repeat_first` times)."""
-        outputs, inputs_changed = [], []
-        thread_rises, child_rises, changed_after = [], [], []
-        # Fingerprints, not copies, tell a changed input or output (compare.content_digest): on a CPU
-        # the call gets the set itself and its output is sent as it is (copied only when another
-        # call, which may write the same buffer, follows), so a worker holds one set.
-        for i, inputs in enumerate(payload):
-            sent, repeats = content_digest(inputs), h.repeat_first if i == 0 else 1
-            for r in range(repeats):
-                args = [_to_device(v, self.device) for v in inputs]  # off the CPU, the device's own copy
-                before, children_before = _thread_count(), _descendant_count()
-                with _no_grad():
-                    out = self.model(*args)
-                self._sync()
-                thread_rises.append(_thread_count() - before)
-                child_rises.append(_descendant_count() - children_before)
-                snapshot = _readable(out)
-                at_return = content_digest(snapshot)
-                # An honest output is final when the call returns; one still being written by
-                # work the call left running changes in the next moments.
-                time.sleep(0.005)
-                self._sync()
-                changed_after.append(content_digest(_readable(out)) != at_return)
-                outputs.append(_clone(snapshot) if r + 1 < repeats and self.device == "cpu" else snapshot)
-                inputs_changed.append(content_digest(_readable(args)) != sent)
-        ran = P.Ran(state_after=global_state(), thread_rises=thread_rises, child_rises=child_rises,
-                    changed_after_return=changed_after, inputs_changed=inputs_changed)
-        return P.Kind.RAN, ran, {"outputs": outputs}
+        """One correctness run: the input set in the payload, called once. The judge sends a set
+        afresh for every run (the first set twice), so a run's output is sent as it is: the worker
+        holds one set and one output, and the arena the output's copy while it travels."""
+        inputs = list(payload)
+        # A fingerprint, not a copy, tells a changed input or output (compare.content_digest).
+        sent = content_digest(inputs)
+        args = [_to_device(v, self.device) for v in inputs]  # off the CPU, the device's own copy
+        before, children_before = _thread_count(), _descendant_count()
+        with _no_grad():
+            out = self.model(*args)
+        self._sync()
+        thread_rise, child_rise = _thread_count() - before, _descendant_count() - children_before
+        snapshot = _readable(out)
+        at_return = content_digest(snapshot)
+        # An honest output is final when the call returns; one still being written by work the
+        # call left running changes in the next moments.
+        time.sleep(0.005)
+        self._sync()
+        changed_after = content_digest(_readable(out)) != at_return
+        ran = P.Ran(state_after=global_state(), thread_rises=[thread_rise], child_rises=[child_rise],
+                    changed_after_return=[changed_after], inputs_changed=[content_digest(_readable(args)) != sent])
+        return P.Kind.RAN, ran, {"outputs": [snapshot]}
 
     # -- timing -------------------------------------------------------------------------------
 
@@ -416,14 +410,16 @@ class WorkerState:
         self.pool = [[_to_device(v, self.device) for v in s] for s in payload]
         self.jitter = float(h.jitter)
         # One noise tensor per floating input, made once: a call's noise is a roll of it (cheap),
-        # so no two calls see inputs that are a multiple of each other.
+        # so no two calls see inputs that are a multiple of each other. At most POOL_NOISE_ELEMENTS
+        # values, repeated over a larger input (`stage`), so a large set's noise is not a second set.
         self.noise = []
         for i, values in enumerate(self.pool):
             row: list[torch.Tensor | None] = []
             for j, x in enumerate(values):
                 if isinstance(x, _Tensor) and x.is_floating_point() and x.numel():
                     g = torch.Generator(device=x.device).manual_seed(int(h.noise_seed) + 1000 * i + j)
-                    row.append(torch.rand(x.shape, generator=g, device=x.device, dtype=x.dtype).mul_(2).sub_(1))
+                    size = min(x.numel(), P.POOL_NOISE_ELEMENTS)
+                    row.append(torch.rand(size, generator=g, device=x.device, dtype=x.dtype).mul_(2).sub_(1))
                 else:
                     row.append(None)
             self.noise.append(row)
@@ -495,9 +491,10 @@ class WorkerState:
     def output(self, h: P.Output, payload: object) -> Reply:
         if not 0 <= h.call < len(self.sample_outputs):
             raise ValueError(f"no call {h.call} in the last sample ({len(self.sample_outputs)} calls)")
-        # Read in place where they are plain CPU tensors: the channel copies them into the arena.
-        return P.Kind.OUTPUT_DATA, P.Empty(), {"output": _readable(self.sample_outputs[h.call]),
-                                               "inputs": _readable(self.sample_inputs[h.call])}
+        # The output read in place where it is a plain CPU tensor (the channel copies it into the
+        # arena); the inputs as a digest the judge compares with the reference's, not a second set.
+        digest = content_digest(_readable(self.sample_inputs[h.call]))
+        return P.Kind.OUTPUT_DATA, P.OutputData(inputs_digest=digest), {"output": _readable(self.sample_outputs[h.call])}
 
     def _evict(self) -> None:
         if self.evict_buf is not None:
@@ -584,8 +581,10 @@ _HANDLERS: dict[P.Kind, Any] = {
 
 
 def send(channel: Channel, kind: P.Kind, header: P.Header | None, payload: object = None) -> None:
+    """An answer to the judge. Its payload is given away (`Arena.write`): a reference worker's set
+    and output go into the arena one after the other, the set let go before the output is copied."""
     try:
-        channel.send(kind.value, P.encode(kind, header), payload)
+        channel.send(kind.value, P.encode(kind, header), payload, give=True)
     except ChannelProtocolError as e:
         # An answer that cannot cross the channel (an object of a type it does not carry, say)
         # is an error the judge reads, not the end of the worker.
@@ -612,25 +611,33 @@ def main(argv: list[str]) -> int:
     set_own_limits()
     state = WorkerState(channel)
     send(channel, P.Kind.HELLO, P.Hello(pid=os.getpid(), torch=torch.__version__, python=sys.version.split()[0]))
-    while True:
-        msg = channel.recv()
-        try:
-            kind, header = P.decode(msg.kind, msg.header)
-        except Exception as e:  # noqa: BLE001 - a malformed command: say so, keep serving
-            send(channel, P.Kind.ERROR, P.Error(phase=P.Phase.PROTOCOL, message=str(e)))
-            continue
-        if kind is P.Kind.EXIT:
-            return 0
-        handler = _HANDLERS.get(kind)
-        if handler is None:
-            send(channel, P.Kind.ERROR, P.Error(phase=P.Phase.PROTOCOL, message=f"not a command: {kind.value}"))
-            continue
-        try:
-            answer, reply, payload = handler(state, header, msg.payload)
-        except Exception as e:  # noqa: BLE001 - report, keep serving; the judge decides
-            answer, reply, payload = P.Kind.ERROR, P.Error(phase=P.Phase.RUN, message=f"{type(e).__name__}: {e}",
-                                                           traceback=traceback.format_exc(limit=8)), None
-        send(channel, answer, reply, payload)
+    while _serve(state, channel.recv()):
+        pass
+    return 0
+
+
+def _serve(state: WorkerState, msg: Message) -> bool:
+    """Answer one command (False: the judge said exit). A function of its own, so that what one
+    command received and answered is freed before the next arrives: a worker holds one set, not
+    the last command's beside the next one's."""
+    try:
+        kind, header = P.decode(msg.kind, msg.header)
+    except Exception as e:  # noqa: BLE001 - a malformed command: say so, keep serving
+        send(state.channel, P.Kind.ERROR, P.Error(phase=P.Phase.PROTOCOL, message=str(e)))
+        return True
+    if kind is P.Kind.EXIT:
+        return False
+    handler = _HANDLERS.get(kind)
+    if handler is None:
+        send(state.channel, P.Kind.ERROR, P.Error(phase=P.Phase.PROTOCOL, message=f"not a command: {kind.value}"))
+        return True
+    try:
+        answer, reply, payload = handler(state, header, msg.payload)
+    except Exception as e:  # noqa: BLE001 - report, keep serving; the judge decides
+        answer, reply, payload = P.Kind.ERROR, P.Error(phase=P.Phase.RUN, message=f"{type(e).__name__}: {e}",
+                                                       traceback=traceback.format_exc(limit=8)), None
+    send(state.channel, answer, reply, payload)
+    return True
 
 
 if __name__ == "__main__":

@@ -59,6 +59,29 @@ def test_what_is_read_is_a_copy_the_sender_cannot_change_later():
     assert torch.equal(got, torch.ones(1000))
 
 
+def test_a_payload_given_away_lets_go_of_each_tensor_before_the_next_is_copied(monkeypatch):
+    import weakref
+
+    a, b = _pair()
+    first, second, kept = torch.ones(1000), torch.full((500,), 2.0), torch.arange(3.0)
+    gone = weakref.ref(first)
+    payload = {"inputs": [first], "outputs": ([second], kept)}
+    del first, second
+    seen: list[bool] = []  # at each copy into the arena: is the first tensor still alive?
+    frombuffer = torch.frombuffer
+    monkeypatch.setattr(torch, "frombuffer", lambda *args, **kw: seen.append(gone() is not None) or frombuffer(*args, **kw))
+    a.send("inputs", {}, payload, give=True)
+    monkeypatch.undo()
+    assert seen == [True, False, False]  # alive while copied, let go before the next
+    assert payload == {} and kept.tolist() == [0.0, 1.0, 2.0]  # emptied; what others hold is untouched
+    got = b.recv(time.monotonic() + 5).payload
+    assert torch.equal(got["inputs"][0], torch.ones(1000)) and torch.equal(got["outputs"][0][0], torch.full((500,), 2.0))
+    assert torch.equal(got["outputs"][1], kept)
+    mine = {"output": torch.ones(4)}
+    a.send("output_data", {}, mine)  # not given: the sender's payload is left as it was
+    assert torch.equal(mine["output"], torch.ones(4))
+
+
 def test_recv_times_out():
     _a, b = _pair()
     with pytest.raises(ChannelTimeout):

@@ -10,19 +10,21 @@ from kernelrl.judge.inputs import MemoryNeed, available_memory, memory_need, too
 pytestmark = pytest.mark.xdist_group("cpu_judge")  # see conftest.py
 
 GIB = 1 << 30
+NOISE = 32 << 20  # a pool input's noise at most: POOL_NOISE_ELEMENTS values of the widest dtype
 
 
 def test_a_worker_holds_about_one_set_whatever_the_number_of_sets():
     one = memory_need(input_bytes=GIB, output_bytes=GIB, param_bytes=0, n_sets=5, pool_size=1)
     many = memory_need(input_bytes=GIB, output_bytes=GIB, param_bytes=0, n_sets=50, pool_size=1)
-    assert one.worker == many.worker == 6 * GIB  # a set, its clone, two outputs, a pool input and its noise
+    # a pool set and its noise; then a call: its inputs, its output and the output's copy in the arena
+    assert one.worker == many.worker == GIB + NOISE + 3 * GIB
     assert many.judge - one.judge == 45 * 2 * GIB  # the judge keeps every set's inputs and outputs
 
 
 def test_a_judge_keeping_its_sets_in_files_needs_disk_for_them_and_its_heap_for_one():
     few = memory_need(input_bytes=GIB, output_bytes=GIB, param_bytes=0, n_sets=5, pool_size=1, in_files=True)
     many = memory_need(input_bytes=GIB, output_bytes=GIB, param_bytes=0, n_sets=50, pool_size=1, in_files=True)
-    assert few.judge == many.judge == 6 * GIB  # the set arriving, and a spot check's output and inputs twice
+    assert few.judge == many.judge == 4 * GIB  # the set arriving, and a spot check's two outputs
     assert many.disk - few.disk == 45 * 2 * GIB
     assert few.worker == memory_need(input_bytes=GIB, output_bytes=GIB, param_bytes=0, n_sets=5, pool_size=1).worker
     short = too_large(few, available=None, worker_cap=None, disk_free=4 * GIB)
@@ -69,7 +71,10 @@ def test_a_set_that_outgrows_the_caches_is_timed_from_a_pool_of_one():
     assert timing_pool_size(3, POOL_SET_BYTES) == 1
     big = memory_need(input_bytes=GIB, output_bytes=GIB, param_bytes=0, n_sets=5,
                       pool_size=timing_pool_size(3, GIB))
-    assert big.worker == 6 * GIB  # with the configured pool of 3 it would be 10 GiB
+    assert big.worker == GIB + NOISE + 3 * GIB  # with the configured pool of 3 it would be 2 GiB more and two noises
+    mib = 1 << 20
+    small = memory_need(input_bytes=mib, output_bytes=mib, param_bytes=0, n_sets=5, pool_size=3, n_inputs=2)
+    assert small.worker == 3 * (mib + mib) + 3 * mib  # a small input's noise is its own size
 
 
 def test_a_candidate_worker_is_given_room_for_one_set_not_all_of_them(tiny_task, quick_config, monkeypatch):

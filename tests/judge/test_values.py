@@ -36,6 +36,23 @@ def test_a_non_contiguous_input_keeps_its_strides():
     assert got.stride() == x.stride() and torch.equal(got, whole(x, noise, 1.5, 17, 0.1))
 
 
+@pytest.mark.parametrize("chunk", [1000, 64, 7])
+def test_noise_smaller_than_the_input_is_repeated_over_it(monkeypatch, chunk):
+    # u[i] = noise[(i - shift) mod m]: the input's own roll where m is its size, the noise read
+    # round and round over a larger input, whatever the chunk (shorter than the noise or not).
+    monkeypatch.setattr(values, "CHUNK", chunk)
+    rng = random.Random(1)
+    x = torch.randn(3, 1001)
+    for m in (1, 5, 64, 1000, 3003):
+        noise = torch.rand(m) * 2 - 1
+        for _ in range(3):
+            scale, shift = rng.uniform(0.5, 2.0), rng.randrange(-30000, 30000)
+            index = (torch.arange(x.numel()) - shift) % m
+            expected = torch.addcmul(torch.mul(x, scale), x, noise[index].reshape(x.shape), value=scale * 0.1)
+            got = values.stage(x, noise, scale=scale, shift=shift, jitter=0.1)
+            assert torch.equal(got, expected), (m, shift)
+
+
 def test_a_plain_cpu_output_is_read_in_place_and_anything_else_is_copied_or_described():
     out = torch.randn(8)
     assert values.readable(out).data_ptr() == out.data_ptr()
