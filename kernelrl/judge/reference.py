@@ -226,6 +226,14 @@ class ReferenceSession:
         """Whether a set (inputs and outputs) of `set_bytes` is kept in files, not the judge's heap."""
         return self.spill_to is not None and set_bytes >= self.spill_bytes
 
+    def keep(self, value: object) -> object:
+        """`value` as the judge keeps it for a while (a candidate's first output, until its second
+        run is compared with it): in a file where a value that large goes there (`spills`), else as
+        it is."""
+        if self.spill_to is None or not self.spills(payload_bytes(value)):
+            return value
+        return spill(value, self.spill_to)[0]
+
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout_s
 

@@ -155,7 +155,7 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
         with device_work():
             deadline += time.monotonic() - asked
             _construct(trial, reference, spec, deadline)
-            _correctness(trial, sets, deadline, tol_scale, spec.allow_tf32)
+            _correctness(trial, reference, sets, deadline, tol_scale, spec.allow_tf32)
         if interpreted:
             raise _End(Verdict(status=Status.CORRECT, message=(
                 "correct under Triton's interpreter (CPU); not timed: interpreted times are not the kernel's")))
@@ -224,14 +224,16 @@ def _construct(trial: Trial, reference: ReferenceSession, spec: LoadSpec, deadli
         trial.parameters_shared = bool(not loaded.failed and loaded.header.loaded)
 
 
-def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale: float, tf32: bool) -> None:
+def _correctness(trial: Trial, reference: ReferenceSession, sets: list[InputSet], deadline: float, tol_scale: float,
+                 tf32: bool) -> None:
     worker = trial.worker
     assert worker is not None
     # One run per message, the first set run twice (two messages), each output compared as it
     # arrives and then dropped: the worker holds one set and one output at a time, and the judge
     # a candidate's output only while it compares it (the first run's until the second is compared
-    # with it). Kept per set: the comparison, the output's digest (to tell an output given again),
-    # and whether a wrong output was one value throughout.
+    # with it, in a file where a set that large would be). Kept per set: the comparison, the
+    # output's digest (to tell an output given again), and whether a wrong output was one value
+    # throughout.
     compared: list[Comparison] = []
     digests: list[str] = []
     constant: list[bool] = []
@@ -275,7 +277,7 @@ def _correctness(trial: Trial, sets: list[InputSet], deadline: float, tol_scale:
         digests.append(output_digest(got[0]))
         constant.append(not cmp.ok and _is_constant(got[0]))
         if n == 0:
-            first = got[0]
+            first = reference.keep(got[0])  # in a file where a set would be: not the judge's heap
         del got, ran  # the outputs: what is kept of them is above
     for found in dynamic.global_state_changed("run", trial.state_before, state_after):
         _note(trial, found)

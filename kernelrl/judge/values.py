@@ -38,7 +38,7 @@ import torch
 CHUNK = 1 << 22  # elements: 16 MiB of fp32
 
 _Tensor = torch.Tensor
-_empty_like, _addcmul, _mul, _roll, _cat = torch.empty_like, torch.addcmul, torch.mul, torch.roll, torch.cat
+_empty_like, _addcmul, _mul = torch.empty_like, torch.addcmul, torch.mul
 _reshape, _is_contiguous, _numel = _Tensor.reshape, _Tensor.is_contiguous, _Tensor.numel
 _detach, _to, _clone_tensor = _Tensor.detach, _Tensor.to, _Tensor.clone
 _TENSOR_ATTRS = frozenset(dir(_Tensor))
@@ -142,24 +142,15 @@ def stage(x: torch.Tensor, noise: torch.Tensor, *, scale: float, shift: int, jit
         raise ValueError("stage: a non-empty input needs noise")
     xf, uf, of = _reshape(x, (-1,)), _reshape(noise.contiguous(), (-1,)), _reshape(out, (-1,))
     s = shift % m
+    # A chunk at a time, each cut where the noise wraps round: views only, nothing allocated here
+    # but the output (a temporary per chunk would leave holes in a worker's pinned heap).
     for start in range(0, n, CHUNK):
         end = min(n, start + CHUNK)
-        u = _noise_span(uf, (start - s) % m, end - start)
-        part = of[start:end]
-        _mul(xf[start:end], scale, out=part)
-        _addcmul(part, xf[start:end], u, value=value, out=part)
+        while start < end:
+            a = (start - s) % m
+            stop = min(end, start + m - a)
+            part = of[start:stop]
+            _mul(xf[start:stop], scale, out=part)
+            _addcmul(part, xf[start:stop], uf[a:a + stop - start], value=value, out=part)
+            start = stop
     return out
-
-
-def _noise_span(noise: torch.Tensor, at: int, length: int) -> torch.Tensor:
-    """`length` values of the flat `noise` read from `at` on, wrapping round to its start (as often
-    as it takes)."""
-    m = _numel(noise)
-    if at + length <= m:
-        return noise[at:at + length]
-    pieces, left = [], length
-    while left:
-        take = min(m - at, left)
-        pieces.append(noise[at:at + take])
-        left, at = left - take, 0
-    return _cat(pieces)
