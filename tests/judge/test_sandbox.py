@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from kernelrl.judge.sandbox import SandboxConfig, worker_env
 from kernelrl.judge.startup import PIN_ALLOCATOR_ENV, PINNED_ALLOCATOR_ENV
 from kernelrl.result import Containment
+
+if TYPE_CHECKING:
+    from kernelrl.judge.sandbox import Worker
 
 
 def test_secrets_never_reach_the_worker(monkeypatch, tmp_path: Path):
@@ -91,65 +98,60 @@ def _status_mib(pid: int, field: str) -> int:
         return next(int(line.split()[1]) // 1024 for line in f if line.startswith(field + ":"))
 
 
-def test_a_correctness_run_holds_one_set_its_output_and_the_arenas_copy(tmp_path: Path):
-    # Runs sent as the judge sends the first set (twice, one message each): the worker's peak is the
-    # inputs, the output and the output's copy in the arena, not the last command's set and output
-    # beside the next one's, nor two outputs of one message.
-    import time
-
-    import torch
-
+@contextlib.contextmanager
+def _worker_with(tmp_path: Path, source: str = _DOUBLES) -> Iterator[Worker]:
+    """A CPU worker with `source`'s program loaded and constructed, its peak memory (VmHWM) reset."""
     from kernelrl.judge import protocol as P
     from kernelrl.judge.device import Device
     from kernelrl.judge.sandbox import Worker
 
-    mib = 64
-    x = torch.randn(mib << 18)
     worker = Worker(config=SandboxConfig(), device=Device.CPU, root=tmp_path)
     try:
         deadline = time.monotonic() + 120
-        loaded = worker.request(P.LoadProgram(source=_DOUBLES, constants={}, device="cpu", threads=1,
+        loaded = worker.request(P.LoadProgram(source=source, constants={}, device="cpu", threads=1,
                                               evict_bytes=0, build_dir=str(tmp_path / "build"),
                                               cache_root=str(tmp_path / "cache")), deadline=deadline)
         assert not loaded.failed, loaded.header.message
         assert not worker.request(P.Construct(init_seed=0), [], deadline=deadline).failed
         with open(f"/proc/{worker.pid}/clear_refs", "w") as f:
             f.write("5")  # the peak (VmHWM) starts again from here
+        yield worker
+    finally:
+        worker.close()
+
+
+def test_a_correctness_run_holds_one_set_its_output_and_the_arenas_copy(tmp_path: Path):
+    # Runs sent as the judge sends the first set (twice, one message each): the worker's peak is the
+    # inputs, the output and the output's copy in the arena, not the last command's set and output
+    # beside the next one's, nor two outputs of one message.
+    import torch
+
+    from kernelrl.judge import protocol as P
+
+    mib = 64
+    x = torch.randn(mib << 18)
+    with _worker_with(tmp_path) as worker:
         before = _status_mib(worker.pid, "VmRSS")
         for _ in range(3):
-            ran = worker.request(P.Run(), [x], deadline=deadline)
+            ran = worker.request(P.Run(), [x], deadline=time.monotonic() + 120)
             assert not ran.failed, ran.header.message
             assert torch.equal(ran.payload["outputs"][0], x * 2)
         rise = _status_mib(worker.pid, "VmHWM") - before
-    finally:
-        worker.close()
     assert 2 * mib <= rise <= 3.5 * mib, rise
 
 
 def test_a_large_pool_sets_noise_is_a_chunk_not_a_second_set(tmp_path: Path):
     # The timing pool's noise (one tensor per floating input) is at most POOL_NOISE_ELEMENTS values,
     # repeated over a larger input: a 128 MiB pool set costs the arena's copy, the set and 16 MiB.
-    import time
-
     import torch
 
     from kernelrl.judge import protocol as P
-    from kernelrl.judge.device import Device
-    from kernelrl.judge.sandbox import Worker
 
     mib = 128
     x = torch.randn(mib << 18)
     assert x.numel() > P.POOL_NOISE_ELEMENTS
-    worker = Worker(config=SandboxConfig(), device=Device.CPU, root=tmp_path)
-    try:
+    with _worker_with(tmp_path) as worker:
         deadline = time.monotonic() + 120
-        loaded = worker.request(P.LoadProgram(source=_DOUBLES, constants={}, device="cpu", threads=1,
-                                              evict_bytes=0, build_dir=str(tmp_path / "build"),
-                                              cache_root=str(tmp_path / "cache")), deadline=deadline)
-        assert not loaded.failed, loaded.header.message
-        assert not worker.request(P.Construct(init_seed=0), [], deadline=deadline).failed
-        with open(f"/proc/{worker.pid}/clear_refs", "w") as f:
-            f.write("5")
         before = _status_mib(worker.pid, "VmRSS")
         assert not worker.request(P.Pool(noise_seed=1, jitter=0.01), [[x]], deadline=deadline).failed
         rise = _status_mib(worker.pid, "VmHWM") - before
@@ -158,8 +160,6 @@ def test_a_large_pool_sets_noise_is_a_chunk_not_a_second_set(tmp_path: Path):
         assert not worker.command(P.Kind.CALL, deadline=deadline).failed
         spot = worker.request(P.Output(call=0), deadline=deadline)
         assert not spot.failed, spot.header.message
-    finally:
-        worker.close()
     doubled = spot.payload["output"]
     assert torch.allclose(doubled, 2 * x, rtol=0.011, atol=0) and not torch.equal(doubled, 2 * x)
     assert 2 * mib <= rise <= 2 * mib + 40, rise
@@ -168,22 +168,12 @@ def test_a_large_pool_sets_noise_is_a_chunk_not_a_second_set(tmp_path: Path):
 def test_a_worker_pins_its_allocator_when_its_timing_pool_arrives_not_before(tmp_path: Path):
     # Checks run under glibc's own settings (a freed 64 MiB temporary goes back); from the timing
     # pool on the worker is pinned (it stays): a worker's memory is not every earlier pattern's.
-    import time
-
     import torch
 
     from kernelrl.judge import protocol as P
-    from kernelrl.judge.device import Device
-    from kernelrl.judge.sandbox import Worker
 
-    worker = Worker(config=SandboxConfig(), device=Device.CPU, root=tmp_path)
-    try:
+    with _worker_with(tmp_path, _BIG_TEMPORARY) as worker:
         deadline = time.monotonic() + 120
-        loaded = worker.request(P.LoadProgram(source=_BIG_TEMPORARY, constants={}, device="cpu", threads=1,
-                                              evict_bytes=0, build_dir=str(tmp_path / "build"),
-                                              cache_root=str(tmp_path / "cache")), deadline=deadline)
-        assert not loaded.failed, loaded.header.message
-        assert not worker.request(P.Construct(init_seed=0), [], deadline=deadline).failed
         before = _status_mib(worker.pid, "VmRSS")
         ran = worker.request(P.Run(), [torch.zeros(4)], deadline=deadline)
         assert not ran.failed, ran.header.message
@@ -191,8 +181,6 @@ def test_a_worker_pins_its_allocator_when_its_timing_pool_arrives_not_before(tmp
         assert not worker.request(P.Pool(noise_seed=1, jitter=0.0), [[torch.zeros(4)]], deadline=deadline).failed
         assert not worker.request(P.Warmup(calls=3, max_s=10.0), deadline=deadline).failed
         after_timing = _status_mib(worker.pid, "VmRSS")
-    finally:
-        worker.close()
     assert after_checks - before < 16, (before, after_checks)
     assert after_timing - after_checks >= 60, (after_checks, after_timing)
 
@@ -203,7 +191,6 @@ def test_isolated_worker_sees_no_other_process(tmp_path: Path, level: Containmen
     environ to read. Under namespaces it is its namespace's first process; under bubblewrap the
     second (bubblewrap's reaper is the first)."""
     import os
-    import time
 
     from kernelrl.judge.containment import probe
     from kernelrl.judge.sandbox import Worker
@@ -238,7 +225,6 @@ def test_timing_cores_leave_the_lowest_core_to_the_judge(monkeypatch):
 
 def test_bind_moves_every_thread_of_a_worker_and_back(tmp_path: Path):
     import os
-    import time
 
     from kernelrl.judge.sandbox import Worker
 
@@ -264,7 +250,6 @@ def test_from_the_timing_pool_on_every_stray_is_ended_whatever_its_parentage(tmp
     moved in: no parent in the sandbox at all) is ended before the timing pool is sent, and its CPU
     is the worker's."""
     import subprocess
-    import time
 
     from kernelrl.judge import cgroup
     from kernelrl.judge.containment import probe
