@@ -8,7 +8,8 @@ what it returned, and one that patches torch does not change how its inputs are 
 - `to_cpu`: an output for the judge, plain tensors as CPU copies, anything else described by a
   marker (`not_plain_tensor`, `unsupported_output`) that never crosses the channel as an object;
 - `readable`: the same, but a plain CPU tensor as itself (no copy), for the harness to read
-  or send at once;
+  or send at once; `in_place`: a plain tensor on any device as itself, for a fingerprint read a
+  chunk at a time (no host copy of a GPU tensor);
 - `kept`: a timed call's output as it was when returned (plain tensors copied on their device);
 - `all_finite`: no NaN or infinity in a value's floating tensors, read a chunk at a time;
 - `perturb(values, scale, offset_frac)`: a moved correctness set, made with one tensor of the
@@ -91,6 +92,15 @@ def readable(x: object) -> object:
     if type(x) is _Tensor and not shadows_tensor(x) and x.device.type == "cpu":
         return _detach(x)
     return [readable(v) for v in x] if isinstance(x, (list, tuple)) else to_cpu(x)
+
+
+def in_place(x: object) -> object:
+    """`x` for the harness to fingerprint where it is (`compare.content_digest` reads a chunk at a
+    time): a plain tensor on any device as itself, no host copy of a GPU tensor; else as `to_cpu`
+    gives it."""
+    if type(x) is _Tensor and not shadows_tensor(x):
+        return _detach(x)
+    return [in_place(v) for v in x] if isinstance(x, (list, tuple)) else to_cpu(x)
 
 
 def kept(x: object) -> object:

@@ -89,6 +89,7 @@ from kernelrl.judge.device import Device  # noqa: E402
 from kernelrl.judge.precision import global_state, set_precision  # noqa: E402
 from kernelrl.judge.values import all_finite as _all_finite  # noqa: E402
 from kernelrl.judge.values import clone as _clone  # noqa: E402
+from kernelrl.judge.values import in_place as _in_place  # noqa: E402
 from kernelrl.judge.values import kept as _kept  # noqa: E402
 from kernelrl.judge.values import perturb as _perturb  # noqa: E402
 from kernelrl.judge.values import readable as _readable  # noqa: E402
@@ -397,9 +398,9 @@ class WorkerState:
         # call left running changes in the next moments.
         time.sleep(0.005)
         self._sync()
-        changed_after = content_digest(_readable(out)) != at_return
+        changed_after = content_digest(_in_place(out)) != at_return
         ran = P.Ran(state_after=global_state(), thread_rises=[thread_rise], child_rises=[child_rise],
-                    changed_after_return=[changed_after], inputs_changed=[content_digest(_readable(args)) != sent])
+                    changed_after_return=[changed_after], inputs_changed=[content_digest(_in_place(args)) != sent])
         return P.Kind.RAN, ran, {"outputs": [snapshot]}
 
     # -- timing -------------------------------------------------------------------------------
@@ -493,7 +494,7 @@ class WorkerState:
             raise ValueError(f"no call {h.call} in the last sample ({len(self.sample_outputs)} calls)")
         # The output read in place where it is a plain CPU tensor (the channel copies it into the
         # arena); the inputs as a digest the judge compares with the reference's, not a second set.
-        digest = content_digest(_readable(self.sample_inputs[h.call]))
+        digest = content_digest(_in_place(self.sample_inputs[h.call]))
         return P.Kind.OUTPUT_DATA, P.OutputData(inputs_digest=digest), {"output": _readable(self.sample_outputs[h.call])}
 
     def _evict(self) -> None:

@@ -63,6 +63,9 @@ def test_a_plain_cpu_output_is_read_in_place_and_anything_else_is_copied_or_desc
 
     lazy = torch.randn(4).as_subclass(Lazy)
     assert values.readable(lazy) == {"not_plain_tensor": f"{__name__}.{Lazy.__qualname__}"}
+    # for a fingerprint: a plain tensor where it is (on a GPU too: no host copy), anything else described
+    assert values.in_place([out])[0].data_ptr() == out.data_ptr()
+    assert values.in_place(lazy) == {"not_plain_tensor": f"{__name__}.{Lazy.__qualname__}"}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
