@@ -388,15 +388,15 @@ class Group:
         cfg, p = self.ctx.config, info.profile
         if p is None or not (p.input_bytes or p.output_bytes):
             return
-        folder = self.session.spill_to
-        in_files = self.session.spills(p.input_bytes + p.output_bytes)
+        folder = self.session.files_for(p.input_bytes + p.output_bytes)
+        in_files = folder is not None
         need = memory_need(input_bytes=p.input_bytes, output_bytes=p.output_bytes, param_bytes=p.param_bytes,
                            n_sets=cfg.n_correctness, n_inputs=len(p.inputs),
                            pool_size=timing_pool_size(cfg.timing.pool_size, p.input_bytes), in_files=in_files)
         cap = cfg.sandbox.memory_limit_gib
         why = too_large(need, available=available_memory(),
                         worker_cap=int(cap * (1 << 30)) if cap is not None and cfg.device is Device.CPU else None,
-                        disk_free=disk_free(folder) if folder is not None and in_files else None)
+                        disk_free=disk_free(folder) if folder is not None else None)
         if why is not None:
             raise TaskError(f"{self.task.name}: {why}")
 

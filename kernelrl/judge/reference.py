@@ -222,17 +222,17 @@ class ReferenceSession:
         self.keepable = True  # nothing gave the worker a history its task's next session must not inherit
         self.largest_set = 0  # bytes of the largest input set and its outputs the worker made
 
-    def spills(self, set_bytes: int) -> bool:
-        """Whether a set (inputs and outputs) of `set_bytes` is kept in files, not the judge's heap."""
-        return self.spill_to is not None and set_bytes >= self.spill_bytes
+    def files_for(self, nbytes: int) -> Path | None:
+        """The folder a set (inputs and outputs) or a value of `nbytes` is kept in, or None where it
+        stays in the judge's heap: the one rule for the size check and the sets as they arrive."""
+        return self.spill_to if self.spill_to is not None and nbytes >= self.spill_bytes else None
 
     def keep(self, value: object) -> object:
         """`value` as the judge keeps it for a while (a candidate's first output, until its second
-        run is compared with it): in a file where a value that large goes there (`spills`), else as
+        run is compared with it): in a file where a value that large goes there (`files_for`), else as
         it is."""
-        if self.spill_to is None or not self.spills(payload_bytes(value)):
-            return value
-        return spill(value, self.spill_to)[0]
+        folder = self.files_for(payload_bytes(value))
+        return value if folder is None else spill(value, folder)[0]
 
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout_s
@@ -308,9 +308,10 @@ class ReferenceSession:
             made, ran = list(payload.get("inputs") or []), list(payload.get("outputs") or [])
             size = payload_bytes(made) + payload_bytes(ran)
             self.largest_set = max(self.largest_set, size)
-            if self.spill_to is not None and self.spills(size):
+            folder = self.files_for(size)
+            if folder is not None:
                 # Before the next set arrives: the judge's heap holds one set at a time.
-                (made, ran), written = spill((made, ran), self.spill_to)
+                (made, ran), written = spill((made, ran), folder)
                 self.spilled_sets += written > 0
             values += made
             outputs += ran
