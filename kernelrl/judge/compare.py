@@ -79,7 +79,7 @@ class Comparison:
     near: bool = False
 
 
-# Elements compared or hashed at a time (`compare_outputs`, `output_digest`, `exactly_equal`): the
+# Elements compared or hashed at a time (`compare_outputs`, `output_digest`, `content_digest`): the
 # judge's working memory for an output, whatever the output's size.
 _CHUNK = 1 << 22
 
@@ -190,9 +190,9 @@ def compare_outputs(candidate: object, reference: object, *, tol_scale: float = 
 
 
 def output_digest(a: object) -> str:
-    """A fingerprint of a nested output: the same for two outputs `exactly_equal` calls equal (NaN
-    equal to NaN in the same places, -0.0 to 0.0, inf as `exactly_equal` reads it), different
-    otherwise but for a hash collision. The judge keeps it instead of the output, so an output can
+    """A fingerprint of a nested output: the same for two outputs equal value for value (same
+    structure, shapes, dtypes and plain values; NaN equal to NaN in the same places, -0.0 to 0.0),
+    different otherwise but for a hash collision. The judge keeps it instead of the output, so an output can
     be dropped as soon as it is compared and later ones still be told apart from it."""
     h = hashlib.sha1(usedforsecurity=False)  # a fingerprint, not a secret: speed over strength
     for x in flatten(a):
@@ -205,7 +205,7 @@ def output_digest(a: object) -> str:
             part = flat[start:start + _CHUNK].cpu()
             if part.is_floating_point():
                 h.update(torch.isnan(part).numpy().tobytes())
-                # as `exactly_equal` compares: NaN as 0, infinities as the dtype's extremes, and
+                # NaN as 0 (where they are is hashed above), infinities as the dtype's extremes, and
                 # + 0.0 makes -0.0 the 0.0 it equals
                 part = torch.nan_to_num(part, nan=0.0) + 0.0
             h.update(part.contiguous().view(torch.uint8).numpy().tobytes())
@@ -233,27 +233,3 @@ def content_digest(a: object) -> str:
         for part in parts:
             h.update(part.cpu().view(torch.uint8).numpy().data)
     return h.hexdigest()
-
-
-def exactly_equal(a: object, b: object) -> bool:
-    """Bitwise equality of two nested outputs (NaN equal to NaN in the same places)."""
-    la, lb = flatten(a), flatten(b)
-    if len(la) != len(lb):
-        return False
-    for x, y in zip(la, lb):
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype:
-                return False
-            if torch.equal(x, y):
-                continue
-            if not x.is_floating_point():
-                return False
-            fx, fy = x.reshape(-1), y.reshape(-1)
-            for start in range(0, fx.numel(), _CHUNK):  # a chunk at a time: no whole-output copies
-                px, py = fx[start:start + _CHUNK], fy[start:start + _CHUNK]
-                if not (torch.equal(torch.nan_to_num(px, nan=0.0), torch.nan_to_num(py, nan=0.0))
-                        and torch.equal(torch.isnan(px), torch.isnan(py))):
-                    return False
-        elif x != y:
-            return False
-    return True
