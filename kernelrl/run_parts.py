@@ -1,11 +1,14 @@
 """A run's parts, built from their configs in one place and closed by whoever built them.
 
-A run (`collect`, `bench`, `train`) is tasks, a judge, a code database and proposers. `build_run`
-builds each from its config and owns their lifetimes, so no command assembles them by hand:
+A run (`optimize`, `collect`, `bench`, `train`) is tasks, a judge, a code database, proposers and
+a reporter. `build_run` builds each from its config and owns their lifetimes, so no command
+assembles them by hand:
 
-    with build_run(tasks=tasks, eval_config=config.eval, db_path=config.db_path) as run:
+    with build_run(tasks=tasks, eval_config=config.eval, db_path=config.db_path, console=console,
+                   watch=config.watch) as run:
         answer = run.proposer("openai:m", temperature=0.7)
         results = run.judge.evaluate_batch(items)
+        run.reporter.say("...")
 
 Guarantees:
 - the code database (when a path is given) is opened once, and every task is registered in it
@@ -16,13 +19,20 @@ Guarantees:
   an in-process `Evaluator` of `eval_config`. `reuse_stored` says whether verdicts stored
   under the run's evaluator settings stand for this judge's (not for a reward server's: its device
   is its own);
+- the reporter is what the run tells people: its console (progress, notices; a run given none
+  prints nothing) and, when `watch.port` is set, the run page of its database
+  (`kernelrl.serve.watch.LivePage`) served while the block runs, its address said on the console.
+  The port is bound before the judge or a proposer is built, so a taken port fails first
+  (`OSError`);
 - a proposer is built on the first ask for its spec and options, once, with the run's policy and
   device;
 - everything built here is closed when the block ends, the last built first, whatever happened;
   what the caller hands in (a judge, proposers: its own, or a test's) is used and never closed.
 
 Does not load or select tasks (each command chooses its split and says what it left out), and
-runs nothing: the commands drive the parts.
+runs nothing: the commands drive the parts (`kernelrl.search.loop.run_search` is given them).
+The reward server (`kernelrl serve`) is not a run (no tasks, database or proposer of its own): it
+shares the judge's builder, `kernelrl.serve.judges.make_judge`.
 """
 
 from __future__ import annotations
@@ -32,14 +42,34 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.console import Console
+
 from kernelrl.serve.judges import BackendConfig, make_judge
+from kernelrl.watch_config import WatchConfig
 
 if TYPE_CHECKING:
     from kernelrl.judge.contract import OwnedJudge, ProfilingJudge
     from kernelrl.judge.eval_config import EvalConfig
     from kernelrl.search.database import Database
     from kernelrl.search.proposers import Proposer
+    from kernelrl.serve.watch import LivePage
     from kernelrl.tasks.task import Task
+
+
+class Reporter:
+    """What a run tells people (see the module docstring): `console`, and `page_url` while its run
+    page is served (None without one)."""
+
+    def __init__(self, console: Console, page: LivePage | None = None) -> None:
+        self.console = console
+        self.page = page
+
+    @property
+    def page_url(self) -> str | None:
+        return self.page.url if self.page is not None else None
+
+    def say(self, text: str) -> None:
+        self.console.print(text)
 
 
 class RunParts:
@@ -47,8 +77,9 @@ class RunParts:
 
     def __init__(self, *, tasks: Sequence[Task], eval_config: EvalConfig, backend: BackendConfig,
                  db: Database | None, judge: ProfilingJudge | None, proposers: Mapping[str, Proposer],
-                 closing: contextlib.ExitStack) -> None:
+                 reporter: Reporter, closing: contextlib.ExitStack) -> None:
         self.tasks = list(tasks)
+        self.reporter = reporter
         self.eval_config = eval_config
         self.backend = backend
         self.db = db
@@ -96,10 +127,15 @@ class RunParts:
 @contextlib.contextmanager
 def build_run(*, tasks: Sequence[Task], eval_config: EvalConfig, db_path: Path | str | None = None,
               backend: BackendConfig | None = None, register_tasks: bool = True,
-              judge: ProfilingJudge | None = None,
-              proposers: Mapping[str, Proposer] | None = None) -> Iterator[RunParts]:
+              judge: ProfilingJudge | None = None, proposers: Mapping[str, Proposer] | None = None,
+              console: Console | None = None, watch: WatchConfig | None = None) -> Iterator[RunParts]:
     """The run's parts for the block (see the module docstring). `judge` and `proposers` (by label
-    or spec) replace the ones the configs would build, and are not closed here."""
+    or spec) replace the ones the configs would build, and are not closed here; `console` is the
+    reporter's (none: the run prints nothing)."""
+    watch = watch or WatchConfig()
+    if watch.port is not None and db_path is None:
+        raise ValueError("a run page (watch.port) shows the run's database: this run has none")
+    reporter = Reporter(console if console is not None else Console(quiet=True))
     with contextlib.ExitStack() as closing:
         db = None
         if db_path is not None:
@@ -110,5 +146,14 @@ def build_run(*, tasks: Sequence[Task], eval_config: EvalConfig, db_path: Path |
                 for t in tasks:
                     db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=t.level,
                                    size=eval_config.size)
+        if watch.port is not None:
+            from kernelrl.serve.watch import LivePage, announcement
+
+            assert db_path is not None  # checked above
+            page = LivePage(db_path, host=watch.host, port=watch.port)
+            closing.callback(page.close)
+            reporter.page = page.start()
+            for line in announcement(db_path, watch.host, page.port, name="run page"):
+                reporter.say(line)
         yield RunParts(tasks=tasks, eval_config=eval_config, backend=backend or BackendConfig(), db=db,
-                       judge=judge, proposers=proposers or {}, closing=closing)
+                       judge=judge, proposers=proposers or {}, reporter=reporter, closing=closing)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import io
+import json
+import socket
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 import kernelrl.search.proposers as proposers_module
 from kernelrl.judge.eval_config import EvalConfig
@@ -13,6 +19,7 @@ from kernelrl.run_parts import build_run
 from kernelrl.search.database import Database
 from kernelrl.serve.judges import BackendConfig
 from kernelrl.tasks.task import Task
+from kernelrl.watch_config import WatchConfig
 
 TASK = Task(name="double", source="import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
             "        return x * 2\n\n\ndef get_inputs():\n    return [torch.randn(8)]\n\n\n"
@@ -102,3 +109,60 @@ def test_a_proposer_is_built_once_per_spec_and_options_and_closed_even_when_the_
         ("openai:m", {"policy": "strict-pytorch", "device": "cpu", "temperature": 0.5}),
         ("openai:m", {"policy": "strict-pytorch", "device": "cpu", "temperature": 0.7})]
     assert [p.closed for _, _, p in made] == [1, 1, 1] and given.closed == 0
+
+
+def _runs(url: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(url + "api/runs", timeout=10) as reply:
+        return json.loads(reply.read())["runs"]
+
+
+def test_the_run_page_is_served_while_the_block_runs_and_stops_with_it(tmp_path: Path) -> None:
+    console = Console(file=io.StringIO(), width=200)
+    with build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "a.db", console=console,
+                   watch=WatchConfig(port=0)) as run:
+        url = run.reporter.page_url
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        assert f"run page: {url}" in console.file.getvalue()  # said where people read the run
+        assert run.db is not None
+        run_id = run.db.start_run({"proposer": "heuristic"})
+        assert [(r["id"], r["status"]) for r in _runs(url)] == [(run_id, "running")]  # this very file, live
+    with pytest.raises(urllib.error.URLError):  # the port is released with the run
+        _runs(url)
+
+
+def test_a_run_page_needs_the_runs_database() -> None:
+    with pytest.raises(ValueError, match="run's database"), build_run(tasks=[TASK], eval_config=EvalConfig(),
+                                                                      watch=WatchConfig(port=0)):
+        pass
+
+
+def test_a_taken_port_fails_before_the_judge_or_a_proposer_is_built(tmp_path: Path, monkeypatch, made) -> None:
+    import kernelrl.run_parts as run_parts
+
+    built: list[FakeJudge] = []
+    monkeypatch.setattr(run_parts, "make_judge", lambda *a, **k: built.append(FakeJudge()) or built[-1])
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    try:
+        port = holder.getsockname()[1]
+        with pytest.raises(OSError), build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "a.db",
+                                               watch=WatchConfig(port=port)) as run:
+            run.judge  # noqa: B018 - never reached
+    finally:
+        holder.close()
+    assert built == [] and made == []
+
+
+def test_a_run_given_no_console_prints_nothing(tmp_path: Path, capsys) -> None:
+    with build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "a.db", watch=WatchConfig(port=0)) as run:
+        run.reporter.say("a notice")
+        assert run.reporter.page_url is not None
+    assert capsys.readouterr() == ("", "")
+
+
+def test_watch_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="0-65535"):
+        WatchConfig(port=70000)
+    with pytest.raises(ValueError, match="host"):
+        WatchConfig(port=0, host=" ")

@@ -22,6 +22,7 @@ from kernelrl.cli.options import UsageError
 
 if TYPE_CHECKING:
     from kernelrl.tasks.task import Task
+    from kernelrl.watch_config import WatchConfig
 
 
 def check_tasks(specs: Sequence[str], *, flag: str = "--tasks") -> list[Task]:
@@ -126,6 +127,12 @@ def check_files(paths: Iterable[tuple[str, str | Path | None]], *, folder: bool 
             raise UsageError(f"{flag} {p}: no such folder")
         if not folder and not p.is_file():
             raise UsageError(f"{flag} {p}: no such file")
+
+
+def check_watch(watch: WatchConfig) -> None:
+    """A run page asked for (`--watch.port`) can listen where it is asked to, checked before the run starts."""
+    if watch.port is not None:
+        check_port(watch.host, watch.port, flag="--watch.port")
 
 
 def check_port(host: str, port: int, *, flag: str = "--port") -> None:

@@ -15,6 +15,7 @@ from kernelrl.cli.preflight import (
     check_proposer,
     check_run_database,
     check_tasks,
+    check_watch,
     check_writable_parent,
 )
 from kernelrl.config import ConfigError, build
@@ -61,12 +62,14 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
 
 def preflight(config: SearchConfig, args: argparse.Namespace) -> list[Task]:
     """Every check `optimize` can make before it starts a worker or a model: the database (and
-    `--resume`), the proposer spec, the tasks, the templates folder and the HTML file; its tasks."""
+    `--resume`), the proposer spec, the tasks, the templates folder, the run page's port and the
+    HTML file; its tasks."""
     check_new_database(config.db_path, resume=config.resume)
     opts = dict(config.proposer_opts)
     check_proposer(config.proposer, {**opts, "policy": config.eval.policy, "device": config.eval.device})
     tasks = check_tasks(config.tasks)
     check_files([("--templates", config.template_dir)], folder=True)
+    check_watch(config.watch)
     if getattr(args, "html", None):
         check_writable_parent(args.html, flag="--html")
     return tasks
@@ -90,11 +93,14 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         # A new run in the same database: stored results are reused, never re-evaluated.
         console.print(f"{config.db_path} exists: starting a new run in it (--resume continues the last one)")
     try:
-        with build_run(tasks=tasks, eval_config=config.judge_config()) as run:
+        with build_run(tasks=tasks, eval_config=config.judge_config(), db_path=config.db_path, console=console,
+                       watch=config.watch) as run:
+            assert run.db is not None  # a path was given
             proposer = run.proposer(config.proposer, **config.proposer_options())
             with waiting(console, "starting the evaluator"):
                 judge = run.judge
-            summary = run_search(config, judge=judge, proposer=proposer, console=console, tasks=tasks)
+            summary = run_search(config, tasks=run.tasks, db=run.db, judge=judge, proposer=proposer,
+                                 console=run.reporter.console)
     except (TaskError, DatabaseError, ProposerError) as e:
         raise UsageError(str(e)) from e
     render_summary(summary, console)

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernelrl.cli.flags import FlagTable, add_flags, flag_for, given_values, overrides, user_words
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
-from kernelrl.cli.preflight import check_files, check_proposer, check_run_database, check_tasks, check_writable_parent
+from kernelrl.cli.preflight import (
+    check_files,
+    check_proposer,
+    check_run_database,
+    check_tasks,
+    check_watch,
+    check_writable_parent,
+)
 from kernelrl.search.episode import nest_episode_keys
 from kernelrl.train.bench import BenchConfig
 from kernelrl.train.collect import CollectConfig
@@ -118,7 +125,7 @@ def _config(args: argparse.Namespace, cls: type[_C], tables: tuple[FlagTable, ..
 
 def _preflight(config: CollectConfig | BenchConfig, proposers: list[tuple[str, dict[str, object]]]) -> None:
     """What `collect` and `bench` can check before a worker or a model starts: each proposer spec
-    (with its own options), the tasks, the templates folder and the database."""
+    (with its own options), the tasks, the templates folder, the database and the run page's port."""
     from kernelrl.train.collect import ProposerSpec
 
     for text, shared in proposers:
@@ -136,6 +143,7 @@ def _preflight(config: CollectConfig | BenchConfig, proposers: list[tuple[str, d
         check_proposer(spec.spec, {**opts, "policy": config.eval.policy, "device": config.eval.device})
     check_tasks(config.tasks)
     check_files([("--templates", config.template_dir)], folder=True)
+    check_watch(config.watch)
     if config.db_path is not None:
         if config.db_path.exists():
             check_run_database(config.db_path)
@@ -226,6 +234,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(config, Stage(args.stage), args.config, _settings_given(rest))
     check_device(config.eval.device)
+    check_watch(config.watch)
     console = console_for()
     try:
         report = run_stage(config, Stage(args.stage), resume=args.resume, console=console)

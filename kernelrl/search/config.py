@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kernelrl.config import to_dict
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.search.episode import EpisodeConfig
+from kernelrl.watch_config import WatchConfig
 
 if TYPE_CHECKING:
     from kernelrl.jsontypes import JSONObject, JSONValue
@@ -52,6 +53,7 @@ class SearchConfig:
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     # How candidates are judged: device, size, policy, limits, timing, sandbox.
     eval: EvalConfig = field(default_factory=EvalConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)  # the run page served while the run goes: watch.port
 
     def __post_init__(self) -> None:
         specs = (self.tasks,) if isinstance(self.tasks, str) else self.tasks

@@ -10,7 +10,7 @@ reference), one batch at a time, while model calls go on. A batch starts when no
 under way or when its oldest candidate has waited `batch_wait_s`. Only the calling thread
 touches the database, so each write is one committed transaction from one writer.
 
-`run_search` builds the parts and runs them; each part's docstring states its guarantees:
+`run_search` puts the search's parts together and runs them; each part's docstring states its guarantees:
 - `kernelrl.search.state`: the run (new or resumed), each task's chains, tokens spent, what
   counts as better;
 - `kernelrl.search.scheduler`: what the model is asked next, budgets, the event loop, Ctrl-C;
@@ -37,8 +37,9 @@ Guarantees:
   at once (unfinished evaluations stay `proposed` and a resume evaluates them).
 - nothing waits silently (`kernelrl.search.activity`); a verdict is stored when its group ends.
 - once the run is open, its row is closed (`finished`, `interrupted`, or `failed` when the loop
-  raised) before `run_search` returns or raises. The judge and the proposer are the caller's: it
-  builds them (`kernelrl.run_parts.build_run`) and closes them.
+  raised) before `run_search` returns or raises. The database, the judge, the proposer and the
+  console are the run's: its builder (`kernelrl.run_parts.build_run`) opens, registers the tasks
+  in the database, and closes them; the search opens nothing of its own.
 
 Task code never runs in the search's process: each task's profile (constants, shapes, what its
 model is) comes from the evaluator's reference worker before the task's first prompt; a task
@@ -53,6 +54,8 @@ resume (its result never reached the database); fairness between tasks beyond ro
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from rich.console import Console
 
@@ -71,29 +74,27 @@ from kernelrl.search.scheduler import PromptFn, Scheduler
 from kernelrl.search.state import open_run
 from kernelrl.search.summary import SearchSummary, StopReason
 from kernelrl.search.workers import Workers
-from kernelrl.tasks.suites import load_tasks
 from kernelrl.tasks.task import Task
 
 __all__ = ["SearchConfig", "SearchSummary", "StopReason", "run_search"]
 
-def run_search(config: SearchConfig, *, judge: BatchJudge, proposer: Proposer, console: Console | None = None,
-               tasks: list[Task] | None = None, build_prompt: PromptFn | None = None,
+def run_search(config: SearchConfig, *, tasks: Sequence[Task], db: Database, judge: BatchJudge,
+               proposer: Proposer, console: Console, build_prompt: PromptFn | None = None,
                measure_baseline: BaselineFn | None = None) -> SearchSummary:
-    """Run (or with `config.resume`, continue) a search with the parts given; return what it did.
+    """Run (or with `config.resume`, continue) a search of `tasks` with the parts given; return what it did.
 
-    `judge` judges candidates: an in-process `kernelrl.judge.evaluator.Evaluator` (build it from
-    `config.judge_config()`), or any judge with what `kernelrl.judge.contract.SearchJudge` names,
-    gives baselines from each task's first timing group, results as each group ends, the
-    machine's peaks and each task's shapes for prompts; any other `BatchJudge` is used for its
-    verdicts (task profiles and baselines then come only from `measure_baseline(task)` when it is
-    given). `proposer` answers the prompts (`config.proposer_options()` are the options
-    to build it with). The caller builds and closes both (`kernelrl.run_parts.build_run`).
-    `tasks` overrides loading `config.tasks`; `build_prompt(...)` replaces
+    The parts are the run's, built and closed by its builder (`kernelrl.run_parts.build_run`,
+    which also registers `tasks` in `db`): `db` is the run's code database (`config.db_path`),
+    `console` the reporter's. `judge` judges candidates: an in-process
+    `kernelrl.judge.evaluator.Evaluator` (built from `config.judge_config()`), or any judge with
+    what `kernelrl.judge.contract.SearchJudge` names, gives baselines from each task's first timing
+    group, results as each group ends, the machine's peaks and each task's shapes for prompts; any
+    other `BatchJudge` is used for its verdicts (task profiles and baselines then come only from
+    `measure_baseline(task)` when it is given). `proposer` answers the prompts
+    (`config.proposer_options()` are the options to build it with). `build_prompt(...)` replaces
     `kernelrl.search.prompt.build_prompt`.
     """
-    console = console or Console()
-    if tasks is None:
-        tasks = load_tasks(list(config.tasks))
+    tasks = list(tasks)
     if not tasks:
         raise ValueError(f"no tasks found for {', '.join(config.tasks)}")
     names = [t.name for t in tasks]
@@ -118,20 +119,19 @@ def run_search(config: SearchConfig, *, judge: BatchJudge, proposer: Proposer, c
             device = prompt_peaks(peaks, config.eval.device)
     if not config.baselines:
         measure_baseline = None
-    with Database(config.db_path) as db:
-        run = open_run(config, tasks, db)
-        out = RunOutput(run, db, console, fingerprint=fingerprint, known_baseline=known_baseline,
-                        watch=lock_watch(evaluator) if evaluator is not None else None)
-        workers = Workers(config.model_concurrency)
-        # a streaming evaluator hands each result over as soon as its group ends
-        judging = Judging(run, out, db, workers, evaluate_batch=judge.evaluate_batch, streams=evaluator is not None,
-                          measure_baseline=measure_baseline, profile=profile)
-        scheduler = Scheduler(run, out, judging, workers, db, proposer=proposer, build_prompt=build_prompt,
-                              device=device)
-        status = RunStatus.FAILED
-        try:
-            scheduler.drive()
-            status = RunStatus.INTERRUPTED if run.stop_reason is StopReason.INTERRUPTED else RunStatus.FINISHED
-        finally:
-            db.finish_run(run.run_id, status)
-        return out.summary()
+    run = open_run(config, tasks, db)
+    out = RunOutput(run, db, console, fingerprint=fingerprint, known_baseline=known_baseline,
+                    watch=lock_watch(evaluator) if evaluator is not None else None)
+    workers = Workers(config.model_concurrency)
+    # a streaming evaluator hands each result over as soon as its group ends
+    judging = Judging(run, out, db, workers, evaluate_batch=judge.evaluate_batch, streams=evaluator is not None,
+                      measure_baseline=measure_baseline, profile=profile)
+    scheduler = Scheduler(run, out, judging, workers, db, proposer=proposer, build_prompt=build_prompt,
+                          device=device)
+    status = RunStatus.FAILED
+    try:
+        scheduler.drive()
+        status = RunStatus.INTERRUPTED if run.stop_reason is StopReason.INTERRUPTED else RunStatus.FINISHED
+    finally:
+        db.finish_run(run.run_id, status)
+    return out.summary()

@@ -80,11 +80,18 @@ class RunState:
 
 
 def open_run(config: SearchConfig, tasks: list[Task], db: Database) -> RunState:
-    """A new run of `tasks`, or with `config.resume` the database's latest run, its chains rebuilt."""
+    """A new run of `tasks`, or with `config.resume` the database's latest run, its chains rebuilt.
+    The tasks are registered in `db` by the run's builder (`kernelrl.run_parts.build_run`); one
+    missing there, or registered with another source or size, is refused (`ValueError`): results
+    stored for it would be judged against a task the database does not describe."""
     started = time.monotonic()
+    registered = {r.name: r for r in db.tasks()}
+    stale = [t.name for t in tasks if (r := registered.get(t.name)) is None
+             or (r.source_hash, r.size) != (t.identity_hash, config.eval.size)]
+    if stale:
+        raise ValueError(f"tasks not registered in {config.db_path} as this run's (at size {config.eval.size}): "
+                         f"{', '.join(stale)}; the run's builder, kernelrl.run_parts.build_run, registers them")
     latest = db.latest_run() if config.resume else None
-    for t in tasks:
-        db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=t.level, size=config.eval.size)
     # the task names are stored with the run so a report counts a task that got no candidate
     stored = {**config.to_json(), "task_names": [t.name for t in tasks]}
     if latest is not None:

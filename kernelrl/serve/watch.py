@@ -1,5 +1,7 @@
 """The run pages (`kernelrl.report.watch`) under the reward server, behind its tokens; and
-`kernelrl watch` alone, behind the same request guard.
+`kernelrl watch` alone, behind the same request guard, either as its own command
+(`run_standalone`) or from a thread of the run that writes the database (`LivePage`, started by
+the run's builder for `--watch.port`).
 
 `kernelrl serve --watch-db runs/x.db` serves the pages of that run database twice: at `/watch/`
 to programs (`Authorization: Bearer TOKEN`), and at `/watch/s/KEY/` to a signed-in browser,
@@ -63,6 +65,7 @@ import hmac
 import html
 import re
 import secrets
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -286,22 +289,77 @@ def standalone_app(db_path: str | Path, *, host: str, on_refuse: Callable[[str],
     return app
 
 
+def announcement(db_path: str | Path, host: str, port: int, *, name: str = "kernelrl watch") -> list[str]:
+    """What serving the pages of `db_path` at `host:port` tells people: the address, and a warning
+    when that address is not loopback (the pages have no authentication)."""
+    from kernelrl.serve.config import is_loopback
+
+    shown = f"[{host}]" if ":" in host else host
+    lines = [f"{name}: http://{shown}:{port}/ (database {db_path}, read-only)"]
+    if not is_loopback(host):
+        lines.append("warning: these pages have no authentication; anyone who reaches this address reads every "
+                     "candidate. Behind kernelrl serve's token, or loopback, is the safe way.")
+    return lines
+
+
 def run_standalone(db_path: str | Path, *, host: str = "127.0.0.1", port: int = 8178,
                    announce: Callable[[str], None] = print, limits: HttpLimits | None = None) -> None:
     """Serve `kernelrl watch` until interrupted."""
     import uvicorn
 
-    from kernelrl.serve.config import is_loopback
-
     sock = bind(host, port)
-    bound = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
-    announce(f"kernelrl watch: http://{shown}:{bound}/ (database {db_path}, read-only)")
-    if not is_loopback(host):
-        announce("warning: these pages have no authentication; anyone who reaches this address reads every "
-                 "candidate. Behind kernelrl serve's token, or loopback, is the safe way.")
+    for line in announcement(db_path, host, sock.getsockname()[1]):
+        announce(line)
     server = uvicorn.Server(uvicorn_config(standalone_app(db_path, host=host), limits or HttpLimits()))
     server.run(sockets=[sock])
+
+
+class LivePage:
+    """`kernelrl watch`'s pages of `db_path`, served from a thread of the process that runs (the run's
+    builder, `kernelrl.run_parts.build_run`, starts one when its `WatchConfig` names a port), behind
+    the same guard and HTTP limits, until `close`.
+
+    The address is bound when the page is made, so a port already taken fails before the run
+    starts anything (`OSError`); `start` returns once the server accepts connections. `close`
+    stops it and releases the port; it never raises, so a run's own error is the one reported.
+    """
+
+    def __init__(self, db_path: str | Path, *, host: str = "127.0.0.1", port: int = 0,
+                 limits: HttpLimits | None = None) -> None:
+        import uvicorn
+
+        self.db_path = Path(db_path)
+        self.host = host
+        self._sock = bind(host, port)
+        self.port = int(self._sock.getsockname()[1])
+        self._server = uvicorn.Server(uvicorn_config(standalone_app(db_path, host=host), limits or HttpLimits()))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{shown}:{self.port}/"
+
+    def start(self, timeout_s: float = 20.0) -> LivePage:
+        """Serve from a daemon thread (uvicorn installs no signal handler off the main thread, so
+        the run's Ctrl-C stays the run's); raises `RuntimeError` if it is not up within `timeout_s`."""
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name="kernelrl-run-page", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"the run page at {self.url} did not start within {timeout_s:g} s")
+            time.sleep(0.01)
+        return self
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        self._sock.close()
 
 
 _PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "

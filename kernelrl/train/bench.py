@@ -55,6 +55,7 @@ from kernelrl.train.rollouts import (
     store_rollouts,
     task_profiles,
 )
+from kernelrl.watch_config import WatchConfig
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -82,6 +83,7 @@ class BenchConfig:
     # the earlier turns may take of a prompt (characters / 4)
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)  # the run page served while the run goes: watch.port
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ps", tuple(float(p) for p in self.ps))
@@ -95,6 +97,8 @@ class BenchConfig:
             raise ValueError("fast_p thresholds must be >= 0")
         if self.split != "all":
             Split(self.split)  # a ValueError naming it otherwise
+        if self.watch.port is not None and self.db_path is None:
+            raise ValueError("watch.port: a run page shows the run's database, and this bench keeps none (name one)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +170,8 @@ def run_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend:
                              "(--split all takes every task given)")
     settings = EvalSettings.of(config.eval)
     with build_run(tasks=tasks, eval_config=config.eval, db_path=config.db_path, judge=backend,
-                   proposers={config.proposer: proposer} if proposer is not None else None) as run:
+                   proposers={config.proposer: proposer} if proposer is not None else None, console=console,
+                   watch=config.watch) as run:
         proposer = run.proposer(config.proposer, **config.proposer_opts)
         backend, db = run.judge, run.db
         with saying(console, f"bench: reading {len(tasks)} task references in workers", backend):

@@ -114,7 +114,8 @@ def run_turn_bench(config: BenchConfig, *, proposer: Proposer | None = None, bac
                              "(--split all takes every task given)")
     settings = EvalSettings.of(config.eval)
     with build_run(tasks=tasks, eval_config=config.eval, db_path=config.db_path, judge=backend,
-                   proposers={config.proposer: proposer} if proposer is not None else None) as run:
+                   proposers={config.proposer: proposer} if proposer is not None else None, console=console,
+                   watch=config.watch) as run:
         proposer = run.proposer(config.proposer, **config.proposer_opts)
         backend, db = run.judge, run.db
         # Measured first, so every verdict after turn 1 can compare with torch.compile.

@@ -47,6 +47,7 @@ from kernelrl.train.rollouts import (
     task_profiles,
 )
 from kernelrl.train.sft_set import SFTRow, dataset_dir, write_sft_set
+from kernelrl.watch_config import WatchConfig
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -121,6 +122,7 @@ class CollectConfig:
     template_dir: Path | None = None
     proposer_opts: dict[str, Any] = field(default_factory=dict)  # applied to every proposer under its own
     eval: EvalConfig = field(default_factory=EvalConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)  # the run page served while the run goes: watch.port
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
@@ -196,7 +198,7 @@ def collect(config: CollectConfig, *, console: Console | None = None, backend: P
     errors: list[str] = []
     asked = evaluated = 0
     with build_run(tasks=tasks, eval_config=config.eval, db_path=config.database, judge=backend,
-                   proposers=proposers) as run:
+                   proposers=proposers, console=console, watch=config.watch) as run:
         db = run.db
         assert db is not None  # a path was given
         run_id = db.start_run({"stage": STAGE, "config": {**to_dict(config), "proposer_opts": sorted(

@@ -39,6 +39,7 @@ from kernelrl.train.model import ModelConfig
 from kernelrl.train.rft import RFTStageConfig, RoundResult
 from kernelrl.train.sft import SFTStageConfig
 from kernelrl.train.stage import Init, Stage, StageOutcome
+from kernelrl.watch_config import WatchConfig
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -68,6 +69,7 @@ class TrainConfig:
     sft: SFTStageConfig = field(default_factory=SFTStageConfig)
     rft: RFTStageConfig = field(default_factory=RFTStageConfig)
     grpo: GRPOStageConfig = field(default_factory=lambda: GRPOStageConfig(trl={"max_steps": 100}))
+    watch: WatchConfig = field(default_factory=WatchConfig)  # the run page served while the run goes: watch.port
 
     def __post_init__(self) -> None:
         specs = (self.tasks,) if isinstance(self.tasks, str) else self.tasks
@@ -152,8 +154,10 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
     _say(console, f"{stage.value}: starting from {init.source} ({init.reason})")
     settings = EvalSettings.of(config.eval)
     # one run row per stage invocation, whatever the number of processes: the main one writes it
+    # the run page is served by the main process only (one port, one writer)
     with build_run(tasks=tasks, eval_config=config.eval, db_path=config.database, backend=config.backend,
-                   register_tasks=ranks.is_main, judge=backend) as run:
+                   register_tasks=ranks.is_main, judge=backend, console=console,
+                   watch=config.watch if ranks.is_main else None) as run:
         db = run.db
         assert db is not None  # a path was given
         run_id = None

@@ -122,10 +122,12 @@ def test_a_search_goes_on_with_its_other_tasks(tmp_path):
                           baselines=False, eval=EvalConfig(cache_dir=tmp_path / "cache", timeout_s=30, roofline=False,
                                                                        timing=quick_timing()))
     tasks = [load_task_file(good), load_task_file(bad)]
-    with build_run(tasks=tasks, eval_config=config.judge_config()) as run:
+    with build_run(tasks=tasks, eval_config=config.judge_config(), db_path=config.db_path) as run:
         assert isinstance(run.judge, SearchJudge)  # the in-process evaluator gives the search everything it uses
-        summary = run_search(config, console=Console(file=io.StringIO()), tasks=tasks, judge=run.judge,
-                             proposer=run.proposer(config.proposer, **config.proposer_options()))
+        assert run.db is not None
+        summary = run_search(config, tasks=run.tasks, db=run.db, judge=run.judge,
+                             proposer=run.proposer(config.proposer, **config.proposer_options()),
+                             console=Console(file=io.StringIO()))
     by_name = {t.task: t for t in summary.tasks}
     assert by_name["good"].evaluated == 1
     assert by_name["bad"].evaluated == 0 and "broken task" in by_name["bad"].gave_up

@@ -24,13 +24,13 @@ from judge_fixtures import OneAtATime
 from kernelrl.candidate import Candidate
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.result import EvalResult, Finding, Status, TimingStats
-from kernelrl.run_parts import build_run
 from kernelrl.search.database import CandidateState, Database, RunStatus
 from kernelrl.search.loop import SearchConfig, StopReason, run_search
 from kernelrl.tasks.sizes import instantiate
 from kernelrl.tasks.task import Task
 from openai_server import Reply
 from proposer_fixtures import load_program, openai_proposer
+from run_fixtures import searched
 
 _TASK_SRC = textwrap.dedent("""
     import torch
@@ -124,8 +124,8 @@ def _run(tmp_path: Path, tasks: list[Task], proposer, evaluate, **kw):
     cfg = SearchConfig(tasks=tuple(t.name for t in tasks), db_path=tmp_path / "k.db", proposer="scripted",
                        **{"budget": 6, "chains": 2, **kw})
     console = Console(file=io.StringIO(), width=120)
-    return run_search(cfg, console=console, tasks=tasks, proposer=proposer, judge=OneAtATime(evaluate),
-                      build_prompt=fake_prompt), cfg
+    return searched(cfg, console=console, tasks=tasks, proposer=proposer, judge=OneAtATime(evaluate),
+                    build_prompt=fake_prompt), cfg
 
 
 def test_config_validation() -> None:
@@ -260,8 +260,8 @@ def test_baselines_measured_once(tmp_path: Path) -> None:
 
     cfg = SearchConfig(tasks=("a", "b"), db_path=tmp_path / "k.db", budget=1, chains=1)
     for _ in range(2):
-        run_search(cfg, console=Console(file=io.StringIO()), tasks=_tasks("a", "b"), proposer=ScriptedProposer(),
-                   judge=OneAtATime(ScriptedEvaluator()), build_prompt=prompt, measure_baseline=baseline)
+        searched(cfg, tasks=_tasks("a", "b"), proposer=ScriptedProposer(), judge=OneAtATime(ScriptedEvaluator()),
+                 build_prompt=prompt, measure_baseline=baseline)
     assert sorted(calls) == ["a", "b"]
     with Database(cfg.db_path) as db:
         assert [(b.task, b.eager_ms, b.compile_ms) for b in db.baselines()] == [("a", 2.0, 1.0), ("b", 2.0, 1.0)]
@@ -272,8 +272,8 @@ def test_baselines_measured_once(tmp_path: Path) -> None:
 _RUNNER = textwrap.dedent("""
     import io, os, sys, time
     sys.path[:0] = [os.path.dirname(sys.argv[1]), os.path.dirname(os.path.dirname(sys.argv[1]))]
-    from rich.console import Console
-    from kernelrl.search.loop import SearchConfig, run_search
+    from kernelrl.search.loop import SearchConfig
+    from run_fixtures import searched
     import test_loop as T
 
     db, markers, resume, budget = sys.argv[2], sys.argv[3], sys.argv[4] == "1", int(sys.argv[5])
@@ -297,8 +297,7 @@ _RUNNER = textwrap.dedent("""
 
     cfg = SearchConfig(tasks=("a", "b"), db_path=db, budget=budget, chains=2, resume=resume,
                        exchange_every=2)
-    run_search(cfg, console=Console(file=io.StringIO()), tasks=T._tasks("a", "b"), proposer=P(),
-               judge=T.OneAtATime(evaluate), build_prompt=T.fake_prompt)
+    searched(cfg, tasks=T._tasks("a", "b"), proposer=P(), judge=T.OneAtATime(evaluate), build_prompt=T.fake_prompt)
 """)
 
 
@@ -423,9 +422,7 @@ def test_real_prompt_builder_and_heuristic_proposer(tmp_path: Path) -> None:
         return EvalResult(task=t.name, status=Status.CORRECT, speedup=speed, candidate_hash=cand.hash)
 
     cfg = SearchConfig(tasks=(task.name,), db_path=tmp_path / "k.db", proposer="heuristic", budget=6, chains=2)
-    with build_run(tasks=[task], eval_config=cfg.judge_config()) as run:
-        summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=[task], judge=OneAtATime(evaluate),
-                             proposer=run.proposer(cfg.proposer, **cfg.proposer_options()))
+    summary = searched(cfg, tasks=[task], judge=OneAtATime(evaluate))
     assert summary.tasks[0].candidates >= 2 and summary.errors == ()
     with Database(cfg.db_path) as db:
         cands = db.candidates()
@@ -456,9 +453,7 @@ def test_scripted_openai_endpoint_three_tasks_two_chains_four_steps(tmp_path: Pa
                            proposer="openai:scripted-model", budget=8, chains=2, exchange_every=2,
                            proposer_opts={"base_url": server.base_url, "api_key": "k", "backoff_initial_s": 0.01,
                                           "timeout_s": 20.0})
-        with build_run(tasks=tasks, eval_config=cfg.judge_config()) as run:
-            summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=tasks, judge=OneAtATime(evaluate),
-                                 proposer=run.proposer(cfg.proposer, **cfg.proposer_options()))
+        summary = searched(cfg, tasks=tasks, judge=OneAtATime(evaluate))
         prompts = server.prompts() if callable(server.prompts) else server.prompts
     assert summary.errors == () and [t.candidates for t in summary.tasks] == [8, 8, 8]
     with Database(cfg.db_path) as db:
@@ -511,8 +506,8 @@ def test_failed_baseline_is_reported_and_the_task_goes_on(tmp_path: Path) -> Non
         raise RuntimeError("reference does not run")
 
     cfg = SearchConfig(tasks=("a",), db_path=tmp_path / "k.db", budget=2, chains=1)
-    summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=_tasks("a"), proposer=ScriptedProposer(),
-                         judge=OneAtATime(ScriptedEvaluator()), build_prompt=fake_prompt, measure_baseline=baseline)
+    summary = searched(cfg, tasks=_tasks("a"), proposer=ScriptedProposer(), judge=OneAtATime(ScriptedEvaluator()),
+                       build_prompt=fake_prompt, measure_baseline=baseline)
     assert summary.tasks[0].candidates == 2 and "reference does not run" in summary.errors[0]
     with Database(cfg.db_path) as db:
         assert db.baselines() == []
@@ -524,13 +519,9 @@ def test_failed_baseline_is_reported_and_the_task_goes_on(tmp_path: Path) -> Non
 
 def test_search_against_scripted_server_stores_every_answer(openai_server, tmp_path):
     """3 tasks x 2 chains x 4 steps through the real prompt builder and the openai proposer."""
-    import io
-
-    from rich.console import Console
-
     from kernelrl.result import EvalResult, Status
     from kernelrl.search.database import Database
-    from kernelrl.search.loop import SearchConfig, run_search
+    from kernelrl.search.loop import SearchConfig
     from kernelrl.tasks.suites import load_task
 
     tasks = [load_task(n) for n in ("level1/softmax", "level1/rmsnorm", "level1/scaled_residual_add")]
@@ -564,8 +555,7 @@ def test_search_against_scripted_server_stores_every_answer(openai_server, tmp_p
     proposer = openai_proposer(openai_server, concurrency=2)
     cfg = SearchConfig(tasks=tuple(t.name for t in tasks), db_path=tmp_path / "k.db", proposer=proposer.spec,
                        budget=8, chains=2, model_concurrency=2)
-    summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=tasks, proposer=proposer,
-                         judge=OneAtATime(evaluate))
+    summary = searched(cfg, tasks=tasks, proposer=proposer, judge=OneAtATime(evaluate))
     assert summary.errors == ()
     assert [t.candidates for t in summary.tasks] == [8, 8, 8]
     assert len(openai_server.requests) == 24 + 2
@@ -587,24 +577,17 @@ def test_search_against_scripted_server_stores_every_answer(openai_server, tmp_p
 @pytest.mark.slow
 def test_search_against_scripted_server_with_the_real_evaluator(openai_server, tmp_path):
     """The same 3 x 2 x 4 run, every answer judged by the evaluator (minutes on two cores)."""
-    import io
-
-    from rich.console import Console
-
     from kernelrl.result import Status
     from kernelrl.search.database import Database
-    from kernelrl.search.loop import SearchConfig, run_search
+    from kernelrl.search.loop import SearchConfig
 
     names = ("level1/softmax", "level1/rmsnorm", "level1/scaled_residual_add")
     proposer = openai_proposer(openai_server, concurrency=2)
     cfg = SearchConfig(tasks=names, db_path=tmp_path / "k.db", proposer=proposer.spec, budget=8, chains=2,
                        baselines=False)
-    from kernelrl.run_parts import build_run
     from kernelrl.tasks.suites import load_tasks
 
-    tasks = load_tasks(list(names))
-    with build_run(tasks=tasks, eval_config=cfg.judge_config()) as run:
-        summary = run_search(cfg, console=Console(file=io.StringIO()), tasks=tasks, proposer=proposer, judge=run.judge)
+    summary = searched(cfg, tasks=load_tasks(list(names)), proposer=proposer)
     assert summary.errors == () and [t.candidates for t in summary.tasks] == [8, 8, 8]
     with Database(cfg.db_path) as db:
         cands = db.candidates()
@@ -614,3 +597,44 @@ def test_search_against_scripted_server_with_the_real_evaluator(openai_server, t
         if c.step > 0:
             parent = next(p for p in cands if p.id == c.parents[0])
             assert f"speedup {parent.speedup:.2f}x" in c.prompt
+
+
+def test_the_run_page_shows_the_search_while_it_goes(tmp_path: Path) -> None:
+    """`optimize --watch.port`: the run's own page, read from inside the judge, shows this run running."""
+    import json
+    import urllib.request
+
+    from kernelrl.watch_config import WatchConfig
+
+    console = Console(file=io.StringIO(), width=200)
+    seen: list[list[tuple[str, int]]] = []
+
+    class PageReading(OneAtATime):
+        def evaluate_batch(self, items):
+            url = re.search(r"run page: (\S+)", console.file.getvalue()).group(1)
+            with urllib.request.urlopen(url + "api/runs", timeout=10) as reply:
+                seen.append([(r["status"], r["candidates"]) for r in json.loads(reply.read())["runs"]])
+            return super().evaluate_batch(items)
+
+    cfg = SearchConfig(tasks=("a",), db_path=tmp_path / "k.db", budget=2, chains=1, baselines=False,
+                       watch=WatchConfig(port=0))
+    summary = searched(cfg, tasks=_tasks("a"), proposer=ScriptedProposer(), judge=PageReading(ScriptedEvaluator()),
+                       build_prompt=fake_prompt, console=console)
+    assert summary.evaluations == 2
+    assert seen == [[("running", 1)], [("running", 2)]]  # each candidate stored and shown before its verdict
+
+
+def test_a_search_refuses_tasks_its_database_does_not_hold(tmp_path: Path) -> None:
+    """The run's builder registers the tasks; a database without them (or with another source) is refused."""
+    cfg = SearchConfig(tasks=("a",), db_path=tmp_path / "k.db", budget=1, chains=1, baselines=False)
+    with Database(cfg.db_path) as db, pytest.raises(ValueError, match=r"not registered .*: a; "):
+        run_search(cfg, tasks=_tasks("a"), db=db, judge=OneAtATime(ScriptedEvaluator()), proposer=ScriptedProposer(),
+                   console=Console(file=io.StringIO()))
+    other = _tasks("a")[0]
+    with Database(cfg.db_path) as db:
+        db.upsert_task(name="a", source=other.source + "\n# changed\n", source_hash="another", level=None,
+                       size=cfg.eval.size)
+        with pytest.raises(ValueError, match="not registered"):
+            run_search(cfg, tasks=[other], db=db, judge=OneAtATime(ScriptedEvaluator()), proposer=ScriptedProposer(),
+                       console=Console(file=io.StringIO()))
+        assert db.runs() == []  # refused before a run row is written

@@ -3,17 +3,16 @@ batch returns: a task judged early shows on the progress bar and in the database
 
 from __future__ import annotations
 
-import io
 import sqlite3
 import threading
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from kernelrl.result import EvalResult, Status
-from kernelrl.search.loop import SearchConfig, run_search
+from kernelrl.search.loop import SearchConfig
 from kernelrl.search.proposers import Proposal
+from kernelrl.tasks.suites import load_tasks
+from run_fixtures import searched
 
 
 class _BothAtOnce:
@@ -75,7 +74,7 @@ def test_a_verdict_is_stored_when_it_is_final_not_when_the_batch_ends(tmp_path: 
     judge = _StreamingJudge(db)
     config = SearchConfig(tasks=(str(tiny_task.path), str(other)), db_path=db, budget=1, chains=1,
                           baselines=False, batch_wait_s=30)
-    summary = run_search(config, console=Console(file=io.StringIO()), proposer=_BothAtOnce(), judge=judge)
+    summary = searched(config, tasks=load_tasks(list(config.tasks)), proposer=_BothAtOnce(), judge=judge)
     assert judge.batches == [2]  # one batch of both tasks' candidates
     assert judge.stored_while_running  # the first verdict was in the database before the batch returned
     assert [t.evaluated for t in summary.tasks] == [1, 1] and summary.evaluations == 2

@@ -3,15 +3,12 @@ earlier turns' verdicts; the report says what each turn added."""
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from rich.console import Console
 
 from judge_fixtures import OneAtATime
 from kernelrl.candidate import Candidate
@@ -20,8 +17,9 @@ from kernelrl.report.report import build_report
 from kernelrl.result import EvalResult, Status, TimingStats
 from kernelrl.search.database import Database
 from kernelrl.search.episode import EpisodeConfig
-from kernelrl.search.loop import SearchConfig, run_search
+from kernelrl.search.loop import SearchConfig
 from kernelrl.tasks.task import Task
+from run_fixtures import searched
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TASK = Task(name="t", source="import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
@@ -84,8 +82,7 @@ def test_each_turn_is_shown_the_previous_turns_verdict_and_refines_it(tmp_path: 
     script = Script(codes)
     cfg = SearchConfig(tasks=("t",), db_path=tmp_path / "k.db", proposer="scripted", budget=4, chains=1,
                        episode=EpisodeConfig(turns=2), baselines=False)
-    run_search(cfg, console=Console(file=io.StringIO()), tasks=[TASK], proposer=script, judge=OneAtATime(judge),
-               build_prompt=prompt)
+    searched(cfg, tasks=[TASK], proposer=script, judge=OneAtATime(judge), build_prompt=prompt)
     first, second, third, fourth = script.prompts
     assert first == "improve t\n" and "Turn" not in first
     assert "'flaot' was not declared in this scope" in second and "## Turn 2 of 2" in second
@@ -105,8 +102,7 @@ def test_single_turn_runs_record_no_turns(tmp_path: Path) -> None:
     script = Script([program("SPEED = 2.0"), program("SPEED = 3.0")])
     cfg = SearchConfig(tasks=("t",), db_path=tmp_path / "k.db", proposer="scripted", budget=2, chains=1,
                        baselines=False)
-    run_search(cfg, console=Console(file=io.StringIO()), tasks=[TASK], proposer=script, judge=OneAtATime(judge),
-               build_prompt=prompt)
+    searched(cfg, tasks=[TASK], proposer=script, judge=OneAtATime(judge), build_prompt=prompt)
     assert all("Turn" not in p for p in script.prompts)
     assert build_report(cfg.db_path).by_turn == ()
 
