@@ -13,13 +13,20 @@ Peaks are VmRSS and, beside it, what the kernel cannot drop (RssAnon + RssShmem)
 large sets in files (`EvalConfig.spill_set_mib`, `--spill-mib none` to keep them in its heap), whose
 pages count in VmRSS but are page cache.
 
-Usage: python benchmarks/worker_memory.py [--mib 256] [--sets 5] [--rewrite] [--spill-mib 64|none]
+`--task FILE` judges a task file of the user's instead (a KernelBench level-1 file, at its own
+full size), one set being its inputs and outputs as sized on the meta device. It first runs the
+task bare, once, in a process of its own (torch, the inputs, one forward pass: what the program
+itself needs, its temporaries included), so the judge's workers can be read against that.
+
+Usage: python benchmarks/worker_memory.py [--mib 256 | --task FILE] [--sets 5] [--rewrite] [--spill-mib 64|none]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -61,6 +68,43 @@ def get_init_inputs():
 '''
 
 
+# The task run bare: its held memory after importing torch, then one forward pass on its inputs.
+BARE = """
+import importlib.util, sys, torch
+def held():
+    f = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
+    return sum(int(f[k].split()[0]) for k in ("RssAnon", "RssShmem"))
+print("torch", held(), flush=True)
+spec = importlib.util.spec_from_file_location("task", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+torch.manual_seed(0)
+model = m.Model(*m.get_init_inputs())
+inputs = m.get_inputs()
+with torch.no_grad():
+    out = model(*inputs)
+print("ran", held(), flush=True)
+"""
+
+
+def set_mib(path: Path) -> float:
+    """One input set of the task file at its own size, inputs and outputs, sized on the meta device."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("sized_task", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    with torch.device("meta"):
+        spec.loader.exec_module(module)
+        inputs = module.get_inputs()
+        out = module.Model(*module.get_init_inputs())(*inputs)
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    tensors = [t for t in [*inputs, *outs] if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors) / (1 << 20)
+
+
 def rss_kib(pid: int) -> tuple[int, int, int]:
     """VmRSS, RssAnon (the heap) and RssShmem (shared memory: the arenas), in KiB. The last two are
     what the kernel cannot drop; the rest is file pages, such as the judge's sets kept in files."""
@@ -77,6 +121,8 @@ def rss_kib(pid: int) -> tuple[int, int, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=256, help="MiB per tensor (input and output alike)")
+    ap.add_argument("--task", type=Path, help="a task file (KernelBench format) judged at its own full size "
+                                              "instead of the GELU")
     ap.add_argument("--sets", type=int, default=5, help="correctness input sets")
     ap.add_argument("--rewrite", action="store_true",
                     help="judge GELU written out (x/2 (1 + tanh(...))): right within the tolerance but not "
@@ -89,9 +135,14 @@ def main() -> int:
     spill_mib = None if args.spill_mib == "none" else int(args.spill_mib)
     print(machine.header("cpu"))
     dim = args.mib * (1 << 20) // 4 // 4096
-    folder = Path(tempfile.mkdtemp(prefix="worker-memory-"))
-    path = folder / "gelu_big.py"
-    path.write_text(TASK.format(dim=dim))
+    if args.task is not None:
+        path, constants = args.task, {}
+        one_set_mib = set_mib(path)
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="worker-memory-"))
+        path, constants = folder / "gelu_big.py", {"dim": dim}
+        path.write_text(TASK.format(dim=dim))
+        one_set_mib = 2 * args.mib
     task = load_task_file(path)
     peaks: dict[int, int] = {}
     held_peaks: dict[int, int] = {}
@@ -114,20 +165,33 @@ def main() -> int:
     t0 = time.monotonic()
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    config = EvalConfig(size=Size.FULL, n_correctness=args.sets, constants={"dim": dim}, timeout_s=600,
+    if args.task is not None:
+        bare = subprocess.run([sys.executable, "-c", BARE, str(path)], capture_output=True, text=True, check=True)
+        said = dict(line.split() for line in bare.stdout.splitlines())
+        time.sleep(0.1)
+        bare_peak = max((held for pid, held in held_peaks.items() if pid != os.getpid()), default=0)
+        print(f"the task run bare (one forward pass, its own process): held {bare_peak / 1024:.0f} MiB at its peak "
+              f"(sampled), {int(said['ran']) / 1024:.0f} MiB after the pass, {int(said['torch']) / 1024:.0f} MiB "
+              f"of it torch alone; one set {one_set_mib:.0f} MiB")
+        held_peaks.clear()
+        peaks.clear()
+        series.clear()
+        parts_at_peak.clear()
+    config = EvalConfig(size=Size.FULL, n_correctness=args.sets, constants=constants, timeout_s=600,
                         timing=TimingConfig(min_rounds=5, max_rounds=20, max_timing_s=5.0, warmup_calls=2,
                                             min_spot_checks=2), spill_set_mib=spill_mib)
     with Evaluator(config) as ev:
         started = time.monotonic() - t0
-        source = task.source.replace("class Model(", "class ModelNew(")
+        source = re.sub(r"\bModel\b", "ModelNew", task.source)  # `super(Model, self)` too
         if args.rewrite:
             source = source.replace('return torch.nn.functional.gelu(x, approximate="tanh")',
                                     "return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))")
         result = ev.evaluate(task, source)
     done.set()
     sampler.join()
-    one_set_mib = 2 * args.mib
-    print(f"task: 4096 x {dim} fp32 ({args.mib} MiB a tensor; one set, input and output: {one_set_mib} MiB); "
+    shape = (f"{path.name} at full size" if args.task is not None
+             else f"4096 x {dim} fp32 ({args.mib} MiB a tensor")
+    print(f"task: {shape}; one set, inputs and outputs: {one_set_mib:.0f} MiB); "
           f"{args.sets} sets; verdict {result.status.value} {result.message!r}; {time.monotonic() - t0:.0f} s")
     me = os.getpid()
     ref = result.environment.reference

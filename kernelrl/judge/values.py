@@ -14,6 +14,7 @@ what it returned, and one that patches torch does not change how its inputs are 
 - `all_finite`: no NaN or infinity in a value's floating tensors, read a chunk at a time;
 - `perturb(values, scale, offset_frac)`: a moved correctness set, made with one tensor of the
   input's size beside it at a time;
+- `pool_noise(pool, seed=, most=)`: a timing pool's noise, one tensor per floating input;
 - `stage(x, noise, scale=, shift=, jitter=)`: a timed call's fresh input, `x * scale * (1 +
   jitter * roll(noise, shift))`: new storage and new values for every call, and no multiple of
   any earlier input. Written into one new tensor a chunk of `CHUNK` elements at a time, it takes
@@ -135,6 +136,23 @@ def perturb(values: list[object], scale: float, offset_frac: float) -> list[obje
         else:
             out.append(x)
     return out
+
+
+def pool_noise(pool: list[list[object]], *, seed: int, most: int) -> list[list[torch.Tensor | None]]:
+    """A timing pool's noise for `stage`: one uniform tensor in [-1, 1) per floating input of each
+    set (None for the rest), seeded by `seed` and the input's place, of the input's size or `most`
+    values when the input is larger (then repeated over it: a large set's noise is not a second set)."""
+    noise: list[list[torch.Tensor | None]] = []
+    for i, values in enumerate(pool):
+        row: list[torch.Tensor | None] = []
+        for j, x in enumerate(values):
+            if isinstance(x, _Tensor) and x.is_floating_point() and _numel(x):
+                g = torch.Generator(device=x.device).manual_seed(seed + 1000 * i + j)
+                row.append(torch.rand(min(_numel(x), most), generator=g, device=x.device, dtype=x.dtype).mul_(2).sub_(1))
+            else:
+                row.append(None)
+        noise.append(row)
+    return noise
 
 
 def stage(x: torch.Tensor, noise: torch.Tensor, *, scale: float, shift: int, jitter: float) -> torch.Tensor:

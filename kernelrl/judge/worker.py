@@ -92,9 +92,9 @@ from kernelrl.judge.values import clone as _clone  # noqa: E402
 from kernelrl.judge.values import in_place as _in_place  # noqa: E402
 from kernelrl.judge.values import kept as _kept  # noqa: E402
 from kernelrl.judge.values import perturb as _perturb  # noqa: E402
+from kernelrl.judge.values import pool_noise, stage  # noqa: E402
 from kernelrl.judge.values import readable as _readable  # noqa: E402
 from kernelrl.judge.values import shadows_tensor as _shadows_tensor  # noqa: E402
-from kernelrl.judge.values import stage  # noqa: E402
 from kernelrl.judge.values import to_cpu as _to_cpu  # noqa: E402
 from kernelrl.judge.values import to_device as _to_device  # noqa: E402
 
@@ -335,22 +335,30 @@ class WorkerState:
         # One set per message (the judge's way) is sent as it is, read in place: no copy of it can
         # be changed by a later run before the arena takes it. Several in one message are copied.
         take = _readable if len(h.seeds) == 1 else _to_cpu
+        module = self.module
+
+        def made(seed: int, perturb: list[float] | None) -> list[object]:
+            with _fork_rng(devices=[]):
+                _manual_seed(int(seed))
+                values = list(module.get_inputs())
+            return values if perturb is None else _perturb(values, float(perturb[0]), float(perturb[1]))
+
         try:
             for seed, perturb in zip(h.seeds, h.perturb):
-                with _fork_rng(devices=[]):
-                    _manual_seed(int(seed))
-                    values = list(self.module.get_inputs())
-                if perturb is not None:
-                    values = _perturb(values, float(perturb[0]), float(perturb[1]))
-                sets.append(values)
+                values = made(seed, perturb)
                 if h.run:
+                    # On the host the reference runs on the set itself (no second set beside it); one
+                    # that writes its inputs has the set made again. Off it, on the device's own copy.
+                    on_host = torch.device(self.device).type == "cpu"
+                    sent = content_digest(values) if on_host else ""
                     with _no_grad():
-                        out = self.model(*[_to_device(_clone(v), self.device) for v in values])
+                        out = self.model(*(values if on_host else [_to_device(v, self.device) for v in values]))
                     self._sync()
+                    if on_host and content_digest(_in_place(values)) != sent:
+                        values = made(seed, perturb)
                     outputs.append(take(out))
-                    finite.append(_all_finite(outputs[-1]))
-                else:
-                    finite.append(True)
+                sets.append(values)
+                finite.append(_all_finite(outputs[-1]) if h.run else True)
         except Exception as e:  # noqa: BLE001 - the reference's own failure: a task problem
             return P.Kind.ERROR, P.Error(phase=P.Phase.RUN, message=f"{type(e).__name__}: {e}",
                                          traceback=traceback.format_exc(limit=8)), None
@@ -401,6 +409,11 @@ class WorkerState:
         changed_after = content_digest(_in_place(out)) != at_return
         ran = P.Ran(state_after=global_state(), thread_rises=[thread_rise], child_rises=[child_rise],
                     changed_after_return=[changed_after], inputs_changed=[content_digest(_in_place(args)) != sent])
+        # The set is let go before the output travels (the command's payload is this list): the
+        # worker then holds the output and its copy in the arena, not the set beside them.
+        if isinstance(payload, list):
+            payload.clear()
+        del inputs, args
         return P.Kind.RAN, ran, {"outputs": [snapshot]}
 
     # -- timing -------------------------------------------------------------------------------
@@ -410,20 +423,8 @@ class WorkerState:
             self.allocator_pinned = _pin_allocator()  # timing begins here in every timed worker alike
         self.pool = [[_to_device(v, self.device) for v in s] for s in payload]
         self.jitter = float(h.jitter)
-        # One noise tensor per floating input, made once: a call's noise is a roll of it (cheap),
-        # so no two calls see inputs that are a multiple of each other. At most POOL_NOISE_ELEMENTS
-        # values, repeated over a larger input (`stage`), so a large set's noise is not a second set.
-        self.noise = []
-        for i, values in enumerate(self.pool):
-            row: list[torch.Tensor | None] = []
-            for j, x in enumerate(values):
-                if isinstance(x, _Tensor) and x.is_floating_point() and x.numel():
-                    g = torch.Generator(device=x.device).manual_seed(int(h.noise_seed) + 1000 * i + j)
-                    size = min(x.numel(), P.POOL_NOISE_ELEMENTS)
-                    row.append(torch.rand(size, generator=g, device=x.device, dtype=x.dtype).mul_(2).sub_(1))
-                else:
-                    row.append(None)
-            self.noise.append(row)
+        # made once: a call's noise is a roll of it, so no two calls' inputs are multiples of each other
+        self.noise = pool_noise(self.pool, seed=int(h.noise_seed), most=P.POOL_NOISE_ELEMENTS)
         return P.Kind.POOLED, P.Pooled(n=len(self.pool), allocator_pinned=self.allocator_pinned), None
 
     def warmup(self, h: P.Warmup, payload: object) -> Reply:
@@ -478,11 +479,8 @@ class WorkerState:
             self._sync()
             times.append(_perf_ns() - t0)
             plain = plain and all(type(o) is _Tensor and not _shadows_tensor(o) for o in flatten(out))
-            # Every call's output is kept until the next sample: which one is spot-checked is
-            # chosen by the judge after the sample, so no call of a sample can go unchecked. It is
-            # judged by its value when returned: with more calls to come, a copy (untimed, for every
-            # member alike), since a persistent output buffer (CUDA graphs, reduce-overhead) is
-            # legitimately overwritten by the next call.
+            # Every output is kept until the next sample (the judge picks the one it checks after it) as it was
+            # returned: with more calls to come, a copy (untimed, every member alike): CUDA graphs' buffer is reused.
             outs.append(_kept(out) if len(self.staged) > 1 else out)
         self.sample_inputs = self.staged
         self.sample_outputs = outs

@@ -87,6 +87,34 @@ def test_a_good_task_still_runs_after_bad_ones(evaluator):
     assert res.status is Status.CORRECT, res.message
 
 
+def test_a_reference_that_writes_its_inputs_sends_its_sets_as_made(tmp_path):
+    # On the host the reference runs on the set itself (no copy beside it). This one doubles its
+    # input in place and returns it: the set sent is still the one made from the seed (a
+    # candidate is judged on it), and the output is the reference's on that set.
+    import torch
+
+    from kernelrl.judge import protocol as P
+    from kernelrl.judge.device import Device
+    from kernelrl.judge.sandbox import SandboxConfig, Worker
+
+    source = BODY.replace("return x * 2.0", "return x.mul_(2.0)").format(module="", inputs="pass")
+    worker = Worker(config=SandboxConfig(), device=Device.CPU, root=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        loaded = worker.request(P.LoadTask(task_source=source, task_name="writes", size="small", presets={},
+                                           overrides={}, device="cpu", threads=1, init_seed=0, evict_bytes=0,
+                                           profile=False, cache_root=str(tmp_path / "cache")), deadline=deadline)
+        assert not loaded.failed, loaded.header.message
+        made = worker.request(P.MakeInputs(seeds=[7], perturb=[None], run=True), deadline=deadline)
+        assert not made.failed, made.header.message
+    finally:
+        worker.close()
+    torch.manual_seed(7)
+    expected = torch.randn(64)
+    (x,), (out,) = made.payload["inputs"][0], made.payload["outputs"]
+    assert torch.equal(x, expected) and torch.equal(out, 2.0 * expected)
+
+
 def test_task_code_does_not_see_the_judges_secrets(evaluator, monkeypatch):
     monkeypatch.setenv("KERNELRL_TEST_SECRET", "s3cret")
     snoop = task("snoop", inputs="assert 'KERNELRL_TEST_SECRET' not in os.environ and b's3cret' not in "

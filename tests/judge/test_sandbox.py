@@ -140,6 +140,26 @@ def test_a_correctness_run_holds_one_set_its_output_and_the_arenas_copy(tmp_path
     assert 2 * mib <= rise <= 3.5 * mib, rise
 
 
+def test_a_large_sets_run_lets_the_set_go_before_its_output_travels(tmp_path: Path):
+    # A set as large as the arena gives back once read (256 MiB): the worker holds the set and its
+    # output while it runs, then the output and the arena's copy of it, not the set beside them.
+    import torch
+
+    from kernelrl.judge import protocol as P
+
+    mib = 256
+    x = torch.randn(mib << 18)
+    with _worker_with(tmp_path) as worker:
+        before = _status_mib(worker.pid, "VmRSS")
+        for _ in range(2):
+            ran = worker.request(P.Run(), [x], deadline=time.monotonic() + 120)
+            assert not ran.failed, ran.header.message
+            assert torch.equal(ran.payload["outputs"][0], x * 2)
+            del ran
+        rise = _status_mib(worker.pid, "VmHWM") - before
+    assert 2 * mib <= rise <= 2 * mib + 48, rise
+
+
 def test_a_large_pool_sets_noise_is_a_chunk_not_a_second_set(tmp_path: Path):
     # The timing pool's noise (one tensor per floating input) is at most POOL_NOISE_ELEMENTS values,
     # repeated over a larger input: a 128 MiB pool set costs the arena's copy, the set and 16 MiB.
