@@ -21,7 +21,7 @@ def searched(cfg: SearchConfig, *, tasks: Sequence[Task], judge: BatchJudge | No
              proposer: Proposer | None = None, console: Console | None = None, **options: Any) -> SearchSummary:
     """Run `cfg`'s search of `tasks` through `build_run` (its database, judge, proposer and console);
     `judge` and `proposer` replace the configured ones, `options` go to `run_search`."""
-    with build_run(tasks=tasks, eval_config=cfg.judge_config(), db_path=cfg.db_path, judge=judge,  # type: ignore[arg-type]
+    with build_run(tasks=tasks, eval_config=cfg.judge_config(), db_path=cfg.db_path, judge=judge,
                    proposers={cfg.proposer: proposer} if proposer is not None else None,
                    console=console or Console(file=io.StringIO()), watch=cfg.watch) as run:
         assert run.db is not None

@@ -120,44 +120,36 @@ def _worker_with(tmp_path: Path, source: str = _DOUBLES) -> Iterator[Worker]:
         worker.close()
 
 
-def test_a_correctness_run_holds_one_set_its_output_and_the_arenas_copy(tmp_path: Path):
-    # Runs sent as the judge sends the first set (twice, one message each): the worker's peak is the
-    # inputs, the output and the output's copy in the arena, not the last command's set and output
-    # beside the next one's, nor two outputs of one message.
+# (input MiB, runs, the most the worker's peak may rise, MiB)
+_RUN_PEAKS = [
+    # Runs sent as the judge sends the first set (twice, one message each): the input, the output
+    # and the arena, which keeps a 64 MiB message's pages for the next (3.1x measured); not the
+    # last command's set and output beside the next one's, nor two outputs of one message (4.2x).
+    (64, 3, 3.5 * 64),
+    # A set the arena gives back once read (256 MiB): the set and its output while it runs, then
+    # the output and the arena's copy of it; the set is let go before the output travels (2.0x
+    # measured; 3.0x when it was held).
+    (256, 2, 2 * 256 + 48),
+]
+
+
+@pytest.mark.parametrize("mib,runs,most", _RUN_PEAKS)
+def test_a_correctness_run_holds_one_set_and_its_output_not_the_set_beside_the_outputs_copy(
+        tmp_path: Path, mib: int, runs: int, most: float):
     import torch
 
     from kernelrl.judge import protocol as P
 
-    mib = 64
     x = torch.randn(mib << 18)
     with _worker_with(tmp_path) as worker:
         before = _status_mib(worker.pid, "VmRSS")
-        for _ in range(3):
-            ran = worker.request(P.Run(), [x], deadline=time.monotonic() + 120)
-            assert not ran.failed, ran.header.message
-            assert torch.equal(ran.payload["outputs"][0], x * 2)
-        rise = _status_mib(worker.pid, "VmHWM") - before
-    assert 2 * mib <= rise <= 3.5 * mib, rise
-
-
-def test_a_large_sets_run_lets_the_set_go_before_its_output_travels(tmp_path: Path):
-    # A set as large as the arena gives back once read (256 MiB): the worker holds the set and its
-    # output while it runs, then the output and the arena's copy of it, not the set beside them.
-    import torch
-
-    from kernelrl.judge import protocol as P
-
-    mib = 256
-    x = torch.randn(mib << 18)
-    with _worker_with(tmp_path) as worker:
-        before = _status_mib(worker.pid, "VmRSS")
-        for _ in range(2):
+        for _ in range(runs):
             ran = worker.request(P.Run(), [x], deadline=time.monotonic() + 120)
             assert not ran.failed, ran.header.message
             assert torch.equal(ran.payload["outputs"][0], x * 2)
             del ran
         rise = _status_mib(worker.pid, "VmHWM") - before
-    assert 2 * mib <= rise <= 2 * mib + 48, rise
+    assert 2 * mib <= rise <= most, rise
 
 
 def test_a_large_pool_sets_noise_is_a_chunk_not_a_second_set(tmp_path: Path):
