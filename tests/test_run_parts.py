@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import socket
@@ -128,6 +129,65 @@ def test_the_run_page_is_served_while_the_block_runs_and_stops_with_it(tmp_path:
         assert [(r["id"], r["status"]) for r in _runs(url)] == [(run_id, "running")]  # this very file, live
     with pytest.raises(urllib.error.URLError):  # the port is released with the run
         _runs(url)
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    import os
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reaped if it is ours
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":  # exited; an orphan waits there for whoever reaps orphans
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_run_page_is_a_process_of_its_own_that_ends_with_the_block(tmp_path: Path) -> None:
+    # Not a thread of the run: the judge reads its clock in the run's process.
+    import os
+
+    with build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "a.db", watch=WatchConfig(port=0)) as run:
+        page = run.reporter.page
+        assert page is not None and page.pid is not None and page.pid != os.getpid()
+        pid = page.pid
+    assert _gone(pid, 15)
+
+
+_KILLED_RUN = """
+import sys, time
+from kernelrl.judge.eval_config import EvalConfig
+from kernelrl.run_parts import build_run
+from kernelrl.tasks.task import Task
+from kernelrl.watch_config import WatchConfig
+with build_run(tasks=[Task(name="t", source=sys.argv[2])], eval_config=EvalConfig(), db_path=sys.argv[1],
+               watch=WatchConfig(port=0)) as run:
+    print(run.reporter.page.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_the_run_page_ends_when_the_runs_process_is_killed(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    run = subprocess.Popen([sys.executable, "-c", _KILLED_RUN, str(tmp_path / "a.db"), TASK.source],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert run.stdout is not None
+        pid = int(run.stdout.readline())
+        run.send_signal(signal.SIGKILL)
+        run.wait(30)
+        assert _gone(pid, 15)  # orphaned, it sees its parent gone and stops
+    finally:
+        run.kill()
 
 
 def test_a_run_page_needs_the_runs_database() -> None:

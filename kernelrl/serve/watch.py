@@ -1,7 +1,7 @@
 """The run pages (`kernelrl.report.watch`) under the reward server, behind its tokens; and
 `kernelrl watch` alone, behind the same request guard, either as its own command
-(`run_standalone`) or from a thread of the run that writes the database (`LivePage`, started by
-the run's builder for `--watch.port`).
+(`run_standalone`) or for the run that writes the database (`LivePage`, a process of its own
+started by the run's builder for `--watch.port`).
 
 `kernelrl serve --watch-db runs/x.db` serves the pages of that run database twice: at `/watch/`
 to programs (`Authorization: Bearer TOKEN`), and at `/watch/s/KEY/` to a signed-in browser,
@@ -63,8 +63,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import html
+import os
 import re
 import secrets
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -315,51 +320,100 @@ def run_standalone(db_path: str | Path, *, host: str = "127.0.0.1", port: int = 
 
 
 class LivePage:
-    """`kernelrl watch`'s pages of `db_path`, served from a thread of the process that runs (the run's
-    builder, `kernelrl.run_parts.build_run`, starts one when its `WatchConfig` names a port), behind
-    the same guard and HTTP limits, until `close`.
+    """`kernelrl watch`'s pages of `db_path` for a run that is writing it (the run's builder,
+    `kernelrl.run_parts.build_run`, starts one when its `WatchConfig` names a port), served by a
+    process of its own (`python -m kernelrl.serve.watch`, no torch), behind the same guard and
+    HTTP limits, until `close`.
 
-    The address is bound when the page is made, so a port already taken fails before the run
-    starts anything (`OSError`); `start` returns once the server accepts connections. `close`
-    stops it and releases the port; it never raises, so a run's own error is the one reported.
+    A process, not a thread of the run: rendering a page never holds the run's interpreter, where
+    the judge reads its clock around every timed call (a page rendered between a worker's answer
+    and the judge's read of it would lengthen that round trip). The address is bound here, so a
+    taken port fails before the run starts anything (`OSError`), and the listening socket is
+    handed to the page's process; `start` returns once a page is answered there. The page's
+    process ends with `close`, or by itself when the run's process is gone; a Ctrl-C at the
+    terminal does not reach it (its own session), so the page shows the run finishing its work. `close` never raises,
+    so a run's own error is the one reported.
     """
 
-    def __init__(self, db_path: str | Path, *, host: str = "127.0.0.1", port: int = 0,
-                 limits: HttpLimits | None = None) -> None:
-        import uvicorn
-
+    def __init__(self, db_path: str | Path, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.db_path = Path(db_path)
         self.host = host
         self._sock = bind(host, port)
         self.port = int(self._sock.getsockname()[1])
-        self._server = uvicorn.Server(uvicorn_config(standalone_app(db_path, host=host), limits or HttpLimits()))
-        self._thread: threading.Thread | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._errors = tempfile.TemporaryFile()  # noqa: SIM115 - held for the page process's life, closed by close()
 
     @property
     def url(self) -> str:
         shown = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{shown}:{self.port}/"
 
-    def start(self, timeout_s: float = 20.0) -> LivePage:
-        """Serve from a daemon thread (uvicorn installs no signal handler off the main thread, so
-        the run's Ctrl-C stays the run's); raises `RuntimeError` if it is not up within `timeout_s`."""
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name="kernelrl-run-page", daemon=True)
-        self._thread.start()
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def start(self, timeout_s: float = 30.0) -> LivePage:
+        """Start the page's process; `RuntimeError` (with what it printed) if no page is answered
+        within `timeout_s`."""
+        import urllib.error
+        import urllib.request
+
+        fd = self._sock.fileno()
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "kernelrl.serve.watch", "--fd", str(fd), "--host", self.host,
+             "--db", str(self.db_path), "--parent", str(os.getpid())],
+            pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._errors,
+            start_new_session=True)  # a terminal's Ctrl-C is the run's to handle: the page stays until it ends
         deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "api/runs", timeout=1.0):
+                    return self
+            except (urllib.error.URLError, OSError):
+                pass
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self._errors.seek(0)
+                said = self._errors.read().decode(errors="replace").strip().splitlines()[-3:]
                 self.close()
-                raise RuntimeError(f"the run page at {self.url} did not start within {timeout_s:g} s")
-            time.sleep(0.01)
-        return self
+                raise RuntimeError(f"the run page at {self.url} did not start within {timeout_s:g} s"
+                                   + (f": {' | '.join(said)}" if said else ""))
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()  # uvicorn's own shutdown
+            try:
+                process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
         self._sock.close()
+        self._errors.close()
+
+
+def _serve_inherited(argv: Sequence[str]) -> int:
+    """The page's process (`LivePage`): serve the listening socket it was handed until told to
+    stop, or until the process that started it is gone."""
+    import argparse
+
+    import uvicorn
+
+    ap = argparse.ArgumentParser(prog="python -m kernelrl.serve.watch")
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--host", required=True)
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--parent", type=int, required=True)
+    args = ap.parse_args(argv)
+    server = uvicorn.Server(uvicorn_config(standalone_app(args.db, host=args.host), HttpLimits()))
+
+    def exit_with_parent() -> None:
+        while os.getppid() == args.parent:
+            time.sleep(0.5)
+        server.should_exit = True
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
+    server.run(sockets=[socket.socket(fileno=args.fd)])
+    return 0
 
 
 _PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
@@ -386,3 +440,7 @@ def _logout_page(key: str) -> str:
             f'<form method=post action="{html.escape(PREFIX)}/logout">'
             f'<input type=hidden name=key value="{html.escape(key)}">'
             "<input type=submit value='Sign out'></form></body></html>")
+
+
+if __name__ == "__main__":
+    sys.exit(_serve_inherited(sys.argv[1:]))
