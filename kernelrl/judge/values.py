@@ -11,6 +11,7 @@ what it returned, and one that patches torch does not change how its inputs are 
   or send at once; `in_place`: a plain tensor on any device as itself, for a fingerprint read a
   chunk at a time (no host copy of a GPU tensor);
 - `kept`: a timed call's output as it was when returned (plain tensors copied on their device);
+- `own_copy`: a set on a device in storage of its own (the reference's arguments there);
 - `all_finite`: no NaN or infinity in a value's floating tensors, read a chunk at a time;
 - `perturb(values, scale, offset_frac)`: a moved correctness set, made with one tensor of the
   input's size beside it at a time;
@@ -62,6 +63,16 @@ def to_device(x: object, device: str) -> object:
 
 def clone(x: object) -> object:
     return each_tensor(x, lambda t: t.clone())
+
+
+def own_copy(values: list[object], device: str) -> list[object]:
+    """`values` on `device` in storage of their own: each tensor copied there, one already there
+    cloned (a set `get_inputs` made on the device), so a call that writes them leaves `values` as made."""
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        moved = _to(t, device)
+        return _clone_tensor(moved) if moved is t else moved
+
+    return [each_tensor(v, copy) for v in values]
 
 
 def shadows_tensor(x: object) -> bool:

@@ -91,6 +91,7 @@ from kernelrl.judge.values import all_finite as _all_finite  # noqa: E402
 from kernelrl.judge.values import clone as _clone  # noqa: E402
 from kernelrl.judge.values import in_place as _in_place  # noqa: E402
 from kernelrl.judge.values import kept as _kept  # noqa: E402
+from kernelrl.judge.values import own_copy as _own_copy  # noqa: E402
 from kernelrl.judge.values import perturb as _perturb  # noqa: E402
 from kernelrl.judge.values import pool_noise, stage  # noqa: E402
 from kernelrl.judge.values import readable as _readable  # noqa: E402
@@ -348,11 +349,13 @@ class WorkerState:
                 values = made(seed, perturb)
                 if h.run:
                     # On the host the reference runs on the set itself (no second set beside it); one
-                    # that writes its inputs has the set made again. Off it, on the device's own copy.
+                    # that writes its inputs has the set made again. On a device, on a copy there (one
+                    # `get_inputs` made on the device is copied too).
                     on_host = torch.device(self.device).type == "cpu"
                     sent = content_digest(values) if on_host else ""
+                    args = values if on_host else _own_copy(values, self.device)
                     with _no_grad():
-                        out = self.model(*(values if on_host else [_to_device(v, self.device) for v in values]))
+                        out = self.model(*args)
                     self._sync()
                     if on_host and content_digest(_in_place(values)) != sent:
                         values = made(seed, perturb)

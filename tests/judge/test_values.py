@@ -92,3 +92,19 @@ def test_a_non_finite_value_is_found_in_any_chunk_of_any_tensor(monkeypatch, bad
         y[at] = bad
         assert not values.all_finite([torch.ones(3), (y,)])
         assert not values.all_finite(y.reshape(-1, 1).expand(-1, 2).t())  # not contiguous
+
+
+def test_a_sets_own_copy_on_a_device_is_new_storage_even_for_a_tensor_already_there():
+    # The reference's arguments off the host: a tensor `get_inputs` made on the device itself is
+    # cloned, so a reference writing its inputs leaves the set as made (checked here on the CPU,
+    # the one device every machine has: there every tensor is "already there").
+    made = [torch.randn(8), [torch.randn(3), 2], 5]
+    copy = values.own_copy(made, "cpu")
+    flat_made = [made[0], made[1][0]]
+    flat_copy = [copy[0], copy[1][0]]
+    assert all(torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(flat_copy, flat_made))
+    assert copy[1][1] == 2 and copy[2] == 5
+    before = [t.clone() for t in flat_made]
+    for t in flat_copy:
+        t.mul_(2)
+    assert all(torch.equal(a, b) for a, b in zip(flat_made, before))
