@@ -36,6 +36,7 @@ import importlib.util
 import json
 import math
 import shlex
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,7 +131,24 @@ def dry_run(config: TrainConfig, stage: Stage, *, name: str, settings: Sequence[
     if stage is not Stage.SFT:
         add("hack defences", CheckLevel.OK if config.eval.llm_judge.enabled else CheckLevel.NOTE, judge_notice(config))
     _check_packages(config, stage, accel, trl_values, add)
+    _check_run_page(config, add)
     return DryRun(stage=stage, command=launch_command(config, stage, name, settings), checks=tuple(checks))
+
+
+def _check_run_page(config: TrainConfig, add: AddCheck) -> None:
+    """`watch.port`: free on this machine now (the main process binds it when the stage starts)."""
+    port, host = config.watch.port, config.watch.host
+    if port is None:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            add("watch.port", CheckLevel.ERROR, f"{host}:{port}: cannot listen there ({e.strerror or e})")
+            return
+    add("watch.port", CheckLevel.OK, f"{host}:{port}: free here now; the main process serves the run page there"
+        + (" (0: any free port, printed when it starts)" if port == 0 else ""))
 
 
 def _stage_config(config: TrainConfig, stage: Stage) -> SFTStageConfig | RFTStageConfig | GRPOStageConfig:

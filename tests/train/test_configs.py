@@ -239,3 +239,19 @@ def test_the_dry_run_names_every_gpu_of_the_eight_gpu_layout():
     crowded = load_train_config("qwen7b-full-8gpu-vllm", {"launch.node_gpus": 7})
     (bad,) = [c for c in dry_run(crowded, "grpo", name="x").checks if c.what == "gpu layout"]
     assert bad.level == "error" and "more than the node has" in bad.detail
+
+
+def test_a_dry_run_checks_the_run_pages_port_here(capsys):
+    import socket
+
+    from kernelrl.train.launch import CheckLevel, dry_run
+
+    assert main(["train", "grpo", "--config", "tiny-cpu", "--watch.port", "0", "--dry-run"]) == 0
+    assert "watch.port: 127.0.0.1:0: free here now" in capsys.readouterr().out
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        config = load_train_config("tiny-cpu", {"watch.port": port})
+        (page,) = [c for c in dry_run(config, "grpo", name="tiny-cpu").checks if c.what == "watch.port"]
+    assert page.level is CheckLevel.ERROR and f"127.0.0.1:{port}: cannot listen there" in page.detail
