@@ -352,7 +352,7 @@ class WorkerState:
                     # that writes its inputs has the set made again. On a device, on a copy there (one
                     # `get_inputs` made on the device is copied too).
                     on_host = torch.device(self.device).type == "cpu"
-                    sent = content_digest(values) if on_host else ""
+                    sent = content_digest(_in_place(values)) if on_host else ""
                     args = values if on_host else _own_copy(values, self.device)
                     with _no_grad():
                         out = self.model(*args)
