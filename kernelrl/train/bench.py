@@ -23,8 +23,9 @@ With `turns` > 1 the samples are refinement episodes: `kernelrl.train.bench_turn
 runs them and reports these numbers by turn; `run_bench` is the single-turn bench only.
 
 Guarantees: every sample's verdict comes from the evaluator; with `db_path`, every sample and
-its verdict is stored (proposer `bench:<spec>`), and a source already judged under the same
-settings is not judged again.
+its verdict is stored (proposer `bench:<spec>`) under a run of stage `bench` (`recorded`: closed
+`finished`, `interrupted` or `failed`, so the run page, `--watch.port`, shows it), and a source
+already judged under the same settings is not judged again.
 
 Does not train or change the model.
 """
@@ -34,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 
     from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.judge.profile import TaskProfile
+    from kernelrl.search.database import Database
     from kernelrl.search.proposers import Proposer
     from kernelrl.train.rollouts import Judged
 
@@ -174,21 +176,47 @@ def run_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend:
                    watch=config.watch) as run:
         proposer = run.proposer(config.proposer, **config.proposer_opts)
         backend, db = run.judge, run.db
-        with saying(console, f"bench: reading {len(tasks)} task references in workers", backend):
-            profiles = task_profiles(backend, tasks)
-        with saying(console, f"bench: asking {config.proposer} for {config.k} answers to each of {len(tasks)} tasks",
-                    None):
-            rollouts = _sample(proposer, tasks, config, settings, profiles)
-        with saying(console, f"bench: judging {len(rollouts)} answers from {config.proposer}", backend):
-            judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
-        if db is not None:
-            store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings,
-                           meta=[RunMeta(stage=RunStage.BENCH)] * len(judged))
-        compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
+        with recorded(db, config, tasks) as run_id:
+            with saying(console, f"bench: reading {len(tasks)} task references in workers", backend):
+                profiles = task_profiles(backend, tasks)
+            with saying(console, f"bench: asking {config.proposer} for {config.k} answers to each of {len(tasks)} "
+                                 "tasks", None):
+                rollouts = _sample(proposer, tasks, config, settings, profiles)
+            with saying(console, f"bench: judging {len(rollouts)} answers from {config.proposer}", backend):
+                judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
+            if db is not None:
+                store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings, run_id=run_id,
+                               meta=[RunMeta(stage=RunStage.BENCH)] * len(judged))
+            compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
     per_task: dict[str, list[Judged]] = {t.name: [] for t in tasks}
     for j in judged:
         per_task[j.rollout.task].append(j)
     return summarise(config, tasks, per_task, compile_speedups)
+
+
+@contextlib.contextmanager
+def recorded(db: Database | None, config: BenchConfig, tasks: Sequence[Task]) -> Iterator[int | None]:
+    """The bench as a run of its database (stage `bench`, its tasks and settings; of the proposer's
+    options only their names, which may hold a key), closed `finished`, `interrupted` or `failed`
+    as the block ends; None without a database."""
+    if db is None:
+        yield None
+        return
+    from kernelrl.config import to_dict
+    from kernelrl.search.records import RunStatus
+
+    run_id = db.start_run({"stage": RunStage.BENCH.value, "proposer": f"bench:{config.proposer}",
+                           "config": {**to_dict(config), "proposer_opts": sorted(config.proposer_opts)},
+                           "task_names": [t.name for t in tasks]})
+    status = RunStatus.FAILED
+    try:
+        yield run_id
+        status = RunStatus.FINISHED
+    except KeyboardInterrupt:
+        status = RunStatus.INTERRUPTED
+        raise
+    finally:
+        db.finish_run(run_id, status)
 
 
 def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str, Sequence[Judged]],

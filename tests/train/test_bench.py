@@ -68,3 +68,43 @@ def test_bench_the_tiny_model(tmp_path, tiny_task, cache_dir, capsys, monkeypatc
     assert set(rows) == {"pass", "fast_1", "fast_1.5", "fast_2"}
     assert all(v.endswith("%") for cells in rows.values() for v in cells)
     assert "verdicts: " in out
+
+
+class _Judge:
+    """Every answer correct at 2x, or every batch a failure."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.fails = fails
+
+    def profile(self, task):
+        return None
+
+    def evaluate_batch(self, items):
+        if self.fails:
+            raise RuntimeError("the judge broke")
+        return [EvalResult(task=t.name, status=Status.CORRECT, speedup=2.0) for t, _ in items]
+
+
+def test_a_bench_with_a_database_is_a_run_of_it_closed_as_it_ended(tmp_path, tiny_task):
+    from kernelrl.search.database import Database
+    from kernelrl.search.proposers.replay import ReplayProposer
+    from kernelrl.train.bench import run_bench
+
+    right = tiny_task.source.replace("class Model(", "class ModelNew(")
+    replay = tmp_path / "replay.jsonl"
+    replay.write_text(json.dumps({"task": tiny_task.name, "code": right}) + "\n")
+    config = BenchConfig(tasks=(str(tiny_task.path),), proposer=f"replay:{replay}", split="all", k=1,
+                         compile_baseline=False, db_path=tmp_path / "b.db", proposer_opts={"api_key": "secret"})
+    report = run_bench(config, proposer=ReplayProposer(replay), backend=_Judge(), tasks=[tiny_task])
+    assert report.solved == 1
+    other = tmp_path / "other.jsonl"  # a source not judged before (a judged one is taken from the database)
+    other.write_text(json.dumps({"task": tiny_task.name, "code": right + "\n# again\n"}) + "\n")
+    with pytest.raises(RuntimeError, match="the judge broke"):
+        run_bench(config, proposer=ReplayProposer(other), backend=_Judge(fails=True), tasks=[tiny_task])
+    with Database(config.db_path) as db:
+        runs = db.runs()
+        first = db.candidates(run_id=runs[0].id)
+    assert [(r.config["stage"], r.status.value) for r in runs] == [("bench", "finished"), ("bench", "failed")]
+    assert runs[0].config["task_names"] == [tiny_task.name] and runs[0].config["proposer"] == f"bench:replay:{replay}"
+    assert runs[0].config["config"]["proposer_opts"] == ["api_key"]  # the option's name, not its value
+    assert len(first) == 1 and first[0].speedup == 2.0

@@ -140,6 +140,9 @@ def test_kernelrl_bench_turns_prints_the_by_turn_table(tmp_path, tiny_task, cach
     assert plot.is_file() and plot.stat().st_size > 1000
     with sqlite3.connect(db) as conn:
         stored = conn.execute("SELECT prompt, meta FROM candidates ORDER BY id").fetchall()
+        runs = conn.execute("SELECT id, status, json_extract(config, '$.stage') FROM runs").fetchall()
+        under = conn.execute("SELECT DISTINCT run_id FROM candidates").fetchall()
+    assert runs == [(1, "finished", "bench")] and under == [(1,)]  # a run the run page shows
     metas = [json.loads(m) for _, m in stored]
     assert [(m["turn"], m["sample"]) for m in metas] == [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
     turn2_sample0 = stored[2][0]

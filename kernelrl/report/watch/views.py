@@ -44,7 +44,7 @@ SEARCH = "search"
 @dataclass(frozen=True, kw_only=True)
 class RunSummary:
     id: int
-    kind: str  # "search", or the training stage: "collect", "sft", "rft", "grpo"
+    kind: str  # "search", "bench", or the training stage: "collect", "sft", "rft", "grpo"
     status: str
     started: float  # seconds since the epoch
     finished: float | None
