@@ -43,7 +43,7 @@ class SearchConfig:
     model_concurrency: int = 4  # proposer calls at once
     k_shown: int = 4  # earlier candidates shown in a prompt
     seed: int = 0  # seeds the prompts' random choices (the judge's seeds stay secret whatever this is)
-    resume: bool = False  # continue the database's latest run instead of starting a new one
+    resume: bool = False  # continue the database's latest search run instead of starting a new one
     baselines: bool = True  # measure eager and torch.compile times once per task
     batch_wait_s: float = 5.0  # a candidate waits at most this long for others to join its batch
     template_dir: Path | None = None  # prompt templates overriding the built-in ones

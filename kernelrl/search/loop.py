@@ -30,7 +30,8 @@ Guarantees:
 - a source already evaluated for a task (same device, size and policy) is never evaluated again:
   the stored result is reused, and two chains proposing the same source at once share one
   evaluation;
-- `resume=True` continues the database's latest run: candidates stored but not evaluated are
+- `resume=True` continues the database's latest search run (not a bench's, a collection's or a
+  training stage's in the same file): candidates stored but not evaluated are
   evaluated without asking the model again, and chain state (step, current best) is rebuilt from
   the stored candidates (a chain's best at its last step is that step's parent);
 - Ctrl-C stops new work and lets what is under way finish and be stored; a second Ctrl-C leaves

@@ -1,6 +1,6 @@
 """The run's state: which run this is, each task's chains, the tokens spent, and why it stops.
 
-`open_run` starts a run in the database, or with `config.resume` reopens the database's latest
+`open_run` starts a run in the database, or with `config.resume` reopens the database's latest search
 one and rebuilds each task's chains from its stored candidates (`kernelrl.search.chains.rebuild`:
 a chain's step and best, its unfinished episode). `RunState.judged` applies one verdict to its
 task and chain.
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 class RunState:
     config: SearchConfig
     run_id: int
-    resumed: bool  # continues the database's latest run
+    resumed: bool  # continues the database's latest search run
     tasks: dict[str, TaskState]  # by name, in the run's task order
     started: float  # time.monotonic() when this invocation started
     prompt_tokens: int = 0  # over the whole run
@@ -80,7 +80,7 @@ class RunState:
 
 
 def open_run(config: SearchConfig, tasks: list[Task], db: Database) -> RunState:
-    """A new run of `tasks`, or with `config.resume` the database's latest run, its chains rebuilt.
+    """A new run of `tasks`, or with `config.resume` the database's latest search run, its chains rebuilt.
     The tasks are registered in `db` by the run's builder (`kernelrl.run_parts.build_run`); one
     missing there, or registered with another source or size, is refused (`ValueError`): results
     stored for it would be judged against a task the database does not describe."""
@@ -91,7 +91,9 @@ def open_run(config: SearchConfig, tasks: list[Task], db: Database) -> RunState:
     if stale:
         raise ValueError(f"tasks not registered in {config.db_path} as this run's (at size {config.eval.size}): "
                          f"{', '.join(stale)}; the run's builder, kernelrl.run_parts.build_run, registers them")
-    latest = db.latest_run() if config.resume else None
+    latest = None
+    if config.resume:  # the latest search: a bench, a collection or a training stage may share the file
+        latest = max((r for r in db.runs() if not r.config.get("stage")), key=lambda r: r.id, default=None)
     # the task names are stored with the run so a report counts a task that got no candidate
     stored = {**config.to_json(), "task_names": [t.name for t in tasks]}
     if latest is not None:

@@ -638,3 +638,20 @@ def test_a_search_refuses_tasks_its_database_does_not_hold(tmp_path: Path) -> No
             run_search(cfg, tasks=[other], db=db, judge=OneAtATime(ScriptedEvaluator()), proposer=ScriptedProposer(),
                        console=Console(file=io.StringIO()))
         assert db.runs() == []  # refused before a run row is written
+
+
+def test_resume_continues_the_latest_search_not_a_later_bench_in_the_same_file(tmp_path: Path) -> None:
+    cfg = SearchConfig(tasks=("a",), db_path=tmp_path / "k.db", budget=1, chains=1, baselines=False)
+    first = searched(cfg, tasks=_tasks("a"), proposer=ScriptedProposer(), judge=OneAtATime(ScriptedEvaluator()),
+                     build_prompt=fake_prompt)
+    with Database(cfg.db_path) as db:
+        bench = db.start_run({"stage": "bench", "proposer": "bench:x"})
+        db.finish_run(bench, RunStatus.FINISHED)
+    resumed = searched(SearchConfig(tasks=("a",), db_path=cfg.db_path, budget=2, chains=1, baselines=False,
+                                    resume=True),
+                       tasks=_tasks("a"), proposer=ScriptedProposer(), judge=OneAtATime(ScriptedEvaluator()),
+                       build_prompt=fake_prompt)
+    assert resumed.run_id == first.run_id != bench
+    with Database(cfg.db_path) as db:
+        assert [(r.id, r.config.get("stage")) for r in db.runs()] == [(first.run_id, None), (bench, "bench")]
+        assert db.get_run(bench).status is RunStatus.FINISHED  # untouched
