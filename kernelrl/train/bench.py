@@ -203,20 +203,11 @@ def recorded(db: Database | None, config: BenchConfig, tasks: Sequence[Task]) ->
         yield None
         return
     from kernelrl.config import to_dict
-    from kernelrl.search.records import RunStatus
 
-    run_id = db.start_run({"stage": RunStage.BENCH.value, "proposer": f"bench:{config.proposer}",
-                           "config": {**to_dict(config), "proposer_opts": sorted(config.proposer_opts)},
-                           "task_names": [t.name for t in tasks]})
-    status = RunStatus.FAILED
-    try:
+    with db.new_run({"stage": RunStage.BENCH.value, "proposer": f"bench:{config.proposer}",
+                     "config": {**to_dict(config), "proposer_opts": sorted(config.proposer_opts)},
+                     "task_names": [t.name for t in tasks]}) as run_id:
         yield run_id
-        status = RunStatus.FINISHED
-    except KeyboardInterrupt:
-        status = RunStatus.INTERRUPTED
-        raise
-    finally:
-        db.finish_run(run_id, status)
 
 
 def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str, Sequence[Judged]],

@@ -183,7 +183,6 @@ def collect(config: CollectConfig, *, console: Console | None = None, backend: P
     label) replace the configured evaluator and proposers (tests)."""
     from kernelrl.config import to_dict
     from kernelrl.run_parts import build_run
-    from kernelrl.search.records import RunStatus
     from kernelrl.tasks.splits import for_training
     from kernelrl.tasks.suites import load_tasks
 
@@ -201,11 +200,9 @@ def collect(config: CollectConfig, *, console: Console | None = None, backend: P
                    proposers=proposers, console=console, watch=config.watch) as run:
         db = run.db
         assert db is not None  # a path was given
-        run_id = db.start_run({"stage": STAGE, "config": {**to_dict(config), "proposer_opts": sorted(
-            config.proposer_opts)}})
-        pairs = _pairs(db, tasks, specs, config)
-        status = RunStatus.FAILED
-        try:
+        with db.new_run({"stage": STAGE, "config": {**to_dict(config), "proposer_opts": sorted(
+                config.proposer_opts)}}) as run_id:
+            pairs = _pairs(db, tasks, specs, config)
             # nothing left to ask (a finished collection resumed): no judge, no proposer starts
             backend = run.judge if any(not p.stopped for p in pairs) else None
             for s in specs:
@@ -238,12 +235,6 @@ def collect(config: CollectConfig, *, console: Console | None = None, backend: P
                     console.print(f"collect round {round_no}: {len(rollouts)} answers, "
                                   f"{sum(p.accepted for p in pairs)} accepted so far")
                 write_sft_set(config.out, sft_rows(db), dataset=False)
-            status = RunStatus.FINISHED
-        except KeyboardInterrupt:
-            status = RunStatus.INTERRUPTED
-            raise
-        finally:
-            db.finish_run(run_id, status)
         rows = sft_rows(db)
     write_sft_set(config.out, rows, dataset=True)
     return CollectSummary(out=config.out, dataset=dataset_dir(config.out), db_path=config.database, rows=len(rows),

@@ -39,6 +39,7 @@ process crash, the case that matters here).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -46,7 +47,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,21 @@ class Database:
     def finish_run(self, run_id: int, status: RunStatus) -> None:
         with self._tx() as c:
             c.execute("UPDATE runs SET status = ?, finished = ? WHERE id = ?", (status.value, time.time(), run_id))
+
+    @contextlib.contextmanager
+    def new_run(self, config: Mapping[str, object]) -> Iterator[int]:
+        """A run for the block (`start_run`), closed as the block ends: `finished`, `interrupted` on
+        Ctrl-C (`KeyboardInterrupt`), `failed` on any other error (which goes on)."""
+        run_id = self.start_run(config)
+        status = RunStatus.FAILED
+        try:
+            yield run_id
+            status = RunStatus.FINISHED
+        except KeyboardInterrupt:
+            status = RunStatus.INTERRUPTED
+            raise
+        finally:
+            self.finish_run(run_id, status)
 
     def reopen_run(self, run_id: int, config: Mapping[str, object]) -> None:
         """Mark a run as running again (resume), with the config it now continues under."""
