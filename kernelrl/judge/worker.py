@@ -336,7 +336,7 @@ class WorkerState:
         # One set per message (the judge's way) is sent as it is, read in place: no copy of it can
         # be changed by a later run before the arena takes it. Several in one message are copied.
         take = _readable if len(h.seeds) == 1 else _to_cpu
-        module = self.module
+        module, on_host = self.module, self.device == "cpu"
 
         def made(seed: int, perturb: list[float] | None) -> list[object]:
             with _fork_rng(devices=[]):
@@ -351,7 +351,6 @@ class WorkerState:
                     # On the host the reference runs on the set itself (no second set beside it); one
                     # that writes its inputs has the set made again. On a device, on a copy there (one
                     # `get_inputs` made on the device is copied too).
-                    on_host = torch.device(self.device).type == "cpu"
                     sent = content_digest(_in_place(values)) if on_host else ""
                     args = values if on_host else _own_copy(values, self.device)
                     with _no_grad():
@@ -412,11 +411,6 @@ class WorkerState:
         changed_after = content_digest(_in_place(out)) != at_return
         ran = P.Ran(state_after=global_state(), thread_rises=[thread_rise], child_rises=[child_rise],
                     changed_after_return=[changed_after], inputs_changed=[content_digest(_in_place(args)) != sent])
-        # The set is let go before the output travels (the command's payload is this list): the
-        # worker then holds the output and its copy in the arena, not the set beside them.
-        if isinstance(payload, list):
-            payload.clear()
-        del inputs, args
         return P.Kind.RAN, ran, {"outputs": [snapshot]}
 
     # -- timing -------------------------------------------------------------------------------
@@ -638,6 +632,11 @@ def _serve(state: WorkerState, msg: Message) -> bool:
     except Exception as e:  # noqa: BLE001 - report, keep serving; the judge decides
         answer, reply, payload = P.Kind.ERROR, P.Error(phase=P.Phase.RUN, message=f"{type(e).__name__}: {e}",
                                                        traceback=traceback.format_exc(limit=8)), None
+    # What the command brought is let go before the answer travels: a correctness run's set is
+    # freed before its output is copied. Its top level only: what a handler kept of it (a model's
+    # init arguments, the pool's tensors) stays as it is.
+    if isinstance(msg.payload, (list, dict)):
+        msg.payload.clear()
     send(state.channel, answer, reply, payload)
     return True
 
