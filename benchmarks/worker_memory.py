@@ -84,25 +84,12 @@ inputs = m.get_inputs()
 with torch.no_grad():
     out = model(*inputs)
 print("ran", held(), flush=True)
+del model, inputs, out  # freed before the sizing's imports, which are not the program's
+from kernelrl.judge.profile import profile_task  # one set's size as the judge sizes it (meta device)
+p = profile_task(m, task="t", size="full", constants={}, init_inputs=m.get_init_inputs(),
+                 source=open(sys.argv[1]).read())
+print("set", p.input_bytes + p.output_bytes, flush=True)
 """
-
-
-def set_mib(path: Path) -> float:
-    """One input set of the task file at its own size, inputs and outputs, sized on the meta device."""
-    import importlib.util
-
-    import torch
-
-    spec = importlib.util.spec_from_file_location("sized_task", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    with torch.device("meta"):
-        spec.loader.exec_module(module)
-        inputs = module.get_inputs()
-        out = module.Model(*module.get_init_inputs())(*inputs)
-    outs = out if isinstance(out, (list, tuple)) else [out]
-    tensors = [t for t in [*inputs, *outs] if isinstance(t, torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors) / (1 << 20)
 
 
 def rss_kib(pid: int) -> tuple[int, int, int]:
@@ -137,7 +124,7 @@ def main() -> int:
     dim = args.mib * (1 << 20) // 4 // 4096
     if args.task is not None:
         path, constants = args.task, {}
-        one_set_mib = set_mib(path)
+        one_set_mib = 0.0  # from the bare run, below
     else:
         folder = Path(tempfile.mkdtemp(prefix="worker-memory-"))
         path, constants = folder / "gelu_big.py", {"dim": dim}
@@ -168,6 +155,7 @@ def main() -> int:
     if args.task is not None:
         bare = subprocess.run([sys.executable, "-c", BARE, str(path)], capture_output=True, text=True, check=True)
         said = dict(line.split() for line in bare.stdout.splitlines())
+        one_set_mib = int(said["set"]) / (1 << 20)
         time.sleep(0.1)
         bare_peak = max((held for pid, held in held_peaks.items() if pid != os.getpid()), default=0)
         print(f"the task run bare (one forward pass, its own process): held {bare_peak / 1024:.0f} MiB at its peak "

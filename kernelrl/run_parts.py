@@ -60,9 +60,9 @@ class Reporter:
     """What a run tells people (see the module docstring): `console`, and `page_url` while its run
     page is served (None without one)."""
 
-    def __init__(self, console: Console, page: LivePage | None = None) -> None:
+    def __init__(self, console: Console) -> None:
         self.console = console
-        self.page = page
+        self.page: LivePage | None = None  # set by `build_run` once the page answers
 
     @property
     def page_url(self) -> str | None:

@@ -13,7 +13,6 @@ Does not replace the components' own validation: it runs first, so its messages 
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -141,14 +140,11 @@ def check_port(host: str, port: int, *, flag: str = "--port") -> None:
         raise UsageError(f"{flag} must be in 0-65535, got {port}")
     if port == 0:
         return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    from kernelrl.report.watch.app import bind  # how every server of kernelrl listens
+
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        bind(host, port).close()
     except OSError as e:
         raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}"
                          + (" (another program holds it; pick another --port, or 0 for any)"
                             if e.errno in (98, 48) else "")) from e
-    finally:
-        sock.close()

@@ -114,7 +114,7 @@ class VerlScorer:
     def __init__(self, settings: VerlSettings) -> None:
         from kernelrl.config import build
         from kernelrl.judge.eval_config import EvalConfig
-        from kernelrl.serve.judges import BackendConfig, make_judge
+        from kernelrl.serve.judges import SERVER_SETTINGS, BackendConfig, make_judge
 
         self.settings = settings
         self.model = RewardModel(build(RewardConfig, json.loads(settings.reward)))
@@ -124,7 +124,7 @@ class VerlScorer:
         self.backend: OwnedJudge = make_judge(
             eval_config, BackendConfig(url=settings.url, timeout_s=settings.timeout_s,
                                       token_file=Path(settings.token_file) if settings.token_file else None),
-            server_chooses=[k for k in ("size", "policy") if k not in table])
+            server_chooses=sorted(SERVER_SETTINGS - table.keys()))
         atexit.register(self.backend.close)
 
     def score_batch(self, solution_strs: Sequence[str], ground_truths: Sequence[object],

@@ -294,13 +294,17 @@ def standalone_app(db_path: str | Path, *, host: str, on_refuse: Callable[[str],
     return app
 
 
+def page_url(host: str, port: int) -> str:
+    """The pages' address at `host:port` (an IPv6 host in brackets)."""
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
 def announcement(db_path: str | Path, host: str, port: int, *, name: str = "kernelrl watch") -> list[str]:
     """What serving the pages of `db_path` at `host:port` tells people: the address, and a warning
     when that address is not loopback (the pages have no authentication)."""
     from kernelrl.serve.config import is_loopback
 
-    shown = f"[{host}]" if ":" in host else host
-    lines = [f"{name}: http://{shown}:{port}/ (database {db_path}, read-only)"]
+    lines = [f"{name}: {page_url(host, port)} (database {db_path}, read-only)"]
     if not is_loopback(host):
         lines.append("warning: these pages have no authentication; anyone who reaches this address reads every "
                      "candidate. Behind kernelrl serve's token, or loopback, is the safe way.")
@@ -345,8 +349,7 @@ class LivePage:
 
     @property
     def url(self) -> str:
-        shown = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{shown}:{self.port}/"
+        return page_url(self.host, self.port)
 
     @property
     def pid(self) -> int | None:

@@ -36,7 +36,6 @@ import importlib.util
 import json
 import math
 import shlex
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,13 +139,13 @@ def _check_run_page(config: TrainConfig, add: AddCheck) -> None:
     port, host = config.watch.port, config.watch.host
     if port is None:
         return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError as e:
-            add("watch.port", CheckLevel.ERROR, f"{host}:{port}: cannot listen there ({e.strerror or e})")
-            return
+    from kernelrl.report.watch.app import bind  # how the page will listen
+
+    try:
+        bind(host, port).close()
+    except OSError as e:
+        add("watch.port", CheckLevel.ERROR, f"{host}:{port}: cannot listen there ({e.strerror or e})")
+        return
     add("watch.port", CheckLevel.OK, f"{host}:{port}: free here now; the main process serves the run page there"
         + (" (0: any free port, printed when it starts)" if port == 0 else ""))
 
