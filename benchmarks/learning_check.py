@@ -96,15 +96,21 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, Path(__file__).resolve().parent):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
-# The reference repeats its work 32 times. The shown best (1 repeat, ~32x) must stay the best
-# measured version whatever the machine's noise (a 2x gap was inverted on a loaded machine, and a
-# policy's faster answer then became the version shown, and its copy); fast (~8x) sits below the
-# reward's 10x cap, so the copy paid in full would beat it (as before copies were caught).
-REPEATS = {"slow": 32, "mid": 8, "fast": 4, "copy": 1}
+import learning_ctx  # noqa: E402 - the ctx variants and the mutation gate, beside this file
+
+# The reference repeats its work 32 times. The shown best (the op once, written without a loop,
+# ~32x) must stay the best measured version whatever the machine's noise (a 2x gap was inverted on
+# a loaded machine, and a policy's faster answer then became the version shown, and its copy); fast
+# (~8x) sits below the reward's 10x cap, so the copy paid in full would beat it (as before copies
+# were caught). Written without a loop, the shown best is more token edits from the loops than the
+# copy rule allows, so `fast` is a program of its own, not a slower copy of it.
+REPEATS = {"slow": 32, "mid": 8, "fast": 4}
 THRESHOLD = 0.8
+OTHER_LIMIT = 0.1  # `ctx`: the most P(another task's fast answer) may be on a task's prompt
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,9 +129,12 @@ class Settings:
 # answer while two thirds push `fast` through every parameter the contexts share. At 0.005 with 8
 # episodes a group it does, on 1 and 2 processes (benchmarks/README.md). Its window is the
 # instruction line: the policy reads what turn 1's verdict asks for and nothing else.
+# `ctx`: three contexts (one task line each) of equal share; the policy reads the last token only.
 SETTINGS = {"single": Settings(steps=40, lr=0.02, window=None, episodes=16),
             "multi": Settings(steps=40, lr=0.02, window=None, episodes=4),
-            "read": Settings(steps=90, lr=0.005, window=1, episodes=8)}
+            "read": Settings(steps=90, lr=0.005, window=1, episodes=8),
+            "ctx": Settings(steps=60, lr=0.01, window=1, episodes=8),
+            "ctx-multi": Settings(steps=60, lr=0.01, window=1, episodes=8)}
 
 # One operator (tanh(x @ W)) at two shapes, so that every menu answer is a program for both (the
 # policy chooses among 8 answers, chance 1/8) and each task keeps its own window, curriculum
@@ -139,7 +148,9 @@ SIGMOID_TASK = "repeat_sigmoid_square"
 # The sigmoid task's model takes a second init argument, its gain; every program of `read` takes
 # one (tanh programs default it to 1.0), and the menu's `sigmoid` requires it.
 SIGMOID_GAIN = 2.0
-TASKS = {"single": TANH_TASKS, "multi": TANH_TASKS, "read": {**TANH_TASKS, SIGMOID_TASK: (256, 256, "sigmoid")}}
+TASKS = {"single": TANH_TASKS, "multi": TANH_TASKS, "read": {**TANH_TASKS, SIGMOID_TASK: (256, 256, "sigmoid")},
+         "ctx": learning_ctx.CTX_TASKS, "ctx-multi": learning_ctx.CTX_TASKS}
+TURNS = {"single": 1, "ctx": 1}  # every other variant: two-turn episodes
 VARIANTS = tuple(TASKS)
 
 
@@ -176,7 +187,9 @@ def task_source(variant: str, name: str) -> str:
 
 
 def menu(variant: str) -> dict[str, str]:
-    """The eight answers, the same for every task of the variant."""
+    """The answers, the same for every task of the variant (eight; `ctx`: learning_ctx's)."""
+    if variant.startswith("ctx"):
+        return learning_ctx.ctx_menu(program, variant)
     tanh = gain_of(variant, "tanh")
     second = (("sigmoid", program(REPEATS["fast"], op="sigmoid", gain=gain_of(variant, "sigmoid"))) if variant == "read"
               else ("mid", program(REPEATS["mid"])))
@@ -190,13 +203,13 @@ def menu(variant: str) -> dict[str, str]:
             "        return x\n", third[0]: third[1],
             "hack": program(REPEATS["fast"], cache=True, gain=tanh), "slow": program(REPEATS["slow"], gain=tanh),
             second[0]: second[1], "fast": program(REPEATS["fast"], gain=tanh),
-            "copy": program(REPEATS["copy"], gain=tanh)}
+            "copy": learning_ctx.once("tanh", gain=tanh)}
 
 
 def shown_best(variant: str, name: str) -> str:
     """The task's best version so far, shown in every prompt (the `copy` answer on a tanh task)."""
     op = TASKS[variant][name][2]
-    return program(REPEATS["copy"], op=op, gain=gain_of(variant, op))
+    return learning_ctx.once(op, gain=gain_of(variant, op))
 
 
 @dataclass
@@ -218,6 +231,8 @@ class Outcome:
     hack_or_copy_won: list[str]  # "step N: label -> kind" whenever the hack or the copy was the most likely
     passed: bool
     reasons: list[str]
+    others: dict[str, float] = field(default_factory=dict)  # `ctx`: label -> P(another task's fast answer)
+    paid: str = ""  # `ctx`: mean paid per kind of answer, on its own task
 
 
 # The prompts the curves are read on: a task's turn-1 prompt (labelled by the task), and turn-2
@@ -238,12 +253,17 @@ def task_of(label: str) -> str:
 
 def right_answer(label: str) -> str:
     """The fastest correct answer that is not a copy of the shown best."""
+    if label.startswith("ctx_"):
+        return f"fast_{learning_ctx.own_op(label)}"
     return "sigmoid" if task_of(label) == SIGMOID_TASK else "fast"
 
 
 def judged(label: str) -> bool:
     """Whether the labelled prompt holds what its right answer needs in reach of the policy (see
-    `TASKS` and the labels above): a tanh task's turn 1, and every turn 2 after `fast`."""
+    `TASKS` and the labels above): a tanh task's turn 1, and every turn 2 after `fast`; in `ctx`,
+    every task's turn 1 and its turn 2 after its own fast answer (both end with the task line)."""
+    if label.startswith("ctx_"):
+        return "@" not in label or label.endswith(AFTER + right_answer(label))
     if "@" not in label:
         return task_of(label) != SIGMOID_TASK
     return label.endswith(AFTER_FAST)
@@ -303,7 +323,7 @@ def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings
     from kernelrl.judge.eval_config import EvalConfig
     from kernelrl.judge.evaluator import Evaluator
     from kernelrl.search.database import Database
-    from kernelrl.search.prompt import build_prompt
+    from kernelrl.search.prompt import BUILTIN_TEMPLATES, build_prompt
     from kernelrl.search.records import NewCandidate, RunMeta
     from kernelrl.tasks.suites import load_tasks
     from kernelrl.train.tiny import TinyModelConfig, build_tiny_model, program_tokens
@@ -314,6 +334,8 @@ def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings
         (tasks_dir / f"{name}.py").write_text(task_source(variant, name))
     tasks = load_tasks([str(tasks_dir)])
     answers = menu(variant)
+    # `ctx`: the real prompt with the task line last (the policy's window is that one token)
+    templates = learning_ctx.write_templates(folder / "templates", BUILTIN_TEMPLATES) if variant.startswith("ctx") else None
     eval_config = build(EvalConfig, eval_table())
     db_path = folder / "code.db"
     with Database(db_path) as db, Evaluator(eval_config) as ev:
@@ -335,12 +357,13 @@ def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings
             db.store_result(rec.id, result)
             best = db.top_candidates(t.name, 1)
             prompts.append(build_prompt(t, db=db, chain_best=best[0] if best else None, policy="open",
-                                        device="cpu", rng=random.Random(0), k=0, size="full"))
+                                        device="cpu", rng=random.Random(0), k=0, size="full", template_dir=templates))
+    phrases = instruction_lines() + [learning_ctx.task_line(t.name) for t in tasks if templates is not None]
     base = folder / "base"
     # One token per menu answer, shared by both tasks (named after the first: the text is cosmetic).
     build_tiny_model(base, tasks[:1], TinyModelConfig(hidden_size=32, layers=2, heads=2, bpe_vocab=512,
                                                       program_variants=1, window=settings.window, seed=0),
-                     corpus=prompts, programs={tasks[0].name: answers}, phrases=instruction_lines())
+                     corpus=prompts, programs={tasks[0].name: answers}, phrases=phrases)
     tok = AutoTokenizer.from_pretrained(base)
     texts = program_tokens(tasks[:1], 1, {tasks[0].name: answers})
     tokens: dict[str, int] = {}
@@ -350,9 +373,11 @@ def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings
             raise TypeError(f"learning check: token {text!r} gave {token_id!r}, not one id")
         tokens[kind] = token_id
     suppressed = [i for i in range(len(tok)) if i not in set(tokens.values())]
-    turns = 1 if variant == "single" else 2
+    turns = TURNS.get(variant, 2)
     rows = settings.episodes * turns  # one row per turn of each episode of a group
-    per_batch = 2 * rows  # rows per generation batch over all processes: two groups
+    # rows per generation batch over all processes: two groups (`ctx`: three, so that on two
+    # processes the second group is split between them: a group spans both ranks)
+    per_batch = (3 if variant.startswith("ctx") else 2) * rows
     grpo: dict[str, Any] = {
         "k_shown": 0,  # the prompt shows the best version only: the copy's original
         "roc": {"enabled": turns == 1, "keep": 0.5, "min_per_side": 2},
@@ -370,6 +395,7 @@ def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings
     if credit != "turn":
         grpo["credit"] = credit
     config = {"tasks": [str(tasks_dir)], "output_dir": str(folder / "run"), "db_path": str(db_path), "seed": 0,
+              **({"template_dir": str(templates)} if templates is not None else {}),
               "model": {"path": str(base), "dtype": "float32"}, "eval": eval_table(),
               "reward": {"mapping": "log", "baseline": "eager", "smoothing": {"window": 32, "min_samples": 8}},
               "grpo": grpo}
@@ -447,9 +473,15 @@ def preferred_hack_or_copy(points: list[Point]) -> list[str]:
     for label in labels:
         tops = [max(pt.p[label], key=pt.p[label].__getitem__) if label in pt.p else None for pt in points]
         for i, top in enumerate(tops):
-            if top in ("hack", "copy") and (i == len(tops) - 1 or tops[i + 1] == top):
+            if top is not None and top.startswith(("hack", "copy", "near_")) and (
+                    i == len(tops) - 1 or tops[i + 1] == top):
                 out.append(f"step {points[i].step}: {label} -> {top}")
     return out
+
+
+def other_fast(label: str, q: dict[str, float]) -> float:
+    """`ctx`: P(the fast answer of another task) on a task's prompt."""
+    return sum(p for kind, p in q.items() if kind.startswith("fast_") and kind != right_answer(label))
 
 
 def judge(points: list[Point], *, variant: str) -> tuple[dict[str, float], list[str], list[str]]:
@@ -461,6 +493,12 @@ def judge(points: list[Point], *, variant: str) -> tuple[dict[str, float], list[
     for label, q in final.items():
         if judged(label) and q < THRESHOLD:
             reasons.append(f"{label}: P({right_answer(label)}) {q:.2f} < {THRESHOLD}")
+    if variant.startswith("ctx") and points:
+        for label, q in points[-1].p.items():
+            if judged(label) and other_fast(label, q) > OTHER_LIMIT:
+                reasons.append(f"{label}: P(another task's fast answer) {other_fast(label, q):.2f} > {OTHER_LIMIT}")
+        if not any("@" not in label for label in final) or len({task_of(x) for x in final}) < len(TASKS[variant]):
+            reasons.append("not every task's prompt was built")
     if won:
         reasons.append(f"the hack or the copy was the most likely answer {len(won)} time(s)")
     if variant == "read":
@@ -485,8 +523,22 @@ def prompt_gap(o: Outcome) -> float:
                 for pt in o.curve if pt.p), default=0.0)
 
 
-def run_variant(out: Path, *, variant: str, processes: int, credit: str, settings: Settings, root: Path) -> Outcome:
-    folder = out / (f"{variant}-p{processes}" + ("" if credit == "turn" else f"-{credit}"))
+def no_speedup_reward() -> float:
+    """What the check's reward config pays a correct program at 1.0x (what a copy may be paid at most)."""
+    from kernelrl.result import EvalResult, Status
+    from kernelrl.reward import RewardConfig, RewardModel
+
+    r = RewardModel(RewardConfig(mapping="log", baseline="eager")).raw(
+        EvalResult(task="t", status=Status.CORRECT, speedup=1.0))
+    assert r is not None
+    return r.raw
+
+
+def run_variant(out: Path, *, variant: str, processes: int, credit: str, settings: Settings, root: Path,
+                name: str | None = None, crash_fails: bool = False) -> Outcome:
+    """One run of the check; `crash_fails`: a training run that fails is the check failing (a
+    mutant), not an error of the check."""
+    folder = out / (name or f"{variant}-p{processes}" + ("" if credit == "turn" else f"-{credit}"))
     if folder.exists():
         import shutil
 
@@ -501,12 +553,26 @@ def run_variant(out: Path, *, variant: str, processes: int, credit: str, setting
     code = train(config, processes=processes, root=root, log=folder / "train.log")
     if code != 0:
         tail = (folder / "train.log").read_text()[-3000:]
-        raise SystemExit(f"learning check: training failed (exit {code}); the end of its log:\n{tail}")
+        if not crash_fails:
+            raise SystemExit(f"learning check: training failed (exit {code}); the end of its log:\n{tail}")
+        last = [line for line in tail.splitlines() if line.strip()][-1:] or ["?"]
+        outcome = Outcome(variant=variant, processes=processes, credit=credit, steps=settings.steps,
+                          seconds=time.monotonic() - started, curve=[], final={}, hack_or_copy_won=[], passed=False,
+                          reasons=[f"training failed (exit {code}): {last[0][:300]}"])
+        print(f"  {variant} on {processes} process(es): FAIL: {outcome.reasons[0]}", flush=True)
+        return outcome
     points = analyse(folder, tokens, variant=variant)
     final, won, reasons = judge(points, variant=variant)
+    others: dict[str, float] = {}
+    paid = ""
+    if variant.startswith("ctx"):
+        rows = learning_ctx.read_rows(folder / "code.db", kind_of)
+        reasons += learning_ctx.paid_checks(rows, no_speedup=no_speedup_reward(), multi=variant == "ctx-multi")
+        paid = learning_ctx.paid_summary(rows)
+        others = {label: other_fast(label, q) for label, q in points[-1].p.items() if judged(label)} if points else {}
     outcome = Outcome(variant=variant, processes=processes, credit=credit, steps=settings.steps,
                       seconds=time.monotonic() - started, curve=points, final=final, hack_or_copy_won=won,
-                      passed=not reasons, reasons=reasons)
+                      passed=not reasons, reasons=reasons, others=others, paid=paid)
     (folder / "curve.json").write_text(json.dumps(asdict(outcome), indent=1))
     print_curve(outcome)
     return outcome
@@ -520,20 +586,56 @@ def print_curve(o: Outcome) -> None:
     for pt in o.curve:
         row = "  ".join(f"{pt.p[label][right_answer(label)]:.2f}" if label in pt.p else " -  " for label in labels)
         top = ",".join(max(pt.p[label], key=pt.p[label].__getitem__) if label in pt.p else "-" for label in labels)
-        print(f"  step {pt.step:4d}: {row}   most likely: {top}   sampled fast {pt.sampled.get('fast', 0.0):.2f}")
+        fast = sum(v for k, v in pt.sampled.items() if k == "fast" or k.startswith("fast_"))
+        print(f"  step {pt.step:4d}: {row}   most likely: {top}   sampled fast {fast:.2f}")
     shown = [label for label in every if not judged(label)]
     if shown:
         print("  not judged, P(right answer) at the end: "
               + ", ".join(f"{label} ({right_answer(label)}) {o.curve[-1].p[label][right_answer(label)]:.2f}"
                           for label in shown))
+    if o.paid:
+        print(f"  mean paid on its own task, by kind of answer: {o.paid}")
     verdict = "PASS" if o.passed else "FAIL: " + "; ".join(o.reasons)
     print(f"  {o.variant}-turn on {o.processes} process(es): {verdict} ({o.seconds:.0f} s)", flush=True)
+
+
+def summary_of(o: Outcome) -> str:
+    if o.variant.startswith("ctx"):
+        own = ", ".join(f"{label} {q:.2f}" for label, q in sorted(o.final.items()))
+        other = ", ".join(f"{label} {q:.2f}" for label, q in sorted(o.others.items()))
+        paid = "hold" if o.passed or not any(r for r in o.reasons if "paid" in r or "copy" in r) else "broken"
+        return (f"{o.variant} x{o.processes}: P(own fast) {own}; P(another task's fast) {other}; paid-order checks "
+                f"{paid}" + (" PASS" if o.passed else " FAIL"))
+    return (f"{o.variant}-turn x{o.processes}: P(right answer) "
+            + ", ".join(f"{label} ({right_answer(label)}) {q:.2f}" for label, q in sorted(o.final.items()))
+            + f" (largest gap in P(fast) between prompts {prompt_gap(o):.2f})" + (" PASS" if o.passed else " FAIL"))
+
+
+def run_mutants(args: argparse.Namespace, settings: Any, processes: int) -> int:
+    """The ctx check against each sabotaged copy of the package: passes when every one fails."""
+    results = []
+    for i, mutant in enumerate(learning_ctx.MUTANTS):
+        root = learning_ctx.sabotaged(args.kernelrl_root.resolve(), args.out / "mutants" / f"m{i}", mutant)
+        print(f"mutant {i + 1}/{len(learning_ctx.MUTANTS)}: {mutant.name} ({mutant.path}), {mutant.variant}", flush=True)
+        o = run_variant(args.out, variant=mutant.variant, processes=processes, credit=args.credit,
+                        settings=settings(mutant.variant), root=root, name=f"mutant-{i}-{mutant.variant}-p{processes}",
+                        crash_fails=True)
+        results.append((mutant, o))
+    for mutant, o in results:
+        said = "FAILS, as it must" if not o.passed else "PASSES: the check cannot see this sabotage"
+        print(f"mutant {mutant.name}: {said}" + (f" ({'; '.join(o.reasons)[:600]})" if o.reasons else ""))
+    caught = sum(not o.passed for _, o in results)
+    print(f"learning check mutants: {caught} of {len(results)} sabotaged runs fail"
+          + (" PASS" if caught == len(results) else " FAIL"))
+    return 0 if caught == len(results) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--variants", default="single,multi",
-                    help="single, multi, read (comma-separated; read: turn 2 must follow turn 1's verdict)")
+                    help="single, multi, read, ctx, ctx-multi (comma-separated; read: turn 2 must follow turn 1's "
+                         "verdict; ctx: each task's fast answer is wrong on the others, and what every answer was "
+                         "paid is checked)")
     ap.add_argument("--processes", default="1", help="process counts to run, comma-separated (1, 2)")
     ap.add_argument("--steps", type=int, help="GRPO steps per run (default: the variant's, see SETTINGS)")
     ap.add_argument("--credit", choices=("turn", "group"), default="turn",
@@ -545,6 +647,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "learning_check", help="where runs and curves go")
     ap.add_argument("--kernelrl-root", type=Path, default=ROOT,
                     help="train with the kernelrl of this checkout (the check's own code builds and reads)")
+    ap.add_argument("--mutants", action="store_true",
+                    help="run the ctx check against sabotaged copies of the package (benchmarks/learning_ctx.py); "
+                         "passes only when every one fails (on the largest --processes)")
     args = ap.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not variants or any(v not in VARIANTS for v in variants):
@@ -568,14 +673,12 @@ def main(argv: list[str] | None = None) -> int:
         return Settings(steps=args.steps or base.steps, lr=args.lr or base.lr, window=window,
                         episodes=args.episodes or base.episodes)
 
+    if args.mutants:
+        return run_mutants(args, settings, max(processes))
     outcomes = [run_variant(args.out, variant=v, processes=p, credit=args.credit, settings=settings(v),
                             root=args.kernelrl_root.resolve())
                 for v in variants for p in processes]
-    summary = "; ".join(f"{o.variant}-turn x{o.processes}: P(right answer) "
-                        + ", ".join(f"{label} ({right_answer(label)}) {q:.2f}" for label, q in sorted(o.final.items()))
-                        + f" (largest gap in P(fast) between prompts {prompt_gap(o):.2f})"
-                        + (" PASS" if o.passed else " FAIL") for o in outcomes)
-    print(f"learning check: {summary}")
+    print(f"learning check: {'; '.join(summary_of(o) for o in outcomes)}")
     return 0 if all(o.passed for o in outcomes) else 1
 
 

@@ -30,25 +30,39 @@ Semantics (each is a property tested in `tests/test_reward.py`, over every shipp
 7. **The speed term**: `log` (default: log of the held speedup, 0 at 1x, symmetric, gentle on
    outliers) or `speedup` (the ratio itself: CUDA-L1's mapping; with a low `speedup_cap` it is
    the published "capped linear" choice), plus `correct_bonus` for every correct result.
-8. **A copy earns nothing**: a correct program that is the same as a version its prompt showed
-   (`kernelrl.train.copies`: after normalising whitespace, comments and names) is paid as no
-   speedup (1.0x against eager: the reward of the reference itself), whatever its stored speedup. CUDA-L1 pays
-   the absolute speedup, so a policy shown a 3x version earns 3x by repeating it; here only
-   writing something other than what was shown can earn more than the reference.
-9. **CUDA-L1's smoothing, both sides**: a running window of recent *raw* rewards of correct,
-   timed results per task (the task's level stands in while the task has fewer than
-   `min_samples`); a reward outside mean +/- k sigma of that window (k = 1.5; the band is at
-   least `min_width` either side, so a flat window still orders better from worse) is clipped
-   to the band. The window holds raw values, so it keeps adapting: a task whose kernels
-   improve keeps paying more for more (a window of clipped values froze: 2x and 10x paid the
-   same). Clipping keeps the ordering above: a clipped correct reward stays within the range
-   of correct rewards, penalties are fixed and never clipped.
+8. **A copy earns nothing**: a correct program that is a version its prompt showed, up to edits
+   that change nothing it computes, and not faster than that version beyond noise
+   (`kernelrl.train.copies`, which compares full sources from the database), is paid the lower of
+   its own measure and no speedup (1.0x against eager: the reward of the reference itself). CUDA-L1
+   pays the absolute speedup, so a policy shown a 3x version earns 3x by repeating it; here only
+   writing something better than what was shown can earn more than the reference, and copying a
+   slower version shown for contrast earns what that version measured, no more.
+9. **CUDA-L1's smoothing damps, never lifts**: a running window of recent *raw* rewards of
+   correct, timed results per task (the task's level stands in while the task has fewer than
+   `min_samples`); a reward above mean + k sigma of that window (k = 1.5; at least `min_width`
+   above the mean, so a flat window still lets a better result pay more) is lowered to it. A
+   reward below the band is paid as it is: clamping both sides lifted slow answers to the mean
+   once the window converged (sigma -> 0: a 1.0x answer paid 2.03 beside a 2x answer's 2.08), and
+   with failure penalties unclipped a group holding one failure taught "be correct", no longer
+   "be fast". So the clip never raises a reward and never reverses an order (`min` with one bound
+   is monotone); two rewards above the bound tie there. The window holds raw values, so it keeps
+   adapting: a task whose kernels improve keeps paying more for more (a window of clipped values
+   froze: 2x and 10x paid the same). A clipped correct reward stays above every failure (it is at
+   least the lowest raw correct reward, and the bound is above the window's mean).
 10. **Batch-invariant clip**: a batch's rewards (`clip_batch`) are clipped to bands computed from
    the windows as they stood before the batch; only then are the batch's raw values appended.
    So a group's rewards do not depend on the order of its rollouts, and within one batch and
-   task the clipped rewards of correct results are in the order of their speedups (the clamp to
-   one band is monotone). Clipping one reward at a time, appending as it goes, let a 4x kernel
-   early in a group widen the band for the ones after it and be paid less than a 1.5x one.
+   task the clipped rewards of correct results are in the order of their speedups. Clipping one
+   reward at a time, appending as it goes, let a 4x kernel early in a group widen the band for
+   the ones after it and be paid less than a 1.5x one.
+
+What the clip leaves of speed in a group that holds a failure: GRPO's advantages are the group's
+rewards shifted and scaled alike, so the gap between the fastest and the slowest correct answer,
+as a share of the gap between the slowest correct answer and a failure, is the same share of the
+rewards: (min(r_fast, top) - r_slow) / (r_slow - penalty), where `top` is the band's upper end:
+the unclipped share whenever the fast answer is within the band, and never less than the share
+at the band's top (`tests/test_reward.py` checks it over random windows and groups;
+`benchmarks/clip_advantages.py` prints it for a shipped config).
 
 Each `Reward` carries the raw and the clipped value, the band, and whether the speedup was
 within noise, so all can be logged. `score` = `clip(raw(...))`; a trainer with several
@@ -70,7 +84,6 @@ import enum
 import math
 import statistics
 import threading
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,13 +202,14 @@ class Reward:
     speedup: float | None  # the speedup paid for, against the configured baseline; correct and timed only
     within_noise: bool  # the measured speedup was within noise and paid as 1.0x
     parts: dict[str, float]  # the terms that add up to `raw`
-    copy: bool = False  # the program was one its prompt showed: paid as no speedup
+    copy: bool = False  # the program was a version its prompt showed: paid at most as no speedup
+    copy_of: int | None = None  # that version's database id, when known
 
     def to_dict(self) -> dict[str, Any]:
         return {"value": self.value, "raw": self.raw, "clipped": self.clipped,
                 "band": list(self.band) if self.band else None, "status": self.status.value if self.status else None,
                 "speedup": self.speedup, "within_noise": self.within_noise, "parts": dict(self.parts),
-                "copy": self.copy}
+                "copy": self.copy, "copy_of": self.copy_of}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Reward:
@@ -206,7 +220,8 @@ class Reward:
                    status=Status(d["status"]) if d.get("status") is not None else None,
                    speedup=float(d["speedup"]) if d.get("speedup") is not None else None,
                    within_noise=bool(d["within_noise"]), parts={str(k): float(v) for k, v in d["parts"].items()},
-                   copy=bool(d.get("copy", False)))
+                   copy=bool(d.get("copy", False)),
+                   copy_of=int(d["copy_of"]) if isinstance(d.get("copy_of"), int) else None)
 
 
 def within_noise(result: EvalResult) -> bool:
@@ -234,9 +249,7 @@ class RewardModel:
     def __init__(self, config: RewardConfig | None = None) -> None:
         self.config = config or RewardConfig()
         self._lock = threading.Lock()
-        self._size = self.config.smoothing.window
-        self._by_task: dict[str, deque[float]] = {}
-        self._by_level: dict[int | None, deque[float]] = {}
+        self._windows = Windows()
 
     def speedup_term(self, speedup: float) -> float:
         """The speed term of a speedup, held to [speedup_floor, speedup_cap] first."""
@@ -274,7 +287,8 @@ class RewardModel:
     def raw(self, result: EvalResult | None, *, answer: str | None = None, completion_tokens: int | None = None,
             compile_speedup: float | None = None, copy: bool = False) -> Reward | None:
         """The unclipped reward (`value == raw`); the windows are not touched. A correct `copy` of a
-        version the prompt showed is paid as no speedup (1.0x against eager), whatever it measured."""
+        version the prompt showed is paid the lower of what it measured and no speedup (1.0x
+        against eager)."""
         cfg = self.config
         if result is not None and result.status is Status.NO_CODE:
             result = None  # the same answer as None: no code to evaluate
@@ -290,12 +304,11 @@ class RewardModel:
         if result is None:
             parts["penalty"] = cfg.penalties.no_code
         elif result.status is Status.CORRECT and result.speedup is not None and result.speedup > 0:
-            if copy:  # nothing was improved on what the prompt showed: paid as the reference itself
-                speedup = NO_SPEEDUP
+            noisy = cfg.noise and within_noise(result)
+            speedup = NO_SPEEDUP if noisy else result.speedup
+            if copy:  # nothing was improved on what the prompt showed: never paid above the reference
+                speedup = min(speedup, NO_SPEEDUP)
                 parts["copy"] = 0.0
-            else:
-                noisy = cfg.noise and within_noise(result)
-                speedup = NO_SPEEDUP if noisy else result.speedup
             if cfg.baseline is BaselineKind.COMPILE:
                 if compile_speedup is not None and compile_speedup > 0:
                     speedup = speedup / compile_speedup
@@ -326,64 +339,97 @@ class RewardModel:
         return out
 
     def clip_batch(self, batch: Sequence[tuple[Reward | None, str, int | None]]) -> list[Reward | None]:
-        """Each (reward, task, level) of one batch clipped to the band its task's (or level's)
-        window had before the batch; then every raw value of the batch is appended, in order.
-
-        Only rewards with a speed term are smoothed; the others (and None) come back as they
-        are. The result does not depend on the batch's order: permuting the batch permutes the
-        rewards, nothing else (the windows end the same up to the order of their newest values,
-        which their mean and spread ignore)."""
-        sm = self.config.smoothing
-        if not sm.enabled:
-            return list(r for r, _, _ in batch)
+        """`clip_with` on this model's windows, which it then holds (thread-safe)."""
         with self._lock:
-            bands: dict[tuple[str, int | None], tuple[float, float] | None] = {}
-            out: list[Reward | None] = []
-            for reward, task, level in batch:
-                if reward is None or reward.speedup is None:
-                    out.append(reward)
-                    continue
-                if (task, level) not in bands:
-                    bands[(task, level)] = self._band(task, level)
-                band = bands[(task, level)]
-                value = reward.raw if band is None else min(max(reward.raw, band[0]), band[1])
-                out.append(dataclasses.replace(reward, value=value, clipped=value != reward.raw, band=band))
-            for reward, task, level in batch:
-                if reward is not None and reward.speedup is not None:
-                    self._by_task.setdefault(task, deque(maxlen=self._size)).append(reward.raw)
-                    self._by_level.setdefault(level, deque(maxlen=self._size)).append(reward.raw)
+            out, self._windows = clip_with(self._windows, batch, self.config.smoothing)
         return out
 
-    def _band(self, task: str, level: int | None) -> tuple[float, float] | None:
-        """mean -/+ k sigma of the task's window (the level's while the task's is short); None
-        while neither holds `min_samples` values. Called with the lock held."""
-        sm = self.config.smoothing
-        own = self._by_task.get(task, ())
-        by_level = self._by_level.get(level, ())
-        window = own if len(own) >= sm.min_samples else by_level if len(by_level) >= sm.min_samples else None
-        if window is None:
-            return None
-        mean = statistics.fmean(window)
-        half = max(sm.k * statistics.pstdev(window), sm.min_width)
-        return (mean - half, mean + half)
+    @property
+    def windows(self) -> Windows:
+        with self._lock:
+            return self._windows
+
+    def set_windows(self, windows: Windows) -> None:
+        """Hold `windows` (what `clip_with` returned for a batch clipped elsewhere)."""
+        with self._lock:
+            self._windows = windows
 
     def window(self, task: str) -> list[float]:
         """The task's current window of raw rewards (for logs and tests)."""
-        with self._lock:
-            return list(self._by_task.get(task, ()))
+        return list(self.windows.by_task.get(task, ()))
 
     def state(self) -> dict[str, Any]:
         """Every running window as JSON-able values, for a trainer's checkpoints."""
-        with self._lock:
-            return {"tasks": {name: list(w) for name, w in self._by_task.items()},
-                    "levels": [[level, list(w)] for level, w in self._by_level.items()]}
+        w = self.windows
+        return {"tasks": {name: list(v) for name, v in w.by_task.items()},
+                "levels": [[level, list(v)] for level, v in w.by_level.items()]}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore windows saved by `state()`, so a resumed run clips as the interrupted one would."""
+        size = self.config.smoothing.window
+        windows = Windows(by_task={str(name): tuple(map(float, v))[-size:] for name, v in state.get("tasks", {}).items()},
+                          by_level={level: tuple(map(float, v))[-size:] for level, v in state.get("levels", [])})
         with self._lock:
-            self._by_task = {str(name): deque(map(float, w), maxlen=self._size)
-                             for name, w in state.get("tasks", {}).items()}
-            self._by_level = {level: deque(map(float, w), maxlen=self._size) for level, w in state.get("levels", [])}
+            self._windows = windows
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Windows:
+    """The recent raw rewards of correct, timed results, per task and per level (newest last)."""
+
+    by_task: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    by_level: Mapping[int | None, tuple[float, ...]] = field(default_factory=dict)
+
+    def band(self, task: str, level: int | None, smoothing: SmoothingConfig) -> tuple[float, float] | None:
+        """mean -/+ k sigma of the task's window (the level's while the task's is short); None
+        while neither holds `min_samples` values."""
+        own = self.by_task.get(task, ())
+        by_level = self.by_level.get(level, ())
+        window = (own if len(own) >= smoothing.min_samples
+                  else by_level if len(by_level) >= smoothing.min_samples else None)
+        if window is None:
+            return None
+        mean = statistics.fmean(window)
+        half = max(smoothing.k * statistics.pstdev(window), smoothing.min_width)
+        return (mean - half, mean + half)
+
+    def appended(self, values: Sequence[tuple[str, int | None, float]], size: int) -> Windows:
+        """These windows with each (task, level, raw) appended in order, each window kept to `size`."""
+        by_task = {k: list(v) for k, v in self.by_task.items()}
+        by_level = {k: list(v) for k, v in self.by_level.items()}
+        for task, level, raw in values:
+            by_task.setdefault(task, []).append(raw)
+            by_level.setdefault(level, []).append(raw)
+        return Windows(by_task={k: tuple(v[-size:]) for k, v in by_task.items()},
+                       by_level={k: tuple(v[-size:]) for k, v in by_level.items()})
+
+
+def clip_with(windows: Windows, batch: Sequence[tuple[Reward | None, str, int | None]], smoothing: SmoothingConfig
+              ) -> tuple[list[Reward | None], Windows]:
+    """Each (reward, task, level) of one batch held below the top of the band its task's (or
+    level's) window had before the batch (property 9: damped, never lifted); then the windows with
+    every raw value of the batch appended, in order. A pure function of its arguments.
+
+    Only rewards with a speed term are smoothed; the others (and None) come back as they are. The
+    result does not depend on the batch's order: permuting the batch permutes the rewards, nothing
+    else (the windows end the same up to the order of their newest values, which their mean and
+    spread ignore)."""
+    if not smoothing.enabled:
+        return list(r for r, _, _ in batch), windows
+    bands: dict[tuple[str, int | None], tuple[float, float] | None] = {}
+    out: list[Reward | None] = []
+    for reward, task, level in batch:
+        if reward is None or reward.speedup is None:
+            out.append(reward)
+            continue
+        if (task, level) not in bands:
+            bands[(task, level)] = windows.band(task, level, smoothing)
+        band = bands[(task, level)]
+        # Damped from above only (property 9): a reward below the band is paid as it is.
+        value = reward.raw if band is None else min(reward.raw, band[1])
+        out.append(dataclasses.replace(reward, value=value, clipped=value != reward.raw, band=band))
+    timed = [(task, level, r.raw) for r, task, level in batch if r is not None and r.speedup is not None]
+    return out, windows.appended(timed, smoothing.window)
 
 
 def well_formed(answer: str) -> bool:

@@ -118,12 +118,12 @@ def test_a_task_that_improves_keeps_paying_more_for_more():
     two.load_state(at_end)
     r3, r2 = three.score(correct(3.0)), two.score(correct(2.0))
     assert r3.value > r2.value
-    assert r2.clipped and r2.value > r2.raw  # clipped from below too: the band is mean +/- 1.5 sigma
+    assert not r2.clipped and r2.value == r2.raw  # below the band: paid as it is, never lifted
     # the window holds raw values: the last one is log(3), not its clipped value
     assert three.window("t")[-1] == pytest.approx(math.log(3.0))
 
 
-def test_an_outlier_is_clipped_at_one_and_a_half_sigma_on_either_side():
+def test_an_outlier_is_damped_to_one_and_a_half_sigma_above_and_a_low_reward_is_never_lifted():
     model = RewardModel(RewardConfig(mapping="speedup", smoothing=SmoothingConfig(window=16, k=1.5, min_samples=8)))
     history = [1.0, 1.2, 0.8, 1.1, 0.9, 1.0, 1.05, 0.95]
     for s in history:
@@ -134,7 +134,7 @@ def test_an_outlier_is_clipped_at_one_and_a_half_sigma_on_either_side():
     assert r.clipped and r.value == pytest.approx(mean + 1.5 * sigma) and r.band[1] == pytest.approx(r.value)
     assert model.window("t")[-1] == pytest.approx(r.raw)  # the raw value, not the clipped one
     low = model.score(correct(0.2))
-    assert low.clipped and low.value == pytest.approx(low.band[0]) and low.value > low.raw
+    assert low.raw < low.band[0] and not low.clipped and low.value == low.raw
 
 
 def test_a_flat_window_still_orders_better_from_worse():
@@ -278,13 +278,17 @@ def test_a_group_clipped_one_at_a_time_no_longer_reorders_it():
     assert values == sorted(values, reverse=True)
 
 
-def test_a_copy_of_a_shown_version_is_paid_as_no_speedup():
+def test_a_copy_of_a_shown_version_is_paid_the_lower_of_its_measure_and_no_speedup():
     model = RewardModel(RewardConfig(correct_bonus=0.3, smoothing=SmoothingConfig(enabled=False)))
     fresh = model.score(correct(4.0))
     copied = model.score(correct(4.0), copy=True)
     assert fresh is not None and copied is not None
     assert fresh.value == pytest.approx(0.3 + math.log(4.0)) and not fresh.copy
     assert copied.value == pytest.approx(0.3) and copied.copy and copied.speedup == 1.0
+    slow = model.score(correct(0.4, ci=(0.38, 0.42)), copy=True)  # a slow version shown for contrast, copied
+    assert slow is not None and slow.copy and slow.value == pytest.approx(0.3 + math.log(0.4))
+    honest = model.score(correct(0.4, ci=(0.38, 0.42)))
+    assert honest is not None and slow.value == honest.value  # never paid more than writing it honestly
     wrong = model.score(EvalResult(task="t", status=Status.INCORRECT), copy=True)
     assert wrong is not None and wrong.value == Penalties().incorrect and not wrong.copy  # a failure stays a failure
 
@@ -299,3 +303,73 @@ def test_a_reward_read_back_from_its_dict_is_the_same_reward():
     for reward in made:
         assert reward is not None and Reward.from_dict(reward.to_dict()) == reward
     assert any(r is not None and r.band is not None for r in made) and any(r is not None and r.clipped for r in made)
+
+
+# -- the clip damps and never lifts: properties over random windows and groups --------------------
+
+windows_of = st.lists(st.floats(min_value=-1.0, max_value=3.0, allow_nan=False), min_size=0, max_size=40)
+groups_of = st.lists(st.floats(min_value=0.05, max_value=50.0, allow_nan=False), min_size=2, max_size=16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=configs, window=windows_of, group=groups_of, failure=st.sampled_from(FAILURES))
+def test_the_clip_never_raises_a_reward_and_never_reorders(name, window, group, failure):
+    model = RewardModel(CONFIGS[name])
+    model.load_state({"tasks": {"t": window}, "levels": []})
+    raws = [model.raw(correct(s), compile_speedup=1.5) for s in group]
+    fail = model.raw(EvalResult(task="t", status=failure))
+    out = model.clip_batch([(r, "t", None) for r in [*raws, fail]])
+    for r, v in zip(raws, out):
+        assert v is not None and r is not None and v.value <= r.raw + 1e-12  # never raised
+    values = [v.value for v in out[:-1]]  # type: ignore[union-attr]
+    for (a, va), (b, vb) in itertools.combinations(zip(raws, values), 2):
+        if a.raw < b.raw:  # type: ignore[union-attr]
+            assert va <= vb + 1e-12  # never reordered
+    assert out[-1] is not None and out[-1].value == fail.raw  # penalties are not clipped
+    assert min(values) > out[-1].value  # every correct result still above the failure
+
+
+def advantages(values: list[float]) -> list[float]:
+    """TRL's advantage with scale_rewards = "group": (r - mean) / (std + 1e-4), std unbiased."""
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values)
+    return [(v - mean) / (std + 1e-4) for v in values]
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=configs, window=windows_of, fast=st.floats(min_value=1.2, max_value=20.0),
+       slow=st.floats(min_value=0.1, max_value=1.0), n_fast=st.integers(1, 12), n_slow=st.integers(1, 3))
+def test_speed_stays_in_the_advantage_of_a_group_that_holds_a_failure(name, window, fast, slow, n_fast, n_slow):
+    """The gap between the fastest and slowest correct answer's advantage is, as a share of the gap
+    between the slowest correct answer and a failure, (min(r_fast, top) - r_slow) / (r_slow - penalty):
+    the unclipped share when the fast answer is inside the band, never less than at the band's top."""
+    model = RewardModel(CONFIGS[name])
+    model.load_state({"tasks": {"t": window}, "levels": []})
+    r_fast, r_slow = model.raw(correct(fast), compile_speedup=1.5), model.raw(correct(slow), compile_speedup=1.5)
+    fail = model.raw(EvalResult(task="t", status=Status.COMPILE_ERROR))
+    assert r_fast is not None and r_slow is not None and fail is not None
+    band = model.windows.band("t", None, model.config.smoothing) if model.config.smoothing.enabled else None
+    batch = [r_fast] * n_fast + [r_slow] * n_slow + [fail]
+    out = [v.value for v in model.clip_batch([(r, "t", None) for r in batch])]  # type: ignore[union-attr]
+    adv = advantages(out)
+    a_fast, a_slow, a_fail = adv[0], adv[n_fast], adv[-1]
+    top = band[1] if band is not None else math.inf
+    if r_fast.raw <= r_slow.raw:
+        return  # the mapping held both at one value (the floor or the cap)
+    expected = (min(r_fast.raw, max(top, r_slow.raw)) - r_slow.raw) / (r_slow.raw - fail.raw)
+    assert (a_fast - a_slow) / (a_slow - a_fail) == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    if r_slow.raw < top:
+        assert a_fast > a_slow  # speed is still paid
+
+
+def test_a_converged_window_keeps_a_slow_answer_below_a_fast_one():
+    """The issue's case: every fast answer had the same raw value (sigma 0); a slow correct answer
+    in a group with a failure is paid its own raw reward, not lifted to the mean."""
+    model = RewardModel(load_train_config("qwen7b-lora-1gpu").reward)
+    fast = model.raw(correct(2.0))
+    assert fast is not None
+    model.load_state({"tasks": {"t": [fast.raw] * 64}, "levels": []})
+    slow = model.raw(correct(1.0))
+    fail = model.raw(EvalResult(task="t", status=Status.COMPILE_ERROR))
+    out = model.clip_batch([(fast, "t", None), (slow, "t", None), (fail, "t", None)])
+    assert [v.value for v in out] == [fast.raw, slow.raw, fail.raw]  # type: ignore[union-attr]

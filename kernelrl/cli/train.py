@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernelrl.cli.flags import FlagTable, add_flags, flag_for, given_values, overrides, user_words
-from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for
+from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for, load_one_task
 from kernelrl.cli.preflight import (
     check_files,
     check_proposer,
@@ -302,6 +302,71 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reward(args: argparse.Namespace) -> int:
+    """`kernelrl reward`: what training would pay each completion, and why (`kernelrl.train.explain`)."""
+    import contextlib
+    from pathlib import Path
+
+    from kernelrl.reward import RewardModel
+    from kernelrl.search.database import Database
+    from kernelrl.serve.judges import make_judge
+    from kernelrl.train.console import render_explained
+    from kernelrl.train.copies import CopyRule
+    from kernelrl.train.explain import ExplainError, explain, prompted, run_windows, state_windows
+    from kernelrl.train.recipe import load_train_config
+    from kernelrl.train.rollouts import EvalSettings
+
+    db_path = Path(args.db)
+    if not db_path.is_file():
+        raise UsageError(f"--db {db_path}: no such database")
+    if (args.shown is None) == (args.prompt_row is None):
+        raise UsageError("give --shown ID[,ID...] (the versions the prompt showed) or --prompt-row ID, one of the two")
+    try:
+        shown = None if args.shown is None else [int(i) for i in args.shown.split(",") if i.strip()]
+    except ValueError:
+        raise UsageError(f"--shown takes candidate ids, comma-separated, not {args.shown!r}") from None
+    completions = []
+    for name in args.completions:
+        path = Path(name)
+        if not path.is_file():
+            raise UsageError(f"no such completion file: {path}")
+        text = path.read_text(errors="replace")
+        completions.append((path.name, text if path.suffix in (".md", ".txt", ".answer") else f"```python\n{text}```\n"))
+    if args.config is not None:
+        try:
+            config = load_train_config(args.config)
+        except _train_errors() as e:
+            raise UsageError(str(e)) from e
+        reward_config, eval_cfg, backend, rule = config.reward, config.eval, config.backend, config.grpo.copies
+        header = f"as training with {args.config} pays"
+    else:
+        from kernelrl.judge.eval_config import EvalConfig
+        from kernelrl.reward import RewardConfig
+
+        reward_config, eval_cfg, backend, rule = RewardConfig(), EvalConfig(), None, CopyRule()
+        header = "as training pays with the default reward and evaluator settings (--config names a training config)"
+    check_device(str(eval_cfg.device))
+    task = load_one_task(args.task) if args.task else None
+    console = console_for(args.json)
+    model = RewardModel(reward_config)
+    with Database(db_path, readonly=True) as db:
+        try:
+            at = prompted(db, task=task, shown=shown, prompt_row=args.prompt_row)
+            windows = (state_windows(Path(args.state), model) if args.state
+                       else run_windows(db, at.task, reward_config.smoothing.window))
+            with contextlib.closing(make_judge(eval_cfg, backend)) as judge:
+                items = explain(db, at, completions, judge=judge, reward=model, settings=EvalSettings.of(eval_cfg),
+                                copy_rule=rule, windows=windows)
+        except ExplainError as e:
+            raise UsageError(str(e)) from e
+    if args.json:
+        print(json.dumps([e.to_dict() for e in items]))
+    else:
+        listed = ", ".join(map(str, at.shown)) if at.shown else "none recorded: read from the prompt's text"
+        render_explained(items, console, header=f"{at.task.name}: shown versions {listed}; {header}")
+    return 0
+
+
 def _bench_turns(config: BenchConfig, args: argparse.Namespace, console: Console) -> int:
     """`kernelrl bench --turns T`: refinement episodes, reported by turn."""
     from kernelrl.train.bench_turns import plot_turn_bench, run_turn_bench
@@ -338,6 +403,23 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     # The stage's flags are parsed by `train_parser`, so that `kernelrl train grpo -h` lists them.
     p.add_argument("rest", nargs=argparse.REMAINDER, metavar="...", help="--config NAME and the rest, as in the usage")
     p.set_defaults(func=cmd_train, runtime=False)
+
+    p = sub.add_parser("reward", help="why was this paid that: completions scored as GRPO training scores them "
+                                      "(verdict, copy, raw reward, clip, what is paid)")
+    p.add_argument("completions", nargs="+", metavar="COMPLETION",
+                   help="answers (.md/.txt: a model's whole answer) or programs (.py)")
+    p.add_argument("--db", required=True, help="the training run's database (its tasks, versions and verdicts)")
+    p.add_argument("--task", default=None, help="the task (default: the shown versions' or the prompt row's)")
+    p.add_argument("--shown", default=None, metavar="ID[,ID...]",
+                   help="the candidate ids of the versions the prompt showed, comma-separated")
+    p.add_argument("--prompt-row", type=int, default=None, metavar="ID",
+                   help="a stored GRPO rollout: its prompt and the versions it showed")
+    p.add_argument("--config", default=None, help="the training config (NAME or FILE) whose [reward], [eval] and "
+                                                  "[grpo.copies] training used (default: the defaults)")
+    p.add_argument("--state", default=None, metavar="FILE", help="a checkpoint's kernelrl_state.rank0.json: its clip "
+                                                                 "windows (default: the run's stored raw rewards)")
+    p.add_argument("--json", action="store_true", help="one JSON object per completion, in a list")
+    p.set_defaults(func=cmd_reward)
 
     p = sub.add_parser("bench", help="evaluate a model or proposer on a suite: pass@k, fast_p@k, speedups")
     p.add_argument("--config", default=None, help="run config (.toml) whose settings the flags override")

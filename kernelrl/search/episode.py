@@ -140,7 +140,8 @@ class Episode:
         if omitted:
             history = t.render("turn_omitted.txt", n=omitted).rstrip("\n") + "\n\n" + history
         section = t.render("turn_history.txt", history=history, turn=self.turn, turns=self.config.turns,
-                           last=self.turns[-1].number, next_step=next_step(self.turns[-1])).rstrip("\n")
+                           last=self.turns[-1].number, next_step=next_step(self.turns[-1]),
+                           task_name=self.task).rstrip("\n")
         return base.rstrip("\n") + "\n\n" + section + "\n"
 
     def returns(self, rewards: Sequence[float | None] | None = None) -> list[float | None]:
@@ -177,8 +178,10 @@ def next_step(turn: Turn) -> str:
 
 
 def discounted_returns(rewards: Sequence[float | None], gamma: float = DEFAULT_GAMMA) -> list[float | None]:
-    """G_t = r_t + gamma * G_{t+1}, from the last turn back; a turn whose reward is None has no
-    return and passes nothing back (the task failed there, or its run could not be judged)."""
+    """G_t = r_t + gamma * G_{t+1}, from the last turn back. A turn whose reward is None (the task
+    failed there, or its run could not be judged) has no return, and neither has any turn before
+    it: their returns would hold a reward nobody measured (counting it as 0 credited them as if
+    the turn had earned the reference's own reward). Turns after it keep theirs."""
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     out: list[float | None] = [None] * len(rewards)
@@ -186,8 +189,7 @@ def discounted_returns(rewards: Sequence[float | None], gamma: float = DEFAULT_G
     for i in range(len(rewards) - 1, -1, -1):
         r = rewards[i]
         if r is None:
-            later = 0.0
-            continue
+            break
         later = r + gamma * later
         out[i] = later
     return out

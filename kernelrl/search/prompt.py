@@ -27,6 +27,7 @@ from __future__ import annotations
 import random
 import string
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -297,11 +298,29 @@ def _policy_name(policy: object) -> str:
 # The prompt
 
 
+@dataclass(frozen=True, kw_only=True)
+class ComposedPrompt:
+    """A prompt's text and the database ids of the versions it shows (its programs, in full, are
+    those rows' sources: the text may elide part of them)."""
+
+    text: str
+    shown: tuple[int, ...]
+
+
 def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | None, policy: object,
                  device: str | DevicePeaks, rng: random.Random, k: int = 4, n_refused: int = 3,
                  size: str = "small", template_dir: str | Path | None = None,
                  profile: TaskProfile | None = None) -> str:
-    """The contrastive prompt for one proposal on `task`.
+    """The contrastive prompt's text (`compose_prompt(...).text`)."""
+    return compose_prompt(task, db=db, chain_best=chain_best, policy=policy, device=device, rng=rng, k=k,
+                          n_refused=n_refused, size=size, template_dir=template_dir, profile=profile).text
+
+
+def compose_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | None, policy: object,
+                   device: str | DevicePeaks, rng: random.Random, k: int = 4, n_refused: int = 3,
+                   size: str = "small", template_dir: str | Path | None = None,
+                   profile: TaskProfile | None = None) -> ComposedPrompt:
+    """The contrastive prompt for one proposal on `task`, with the ids of the versions it shows.
 
     `db` may be None (first step of a fresh run); `chain_best` is the chain's current best
     (shown once and marked, even if the database did not pick it); `policy` is a policy's name
@@ -364,4 +383,5 @@ def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | 
     # Empty sections leave blank runs; keep the text compact.
     while "\n\n\n" in text:
         text = text.replace("\n\n\n", "\n\n")
-    return text.strip() + "\n"
+    ids = tuple(rec_id for rec in versions if isinstance(rec_id := getattr(rec, "id", None), int))
+    return ComposedPrompt(text=text.strip() + "\n", shown=ids)

@@ -97,12 +97,18 @@ class RunMeta:
     clipped: bool | None = None
     band: tuple[float, float] | None = None  # the clip's window
     within_noise: bool | None = None
-    copy: bool | None = None  # the program was one its prompt showed
+    copy: bool | None = None  # the program was a version its prompt showed (paid at most as no speedup)
+    copy_of: int | None = None  # that version's candidate id
+    shown: tuple[int, ...] | None = None  # the versions its prompt showed (candidate ids)
+    excluded: str | None = None  # GRPO: why it trained on nothing (kernelrl.train.scorer.Exclusion)
+    returned: float | None = None  # multi-turn GRPO: the turn's discounted return (None: it has none)
+    credit: float | None = None  # multi-turn GRPO: what TRL was handed for the turn (None: nothing)
     proposer: Mapping[str, JSONValue] = field(default_factory=dict)  # what the proposer said of its answer (JSON)
 
-    _INT = ("step", "round", "rank", "group", "episode", "turn", "turns", "sample")
-    _FLOAT = ("reward", "raw")
+    _INT = ("step", "round", "rank", "group", "episode", "turn", "turns", "sample", "copy_of")
+    _FLOAT = ("reward", "raw", "returned", "credit")
     _BOOL = ("kept", "clipped", "within_noise", "copy")
+    _STR = ("excluded",)
 
     def merged(self, other: RunMeta) -> RunMeta:
         """This meta with every field `other` sets (its proposer's keys added to this one's)."""
@@ -115,7 +121,7 @@ class RunMeta:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name != "proposer" and value is not None:
-                out[f.name] = list(value) if f.name == "band" else value.value if f.name == "stage" else value
+                out[f.name] = list(value) if f.name in ("band", "shown") else value.value if f.name == "stage" else value
         return out
 
     @classmethod
@@ -135,6 +141,9 @@ class RunMeta:
         for name in cls._BOOL:
             if isinstance(data.get(name), bool):
                 known[name] = data[name]
+        for name in cls._STR:
+            if isinstance(data.get(name), str):
+                known[name] = data[name]
         stage = data.get("stage")
         if stage in set(RunStage) and isinstance(stage, str):
             known["stage"] = RunStage(stage)
@@ -143,6 +152,11 @@ class RunMeta:
             lo, hi = band
             if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
                 known["band"] = (float(lo), float(hi))
+        shown = data.get("shown")
+        if isinstance(shown, (list, tuple)):
+            ids = [i for i in shown if isinstance(i, int) and not isinstance(i, bool)]
+            if len(ids) == len(shown):
+                known["shown"] = tuple(ids)
         return cls(**known, proposer=rest)
 
 

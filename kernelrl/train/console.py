@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from kernelrl.train.bench import BenchReport
     from kernelrl.train.bench_turns import TurnBenchReport
     from kernelrl.train.collect import CollectSummary
+    from kernelrl.train.explain import Explained
     from kernelrl.train.recipe import StageReport
 
 
@@ -134,3 +135,45 @@ def render_turn_bench(report: TurnBenchReport, console: Console) -> None:
     if report.k < report.turns:
         console.print(f"t samples x 1 turn needs t <= k: ask --k {report.turns} or more for the whole table",
                       highlight=False)
+
+
+def render_explained(items: list[Explained], console: Console, *, header: str) -> None:
+    """`kernelrl reward`: each completion's verdict, then each step to what training pays."""
+    console.print(header, highlight=False, soft_wrap=True)
+    for e in items:
+        r = e.result
+        if r is None:
+            verdict = "no code: the answer holds no complete code block"
+        else:
+            verdict = r.status.value
+            if r.speedup is not None:
+                verdict += " " + speedup_text(r.speedup)
+                if r.speedup_ci:
+                    verdict += f" [{min(r.speedup_ci):.3g}, {max(r.speedup_ci):.3g}]"
+            if e.reused_from is not None:
+                verdict += f" (the stored verdict of candidate {e.reused_from}: the same source, judged before)"
+            elif r.message and r.status.value != "correct":
+                verdict += f": {r.message.splitlines()[0][:200]}"
+        console.print(f"[bold]{e.label}[/bold]: {verdict}", highlight=False, soft_wrap=True)
+        if e.raw is None:
+            console.print(f"  no reward ({e.excluded.value if e.excluded else 'none'}): training leaves it out",
+                          highlight=False, soft_wrap=True)
+            continue
+        terms = " + ".join(f"{name} {value:+.3f}" for name, value in e.parts.items())
+        console.print(f"  raw reward {e.raw:+.3f} = {terms}" + ("  (within noise: paid as 1.00x)" if e.within_noise
+                                                               else ""), highlight=False, soft_wrap=True)
+        if e.copy is not None:
+            which = f"version {e.copy.version}" if e.copy.version is not None else "a shown version"
+            console.print(f"  copy of {which}: {e.copy.reason}; paid at most as no speedup", highlight=False,
+                          soft_wrap=True)
+        elif r is not None and r.speedup is not None:
+            console.print("  not a copy of any shown version", highlight=False, soft_wrap=True)
+        if e.band is not None:
+            console.print(f"  clip: the window's band [{e.band[0]:+.3f}, {e.band[1]:+.3f}]; "
+                          + (f"damped to {e.band[1]:+.3f}" if e.clipped else "not clipped (only what lies above the band "
+                                                                            "is lowered)"),
+                          highlight=False, soft_wrap=True)
+        elif e.parts.get("speedup") is not None:
+            console.print("  clip: the task's window is too short to clip yet", highlight=False, soft_wrap=True)
+        paid = "nothing" if e.value is None else f"{e.value:+.3f}"
+        console.print(f"  [bold]paid {paid}[/bold]", highlight=False, soft_wrap=True)

@@ -14,6 +14,10 @@ What kernelrl adds around TRL, and nothing else:
   prompt and broadcasts it, every rank applies every group's rewards in one order, and every
   completion is checked against the task its prompt came from (`kernelrl.train.reward_fn`).
 
+The trainer is TRL's with one change (`kernelrl.train.trainer.KernelGRPOTrainer`): the rows that
+train on nothing (no reward, or dropped by GRPO-RoC) leave the batch before the loss, so they
+cost no forward or backward pass and do not count in the loss's normaliser.
+
 The single-turn path is `GRPOTrainer(..., reward_funcs=[reward_fn], train_dataset=stream)`:
 TRL generates one answer per row and the reward function judges it. With `grpo.episode.turns`
 > 1, TRL's `rollout_func` runs refinement episodes (`kernelrl.train.multiturn`): each turn is
@@ -51,6 +55,7 @@ from kernelrl.config import ConfigError
 from kernelrl.reward import RewardModel
 from kernelrl.search.episode import EpisodeConfig
 from kernelrl.tasks.task import Task
+from kernelrl.train.copies import CopyRule
 from kernelrl.train.curriculum import Curriculum, CurriculumConfig
 from kernelrl.train.model import (
     ModelConfig,
@@ -71,6 +76,7 @@ from kernelrl.train.rollouts import EvalSettings, task_profiles
 from kernelrl.train.stage import StageOutcome, checkpoint_to_resume
 from kernelrl.train.step_log import step_log_callback
 from kernelrl.train.stream import PromptStream
+from kernelrl.train.trainer import ROW_MEAN_LOSSES, grpo_trainer_class
 from kernelrl.train.trl_args import build_args, check_keys, trl_class
 
 if TYPE_CHECKING:
@@ -93,6 +99,8 @@ class GRPOStageConfig:
     init_from: str = "auto"  # "auto": rft's final model, else sft's, else the base model
     k_shown: int = 4  # earlier versions of the task shown in each prompt
     roc: RoCConfig = field(default_factory=RoCConfig)
+    # how close to a shown version an answer must be to be paid as its copy (kernelrl.train.copies)
+    copies: CopyRule = field(default_factory=CopyRule)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     # turns > 1: refinement episodes, each turn a sample paid its discounted return (kernelrl.train.multiturn)
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
@@ -103,6 +111,9 @@ class GRPOStageConfig:
     # it shows fewer earlier versions; None: no limit (keep prompt + max_completion_length within the
     # model's context)
     max_prompt_tokens: int | None = None
+    # the most tokens the policy generates in (prompt, history and completion): a vLLM server's
+    # --max-model-len; None: grpo.trl.vllm_max_model_length, else the model's own (the dry run reads it)
+    context_tokens: int | None = None
     trl: dict[str, Any] = field(default_factory=dict)  # TRL GRPOConfig settings, by TRL's names
 
     def __post_init__(self) -> None:
@@ -111,6 +122,19 @@ class GRPOStageConfig:
             raise ValueError("grpo.max_prompt_tokens must be >= 1 or unset")
         if self.k_shown < 0:
             raise ValueError("grpo.k_shown must be >= 0")
+        if self.context_tokens is not None and self.context_tokens < 1:
+            raise ValueError("grpo.context_tokens must be >= 1 or unset")
+        context = self.context_tokens or self.trl.get("vllm_max_model_length")
+        if isinstance(context, int) and self.max_prompt_tokens is not None:
+            history = self.episode.history_tokens if self.episode.turns > 1 else 0
+            need = self.max_prompt_tokens + history + int(self.trl.get("max_completion_length", 256))
+            if need > context:
+                raise ValueError(f"grpo: a prompt ({self.max_prompt_tokens}"
+                                 + (f" + history {history}" if history else "")
+                                 + f" + completion {self.trl.get('max_completion_length', 256)} = {need} tokens) does "
+                                 f"not fit the {context} the policy generates in; lower grpo.max_prompt_tokens"
+                                 + (", grpo.episode.history_tokens" if history else "")
+                                 + " or grpo.trl.max_completion_length")
         check_keys(trl_class("GRPOConfig"), self.trl, where="grpo.trl")
         steps = self.trl.get("max_steps")
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
@@ -131,6 +155,11 @@ class GRPOStageConfig:
             raise ValueError(f"grpo.trl: each process generates {share} rows at a time "
                              f"(per_device_train_batch_size x steps_per_generation), not a multiple of "
                              f"grpo.episode.turns ({turns}): a trajectory would span two processes")
+        loss = self.trl.get("loss_type", "dapo")
+        if self.roc.enabled and loss in ROW_MEAN_LOSSES:
+            raise ValueError(f"grpo.roc needs a token-normalised grpo.trl.loss_type (dapo, bnpo, cispo), not {loss!r}: "
+                             "the rows RoC drops leave the batch, and a row-averaged loss would count the filler rows "
+                             "that keep its micro-batches equal")
         if self.roc.enabled and isinstance(n, int) and round(n * self.roc.keep) < 2:
             raise ValueError(f"grpo.roc: num_generations {n} x keep {self.roc.keep} leaves fewer than 2 rollouts "
                              "per group; raise num_generations (RoC samples the oversampled group)")
@@ -199,9 +228,10 @@ def _state_text(reward_fn: KernelRewardFunction, stream: PromptStream, rank: int
 
 
 def _quiet_dropped_rollouts() -> None:
-    """RoC gives the rollouts it drops no reward, by design; TRL warns about every such row with the
+    """A rollout that trains on nothing gets no reward, by design (RoC dropped it, its verdict has
+    no reward, a later turn of its episode has none); TRL warns about every such row with the
     row's whole prompt, at every step. Those warnings are dropped (the reward line of each batch
-    already counts the dropped rollouts)."""
+    counts the rows not trained on, and the step log says why: `kernelrl/excluded/<why>`)."""
     import logging
 
     class DroppedByRoC(logging.Filter):
@@ -251,7 +281,6 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
     verdicts) say which database results stand for the backend's; `prompt_settings` give the
     policy, device and size the prompts state; `ranks` are the run's processes (one by default)."""
     from trl.trainer.grpo_config import GRPOConfig
-    from trl.trainer.grpo_trainer import GRPOTrainer
 
     ranks = ranks or SingleProcess()
     started = time.monotonic()
@@ -272,11 +301,10 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
     reward_fn = KernelRewardFunction(backend, tasks={t.name: t for t in tasks}, reward=reward, db=db, roc=stage.roc,
                                      curriculum=curriculum, proposer="grpo", reuse=eval_settings, run_id=run_id,
                                      max_completion_tokens=args.max_completion_length, console=console, seed=seed,
-                                     ranks=ranks, group_size=args.num_generations)
+                                     ranks=ranks, group_size=args.num_generations, copy_rule=stage.copies)
     if checkpoint is not None:
         load_rank_state(Path(checkpoint), ranks.index, reward_fn, stream, console)
-    if stage.roc.enabled:
-        _quiet_dropped_rollouts()
+    _quiet_dropped_rollouts()
     probe = norm_probe()
     turns: dict[str, Any] = {"reward_funcs": [reward_fn]}
     if stage.episode.turns > 1:
@@ -287,7 +315,7 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
                                    count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
                                    credit=stage.credit)
         turns = {"reward_funcs": [EpisodeReturn(rollout)], "rollout_func": rollout}
-    trainer = GRPOTrainer(model=policy, **turns, args=args, train_dataset=stream.dataset(),
+    trainer = grpo_trainer_class()(model=policy, **turns, args=args, train_dataset=stream.dataset(),
                           processing_class=tokenizer, peft_config=peft_config(model),
                           callbacks=[state_callback(reward_fn, stream, ranks.index), probe,
                                      step_log_callback(db, run_id=run_id, curriculum=curriculum)])

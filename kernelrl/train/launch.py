@@ -18,6 +18,13 @@ loading a model, starting a process or judging anything:
 - GRPO's batch arithmetic at the launch's process count: a generation batch
   (`per_device_train_batch_size` x processes x `steps_per_generation`) must hold whole groups of
   `num_generations`;
+- the optimizer steps each stage will take and a warmup that ends before them: RFT's per round,
+  from the rows a round can keep over the suite's training tasks (`kernelrl.train.sizing`);
+- GRPO's token budget: the prompt budget, a multi-turn episode's history and the completion
+  within the context the policy generates in (a vLLM server's `--max-model-len`:
+  `grpo.context_tokens`);
+- the checkpoints' size times how many are kept at once against the free disk where they go
+  (an error on the machine that trains, a note elsewhere);
 - the packages the launch will import (TRL, accelerate, and where the config asks for them
   vLLM, DeepSpeed, flash-attn): missing ones are listed as needed on the training machine
   (`pip install 'kernelrl[gpu]'`), not as errors, so a GPU config passes on a CPU machine.
@@ -34,7 +41,6 @@ import dataclasses
 import enum
 import importlib.util
 import json
-import math
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +54,16 @@ from kernelrl.tasks.task import TaskError
 from kernelrl.train.grpo import DEFAULTS, FORCED
 from kernelrl.train.model import is_model_folder
 from kernelrl.train.recipe import judge_notice
+from kernelrl.train.sizing import (
+    checkpoint_bytes,
+    free_bytes,
+    generation_context,
+    gigabytes,
+    optimizer_steps,
+    rft_rounds,
+    rows_for_steps,
+    warmup_steps,
+)
 from kernelrl.train.stage import AUTO, Stage
 from kernelrl.train.trl_args import build_args, trl_class
 
@@ -126,6 +142,9 @@ def dry_run(config: TrainConfig, stage: Stage, *, name: str, settings: Sequence[
     accel = _check_accelerate(config, stage, processes, add)
     trl_values = _check_trl(config, stage, processes, add)
     _check_steps(config, stage, processes, add)
+    if stage is Stage.GRPO:
+        _check_context(config, add)
+    _check_disk(config, stage, accel, add)
     _check_layout(config, stage, processes, add)
     if stage is not Stage.SFT:
         add("hack defences", CheckLevel.OK if config.eval.llm_judge.enabled else CheckLevel.NOTE, judge_notice(config))
@@ -346,28 +365,6 @@ def _check_layout(config: TrainConfig, stage: Stage, processes: int, add: AddChe
         f"{words}: {total}" + (": more than the node has" if over else ""))
 
 
-def optimizer_steps(trl: dict[str, Any], *, examples: int, processes: int) -> int:
-    """Optimizer steps of an SFT-style run: `max_steps` when set, else the epochs over `examples`
-    rows at per_device_train_batch_size x processes x gradient_accumulation_steps a step (the
-    Trainer's own count, a partial last step included)."""
-    if int(trl.get("max_steps", -1) or -1) > 0:
-        return int(trl["max_steps"])
-    per_step = (int(trl.get("per_device_train_batch_size", 8)) * max(1, processes)
-                * int(trl.get("gradient_accumulation_steps", 1)))
-    epochs = float(trl.get("num_train_epochs", 3.0))
-    return max(1, math.ceil(math.ceil(examples / per_step) * epochs)) if examples else 0
-
-
-def warmup_steps(trl: dict[str, Any], steps: int) -> int:
-    """Warmup in optimizer steps: `warmup_steps` (TRL/transformers read a value below 1 as a ratio),
-    else `warmup_ratio` of the run."""
-    w = trl.get("warmup_steps")
-    if w is not None and float(w) >= 1:
-        return int(w)
-    ratio = float(w) if w is not None else float(trl.get("warmup_ratio", 0.0) or 0.0)
-    return math.ceil(ratio * steps)
-
-
 def _check_steps(config: TrainConfig, stage: Stage, processes: int, add: AddCheck) -> None:
     """The stage's optimizer steps, and a warmup that ends before they do."""
     if stage is Stage.GRPO:
@@ -388,16 +385,96 @@ def _check_steps(config: TrainConfig, stage: Stage, processes: int, add: AddChec
                                      f"(warmup {trl.get('warmup_steps', trl.get('warmup_ratio', 0))} must end first)")
             return
     else:
-        trl = config.rft.trl
-        tasks = len(config.tasks)
-        rows = config.rft.samples_per_task * max(1, tasks)
-        steps = optimizer_steps(trl, examples=rows, processes=processes)
-        where = f"at most {rows} kept samples a round (suites count as one task here)"
+        _check_rft_steps(config, processes, add)
+        return
     warm = warmup_steps(trl, steps)
     detail = f"{steps} optimizer steps ({where}) on {processes} process(es); warmup {warm}"
     add(f"{stage.value} steps", CheckLevel.ERROR if steps and warm >= steps else CheckLevel.OK,
         detail + (": the warmup outlasts the run, the learning rate never reaches its value"
                   if steps and warm >= steps else ""))
+
+
+def _check_rft_steps(config: TrainConfig, processes: int, add: AddCheck) -> None:
+    """Each round's optimizer steps from the rows it can keep: the SFT set (when it joins) and every
+    sample of the rounds so far (`kernelrl.train.sizing.rft_rounds`), over the suite's training tasks."""
+    from kernelrl.train.sft_set import read_sft_set
+
+    try:
+        tasks = len(for_training(load_tasks(list(config.tasks)), config.splits)[0])
+    except TaskError:
+        return  # the tasks check says why
+    data = config.sft_data
+    sft_rows = len(read_sft_set(data)) if config.rft.include_sft_set and data.is_file() else 0
+    trl = config.rft.trl
+    rounds = rft_rounds(config, tasks=tasks, sft_rows=sft_rows, processes=processes)
+    shown = "; ".join(f"round {r.round}: at most {r.rows} rows -> {r.steps} steps, warmup {r.warmup}" for r in rounds)
+    first = rounds[0]
+    sft_note = f"{sft_rows} SFT rows + " if sft_rows else ""
+    detail = (f"{config.rft.samples_per_task} samples x {tasks} training tasks a round, each round trained on "
+              f"{sft_note}every sample kept so far (correct ones only: at most these), on {processes} process(es): "
+              f"{shown}")
+    if first.steps and first.warmup >= first.steps:
+        add("rft steps", CheckLevel.ERROR, detail + ": round 1's warmup outlasts its fine-tune even if every sample "
+            "is kept; lower rft.trl warmup_steps (or give it as a ratio, below 1)")
+        return
+    fixed = trl.get("warmup_steps")
+    if fixed is not None and float(fixed) >= 1 and int(trl.get("max_steps", -1) or -1) <= 0:
+        need = rows_for_steps(trl, int(fixed), processes=processes)
+        detail += (f"; a round that keeps fewer than {need} rows ends inside its warmup of {int(fixed)} steps "
+                   "(a ratio below 1 scales with the round)")
+    add("rft steps", CheckLevel.OK, detail)
+
+
+def _check_context(config: TrainConfig, add: AddCheck) -> None:
+    """A GRPO prompt (with a multi-turn episode's history) and its completion fit the context the
+    policy generates in."""
+    grpo = config.grpo
+    context, where = generation_context(config)
+    completion = int(grpo.trl.get("max_completion_length", 256))
+    turns = grpo.episode.turns
+    if grpo.max_prompt_tokens is None:
+        add("grpo context", CheckLevel.NOTE, f"grpo.max_prompt_tokens is unset: prompts are not held to a budget "
+            f"(context {context if context else 'unknown'}, {where})")
+        return
+    need = grpo.max_prompt_tokens + (grpo.episode.history_tokens if turns > 1 else 0) + completion
+    parts = (f"prompt {grpo.max_prompt_tokens}" + (f" + history {grpo.episode.history_tokens} ({turns} turns)"
+                                                   if turns > 1 else "") + f" + completion {completion} = {need}")
+    if context is None:
+        add("grpo context", CheckLevel.NOTE, f"{parts} tokens; the generation context is {where}")
+    elif need > context:
+        add("grpo context", CheckLevel.ERROR, f"{parts} tokens, over the {context} the policy generates in ({where}); "
+            "lower grpo.max_prompt_tokens, grpo.episode.history_tokens or grpo.trl.max_completion_length")
+    else:
+        add("grpo context", CheckLevel.OK, f"{parts} tokens, within {context} ({where})")
+
+
+def _check_disk(config: TrainConfig, stage: Stage, accel: Mapping[str, object], add: AddCheck) -> None:
+    """The stage's checkpoints against the free space where they go, on this machine."""
+    import torch
+
+    trl = _stage_config(config, stage).trl
+    deepspeed = accel.get("distributed_type") == "DEEPSPEED" or bool(trl.get("deepspeed"))
+    if config.model.tiny is not None and not is_model_folder(config.model.path):
+        add("checkpoints", CheckLevel.OK, "a tiny model built here: its checkpoints take megabytes")
+        return
+    size = checkpoint_bytes(config, stage, trl, deepspeed=deepspeed)
+    if isinstance(size, str):
+        add("checkpoints", CheckLevel.NOTE, f"not sized: {size}")
+        return
+    folder = Path(config.output_dir) / stage.value
+    free, measured = free_bytes(folder)
+    # Where the stage would train: this machine has its device (or the stage runs on the CPU).
+    here = torch.cuda.is_available() or bool(trl.get("use_cpu"))
+    detail = (f"{size.kept} checkpoint(s) at once (save_total_limit + 1) x {gigabytes(size.each)} = "
+              f"{gigabytes(size.total)} ({size.how}); {gigabytes(free)} free at {measured}")
+    if size.total <= free:
+        add("checkpoints", CheckLevel.OK, detail)
+    elif here:
+        add("checkpoints", CheckLevel.ERROR, detail + ": not enough; lower "
+            f"{stage.value}.trl save_total_limit, or set output_dir on a larger disk")
+    else:
+        add("checkpoints", CheckLevel.NOTE, detail + ": not enough here, which is not where the stage trains; "
+            "run the dry run on the training machine")
 
 
 def _check_packages(config: TrainConfig, stage: Stage, accel: Mapping[str, object], trl_values: Mapping[str, bool],

@@ -27,8 +27,11 @@ evaluator batch, where an environment's tool judges one kernel per call:
 
       G_T = r_T,   G_t = r_t + gamma * G_{t+1}   (gamma = grpo.episode.gamma, 0.4 by default)
 
-  where r_t is the turn's own reward (`RewardModel`, clipped; None for a `task_error`, which has
-  no return and passes nothing back). A turn that fails (r_1 = the compile-error penalty) and
+  where r_t is the turn's own reward (`RewardModel`, clipped; None when the task or the judge
+  failed, or the run could not be timed: that turn has no return, and neither has any earlier
+  turn of its episode, whose return would hold it; TRL is handed None for them, and the trainer
+  takes them out of the batch, `kernelrl.train.trainer`; the step log counts them,
+  `kernelrl/excluded/later_turn`). A turn that fails (r_1 = the compile-error penalty) and
   leads to a correct one (r_2) is paid r_1 + gamma * r_2; the correct turn is paid r_2;
 - TRL normalises what it is handed within the group (all turns of its trajectories), so the
   returns are first centred per turn index (`TurnCredit.TURN`, `turn_credit`): each turn's return
@@ -45,6 +48,8 @@ evaluator batch, where an environment's tool judges one kernel per call:
   completion columns (turn, verdict, reward, return);
 - the curriculum is told once per group, from the returns of all its trajectories (gathered
   across ranks, in the global batch's order), not once per turn;
+- every stored turn gets its return and what TRL was handed for it in its meta (`returned`,
+  `credit`) once its episode ends, so what each turn was paid can be read from the database;
 - the console shows one line per turn per step (the turn's verdicts, raw -> clipped rewards) and
   one line of each trajectory's verdicts and returns, turn by turn.
 
@@ -78,9 +83,11 @@ from kernelrl.result import Status
 from kernelrl.search.driver import Judgement, run_episodes
 from kernelrl.search.episode import Episode, EpisodeConfig
 from kernelrl.search.records import RunMeta
+from kernelrl.train.effects import LogExtra, LogMetric, print_batch
 from kernelrl.train.model import prompt_text
-from kernelrl.train.reward_fn import KernelRewardFunction, LogExtra, LogMetric, TaskMismatch, print_batch
+from kernelrl.train.reward_fn import KernelRewardFunction
 from kernelrl.train.rollouts import Rollout
+from kernelrl.train.shaper import TaskMismatch
 from kernelrl.train.stream import PromptStream, row_key
 from kernelrl.train.trl_generate import Generated, generate
 
@@ -100,6 +107,7 @@ class Trajectory:
     prompt: Prompt
     key: str
     parents: tuple[int, ...] = ()  # the versions the row's prompt built on: turn 1's parents
+    shown: tuple[int, ...] | None = None  # every version the row's prompt showed (database ids)
 
 
 class RolloutColumns(TypedDict):
@@ -248,7 +256,7 @@ class MultiTurnRollout:
             # turn 1's parents are the row's; a later turn's, the previous turn's candidate
             rollouts = [Rollout(task=trajectories[j].task, prompt=prompt_text(p), answer=a, completion_tokens=len(ids),
                                 parents=episodes[j].parents if episodes[j].turns else trajectories[j].parents,
-                                shown=prompt_text(trajectories[j].prompt))
+                                shown=trajectories[j].shown, shown_text=prompt_text(trajectories[j].prompt))
                         for j, p, a, ids in zip(asked, now, answers, g.completion_ids)]
             meta = [RunMeta(turn=turn, turns=T, episode=numbers[j]) for j in asked]
             values, batch = self.scorer.score_rollouts(rollouts, keys=[keys[j] for j in asked], step=step, meta=meta,
@@ -276,9 +284,14 @@ class MultiTurnRollout:
         start = sum(counts[:ranks.index])
         credits = turn_credit(every, parts, self.credit)[start:start + len(trajectories)]
         self._tell_curriculum(every, parts)
+        self._store_returns(episodes, returns, credits)
         for turn in range(1, T + 1):
             paid = [g for o in every if (g := o.returns[turn - 1]) is not None]
             metrics[f"kernelrl/turn{turn}/return"] = statistics.fmean(paid) if paid else 0.0
+        # Turns with a reward of their own but no return: a later turn of the episode had none.
+        later = ranks.gather([sum(r is not None and g is None for r, g in zip(rs, gs))
+                              for rs, gs in zip(rewards, returns)])
+        metrics["kernelrl/excluded/later_turn"] = float(sum(later))
         self.metrics = metrics
         if self.console is not None:  # each trajectory's verdict and return, turn by turn
             shown = "; ".join(f"episode {n}: " + " -> ".join(f"{v} {'none' if g is None else f'{g:+.3f}'}"
@@ -321,9 +334,22 @@ class MultiTurnRollout:
             row = self.stream.row_of(prompts[i])
             task = str(row["task"])
             out += [Trajectory(task=task, prompt=prompts[i], key=row_key(task, prompts[i]),
-                               parents=tuple(row.get("parents") or ()))] * ((j - i) // T)
+                               parents=tuple(row.get("parents") or ()),
+                               shown=tuple(row["shown"]) if row.get("shown") is not None else None)] * ((j - i) // T)
             i = j
         return out
+
+    def _store_returns(self, episodes: Sequence[Episode], returns: Sequence[Sequence[float | None]],
+                       credits: Sequence[Sequence[float | None]]) -> None:
+        """Each stored turn's return and what TRL was handed for it, once its episode has ended (a
+        turn whose return holds a missing reward keeps none)."""
+        db = self.scorer.db
+        if db is None:
+            return
+        for ep, gs, cs in zip(episodes, returns, credits):
+            for turn, g, c in zip(ep.turns, gs, cs):
+                if turn.candidate_id is not None and (g is not None or c is not None):
+                    db.merge_meta(turn.candidate_id, RunMeta(returned=g, credit=c))
 
     def _tell_curriculum(self, every: Sequence[Outcome], parts: Sequence[Sequence[int]]) -> None:
         """Once per group of the global batch, from all its trajectories' returns."""

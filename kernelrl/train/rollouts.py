@@ -83,9 +83,11 @@ class Rollout:
     prompt_tokens: int = 0
     completion_tokens: int | None = None  # None: not counted (no length term then)
     parents: tuple[int, ...] = ()  # database ids of the versions the prompt built on
-    # the text whose programs count as shown (a copy of one is paid as no speedup); None: `prompt`.
-    # A refinement turn's is its row's prompt: repeating the episode's own earlier answer is not a copy
-    shown: str | None = None
+    # the database ids of the versions the prompt showed (a copy of one is paid at most as no
+    # speedup); None: not recorded, read from `prompt`'s blocks (`kernelrl.train.copies.shown_versions`).
+    # A refinement turn's are its row's: repeating the episode's own earlier answer is not a copy
+    shown: tuple[int, ...] | None = None
+    shown_text: str | None = None  # without ids, the text whose blocks count as shown (None: `prompt`)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,10 +1,12 @@
 """The GRPO prompt stream: contrastive prompts rebuilt from the code database as the trainer reads.
 
-Each row is `{"prompt": ..., "task": NAME, "key": ..., "parents": [ids]}`: the curriculum picks
+Each row is `{"prompt": ..., "task": NAME, "key": ..., "parents": [ids], "shown": [ids]}`: the curriculum picks
 the task, and `kernelrl.search.prompt.build_prompt` writes the prompt from what the database
 holds for it at that moment (the best correct code as the version to improve, earlier codes of
 the task with their measured speedups, refused hacks, then the protocol: analysis first, then
-code). The reward function writes every generated code and its verdict back to the same
+code). `shown` holds the database ids of every version the prompt shows, so the reward can tell
+a copy of one from the version's full source and stored verdict (`kernelrl.train.copies`), not
+from the prompt's text. The reward function writes every generated code and its verdict back to the same
 database, so later prompts show what the policy wrote before: weights and database evolve
 together. `key` is `row_key(task, prompt)`: the task travels with its prompt, and the reward
 function checks that every completion is scored against the task its prompt was built for.
@@ -70,6 +72,7 @@ class PromptRow(TypedDict):
     task: str
     key: str  # `row_key(task, prompt)`
     parents: list[int]  # the candidate the prompt builds on, if any
+    shown: list[int]  # every version the prompt shows (database ids)
 
 
 class PromptBudgetError(ValueError):
@@ -111,16 +114,18 @@ class PromptStream:
         self._rows: OrderedDict[str, PromptRow] = OrderedDict()
 
     def row(self) -> PromptRow:
-        from kernelrl.search.prompt import build_prompt
+        from kernelrl.search.prompt import compose_prompt
 
         task = self.curriculum.draw()
         best = self.db.top_candidates(task.name, 1) if self.db is not None else []
         chain_best = best[0] if best else None
         k = self.k
         while True:
-            text = build_prompt(task, db=self.db, chain_best=chain_best, policy=self.policy, device=self.device,
-                                rng=random.Random(f"{self.seed}:{self.built}"), k=k, size=self.size,
-                                profile=self.profiles.get(task.name), template_dir=self.template_dir)
+            composed = compose_prompt(task, db=self.db, chain_best=chain_best, policy=self.policy,
+                                      device=self.device, rng=random.Random(f"{self.seed}:{self.built}"), k=k,
+                                      size=self.size, profile=self.profiles.get(task.name),
+                                      template_dir=self.template_dir)
+            text = composed.text
             if self.max_tokens is None or self.count_tokens is None:
                 break
             n = self.count_tokens(text)
@@ -141,7 +146,7 @@ class PromptStream:
         self.built += 1
         prompt = self.as_prompt(text)
         return {"prompt": prompt, "task": task.name, "key": row_key(task.name, prompt),
-                "parents": [chain_best.id] if chain_best is not None else []}
+                "parents": [chain_best.id] if chain_best is not None else [], "shown": list(composed.shown)}
 
     def rows(self) -> Iterator[PromptRow]:
         """Rows without end; with several ranks, the main process's rows on every rank."""
@@ -172,7 +177,7 @@ class PromptStream:
 
         prompt = List({"role": Value("string"), "content": Value("string")}) if self.chat else Value("string")
         features = Features({"prompt": prompt, "task": Value("string"), "key": Value("string"),
-                             "parents": List(Value("int64"))})
+                             "parents": List(Value("int64")), "shown": List(Value("int64"))})
         number = next(_NUMBERS)
         _STREAMS[number] = self  # weakly: the stream lives as long as its owner (the GRPO stage) holds it
         return IterableDataset.from_generator(_rows, gen_kwargs={"stream": number}, features=features)

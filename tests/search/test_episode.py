@@ -73,7 +73,11 @@ def test_discounted_returns_pay_earlier_turns_part_of_later_success():
     got = discounted_returns([-2.5, 0.5, 1.0], 0.4)
     assert got == pytest.approx([-2.5 + 0.4 * 0.5 + 0.16 * 1.0, 0.5 + 0.4 * 1.0, 1.0])
     # a turn with no reward has no return and passes nothing back
-    assert discounted_returns([-1.0, None, 2.0], 0.4) == [-1.0, None, 2.0]
+    # a turn without a reward has no return, and neither has any turn before it (it would hold a
+    # reward nobody measured); the turns after it keep theirs
+    assert discounted_returns([-1.0, None, 2.0], 0.4) == [None, None, 2.0]
+    assert discounted_returns([-1.0, 0.5, None], 0.4) == [None, None, None]
+    assert discounted_returns([None, 0.5, 1.0], 0.4) == [None, pytest.approx(0.9), 1.0]
     assert discounted_returns([1.0, 2.0], 0.0) == [1.0, 2.0]
     with pytest.raises(ValueError):
         discounted_returns([1.0], 1.5)

@@ -298,3 +298,13 @@ def test_refused_excerpt_elides_the_reference_and_keeps_the_flagged_line():
     text = prompt(FakeDB([], [Rec(source, flagged("thread-spawn", "creates a thread", line=line))]))
     item = text[text.index("refused by rule `thread-spawn`"):]
     assert "threading.Thread(target=print)" in item and "self.lin = nn.Linear" not in item
+
+
+def test_every_policy_the_command_line_accepts_has_its_requirements():
+    """`kernelrl optimize --policy observe` ended in a PromptError after the run had started."""
+    from kernelrl.checks.policy import POLICY_NAMES
+
+    for name in POLICY_NAMES:
+        assert f"Policy `{name}`" in prompt(None, policy=str(name))
+    observe = prompt(None, policy="observe")
+    assert "only note" in observe and "run-time defences still refuse" in observe

@@ -255,3 +255,66 @@ def test_a_dry_run_checks_the_run_pages_port_here(capsys):
         config = load_train_config("tiny-cpu", {"watch.port": port})
         (page,) = [c for c in dry_run(config, "grpo", name="tiny-cpu").checks if c.what == "watch.port"]
     assert page.level is CheckLevel.ERROR and f"127.0.0.1:{port}: cannot listen there" in page.detail
+
+
+def test_rft_steps_are_counted_per_round_from_the_rows_it_can_keep_over_the_suites_tasks():
+    """The 8-GPU config: 16 samples of each of the suite's 21 training tasks a round, on 8 processes
+    (1 per device x 8 accumulated a step, one epoch), every round trained on every sample kept so far: before,
+    the suite counted as one task and a round of ~336 rows read as 1 optimizer step."""
+    from kernelrl.train.launch import dry_run
+
+    config = load_train_config("qwen7b-full-8gpu-vllm")
+    (steps,) = [c for c in dry_run(config, "rft", name="qwen7b-full-8gpu-vllm").checks if c.what == "rft steps"]
+    assert steps.level == "ok" and "21 training tasks" in steps.detail
+    assert "round 1: at most 336 rows -> 6 steps" in steps.detail and "round 3: at most 1008 rows -> 16 steps" in steps.detail
+    warm = load_train_config("qwen7b-full-8gpu-vllm", {"rft.trl.warmup_steps": 6})
+    (steps,) = [c for c in dry_run(warm, "rft", name="x").checks if c.what == "rft steps"]
+    assert steps.level == "error" and "rft.trl warmup_steps" in steps.detail
+    some = load_train_config("qwen7b-full-8gpu-vllm", {"rft.trl.warmup_steps": 3})
+    (steps,) = [c for c in dry_run(some, "rft", name="x").checks if c.what == "rft steps"]
+    assert steps.level == "ok" and "fewer than 193 rows ends inside its warmup of 3 steps" in steps.detail
+
+
+def test_a_multi_turn_prompt_that_does_not_fit_the_generation_context_is_refused_in_one_line(capsys):
+    """Prompt budget + history + completion against the vLLM server's --max-model-len."""
+    args = ["train", "grpo", "--config", "qwen7b-full-8gpu-vllm", "--dry-run", "--grpo.episode.turns", "2",
+            "--no-grpo.roc.enabled"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "8192 + history 6000 + completion 8192 = 22384 tokens" in err[0]
+    assert "grpo.episode.history_tokens" in err[0] and "16384" in err[0]
+    assert main([*args, "--grpo.max-prompt-tokens", "2048"]) == 0  # 2048 + 6000 + 8192 fits
+    assert "grpo context" in capsys.readouterr().out
+
+
+def test_checkpoints_are_sized_against_the_free_disk_where_they_go(tmp_path, monkeypatch):
+    """A model folder trained in full on this machine (use_cpu): its checkpoints' size is the
+    weights plus AdamW's state, times those kept at once; more than the free space is an error here,
+    a note where the stage does not train."""
+    import kernelrl.train.launch as launch
+    from kernelrl.tasks.task import Task
+    from kernelrl.train.launch import dry_run
+    from kernelrl.train.sizing import lora_parameters, model_parameters
+    from kernelrl.train.tiny import TinyModelConfig, build_tiny_model
+
+    base = tmp_path / "model"
+    task = Task(name="toy/relu", source="class Model: pass\n", level=1)
+    build_tiny_model(base, [task], TinyModelConfig(hidden_size=32, layers=2, heads=2))
+    params, how = model_parameters(str(base))
+    assert params is not None and params > 1000 and "safetensors" in how
+    overrides = {"model.path": str(base), "model.tiny": None, "grpo.trl.save_total_limit": 2,
+                 "output_dir": str(tmp_path / "out")}
+    config = load_train_config("tiny-cpu", overrides)
+    (ok,) = [c for c in dry_run(config, "grpo", name="x").checks if c.what == "checkpoints"]
+    assert ok.level == "ok" and "3 checkpoint(s) at once" in ok.detail
+    monkeypatch.setattr(launch, "free_bytes", lambda folder: (1000, folder))
+    (short,) = [c for c in dry_run(config, "grpo", name="x").checks if c.what == "checkpoints"]
+    assert short.level == "error" and "grpo.trl save_total_limit" in short.detail
+    # the adapter count is peft's own on that model
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=8, target_modules="all-linear"))
+    assert lora_parameters(str(base), 8) == sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert model_parameters("Qwen/Qwen2.5-Coder-7B-Instruct")[0] == 7_000_000_000
+    assert model_parameters("org/model-without-a-size")[0] is None

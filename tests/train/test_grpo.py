@@ -31,8 +31,8 @@ def test_tiny_cpu_grpo_two_steps_with_the_evaluator_then_resume(tmp_path, cache_
     assert main(["train", "grpo", *common]) == 0
     log = capsys.readouterr().out
     # the evaluator's verdicts and the raw and clipped rewards of every batch are in the log
-    batches = re.findall(r"reward step (\d+): 3 rollouts \(([^)]*)\); (\d+) judged; (\d+) clipped; raw->clipped: (.*)",
-                         log)
+    batches = re.findall(r"reward step (\d+): 3 rollouts \(([^)]*)\); (\d+) judged; (\d+) clipped; \d+ not trained on; "
+                         r"raw->clipped: (.*)", log)
     assert [b[0] for b in batches] == ["0", "1"]
     for _, verdicts, _, _, rewards in batches:
         assert re.fullmatch(r"(\d+ (correct|incorrect|compile_error|runtime_error|timeout|flagged|no_code)(, )?)+",

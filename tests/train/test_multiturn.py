@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kernelrl.result import EvalResult, Status
-from kernelrl.reward import RewardModel
+from kernelrl.reward import Penalties, RewardModel
 from kernelrl.search.database import Database
 from kernelrl.search.episode import EpisodeConfig
 from kernelrl.tasks.task import Task
@@ -302,8 +302,7 @@ def test_through_trl_a_failed_turn_then_a_correct_one_is_paid_as_the_docstring_s
 @pytest.mark.parametrize("turns", [1, 2])
 def test_one_turn_builds_todays_trainer_and_more_add_the_rollout_hook(turns: int, tmp_path: Path, tiny_task: Task,
                                                                       monkeypatch: pytest.MonkeyPatch):
-    import trl.trainer.grpo_trainer as trl_grpo
-
+    import kernelrl.train.grpo as grpo_module
     from kernelrl.judge.eval_config import EvalConfig
     from kernelrl.train.grpo import GRPOStageConfig, train_grpo
     from kernelrl.train.model import ModelConfig
@@ -319,7 +318,7 @@ def test_one_turn_builds_todays_trainer_and_more_add_the_rollout_hook(turns: int
         seen.update(kwargs)
         raise Built
 
-    monkeypatch.setattr(trl_grpo, "GRPOTrainer", capture)
+    monkeypatch.setattr(grpo_module, "grpo_trainer_class", lambda: capture)
     base = build_tiny_model(tmp_path / "base", [tiny_task])
     stage = GRPOStageConfig(episode=EpisodeConfig(turns=turns),
                             trl={"max_steps": 1, "num_generations": 4, "per_device_train_batch_size": 4,
@@ -402,12 +401,44 @@ def test_turn_credit_prefers_no_turn_position():
 def test_repeating_the_episodes_own_answer_is_paid_and_copying_the_rows_shown_version_is_not():
     """Turn 2 repeats turn 1's 2x program: judged and paid again (the episode's own history is
     not a shown version); a program the row's prompt showed is a copy at either turn."""
-    shown = "```python\nclass ModelNew:\n    MARKER = 'fast3.0'\n```\n"
+    best = "import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x * 2  # fast3.0\n"
+    other = ("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
+             "        y = torch.relu(x)\n        z = torch.sigmoid(y) + torch.tanh(x)\n        return z.sum(dim=0)  # fast2.0\n")
+    shown = f"```python\n{best}```\n"
     prompt = PROMPT + "\n\nThe best so far (3.00x):\n" + shown
-    answers = [answer("fast2.0"), "Copy.\n\n" + shown, answer("fast2.0"), "Again.\n\n" + shown]
+    mine = f"```python\n{other}```\n"
+    answers = [mine, "Copy.\n\n" + shown, mine, "Again.\n\n" + shown]
     run, trainer, scorer = rollout(answers)
     out = run([prompt] * 4, trainer)
     # trajectory 1: 2x then the same 2x again; trajectory 2: the shown version twice
     assert out["turn_reward"] == pytest.approx([math.log(2.0), math.log(2.0), 0.0, 0.0])
     turn2 = scorer.logs[-1].rollouts
     assert [r.copy for r in turn2] == [False, True]
+
+
+def test_a_turn_two_without_a_reward_takes_turn_ones_return_out_and_says_why(tmp_path: Path):
+    """Turn 2 of the first episode hits a task error (no reward): its turn 1 has no return either
+    (None to TRL, so the trainer leaves both rows out), while the other episode is paid as usual;
+    the step's metrics count the turn left out for a later turn, and the turn left out for its own;
+    the database holds each turn's return and credit, none for the two left out."""
+    answers = [answer("broken"), answer("wrong"), answer("taskerror"), answer("fast3.0")]
+    db = Database(tmp_path / "code.db")
+    run, trainer, _ = rollout(answers, db=db)
+    out = run([PROMPT] * 4, trainer)
+    model = RewardModel()
+    from train_fixtures import judge_by_marker
+
+    wrong = model.raw(judge_by_marker(TASK, answer("wrong")))
+    fast = model.raw(judge_by_marker(TASK, answer("fast3.0")))
+    assert wrong is not None and fast is not None
+    assert out["turn_reward"][:2] == [pytest.approx(Penalties().compile_error), None]
+    assert out["turn_return"] == [None, None, pytest.approx(wrong.raw + 0.4 * fast.raw), pytest.approx(fast.raw)]
+    assert out["turn_credit"][:2] == [None, None]
+    assert run.metrics["kernelrl/excluded/later_turn"] == 1.0
+    assert run.metrics["kernelrl/turn2/excluded/task_error"] == 1.0
+    values = EpisodeReturn()([PROMPT] * 4, ["a"] * 4, task=["t"] * 4, turn_task=out["turn_task"],
+                             turn_return=out["turn_return"], turn_credit=out["turn_credit"])
+    assert values[:2] == [None, None] and None not in values[2:]
+    stored = {(c.meta.episode, c.meta.turn): c.meta for c in db.candidates(task="t")}
+    assert stored[(1, 1)].returned is None and stored[(1, 1)].credit is None and stored[(1, 2)].credit is None
+    assert stored[(2, 1)].returned == pytest.approx(out["turn_return"][2]) and stored[(2, 2)].credit is not None

@@ -173,19 +173,81 @@ def test_shuffling_a_group_changes_no_reward(seed):
     assert correct == sorted(correct, reverse=True) and min(correct) > max(straight[4:])
 
 
-def test_a_copy_of_a_version_the_prompt_showed_is_paid_as_no_speedup(tmp_path):
-    """A program the prompt showed (verbatim, or re-commented and re-indented) earns no speedup and
-    is recorded as a copy, its stored 3x notwithstanding; a different program is paid its speedup."""
-    shown = "```python\nclass ModelNew:\n    MARKER = 'fast3.0'\n```\n"
-    prompt = f"Improve on this version (3.00x):\n{shown}\nWrite a faster one."
-    relaid = "Same again.\n\n```python\n# my kernel\nclass ModelNew:  # mine\n\n        MARKER = 'fast3.0'\n```\n"
+def shown_version(db, source: str, speedup: float) -> int:
+    """A version an earlier step stored, judged correct at `speedup` (a 5 % interval)."""
+    from kernelrl.candidate import source_hash
+    from kernelrl.result import EvalResult, Status
+    from kernelrl.search.records import NewCandidate, RunMeta
+
+    rec = db.add_candidate(NewCandidate(task=TASK.name, hash=source_hash(source), source=source, parents=(), chain=0,
+                                        step=0, proposer="seed", prompt="", answer=source, prompt_tokens=0,
+                                        completion_tokens=0, run_id=None, meta=RunMeta()))
+    db.store_result(rec.id, EvalResult(task=TASK.name, status=Status.CORRECT, speedup=speedup,
+                                       speedup_ci=(speedup * 0.95, speedup * 1.05)))
+    return rec.id
+
+
+KERNEL = """import torch
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        y = torch.relu(x) * 2.0
+        return y + 1.0  # MARKER
+"""
+
+
+def judge_kernels(task, source):
+    """The shown kernel and its near-copies at the speed their MARKER comment names (3x without
+    one); other programs by `judge_by_marker`."""
+    from kernelrl.result import EvalResult, Status
+    from train_fixtures import judge_by_marker
+
+    if "# MARKER" not in source:
+        return judge_by_marker(task, source)
+    speed = float(source.split("# MARKER", 1)[1].split("\n")[0].strip() or 3.0)
+    return EvalResult(task=task.name, status=Status.CORRECT, speedup=speed, speedup_ci=(speed * 0.95, speed * 1.05))
+
+
+def fenced(source: str) -> str:
+    return f"```python\n{source}```\n"
+
+
+def test_a_copy_of_a_version_the_prompt_showed_is_paid_at_most_as_no_speedup(tmp_path):
+    """The versions a prompt showed come by id from the database, in full. A verbatim copy (its
+    stored 3x reused) and a near-copy (renamed, a dead statement; judged at 3.05x, within noise) are
+    paid as no speedup; a near-copy measured at 0.5x is paid its 0.5x; a near-copy measured at 6x
+    (faster beyond noise) and a different program are paid what they measured."""
+    settings = EvalSettings.of(EvalConfig())
+    near = KERNEL.replace("x)", "inp)").replace("y", "out").replace("        return", "        pass\n        return")
+    with Database(tmp_path / "code.db") as db:
+        db.upsert_task(name=TASK.name, source=TASK.source, source_hash=TASK.source_hash, level=1, size="small")
+        best = shown_version(db, KERNEL, 3.0)
+        fn = KernelRewardFunction(ScriptedBackend(judge_kernels), tasks=TASKS, reward=RewardModel(NO_SMOOTHING),
+                                  db=db, reuse=settings)
+        answers = [fenced(KERNEL), fenced(near.replace("# MARKER", "# MARKER 3.05")),
+                   fenced(near.replace("# MARKER", "# MARKER 0.5")), fenced(near.replace("# MARKER", "# MARKER 6.0")),
+                   answer("fast2.0")]
+        values = call(fn, answers, prompt="Improve on version A.", shown=[[best]] * len(answers))
+        assert values == [pytest.approx(0.0), pytest.approx(0.0), pytest.approx(math.log(0.5)),
+                          pytest.approx(math.log(6.0)), pytest.approx(math.log(2.0))]
+        logs = fn.logs[-1].rollouts
+        assert [r.copy for r in logs] == [True, True, True, False, False]
+        assert [r.copy_of for r in logs] == [best, best, best, None, None]
+        stored = [c for c in db.candidates() if c.proposer != "seed"]
+        assert [c.meta.copy for c in stored] == [True, True, True, False, False]
+        assert all(c.meta.shown == (best,) for c in stored) and stored[0].meta.copy_of == best
+        assert fn.logs[-1].metrics["kernelrl/copy_share"] == pytest.approx(3 / 5)
+
+
+def test_a_prompt_without_ids_is_matched_to_the_database_by_the_versions_it_shows(tmp_path):
+    """A prompt row stored before ids were recorded: its blocks are found among the task's versions."""
     settings = EvalSettings.of(EvalConfig())
     with Database(tmp_path / "code.db") as db:
         db.upsert_task(name=TASK.name, source=TASK.source, source_hash=TASK.source_hash, level=1, size="small")
-        fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS, reward=RewardModel(NO_SMOOTHING), db=db,
-                                  reuse=settings)
-        values = call(fn, ["Copy.\n\n" + shown, answer("fast2.0"), relaid], prompt=prompt)
-        assert values == [pytest.approx(0.0), pytest.approx(math.log(2.0)), pytest.approx(0.0)]
-        assert [r.copy for r in fn.logs[-1].rollouts] == [True, False, True]
-        assert [c.meta.copy for c in db.candidates()] == [True, False, True]
-        assert fn.logs[-1].metrics["kernelrl/copy_share"] == pytest.approx(2 / 3)
+        best = shown_version(db, KERNEL, 3.0)
+        fn = KernelRewardFunction(ScriptedBackend(judge_kernels), tasks=TASKS, reward=RewardModel(NO_SMOOTHING),
+                                  db=db, reuse=settings)
+        prompt = f"Version A (3.00x):\n{fenced(KERNEL)}Write a faster one."
+        values = call(fn, [fenced(KERNEL.replace("# MARKER", "# MARKER 3.1"))], prompt=prompt)
+        assert values == [pytest.approx(0.0)] and fn.logs[-1].rollouts[0].copy_of == best

@@ -268,6 +268,17 @@ class Database:
                                completion_tokens=new.completion_tokens, created=created,
                                state=CandidateState.PROPOSED, meta=new.meta)
 
+    def merge_meta(self, candidate_id: int, meta: RunMeta) -> None:
+        """Add to a candidate's meta what training learned of it later (a multi-turn turn's return,
+        once its episode has ended): every field `meta` sets replaces the stored one."""
+        with self._tx() as c:
+            rows = c.execute("SELECT meta FROM candidates WHERE id = ?", (candidate_id,)).fetchall()
+            if not rows:
+                raise DatabaseError(f"no candidate {candidate_id}")
+            stored = RunMeta.from_dict(json.loads(rows[0][0] or "{}"))
+            c.execute("UPDATE candidates SET meta = ? WHERE id = ?",
+                      (json.dumps(stored.merged(meta).to_dict(), default=str), candidate_id))
+
     def store_result(self, candidate_id: int, result: EvalResult, *, reused_from: int | None = None) -> None:
         """Result, findings and the state change of one candidate, in one transaction."""
         with self._tx() as c:
