@@ -494,9 +494,9 @@ def judge(points: list[Point], *, variant: str) -> tuple[dict[str, float], list[
         if judged(label) and q < THRESHOLD:
             reasons.append(f"{label}: P({right_answer(label)}) {q:.2f} < {THRESHOLD}")
     if variant.startswith("ctx") and points:
-        for label, q in points[-1].p.items():
-            if judged(label) and other_fast(label, q) > OTHER_LIMIT:
-                reasons.append(f"{label}: P(another task's fast answer) {other_fast(label, q):.2f} > {OTHER_LIMIT}")
+        for label, probs in points[-1].p.items():
+            if judged(label) and other_fast(label, probs) > OTHER_LIMIT:
+                reasons.append(f"{label}: P(another task's fast answer) {other_fast(label, probs):.2f} > {OTHER_LIMIT}")
         if not any("@" not in label for label in final) or len({task_of(x) for x in final}) < len(TASKS[variant]):
             reasons.append("not every task's prompt was built")
     if won:
@@ -528,7 +528,7 @@ def no_speedup_reward() -> float:
     from kernelrl.result import EvalResult, Status
     from kernelrl.reward import RewardConfig, RewardModel
 
-    r = RewardModel(RewardConfig(mapping="log", baseline="eager")).raw(
+    r = RewardModel(RewardConfig()).raw(  # the run's [reward] table: the log mapping against eager
         EvalResult(task="t", status=Status.CORRECT, speedup=1.0))
     assert r is not None
     return r.raw

@@ -29,8 +29,9 @@ too (`turn_history.txt`).
 
 What every answer was paid is read back from the run's database (`paid_checks`): hack < no code
 <= every failure < every correct (raw rewards and paid values); copies and near-copies paid at
-most the no-speedup reward, and marked copies; within every step and task, every slow answer paid
-below every fast one; identical programs paid identically (within a step; raw over the run); no
+most the no-speedup reward, and marked copies; within every reward batch (a step's rows of one task;
+of one turn in `ctx-multi`), every slow answer paid below every fast one, and identical programs
+paid identically (their raw rewards over the whole run); no
 answer paid above its raw reward (the clip never lifts); and in `ctx-multi`, no turn credited
 whose episode has a later turn without a reward.
 
@@ -194,17 +195,19 @@ def paid_checks(rows: list[Row], *, no_speedup: float, multi: bool) -> list[str]
         r = lifted[0]
         reasons.append(f"{len(lifted)} answer(s) paid above their raw reward (step {r.step}: {r.kind} raw "
                        f"{r.raw:+.3f} paid {r.value:+.3f}): the clip lifted them")
-    by_step: dict[tuple[int, str], list[Row]] = defaultdict(list)
+    # one reward batch: a step's rows of one task (in multi-turn, of one turn: each turn is its own batch,
+    # clipped to the window as the step's earlier turns left it)
+    by_step: dict[tuple[int, int, str], list[Row]] = defaultdict(list)
     for r in rows:
-        by_step[(r.step, r.task)].append(r)
-    for (step, task), batch in sorted(by_step.items()):
+        by_step[(r.step, r.turn or 1, r.task)].append(r)
+    for (step, _, task), batch in sorted(by_step.items()):
         op = own_op(task)
         slow = [v for r in batch if r.kind == f"slow_{op}" and r.status == "correct" and (v := paid(r)) is not None]
         fast = [v for r in batch if r.kind == f"fast_{op}" and r.status == "correct" and (v := paid(r)) is not None]
         if slow and fast and max(slow) >= min(fast):
             reasons.append(f"step {step} on {task}: a slow answer paid {max(slow):+.3f}, a fast one {min(fast):+.3f}")
             break
-    for (step, task), batch in sorted(by_step.items()):
+    for (step, _, task), batch in sorted(by_step.items()):
         same: dict[str, set[float]] = defaultdict(set)
         for r in batch:
             if r.value is not None:
@@ -227,7 +230,7 @@ def paid_checks(rows: list[Row], *, no_speedup: float, multi: bool) -> list[str]
                 episodes[r.episode].append(r)
         for n, turns in sorted(episodes.items()):
             turns.sort(key=lambda r: r.turn or 0)
-            missing = [r.turn for r in turns if r.raw is None and r.status != "no_code"]
+            missing = [r.turn or 0 for r in turns if r.raw is None and r.status != "no_code"]
             if missing and any(r.credit is not None for r in turns if (r.turn or 0) < max(missing)):
                 reasons.append(f"episode {n}: turn {max(missing)} has no reward, yet an earlier turn was credited")
                 break
@@ -250,8 +253,9 @@ def paid_summary(rows: list[Row]) -> str:
     by: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         v = r.value if r.value is not None else r.raw
-        if v is not None and (own_op(r.task) in r.kind or "_" not in r.kind):
-            by[r.kind.split("_")[0]].append(v)
+        op = r.kind.rsplit("_", 1)[-1]
+        if v is not None and (op == own_op(r.task) or op not in OPS):
+            by[r.kind.rsplit("_", 1)[0] if op in OPS else r.kind].append(v)
     return ", ".join(f"{k} {statistics.fmean(v):+.2f}" for k, v in sorted(by.items()))
 
 

@@ -10,10 +10,13 @@ config's 112 dropped rollouts a step cost a full forward and backward each for n
 `KernelGRPOTrainer` keeps TRL's generation, rewards, advantages and loss, and after TRL has scored
 a generation batch (`_generate_and_score_completions`) takes those rows out of this process's
 batch (`drop_rows`): the rows kept come first, and the batch is cut to the smallest size TRL can
-still split into `steps_per_generation` equal micro-batches; the few rows that make it up
-(fewer than `steps_per_generation`, and only when the kept rows do not divide evenly) have their
-completion masks zeroed, so they add nothing to the loss, its gradient or its normaliser, which is
-recounted (`num_items_in_batch`, gathered over the processes) from the rows that train. What
+still split into `steps_per_generation` equal micro-batches and that every process can share
+(TRL gathers per-row metrics across processes, which needs equal sizes: every process keeps as
+many rows as the one that trains on most, `batch_rows`); the rows that make it up (fewer than
+`steps_per_generation` plus the difference between processes, which under GRPO-RoC is zero
+unless a group is split between processes) have their completion masks zeroed, so they add
+nothing to the loss, its gradient or its normaliser, which is recounted (`num_items_in_batch`,
+gathered over the processes) from the rows that train. What
 trains is then what TRL's own loss gives on a batch of the kept rows alone (checked in
 `tests/train/test_trainer.py`, against TRL's loss on a hand-made batch).
 
@@ -40,19 +43,28 @@ if TYPE_CHECKING:
 ROW_MEAN_LOSSES = frozenset({"grpo", "sapo", "dr_grpo", "luspo"})
 
 
-def drop_rows(batch: Mapping[str, Any], trains: torch.Tensor, *, steps: int,
+def batch_rows(kept: int, *, steps: int, rows: int) -> int:
+    """The rows a process's batch keeps when the process that keeps most keeps `kept`: a multiple of
+    `steps` (TRL splits the batch into that many equal micro-batches), at least `steps`, at most
+    the `rows` it has. Every process keeps as many (TRL gathers per-row metrics across processes,
+    which needs equal sizes)."""
+    return min(rows, max(steps, math.ceil(kept / steps) * steps))
+
+
+def drop_rows(batch: Mapping[str, Any], trains: torch.Tensor, *, size: int,
               gather_sum: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:
     """`batch` (TRL's scored generation batch of this process: every tensor or list of its rows
     along the first dimension) with the rows that train (`trains`, a bool per row) first and the
-    others gone, cut to a multiple of `steps` rows (at least `steps`) filled with rows whose masks
-    are zeroed; `num_items_in_batch` recounted from the rows that train (`gather_sum` sums a
-    count over the processes)."""
+    others gone, `size` rows in all (`batch_rows`), the rows beyond those that train filled in
+    with their masks zeroed; `num_items_in_batch` recounted from the rows that train (`gather_sum`
+    sums a count over the processes)."""
     import torch
 
     n = int(trains.shape[0])
     keep = torch.nonzero(trains, as_tuple=True)[0]
     rest = torch.nonzero(~trains, as_tuple=True)[0]
-    size = min(n, max(steps, math.ceil(len(keep) / steps) * steps))
+    if not len(keep) <= size <= n:
+        raise ValueError(f"{size} rows cannot hold the {len(keep)} that train out of {n}")
     order = torch.cat([keep, rest])[:size]
     out: dict[str, Any] = {}
     for name, value in batch.items():
@@ -97,12 +109,16 @@ def grpo_trainer_class() -> type:
             index = self.accelerator.process_index
             trains = ~self._unscored[index * n:(index + 1) * n].cpu()
             self.dropped_rows = int((~trains).sum())
-            if bool(trains.all()):
+            # every process keeps as many rows as the one that trains on most (see batch_rows)
+            device = out["completion_mask"].device
+            most = int(self.accelerator.gather(trains.sum().reshape(1).to(device)).max())
+            size = batch_rows(most, steps=self.args.steps_per_generation, rows=n)
+            if size == n:
                 return out
 
             def gather_sum(count: torch.Tensor) -> torch.Tensor:
                 return self.accelerator.gather(count.reshape(1)).sum()
 
-            return drop_rows(out, trains, steps=self.args.steps_per_generation, gather_sum=gather_sum)
+            return drop_rows(out, trains, size=size, gather_sum=gather_sum)
 
     return KernelGRPOTrainer

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelrl.train.trainer import drop_rows, grpo_trainer_class
+from kernelrl.train.trainer import batch_rows, drop_rows, grpo_trainer_class
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,9 @@ def test_the_kept_rows_train_as_a_batch_of_them_alone(trainer, steps: int):
     trainer.model.train()
     full = batch(len(trainer.processing_class))
     trains = torch.tensor([True, False, True, False])
-    dropped = drop_rows(full, trains, steps=steps, gather_sum=lambda count: count)
-    size = {1: 2, 2: 2, 3: 3}[steps]  # the kept rows, then fillers up to a multiple of the micro-batch count
+    size = batch_rows(2, steps=steps, rows=4)
+    assert size == {1: 2, 2: 2, 3: 3}[steps]  # the kept rows, then fillers up to a multiple of the micro-batches
+    dropped = drop_rows(full, trains, size=size, gather_sum=lambda count: count)
     assert dropped["completion_ids"].shape[0] == size
     assert torch.equal(dropped["completion_ids"][:2], full["completion_ids"][[0, 2]])
     assert int(dropped["completion_mask"][2:].sum()) == 0  # a filler row adds nothing
@@ -94,8 +95,15 @@ def test_left_in_the_batch_the_dropped_rows_dilute_the_loss(trainer):
 
 def test_a_batch_with_every_row_kept_is_left_as_it_is(trainer):
     full = batch(len(trainer.processing_class))
-    out = drop_rows(full, torch.ones(4, dtype=torch.bool), steps=2, gather_sum=lambda count: count)
+    out = drop_rows(full, torch.ones(4, dtype=torch.bool), size=4, gather_sum=lambda count: count)
     assert all(torch.equal(out[k], full[k]) for k in full)
+
+
+def test_every_process_keeps_as_many_rows_as_the_one_that_trains_on_most():
+    """Two processes of 8 rows, 3 and 5 rows that train, 2 micro-batches: both keep 6 (TRL gathers
+    per-row metrics across processes); the first fills 3 rows with zero masks, the second 1."""
+    assert batch_rows(5, steps=2, rows=8) == 6 and batch_rows(0, steps=2, rows=8) == 2
+    assert batch_rows(8, steps=4, rows=8) == 8
 
 
 def test_grpo_roc_with_a_row_averaged_loss_is_refused():
