@@ -44,8 +44,9 @@ Semantics (each is a property tested in `tests/test_reward.py`, over every shipp
    reward below the band is paid as it is: clamping both sides lifted slow answers to the mean
    once the window converged (sigma -> 0; the 7B LoRA config: a 1.0x answer paid +1.04 beside a 2x
    answer's +1.09, `benchmarks/clip_advantages.py`), and with failure penalties unclipped a group
-   holding one failure taught "be correct", no longer "be fast". So the clip never raises a reward and never reverses an order (`min` with one bound
-   is monotone); two rewards above the bound tie there. The window holds raw values, so it keeps
+   holding one failure taught "be correct", no longer "be fast". So the clip never raises a reward
+   and never reverses an order (`min` with one bound is monotone); two rewards above the bound tie
+   there. The window holds raw values, so it keeps
    adapting: a task whose kernels improve keeps paying more for more (a window of clipped values
    froze: 2x and 10x paid the same). A clipped correct reward stays above every failure (it is at
    least the lowest raw correct reward, and the bound is above the window's mean).

@@ -222,7 +222,7 @@ def collect(config: CollectConfig, *, console: Console | None = None, backend: P
                     assert backend is not None  # built when any pair was open
                     judged = evaluate_rollouts(backend, [r for _, r in rollouts], {t.name: t for t in tasks}, db=db,
                                                reuse=settings)
-                    evaluated += sum(1 for j in judged if j.code is not None and j.reused_from is None)
+                    evaluated += sum(1 for j in judged if j.judged_here)
                     for (p, _), j in zip(rollouts, judged):
                         store_rollouts(db, [j], proposer=p.spec.label, step=p.tries, run_id=run_id,
                                        settings=settings, meta=[RunMeta(stage=STAGE)])

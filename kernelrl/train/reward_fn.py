@@ -171,7 +171,7 @@ class KernelRewardFunction:
             judged = self.effects.store(judged, shaped, every, here, step=step, rank=self.ranks.index, meta=meta)
             group_of = shaped.group_of()
             values = [shaped.values[i] for i in here]
-            evaluated = sum(1 for j in judged if j.code is not None and j.reused_from is None)
+            evaluated = sum(1 for j in judged if j.judged_here)
             logs = tuple(rollout_log(j, shaped, i, group_of[i]) for j, i in zip(judged, here))
             batch = BatchLog(step=step, evaluated=evaluated, rollouts=logs, rank=self.ranks.index,
                              results=tuple(j.result for j in judged), ranks=self.ranks.count,

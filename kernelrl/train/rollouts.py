@@ -5,7 +5,9 @@ reward function, rejection-sampling rounds, `kernelrl collect` and `kernelrl ben
 
 - `evaluate_rollouts(backend, rollouts, tasks, db=..., reuse=...)` extracts each answer's code
   (`kernelrl.candidate.extract_code`), answers without code are not evaluated (their result is
-  None), and everything else is judged by ONE `backend.evaluate_batch` call; with `reuse`
+  None), and everything else is judged by ONE `backend.evaluate_batch` call, each program once:
+  the same source twice in a batch for one task shares the first one's verdict (identical programs
+  are paid identically, not by two measurements of the same code); with `reuse`
   (the evaluator's settings) a source judged before for the task under those settings takes the
   stored result instead (`kernelrl.judge.reuse.judged_before` on the database: its one key and
   rule; a stored `task_error` is judged again: the task may have been fixed or the machine less busy);
@@ -97,10 +99,16 @@ class Judged:
     result: EvalResult | None  # None exactly when code is None
     reused_from: int | None = None  # the database candidate whose stored verdict this is
     candidate_id: int | None = None  # set by store_rollouts
+    same_as: int | None = None  # the rollout of the same batch whose verdict this is (the same program)
 
     @property
     def status(self) -> Status | None:
         return self.result.status if self.result is not None else None
+
+    @property
+    def judged_here(self) -> bool:
+        """Its program was sent to the backend (not reused, not the same as another of its batch)."""
+        return self.code is not None and self.reused_from is None and self.same_as is None
 
 
 def evaluate_rollouts(backend: BatchJudge, rollouts: Sequence[Rollout], tasks: Mapping[str, Task], *,
@@ -109,6 +117,8 @@ def evaluate_rollouts(backend: BatchJudge, rollouts: Sequence[Rollout], tasks: M
     codes = [extract_code(r.answer) for r in rollouts]
     out: list[Judged | None] = [None] * len(rollouts)
     pending: list[int] = []
+    first: dict[tuple[str, str], int] = {}  # (task, source hash) -> the batch's first rollout of it
+    same_as: dict[int, int] = {}
     for i, (r, code) in enumerate(zip(rollouts, codes)):
         task = tasks[r.task]
         if code is None:
@@ -119,6 +129,11 @@ def evaluate_rollouts(backend: BatchJudge, rollouts: Sequence[Rollout], tasks: M
             if known is not None:
                 out[i] = Judged(rollout=r, code=code, result=known.result, reused_from=known.candidate_id)
                 continue
+        key = (r.task, source_hash(code))
+        if key in first:
+            same_as[i] = first[key]  # the same program twice in one batch: judged once, paid alike
+            continue
+        first[key] = i
         pending.append(i)
     if pending:
         items = [(tasks[rollouts[i].task], Candidate(source=codes[i] or "", origin=f"rollout {i}")) for i in pending]
@@ -127,6 +142,10 @@ def evaluate_rollouts(backend: BatchJudge, rollouts: Sequence[Rollout], tasks: M
             raise RuntimeError(f"the backend returned {len(results)} results for {len(items)} candidates")
         for i, res in zip(pending, results):
             out[i] = Judged(rollout=rollouts[i], code=codes[i], result=res)
+    for i, j in same_as.items():
+        original = out[j]
+        assert original is not None
+        out[i] = Judged(rollout=rollouts[i], code=codes[i], result=original.result, same_as=j)
     return [j for j in out if j is not None]
 
 
@@ -153,7 +172,7 @@ def store_rollouts(db: Database, judged: Sequence[Judged], *, proposer: str, ste
             db.store_reused_result(rec.id, j.reused_from, result)
         else:
             db.store_result(rec.id, result)
-        out.append(Judged(rollout=r, code=j.code, result=j.result, reused_from=j.reused_from, candidate_id=rec.id))
+        out.append(dataclasses.replace(j, candidate_id=rec.id))
     return out
 
 

@@ -251,3 +251,19 @@ def test_a_prompt_without_ids_is_matched_to_the_database_by_the_versions_it_show
         prompt = f"Version A (3.00x):\n{fenced(KERNEL)}Write a faster one."
         values = call(fn, [fenced(KERNEL.replace("# MARKER", "# MARKER 3.1"))], prompt=prompt)
         assert values == [pytest.approx(0.0)] and fn.logs[-1].rollouts[0].copy_of == best
+
+
+def test_the_same_program_twice_in_a_batch_is_judged_once_and_paid_alike():
+    """Two measurements of identical code differ by noise; identical programs are paid identically."""
+    from kernelrl.result import EvalResult, Status
+
+    speeds = iter([2.0, 2.6, 3.1])
+
+    def drifting(task, source):
+        return EvalResult(task=task.name, status=Status.CORRECT, speedup=next(speeds))
+
+    backend = ScriptedBackend(drifting)
+    fn = KernelRewardFunction(backend, tasks=TASKS, reward=RewardModel(NO_SMOOTHING))
+    values = call(fn, [answer("same"), answer("other"), answer("same")])
+    assert len(backend.calls[0]) == 2 and values[0] == values[2] == pytest.approx(math.log(2.0))
+    assert fn.logs[-1].evaluated == 2
