@@ -34,36 +34,38 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(args.kernelrl_root.resolve()))
     from kernelrl.result import EvalResult, Status
-    from kernelrl.reward import RewardModel
+    from kernelrl.reward import Reward, RewardModel
     from kernelrl.train.recipe import load_train_config
 
     model = RewardModel(load_train_config(args.config).reward)
 
-    def raw(kind: str, speedup: float | None):  # noqa: ANN202 - the Reward of whichever checkout
+    def raw(kind: str, speedup: float | None) -> Reward:
         if speedup is None:
             result = EvalResult(task="t", status=Status.COMPILE_ERROR)
         else:
             result = EvalResult(task="t", status=Status.CORRECT, speedup=speedup,
                                 speedup_ci=(speedup * 0.97, speedup * 1.03), noise_band=(0.97, 1.03))
-        return model.raw(result, answer=ANSWER, completion_tokens=1000, copy=kind == "copy")
+        reward = model.raw(result, answer=ANSWER, completion_tokens=1000, copy=kind == "copy")
+        assert reward is not None
+        return reward
 
     fast = raw("fast", 2.0)
     model.load_state({"tasks": {"t": [fast.raw] * 64}, "levels": []})
     batch = [(kind, raw(kind, s)) for kind, s, n in GROUP for _ in range(n)]
-    paid = model.clip_batch([(r, "t", None) for _, r in batch])
+    paid = [p for p in model.clip_batch([(r, "t", None) for _, r in batch]) if p is not None]
     values = [r.value for r in paid]
     mean, std = statistics.fmean(values), statistics.stdev(values)
     adv = [(v - mean) / (std + 1e-4) for v in values]
     print(f"reward of {args.config}, window converged at the fast answer's raw {fast.raw:+.3f} (64 values); "
           f"kernelrl from {args.kernelrl_root}")
     print(f"{'rollout':10s} {'n':>3s} {'raw':>8s} {'paid':>8s} {'advantage':>10s}")
-    first = {}
+    first: dict[str, tuple[float, float, float]] = {}
     for (kind, r), p, a in zip(batch, paid, adv):
         if kind not in first:
             first[kind] = (r.raw, p.value, a)
     for kind, _, n in GROUP:
-        r, p, a = first[kind]
-        print(f"{kind:10s} {n:3d} {r:+8.3f} {p:+8.3f} {a:+10.3f}")
+        got, value, a = first[kind]
+        print(f"{kind:10s} {n:3d} {got:+8.3f} {value:+8.3f} {a:+10.3f}")
     a_fast, a_slow, a_fail = first["fast"][2], first["slow"][2], first["failure"][2]
     share = (a_fast - a_slow) / (a_slow - a_fail)
     print(f"clip advantages: fast {a_fast:+.2f}, slow {a_slow:+.2f}, copy {first['copy'][2]:+.2f}, failure "

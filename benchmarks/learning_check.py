@@ -71,7 +71,20 @@ equal outcomes get equal credit whatever the turn and a group of equal outcomes 
 (tested in tests/train/test_multiturn.py); `--credit group` hands TRL the raw discounted returns,
 where a failed turn 1 always returns less than a failed turn 2 (r1 + 0.4 r2 < r2).
 
+`ctx` and `ctx-multi` (benchmarks/learning_ctx.py, where their menus, the paid checks and the
+mutants live): three tasks whose fast answers are *incorrect* on each other, the real prompt with
+the task named on its last line (the only token the policy reads), copies and near-copies of each
+task's shown best in the menu, one group of each step split between the two processes; they pass
+when P(own fast) >= 0.8 and P(another task's fast) <= 0.1 on every task, and what every answer
+was paid, read from the run's database, holds its order (hack < no code <= failures < correct;
+copies at most the no-speedup reward; slow below fast in every batch; identical programs alike;
+no answer above its raw reward; in `ctx-multi`, no turn credited whose episode has a later turn
+without a reward). `--mutants` runs them against sabotaged copies of the package and passes only
+when each sabotaged run fails.
+
     python benchmarks/learning_check.py                      # single- and multi-turn, 1 process
+    python benchmarks/learning_check.py --variants ctx --processes 2    # the task must be read; what was paid
+    python benchmarks/learning_check.py --mutants --processes 2         # each sabotage must fail the check
     python benchmarks/learning_check.py --processes 1,2 --steps 40
     python benchmarks/learning_check.py --variants read     # turn 2 must follow turn 1's verdict
     python benchmarks/learning_check.py --variants multi --credit group   # the turn-position bias

@@ -13,6 +13,7 @@ rollouts on this process:
 3. **raw reward**: `kernelrl.reward.RewardModel.raw` of the verdict (with the task's level, the
    completion's token count and, against torch.compile, the task's eager/compile ratio, measured
    once by the main process and shared); a copy is paid the lower of its measure and no speedup;
+   the same program judged on two ranks in one batch is paid by its first verdict on both;
    a verdict with no reward (the task or the judge failed, or the run could not be timed) says why
    (`Exclusion`).
 
@@ -33,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kernelrl.candidate import source_hash
 from kernelrl.result import EvalResult, Status, Timing
 from kernelrl.reward import BaselineKind, Reward, RewardModel
 from kernelrl.tasks.task import Task
@@ -104,10 +106,34 @@ class Scorer:
         self.ranks: Ranks = ranks or SingleProcess()
 
     def judge(self, rollouts: Sequence[Rollout]) -> list[Judged]:
-        """Every rollout's verdict (one evaluate_batch at most); the compile baselines the batch needs."""
+        """Every rollout's verdict (one evaluate_batch at most), the same program's verdict alike on
+        every rank; the compile baselines the batch needs."""
         judged = evaluate_rollouts(self.backend, rollouts, self.tasks, db=self.db, reuse=self.reuse)
+        judged = self._share_verdicts(judged)
         self._share_compile_baselines(judged)
         return judged
+
+    def _share_verdicts(self, judged: list[Judged]) -> list[Judged]:
+        """With several ranks, a program judged on more than one of them in this batch takes the
+        verdict of its first judging in the global batch's order, so identical programs are paid
+        identically whatever rank sampled them (each rank judged its own rows; two measurements of
+        the same code differ by noise). One gather, called by every rank."""
+        if self.ranks.count < 2:
+            return judged
+        mine = [(i, j.rollout.task, source_hash(j.code or ""), j.result) for i, j in enumerate(judged) if j.judged_here]
+        first: dict[tuple[str, str], tuple[int, int, EvalResult | None]] = {}
+        for rank, entries in enumerate(self.ranks.gather([mine])):
+            for i, task, h, result in entries:
+                first.setdefault((task, h), (rank, i, result))
+        out = list(judged)
+        for i, task, h, _ in mine:
+            rank, k, result = first[(task, h)]
+            if (rank, k) != (self.ranks.index, i):
+                out[i] = dataclasses.replace(judged[i], result=result)
+        for i, j in enumerate(judged):  # this rank's own repeats follow the row they repeat
+            if j.same_as is not None:
+                out[i] = dataclasses.replace(j, result=out[j.same_as].result)
+        return out
 
     def score(self, judged: Sequence[Judged], keys: Sequence[str]) -> list[Scored]:
         """This process's `Scored` rows, in order (rank: this process's)."""

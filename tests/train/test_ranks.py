@@ -6,6 +6,7 @@ the clip windows, RoC and the curriculum the same on every rank; and what happen
 from __future__ import annotations
 
 import itertools
+import math
 import re
 
 import pytest
@@ -170,3 +171,23 @@ def test_each_rank_restores_its_own_state_else_rank_0s_else_an_older_single_file
     assert load_rank_state(tmp_path, 1, *fresh()) == state_file(tmp_path, 0)
     state_file(tmp_path, 1).write_text(saved)
     assert load_rank_state(tmp_path, 1, *fresh()) == state_file(tmp_path, 1)
+
+
+def test_the_same_program_judged_on_two_ranks_is_paid_by_its_first_verdict_on_both():
+    """Each rank judges its own rows: two measurements of one program differ by noise (here rank 0's
+    judge says 2.0x, rank 1's 2.5x). The group's identical programs are paid identically, by the
+    verdict of the first in the global batch, and that verdict is what each rank keeps."""
+
+    def body(ranks):
+        stream, fn = make(ranks, shared=True)
+        speed = 2.0 + 0.5 * ranks.index
+        fn.scorer.backend = ScriptedBackend(lambda task, source: EvalResult(task=task.name, status=Status.CORRECT,
+                                                                            speedup=speed))
+        row = next(stream_rows(stream))
+        values = fn(prompts=[row["prompt"]] * PER_RANK, completions=[answer("same")] * PER_RANK,
+                    task=[row["task"]] * PER_RANK, key=[row["key"]] * PER_RANK)
+        return values, [r.speedup for r in fn.logs[-1].results]
+
+    (values0, kept0), (values1, kept1) = run_ranks(2, body)
+    assert values0 == values1 == [pytest.approx(math.log(2.0))] * PER_RANK
+    assert kept0 == kept1 == [2.0] * PER_RANK
