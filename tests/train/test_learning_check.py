@@ -1,7 +1,8 @@
 """The known-answer learning check (benchmarks/learning_check.py) passes: a tiny policy trained by
 `kernelrl train grpo` on the real reward path learns to choose the fastest correct answer, never
 the hack or the copy, single- and multi-turn, on one process and on two, and answers turn 2 with
-the fix turn 1's verdict names (`read`, at its own settings: benchmarks/README.md). Slow: each run
+the fix turn 1's verdict names (`read`, at its own settings: benchmarks/README.md), and reads the
+task from its prompt while what every answer was paid holds its order (`ctx`). Slow: each run
 trains for real (minutes on 2 cores)."""
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize(("variant", "processes", "steps"), [("single", 1, 30), ("multi", 1, 30), ("single", 2, 30),
-                                                          ("multi", 2, 30), ("read", 1, None), ("read", 2, None)])
+                                                          ("multi", 2, 30), ("read", 1, None), ("read", 2, None),
+                                                          ("ctx", 2, None)])
 def test_the_policy_learns_the_fastest_correct_answer(variant: str, processes: int, steps: int | None, tmp_path: Path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learning_check.py"), "--variants", variant,
                            "--processes", str(processes), "--out", str(tmp_path),
@@ -30,5 +32,7 @@ def test_the_policy_learns_the_fastest_correct_answer(variant: str, processes: i
     first = curve["curve"][0]["p"]
     assert curve["passed"] and curve["final"] and not curve["hack_or_copy_won"]
     for label, p in curve["final"].items():  # each judged prompt's right answer, from near chance
-        right = "sigmoid" if label.startswith("repeat_sigmoid") else "fast"
+        right = ("fast_" + label.split("@")[0].removeprefix("ctx_") if label.startswith("ctx_")
+                 else "sigmoid" if label.startswith("repeat_sigmoid") else "fast")
         assert p >= 0.8 and first[label][right] < 0.5, (label, p)
+    assert all(q <= 0.1 for q in curve["others"].values())  # ctx: never another task's fast answer
