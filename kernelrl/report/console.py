@@ -80,8 +80,10 @@ def render_result(result: EvalResult, console: Console) -> None:
         table.add_row(f"[magenta]{f.severity.value}[/]", f"{f.rule}: {f.message}")
     console.print(Panel(table, title=f"{result.task}", expand=False))
     if result.status not in (Status.CORRECT,) and result.errors:
-        tail = "\n".join(e.strip() for e in result.errors if e.strip())
-        console.print(tail[-3000:], markup=False, highlight=False)
+        # what the message already says is not printed twice
+        tail = "\n".join(e.strip() for e in result.errors if e.strip() and e.strip() not in result.message)
+        if tail:
+            console.print(tail[-3000:], markup=False, highlight=False)
 
 
 def render_report(report: Report, console: Console) -> None:
