@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from kernelrl.report.metrics import NOISE_LEGEND, compile_within_noise, noise_marked, slower_beyond_noise
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import RewardModel, within_noise
 from kernelrl.tasks.splits import split_of
@@ -34,6 +35,11 @@ if TYPE_CHECKING:
 
 def speedup_text(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
+
+
+def interval_text(ci: tuple[float, float] | None) -> str:
+    """A 95 % interval, both ends at the speedup's own precision ("2.03-2.20x")."""
+    return "-" if ci is None else f"{ci[0]:.2f}-{ci[1]:.2f}x"
 
 
 def percent_text(v: float | None) -> str:
@@ -114,18 +120,16 @@ def render_report(report: Report, console: Console) -> None:
     for col in ("cands", "correct", "vs eager", "vs compile", "roofline", "best"):
         t.add_column(col, justify="right")
     for r in sorted(report.tasks, key=lambda r: -(r.speedup_vs_eager or 0.0)):
-        style = None if r.speedup_vs_eager is None or r.speedup_vs_eager >= 1 else "red"
-        # ~: within the measurement's noise (the interval, or the task's A/A band, holds 1.0x)
-        eager = speedup_text(r.speedup_vs_eager) + ("~" if r.within_noise else "")
-        compiled = speedup_text(r.speedup_vs_compile) + ("~" if r.speedup_vs_compile and
-                                                         (r.within_noise or r.compile_within_noise) else "")
+        style = "red" if slower_beyond_noise(r.speedup_vs_eager, within_noise=r.within_noise) else None
+        eager = noise_marked(speedup_text(r.speedup_vs_eager), r.within_noise)
+        compiled = noise_marked(speedup_text(r.speedup_vs_compile), bool(r.speedup_vs_compile) and compile_within_noise(
+            eager_within_noise=r.within_noise, compile_within_noise=r.compile_within_noise))
         t.add_row(r.task, str(r.candidates), f"{r.correct}/{r.evaluated}", eager, compiled,
                   roofline_text(r.roofline_pct), "-" if r.best_candidate is None else f"#{r.best_candidate}",
                   style=style)
     console.print(t)
-    if any(r.within_noise or r.compile_within_noise for r in report.tasks):
-        console.print("~ within the measurement's noise: the speedup's 95 % interval (or the task's A/A band) holds "
-                      "1.0x, or torch.compile and eager could not be told apart on the task", soft_wrap=True)
+    if report.tasks:
+        console.print(NOISE_LEGEND, soft_wrap=True, highlight=False)
 
     s = Table(title="candidates per status")
     render_by_turn(report, console)

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelrl.report.console import percent_text, roofline_text, speedup_text
+from kernelrl.report.console import interval_text, percent_text, roofline_text, speedup_text
+from kernelrl.report.metrics import NOISE_LEGEND, compile_within_noise, noise_marked, slower_beyond_noise
 from kernelrl.report.report import Report
 
 if TYPE_CHECKING:
@@ -197,7 +198,7 @@ _CSS = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; color: #222; max-width: 980px;
        margin: 2em auto; padding: 0 1em; }
 h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 1.8em; }
-.sub { color: #666; margin-top: 0; }
+.sub { color: #666; margin-top: 0; } .legend { color: #555; font-size: 0.85em; }
 .cards { display: flex; flex-wrap: wrap; gap: 0.8em; margin: 1em 0; }
 .card { border: 1px solid #ddd; border-radius: 6px; padding: 0.6em 1em; min-width: 9em; }
 .card .v { font-size: 1.5em; font-weight: 600; color: #264653; } .card .k { color: #666; font-size: 0.85em; }
@@ -265,14 +266,17 @@ def render_html(report: Report) -> str:
     parts.append(_table(["task", "candidates", "correct / evaluated", "vs eager", "95% interval", "vs torch.compile",
                          "eager ms", "compile ms", "% of roofline", "best candidate"],
                         [[r.task, str(r.candidates), f"{r.correct}/{r.evaluated}",
-                          speedup_text(r.speedup_vs_eager) + (" (within noise)" if r.within_noise else ""),
-                          "-" if r.ci_vs_eager is None else f"{r.ci_vs_eager[0]:.3g}-{r.ci_vs_eager[1]:.3g}x",
-                          speedup_text(r.speedup_vs_compile)
-                          + (" (within noise)" if r.speedup_vs_compile and r.compile_within_noise else ""),
+                          noise_marked(speedup_text(r.speedup_vs_eager), r.within_noise),
+                          interval_text(r.ci_vs_eager),
+                          noise_marked(speedup_text(r.speedup_vs_compile), bool(r.speedup_vs_compile) and
+                                       compile_within_noise(eager_within_noise=r.within_noise,
+                                                            compile_within_noise=r.compile_within_noise)),
                           _ms(r.eager_ms), _ms(r.compile_ms),
                           roofline_text(r.roofline_pct),
                           "-" if r.best_candidate is None else str(r.best_candidate)] for r in ranked],
-                        ["slow" if r.speedup_vs_eager is not None and r.speedup_vs_eager < 1 else "" for r in ranked]))
+                        ["slow" if slower_beyond_noise(r.speedup_vs_eager, within_noise=r.within_noise) else ""
+                         for r in ranked]))
+    parts.append(f"<p class='legend'>{html.escape(NOISE_LEGEND)}</p>")
     parts.append("<h2>Candidates per status</h2>")
     parts.append(_table(["status", "candidates"], [[s, str(n)] for s, n in report.status_counts]))
     parts.append("<h2>Refused (flagged) candidates per rule</h2>")

@@ -191,7 +191,35 @@ def test_a_best_within_noise_is_not_counted_faster_in_the_terminal_or_the_html(t
     text = console.export_text()
     assert "1 of 2 tasks (1 more above 1.0x but within noise)" in text and "50%" in text
     page = write_html(r, tmp_path / "r.html").read_text()
-    assert "(within noise)" in page and "fast_1" in page and ">50%<" in page
+    assert "fast_1" in page and ">50%<" in page
+    # one noise mark, one legend, in the terminal and the page alike
+    from kernelrl.report.metrics import NOISE_LEGEND
+
+    assert "1.08x~" in text and "1.50x~" not in text and "<td>1.08x~</td>" in page and "<td>1.50x</td>" in page
+    first = NOISE_LEGEND.split(";")[0]
+    assert first in " ".join(text.split()) and html.escape(first) in page
+
+
+def test_only_a_result_slower_beyond_noise_is_red_everywhere(tmp_path: Path) -> None:
+    """0.99x within noise is plain; 0.80x beyond noise is red, in the terminal and in the HTML."""
+    path = tmp_path / "k.db"
+    with Database(path) as db:
+        run = db.start_run({"task_names": ["noisy", "slow"]})
+        for task, speedup, ci in (("noisy", 0.99, (0.95, 1.03)), ("slow", 0.8, (0.78, 0.82))):
+            db.upsert_task(name=task, source=f"# {task}", source_hash=task, level=1, size="small")
+            rec = db.add_candidate(NewCandidate(task=task, hash=task, source=task, run_id=run))
+            t = TimingStats(median_ms=1 / speedup, mean_ms=1 / speedup, min_ms=1 / speedup, iqr_ms=0, n=3)
+            db.store_result(rec.id, EvalResult(task=task, status=Status.CORRECT, speedup=speedup, speedup_ci=ci,
+                                               cand_time=t))
+    r = build_report(path)
+    page = write_html(r, tmp_path / "r.html").read_text()
+    assert '<tr><td class="slow">slow</td>' in page and "<tr><td>noisy</td>" in page
+    console = Console(record=True, width=160, color_system="truecolor")
+    render_report(r, console)
+    lines = console.export_text(styles=True).splitlines()
+    slow = next(line for line in lines if "0.80x" in line)
+    noisy = next(line for line in lines if "0.99x" in line)
+    assert "\x1b[31m" in slow and "\x1b[31m" not in noisy
 
 
 def test_headlines_carry_their_range_and_counts_and_the_page_fits_a_phone(tmp_path: Path) -> None:

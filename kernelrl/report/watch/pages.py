@@ -21,8 +21,14 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 from urllib.parse import quote
 
-from kernelrl.report.console import percent_text, roofline_text, speedup_text
-from kernelrl.report.metrics import geometric_mean
+from kernelrl.report.console import interval_text, percent_text, roofline_text, speedup_text
+from kernelrl.report.metrics import (
+    NOISE_LEGEND,
+    compile_within_noise,
+    geometric_mean,
+    noise_marked,
+    slower_beyond_noise,
+)
 from kernelrl.report.watch.code import PageBudget, code_html, diff_html, esc, visible
 from kernelrl.report.watch.views import RunSummary, RunView, TaskLine, TaskView
 from kernelrl.result import EvalResult, Status
@@ -80,10 +86,6 @@ def duration(seconds: float | None) -> str:
     h, rest = divmod(s, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
-
-
-def interval_text(ci: tuple[float, float] | None) -> str:
-    return "-" if ci is None else f"{ci[0]:.2f}-{ci[1]:.2f}x"
 
 
 def number(v: float | None, fmt: str = ".3f") -> str:
@@ -220,13 +222,15 @@ def run_display(view: RunView, links: Links) -> dict[str, Any]:
 
 
 def _task_row(t: TaskLine, run_id: int, links: Links) -> list[Cell]:
-    slow = t.speedup_vs_eager is not None and t.speedup_vs_eager < 1
+    slow = slower_beyond_noise(t.speedup_vs_eager, within_noise=t.within_noise)
+    compiled = noise_marked(speedup_text(t.speedup_vs_compile), bool(t.speedup_vs_compile) and compile_within_noise(
+        eager_within_noise=t.within_noise, compile_within_noise=t.compile_within_noise))
     best: Cell = "-" if t.best_candidate is None else {"text": f"#{t.best_candidate}",
                                                       "href": links.candidate(run_id, t.best_candidate)}
     return [{"text": t.task, "href": links.task(run_id, t.task)}, "-" if t.level is None else str(t.level),
             str(t.candidates), f"{t.correct}/{t.evaluated}", str(t.refused),
-            {"text": speedup_text(t.speedup_vs_eager), "cls": "slow" if slow else ""},
-            interval_text(t.interval), speedup_text(t.speedup_vs_compile), roofline_text(t.roofline_pct), best]
+            {"text": noise_marked(speedup_text(t.speedup_vs_eager), t.within_noise), "cls": "slow" if slow else ""},
+            interval_text(t.interval), compiled, roofline_text(t.roofline_pct), best]
 
 
 # Charts with more lines than this show the fastest tasks only: a legend of 200 names is not read.
@@ -292,7 +296,8 @@ def run_page(view: RunView, links: Links, *, db_path: str) -> str:
             f"</span>; idle <span id='idle'>{esc(texts['idle'])}</span>; updated <span id='updated'>"
             f"{esc(texts['updated'])}</span></div>",
             f"<div class='cards'>{cards}</div>",
-            "<h2>Tasks</h2>", table_html("tasks", d["tables"]["tasks"])]
+            "<h2>Tasks</h2>", table_html("tasks", d["tables"]["tasks"]),
+            f"<p class='legend'>{esc(NOISE_LEGEND)}</p>"]
     if view.training is not None:
         body += ["<h2>Training</h2>", _chart("reward"), _chart("correct"), _chart("curriculum"), _chart("trainer"),
                  table_html("steps", d["tables"]["steps"])]

@@ -79,6 +79,7 @@ class TaskLine:
     compile_ms: float | None
     roofline_pct: float | None
     within_noise: bool = False  # the best speedup cannot be told from 1.0x (`kernelrl.reward.within_noise`)
+    compile_within_noise: bool = False  # the task's eager / torch.compile ratio cannot be told from 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,7 +223,8 @@ def _task_lines(snap: Snapshot, run_id: int, names: list[str], cands: list[Candi
             interval=res.speedup_ci if res is not None else None, speedup_vs_compile=vs_compile,
             eager_ms=base.eager_ms if base else None, compile_ms=base.compile_ms if base else None,
             roofline_pct=res.roofline_pct if res is not None else None,
-            within_noise=res is not None and within_noise(res)))
+            within_noise=res is not None and within_noise(res),
+            compile_within_noise=base is not None and base.compile_within_noise))
     return lines
 
 
