@@ -47,8 +47,22 @@ def percent_text(v: float | None) -> str:
 
 
 def roofline_text(pct: float | None) -> str:
-    """A share of the roofline, already in percent."""
-    return "-" if pct is None else f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
+    """A share of the roofline, already in percent; above 100 % marked (`ROOFLINE_LEGEND` says why)."""
+    if pct is None:
+        return "-"
+    return (f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%") + (ROOFLINE_MARK if pct > 100.0 else "")
+
+
+ROOFLINE_MARK = "*"
+ROOFLINE_LEGEND = ("* above 100 % of the roofline: faster than the floor counted from the task's FLOPs and bytes at "
+                   "this machine's peaks. The peaks are raised to what the task's reference reaches (the reference "
+                   "then sits at 100 %), so a program above it does less work than the reference's count of it "
+                   "(a cheaper algorithm, or skipped work: the compute_floor_beaten warning says which was seen)")
+
+
+def roofline_above(pcts: Sequence[float | None]) -> bool:
+    """Whether any share shown is above 100 % (and the legend must say why)."""
+    return any(p is not None and p > 100.0 for p in pcts)
 
 
 def render_result(result: EvalResult, console: Console) -> None:
@@ -130,6 +144,8 @@ def render_report(report: Report, console: Console) -> None:
     console.print(t)
     if report.tasks:
         console.print(NOISE_LEGEND, soft_wrap=True, highlight=False)
+    if roofline_above([r.roofline_pct for r in report.tasks]):
+        console.print(ROOFLINE_LEGEND, soft_wrap=True, highlight=False, markup=False)
 
     s = Table(title="candidates per status")
     render_by_turn(report, console)

@@ -18,7 +18,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelrl.report.console import interval_text, percent_text, roofline_text, speedup_text
+from kernelrl.report.console import (
+    ROOFLINE_LEGEND,
+    interval_text,
+    percent_text,
+    roofline_above,
+    roofline_text,
+    speedup_text,
+)
 from kernelrl.report.metrics import NOISE_LEGEND, compile_within_noise, noise_marked, slower_beyond_noise
 from kernelrl.report.report import Report
 
@@ -277,6 +284,8 @@ def render_html(report: Report) -> str:
                         ["slow" if slower_beyond_noise(r.speedup_vs_eager, within_noise=r.within_noise) else ""
                          for r in ranked]))
     parts.append(f"<p class='legend'>{html.escape(NOISE_LEGEND)}</p>")
+    if roofline_above([r.roofline_pct for r in report.tasks]):
+        parts.append(f"<p class='legend'>{html.escape(ROOFLINE_LEGEND)}</p>")
     parts.append("<h2>Candidates per status</h2>")
     parts.append(_table(["status", "candidates"], [[s, str(n)] for s, n in report.status_counts]))
     parts.append("<h2>Refused (flagged) candidates per rule</h2>")

@@ -261,3 +261,24 @@ def test_the_html_report_is_created_private(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
+
+
+def test_a_roofline_above_100_percent_is_marked_and_explained_everywhere(tmp_path: Path) -> None:
+    from kernelrl.report.console import ROOFLINE_LEGEND, roofline_text
+
+    assert roofline_text(104.2) == "104%*" and roofline_text(100.0) == "100%" and roofline_text(5.25) == "5.2%"
+    path = tmp_path / "k.db"
+    with Database(path) as db:
+        run = db.start_run({"task_names": ["conv"]})
+        db.upsert_task(name="conv", source="# conv", source_hash="conv", level=2, size="small")
+        rec = db.add_candidate(NewCandidate(task="conv", hash="c", source="c", run_id=run))
+        t = TimingStats(median_ms=1.0, mean_ms=1.0, min_ms=1.0, iqr_ms=0, n=3)
+        db.store_result(rec.id, EvalResult(task="conv", status=Status.CORRECT, speedup=1.04, speedup_ci=(1.02, 1.06),
+                                           cand_time=t, roofline_pct=104.0))
+    r = build_report(path)
+    console = Console(record=True, width=200)
+    render_report(r, console)
+    text = " ".join(console.export_text().split())
+    page = write_html(r, tmp_path / "r.html").read_text()
+    start = ROOFLINE_LEGEND.split(":")[0]
+    assert "104%*" in text and start in text and "<td>104%*</td>" in page and html.escape(start) in page

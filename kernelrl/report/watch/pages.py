@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 from urllib.parse import quote
 
-from kernelrl.report.console import interval_text, percent_text, roofline_text, speedup_text
+from kernelrl.report.console import (
+    ROOFLINE_LEGEND,
+    interval_text,
+    percent_text,
+    roofline_text,
+    speedup_text,
+)
 from kernelrl.report.metrics import (
     NOISE_LEGEND,
     compile_within_noise,
@@ -297,7 +303,9 @@ def run_page(view: RunView, links: Links, *, db_path: str) -> str:
             f"{esc(texts['updated'])}</span></div>",
             f"<div class='cards'>{cards}</div>",
             "<h2>Tasks</h2>", table_html("tasks", d["tables"]["tasks"]),
-            f"<p class='legend'>{esc(NOISE_LEGEND)}</p>"]
+            f"<p class='legend'>{esc(NOISE_LEGEND)}</p>",
+            # always there: a live page's figures can cross 100 % after it was first drawn
+            f"<p class='legend'>{esc(ROOFLINE_LEGEND)}</p>"]
     if view.training is not None:
         body += ["<h2>Training</h2>", _chart("reward"), _chart("correct"), _chart("curriculum"), _chart("trainer"),
                  table_html("steps", d["tables"]["steps"])]
