@@ -12,7 +12,7 @@ from kernelrl.report.report import build_report
 from kernelrl.result import EvalResult, Status, TimingStats
 from kernelrl.search.database import Database
 from kernelrl.search.records import NewCandidate
-from report.watch.test_watch_browser import browser  # noqa: F401 - the fixture
+from report.watch.test_watch_browser import browser  # noqa: F401, F811 - the fixture
 
 TASKS = (("level1/matmul_with_large_k_dimension", 2.2), ("level2/conv2d_batchnorm_relu", 1.04), ("level1/relu", 0.8))
 
@@ -33,7 +33,7 @@ def report_page(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("width", [480, 1280])
-def test_the_report_hides_nothing_sideways(report_page: Path, browser, width: int) -> None:
+def test_the_report_hides_nothing_sideways(report_page: Path, browser, width: int) -> None:  # noqa: F811
     browser.set_window_size(width, 1400)
     browser.get(report_page.as_uri())
     inner = browser.execute_script("return window.innerWidth")
