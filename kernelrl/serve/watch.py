@@ -66,6 +66,7 @@ import html
 import os
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -323,6 +324,11 @@ def run_standalone(db_path: str | Path, *, host: str = "127.0.0.1", port: int = 
     server.run(sockets=[sock])
 
 
+# How long a run's page keeps serving after the run ended: open pages (they poll every 2 s) show
+# the run finished, then the page's process ends and says, in the page, how to keep watching.
+LINGER_S = 20.0
+
+
 class LivePage:
     """`kernelrl watch`'s pages of `db_path` for a run that is writing it (the run's builder,
     `kernelrl.run_parts.build_run`, starts one when its `WatchConfig` names a port), served by a
@@ -334,14 +340,18 @@ class LivePage:
     and the judge's read of it would lengthen that round trip). The address is bound here, so a
     taken port fails before the run starts anything (`OSError`), and the listening socket is
     handed to the page's process; `start` returns once a page is answered there. The page's
-    process ends with `close`, or by itself when the run's process is gone; a Ctrl-C at the
+    process serves `LINGER_S` seconds more after `close`, or after the run's process is gone (so a
+    page open in a browser shows the run finished, not "running" frozen), then ends; a page that
+    then finds no server says so, and names `kernelrl watch --db` to keep watching; a Ctrl-C at the
     terminal does not reach it (its own session), so the page shows the run finishing its work. `close` never raises,
     so a run's own error is the one reported.
     """
 
-    def __init__(self, db_path: str | Path, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, db_path: str | Path, *, host: str = "127.0.0.1", port: int = 0,
+                 linger_s: float | None = None) -> None:
         self.db_path = Path(db_path)
         self.host = host
+        self.linger_s = LINGER_S if linger_s is None else linger_s
         self._sock = bind(host, port)
         self.port = int(self._sock.getsockname()[1])
         self._process: subprocess.Popen[bytes] | None = None
@@ -364,7 +374,7 @@ class LivePage:
         fd = self._sock.fileno()
         self._process = subprocess.Popen(
             [sys.executable, "-m", "kernelrl.serve.watch", "--fd", str(fd), "--host", self.host,
-             "--db", str(self.db_path), "--parent", str(os.getpid())],
+             "--db", str(self.db_path), "--parent", str(os.getpid()), "--linger", str(self.linger_s)],
             pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._errors,
             start_new_session=True)  # a terminal's Ctrl-C is the run's to handle: the page stays until it ends
         deadline = time.monotonic() + timeout_s
@@ -382,14 +392,20 @@ class LivePage:
                                    + (f": {' | '.join(said)}" if said else ""))
 
     def close(self, timeout_s: float = 10.0) -> None:
+        """The run is over: the page's process serves its final state for `linger_s` more seconds
+        (0: it stops now), so a page open in a browser shows the run finished, and then ends by
+        itself; this process does not wait for it."""
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
-            process.terminate()  # uvicorn's own shutdown
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            if self.linger_s > 0:
+                os.kill(process.pid, signal.SIGUSR1)  # the run ended: serve a little longer, then stop
+            else:
+                process.terminate()  # uvicorn's own shutdown
+                try:
+                    process.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
         self._sock.close()
         self._errors.close()
 
@@ -406,15 +422,20 @@ def _serve_inherited(argv: Sequence[str]) -> int:
     ap.add_argument("--host", required=True)
     ap.add_argument("--db", required=True)
     ap.add_argument("--parent", type=int, required=True)
+    ap.add_argument("--linger", type=float, default=LINGER_S)
     args = ap.parse_args(argv)
     server = uvicorn.Server(uvicorn_config(standalone_app(args.db, host=args.host), HttpLimits()))
+    ended = threading.Event()
+    # SIGUSR1: the run ended (`LivePage.close`); so does the run's process being gone
+    signal.signal(signal.SIGUSR1, lambda *_: ended.set())
 
-    def exit_with_parent() -> None:
-        while os.getppid() == args.parent:
+    def exit_after_the_run() -> None:
+        while os.getppid() == args.parent and not ended.is_set():
             time.sleep(0.5)
+        time.sleep(args.linger)  # open pages poll every 2 s: they fetch the run's final state
         server.should_exit = True
 
-    threading.Thread(target=exit_with_parent, daemon=True).start()
+    threading.Thread(target=exit_after_the_run, daemon=True).start()
     server.run(sockets=[socket.socket(fileno=args.fd)])
     return 0
 

@@ -163,7 +163,7 @@ def index_page(runs: list[RunSummary], links: Links, *, db_path: str, waiting: s
         body.append(f"<p class='note' id='waiting'>{esc(waiting)}</p>")
     body.append(table_html("runs", runs_display(runs, links)["tables"]["runs"]))
     return page("kernelrl watch", "".join(body), links, script=True,
-                data={"page": "index", "api": links.runs_api()})
+                data={"page": "index", "api": links.runs_api(), "db": db_path})
 
 
 # ------------------------------------------------------------------------------------ run page
@@ -314,7 +314,7 @@ def run_page(view: RunView, links: Links, *, db_path: str) -> str:
              "<h3>Latest refused</h3>", table_html("refused", d["tables"]["refused"]),
              "<h2>Candidates per status</h2>", table_html("statuses", d["tables"]["statuses"])]
     return page(f"run {view.run.id}: kernelrl watch", "".join(body), links, script=True,
-                data={"page": "run", "api": links.run_api(view.run.id)})
+                data={"page": "run", "api": links.run_api(view.run.id), "db": db_path})
 
 
 # ------------------------------------------------------------------------------------ task page
@@ -462,6 +462,12 @@ def evidence_html(r: EvalResult, *, reused_from: int | None = None) -> str:
             text = "... (" + str(len(text) - MAX_ERROR_CHARS) + " characters before)\n" + text[-MAX_ERROR_CHARS:]
         out.append(f"<details open><summary>{label}</summary><pre class='errors'>{esc(text)}</pre></details>")
     return "".join(out)
+
+
+def waiting_page(title: str, message: str, links: Links, *, status_line: str = "", every_s: int = 2) -> str:
+    """A page for something that is not there yet: it reloads itself every `every_s` seconds."""
+    body = f"<h1>{esc(title)}</h1><p class='note'>{esc(message)}</p><p class='sub'>{esc(status_line)}</p>"
+    return page(title, body, links).replace("<head>", f"<head><meta http-equiv='refresh' content='{int(every_s)}'>", 1)
 
 
 def message_page(title: str, message: str, links: Links, *, status_line: str = "") -> str:

@@ -320,3 +320,41 @@ def test_another_port_of_the_host_gets_no_session(reward_server, browser) -> Non
         other.shutdown()
         other.server_close()
         thread.join(10)
+
+
+def test_an_open_run_page_shows_its_run_finished_then_says_how_to_keep_watching(tmp_path: Path, browser) -> None:
+    """The page of a run (`--watch.port`) is served a little past the run's end, so a page open in
+    the browser shows the run finished (not "running" frozen); when its server is gone the page
+    says so, and names `kernelrl watch --db` with the run's database."""
+    from kernelrl.search.database import Database
+    from kernelrl.search.records import RunStatus
+    from kernelrl.serve.watch import LivePage
+
+    db = tmp_path / "run.db"
+    ids = fill_search_run(db)
+    page = LivePage(db, linger_s=4.0).start()
+    try:
+        _open_run(browser, f"{page.url}runs/{ids['run']}")
+        assert "running" in browser.find_element(By.ID, "status").text
+        with Database(db) as writer:
+            writer.finish_run(ids["run"], RunStatus.FINISHED)
+    finally:
+        page.close()  # the run's block ends
+    assert wait_for(lambda: "finished" in browser.find_element(By.ID, "status").text, 15)
+    assert wait_for(lambda: browser.execute_script("return !!document.getElementById('gone')"), 30)
+    note = browser.find_element(By.ID, "gone").text
+    assert "server has stopped" in note and f"kernelrl watch --db {db}" in note
+    assert "finished" in browser.find_element(By.ID, "status").text  # the last state it was sent stays
+
+
+def test_a_run_page_opened_before_its_run_starts_waits_for_it(live, browser) -> None:
+    """`/runs/N` for a run not stored yet (opened in the run's first second) reloads until it is."""
+    from kernelrl.search.database import Database
+
+    base, db, ids = live
+    future = ids["run"] + 1
+    browser.get(f"{base}/runs/{future}")
+    assert f"No run {future} in this database yet" in browser.page_source
+    with Database(db) as writer:
+        assert writer.start_run({"proposer": "heuristic"}) == future
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.page") == "run", 20)
