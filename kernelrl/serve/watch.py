@@ -14,8 +14,11 @@ session (links and the pages' script build on the path a page was reached under)
 under `/watch/s/KEY/` is served only when the cookie sent with it is the id of the live session
 issued with KEY (or with a bearer token); the cookie anywhere else, `/watch/` included, is no
 session. A browser's page request without one is sent to the sign-in form (303; a script's fetch
-gets 401). Every page links to `/watch/s/KEY/logout`, a form whose post to `/watch/logout` ends
-the session it names and deletes the cookie at its path.
+gets 401) with the page it asked for (`next`, a path of the run pages and nothing else): the form
+says which page, and signing in lands there, under the new session's path. Every page links to
+`/watch/s/KEY/logout`, a form that says what signing out does and whose post to `/watch/logout`
+ends the session it names, deletes the cookie at its path and returns to the sign-in form, which
+says the browser is signed out.
 
 The request guard (`kernelrl.serve.guard`) refuses browser requests everywhere else; under
 `/watch` it lets through what a page of this very server sends (`Sec-Fetch-Site: same-origin`, an
@@ -76,7 +79,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -226,21 +229,30 @@ def mount_watch(app: FastAPI, db_path: Path, *, tokens: tuple[ClientToken, ...],
         return name
 
     async def sign_in_first(request: Request, e: Exception) -> Response:
-        return RedirectResponse(PREFIX + "/login", status_code=303, headers=_PAGE_HEADERS)
+        # the page asked for, relative to a session's root, so signing in lands there
+        target = re.sub(r"^/s/[^/]+", "", request.url.path.removeprefix(PREFIX)) or "/"
+        return RedirectResponse(PREFIX + "/login?" + urlencode({"next": target}), status_code=303,
+                                headers=_PAGE_HEADERS)
 
     app.add_exception_handler(SignInFirst, sign_in_first)
 
-    async def form_field(request: Request, field: str) -> str | JSONResponse:
+    async def form_fields(request: Request, fields: Sequence[str]) -> dict[str, str] | JSONResponse:
         try:
             body = await read_body(request, limit=MAX_FORM_BYTES, timeout_s=body_timeout_s)
         except BodyError as e:
             count("too_large" if e.status == 413 else "bad_request")
             return JSONResponse({"error": e.message}, status_code=e.status)
-        return (parse_qs(body.decode("utf-8", errors="replace")).get(field) or [""])[0].strip()
+        values = parse_qs(body.decode("utf-8", errors="replace"))
+        return {f: (values.get(f) or [""])[0].strip() for f in fields}
+
+    async def form_field(request: Request, field: str) -> str | JSONResponse:
+        got = await form_fields(request, (field,))
+        return got if isinstance(got, JSONResponse) else got[field]
 
     @app.get(PREFIX + "/login", response_class=HTMLResponse)
-    async def login_form(failed: int = 0) -> Response:
-        return HTMLResponse(_login_page(bool(failed)), headers=_PAGE_HEADERS)
+    async def login_form(failed: int = 0, signed_out: int = 0, next: str = "/") -> Response:  # noqa: A002
+        return HTMLResponse(_login_page(bool(failed), signed_out=bool(signed_out), target=_next(next)),
+                            headers=_PAGE_HEADERS)
 
     @app.post(PREFIX + "/login")
     async def login(request: Request) -> Response:
@@ -249,17 +261,18 @@ def mount_watch(app: FastAPI, db_path: Path, *, tokens: tuple[ClientToken, ...],
             count("watch_login_limited")
             return JSONResponse({"error": f"too many failed sign-ins; try again in {wait} s"}, status_code=429,
                                 headers={"Retry-After": str(wait)})
-        token = await form_field(request, "token")
-        if isinstance(token, Response):
-            return token
+        fields = await form_fields(request, ("token", "next"))
+        if isinstance(fields, Response):
+            return fields
+        token, target = fields["token"], _next(fields["next"])
         name = match_token(tokens, token) if tokens else ""
         if name is None:
             limiter.failed()
             count("watch_login_failed")
-            return RedirectResponse(PREFIX + "/login?failed=1", status_code=303)
+            return RedirectResponse(PREFIX + "/login?" + urlencode({"failed": 1, "next": target}), status_code=303)
         cookie = cookie_name(request)
         session_id, key = sessions.issue(name)  # always a new id and key: nothing held before is upgraded
-        reply = RedirectResponse(session_path(key) + "/", status_code=303, headers=_PAGE_HEADERS)
+        reply = RedirectResponse(session_path(key) + target, status_code=303, headers=_PAGE_HEADERS)
         reply.set_cookie(cookie, session_id, max_age=int(session_s), httponly=True, samesite="strict",
                          path=session_path(key), secure=request.url.scheme == "https")
         return reply
@@ -277,7 +290,7 @@ def mount_watch(app: FastAPI, db_path: Path, *, tokens: tuple[ClientToken, ...],
         key = await form_field(request, "key")
         if isinstance(key, Response):
             return key
-        reply = RedirectResponse(PREFIX + "/login", status_code=303, headers=_PAGE_HEADERS)
+        reply = RedirectResponse(PREFIX + "/login?signed_out=1", status_code=303, headers=_PAGE_HEADERS)
         if _SECRET.fullmatch(key):
             sessions.end(key)
             reply.delete_cookie(cookie_name(request), path=session_path(key), httponly=True, samesite="strict")
@@ -447,12 +460,30 @@ _STYLE = ("<style>body{font:15px system-ui,sans-serif;margin:3em auto;max-width:
           "input{width:100%;padding:.4em;margin:.5em 0}</style>")
 
 
-def _login_page(failed: bool) -> str:
-    note = "<p class=bad>That token is not one of this server's.</p>" if failed else ""
+# A page to land on after signing in: a path of the run pages, nothing else (not another site).
+_NEXT = re.compile(r"/[A-Za-z0-9_./%-]{0,500}")
+
+
+def _next(target: str) -> str:
+    """`target` when it is a path of the run pages, else their index ("/")."""
+    return target if _NEXT.fullmatch(target) and not target.startswith("//") and ".." not in target else "/"
+
+
+def _login_page(failed: bool, *, signed_out: bool = False, target: str = "/") -> str:
+    notes = []
+    if signed_out:
+        notes.append("<p>You are signed out: this browser's session has ended.</p>")
+    if failed:
+        notes.append("<p class=bad>That token is not one of this server's.</p>")
+    if target != "/":
+        notes.append(f"<p>Sign in to see <code>{html.escape(PREFIX + target)}</code>. Your pages live under the "
+                     "address signing in leads to (<code>/watch/s/&hellip;</code>): an address without that part "
+                     "asks you to sign in again.</p>")
     return ("<!doctype html><html><head><meta charset=utf-8><title>kernelrl: sign in</title>"
             f"{_STYLE}</head><body>"
-            f"<h1>kernelrl run pages</h1>{note}"
+            f"<h1>kernelrl run pages</h1>{''.join(notes)}"
             f'<form method=post action="{html.escape(PREFIX)}/login">'
+            f'<input type=hidden name=next value="{html.escape(target)}">'
             "<label>Client token (from the server's token file)"
             "<input type=password name=token autocomplete=off required autofocus></label>"
             "<input type=submit value='Sign in'></form></body></html>")
@@ -461,6 +492,8 @@ def _login_page(failed: bool) -> str:
 def _logout_page(key: str) -> str:
     return ("<!doctype html><html><head><meta charset=utf-8><title>kernelrl: sign out</title>"
             f"{_STYLE}</head><body><h1>kernelrl run pages</h1>"
+            "<p>Sign out of this server's run pages? This browser's session ends; the run and its database "
+            "are not touched, and you can sign in again with your token.</p>"
             f'<form method=post action="{html.escape(PREFIX)}/logout">'
             f'<input type=hidden name=key value="{html.escape(key)}">'
             "<input type=submit value='Sign out'></form></body></html>")
