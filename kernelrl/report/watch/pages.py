@@ -36,7 +36,7 @@ from kernelrl.report.metrics import (
     slower_beyond_noise,
 )
 from kernelrl.report.watch.code import PageBudget, code_html, diff_html, esc, visible
-from kernelrl.report.watch.views import RunSummary, RunView, TaskLine, TaskView
+from kernelrl.report.watch.views import RunSummary, RunView, TaskLine, TaskView, unjudged_label
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.database.snapshot import CandidateDetail
 
@@ -327,11 +327,12 @@ def first_line(text: str) -> str:
     return ""
 
 
-def evidence_line(d: CandidateDetail, rules: list[str]) -> str:
+def evidence_line(d: CandidateDetail, rules: list[str], *, running: bool = True) -> str:
     """One line a person reads first: the mismatch, the rule, the error."""
     r = d.result
     if r is None:
-        return "not evaluated yet"
+        return ("being judged" if running else
+                "not judged: the run ended before it (`kernelrl optimize --resume` judges it)")
     if r.status is Status.FLAGGED:
         return f"refused by {', '.join(rules or r.rejecting_rules)}: {first_line(r.message)}"
     if r.status is Status.CORRECT:
@@ -359,10 +360,11 @@ def task_page(view: TaskView, links: Links, *, max_details: int = 300, budget: P
         rules[h.candidate_id].append(h.rule)
     cand_rows: list[list[Cell]] = []
     for d in view.candidates:
-        status = d.result.status.value if d.result else "proposed"
+        status = d.result.status.value if d.result else unjudged_label(view.run.status)
         parent: Cell = "reference" if not d.parents else {"text": f"#{d.parents[0]}", "href": f"#c{d.parents[0]}"}
         cand_rows.append([{"text": f"#{d.id}", "href": f"#c{d.id}"}, f"{d.chain}/{d.step}", parent, d.proposer,
-                          {"text": status, "cls": f"st-{status}"}, evidence_line(d, rules.get(d.id, []))])
+                          {"text": status, "cls": f"st-{status.replace(' ', '-')}"},
+                          evidence_line(d, rules.get(d.id, []), running=view.run.status == "running")])
     body += ["<h2>Candidates</h2>",
              table_html("candidates", _table(["candidate", "chain/step", "parent", "proposer", "verdict", "evidence"],
                                              cand_rows, "No candidate yet."))]
@@ -394,8 +396,8 @@ def candidate_page(d: CandidateDetail, reference: str, parent: str | None, links
 def candidate_section(d: CandidateDetail, reference: str, parent: str | None, links: Links, *,
                       open_code: bool = False, budget: PageBudget | None = None) -> str:
     r = d.result
-    status = r.status.value if r else "proposed"
-    head = (f"<h3>#{d.id} <span class='st-{esc(status)}'>{esc(status)}</span> "
+    status = r.status.value if r else "not judged yet"
+    head = (f"<h3>#{d.id} <span class='st-{esc(status.replace(' ', '-'))}'>{esc(status)}</span> "
             f"<span class='meta'>chain {d.chain}, step {d.step}, {esc(d.proposer)}, {esc(when(d.created))}</span>"
             f" <a class='permalink' href='{esc(links.candidate(d.run_id, d.id))}'>page</a></h3>")
     parts = [f"<section class='candidate' id='c{d.id}'>", head]
