@@ -179,8 +179,11 @@ def render_by_turn(report: Report, console: Console) -> None:
 
 
 def render_summary(summary: SearchSummary, console: Console) -> None:
-    table = Table(title=f"run {summary.run_id}{' (resumed)' if summary.resumed else ''}: "
-                        f"stopped by {summary.stop_reason.value}")
+    ending = {"budget": "every task used its budget", "tokens": "stopped: the token budget is spent",
+              "wall_time": "stopped: the wall-time limit is reached",
+              "interrupted": "stopped by Ctrl-C (`--resume` continues it)"}.get(summary.stop_reason.value,
+                                                                                 summary.stop_reason.value)
+    table = Table(title=f"run {summary.run_id}{' (resumed)' if summary.resumed else ''}: {ending}")
     width = min(30, max((len(t.task) for t in summary.tasks), default=4))
     table.add_column("task", min_width=width, overflow="fold")
     for col in ("candidates", "evaluated", "correct", "best speedup"):
