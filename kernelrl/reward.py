@@ -139,7 +139,7 @@ class Penalties:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SmoothingConfig:
-    enabled: bool = True
+    enabled: bool = True  # CUDA-L1's clip of rewards above the window's band (off: raw rewards are paid)
     window: int = 64  # recent raw rewards of correct results kept per task and per level
     k: float = 1.5  # clip outside mean +/- k * std
     min_samples: int = 8  # a window this full is used; fewer: the level's, then nothing

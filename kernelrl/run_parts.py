@@ -155,5 +155,8 @@ def build_run(*, tasks: Sequence[Task], eval_config: EvalConfig, db_path: Path |
             reporter.page = page.start()
             for line in announcement(db_path, watch.host, page.port, name="run page"):
                 reporter.say(line)
+            if db is not None:  # the run's own page, once the run is stored (the address above lists the runs)
+                url = page.url
+                db.on_run_started = lambda run_id: reporter.say(f"run page of run {run_id}: {url}runs/{run_id}")
         yield RunParts(tasks=tasks, eval_config=eval_config, backend=backend or BackendConfig(), db=db,
                        judge=judge, proposers=proposers or {}, reporter=reporter, closing=closing)

@@ -131,3 +131,24 @@ def test_observe_policy_turns_a_static_rejection_into_a_warning(run_cli, files, 
     assert verdicts["observe"]["status"] == "correct" and verdicts["observe"]["speedup"] > 0
     warned = {f["rule"] for f in verdicts["observe"]["findings"] if f["severity"] == "warn"}
     assert "environment_access" in warned
+
+
+def test_eval_of_a_program_without_model_new_decides_before_any_worker_starts(tmp_path, capsys, monkeypatch):
+    """Reading the source refuses it: the one-off evaluator starts no warm workers, the reference
+    never loads, and the message is printed once."""
+    import kernelrl.judge.evaluator as evaluator
+    from kernelrl.cli import main
+
+    started: list[int | None] = []
+    real = evaluator.Evaluator.__init__
+
+    def counting(self, config=None, *, warm_workers=None):
+        started.append(warm_workers)
+        real(self, config, warm_workers=warm_workers)
+
+    monkeypatch.setattr(evaluator.Evaluator, "__init__", counting)
+    path = tmp_path / "nomodel.py"
+    path.write_text("import torch\n\n\nclass Foo(torch.nn.Module):\n    pass\n")
+    assert main(["eval", "level1/softmax", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert started == [0] and "compile_error" in out and out.count("defines no `ModelNew`") == 1

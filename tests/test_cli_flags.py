@@ -165,3 +165,60 @@ def test_a_flags_help_ends_with_the_fields_default_read_from_the_config():
         in text
     assert "--policy {strict,strict-pytorch,open,observe}" in text and "(default open)" in text
     assert "--fast VALUE [VALUE ...] fast_p thresholds (default 1 1.5 2)" in " ".join(_sub("bench").format_help().split())
+
+
+def _every_parser():
+    from kernelrl.cli.train import train_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in sub.choices.items():
+        if name != "train":
+            yield name, parser
+    for stage in ("sft", "rft", "grpo"):
+        yield f"train {stage}", train_parser(stage)
+
+
+def test_every_flag_of_every_command_has_help_a_user_can_act_on():
+    """Help text on every listed flag; no "None:" (a setting left unset cannot be typed as None);
+    seconds, milliseconds and sizes named as such."""
+    missing, none, units = [], [], []
+    for name, parser in _every_parser():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue
+            flag = (action.option_strings or [action.dest])[0]
+            text = (action.help or "").strip()
+            if not text:
+                missing.append(f"{name} {flag}")
+            if "None:" in text:
+                none.append(f"{name} {flag}")
+            if flag.endswith(("-s", "-ms", "-gib")) and action.metavar not in ("SECONDS", "MS", "GIB", None):
+                units.append(f"{name} {flag} {action.metavar}")
+    assert not missing, missing
+    assert not none, none
+    assert not units, units
+
+
+def test_a_training_stage_lists_its_own_settings_and_accepts_the_others(capsys):
+    from kernelrl.cli.train import train_parser
+
+    grpo = train_parser("grpo").format_help()
+    assert "--grpo.roc.enabled" in grpo and "--rft.rounds" not in grpo and "--sft.trl" not in grpo
+    rft = train_parser("rft").format_help()
+    assert "--sft.data" in rft and "--rft.rounds" in rft and "--grpo.k-shown" not in rft
+    args = train_parser("grpo").parse_args(["--config", "tiny-cpu", "--rft.rounds", "3"])
+    assert vars(args)["cfg__rft__rounds"] == 3  # accepted: the config is one file for every stage
+
+
+def test_help_after_config_shows_that_configs_values(capsys):
+    from kernelrl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["optimize", "--config", "quick", "--help"])
+    quick = capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["optimize", "--help"])
+    plain = capsys.readouterr().out
+    assert "(default 2)" in quick.split("\n  --budget N", 1)[1][:160]
+    assert "(default 8)" in plain.split("\n  --budget N", 1)[1][:160]
+    assert "--wall-time SECONDS" in plain

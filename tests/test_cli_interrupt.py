@@ -88,16 +88,63 @@ def test_ctrl_c_twice_during_the_search_leaves_at_once_keeping_every_candidate(t
     assert _count(db, "SELECT count(*) FROM candidates") >= 1  # stored; a resume evaluates what is left
 
 
-def test_ctrl_c_once_finishes_what_is_under_way_and_stores_it(tmp_path: Path, tiny_task, cache_dir: Path) -> None:
-    proc, db = _start(tmp_path, tiny_task, cache_dir)
+def test_ctrl_c_once_leaves_within_seconds_and_a_resume_judges_the_rest(tmp_path: Path, tiny_task,
+                                                                           cache_dir: Path) -> None:
+    """One Ctrl-C: what finishes within `INTERRUPT_GRACE_S` is kept, the run leaves, every proposal
+    is stored; `--resume` judges what was left and loses nothing."""
+    from kernelrl.search.scheduler import INTERRUPT_GRACE_S
+
+    proc, db = _start(tmp_path, tiny_task, cache_dir, budget=8)
     _wait_for_a_candidate(proc, db)
+    sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     code, out, err = _finish(proc, 300)
+    took = time.monotonic() - sent
     assert code == 130, out + err
     assert ABORT not in err and "Traceback" not in err, err
-    candidates = _count(db, "SELECT count(*) FROM candidates")
-    assert candidates >= 1 and _count(db, "SELECT count(*) FROM results") == candidates  # all judged, none lost
-    assert _count(db, "SELECT count(*) FROM runs WHERE status = 'interrupted'") == 1
+    assert took < INTERRUPT_GRACE_S + 25, took  # seconds (the grace, then closing workers), not the run's work
+    assert "stopped by Ctrl-C" in out and _count(db, "SELECT count(*) FROM runs WHERE status = 'interrupted'") == 1
+    stored = _count(db, "SELECT count(*) FROM candidates")
+    assert stored >= 1 and _count(db, "SELECT count(*) FROM results") <= stored
+    resumed = subprocess.run([*proc.args, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert _count(db, "SELECT count(*) FROM results") == _count(db, "SELECT count(*) FROM candidates") >= stored
+
+
+def test_the_last_frame_on_a_terminal_says_how_the_run_ended(tmp_path: Path, tiny_task, cache_dir: Path) -> None:
+    """On a terminal (a pty here), the live frame left above the summary is the run's end: every
+    candidate judged, "done", nothing still "judging"."""
+    import pty
+    import re
+
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(json.dumps({"task": tiny_task.name, "code": _program(tiny_task, i)}) + "\n"
+                               for i in range(2)))
+    main, child = pty.openpty()
+    argv = [sys.executable, "-m", "kernelrl", "optimize", "--tasks", str(tiny_task.path), "--proposer",
+            f"replay:{answers}", "--budget", "2", "--chains", "1", "--db", str(tmp_path / "run.db"), "--no-baselines",
+            "--cache-dir", str(cache_dir), "--timing.min-rounds", "5", "--timing.max-rounds", "20", "--timing-cap", "2",
+            "--batch-wait", "0"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=child, stderr=child,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160", "TERM": "xterm"})
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(300) == 0
+    os.close(main)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    before = text[:text.rindex("every task used its budget")]  # what the terminal shows above the summary
+    last = [line.strip() for line in before.replace("\r", "\n").splitlines() if line.strip()][-3:-1]
+    assert "2/2" in last[0] and "ETA 0:00:00" in last[0], last  # the task's bar, full, nothing left
+    assert last[1] == "done: 2 candidates judged", last  # not "waiting for: judging 1 candidate"
 
 
 @pytest.mark.slow

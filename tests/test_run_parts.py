@@ -117,7 +117,15 @@ def _runs(url: str) -> list[dict[str, Any]]:
         return json.loads(reply.read())["runs"]
 
 
-def test_the_run_page_is_served_while_the_block_runs_and_stops_with_it(tmp_path: Path) -> None:
+def test_the_run_page_is_served_while_the_block_runs_and_shows_it_finished_after(tmp_path: Path, monkeypatch) -> None:
+    """While the block runs, and a little after it (so an open page shows the run finished, not
+    "running" frozen); then the page's process ends and the port is released."""
+    import time
+
+    import kernelrl.serve.watch as watch
+    from kernelrl.search.records import RunStatus
+
+    monkeypatch.setattr(watch, "LINGER_S", 3.0)
     console = Console(file=io.StringIO(), width=200)
     with build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "a.db", console=console,
                    watch=WatchConfig(port=0)) as run:
@@ -127,8 +135,20 @@ def test_the_run_page_is_served_while_the_block_runs_and_stops_with_it(tmp_path:
         assert run.db is not None
         run_id = run.db.start_run({"proposer": "heuristic"})
         assert [(r["id"], r["status"]) for r in _runs(url)] == [(run_id, "running")]  # this very file, live
-    with pytest.raises(urllib.error.URLError):  # the port is released with the run
-        _runs(url)
+        assert f"run page of run {run_id}: {url}runs/{run_id}" in console.file.getvalue()  # the run's own page
+        run.db.finish_run(run_id, RunStatus.FINISHED)
+    ended = time.monotonic()
+    assert [(r["id"], r["status"]) for r in _runs(url)] == [(run_id, "finished")]  # the run's end, shown
+    deadline = ended + 3.0 + 15
+    while time.monotonic() < deadline:
+        try:
+            _runs(url)
+        except urllib.error.URLError:
+            break  # the port is released once the page has lingered
+        time.sleep(0.2)
+    else:
+        pytest.fail("the run page still answers long after its run ended")
+    assert time.monotonic() - ended >= 2.5
 
 
 def _gone(pid: int, within_s: float) -> bool:
@@ -149,10 +169,13 @@ def _gone(pid: int, within_s: float) -> bool:
     return False
 
 
-def test_the_run_page_is_a_process_of_its_own_that_ends_with_the_block(tmp_path: Path) -> None:
+def test_the_run_page_is_a_process_of_its_own_that_ends_with_the_block(tmp_path: Path, monkeypatch) -> None:
     # Not a thread of the run: the judge reads its clock in the run's process.
     import os
 
+    import kernelrl.serve.watch as watch
+
+    monkeypatch.setattr(watch, "LINGER_S", 1.0)
     with build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "a.db", watch=WatchConfig(port=0)) as run:
         page = run.reporter.page
         assert page is not None and page.pid is not None and page.pid != os.getpid()
@@ -166,6 +189,8 @@ from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.run_parts import build_run
 from kernelrl.tasks.task import Task
 from kernelrl.watch_config import WatchConfig
+import kernelrl.serve.watch
+kernelrl.serve.watch.LINGER_S = 1.0
 with build_run(tasks=[Task(name="t", source=sys.argv[2])], eval_config=EvalConfig(), db_path=sys.argv[1],
                watch=WatchConfig(port=0)) as run:
     print(run.reporter.page.pid, flush=True)

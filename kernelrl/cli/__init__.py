@@ -31,6 +31,7 @@ from types import FrameType
 from typing import NoReturn
 
 from kernelrl.cli import judge, search, serve, train, watch
+from kernelrl.cli.flags import config_for_help
 from kernelrl.cli.options import UsageError
 from kernelrl.cli.search import OPTIMIZE_ACTIONS, OPTIMIZE_TABLES, search_config
 from kernelrl.cli.serve import SERVE_TABLES, serve_config
@@ -53,8 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    with config_for_help(words):  # `CMD --config NAME -h`: the help shows that config's values
+        parser = build_parser()
+        args = parser.parse_args(words)
     try:
         if getattr(args, "runtime", True):
             import_runtime()

@@ -30,12 +30,14 @@ Does not decide defaults: the configs do.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import contextvars
 import enum
 import re
 import tomllib
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -46,6 +48,37 @@ from kernelrl.plain import field_defaults, field_paths
 
 # The argparse dest of a generated flag: its dotted path, made a valid attribute name.
 _DEST_PREFIX = "cfg__"
+# The `--config` file named on a command line that asks for help: its values are the defaults the
+# help shows (`kernelrl optimize --config quick -h` shows quick's budget, not the config class's).
+_HELP_CONFIG: contextvars.ContextVar[Mapping[str, object] | None] = contextvars.ContextVar("help_config", default=None)
+
+
+@contextlib.contextmanager
+def config_for_help(argv: Sequence[str]) -> Iterator[None]:
+    """While parsers are built for `argv`: when it asks for help and names `--config FILE`, that
+    file's values are the defaults help shows (a file that cannot be read changes nothing: the
+    command itself says why)."""
+    values: Mapping[str, object] | None = None
+    args = list(argv)
+    if ("-h" in args or "--help" in args) and "--config" in args[:-1]:
+        try:
+            values = load_toml(args[args.index("--config") + 1])
+        except (ConfigError, OSError, ValueError):
+            values = None
+    token = _HELP_CONFIG.set(values)
+    try:
+        yield
+    finally:
+        _HELP_CONFIG.reset(token)
+
+
+def help_config(table: str | None = None) -> Mapping[str, object] | None:
+    """The help's `--config` values (see `config_for_help`), or one table of them."""
+    values = _HELP_CONFIG.get()
+    if values is None or table is None:
+        return values
+    inner = values.get(table)
+    return inner if isinstance(inner, Mapping) else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,16 +100,41 @@ class FlagTable:
         return self.names.get(path) or "--" + path.replace("_", "-")
 
 
-def add_flags(parser: argparse.ArgumentParser, *tables: FlagTable) -> None:
-    """Add every field of every table as a flag (see the module docstring)."""
+def add_flags(parser: argparse.ArgumentParser, *tables: FlagTable, hidden: Sequence[str] = (),
+              config_values: Mapping[str, object] | None = None) -> None:
+    """Add every field of every table as a flag (see the module docstring). Flags under a `hidden`
+    prefix are accepted but left out of the help (another training stage's settings);
+    `config_values` (the `--config` file's table, when one was named before `--help`) are the
+    defaults the help shows, where they set a field."""
     group = parser.add_argument_group("settings (override the --config file)")
+    if config_values is None:
+        config_values = help_config()
     for table in tables:
         docs, defaults = field_docs(table.config), field_defaults(table.config)
         for path, tp in table.paths().items():
             # a table's help is argparse text already; a field's comment is plain text ("%" kept)
             text = table.helps.get(path) or docs.get(path, "").replace("%", "%%")
-            _add(group, table.flag_name(path), _dest(table.prefix + path), tp,
-                 with_default(text, defaults.get(path)))
+            full = table.prefix + path
+            shown = _configured(config_values, full, defaults.get(path))
+            help_text = (argparse.SUPPRESS if any(full == h or full.startswith(h + ".") for h in hidden)
+                         else flag_words(with_default(text, shown)))
+            _add(group, table.flag_name(path), _dest(full), tp, help_text, path=path)
+
+
+def _configured(values: Mapping[str, object] | None, path: str, default: object) -> object:
+    """The value the `--config` file gives the dotted `path`, else the config's own default."""
+    node: object = values
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def flag_words(help_text: str) -> str:
+    """A field's comment in a flag's words: a setting left unset is what a comment calls None
+    ("None: no limit" -> "unset: no limit"), which no one can type."""
+    return re.sub(r"\bNone:", "unset:", help_text)
 
 
 def shown_default(value: object) -> str | None:
@@ -205,7 +263,7 @@ def _inner(tp: object) -> object:
     return tp
 
 
-def _add(group: argparse._ArgumentGroup, name: str, dest: str, tp: object, help_text: str) -> None:
+def _add(group: argparse._ArgumentGroup, name: str, dest: str, tp: object, help_text: str, *, path: str = "") -> None:
     tp = _inner(tp)
     origin = typing.get_origin(tp)
     kwargs: dict[str, Any] = {"dest": dest, "default": None, "help": help_text or None}
@@ -214,7 +272,7 @@ def _add(group: argparse._ArgumentGroup, name: str, dest: str, tp: object, help_
     elif isinstance(tp, type) and issubclass(tp, enum.Enum):
         group.add_argument(name, choices=[m.value for m in tp], **kwargs)
     elif isinstance(tp, type) and tp in (int, float, str):
-        group.add_argument(name, type=tp, metavar=_metavar(name, tp), **kwargs)
+        group.add_argument(name, type=tp, metavar=_metavar(name, tp, path), **kwargs)
     elif tp is Path:
         group.add_argument(name, type=str, metavar="PATH", **kwargs)
     elif origin in (tuple, list):
@@ -229,11 +287,16 @@ def _add(group: argparse._ArgumentGroup, name: str, dest: str, tp: object, help_
         raise TypeError(f"{name}: no command-line form for settings of type {tp}")
 
 
-def _metavar(name: str, tp: type) -> str:
+def _metavar(name: str, tp: type, path: str = "") -> str:
+    """The value's kind, its unit where the field's name carries one (`_s`: seconds, `_gib`, `_ms`)."""
     if tp is str:
         return "TEXT"
-    if name.endswith("-s") or name == "--timeout":
+    field = path.rsplit(".", 1)[-1] or name.lstrip("-").replace("-", "_")
+    if field.endswith("_s") or name == "--timeout":
         return "SECONDS"
+    for suffix, unit in (("_ms", "MS"), ("_gib", "GIB"), ("_mib", "MIB"), ("_days", "DAYS")):
+        if field.endswith(suffix):
+            return unit
     return "N" if tp is int else "X"
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console
 
-from kernelrl.cli.flags import FlagTable, add_flags, overrides, user_words
+from kernelrl.cli.flags import FlagTable, add_flags, help_config, overrides, user_words
 from kernelrl.config import ConfigError, build, load_toml, with_overrides
 from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import EvalConfig
@@ -147,4 +147,4 @@ def add_eval_options(p: argparse.ArgumentParser) -> None:
     """`--config` (a run config whose [eval] table is read) and every evaluator setting as a flag."""
     p.add_argument("--config", default=None, help="run config (kernelrl/configs/NAME.toml or a .toml file) "
                                                    "whose [eval] table the flags override")
-    add_flags(p, EVAL_FLAGS)
+    add_flags(p, EVAL_FLAGS, config_values=help_config("eval") or {})

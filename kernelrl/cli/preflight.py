@@ -56,7 +56,11 @@ def check_suite(spec: str) -> list[Task]:
         unknown = [s.strip() for s in spec.split(",") if s.strip() and s.strip() not in suite_names()
                    and not Path(s.strip()).exists()]
         if unknown and str(e).startswith("unknown task"):
-            raise UsageError(f"--suite: unknown suite {unknown[0]!r}; known suites: {', '.join(suite_names())} "
+            import difflib
+
+            close = difflib.get_close_matches(unknown[0], list(suite_names()), n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UsageError(f"--suite: unknown suite {unknown[0]!r}{hint}; known suites: {', '.join(suite_names())} "
                              "(or a folder of task files, a task file or a task name)") from e
         raise UsageError(f"--suite: {e}") from e
 

@@ -133,7 +133,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     render_report(report, console)
     if args.html:
         out = write_html(report, args.html)
-        console.print(f"HTML report written to {out}")
+        # the file holds the run's tasks and programs' verdicts: its owner's alone unless shared on purpose
+        console.print(f"HTML report written to {out} (readable by you only, mode 0600: `chmod a+r {out}` "
+                      "to share it)", soft_wrap=True)
     return 0
 
 

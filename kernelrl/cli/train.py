@@ -8,7 +8,15 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kernelrl.cli.flags import FlagTable, add_flags, flag_for, given_values, overrides, user_words
+from kernelrl.cli.flags import (
+    FlagTable,
+    add_flags,
+    config_for_help,
+    flag_for,
+    given_values,
+    overrides,
+    user_words,
+)
 from kernelrl.cli.options import EVAL_FLAGS, UsageError, check_device, console_for, load_one_task
 from kernelrl.cli.preflight import (
     check_files,
@@ -186,6 +194,12 @@ _STAGES = {"sft": "Train a model on TRL, supervised, on the SFT set (`kernelrl c
            "grpo": "Train a model on TRL with contrastive GRPO, rewarded by the judge."}
 
 
+# What each stage's help leaves out (accepted, not listed): the other stages' settings. RFT reads
+# the SFT set (`sft.data`), so it keeps that one.
+_OTHER_STAGES = {"sft": ("rft", "grpo"), "rft": ("sft.trl", "sft.min_speedup", "sft.init_from", "grpo"),
+                 "grpo": ("sft", "rft")}
+
+
 def train_parser(stage: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"kernelrl train {stage or '{sft,rft,grpo}'}",
                                 usage="%(prog)s --config NAME|FILE [--resume] [--print-config] [--dry-run] "
@@ -199,14 +213,15 @@ def train_parser(stage: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="check the config, every file it names and the launch (any machine; nothing is loaded or "
                         "trained) and print the launch command; exit 2 when a check fails")
-    add_flags(p, *TRAIN_TABLES)
+    add_flags(p, *TRAIN_TABLES, hidden=_OTHER_STAGES.get(stage or "", ()))
     return p
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     # parsed before the trainer is imported: `kernelrl train grpo -h` answers at once
-    parser = train_parser(args.stage)
     rest = list(args.rest)
+    with config_for_help(rest):
+        parser = train_parser(args.stage)
     parsed, extra = parser.parse_known_intermixed_args(rest)
     if extra:
         settings = [a for a in extra if "=" in a and not a.startswith("-")]

@@ -278,9 +278,17 @@ class Evaluator:
 
 
 def evaluate(task: Task, candidate: Candidate | str, config: EvalConfig | None = None) -> EvalResult:
-    """Judge one candidate with a short-lived evaluator (for one-off use; keep an `Evaluator` for many)."""
-    with Evaluator(config, warm_workers=3) as ev:  # the task, its timed copy, one candidate
-        return ev.evaluate(task, candidate)
+    """Judge one candidate with a short-lived evaluator (for one-off use; keep an `Evaluator` for many).
+
+    A candidate its source alone refuses (it does not parse, has no `ModelNew`) is judged without
+    starting workers first: reading it decides, and the reference never loads."""
+    from kernelrl.judge.trial import static_verdict
+
+    cand = candidate if isinstance(candidate, Candidate) else Candidate(source=candidate)
+    cfg = config or EvalConfig()
+    refused = static_verdict(cand.source, cand.language, device=cfg.device, static_findings=[])
+    with Evaluator(cfg, warm_workers=0 if refused is not None else 3) as ev:  # the task, its timed copy, one candidate
+        return ev.evaluate(task, cand)
 
 
 def measure_baseline(task: Task, config: EvalConfig | None = None, *, compile: bool = True) -> Baseline:

@@ -95,13 +95,17 @@ class Trial:
 
 
 def static_verdict(source: str, language: Language, *, device: Device, static_findings: list[Finding]) -> Verdict | None:
-    """What the source alone decides (it does not parse, needs a GPU, or a rule rejects it)."""
+    """What the source alone decides (it does not parse, defines no `ModelNew`, needs a GPU, or a
+    rule rejects it): nothing needs a worker or the reference to say so."""
     try:
         compile(source, "<candidate>", "exec")
     except (SyntaxError, ValueError) as e:
         msg, line = (e.msg, e.lineno) if isinstance(e, SyntaxError) else (str(e), None)
         return Verdict(status=Status.COMPILE_ERROR, message=f"candidate does not parse: {msg} (line {line})",
                        errors=(str(e),))
+    if "ModelNew" not in source:  # the name nowhere, not even in a string: the worker could not find it
+        return Verdict(status=Status.COMPILE_ERROR, message="candidate does not build: the program defines no "
+                                                            "`ModelNew` (the name appears nowhere in it)")
     rejecting = [f for f in static_findings if f.severity is Severity.REJECT]
     if rejecting:
         return Verdict(status=Status.FLAGGED,

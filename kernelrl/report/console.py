@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from kernelrl.report.metrics import NOISE_LEGEND, compile_within_noise, noise_marked, slower_beyond_noise
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import RewardModel, within_noise
 from kernelrl.tasks.splits import split_of
@@ -36,13 +37,32 @@ def speedup_text(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def interval_text(ci: tuple[float, float] | None) -> str:
+    """A 95 % interval, both ends at the speedup's own precision ("2.03-2.20x")."""
+    return "-" if ci is None else f"{ci[0]:.2f}-{ci[1]:.2f}x"
+
+
 def percent_text(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.0f}%"
 
 
 def roofline_text(pct: float | None) -> str:
-    """A share of the roofline, already in percent."""
-    return "-" if pct is None else f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
+    """A share of the roofline, already in percent; above 100 % marked (`ROOFLINE_LEGEND` says why)."""
+    if pct is None:
+        return "-"
+    return (f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%") + (ROOFLINE_MARK if pct > 100.0 else "")
+
+
+ROOFLINE_MARK = "*"
+ROOFLINE_LEGEND = ("* above 100 % of the roofline: faster than the floor counted from the task's FLOPs and bytes at "
+                   "this machine's peaks. The peaks are raised to what the task's reference reaches (the reference "
+                   "then sits at 100 %), so a program above it does less work than the reference's count of it "
+                   "(a cheaper algorithm, or skipped work: the compute_floor_beaten warning says which was seen)")
+
+
+def roofline_above(pcts: Sequence[float | None]) -> bool:
+    """Whether any share shown is above 100 % (and the legend must say why)."""
+    return any(p is not None and p > 100.0 for p in pcts)
 
 
 def render_result(result: EvalResult, console: Console) -> None:
@@ -80,8 +100,10 @@ def render_result(result: EvalResult, console: Console) -> None:
         table.add_row(f"[magenta]{f.severity.value}[/]", f"{f.rule}: {f.message}")
     console.print(Panel(table, title=f"{result.task}", expand=False))
     if result.status not in (Status.CORRECT,) and result.errors:
-        tail = "\n".join(e.strip() for e in result.errors if e.strip())
-        console.print(tail[-3000:], markup=False, highlight=False)
+        # what the message already says is not printed twice
+        tail = "\n".join(e.strip() for e in result.errors if e.strip() and e.strip() not in result.message)
+        if tail:
+            console.print(tail[-3000:], markup=False, highlight=False)
 
 
 def render_report(report: Report, console: Console) -> None:
@@ -112,18 +134,18 @@ def render_report(report: Report, console: Console) -> None:
     for col in ("cands", "correct", "vs eager", "vs compile", "roofline", "best"):
         t.add_column(col, justify="right")
     for r in sorted(report.tasks, key=lambda r: -(r.speedup_vs_eager or 0.0)):
-        style = None if r.speedup_vs_eager is None or r.speedup_vs_eager >= 1 else "red"
-        # ~: within the measurement's noise (the interval, or the task's A/A band, holds 1.0x)
-        eager = speedup_text(r.speedup_vs_eager) + ("~" if r.within_noise else "")
-        compiled = speedup_text(r.speedup_vs_compile) + ("~" if r.speedup_vs_compile and
-                                                         (r.within_noise or r.compile_within_noise) else "")
+        style = "red" if slower_beyond_noise(r.speedup_vs_eager, within_noise=r.within_noise) else None
+        eager = noise_marked(speedup_text(r.speedup_vs_eager), r.within_noise)
+        compiled = noise_marked(speedup_text(r.speedup_vs_compile), bool(r.speedup_vs_compile) and compile_within_noise(
+            eager_within_noise=r.within_noise, compile_within_noise=r.compile_within_noise))
         t.add_row(r.task, str(r.candidates), f"{r.correct}/{r.evaluated}", eager, compiled,
                   roofline_text(r.roofline_pct), "-" if r.best_candidate is None else f"#{r.best_candidate}",
                   style=style)
     console.print(t)
-    if any(r.within_noise or r.compile_within_noise for r in report.tasks):
-        console.print("~ within the measurement's noise: the speedup's 95 % interval (or the task's A/A band) holds "
-                      "1.0x, or torch.compile and eager could not be told apart on the task", soft_wrap=True)
+    if report.tasks:
+        console.print(NOISE_LEGEND, soft_wrap=True, highlight=False)
+    if roofline_above([r.roofline_pct for r in report.tasks]):
+        console.print(ROOFLINE_LEGEND, soft_wrap=True, highlight=False, markup=False)
 
     s = Table(title="candidates per status")
     render_by_turn(report, console)
@@ -157,8 +179,11 @@ def render_by_turn(report: Report, console: Console) -> None:
 
 
 def render_summary(summary: SearchSummary, console: Console) -> None:
-    table = Table(title=f"run {summary.run_id}{' (resumed)' if summary.resumed else ''}: "
-                        f"stopped by {summary.stop_reason.value}")
+    ending = {"budget": "every task used its budget", "tokens": "stopped: the token budget is spent",
+              "wall_time": "stopped: the wall-time limit is reached",
+              "interrupted": "stopped by Ctrl-C (`--resume` continues it)"}.get(summary.stop_reason.value,
+                                                                                 summary.stop_reason.value)
+    table = Table(title=f"run {summary.run_id}{' (resumed)' if summary.resumed else ''}: {ending}")
     width = min(30, max((len(t.task) for t in summary.tasks), default=4))
     table.add_column("task", min_width=width, overflow="fold")
     for col in ("candidates", "evaluated", "correct", "best speedup"):

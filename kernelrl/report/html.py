@@ -14,11 +14,20 @@ import html
 import io
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernelrl.report.console import percent_text, roofline_text, speedup_text
+from kernelrl.report.console import (
+    ROOFLINE_LEGEND,
+    interval_text,
+    percent_text,
+    roofline_above,
+    roofline_text,
+    speedup_text,
+)
+from kernelrl.report.metrics import NOISE_LEGEND, compile_within_noise, noise_marked, slower_beyond_noise
 from kernelrl.report.report import Report
 
 if TYPE_CHECKING:
@@ -82,7 +91,7 @@ def plot_distribution(report: Report) -> str | None:
         return None
     lo, hi = min(min(values), 1.0) / 1.15, max(max(values), 1.0) * 1.15
     bins = np.geomspace(lo, hi, max(8, min(30, 2 * len(values))))
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
     _, edges, patches = ax.hist(values, bins=list(bins), edgecolor="white", linewidth=0.8)
     for left, right, patch in zip(edges[:-1], edges[1:], list(patches)):  # type: ignore[arg-type]
         patch.set_facecolor(_GOOD if math.sqrt(left * right) >= 1.0 else _BAD)
@@ -90,20 +99,30 @@ def plot_distribution(report: Report) -> str | None:
     ax.set_xlim(lo, hi)
     _speedup_axis(ax.xaxis, lo, hi)
     ax.axvline(1.0, color=_INK, linewidth=1.2)
-    ax.text(1.0, 1.0, " eager", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=8, color=_INK)
+    ax.text(1.0, 1.0, " eager", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=10, color=_INK)
     if report.geomean_vs_eager is not None:
         ax.axvline(report.geomean_vs_eager, color=_INK, linestyle="--", linewidth=1.2)
         ax.text(report.geomean_vs_eager, 0.9, f" geomean {report.geomean_vs_eager:.2f}x",
-                transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=8, color=_INK,
+                transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=10, color=_INK,
                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.5})
     ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_xlabel("best speedup against eager PyTorch (log scale)")
     ax.set_ylabel("tasks")
     noisy = f" ({report.noisy_above_one} more within noise)" if report.noisy_above_one else ""
     ax.set_title(f"Best speedup per task: {report.faster} of {len(report.tasks)} tasks faster than eager{noisy}",
-                 loc="left", fontsize=11)
+                 loc="left", fontsize=12, wrap=True)
     _style(ax)
     return _png(fig)
+
+
+def _wrapped(name: str, width: int) -> str:
+    """A task name on lines of about `width` characters, broken after `/` and `_` (whole, never cut)."""
+    lines = [""]
+    for part in re.split(r"(?<=[/_])", name):
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return "\n".join(lines)
 
 
 def plot_per_task(report: Report) -> str | None:
@@ -121,7 +140,11 @@ def plot_per_task(report: Report) -> str | None:
         return None
     rows = rows[-60:]  # the fastest 60: more bars are not readable
     y = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(7.5, 0.8 + 0.32 * len(rows)))
+    # Task names whole, wrapped, so the figure is not widened by its longest name (and scaled down
+    # on a phone with it): names are the point of this chart.
+    names = [_wrapped(r.task, 22) for r in rows]
+    per_row = 0.22 + 0.2 * max(n.count("\n") + 1 for n in names)
+    fig, ax = plt.subplots(figsize=(6.4, 0.8 + per_row * len(rows)))
     eager = [float(r.speedup_vs_eager or 1.0) for r in rows]
     ax.barh(y, [e - 1 for e in eager], left=1, height=0.6, color=[_GOOD if e >= 1 else _BAD for e in eager])
     # One legend entry per bar colour: a bar's label would show the first bar's colour only.
@@ -141,14 +164,15 @@ def plot_per_task(report: Report) -> str | None:
         # label past the bar's end and past the compile marker, so neither hides it
         end = max(e, comp_at.get(i, e)) if e >= 1 else min(e, comp_at.get(i, e))
         ax.text(end * (1.03 if e >= 1 else 0.97), i, f"{e:.2f}x", va="center", ha="left" if e >= 1 else "right",
-                fontsize=7, color="#444444")
+                fontsize=9, color="#444444")
     ax.axvline(1.0, color=_INK, linewidth=1.0)
-    ax.set_yticks(y, [r.task for r in rows], fontsize=8)
-    ax.set_xlabel("best speedup (log scale)")
-    ax.set_title("Best candidate per task", loc="left", fontsize=11)
-    # below the axis title, ~0.55 inch under the axes whatever their height
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.55 / (0.32 * len(rows))),
-              ncol=3, fontsize=8, frameon=False)
+    ax.set_yticks(y, names, fontsize=10)
+    ax.tick_params(axis="x", labelsize=10)
+    ax.set_xlabel("best speedup (log scale)", fontsize=10)
+    ax.set_title("Best candidate per task", loc="left", fontsize=12)
+    # below the axis title, ~0.6 inch under the axes whatever their height
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.6 / (per_row * len(rows))),
+              ncol=2, fontsize=10, frameon=False)
     _style(ax)
     ax.grid(False, axis="y")
     return _png(fig)
@@ -167,7 +191,7 @@ def plot_best_so_far(report: Report) -> str | None:
         return None
     # legend order = final standing, fastest first
     rows.sort(key=lambda r: -max(v for v in r.best_so_far if v is not None))
-    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
     cmap = plt.get_cmap("tab10" if len(rows) <= 10 else "viridis")
     for i, r in enumerate(rows):
         xs = [j + 1 for j, v in enumerate(r.best_so_far) if v is not None]
@@ -175,36 +199,49 @@ def plot_best_so_far(report: Report) -> str | None:
         color = cmap(i % 10) if len(rows) <= 10 else cmap(i / max(1, len(rows) - 1))
         ax.step(xs, ys, where="post", color=color, linewidth=1.6 if len(rows) <= 10 else 0.9, alpha=0.9,
                 label=r.task)
-        ax.plot(xs[-1:], ys[-1:], "o", color=color, markersize=4)
+        # every evaluation a point while there are few of them (two points read as a jump, not a curve)
+        ax.plot(xs if len(xs) <= 20 else xs[-1:], ys if len(xs) <= 20 else ys[-1:], "o", color=color, markersize=4)
     ax.set_yscale("log")
     values = [v for r in rows for v in r.best_so_far if v is not None] + [1.0]
     lo, hi = min(values) / 1.1, max(values) * 1.1
     ax.set_ylim(lo, hi)
     _speedup_axis(ax.yaxis, lo, hi)
     ax.axhline(1.0, color=_INK, linewidth=1.0, linestyle=":")
-    ax.set_xlabel("candidates evaluated for the task")
-    ax.set_ylabel("best correct speedup so far")
+    ax.set_xlabel("candidates evaluated for the task", fontsize=10)
+    ax.set_ylabel("best correct speedup so far", fontsize=10)
+    ax.tick_params(labelsize=10)
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-    ax.set_title("Search progress: best speedup so far", loc="left", fontsize=11)
-    if len(rows) <= 12:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.set_title("Search progress: best speedup so far", loc="left", fontsize=12)
+    if len(rows) <= 12:  # below the chart: beside it, it widens the figure and shrinks the text on a phone
+        ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.16), ncol=2, fontsize=9, frameon=False)
     _style(ax)
     return _png(fig)
 
 
 # ------------------------------------------------------------------------------------ HTML
 _CSS = """
-body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; color: #222; max-width: 980px;
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; color: #222; max-width: 1100px;
        margin: 2em auto; padding: 0 1em; }
 h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 1.8em; }
-.sub { color: #666; margin-top: 0; }
+.sub { color: #666; margin-top: 0; } .legend { color: #555; font-size: 0.85em; }
 .cards { display: flex; flex-wrap: wrap; gap: 0.8em; margin: 1em 0; }
 .card { border: 1px solid #ddd; border-radius: 6px; padding: 0.6em 1em; min-width: 9em; }
 .card .v { font-size: 1.5em; font-weight: 600; color: #264653; } .card .k { color: #666; font-size: 0.85em; }
 table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
 th, td { padding: 0.25em 0.8em; border-bottom: 1px solid #eee; text-align: right; }
+td { white-space: nowrap; } td:first-child { white-space: normal; }
 th { background: #f6f6f6; } td:first-child, th:first-child { text-align: left; }
 td.slow { color: #c0392b; } img { max-width: 100%; height: auto; display: block; margin: 0.6em 0; }
+@media (max-width: 640px) {
+  /* a phone: each row a block of labelled lines, so no column is hidden off the screen's edge */
+  table.stack, table.stack tbody, table.stack tr, table.stack td { display: block; width: 100%; }
+  table.stack tr.head { display: none; }
+  table.stack tr { border-bottom: 1px solid #ddd; padding: 0.3em 0; }
+  table.stack td { border: none; text-align: right; padding: 0.1em 0; }
+  table.stack td::before { content: attr(data-label); float: left; color: #666; padding-right: 1em; }
+  table.stack td:first-child { text-align: left; font-weight: 600; overflow-wrap: anywhere; }
+  table.stack td:first-child::before { content: none; }
+}
 .card .r { color: #666; font-size: 0.8em; } .scroll { overflow-x: auto; } .empty { color: #666; font-style: italic; }
 @media (max-width: 600px) { body { margin: 1em auto; padding: 0 0.6em; } .card { min-width: 7em; padding: 0.4em 0.6em; }
   .card .v { font-size: 1.2em; } th, td { padding: 0.2em 0.5em; } table { font-size: 0.8em; } }
@@ -216,10 +253,13 @@ def _ms(v: float | None) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
-    out = ["<div class='scroll'><table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
+    """A table; on a narrow screen each row stacks into labelled lines (`table.stack`)."""
+    out = ["<div class='scroll'><table class='stack'><tr class='head'>"
+           + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
     for i, row in enumerate(rows):
         cls = f' class="{classes[i]}"' if classes and classes[i] else ""
-        out.append("<tr>" + "".join(f"<td{cls}>{html.escape(c)}</td>" for c in row) + "</tr>")
+        out.append("<tr>" + "".join(f"<td{cls} data-label='{html.escape(h, quote=True)}'>{html.escape(c)}</td>"
+                                    for h, c in zip(header, row)) + "</tr>")
     out.append("</table></div>")
     return "\n".join(out)
 
@@ -265,14 +305,19 @@ def render_html(report: Report) -> str:
     parts.append(_table(["task", "candidates", "correct / evaluated", "vs eager", "95% interval", "vs torch.compile",
                          "eager ms", "compile ms", "% of roofline", "best candidate"],
                         [[r.task, str(r.candidates), f"{r.correct}/{r.evaluated}",
-                          speedup_text(r.speedup_vs_eager) + (" (within noise)" if r.within_noise else ""),
-                          "-" if r.ci_vs_eager is None else f"{r.ci_vs_eager[0]:.3g}-{r.ci_vs_eager[1]:.3g}x",
-                          speedup_text(r.speedup_vs_compile)
-                          + (" (within noise)" if r.speedup_vs_compile and r.compile_within_noise else ""),
+                          noise_marked(speedup_text(r.speedup_vs_eager), r.within_noise),
+                          interval_text(r.ci_vs_eager),
+                          noise_marked(speedup_text(r.speedup_vs_compile), bool(r.speedup_vs_compile) and
+                                       compile_within_noise(eager_within_noise=r.within_noise,
+                                                            compile_within_noise=r.compile_within_noise)),
                           _ms(r.eager_ms), _ms(r.compile_ms),
                           roofline_text(r.roofline_pct),
                           "-" if r.best_candidate is None else str(r.best_candidate)] for r in ranked],
-                        ["slow" if r.speedup_vs_eager is not None and r.speedup_vs_eager < 1 else "" for r in ranked]))
+                        ["slow" if slower_beyond_noise(r.speedup_vs_eager, within_noise=r.within_noise) else ""
+                         for r in ranked]))
+    parts.append(f"<p class='legend'>{html.escape(NOISE_LEGEND)}</p>")
+    if roofline_above([r.roofline_pct for r in report.tasks]):
+        parts.append(f"<p class='legend'>{html.escape(ROOFLINE_LEGEND)}</p>")
     parts.append("<h2>Candidates per status</h2>")
     parts.append(_table(["status", "candidates"], [[s, str(n)] for s, n in report.status_counts]))
     parts.append("<h2>Refused (flagged) candidates per rule</h2>")

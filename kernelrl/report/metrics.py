@@ -36,6 +36,29 @@ def counts_as_faster(speedup: float | None, p: float = 1.0, *, within_noise: boo
     return p < 1.0 or not within_noise
 
 
+# One noise mark and one colour for every surface (terminal report, HTML report, run page).
+NOISE_MARK = "~"
+NOISE_LEGEND = ("~ within the measurement's noise: the 95 % interval (or the task's A/A band) holds 1.0x, or, "
+                "against torch.compile, either of its two measurements does; red: slower than the reference "
+                "beyond noise")
+
+
+def compile_within_noise(*, eager_within_noise: bool, compile_within_noise: bool) -> bool:
+    """The speedup against torch.compile is the one against eager times the task's eager / compile
+    ratio: it is within noise when either of those two measurements is."""
+    return eager_within_noise or compile_within_noise
+
+
+def slower_beyond_noise(speedup: float | None, *, within_noise: bool) -> bool:
+    """Shown in red: slower than the reference, and not within noise."""
+    return speedup is not None and speedup < 1.0 and not within_noise
+
+
+def noise_marked(text: str, within_noise: bool) -> str:
+    """A figure's text with the noise mark when it is within noise."""
+    return text + NOISE_MARK if within_noise else text
+
+
 def _check_lengths(speedups: Sequence[float | None], within_noise: Sequence[bool]) -> None:
     if len(speedups) != len(within_noise):
         raise ValueError(f"{len(speedups)} speedups but {len(within_noise)} within-noise flags")

@@ -36,10 +36,11 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.text import Text
 
@@ -193,10 +194,11 @@ class SearchActivity:
     def __init__(self, console: Console, watch: LockWatch | None = None) -> None:
         self.watch = watch
         self.progress: Progress = _Bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                        TextColumn("{task.fields[best]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                                        TimeRemainingColumn(), console=console, transient=False)
+                                        TextColumn("{task.fields[best]}"), TimeElapsedColumn(), _Eta(),
+                                        console=console, transient=False)
         self._last = 0.0
         self._all: TaskID | None = None
+        self._rate = JudgingRate()
         self._console = console
         self._started = time.monotonic()
         self._logged = self._started  # the last plain progress line (a console that is not a terminal)
@@ -205,28 +207,94 @@ class SearchActivity:
     def text(self) -> str:
         return self.progress.status if isinstance(self.progress, _Bars) else ""
 
-    def tick(self, search: SearchView) -> None:
-        """Say what `search` waits for; at most once a second."""
+    def tick(self, search: SearchView, *, final: bool = False) -> None:
+        """Say what `search` waits for; at most once a second. `final`: the loop has ended, and the
+        last frame says how (done, or stopped with what is left to a resume), whenever it comes."""
         now = time.monotonic()
-        if now - self._last < REFRESH_S or not isinstance(self.progress, _Bars):
+        if not isinstance(self.progress, _Bars) or (not final and now - self._last < REFRESH_S):
             return
         self._last = now
-        self.progress.status = describe(search, self.watch.note() if self.watch is not None else "")
         done = sum(ts.evaluated for ts in search.state.values())
         total = search.config.budget * len(search.state)
+        self.progress.status = (ended(search, done) if final else
+                                describe(search, self.watch.note() if self.watch is not None else ""))
+        self._rate.seen(done, now)
+        budget = search.config.budget
+        left = {name: max(0, budget - ts.evaluated) for name, ts in search.state.items()}
+        active = sum(1 for n in left.values() if n)
+        for name, ts in search.state.items():
+            bar = getattr(ts, "progress_id", None)
+            if bar is not None:  # round-robin: a task's share of the run's rate is one active task's
+                self.progress.update(bar, eta=eta_text(0.0 if final else self._rate.eta_s(left[name] * active)))
         if len(search.state) > 1:  # a bar over every task: the run's own ETA
             if self._all is None:
-                self._all = self.progress.add_task("all tasks", total=total, completed=done, best="")
-            self.progress.update(self._all, completed=done, total=total)
+                self._all = self.progress.add_task("all tasks", total=total, completed=done, best="", eta="-")
+            self.progress.update(self._all, completed=done, total=total,
+                                 eta=eta_text(0.0 if final else self._rate.eta_s(total - done)))
         if not self._console.is_terminal and now - self._logged >= LOG_EVERY_S:
             self._logged = now
             self._console.print(progress_line(done, total, now - self._started, self.progress.status), highlight=False)
+
+
+class _Eta(ProgressColumn):
+    """A bar's ETA as `SearchActivity.tick` set it (the run's judging rate, `JudgingRate`)."""
+
+    def render(self, task: Task) -> Text:
+        return Text(f"ETA {task.fields.get('eta', '-')}")
+
+
+class JudgingRate:
+    """Candidates judged per second since the first verdict of this invocation: the start (workers,
+    references, baselines, the first torch.compile) is not a candidate's cost, and counting it made
+    the run's ETA 40-65 % high."""
+
+    def __init__(self) -> None:
+        self._start: int | None = None  # judged when this invocation started (a resumed run's count)
+        self._first: tuple[int, float] | None = None  # (judged, when) at this invocation's first verdict
+        self._now: tuple[int, float] | None = None
+
+    def seen(self, judged: int, now: float) -> None:
+        if self._start is None:
+            self._start = judged
+        if self._first is None and judged > self._start:
+            self._first = (judged, now)
+        self._now = (judged, now)
+
+    def eta_s(self, remaining: int) -> float | None:
+        """Seconds to judge `remaining` more at the rate so far; None until two verdicts set a rate."""
+        if remaining <= 0:
+            return 0.0
+        if self._first is None or self._now is None:
+            return None
+        n, dt = self._now[0] - self._first[0], self._now[1] - self._first[1]
+        if n < 2 or dt <= 0:
+            return None
+        return remaining * dt / n
+
+
+def eta_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = round(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def progress_line(done: int, total: int, elapsed_s: float, status: str) -> str:
     """The search's progress as one plain line (for a log): judged of budget, elapsed, ETA, status."""
     eta = f"ETA {elapsed_s * (total - done) / done:.0f} s" if 0 < done < total else "ETA unknown"
     return f"[{elapsed_s:.0f} s] judged {done}/{total} candidates, {eta}; {status}"
+
+
+def ended(search: SearchView, done: int) -> str:
+    """The last status line: how the loop ended, and what it left to a resume."""
+    left = sum(len(recs) for recs in search.evals_in_flight.values())
+    reason = getattr(search.stop_reason, "value", "") or "done"
+    words = {"interrupted": "stopped (Ctrl-C)", "budget": "done", "tokens": "stopped: the token budget is spent",
+             "wall_time": "stopped: the wall-time limit is reached"}.get(reason, reason)
+    text = f"{words}: {done} candidate{'s' * (done != 1)} judged"
+    if left:
+        text += f"; {left} proposed and not judged, left to a resume (`--resume` judges them)"
+    return text
 
 
 def describe(search: SearchView, lock_note: str = "") -> str:

@@ -123,7 +123,7 @@ class RunOutput:
         with progress:
             for name, ts in self.run.tasks.items():
                 ts.progress_id = progress.add_task(name, total=self.run.config.budget, completed=ts.evaluated,
-                                                   best=fmt_speedup(ts.best))
+                                                   best=fmt_speedup(ts.best), eta="-")
             yield
 
     def judged(self, ts: TaskState) -> None:
@@ -131,9 +131,9 @@ class RunOutput:
         if self.activity is not None and ts.progress_id is not None:
             self.activity.progress.update(ts.progress_id, completed=ts.evaluated, best=fmt_speedup(ts.best))
 
-    def tick(self, search: SearchView) -> None:
+    def tick(self, search: SearchView, *, final: bool = False) -> None:
         if self.activity is not None:
-            self.activity.tick(search)
+            self.activity.tick(search, final=final)
 
     # ------------------------------------------------------------ the summary
     def summary(self) -> SearchSummary:

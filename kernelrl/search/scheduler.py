@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 # A task whose proposer fails this many times in a row is given up for this run: the error is
 # then not transient (bad model name, bad key), and retrying only burns the wall clock.
 MAX_PROPOSER_FAILURES = 3
+INTERRUPT_GRACE_S = 5.0  # seconds a Ctrl-C gives the work under way (see `Scheduler.drive`)
 _POLL_S = 0.2
 
 PromptFn = Callable[..., str]  # kernelrl.search.prompt.build_prompt's signature
@@ -101,6 +102,8 @@ class Scheduler:
         return any(ts.in_flight or ts.profile_pending for ts in self.run.tasks.values()) or self.judging.busy()
 
     # ------------------------------------------------------------ the loop
+    # After a Ctrl-C, what is under way has this long to finish; then the run leaves (a second Ctrl-C
+    # leaves at once). Proposals are stored as they arrive, so nothing left is lost: a resume judges it.
     def drive(self) -> None:
         """Run until nothing is under way (the module docstring); the stop reason is set after."""
         interrupts = [0]
@@ -113,6 +116,7 @@ class Scheduler:
             # A flag, not an exception: a Ctrl-C must never land in the middle of a write.
             old_handler = signal.signal(signal.SIGINT, on_sigint)
         seen_interrupts = 0
+        leave_by: float | None = None  # after a Ctrl-C: what is under way then has until this to finish
         try:
             with self.out.showing():
                 self._judge_left_unjudged()
@@ -126,12 +130,17 @@ class Scheduler:
                         if seen_interrupts > 1:
                             break
                         self.run.stop_reason = StopReason.INTERRUPTED
-                        self.out.say("[yellow]stopping: finishing the calls and evaluations under way "
-                                     "(Ctrl-C again to leave now; a resume evaluates what is left)[/yellow]")
+                        leave_by = time.monotonic() + INTERRUPT_GRACE_S
+                        self.out.say(f"[yellow]stopping: what finishes in the next {INTERRUPT_GRACE_S:g} s is kept, "
+                                     "the rest is left to a resume (`--resume` judges it); Ctrl-C again to leave "
+                                     "now[/yellow]")
+                    if leave_by is not None and time.monotonic() >= leave_by:
+                        break  # a prompt stop: every proposal is stored, a resume judges what is left
                     event = self.workers.next(_POLL_S)
                     if event is not None:
                         event()  # the handler its call was spawned with (`Workers.spawn`)
                     self.schedule()
+                self.out.tick(self, final=True)  # the last frame says how the run ended, not what it waited for
         finally:
             if old_handler is not None:
                 signal.signal(signal.SIGINT, old_handler)

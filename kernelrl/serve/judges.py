@@ -32,7 +32,7 @@ class BackendConfig:
     """Where a run's verdicts come from: an in-process evaluator (the run's `eval`), or a reward server."""
 
     url: str | None = None  # `kernelrl serve`'s address; None: an Evaluator in this process
-    token_file: Path | None = None
+    token_file: Path | None = None  # this client's bearer token for the server (one line; mode 0600)
     timeout_s: float | None = None  # one batch, client side; None: the client's default (an hour)
 
     def __post_init__(self) -> None:

@@ -14,8 +14,11 @@ session (links and the pages' script build on the path a page was reached under)
 under `/watch/s/KEY/` is served only when the cookie sent with it is the id of the live session
 issued with KEY (or with a bearer token); the cookie anywhere else, `/watch/` included, is no
 session. A browser's page request without one is sent to the sign-in form (303; a script's fetch
-gets 401). Every page links to `/watch/s/KEY/logout`, a form whose post to `/watch/logout` ends
-the session it names and deletes the cookie at its path.
+gets 401) with the page it asked for (`next`, a path of the run pages and nothing else): the form
+says which page, and signing in lands there, under the new session's path. Every page links to
+`/watch/s/KEY/logout`, a form that says what signing out does and whose post to `/watch/logout`
+ends the session it names, deletes the cookie at its path and returns to the sign-in form, which
+says the browser is signed out.
 
 The request guard (`kernelrl.serve.guard`) refuses browser requests everywhere else; under
 `/watch` it lets through what a page of this very server sends (`Sec-Fetch-Site: same-origin`, an
@@ -66,6 +69,7 @@ import html
 import os
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -75,7 +79,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -225,21 +229,30 @@ def mount_watch(app: FastAPI, db_path: Path, *, tokens: tuple[ClientToken, ...],
         return name
 
     async def sign_in_first(request: Request, e: Exception) -> Response:
-        return RedirectResponse(PREFIX + "/login", status_code=303, headers=_PAGE_HEADERS)
+        # the page asked for, relative to a session's root, so signing in lands there
+        target = re.sub(r"^/s/[^/]+", "", request.url.path.removeprefix(PREFIX)) or "/"
+        return RedirectResponse(PREFIX + "/login?" + urlencode({"next": target}), status_code=303,
+                                headers=_PAGE_HEADERS)
 
     app.add_exception_handler(SignInFirst, sign_in_first)
 
-    async def form_field(request: Request, field: str) -> str | JSONResponse:
+    async def form_fields(request: Request, fields: Sequence[str]) -> dict[str, str] | JSONResponse:
         try:
             body = await read_body(request, limit=MAX_FORM_BYTES, timeout_s=body_timeout_s)
         except BodyError as e:
             count("too_large" if e.status == 413 else "bad_request")
             return JSONResponse({"error": e.message}, status_code=e.status)
-        return (parse_qs(body.decode("utf-8", errors="replace")).get(field) or [""])[0].strip()
+        values = parse_qs(body.decode("utf-8", errors="replace"))
+        return {f: (values.get(f) or [""])[0].strip() for f in fields}
+
+    async def form_field(request: Request, field: str) -> str | JSONResponse:
+        got = await form_fields(request, (field,))
+        return got if isinstance(got, JSONResponse) else got[field]
 
     @app.get(PREFIX + "/login", response_class=HTMLResponse)
-    async def login_form(failed: int = 0) -> Response:
-        return HTMLResponse(_login_page(bool(failed)), headers=_PAGE_HEADERS)
+    async def login_form(failed: int = 0, signed_out: int = 0, next: str = "/") -> Response:  # noqa: A002
+        return HTMLResponse(_login_page(bool(failed), signed_out=bool(signed_out), target=_next(next)),
+                            headers=_PAGE_HEADERS)
 
     @app.post(PREFIX + "/login")
     async def login(request: Request) -> Response:
@@ -248,17 +261,18 @@ def mount_watch(app: FastAPI, db_path: Path, *, tokens: tuple[ClientToken, ...],
             count("watch_login_limited")
             return JSONResponse({"error": f"too many failed sign-ins; try again in {wait} s"}, status_code=429,
                                 headers={"Retry-After": str(wait)})
-        token = await form_field(request, "token")
-        if isinstance(token, Response):
-            return token
+        fields = await form_fields(request, ("token", "next"))
+        if isinstance(fields, Response):
+            return fields
+        token, target = fields["token"], _next(fields["next"])
         name = match_token(tokens, token) if tokens else ""
         if name is None:
             limiter.failed()
             count("watch_login_failed")
-            return RedirectResponse(PREFIX + "/login?failed=1", status_code=303)
+            return RedirectResponse(PREFIX + "/login?" + urlencode({"failed": 1, "next": target}), status_code=303)
         cookie = cookie_name(request)
         session_id, key = sessions.issue(name)  # always a new id and key: nothing held before is upgraded
-        reply = RedirectResponse(session_path(key) + "/", status_code=303, headers=_PAGE_HEADERS)
+        reply = RedirectResponse(session_path(key) + target, status_code=303, headers=_PAGE_HEADERS)
         reply.set_cookie(cookie, session_id, max_age=int(session_s), httponly=True, samesite="strict",
                          path=session_path(key), secure=request.url.scheme == "https")
         return reply
@@ -276,7 +290,7 @@ def mount_watch(app: FastAPI, db_path: Path, *, tokens: tuple[ClientToken, ...],
         key = await form_field(request, "key")
         if isinstance(key, Response):
             return key
-        reply = RedirectResponse(PREFIX + "/login", status_code=303, headers=_PAGE_HEADERS)
+        reply = RedirectResponse(PREFIX + "/login?signed_out=1", status_code=303, headers=_PAGE_HEADERS)
         if _SECRET.fullmatch(key):
             sessions.end(key)
             reply.delete_cookie(cookie_name(request), path=session_path(key), httponly=True, samesite="strict")
@@ -323,6 +337,11 @@ def run_standalone(db_path: str | Path, *, host: str = "127.0.0.1", port: int = 
     server.run(sockets=[sock])
 
 
+# How long a run's page keeps serving after the run ended: open pages (they poll every 2 s) show
+# the run finished, then the page's process ends and says, in the page, how to keep watching.
+LINGER_S = 20.0
+
+
 class LivePage:
     """`kernelrl watch`'s pages of `db_path` for a run that is writing it (the run's builder,
     `kernelrl.run_parts.build_run`, starts one when its `WatchConfig` names a port), served by a
@@ -334,14 +353,18 @@ class LivePage:
     and the judge's read of it would lengthen that round trip). The address is bound here, so a
     taken port fails before the run starts anything (`OSError`), and the listening socket is
     handed to the page's process; `start` returns once a page is answered there. The page's
-    process ends with `close`, or by itself when the run's process is gone; a Ctrl-C at the
+    process serves `LINGER_S` seconds more after `close`, or after the run's process is gone (so a
+    page open in a browser shows the run finished, not "running" frozen), then ends; a page that
+    then finds no server says so, and names `kernelrl watch --db` to keep watching; a Ctrl-C at the
     terminal does not reach it (its own session), so the page shows the run finishing its work. `close` never raises,
     so a run's own error is the one reported.
     """
 
-    def __init__(self, db_path: str | Path, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, db_path: str | Path, *, host: str = "127.0.0.1", port: int = 0,
+                 linger_s: float | None = None) -> None:
         self.db_path = Path(db_path)
         self.host = host
+        self.linger_s = LINGER_S if linger_s is None else linger_s
         self._sock = bind(host, port)
         self.port = int(self._sock.getsockname()[1])
         self._process: subprocess.Popen[bytes] | None = None
@@ -364,7 +387,7 @@ class LivePage:
         fd = self._sock.fileno()
         self._process = subprocess.Popen(
             [sys.executable, "-m", "kernelrl.serve.watch", "--fd", str(fd), "--host", self.host,
-             "--db", str(self.db_path), "--parent", str(os.getpid())],
+             "--db", str(self.db_path), "--parent", str(os.getpid()), "--linger", str(self.linger_s)],
             pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._errors,
             start_new_session=True)  # a terminal's Ctrl-C is the run's to handle: the page stays until it ends
         deadline = time.monotonic() + timeout_s
@@ -382,14 +405,20 @@ class LivePage:
                                    + (f": {' | '.join(said)}" if said else ""))
 
     def close(self, timeout_s: float = 10.0) -> None:
+        """The run is over: the page's process serves its final state for `linger_s` more seconds
+        (0: it stops now), so a page open in a browser shows the run finished, and then ends by
+        itself; this process does not wait for it."""
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
-            process.terminate()  # uvicorn's own shutdown
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            if self.linger_s > 0:
+                os.kill(process.pid, signal.SIGUSR1)  # the run ended: serve a little longer, then stop
+            else:
+                process.terminate()  # uvicorn's own shutdown
+                try:
+                    process.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
         self._sock.close()
         self._errors.close()
 
@@ -406,15 +435,20 @@ def _serve_inherited(argv: Sequence[str]) -> int:
     ap.add_argument("--host", required=True)
     ap.add_argument("--db", required=True)
     ap.add_argument("--parent", type=int, required=True)
+    ap.add_argument("--linger", type=float, default=LINGER_S)
     args = ap.parse_args(argv)
     server = uvicorn.Server(uvicorn_config(standalone_app(args.db, host=args.host), HttpLimits()))
+    ended = threading.Event()
+    # SIGUSR1: the run ended (`LivePage.close`); so does the run's process being gone
+    signal.signal(signal.SIGUSR1, lambda *_: ended.set())
 
-    def exit_with_parent() -> None:
-        while os.getppid() == args.parent:
+    def exit_after_the_run() -> None:
+        while os.getppid() == args.parent and not ended.is_set():
             time.sleep(0.5)
+        time.sleep(args.linger)  # open pages poll every 2 s: they fetch the run's final state
         server.should_exit = True
 
-    threading.Thread(target=exit_with_parent, daemon=True).start()
+    threading.Thread(target=exit_after_the_run, daemon=True).start()
     server.run(sockets=[socket.socket(fileno=args.fd)])
     return 0
 
@@ -426,12 +460,30 @@ _STYLE = ("<style>body{font:15px system-ui,sans-serif;margin:3em auto;max-width:
           "input{width:100%;padding:.4em;margin:.5em 0}</style>")
 
 
-def _login_page(failed: bool) -> str:
-    note = "<p class=bad>That token is not one of this server's.</p>" if failed else ""
+# A page to land on after signing in: a path of the run pages, nothing else (not another site).
+_NEXT = re.compile(r"/[A-Za-z0-9_./%-]{0,500}")
+
+
+def _next(target: str) -> str:
+    """`target` when it is a path of the run pages, else their index ("/")."""
+    return target if _NEXT.fullmatch(target) and not target.startswith("//") and ".." not in target else "/"
+
+
+def _login_page(failed: bool, *, signed_out: bool = False, target: str = "/") -> str:
+    notes = []
+    if signed_out:
+        notes.append("<p>You are signed out: this browser's session has ended.</p>")
+    if failed:
+        notes.append("<p class=bad>That token is not one of this server's.</p>")
+    if target != "/":
+        notes.append(f"<p>Sign in to see <code>{html.escape(PREFIX + target)}</code>. Your pages live under the "
+                     "address signing in leads to (<code>/watch/s/&hellip;</code>): an address without that part "
+                     "asks you to sign in again.</p>")
     return ("<!doctype html><html><head><meta charset=utf-8><title>kernelrl: sign in</title>"
             f"{_STYLE}</head><body>"
-            f"<h1>kernelrl run pages</h1>{note}"
+            f"<h1>kernelrl run pages</h1>{''.join(notes)}"
             f'<form method=post action="{html.escape(PREFIX)}/login">'
+            f'<input type=hidden name=next value="{html.escape(target)}">'
             "<label>Client token (from the server's token file)"
             "<input type=password name=token autocomplete=off required autofocus></label>"
             "<input type=submit value='Sign in'></form></body></html>")
@@ -440,6 +492,8 @@ def _login_page(failed: bool) -> str:
 def _logout_page(key: str) -> str:
     return ("<!doctype html><html><head><meta charset=utf-8><title>kernelrl: sign out</title>"
             f"{_STYLE}</head><body><h1>kernelrl run pages</h1>"
+            "<p>Sign out of this server's run pages? This browser's session ends; the run and its database "
+            "are not touched, and you can sign in again with your token.</p>"
             f'<form method=post action="{html.escape(PREFIX)}/logout">'
             f'<input type=hidden name=key value="{html.escape(key)}">'
             "<input type=submit value='Sign out'></form></body></html>")

@@ -94,7 +94,11 @@ def load_suite(name: str) -> list[Task]:
         return [by_name[n] for n in SMALL_SUITE]
     if name in _FOLDER_LEVEL:
         return [t for t in tasks if t.name.startswith(name + "/")]
-    raise TaskError(f"unknown suite {name!r}; known: {', '.join(suite_names())}")
+    import difflib
+
+    close = difflib.get_close_matches(name, list(suite_names()), n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise TaskError(f"unknown suite {name!r}{hint} (known: {', '.join(suite_names())})")
 
 
 def builtin_task(name: str) -> Task:
@@ -108,7 +112,12 @@ def builtin_task(name: str) -> Task:
         return by_stem[0]
     if len(by_stem) > 1:
         raise TaskError(f"task name {name!r} is ambiguous: {', '.join(t.name for t in by_stem)}")
-    raise TaskError(f"unknown task {name!r}: not a built-in task name, a .py file or a folder "
+    import difflib
+
+    names = [t.name for t in tasks] + [t.name.split("/", 1)[1] for t in tasks] + list(suite_names())
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.75)
+    hint = f"; did you mean {' or '.join(repr(c) for c in dict.fromkeys(close))}?" if close else ""
+    raise TaskError(f"unknown task {name!r}: not a built-in task name, a .py file or a folder{hint} "
                     "(see `kernelrl tasks`)")
 
 

@@ -64,8 +64,8 @@ class CopyRule:
     """How close to a shown version an answer must be to count as it: within `allowed` token edits
     of its canonical form, `allowed` = max(min_edits, ceil(share x the version's tokens))."""
 
-    min_edits: int = 10
-    share: float = 0.04
+    min_edits: int = 10  # token edits from a shown version an answer may be and still be its copy, at least
+    share: float = 0.04  # or this share of the version's tokens, when more
 
     def __post_init__(self) -> None:
         if self.min_edits < 0 or not 0.0 <= self.share < 1.0:

@@ -29,11 +29,11 @@ from kernelrl.tasks.task import Task
 
 @dataclass(frozen=True, kw_only=True)
 class CurriculumConfig:
-    by_level: bool = True
+    by_level: bool = True  # open the task levels one at a time (false: every level from the start)
     promote_solved: float = 0.5  # share of the highest open level's tasks with a correct sample
     promote_after: int | None = None  # draws at the current levels after which the next opens anyway
-    resample: bool = True
-    resample_weight: float = 3.0
+    resample: bool = True  # draw a task whose groups were flat or unsolved again sooner
+    resample_weight: float = 3.0  # its draw weight meanwhile (every other task weighs 1)
     max_resamples: int = 3  # boosted draws in a row for one task
 
     def __post_init__(self) -> None:

@@ -39,9 +39,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 class LoraSettings:
     """LoRA adapters through peft (`peft.LoraConfig`'s names)."""
 
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
+    r: int = 16  # the adapters' rank
+    alpha: int = 32  # their scale: updates are multiplied by alpha / r
+    dropout: float = 0.05  # dropout on the adapters' input while training
     target_modules: tuple[str, ...] = ("all-linear",)  # peft's shorthand for every linear layer but the head
     merge_on_save: bool = True  # the stage's final folder holds a merged, plain model
 
@@ -60,7 +60,7 @@ class ModelConfig:
     path: str  # the base model: a local folder or a hub id
     dtype: str = "auto"  # auto (the checkpoint's), float32, bfloat16, float16
     attn_implementation: str | None = None  # e.g. "sdpa", "flash_attention_2"; None: transformers' choice
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # run the model folder's own Python code (only for a folder you trust)
     lora: LoraSettings | None = None  # None: full fine-tuning
     # Build a tiny random model at `path` when nothing is there: for CPU smoke runs only.
     tiny: TinyModelConfig | None = None

@@ -41,7 +41,7 @@ from kernelrl.reward import well_formed
 
 @dataclass(frozen=True, kw_only=True)
 class RoCConfig:
-    enabled: bool = False
+    enabled: bool = False  # GRPO-RoC on: sample the group oversampled, train on the part it keeps
     keep: float = 0.5  # share of each sampled group that trains (0.5: TRL samples twice the kept group)
     min_per_side: int = 2  # each of positives and negatives keeps at least this many when it has them
     positive_above: float = 0.0  # a raw reward above this is a positive

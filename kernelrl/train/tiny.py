@@ -31,18 +31,18 @@ UNK = "<unk>"
 
 @dataclass(frozen=True, kw_only=True)
 class TinyModelConfig:
-    hidden_size: int = 32
-    layers: int = 2
-    heads: int = 2
+    hidden_size: int = 32  # width of the residual stream
+    layers: int = 2  # decoder layers
+    heads: int = 2  # attention heads per layer (hidden_size must divide among them)
     bpe_vocab: int = 160  # learned tokens (byte alphabet seen in the prompts plus merges)
     program_variants: int = 4  # whole-program tokens per program and task
-    max_positions: int = 32768
+    max_positions: int = 32768  # the longest sequence, prompt and answer, in tokens
     # Attention over the last `window` tokens in every layer (None: the whole prompt). A model
     # this small, attending over a prompt thousands of tokens long, averages away the few tokens
     # that differ between prompts; with a window it reads the prompt's end, where a refinement
     # turn's history and verdict are.
     window: int | None = None
-    seed: int = 0
+    seed: int = 0  # the random weights' seed
 
     def __post_init__(self) -> None:
         if self.hidden_size < 8 or self.hidden_size % self.heads:

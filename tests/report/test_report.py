@@ -191,7 +191,35 @@ def test_a_best_within_noise_is_not_counted_faster_in_the_terminal_or_the_html(t
     text = console.export_text()
     assert "1 of 2 tasks (1 more above 1.0x but within noise)" in text and "50%" in text
     page = write_html(r, tmp_path / "r.html").read_text()
-    assert "(within noise)" in page and "fast_1" in page and ">50%<" in page
+    assert "fast_1" in page and ">50%<" in page
+    # one noise mark, one legend, in the terminal and the page alike
+    from kernelrl.report.metrics import NOISE_LEGEND
+
+    assert "1.08x~" in text and "1.50x~" not in text and re.search(r"<td[^>]*>1.08x~</td>", page) and re.search(r"<td[^>]*>1.50x</td>", page)
+    first = NOISE_LEGEND.split(";")[0]
+    assert first in " ".join(text.split()) and html.escape(first) in page
+
+
+def test_only_a_result_slower_beyond_noise_is_red_everywhere(tmp_path: Path) -> None:
+    """0.99x within noise is plain; 0.80x beyond noise is red, in the terminal and in the HTML."""
+    path = tmp_path / "k.db"
+    with Database(path) as db:
+        run = db.start_run({"task_names": ["noisy", "slow"]})
+        for task, speedup, ci in (("noisy", 0.99, (0.95, 1.03)), ("slow", 0.8, (0.78, 0.82))):
+            db.upsert_task(name=task, source=f"# {task}", source_hash=task, level=1, size="small")
+            rec = db.add_candidate(NewCandidate(task=task, hash=task, source=task, run_id=run))
+            t = TimingStats(median_ms=1 / speedup, mean_ms=1 / speedup, min_ms=1 / speedup, iqr_ms=0, n=3)
+            db.store_result(rec.id, EvalResult(task=task, status=Status.CORRECT, speedup=speedup, speedup_ci=ci,
+                                               cand_time=t))
+    r = build_report(path)
+    page = write_html(r, tmp_path / "r.html").read_text()
+    assert re.search(r'<tr><td class="slow"[^>]*>slow</td>', page) and re.search(r"<tr><td data-label[^>]*>noisy</td>", page)
+    console = Console(record=True, width=160, color_system="truecolor")
+    render_report(r, console)
+    lines = console.export_text(styles=True).splitlines()
+    slow = next(line for line in lines if "0.80x" in line)
+    noisy = next(line for line in lines if "0.99x" in line)
+    assert "\x1b[31m" in slow and "\x1b[31m" not in noisy
 
 
 def test_headlines_carry_their_range_and_counts_and_the_page_fits_a_phone(tmp_path: Path) -> None:
@@ -209,7 +237,9 @@ def test_headlines_carry_their_range_and_counts_and_the_page_fits_a_phone(tmp_pa
     assert html.escape("geomean of the tasks' best vs eager") in page
     assert "1 of 2 tasks, noise excluded" in page
     assert "<meta name='viewport' content='width=device-width, initial-scale=1'>" in page
-    assert page.count("<div class='scroll'><table>") == page.count("<table>") >= 3  # wide tables scroll in place
+    # on a phone every table stacks its rows into labelled lines (a browser test shows it at 480 px)
+    assert page.count("<table class='stack'>") == page.count("<table") >= 3
+    assert page.count("<td") == page.count("<td data-label=") + page.count("<td class=")
 
 
 def test_an_empty_run_says_so_where_its_plots_would_be(tmp_path: Path) -> None:
@@ -233,3 +263,24 @@ def test_the_html_report_is_created_private(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
+
+
+def test_a_roofline_above_100_percent_is_marked_and_explained_everywhere(tmp_path: Path) -> None:
+    from kernelrl.report.console import ROOFLINE_LEGEND, roofline_text
+
+    assert roofline_text(104.2) == "104%*" and roofline_text(100.0) == "100%" and roofline_text(5.25) == "5.2%"
+    path = tmp_path / "k.db"
+    with Database(path) as db:
+        run = db.start_run({"task_names": ["conv"]})
+        db.upsert_task(name="conv", source="# conv", source_hash="conv", level=2, size="small")
+        rec = db.add_candidate(NewCandidate(task="conv", hash="c", source="c", run_id=run))
+        t = TimingStats(median_ms=1.0, mean_ms=1.0, min_ms=1.0, iqr_ms=0, n=3)
+        db.store_result(rec.id, EvalResult(task="conv", status=Status.CORRECT, speedup=1.04, speedup_ci=(1.02, 1.06),
+                                           cand_time=t, roofline_pct=104.0))
+    r = build_report(path)
+    console = Console(record=True, width=200)
+    render_report(r, console)
+    text = " ".join(console.export_text().split())
+    page = write_html(r, tmp_path / "r.html").read_text()
+    start = ROOFLINE_LEGEND.split(":")[0]
+    assert "104%*" in text and start in text and re.search(r"<td[^>]*>104%\*</td>", page) and html.escape(start) in page

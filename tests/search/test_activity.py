@@ -97,3 +97,23 @@ def test_the_plain_progress_line_gives_an_eta_only_when_it_can():
 
     assert progress_line(2, 8, 30.0, "scheduling") == "[30 s] judged 2/8 candidates, ETA 90 s; scheduling"
     assert "ETA unknown" in progress_line(0, 8, 5.0, "x") and "ETA unknown" in progress_line(8, 8, 5.0, "x")
+
+
+def test_the_eta_is_the_judging_rate_since_the_first_verdict_not_since_the_start():
+    """Starting workers, references and baselines is not a candidate's cost: 60 s of start, then a
+    verdict every 10 s, leaves 4 candidates 40 s, not 4 x (90 s / 3)."""
+    from kernelrl.search.activity import JudgingRate, eta_text
+
+    rate = JudgingRate()
+    rate.seen(0, 0.0)
+    assert rate.eta_s(4) is None  # no rate yet
+    rate.seen(1, 60.0)
+    assert rate.eta_s(4) is None  # one verdict is no rate
+    rate.seen(2, 70.0)
+    rate.seen(3, 80.0)
+    assert rate.eta_s(4) == 40.0 and rate.eta_s(0) == 0.0
+    resumed = JudgingRate()  # a resumed run starts from what it judged before
+    for judged, at in ((5, 0.0), (6, 30.0), (8, 50.0)):
+        resumed.seen(judged, at)
+    assert resumed.eta_s(2) == 20.0
+    assert eta_text(None) == "-" and eta_text(3725.4) == "1:02:05"

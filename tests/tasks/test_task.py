@@ -551,3 +551,17 @@ def test_init_that_reads_tensor_values_still_shrinks(tmp_path):
         tm = instantiate(task, "small")
     assert tm.constants["tokens"] < 4096 and tm.constants["dim"] < 2048 and tm.constants["depth"] == 2
     assert _forward_cost(tm)[1].shape == (tm.constants["tokens"], tm.constants["dim"])
+
+
+def test_a_misspelt_task_or_suite_name_gets_a_did_you_mean():
+    from kernelrl.tasks.suites import builtin_task, load_suite
+
+    with pytest.raises(TaskError, match=r"did you mean 'level1/softmax'\?"):
+        builtin_task("level1/sofmax")
+    with pytest.raises(TaskError, match=r"did you mean 'softmax'\?"):
+        builtin_task("sofmax")
+    with pytest.raises(TaskError, match=r"did you mean 'small'\?"):
+        load_suite("smal")
+    with pytest.raises(TaskError) as far:
+        builtin_task("zzzz_nothing_like_it")
+    assert "did you mean" not in str(far.value)

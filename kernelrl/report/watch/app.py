@@ -119,6 +119,15 @@ async def rendered(request: Request, build: Callable[[PageBudget], Response],
             budget.cancel.set()
 
 
+def _stored_after(path: Path, run_id: int) -> bool:
+    """A run with a larger id is stored: `run_id` was skipped or removed, it will not start."""
+    try:
+        with snapshot(path) as snap:
+            return any(r.id > run_id for r in views.run_list(snap))
+    except SnapshotError:
+        return False
+
+
 def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = None,
                  clock: Callable[[], float] = time.time, sign_out: str = "") -> APIRouter:
     """The pages and JSON endpoints over one database file (read-only); `sign_out`, a path
@@ -178,7 +187,12 @@ def watch_router(db_path: str | Path, *, dependencies: Sequence[Any] | None = No
         try:
             with snapshot(path) as snap:
                 view = views.run_view(snap, checked_id(run_id, "run"), now=clock())
-        except (SnapshotError, views.NotFound) as e:
+        except views.NotFound as e:
+            if not _stored_after(path, run_id):  # a run not started yet: wait for it, not a dead end
+                return _html(pages.waiting_page(f"run {run_id}", f"No run {run_id} in this database yet; this page "
+                                                "reloads until it starts.", links(request), status_line=shown), 404)
+            return failure(request, e, as_json=False)
+        except SnapshotError as e:
             return failure(request, e, as_json=False)
         return _html(pages.run_page(view, links(request), db_path=shown))
 

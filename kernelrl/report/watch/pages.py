@@ -21,10 +21,22 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 from urllib.parse import quote
 
-from kernelrl.report.console import percent_text, roofline_text, speedup_text
-from kernelrl.report.metrics import geometric_mean
+from kernelrl.report.console import (
+    ROOFLINE_LEGEND,
+    interval_text,
+    percent_text,
+    roofline_text,
+    speedup_text,
+)
+from kernelrl.report.metrics import (
+    NOISE_LEGEND,
+    compile_within_noise,
+    geometric_mean,
+    noise_marked,
+    slower_beyond_noise,
+)
 from kernelrl.report.watch.code import PageBudget, code_html, diff_html, esc, visible
-from kernelrl.report.watch.views import RunSummary, RunView, TaskLine, TaskView
+from kernelrl.report.watch.views import RunSummary, RunView, TaskLine, TaskView, unjudged_label
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.database.snapshot import CandidateDetail
 
@@ -80,10 +92,6 @@ def duration(seconds: float | None) -> str:
     h, rest = divmod(s, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
-
-
-def interval_text(ci: tuple[float, float] | None) -> str:
-    return "-" if ci is None else f"{ci[0]:.2f}-{ci[1]:.2f}x"
 
 
 def number(v: float | None, fmt: str = ".3f") -> str:
@@ -155,7 +163,7 @@ def index_page(runs: list[RunSummary], links: Links, *, db_path: str, waiting: s
         body.append(f"<p class='note' id='waiting'>{esc(waiting)}</p>")
     body.append(table_html("runs", runs_display(runs, links)["tables"]["runs"]))
     return page("kernelrl watch", "".join(body), links, script=True,
-                data={"page": "index", "api": links.runs_api()})
+                data={"page": "index", "api": links.runs_api(), "db": db_path})
 
 
 # ------------------------------------------------------------------------------------ run page
@@ -220,13 +228,15 @@ def run_display(view: RunView, links: Links) -> dict[str, Any]:
 
 
 def _task_row(t: TaskLine, run_id: int, links: Links) -> list[Cell]:
-    slow = t.speedup_vs_eager is not None and t.speedup_vs_eager < 1
+    slow = slower_beyond_noise(t.speedup_vs_eager, within_noise=t.within_noise)
+    compiled = noise_marked(speedup_text(t.speedup_vs_compile), bool(t.speedup_vs_compile) and compile_within_noise(
+        eager_within_noise=t.within_noise, compile_within_noise=t.compile_within_noise))
     best: Cell = "-" if t.best_candidate is None else {"text": f"#{t.best_candidate}",
                                                       "href": links.candidate(run_id, t.best_candidate)}
     return [{"text": t.task, "href": links.task(run_id, t.task)}, "-" if t.level is None else str(t.level),
             str(t.candidates), f"{t.correct}/{t.evaluated}", str(t.refused),
-            {"text": speedup_text(t.speedup_vs_eager), "cls": "slow" if slow else ""},
-            interval_text(t.interval), speedup_text(t.speedup_vs_compile), roofline_text(t.roofline_pct), best]
+            {"text": noise_marked(speedup_text(t.speedup_vs_eager), t.within_noise), "cls": "slow" if slow else ""},
+            interval_text(t.interval), compiled, roofline_text(t.roofline_pct), best]
 
 
 # Charts with more lines than this show the fastest tasks only: a legend of 200 names is not read.
@@ -292,7 +302,10 @@ def run_page(view: RunView, links: Links, *, db_path: str) -> str:
             f"</span>; idle <span id='idle'>{esc(texts['idle'])}</span>; updated <span id='updated'>"
             f"{esc(texts['updated'])}</span></div>",
             f"<div class='cards'>{cards}</div>",
-            "<h2>Tasks</h2>", table_html("tasks", d["tables"]["tasks"])]
+            "<h2>Tasks</h2>", table_html("tasks", d["tables"]["tasks"]),
+            f"<p class='legend'>{esc(NOISE_LEGEND)}</p>",
+            # always there: a live page's figures can cross 100 % after it was first drawn
+            f"<p class='legend'>{esc(ROOFLINE_LEGEND)}</p>"]
     if view.training is not None:
         body += ["<h2>Training</h2>", _chart("reward"), _chart("correct"), _chart("curriculum"), _chart("trainer"),
                  table_html("steps", d["tables"]["steps"])]
@@ -301,7 +314,7 @@ def run_page(view: RunView, links: Links, *, db_path: str) -> str:
              "<h3>Latest refused</h3>", table_html("refused", d["tables"]["refused"]),
              "<h2>Candidates per status</h2>", table_html("statuses", d["tables"]["statuses"])]
     return page(f"run {view.run.id}: kernelrl watch", "".join(body), links, script=True,
-                data={"page": "run", "api": links.run_api(view.run.id)})
+                data={"page": "run", "api": links.run_api(view.run.id), "db": db_path})
 
 
 # ------------------------------------------------------------------------------------ task page
@@ -314,11 +327,12 @@ def first_line(text: str) -> str:
     return ""
 
 
-def evidence_line(d: CandidateDetail, rules: list[str]) -> str:
+def evidence_line(d: CandidateDetail, rules: list[str], *, running: bool = True) -> str:
     """One line a person reads first: the mismatch, the rule, the error."""
     r = d.result
     if r is None:
-        return "not evaluated yet"
+        return ("being judged" if running else
+                "not judged: the run ended before it (`kernelrl optimize --resume` judges it)")
     if r.status is Status.FLAGGED:
         return f"refused by {', '.join(rules or r.rejecting_rules)}: {first_line(r.message)}"
     if r.status is Status.CORRECT:
@@ -346,10 +360,11 @@ def task_page(view: TaskView, links: Links, *, max_details: int = 300, budget: P
         rules[h.candidate_id].append(h.rule)
     cand_rows: list[list[Cell]] = []
     for d in view.candidates:
-        status = d.result.status.value if d.result else "proposed"
+        status = d.result.status.value if d.result else unjudged_label(view.run.status)
         parent: Cell = "reference" if not d.parents else {"text": f"#{d.parents[0]}", "href": f"#c{d.parents[0]}"}
         cand_rows.append([{"text": f"#{d.id}", "href": f"#c{d.id}"}, f"{d.chain}/{d.step}", parent, d.proposer,
-                          {"text": status, "cls": f"st-{status}"}, evidence_line(d, rules.get(d.id, []))])
+                          {"text": status, "cls": f"st-{status.replace(' ', '-')}"},
+                          evidence_line(d, rules.get(d.id, []), running=view.run.status == "running")])
     body += ["<h2>Candidates</h2>",
              table_html("candidates", _table(["candidate", "chain/step", "parent", "proposer", "verdict", "evidence"],
                                              cand_rows, "No candidate yet."))]
@@ -381,8 +396,8 @@ def candidate_page(d: CandidateDetail, reference: str, parent: str | None, links
 def candidate_section(d: CandidateDetail, reference: str, parent: str | None, links: Links, *,
                       open_code: bool = False, budget: PageBudget | None = None) -> str:
     r = d.result
-    status = r.status.value if r else "proposed"
-    head = (f"<h3>#{d.id} <span class='st-{esc(status)}'>{esc(status)}</span> "
+    status = r.status.value if r else "not judged yet"
+    head = (f"<h3>#{d.id} <span class='st-{esc(status.replace(' ', '-'))}'>{esc(status)}</span> "
             f"<span class='meta'>chain {d.chain}, step {d.step}, {esc(d.proposer)}, {esc(when(d.created))}</span>"
             f" <a class='permalink' href='{esc(links.candidate(d.run_id, d.id))}'>page</a></h3>")
     parts = [f"<section class='candidate' id='c{d.id}'>", head]
@@ -449,6 +464,12 @@ def evidence_html(r: EvalResult, *, reused_from: int | None = None) -> str:
             text = "... (" + str(len(text) - MAX_ERROR_CHARS) + " characters before)\n" + text[-MAX_ERROR_CHARS:]
         out.append(f"<details open><summary>{label}</summary><pre class='errors'>{esc(text)}</pre></details>")
     return "".join(out)
+
+
+def waiting_page(title: str, message: str, links: Links, *, status_line: str = "", every_s: int = 2) -> str:
+    """A page for something that is not there yet: it reloads itself every `every_s` seconds."""
+    body = f"<h1>{esc(title)}</h1><p class='note'>{esc(message)}</p><p class='sub'>{esc(status_line)}</p>"
+    return page(title, body, links).replace("<head>", f"<head><meta http-equiv='refresh' content='{int(every_s)}'>", 1)
 
 
 def message_page(title: str, message: str, links: Links, *, status_line: str = "") -> str:

@@ -79,6 +79,7 @@ class TaskLine:
     compile_ms: float | None
     roofline_pct: float | None
     within_noise: bool = False  # the best speedup cannot be told from 1.0x (`kernelrl.reward.within_noise`)
+    compile_within_noise: bool = False  # the task's eager / torch.compile ratio cannot be told from 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,7 +181,7 @@ def run_view(snap: Snapshot, run_id: int, *, now: float) -> RunView:
     comp = [t.speedup_vs_compile for t in lines if t.speedup_vs_compile is not None]
     refused = snap.refused_rules(run_id)
     by_rule = Counter(rule for rules in refused.values() for rule in rules)
-    statuses = Counter(c.status or "proposed" for c in cands)
+    statuses = Counter(c.status or unjudged_label(run.status) for c in cands)
     training = _training(snap, run_id, cands) if run_kind(run) == "grpo" else None
     return RunView(
         run=summary(run, len(cands)), progress=_progress(run, cands, training, len(names), now), tasks=lines,
@@ -192,6 +193,12 @@ def run_view(snap: Snapshot, run_id: int, *, now: float) -> RunView:
         refused_by_rule=sorted(by_rule.items(), key=lambda kv: (-kv[1], kv[0])),
         recent_refused=snap.hack_cases(run_id, limit=RECENT_REFUSED), curve=_curve(names, cands),
         training=training, now=now)
+
+
+def unjudged_label(run_status: str) -> str:
+    """What a candidate without a verdict is called: being judged while its run runs; after it, not
+    judged (the run ended first: `--resume` judges it)."""
+    return "pending" if run_status == "running" else "not judged"
 
 
 def _task_lines(snap: Snapshot, run_id: int, names: list[str], cands: list[CandidateRow],
@@ -222,7 +229,8 @@ def _task_lines(snap: Snapshot, run_id: int, names: list[str], cands: list[Candi
             interval=res.speedup_ci if res is not None else None, speedup_vs_compile=vs_compile,
             eager_ms=base.eager_ms if base else None, compile_ms=base.compile_ms if base else None,
             roofline_pct=res.roofline_pct if res is not None else None,
-            within_noise=res is not None and within_noise(res)))
+            within_noise=res is not None and within_noise(res),
+            compile_within_noise=base is not None and base.compile_within_noise))
     return lines
 
 

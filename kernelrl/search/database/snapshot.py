@@ -94,6 +94,12 @@ class TaskRow:
 class Baseline:
     eager_ms: float
     compile_ms: float | None
+    compile_ci: tuple[float, float] | None = None  # 95 % interval of eager / compiled
+
+    @property
+    def compile_within_noise(self) -> bool:
+        """torch.compile and eager could not be told apart on the task."""
+        return self.compile_ci is not None and self.compile_ci[0] <= 1.0 <= self.compile_ci[1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,9 +180,10 @@ class Snapshot:
 
     def baselines(self) -> dict[tuple[str, str, str], Baseline]:
         """(task, device, size) -> stored eager and torch.compile times."""
-        return {(r[0], r[1], r[2]): Baseline(eager_ms=r[3], compile_ms=r[4])
-                for r in self._conn.execute("SELECT task, device, size, eager_ms, compile_ms FROM baselines")
-                .fetchall()}
+        return {(r[0], r[1], r[2]): Baseline(eager_ms=r[3], compile_ms=r[4],
+                                             compile_ci=(r[5], r[6]) if r[5] is not None and r[6] is not None else None)
+                for r in self._conn.execute("SELECT task, device, size, eager_ms, compile_ms, compile_ci_lo, "
+                                            "compile_ci_hi FROM baselines").fetchall()}
 
     def candidates(self, run_id: int, task: str | None = None) -> list[CandidateRow]:
         """A run's candidates (of one task, or all) in creation order, with their verdict columns."""

@@ -40,7 +40,7 @@ def test_run_json_numbers(filled) -> None:
     assert view["geomean_vs_eager"] == pytest.approx((2.5 * 1.5 * 1.2) ** (1 / 3))
     prog = view["progress"]
     assert (prog["unit"], prog["done"], prog["total"]) == ("candidates", 7, 12)  # budget 4 x 3 tasks
-    assert view["status_counts"] == {"correct": 4, "incorrect": 1, "flagged": 1, "compile_error": 1, "proposed": 1}
+    assert view["status_counts"] == {"correct": 4, "incorrect": 1, "flagged": 1, "compile_error": 1, "pending": 1}
     assert view["refused_by_rule"] == [["cached_output", 1]]  # a warning is not a refusal
     assert [h["candidate_id"] for h in view["recent_refused"]] == [ids["refused"]]
     # speedup over time: one point per evaluation, each task's best so far
@@ -170,7 +170,7 @@ def test_every_answer_is_consistent_while_a_run_writes(filled) -> None:
             view = client.get(f"/api/runs/{ids['run']}").json()["view"]
             n = sum(view["status_counts"].values())
             assert n == view["run"]["candidates"] == sum(t["candidates"] for t in view["tasks"])
-            assert view["progress"]["done"] == n - view["status_counts"].get("proposed", 0)
+            assert view["progress"]["done"] == n - view["status_counts"].get("pending", 0)
             seen.add(n)
             if not writer.is_alive():
                 break
@@ -246,3 +246,18 @@ def test_concurrent_requests_share_nothing(filled) -> None:
     for t in threads:
         t.join(30)
     assert errors == []
+
+
+def test_a_candidate_without_a_verdict_is_pending_while_its_run_runs_and_not_judged_after(filled) -> None:
+    from kernelrl.search.database import Database
+    from kernelrl.search.records import RunStatus
+
+    client, db, ids = filled
+    assert client.get(f"/api/runs/{ids['run']}").json()["view"]["status_counts"]["pending"] == 1
+    assert "being judged" in client.get(f"/runs/{ids['run']}/tasks/b").text
+    with Database(db) as writer:
+        writer.finish_run(ids["run"], RunStatus.INTERRUPTED)
+    counts = client.get(f"/api/runs/{ids['run']}").json()["view"]["status_counts"]
+    assert counts["not judged"] == 1 and "pending" not in counts
+    page = client.get(f"/runs/{ids['run']}/tasks/b").text
+    assert "not judged: the run ended before it" in page and "--resume" in page

@@ -239,7 +239,7 @@ def test_a_browser_signs_in_and_out(reward_server, browser) -> None:
     url, token = reward_server
     name = f"kernelrl_watch_{url.rsplit(':', 1)[1]}"
     browser.get(f"{url}/watch/")
-    assert wait_for(lambda: browser.current_url.endswith("/watch/login"))  # no session: the sign-in form
+    assert wait_for(lambda: "/watch/login" in browser.current_url)  # no session: the sign-in form
     browser.find_element(By.NAME, "token").send_keys("not-the-token-" + "x" * 30)
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
     assert wait_for(lambda: "failed=1" in browser.current_url)
@@ -257,13 +257,15 @@ def test_a_browser_signs_in_and_out(reward_server, browser) -> None:
     browser.get(f"{url}{base}/api/runs")
     assert '"runs"' in browser.find_element(By.TAG_NAME, "body").text
     browser.get(f"{url}/watch/api/runs")  # the cookie is not sent outside its path, and alone is no session
-    assert wait_for(lambda: browser.current_url.endswith("/watch/login"))
+    assert wait_for(lambda: "/watch/login" in browser.current_url)
     browser.get(f"{url}{base}/")
     browser.find_element(By.LINK_TEXT, "sign out").click()
+    assert "This browser's session ends" in browser.page_source  # the sign-out page says what it does
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    assert wait_for(lambda: browser.current_url.endswith("/watch/login"))
+    assert wait_for(lambda: "/watch/login" in browser.current_url)
+    assert "You are signed out" in browser.page_source
     browser.get(f"{url}{base}/api/runs")
-    assert wait_for(lambda: browser.current_url.endswith("/watch/login"))  # ended
+    assert wait_for(lambda: "/watch/login" in browser.current_url)  # ended
     assert browser.get_cookie(name) is None  # and the browser dropped the cookie at its path
 
 
@@ -320,3 +322,57 @@ def test_another_port_of_the_host_gets_no_session(reward_server, browser) -> Non
         other.shutdown()
         other.server_close()
         thread.join(10)
+
+
+def test_an_open_run_page_shows_its_run_finished_then_says_how_to_keep_watching(tmp_path: Path, browser) -> None:
+    """The page of a run (`--watch.port`) is served a little past the run's end, so a page open in
+    the browser shows the run finished (not "running" frozen); when its server is gone the page
+    says so, and names `kernelrl watch --db` with the run's database."""
+    from kernelrl.search.database import Database
+    from kernelrl.search.records import RunStatus
+    from kernelrl.serve.watch import LivePage
+
+    db = tmp_path / "run.db"
+    ids = fill_search_run(db)
+    page = LivePage(db, linger_s=4.0).start()
+    try:
+        _open_run(browser, f"{page.url}runs/{ids['run']}")
+        assert "running" in browser.find_element(By.ID, "status").text
+        with Database(db) as writer:
+            writer.finish_run(ids["run"], RunStatus.FINISHED)
+    finally:
+        page.close()  # the run's block ends
+    assert wait_for(lambda: "finished" in browser.find_element(By.ID, "status").text, 15)
+    assert wait_for(lambda: browser.execute_script("return !!document.getElementById('gone')"), 30)
+    note = browser.find_element(By.ID, "gone").text
+    assert "server has stopped" in note and f"kernelrl watch --db {db}" in note
+    assert "finished" in browser.find_element(By.ID, "status").text  # the last state it was sent stays
+
+
+def test_a_run_page_opened_before_its_run_starts_waits_for_it(live, browser) -> None:
+    """`/runs/N` for a run not stored yet (opened in the run's first second) reloads until it is."""
+    from kernelrl.search.database import Database
+
+    base, db, ids = live
+    future = ids["run"] + 1
+    browser.get(f"{base}/runs/{future}")
+    assert f"No run {future} in this database yet" in browser.page_source
+    with Database(db) as writer:
+        assert writer.start_run({"proposer": "heuristic"}) == future
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.page") == "run", 20)
+
+
+def test_signing_in_from_a_deep_link_lands_on_that_page(reward_server, browser) -> None:
+    """A run's address opened without a session asks to sign in, says which page, and signing in
+    leads there (under the session's path), not to the index."""
+    url, token = reward_server
+    browser.get(f"{url}/watch/runs/1")
+    assert wait_for(lambda: "/watch/login" in browser.current_url)
+    assert "Sign in to see" in browser.page_source and "/watch/runs/1" in browser.page_source
+    browser.find_element(By.NAME, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    assert wait_for(lambda: re.search(r"/watch/s/[A-Za-z0-9_-]{43}/runs/1$", urlsplit(browser.current_url).path))
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.page") == "run")
+    # a made-up target is not followed off the run pages
+    browser.get(f"{url}/watch/login?next=//evil.example/x")
+    assert browser.find_element(By.NAME, "next").get_attribute("value") == "/"

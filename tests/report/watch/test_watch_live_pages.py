@@ -46,7 +46,7 @@ def test_a_candidate_page_shows_its_verdict_once_judged(live, browser) -> None: 
 
     base, db, ids = live
     browser.get(f"{base}/runs/{ids['run']}/candidates/{ids['pending']}")
-    assert wait_for(lambda: "proposed" in browser.find_element("css selector", "h3").text, 10)
+    assert wait_for(lambda: "not judged yet" in browser.find_element("css selector", "h3").text, 10)
     assert wait_for(lambda: browser.execute_script("return document.body.dataset.seen"), 20)  # first poll seen
     with Database(db) as d:
         d.store_result(ids["pending"], correct("b", 1.7))

@@ -172,6 +172,23 @@
     return j.view.run.status === "running";
   }
 
+  // The page's server is gone: say so plainly, once, and how to keep watching (the database holds
+  // everything the run wrote). Polling goes on, so a server started again is picked up.
+  function gone() {
+    if (document.getElementById("gone")) {
+      return;
+    }
+    var note = document.createElement("p");
+    note.id = "gone";
+    note.className = "note";
+    var db = body.dataset.db ? " " + body.dataset.db : " <the run's database>";
+    note.textContent = "This page's server has stopped: the run ended, or was stopped, and its page with it. " +
+      "What you see is the last state it sent. Everything the run wrote is in its database; to keep " +
+      "watching, run: kernelrl watch --db" + db;
+    var main = document.querySelector("main");
+    main.insertBefore(note, main.firstChild);
+  }
+
   function poll() {
     var next = 2000;
     fetch(api, {headers: {"Accept": "application/json"}, credentials: "same-origin", cache: "no-store"})
@@ -182,6 +199,10 @@
         return r.json();
       })
       .then(function (j) {
+        var note = document.getElementById("gone");
+        if (note) {
+          note.remove();  // a server answers again
+        }
         if (kind === "run") {
           renderRun(j.display);
           next = j.display.running ? 2000 : 10000;
@@ -195,6 +216,9 @@
       })
       .catch(function (e) {
         setText("updated", "no answer from the server (" + e.message + "); retrying");
+        if (updates > 0) {
+          gone();  // it answered before: the page's server has stopped (with its run, most often)
+        }
         next = 5000;
       })
       .finally(function () { window.setTimeout(poll, next); });
