@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import math
 import os
 import re
 import time
@@ -37,6 +36,13 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 _GOOD, _BAD, _INK, _GRID = "#2a9d8f", "#e76f51", "#264653", "#d9d9d9"
+_NOISE = "#a8a8a8"  # within noise: neither faster nor slower (the tables' legend: red only beyond noise)
+
+
+def _standing_colour(speedup: float, within_noise: bool) -> str:
+    if within_noise:
+        return _NOISE
+    return _BAD if slower_beyond_noise(speedup, within_noise=False) else _GOOD
 
 
 def _png(fig: Figure) -> str:
@@ -86,15 +92,19 @@ def plot_distribution(report: Report) -> str | None:
     import numpy as np
     from matplotlib import ticker
 
-    values = [r.speedup_vs_eager for r in report.tasks if r.speedup_vs_eager is not None]
-    if not values:
+    solved = [(float(r.speedup_vs_eager), r.within_noise) for r in report.tasks if r.speedup_vs_eager is not None]
+    if not solved:
         return None
+    values = [v for v, _ in solved]
     lo, hi = min(min(values), 1.0) / 1.15, max(max(values), 1.0) * 1.15
     bins = np.geomspace(lo, hi, max(8, min(30, 2 * len(values))))
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    _, edges, patches = ax.hist(values, bins=list(bins), edgecolor="white", linewidth=0.8)
-    for left, right, patch in zip(edges[:-1], edges[1:], list(patches)):  # type: ignore[arg-type]
-        patch.set_facecolor(_GOOD if math.sqrt(left * right) >= 1.0 else _BAD)
+    # one bar per standing, stacked: faster, within noise, slower (the colours of every surface)
+    groups = [(_GOOD, "faster"), (_NOISE, "within noise"), (_BAD, "slower")]
+    data = [[v for v, n in solved if _standing_colour(v, n) == colour] for colour, _ in groups]
+    ax.hist(data, bins=list(bins), stacked=True, color=[c for c, _ in groups], label=[w for _, w in groups],
+            edgecolor="white", linewidth=0.8)
+    ax.legend(loc="upper right", fontsize=9, frameon=False)
     ax.set_xscale("log")
     ax.set_xlim(lo, hi)
     _speedup_axis(ax.xaxis, lo, hi)
@@ -146,9 +156,11 @@ def plot_per_task(report: Report) -> str | None:
     per_row = 0.22 + 0.2 * max(n.count("\n") + 1 for n in names)
     fig, ax = plt.subplots(figsize=(6.4, 0.8 + per_row * len(rows)))
     eager = [float(r.speedup_vs_eager or 1.0) for r in rows]
-    ax.barh(y, [e - 1 for e in eager], left=1, height=0.6, color=[_GOOD if e >= 1 else _BAD for e in eager])
+    ax.barh(y, [e - 1 for e in eager], left=1, height=0.6,
+            color=[_standing_colour(e, r.within_noise) for e, r in zip(eager, rows)])
     # One legend entry per bar colour: a bar's label would show the first bar's colour only.
     handles: list[Artist] = [Patch(color=_GOOD, label="against eager: faster"),
+                          Patch(color=_NOISE, label="against eager: within noise"),
                           Patch(color=_BAD, label="against eager: slower")]
     comp = [(i, float(r.speedup_vs_compile)) for i, r in enumerate(rows) if r.speedup_vs_compile is not None]
     if comp:

@@ -117,14 +117,15 @@ def page(title: str, body: str, links: Links, *, script: bool = False, data: dic
             f"<main>{body}</main>{scripts}</body></html>")
 
 
-def cell_html(cell: Cell) -> str:
+def cell_html(cell: Cell, label: str = "") -> str:
+    data = f' data-label="{esc(label)}"' if label else ""
     if isinstance(cell, str):
-        return f"<td>{esc(cell)}</td>"
+        return f"<td{data}>{esc(cell)}</td>"
     cls = f' class="{esc(cell["cls"])}"' if cell.get("cls") else ""
     text = esc(cell.get("text", ""))
     if cell.get("href"):
         text = f'<a href="{esc(cell["href"])}">{text}</a>'
-    return f"<td{cls}>{text}</td>"
+    return f"<td{cls}{data}>{text}</td>"
 
 
 def _chart(name: str) -> str:
@@ -133,8 +134,11 @@ def _chart(name: str) -> str:
 
 
 def table_html(table_id: str, table: Table) -> str:
+    """A table; on a phone each row stacks into lines labelled by the header (the page's script
+    labels the rows it writes alike)."""
     head = "".join(f"<th>{esc(h)}</th>" for h in table["header"])
-    rows = "".join("<tr>" + "".join(cell_html(c) for c in row) + "</tr>" for row in table["rows"])
+    rows = "".join("<tr>" + "".join(cell_html(c, label) for c, label in zip(row, table["header"])) + "</tr>"
+                   for row in table["rows"])
     empty = f"<p class='empty' id='{esc(table_id)}-empty'{' hidden' if table['rows'] else ''}>{esc(table['empty'])}</p>"
     return (f"<table id='{esc(table_id)}'{' hidden' if not table['rows'] else ''}><thead><tr>{head}</tr></thead>"
             f"<tbody>{rows}</tbody></table>{empty}")

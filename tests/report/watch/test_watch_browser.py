@@ -376,3 +376,19 @@ def test_signing_in_from_a_deep_link_lands_on_that_page(reward_server, browser) 
     # a made-up target is not followed off the run pages
     browser.get(f"{url}/watch/login?next=//evil.example/x")
     assert browser.find_element(By.NAME, "next").get_attribute("value") == "/"
+
+
+def test_the_run_page_at_a_phones_width_hides_nothing_sideways(live, browser) -> None:
+    """At 480 px every table's rows stack into labelled lines: the page never scrolls sideways and
+    every cell, written by the server or by the page's script, is on screen with its label."""
+    base, _, ids = live
+    browser.set_window_size(480, 1400)
+    _open_run(browser, f"{base}/runs/{ids['run']}")
+    assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+    off = browser.execute_script(
+        "return [...document.querySelectorAll('main td')].filter(td => td.getBoundingClientRect().right > "
+        "window.innerWidth + 1).map(td => td.dataset.label)")
+    assert off == []
+    labels = browser.execute_script("return [...document.querySelectorAll('#tasks tbody tr:first-child td')]"
+                                    ".map(td => td.dataset.label)")
+    assert "vs torch.compile" in labels and "% of roofline" in labels

@@ -51,9 +51,10 @@
     var rows = document.createDocumentFragment();
     table.rows.forEach(function (row) {
       var tr = document.createElement("tr");
-      row.forEach(function (cell) {
+      row.forEach(function (cell, i) {
         var td = document.createElement("td");
         fillCell(td, cell);
+        td.dataset.label = table.header[i] || "";  // a phone stacks the row into labelled lines
         tr.appendChild(td);
       });
       rows.appendChild(tr);
