@@ -655,3 +655,53 @@ def test_resume_continues_the_latest_search_not_a_later_bench_in_the_same_file(t
     with Database(cfg.db_path) as db:
         assert [(r.id, r.config.get("stage")) for r in db.runs()] == [(first.run_id, None), (bench, "bench")]
         assert db.get_run(bench).status is RunStatus.FINISHED  # untouched
+
+
+def test_a_tasks_baseline_is_stored_with_its_first_verdict_not_when_the_batch_returns(tmp_path: Path) -> None:
+    """The judge measures a task's eager and torch.compile times in its first group and hands each
+    verdict over as it is final: the baseline is in the database while the batch still runs, so
+    the run page shows speedups against torch.compile during the run, not only after it."""
+    from kernelrl.judge.baseline import Baseline
+
+    stored_mid_batch: list[bool] = []
+
+    class Streaming:
+        fingerprint = "f"
+
+        def __init__(self, db_path: Path) -> None:
+            self.db_path = db_path
+            self.measured: set[str] = set()
+
+        def evaluate_batch(self, items, *, on_result=None):
+            out = []
+            for i, (task, cand) in enumerate(items):
+                self.measured.add(task.name)
+                result = scripted_result(task, cand if isinstance(cand, Candidate) else Candidate(source=cand))
+                out.append(result)
+                if on_result is not None:
+                    on_result(i, result)
+                    deadline = time.monotonic() + 5
+                    while time.monotonic() < deadline:  # the loop stores it on its own thread
+                        with Database(self.db_path, readonly=True) as db:
+                            if db.get_baseline(task.name, "cpu", "small") is not None:
+                                break
+                        time.sleep(0.05)
+                    with Database(self.db_path, readonly=True) as db:
+                        stored_mid_batch.append(db.get_baseline(task.name, "cpu", "small") is not None)
+            return out
+
+        def profile(self, task):
+            return None
+
+        def cached_baseline(self, task):
+            if task.name not in self.measured:
+                return None
+            return Baseline(task=task.name, device="cpu", size="small", eager_ms=2.0, compile_ms=1.0)
+
+        def peaks(self):
+            return None
+
+    cfg = SearchConfig(tasks=("a", "b"), db_path=tmp_path / "k.db", budget=1, chains=1, baselines=False)
+    searched(cfg, tasks=_tasks("a", "b"), proposer=ScriptedProposer(), judge=Streaming(cfg.db_path),
+             build_prompt=fake_prompt)
+    assert stored_mid_batch and all(stored_mid_batch)
