@@ -233,7 +233,8 @@ class SearchActivity:
                                  eta=eta_text(0.0 if final else self._rate.eta_s(total - done)))
         if not self._console.is_terminal and now - self._logged >= LOG_EVERY_S:
             self._logged = now
-            self._console.print(progress_line(done, total, now - self._started, self.progress.status), highlight=False)
+            self._console.print(progress_line(done, total, now - self._started, self.progress.status,
+                                              eta_s=self._rate.eta_s(total - done)), highlight=False)
 
 
 class _Eta(ProgressColumn):
@@ -279,9 +280,10 @@ def eta_text(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def progress_line(done: int, total: int, elapsed_s: float, status: str) -> str:
-    """The search's progress as one plain line (for a log): judged of budget, elapsed, ETA, status."""
-    eta = f"ETA {elapsed_s * (total - done) / done:.0f} s" if 0 < done < total else "ETA unknown"
+def progress_line(done: int, total: int, elapsed_s: float, status: str, *, eta_s: float | None = None) -> str:
+    """The search's progress as one plain line (for a log): judged of budget, elapsed, ETA (the
+    judging rate's, `JudgingRate`), status."""
+    eta = f"ETA {eta_s:.0f} s" if eta_s is not None and done < total else "ETA unknown"
     return f"[{elapsed_s:.0f} s] judged {done}/{total} candidates, {eta}; {status}"
 
 

@@ -95,8 +95,8 @@ def test_a_log_that_is_not_a_terminal_gets_plain_progress_lines(monkeypatch):
 def test_the_plain_progress_line_gives_an_eta_only_when_it_can():
     from kernelrl.search.activity import progress_line
 
-    assert progress_line(2, 8, 30.0, "scheduling") == "[30 s] judged 2/8 candidates, ETA 90 s; scheduling"
-    assert "ETA unknown" in progress_line(0, 8, 5.0, "x") and "ETA unknown" in progress_line(8, 8, 5.0, "x")
+    assert progress_line(2, 8, 30.0, "scheduling", eta_s=90.0) == "[30 s] judged 2/8 candidates, ETA 90 s; scheduling"
+    assert "ETA unknown" in progress_line(0, 8, 5.0, "x") and "ETA unknown" in progress_line(8, 8, 5.0, "x", eta_s=0.0)
 
 
 def test_the_eta_is_the_judging_rate_since_the_first_verdict_not_since_the_start():
