@@ -194,12 +194,6 @@ class Comparer:
                                   f"{theirs})")
 
 
-def copy_of(code: str | None, result: EvalResult | None, shown: Sequence[ShownVersion],
-            rule: CopyRule | None = None) -> CopyFinding | None:
-    """`Comparer(shown, rule).copy_of(code, result)`."""
-    return Comparer(shown, rule).copy_of(code, result)
-
-
 class VersionSource(Protocol):
     """The part of the code database the copy rule reads (`kernelrl.search.database` implements it)."""
 

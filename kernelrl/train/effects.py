@@ -109,7 +109,7 @@ class RolloutEffects:
         self.run_id = run_id
         self.console = console
 
-    def store(self, judged: Sequence[Judged], shaped: Shaped, every: Sequence[Scored], here: range, *, step: int,
+    def store(self, judged: Sequence[Judged], shaped: Shaped, here: range, *, step: int,
               rank: int, meta: Sequence[RunMeta] | None = None) -> list[Judged]:
         """This rank's rollouts written with their verdicts and what training did with them."""
         if self.db is None:

@@ -168,7 +168,7 @@ class KernelRewardFunction:
             if observe:
                 self.effects.observe(every, shaped)
             here = range(start, start + len(judged))
-            judged = self.effects.store(judged, shaped, every, here, step=step, rank=self.ranks.index, meta=meta)
+            judged = self.effects.store(judged, shaped, here, step=step, rank=self.ranks.index, meta=meta)
             group_of = shaped.group_of()
             values = [shaped.values[i] for i in here]
             evaluated = sum(1 for j in judged if j.judged_here)

@@ -159,12 +159,8 @@ class Scorer:
         """The versions a rollout's prompt showed, compared against (one per prompt in a batch)."""
         text = rollout.shown_text if rollout.shown_text is not None else rollout.prompt
         key: tuple[str, tuple[int, ...] | str] = (task.name, rollout.shown if rollout.shown is not None else text)
-        if key not in cache:
-            if rollout.shown is not None:
-                shown = shown_versions(self.db, task, ids=rollout.shown)
-            else:
-                shown = shown_versions(self.db, task, prompt=text)
-            cache[key] = Comparer(shown, self.copy_rule)
+        if key not in cache:  # recorded ids first, else the prompt's blocks (`shown_versions`)
+            cache[key] = Comparer(shown_versions(self.db, task, ids=rollout.shown, prompt=text), self.copy_rule)
         return cache[key]
 
     def _truncated(self, j: Judged) -> bool:
