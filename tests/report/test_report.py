@@ -54,6 +54,18 @@ def _fill(path: Path, run_id_of=lambda task: None) -> None:
             db.put_baseline(task=task, device="cpu", size="small", eager_ms=eager, compile_ms=comp)
 
 
+def _one_best_each(path: Path, rows: tuple[tuple[str, float, tuple[float, float]], ...]) -> None:
+    """One run; each (task, speedup, 95% interval) row is that task's single correct, timed verdict."""
+    with Database(path) as db:
+        run = db.start_run({"task_names": [task for task, _, _ in rows]})
+        for task, speedup, ci in rows:
+            db.upsert_task(name=task, source=f"# {task}", source_hash=task, level=1, size="small")
+            rec = db.add_candidate(NewCandidate(task=task, hash=task, source=task, run_id=run))
+            t = TimingStats(median_ms=1 / speedup, mean_ms=1 / speedup, min_ms=1 / speedup, iqr_ms=0, n=3)
+            db.store_result(rec.id, EvalResult(task=task, status=Status.CORRECT, speedup=speedup, speedup_ci=ci,
+                                               cand_time=t))
+
+
 def test_numbers(tmp_path: Path) -> None:
     path = tmp_path / "k.db"
     _fill(path)
@@ -176,14 +188,7 @@ def test_faster_has_one_definition_a_speedup_within_noise_never_counts() -> None
 
 def test_a_best_within_noise_is_not_counted_faster_in_the_terminal_or_the_html(tmp_path: Path) -> None:
     path = tmp_path / "k.db"
-    with Database(path) as db:
-        run = db.start_run({"task_names": ["row_sum", "clear"]})
-        for task, speedup, ci in (("row_sum", 1.08, (0.81, 1.26)), ("clear", 1.5, (1.4, 1.6))):
-            db.upsert_task(name=task, source=f"# {task}", source_hash=task, level=1, size="small")
-            rec = db.add_candidate(NewCandidate(task=task, hash=task, source=task, run_id=run))
-            t = TimingStats(median_ms=1 / speedup, mean_ms=1 / speedup, min_ms=1 / speedup, iqr_ms=0, n=3)
-            db.store_result(rec.id, EvalResult(task=task, status=Status.CORRECT, speedup=speedup, speedup_ci=ci,
-                                               cand_time=t))
+    _one_best_each(path, (("row_sum", 1.08, (0.81, 1.26)), ("clear", 1.5, (1.4, 1.6))))
     r = build_report(path)
     assert r.fast(1.0) == 0.5 and r.fast(0.0) == 1.0 and (r.faster, r.noisy_above_one) == (1, 1)
     console = Console(record=True, width=160)
@@ -203,14 +208,7 @@ def test_a_best_within_noise_is_not_counted_faster_in_the_terminal_or_the_html(t
 def test_only_a_result_slower_beyond_noise_is_red_everywhere(tmp_path: Path) -> None:
     """0.99x within noise is plain; 0.80x beyond noise is red, in the terminal and in the HTML."""
     path = tmp_path / "k.db"
-    with Database(path) as db:
-        run = db.start_run({"task_names": ["noisy", "slow"]})
-        for task, speedup, ci in (("noisy", 0.99, (0.95, 1.03)), ("slow", 0.8, (0.78, 0.82))):
-            db.upsert_task(name=task, source=f"# {task}", source_hash=task, level=1, size="small")
-            rec = db.add_candidate(NewCandidate(task=task, hash=task, source=task, run_id=run))
-            t = TimingStats(median_ms=1 / speedup, mean_ms=1 / speedup, min_ms=1 / speedup, iqr_ms=0, n=3)
-            db.store_result(rec.id, EvalResult(task=task, status=Status.CORRECT, speedup=speedup, speedup_ci=ci,
-                                               cand_time=t))
+    _one_best_each(path, (("noisy", 0.99, (0.95, 1.03)), ("slow", 0.8, (0.78, 0.82))))
     r = build_report(path)
     page = write_html(r, tmp_path / "r.html").read_text()
     assert re.search(r'<tr><td class="slow"[^>]*>slow</td>', page) and re.search(r"<tr><td data-label[^>]*>noisy</td>", page)
@@ -224,12 +222,7 @@ def test_only_a_result_slower_beyond_noise_is_red_everywhere(tmp_path: Path) -> 
 
 def test_headlines_carry_their_range_and_counts_and_the_page_fits_a_phone(tmp_path: Path) -> None:
     path = tmp_path / "k.db"
-    with Database(path) as db:
-        run = db.start_run({"task_names": ["row_sum", "clear"]})
-        for task, speedup, ci in (("row_sum", 1.08, (0.81, 1.26)), ("clear", 1.5, (1.4, 1.6))):
-            db.upsert_task(name=task, source=f"# {task}", source_hash=task, level=1, size="small")
-            rec = db.add_candidate(NewCandidate(task=task, hash=task, source=task, run_id=run))
-            db.store_result(rec.id, EvalResult(task=task, status=Status.CORRECT, speedup=speedup, speedup_ci=ci))
+    _one_best_each(path, (("row_sum", 1.08, (0.81, 1.26)), ("clear", 1.5, (1.4, 1.6))))
     r = build_report(path)
     assert r.geomean_range_vs_eager == pytest.approx(((0.81 * 1.4) ** 0.5, (1.26 * 1.6) ** 0.5))
     page = write_html(r, tmp_path / "r.html").read_text()
