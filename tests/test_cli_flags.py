@@ -73,7 +73,7 @@ def test_no_flag_of_a_judging_command_lacks_a_field(command):
     tables = {"optimize": OPTIMIZE_TABLES, "serve": SERVE_TABLES, "collect": COLLECT_TABLES,
               "bench": BENCH_TABLES, "train": TRAIN_TABLES}.get(command, (EVAL_FLAGS,))
     known = set(flag_paths(*tables))
-    actions = {"--help", "--config", "--json", "--no-compile", "--runs", "--tolerance", "--dynamic", "--only",
+    actions = {"--help", "--config", "--recipe", "--json", "--no-compile", "--runs", "--tolerance", "--dynamic", "--only",
                "--limit", "--degeneracy", "--task", "--report", "--html", "--plot"}
     # BooleanOptionalAction adds --no-X beside --X
     extra = {f for f in _flags(_sub(command)) - known - actions if not (f.startswith("--no-") and

@@ -118,10 +118,12 @@ def _config(args: argparse.Namespace, cls: type[_C], tables: tuple[FlagTable, ..
             adjust: Callable[[dict[str, Any]], None] | None = None) -> _C:
     """A command's config: the named run config file, then the flags given on top; `adjust`
     rewrites the merged settings before they are built."""
-    from kernelrl.config import ConfigError, build
+    from kernelrl.config import ConfigError, build, with_overrides
 
     try:
         values = given_values(args, *tables, legacy=nest_episode_keys)
+        if getattr(args, "recipe", None):
+            values = with_overrides(_recipe(args.recipe, command), values)
         if adjust is not None:
             adjust(values)
         config = build(cls, values)  # `tables[0].config` is `cls`
@@ -129,6 +131,13 @@ def _config(args: argparse.Namespace, cls: type[_C], tables: tuple[FlagTable, ..
         raise UsageError(user_words(str(e), *tables)) from e
     check_device(config.eval.device)
     return config
+
+
+def _recipe(name: str, command: str) -> dict[str, Any]:
+    """A training run config's settings for `collect` or `bench` (`kernelrl.train.recipe.recipe_values`)."""
+    from kernelrl.train.recipe import load_train_config, recipe_values
+
+    return recipe_values(load_train_config(name), command)
 
 
 def _preflight(config: CollectConfig | BenchConfig, proposers: list[tuple[str, dict[str, object]]]) -> None:
@@ -405,6 +414,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("collect", help="build the SFT set: several proposers try every task, the evaluator keeps "
                                        "what is correct")
     p.add_argument("--config", default=None, help="run config (.toml) whose settings the flags override")
+    p.add_argument("--recipe", default=None, metavar="NAME|FILE",
+                   help="a training run config: collect for its tasks, under its [eval], into the SFT set and database "
+                        "its stages read, with its [collect] table (flags and --config override)")
     add_flags(p, *COLLECT_TABLES)
     p.set_defaults(func=cmd_collect)
 
@@ -438,6 +450,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     p = sub.add_parser("bench", help="evaluate a model or proposer on a suite: pass@k, fast_p@k, speedups")
     p.add_argument("--config", default=None, help="run config (.toml) whose settings the flags override")
+    p.add_argument("--recipe", default=None, metavar="NAME|FILE",
+                   help="a training run config: bench its tasks under its [eval], stored in its database, with its "
+                        "[bench] table (flags and --config override)")
     add_flags(p, *BENCH_TABLES)
     p.add_argument("--plot", default=None, metavar="FILE.png", help="also draw pass@k, fast_p@k and the per-task "
                                                                    "best speedups into this PNG")

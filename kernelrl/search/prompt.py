@@ -316,17 +316,27 @@ def build_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | 
                           n_refused=n_refused, size=size, template_dir=template_dir, profile=profile).text
 
 
+def first_attempt_prompt(task: Task, *, policy: object, device: str | DevicePeaks, size: str = "small",
+                         profile: TaskProfile | None = None, template_dir: str | Path | None = None) -> str:
+    """A task's first-attempt prompt: no earlier version, no refused program. `kernelrl bench` asks
+    every sample with it and `kernelrl collect` pairs every kept answer with it, so what SFT trains
+    on is what a bench asks."""
+    return build_prompt(task, db=None, chain_best=None, policy=policy, device=device, rng=random.Random(0), size=size,
+                        profile=profile, template_dir=template_dir)
+
+
 def compose_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record | None, policy: object,
                    device: str | DevicePeaks, rng: random.Random, k: int = 4, n_refused: int = 3,
                    size: str = "small", template_dir: str | Path | None = None,
-                   profile: TaskProfile | None = None) -> ComposedPrompt:
+                   profile: TaskProfile | None = None, shown: Sequence[Record] | None = None) -> ComposedPrompt:
     """The contrastive prompt for one proposal on `task`, with the ids of the versions it shows.
 
     `db` may be None (first step of a fresh run); `chain_best` is the chain's current best
     (shown once and marked, even if the database did not pick it); `policy` is a policy's name
     ("strict", "strict-pytorch", "open") or a policy object with `.name`; `device` is "cpu",
     "cuda[:N]" or a `DevicePeaks`; `profile` is the judge's `TaskProfile` of the task at `size`
-    (shapes and constants; the prompt says they are unavailable without it: no task code runs here).
+    (shapes and constants; the prompt says they are unavailable without it: no task code runs here);
+    `shown` are the earlier versions to show, drawn by the caller (None: `db.contrast_set`'s k).
     """
     if k < 0 or n_refused < 0:
         raise PromptError("k and n_refused must be >= 0")
@@ -334,7 +344,8 @@ def compose_prompt(task: Task, *, db: ContrastSource | None, chain_best: Record 
     policy_name = _policy_name(policy)
     peaks = device if isinstance(device, DevicePeaks) else device_peaks(device)
 
-    shown = list(db.contrast_set(task.name, k, rng)) if db is not None and k > 0 else []
+    if shown is None:
+        shown = list(db.contrast_set(task.name, k, rng)) if db is not None and k > 0 else []
     refused = list(db.recent_refused(task.name, n_refused)) if db is not None and n_refused > 0 else []
     versions = order_versions(shown, chain_best, k)
     best_hash = source_hash(chain_best.source) if chain_best is not None else None

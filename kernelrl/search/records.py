@@ -65,6 +65,19 @@ class BaselineRecord:
         return self.compile_ci is not None and self.compile_ci[0] <= 1.0 <= self.compile_ci[1]
 
 
+class ContrastDraw(enum.StrEnum):
+    """How a contrastive prompt's earlier versions are chosen (`Database.contrast_set`)."""
+
+    # the best, then clearly weaker ones spanning the range of speeds: the best is always shown
+    BEST = "best"
+    # k drawn without replacement, each with weight speedup ** (1 / temperature), as CUDA-L1 samples
+    # its exemplars by score: the best is often shown, not always, so an answer faster than every
+    # version its prompt shows can be written and paid even after the best is known
+    SCORE = "score"
+    # no earlier version, not even the best: every prompt the first-attempt prompt (plain GRPO)
+    NONE = "none"
+
+
 class RunStage(enum.StrEnum):
     """Which command stored a candidate (none: a search)."""
 

@@ -33,7 +33,7 @@ Does not train or change the model.
 from __future__ import annotations
 
 import contextlib
-import random
+import dataclasses
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -137,6 +137,7 @@ class BenchReport:
     median_compile: float | None
     missing_samples: int
     statuses: dict[str, int]
+    run_id: int | None = None  # the bench's run in its database (each sample a candidate of it), if kept
 
     @property
     def solved(self) -> int:
@@ -149,7 +150,7 @@ class BenchReport:
                 "geomean_eager": self.geomean_eager, "median_eager": self.median_eager,
                 "geomean_eager_all": self.geomean_eager_all, "geomean_compile": self.geomean_compile,
                 "median_compile": self.median_compile, "missing_samples": self.missing_samples,
-                "statuses": dict(self.statuses),
+                "statuses": dict(self.statuses), "run_id": self.run_id,
                 "per_task": [{"task": t.task, "level": t.level, "samples": t.samples, "correct": t.correct,
                               "best_speedup": t.best_speedup, "compile_speedup": t.compile_speedup,
                               "best_vs_compile": t.best_vs_compile, "statuses": t.statuses} for t in self.tasks]}
@@ -191,7 +192,7 @@ def run_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend:
     per_task: dict[str, list[Judged]] = {t.name: [] for t in tasks}
     for j in judged:
         per_task[j.rollout.task].append(j)
-    return summarise(config, tasks, per_task, compile_speedups)
+    return dataclasses.replace(summarise(config, tasks, per_task, compile_speedups), run_id=run_id)
 
 
 @contextlib.contextmanager
@@ -254,12 +255,12 @@ def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str,
 
 def _sample(proposer: Proposer, tasks: Sequence[Task], config: BenchConfig, settings: EvalSettings,
             profiles: Mapping[str, TaskProfile | None]) -> list[Rollout]:
-    from kernelrl.search.prompt import build_prompt
+    from kernelrl.search.prompt import first_attempt_prompt
     from kernelrl.search.proposers import Exhausted, ProposalRequest
 
-    prompts = {t.name: build_prompt(t, db=None, chain_best=None, policy=settings.policy, device=settings.device,
-                                    rng=random.Random(config.seed), size=settings.size,
-                                    profile=profiles.get(t.name), template_dir=config.template_dir) for t in tasks}
+    prompts = {t.name: first_attempt_prompt(t, policy=settings.policy, device=settings.device, size=settings.size,
+                                            profile=profiles.get(t.name), template_dir=config.template_dir)
+               for t in tasks}
     jobs = [(t, i) for t in tasks for i in range(config.k)]
 
     def one(job: tuple[Task, int]) -> Rollout | None:
@@ -271,6 +272,17 @@ def _sample(proposer: Proposer, tasks: Sequence[Task], config: BenchConfig, sett
         return Rollout(task=task.name, prompt=prompts[task.name], answer=out.answer,
                        prompt_tokens=int(out.prompt_tokens), completion_tokens=int(out.completion_tokens))
 
+    def many(task: Task) -> list[Rollout]:
+        try:
+            outs = proposer.propose_many(ProposalRequest(task=task, prompt=prompts[task.name]), config.k)
+        except Exhausted:
+            return []
+        return [Rollout(task=task.name, prompt=prompts[task.name], answer=out.answer,
+                        prompt_tokens=int(out.prompt_tokens), completion_tokens=int(out.completion_tokens))
+                for out in outs]
+
+    if proposer.batched:  # a local model: a task's k samples in one batch
+        return [r for t in tasks for r in many(t)]
     # A finite proposer hands out a task's rows in order: ask one task's samples in order.
     with ThreadPoolExecutor(max_workers=config.model_concurrency) as ex:
         outs = list(ex.map(one, jobs))

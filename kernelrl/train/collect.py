@@ -10,7 +10,12 @@ attempts, their verdicts and refused hacks.
 
 The accepted (correct) answers are the SFT set, written after every round as JSONL (`out`) and
 at the end also as a `datasets.Dataset` (`kernelrl.train.sft_set`): task, prompt, answer,
-verdict, speedup, proposer.
+verdict, speedup, proposer. With `first_prompt` (the default) every accepted answer is also a row
+under the task's first-attempt prompt (`kernelrl.search.prompt.first_attempt_prompt`, what
+`kernelrl bench` asks), judged once: a model trained on the set has seen every kept program, fast
+and slow, after the prompt it is benched with, not only after the prompt that happened to ask it.
+With `keep` above 1 a pair goes on asking after its first correct answer, so the set holds several
+programs per task.
 
 Proposer specs are `make_proposer` specs, optionally followed by `key=value` options separated by
 spaces: `"openai:qwen-coder base_url=http://127.0.0.1:8000/v1 temperature=0.8"`. An API key is
@@ -56,6 +61,7 @@ if TYPE_CHECKING:
     from kernelrl.judge.profile import TaskProfile
     from kernelrl.search.database import Database
     from kernelrl.search.proposers import Proposal, Proposer
+    from kernelrl.search.records import CandidateRecord
 
 MAX_FAILURES = 3
 STAGE = RunStage.COLLECT
@@ -114,6 +120,10 @@ class CollectConfig:
     out: Path  # the SFT set as JSONL; the Dataset goes next to it (<name>.dataset/)
     tries: int = 20  # answers per task and proposer, at most
     keep: int = 1  # correct answers per task and proposer after which it stops asking
+    first_prompt: bool = True  # each accepted answer also a row under the first-attempt prompt (bench's)
+    # each accepted answer also a row under a prompt showing each other accepted program of its task,
+    # one at a time: the contrastive prompts GRPO asks, seen with every program the set holds
+    shown_prompts: bool = False
     db_path: Path | None = None  # None: code.db next to `out`, the database training reads by default
     splits: tuple[str, ...] = ("train",)  # which split's tasks to collect for (never test: kernelrl.tasks.splits)
     k_shown: int = 4
@@ -209,6 +219,10 @@ def collect(config: CollectConfig, *, console: Console | None = None, backend: P
                 if any(p.spec.label == s.label and not p.stopped for p in pairs):
                     made[s.label] = run.proposer(s.spec, label=s.label, **_options(s, config))
             profiles = task_profiles(backend, tasks) if backend is not None else {}
+            if (config.first_prompt or config.shown_prompts) and not profiles:
+                # a finished collection resumed: the prompts state the shapes only a judge reads
+                profiles = task_profiles(run.judge, tasks)
+            pairing = Pairing(tasks=tasks, profiles=profiles, settings=settings, config=config, db=db)
             round_no = 0
             while True:
                 open_pairs = [p for p in pairs if not p.stopped]
@@ -234,8 +248,8 @@ def collect(config: CollectConfig, *, console: Console | None = None, backend: P
                 if console is not None:
                     console.print(f"collect round {round_no}: {len(rollouts)} answers, "
                                   f"{sum(p.accepted for p in pairs)} accepted so far")
-                write_sft_set(config.out, sft_rows(db), dataset=False)
-        rows = sft_rows(db)
+                write_sft_set(config.out, sft_rows(db, pairing), dataset=False)
+            rows = sft_rows(db, pairing)
     write_sft_set(config.out, rows, dataset=True)
     return CollectSummary(out=config.out, dataset=dataset_dir(config.out), db_path=config.database, rows=len(rows),
                           pairs=tuple(PairSummary(task=p.task.name, proposer=p.spec.label, tries=p.tries,
@@ -243,16 +257,51 @@ def collect(config: CollectConfig, *, console: Console | None = None, backend: P
                           asked=asked, evaluated=evaluated, errors=tuple(errors))
 
 
-def sft_rows(db: Database) -> list[SFTRow]:
-    """Every accepted answer `collect` stored in the database, oldest first."""
+def sft_rows(db: Database, pairing: Pairing | None = None) -> list[SFTRow]:
+    """Every accepted answer `collect` stored in the database, oldest first, under the prompt it was
+    asked with and (with `pairing`) the prompts `Pairing.prompts` adds, once per (task, prompt, answer)."""
+    accepted = [rec for rec in db.candidates() if rec.meta.stage is STAGE and rec.is_correct]
     rows = []
-    for rec in db.candidates():
-        if rec.meta.stage is not STAGE or not rec.is_correct:
-            continue
+    seen: set[tuple[str, str, str]] = set()
+    for rec in accepted:
         assert rec.status is not None  # a correct record has its verdict
-        rows.append(SFTRow(task=rec.task, prompt=rec.prompt, answer=rec.answer, verdict=rec.status.value,
-                           speedup=rec.speedup, proposer=rec.proposer, candidate_id=rec.id))
+        more = pairing.prompts(rec, [r for r in accepted if r.task == rec.task]) if pairing is not None else []
+        for prompt in dict.fromkeys([rec.prompt, *more]):
+            if (rec.task, prompt, rec.answer) in seen:
+                continue
+            seen.add((rec.task, prompt, rec.answer))
+            rows.append(SFTRow(task=rec.task, prompt=prompt, answer=rec.answer, verdict=rec.status.value,
+                               speedup=rec.speedup, proposer=rec.proposer, candidate_id=rec.id))
     return rows
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pairing:
+    """The prompts an accepted answer is paired with besides the one that asked it: the task's
+    first-attempt prompt (`first_prompt`) and one prompt showing each other accepted program of the
+    task (`shown_prompts`), built as the search and GRPO build theirs."""
+
+    tasks: Sequence[Task]
+    profiles: Mapping[str, TaskProfile | None]
+    settings: EvalSettings
+    config: CollectConfig
+    db: Database
+
+    def prompts(self, rec: CandidateRecord, accepted: Sequence[CandidateRecord]) -> list[str]:
+        from kernelrl.search.prompt import compose_prompt, first_attempt_prompt
+
+        task = next((t for t in self.tasks if t.name == rec.task), None)
+        if task is None:
+            return []
+        common = {"policy": self.settings.policy, "device": self.settings.device, "size": self.settings.size,
+                  "profile": self.profiles.get(task.name), "template_dir": self.config.template_dir}
+        out = [first_attempt_prompt(task, **common)] if self.config.first_prompt else []  # type: ignore[arg-type]
+        if self.config.shown_prompts:
+            # the program shown as the one to improve, as GRPO's stream shows a version it drew
+            out += [compose_prompt(task, db=self.db, chain_best=other, rng=random.Random(0), k=1, shown=[other],
+                                   **common).text  # type: ignore[arg-type]
+                    for other in accepted if other.id != rec.id and other.source != rec.source]
+        return out
 
 
 def _pairs(db: Database, tasks: Sequence[Task], specs: Sequence[ProposerSpec], config: CollectConfig) -> list[_Pair]:
@@ -307,7 +356,9 @@ def _ask(pairs: Sequence[_Pair], proposers: Mapping[str, Proposer], db: Database
     requests = []
     for p in pairs:
         best = db.top_candidates(p.task.name, 1)
-        prompt = build_prompt(p.task, db=db, chain_best=best[0] if best else None, policy=settings.policy,
+        # k_shown = 0: no earlier version shown, not even the best (the first-attempt prompt)
+        prompt = build_prompt(p.task, db=db, chain_best=best[0] if best and config.k_shown else None,
+                              policy=settings.policy,
                               device=settings.device, size=settings.size, k=config.k_shown,
                               rng=random.Random(f"{config.seed}:{p.task.name}:{p.spec.label}:{p.tries}"),
                               profile=profiles.get(p.task.name), template_dir=config.template_dir)

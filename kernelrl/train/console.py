@@ -54,7 +54,9 @@ def render_stage_report(report: StageReport, console: Console) -> None:
 
 
 def render_collect(summary: CollectSummary, console: Console) -> None:
-    table = Table(title=f"SFT set: {summary.rows} accepted answers")
+    accepted = sum(p.accepted for p in summary.pairs)
+    table = Table(title=f"SFT set: {accepted} accepted answers, {summary.rows} rows (each answer under every prompt "
+                        "it is paired with)")
     width = min(30, max((len(p.task) for p in summary.pairs), default=4))
     table.add_column("task", min_width=width, overflow="fold")
     table.add_column("proposer", overflow="fold")

@@ -75,7 +75,7 @@ from kernelrl.train.roc import RoCConfig
 from kernelrl.train.rollouts import EvalSettings, task_profiles
 from kernelrl.train.stage import StageOutcome, checkpoint_to_resume
 from kernelrl.train.step_log import step_log_callback
-from kernelrl.train.stream import PromptStream
+from kernelrl.train.stream import ContrastConfig, PromptStream
 from kernelrl.train.trainer import ROW_MEAN_LOSSES, grpo_trainer_class
 from kernelrl.train.trl_args import build_args, check_keys, trl_class
 
@@ -98,6 +98,7 @@ DEFAULTS = {"ignore_data_skip": True}
 class GRPOStageConfig:
     init_from: str = "auto"  # "auto": rft's final model, else sft's, else the base model
     k_shown: int = 4  # earlier versions of the task shown in each prompt
+    contrast: ContrastConfig = field(default_factory=ContrastConfig)  # how they are drawn: the best, or by score
     roc: RoCConfig = field(default_factory=RoCConfig)
     # how close to a shown version an answer must be to be paid as its copy (kernelrl.train.copies)
     copies: CopyRule = field(default_factory=CopyRule)
@@ -297,7 +298,7 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
                           policy=prompt_settings.policy, device=prompt_settings.device, size=prompt_settings.size,
                           k=stage.k_shown, seed=seed, template_dir=template_dir, chat=has_chat_template(tokenizer),
                           profiles=profiles, ranks=ranks, max_tokens=stage.max_prompt_tokens,
-                          count_tokens=prompt_token_counter(tokenizer, system))
+                          count_tokens=prompt_token_counter(tokenizer, system), contrast=stage.contrast)
     reward_fn = KernelRewardFunction(backend, tasks={t.name: t for t in tasks}, reward=reward, db=db, roc=stage.roc,
                                      curriculum=curriculum, proposer="grpo", reuse=eval_settings, run_id=run_id,
                                      max_completion_tokens=args.max_completion_length, console=console, seed=seed,

@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Required, TypedDict
+from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from kernelrl.config import CONFIG_DIR, build, load_toml, to_dict, with_overrides
 from kernelrl.judge.eval_config import EvalConfig
@@ -70,8 +70,15 @@ class TrainConfig:
     rft: RFTStageConfig = field(default_factory=RFTStageConfig)
     grpo: GRPOStageConfig = field(default_factory=lambda: GRPOStageConfig(trl={"max_steps": 100}))
     watch: WatchConfig = field(default_factory=WatchConfig)  # the run page served while the run goes: watch.port
+    # `kernelrl collect --recipe NAME` and `kernelrl bench --recipe NAME`: the run's tasks, seed,
+    # templates, [eval], database and SFT set, and these tables (each command's own settings, by
+    # CollectConfig's and BenchConfig's names), so the whole recipe is judged under one [eval]
+    collect: dict[str, Any] = field(default_factory=dict)
+    bench: dict[str, Any] = field(default_factory=dict)  # `kernelrl bench --recipe`'s own settings (BenchConfig's names)
 
     def __post_init__(self) -> None:
+        _check_command_table("collect", self.collect)
+        _check_command_table("bench", self.bench)
         specs = (self.tasks,) if isinstance(self.tasks, str) else self.tasks
         object.__setattr__(self, "tasks", tuple(s.strip() for v in specs for s in v.split(",") if s.strip()))
         if not self.tasks:
@@ -91,6 +98,40 @@ class TrainConfig:
     @property
     def sft_data(self) -> Path:
         return self.sft.data if self.sft.data is not None else self.output_dir / "sft.jsonl"
+
+
+# What a recipe's run decides for `collect` and `bench` (`recipe_values`): not settable in their tables.
+_RUN_OWNED = frozenset({"tasks", "splits", "seed", "template_dir", "eval", "watch", "db_path", "out"})
+
+
+def _check_command_table(command: str, table: Mapping[str, Any]) -> None:
+    import dataclasses
+
+    from kernelrl.train.bench import BenchConfig
+    from kernelrl.train.collect import CollectConfig
+
+    cls = CollectConfig if command == "collect" else BenchConfig
+    known = {f.name for f in dataclasses.fields(cls)} - _RUN_OWNED
+    for key in table:
+        if key in _RUN_OWNED:
+            raise ValueError(f"[{command}] {key}: the run config sets it for every stage (its top level or [eval])")
+        if key not in known:
+            raise ValueError(f"[{command}] {key}: unknown setting (known: {', '.join(sorted(known))})")
+
+
+def recipe_values(config: TrainConfig, command: str) -> dict[str, object]:
+    """The settings `kernelrl collect --recipe` / `kernelrl bench --recipe` start from: the run's
+    tasks, seed, templates, [eval], run page, database (and for collect the splits and the SFT set
+    the sft stage reads), then the run config's [collect] or [bench] table; flags go on top."""
+    if command not in ("collect", "bench"):
+        raise ValueError(f"no recipe settings for {command!r}")
+    values: dict[str, object] = {"tasks": list(config.tasks), "seed": config.seed, "eval": to_dict(config.eval),
+                                 "watch": to_dict(config.watch), "db_path": str(config.database)}
+    if config.template_dir is not None:
+        values["template_dir"] = str(config.template_dir)
+    if command == "collect":
+        values.update(splits=[str(s) for s in config.splits], out=str(config.sft_data))
+    return {**values, **(config.collect if command == "collect" else config.bench)}
 
 
 def load_train_config(name_or_path: str | Path, overrides: Mapping[str, object] | None = None) -> TrainConfig:
@@ -148,7 +189,7 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
     if config.model.tiny is not None and not is_model_folder(config.model.path):
         if ranks.is_main:
             _say(console, f"building the tiny model of this config at {config.model.path}")
-            build_tiny_model(config.model.path, tasks, config.model.tiny)
+            build_tiny_model(config.model.path, tasks, config.model.tiny, corpus=_sft_text(config))
         ranks.barrier()
     init = resolve_init(stage, stage_cfg.init_from, output_dir=config.output_dir, base=config.model.path)
     _say(console, f"{stage.value}: starting from {init.source} ({init.reason})")
@@ -203,6 +244,16 @@ class StageParts(TypedDict, total=False):
     rows: int  # sft
     rounds: tuple[RoundResult, ...]  # rft
     grpo: GRPOResult
+
+
+def _sft_text(config: TrainConfig) -> list[str]:
+    """The SFT set's prompts and answers (when `collect` wrote it): text the tiny model's tokenizer
+    is trained on, so that the programs it learns to write are short in its tokens."""
+    from kernelrl.train.sft_set import read_sft_set
+
+    if not config.sft_data.is_file():
+        return []
+    return [text for row in read_sft_set(config.sft_data) for text in (row.prompt, row.answer)]
 
 
 def _say(console: Console | None, text: str) -> None:

@@ -102,11 +102,12 @@ def read_sft_set(path: str | Path) -> list[SFTRow]:
 
 
 def unique_rows(rows: Iterable[SFTRow]) -> list[SFTRow]:
-    """One row per (task, answer), first kept."""
-    seen: set[tuple[str, str]] = set()
+    """One row per (task, prompt, answer), first kept: the same program after another prompt is
+    another row (collect pairs each kept answer with several prompts)."""
+    seen: set[tuple[str, str, str]] = set()
     out = []
     for r in rows:
-        if (r.task, r.answer) not in seen:
-            seen.add((r.task, r.answer))
+        if (r.task, r.prompt, r.answer) not in seen:
+            seen.add((r.task, r.prompt, r.answer))
             out.append(r)
     return out

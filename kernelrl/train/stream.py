@@ -43,9 +43,11 @@ import random
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from kernelrl.search.records import ContrastDraw
 from kernelrl.train.curriculum import Curriculum
 from kernelrl.train.model import prompt_text
 from kernelrl.train.ranks import Ranks, SingleProcess
@@ -63,6 +65,33 @@ _STREAMS: weakref.WeakValueDictionary[int, PromptStream] = weakref.WeakValueDict
 _NUMBERS = itertools.count()
 # Prompts whose task a stream remembers: many generation batches' worth.
 _REMEMBERED = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContrastConfig:
+    """How each prompt's earlier versions are drawn (`kernelrl.search.records.ContrastDraw`).
+
+    `best` always shows the task's best known version as the one to improve: once the policy has
+    written it, writing it again is a copy and pays no speedup, so a policy that learned the fast
+    program is not paid for it under these prompts. `score` draws the shown versions by their
+    speedup (weight speedup ** (1 / temperature)) and marks the fastest drawn as the one to improve:
+    the best is often shown, not always, and an answer faster than every shown version pays.
+    `none` shows no earlier version at all: every prompt is the task's first-attempt prompt (plain
+    GRPO, the ablation of the contrastive prompts). `first_attempt_share` of the prompts are the
+    first-attempt prompt whatever the draw: the prompt a bench or a user's first call asks, kept
+    in training so the policy's first answers are trained too, not only its answers to versions.
+    """
+
+    draw: ContrastDraw = ContrastDraw.BEST  # best (always the best), score (drawn by speedup) or none (no version)
+    temperature: float = 1.0  # score: weight speedup ** (1 / temperature); lower favours the fast ones
+    first_attempt_share: float = 0.0  # the share of prompts that are the first-attempt prompt, whatever the draw
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "draw", ContrastDraw(self.draw))
+        if self.temperature <= 0:
+            raise ValueError("contrast.temperature must be > 0")
+        if not 0.0 <= self.first_attempt_share <= 1.0:
+            raise ValueError("contrast.first_attempt_share must be in [0, 1]")
 
 
 class PromptRow(TypedDict):
@@ -94,12 +123,15 @@ class PromptStream:
                  device: str, size: str, k: int = 4, seed: int = 0, template_dir: Path | None = None,
                  chat: bool = False, profiles: dict[str, TaskProfile | None] | None = None,
                  ranks: Ranks | None = None,
-                 count_tokens: Callable[[str], int] | None = None, max_tokens: int | None = None) -> None:
+                 count_tokens: Callable[[str], int] | None = None, max_tokens: int | None = None,
+                 contrast: ContrastConfig | None = None) -> None:
         if max_tokens is not None and max_tokens < 1:
             raise ValueError("max_tokens must be >= 1 or None")
         self.count_tokens = count_tokens  # the policy's tokenizer, applied to the prompt as the trainer sees it
         self.max_tokens = max_tokens
         self.trimmed = 0  # prompts that showed fewer versions than k to fit the budget
+        self.contrast = contrast or ContrastConfig()
+        self.best_shown = 0  # prompts that showed the task's best known version
         self.curriculum = curriculum
         self.ranks: Ranks = ranks or SingleProcess()
         self.db = db
@@ -118,13 +150,22 @@ class PromptStream:
 
         task = self.curriculum.draw()
         best = self.db.top_candidates(task.name, 1) if self.db is not None else []
-        chain_best = best[0] if best else None
         k = self.k
+        drawn = None
+        first = random.Random(f"{self.seed}:{self.built}:first").random() < self.contrast.first_attempt_share
+        plain = self.contrast.draw is ContrastDraw.NONE or first  # the first-attempt prompt: nothing from the database
+        if plain:
+            k, drawn = 0, []
+        if self.contrast.draw is ContrastDraw.SCORE and self.db is not None:
+            # the versions drawn by score; the fastest of them is the one to improve
+            drawn = self.db.contrast_set(task.name, k, random.Random(f"{self.seed}:{self.built}:draw"),
+                                         draw=ContrastDraw.SCORE, temperature=self.contrast.temperature)
+        chain_best = (drawn[0] if drawn else None) if drawn is not None else (best[0] if best else None)
         while True:
-            composed = compose_prompt(task, db=self.db, chain_best=chain_best, policy=self.policy,
+            composed = compose_prompt(task, db=None if plain else self.db, chain_best=chain_best, policy=self.policy,
                                       device=self.device, rng=random.Random(f"{self.seed}:{self.built}"), k=k,
                                       size=self.size, profile=self.profiles.get(task.name),
-                                      template_dir=self.template_dir)
+                                      template_dir=self.template_dir, shown=None if drawn is None else drawn[:k])
             text = composed.text
             if self.max_tokens is None or self.count_tokens is None:
                 break
@@ -143,6 +184,7 @@ class PromptStream:
                                         "the task out")
         if k < self.k or (best and chain_best is None):
             self.trimmed += 1
+        self.best_shown += bool(best) and best[0].id in composed.shown
         self.built += 1
         prompt = self.as_prompt(text)
         return {"prompt": prompt, "task": task.name, "key": row_key(task.name, prompt),
@@ -167,10 +209,11 @@ class PromptStream:
         return self._rows[text]
 
     def state(self) -> dict[str, int]:
-        return {"built": self.built}
+        return {"built": self.built, "best_shown": self.best_shown}
 
     def load_state(self, state: Mapping[str, int]) -> None:
         self.built = int(state.get("built", 0))
+        self.best_shown = int(state.get("best_shown", 0))
 
     def dataset(self) -> IterableDataset:
         from datasets import Features, IterableDataset, List, Value

@@ -28,7 +28,7 @@ from kernelrl.search.database import (
     NewCandidate,
     RunStatus,
 )
-from kernelrl.search.records import RunMeta
+from kernelrl.search.records import ContrastDraw, RunMeta
 from kernelrl.tasks.task import Task
 
 
@@ -188,6 +188,26 @@ def test_contrast_set_has_best_and_clearly_weaker(tmp_path: Path) -> None:
                 _add(db2, "t", f"s{i}", Status.CORRECT, s)
             assert [c.speedup for c in db2.contrast_set("t", 3, random.Random(0))] == [2.0, 1.95, 1.0]
         assert db.contrast_set("none", 3, random.Random(0)) == []
+
+
+def test_contrast_set_drawn_by_score_follows_the_weights(tmp_path: Path) -> None:
+    with Database(tmp_path / "k.db") as db:
+        for i, s in enumerate([4.0, 2.0, 1.0, 1.0]):
+            _add(db, "t", f"s{i}", Status.CORRECT, s)
+        _add(db, "t", "bad", Status.INCORRECT)
+        rng = random.Random(0)
+        draws = [db.contrast_set("t", 1, rng, draw=ContrastDraw.SCORE) for _ in range(4000)]
+        firsts = [d[0].speedup for d in draws]
+        # one drawn with weight speedup: the best 4/8 of the time, the 2.0x one 2/8, each 1.0x 1/8
+        assert abs(firsts.count(4.0) / 4000 - 0.5) < 0.03 and abs(firsts.count(2.0) / 4000 - 0.25) < 0.03
+        # a lower temperature favours the fast ones: weights 16, 4, 1, 1
+        cold = [db.contrast_set("t", 1, rng, draw=ContrastDraw.SCORE, temperature=0.5)[0].speedup for _ in range(4000)]
+        assert abs(cold.count(4.0) / 4000 - 16 / 22) < 0.03
+        pairs = [db.contrast_set("t", 2, rng, draw=ContrastDraw.SCORE) for _ in range(200)]
+        # without replacement, fastest first, never a failure
+        assert all(len({c.id for c in p}) == 2 and p[0].speedup >= p[1].speedup for p in pairs)
+        assert not any(c.status is Status.INCORRECT for p in pairs for c in p)
+        assert len(db.contrast_set("t", 9, rng, draw=ContrastDraw.SCORE)) == 4
 
 
 def test_recent_refused_newest_first_with_rules(tmp_path: Path) -> None:

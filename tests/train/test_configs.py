@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kernelrl.cli import main
-from kernelrl.config import ConfigError, config_names, load_toml
+from kernelrl.config import ConfigError, config_names, load_toml, to_dict
 from kernelrl.train.grpo import DEFAULTS, FORCED
 from kernelrl.train.recipe import TRAIN_CONFIG_DIR, load_train_config
 from kernelrl.train.trl_args import build_args, trl_class
@@ -318,3 +318,26 @@ def test_checkpoints_are_sized_against_the_free_disk_where_they_go(tmp_path, mon
     assert lora_parameters(str(base), 8) == sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     assert model_parameters("Qwen/Qwen2.5-Coder-7B-Instruct")[0] == 7_000_000_000
     assert model_parameters("org/model-without-a-size")[0] is None
+
+
+def test_the_learning_recipe_builds_a_policy_that_writes_programs(tmp_path):
+    """`tiny-cpu-learn`: a decoder of about a million parameters whose tokenizer holds every byte
+    and no program; every stage judged under its one [eval] (collect and bench read it too); its
+    GRPO prompts draw the shown versions by score."""
+    from kernelrl.tasks.suites import load_tasks
+    from kernelrl.train.recipe import recipe_values
+    from kernelrl.train.tiny import build_tiny_model
+
+    config = load_train_config("tiny-cpu-learn")
+    tiny = config.model.tiny
+    assert tiny is not None and tiny.program_variants == 0 and tiny.byte_alphabet
+    path = build_tiny_model(tmp_path / "base", load_tasks(list(config.tasks)), tiny)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters())
+    assert 500_000 < params < 5_000_000
+    tok = AutoTokenizer.from_pretrained(path)
+    assert tok.unk_token_id not in tok("if a != b: c = {'freezing': True}")["input_ids"]
+    for command in ("collect", "bench"):
+        assert recipe_values(config, command)["eval"] == to_dict(config.eval)
+    assert config.grpo.contrast.draw == "score" and config.eval.policy == "strict-pytorch"

@@ -125,3 +125,36 @@ def test_one_sft_pass_with_lora_merged_on_save(chat_model, tmp_path):
     tuned = AutoModelForCausalLM.from_pretrained(outcome.final_dir)
     diffs = [(a - b).abs().max().item() for a, b in zip(base.state_dict().values(), tuned.state_dict().values())]
     assert max(diffs) > 0
+
+
+TASK_B = Task(name="toy/shift", source=TASK.source.replace("x * 2.0", "x + 1.0"), level=1)
+
+
+def test_a_writing_tiny_model_can_write_any_byte_and_holds_no_program_token(tmp_path):
+    answer = "```python\nif a != b:\n    opts = {'freezing': True}\n```\n"
+    config = TinyModelConfig(hidden_size=64, layers=2, heads=4, bpe_vocab=400, program_variants=0, byte_alphabet=True,
+                             template_lines=True, mlp_ratio=4)
+    path = build_tiny_model(tmp_path / "tiny", [TASK, TASK_B], config, corpus=[answer])
+    model, tok = load_model(path, ModelConfig(path=str(path)))
+    for text in (answer, "~`^|\\ é 中", "".join(map(chr, range(32, 127)))):
+        ids = tok(text)["input_ids"]
+        assert tok.unk_token_id not in ids and tok.decode(ids) == text  # written token by token, exactly
+    # no answer is a token: a program takes many (the smoke model's whole-program tokens are absent)
+    assert len(tok(f"```python\n{seed_programs(TASK)['correct']}```\n")["input_ids"]) > 50
+    # a line every task's first-attempt prompt holds is one token; a line of one task's source is not
+    from kernelrl.search.prompt import first_attempt_prompt
+
+    prompt = first_attempt_prompt(TASK, policy="strict-pytorch", device="cpu")
+    template = "- Do not read environment variables or files, and do not open sockets or subprocesses.\n"
+    assert template in prompt and template in tok.convert_ids_to_tokens(tok(prompt)["input_ids"])
+    assert "        return x * 2.0\n" not in tok.get_vocab()
+    # a few hundred thousand parameters here; the recipe's config builds millions (its own test)
+    assert 100_000 < sum(p.numel() for p in model.parameters()) < 1_000_000
+
+
+def test_a_single_prompt_has_no_template_lines():
+    from kernelrl.train.tiny import template_lines
+
+    assert template_lines(["a long line of the prompt\nanother long line\n"]) == []
+    assert template_lines(["shared line of text here\nonly in one\n", "shared line of text here\nother\n"]) == [
+        "shared line of text here\n"]

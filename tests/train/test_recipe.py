@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from judge_fixtures import QUICK_TIMING
+from judge_fixtures import QUICK_TIMING, QUICK_TIMING_SETTINGS
 from kernelrl.cli import main
 from kernelrl.search.database import Database
 from kernelrl.train.recipe import load_train_config
@@ -44,10 +44,13 @@ def test_collect_writes_the_sft_set_and_sft_trains_on_it(tmp_path, tiny_task, ca
     printed = capsys.readouterr().out
     rows = read_sft_set(out)
     # the endpoint's first answer is correct (the scripted server wraps the reference); the replay
-    # file's first program is wrong, its second right: two accepted rows, three tries in all
-    assert sorted(r.proposer.split("@")[0] for r in rows) == sorted([f"replay:{replay}", "openai:scripted-model"])
+    # file's first program is wrong, its second right: two accepted answers, three tries in all;
+    # the replay's was asked with the wrong one shown, and is also a row under the first-attempt prompt
+    assert sorted(r.proposer.split("@")[0] for r in rows) == sorted([f"replay:{replay}", f"replay:{replay}",
+                                                                     "openai:scripted-model"])
     assert all(r.verdict == "correct" and r.speedup and r.prompt.startswith("# Task") for r in rows)
-    assert dataset_dir(out).is_dir() and "SFT set: 2 accepted answers" in printed
+    assert len({r.answer for r in rows}) == 2 and len({r.prompt for r in rows}) == 2
+    assert dataset_dir(out).is_dir() and "SFT set: 2 accepted answers, 3 rows" in printed
     # one default database from collect to rft and grpo: code.db next to the SFT set, which is the
     # training config's database for the same output_dir
     config = load_train_config("tiny-cpu", {"output_dir": str(run)})
@@ -56,12 +59,12 @@ def test_collect_writes_the_sft_set_and_sft_trains_on_it(tmp_path, tiny_task, ca
         assert [r.status.value for r in db.candidates()].count("incorrect") == 1 and len(db.candidates()) == 3
     asked = len(openai_server.requests)
     assert main(collect) == 0  # resumable: every pair already has what it needs
-    assert len(openai_server.requests) == asked and len(read_sft_set(out)) == 2
+    assert len(openai_server.requests) == asked and len(read_sft_set(out)) == 3
     capsys.readouterr()
 
     assert main(["train", "sft", *train_args(run, tiny_task.path, cache_dir, "--sft.trl", "max_steps=2")]) == 0
     printed = capsys.readouterr().out
-    assert "trained on 2 rows" in printed and "(changed)" in printed
+    assert "trained on 3 rows" in printed and "(changed)" in printed
     assert finished_model(run, Stage.SFT) == run / "sft" / "final"
 
 
@@ -112,3 +115,47 @@ def test_collect_bad_input_is_one_line(tmp_path, capsys):
     # and bench measures the test split unless told otherwise
     assert main(["bench", "--proposer", "heuristic", "--tasks", "level1/gelu"]) == 2
     assert "no task of the test split" in capsys.readouterr().err
+
+
+def test_one_run_config_judges_collect_and_bench_alike(tmp_path, tiny_task, cache_dir, capsys):
+    """`collect --recipe` and `bench --recipe` read the training config's tasks, [eval], database and
+    SFT set: a program collect judged is not judged again by the bench; every kept answer is also a
+    row under the first-attempt prompt, the one bench asks."""
+
+    replay = tmp_path / "replay.jsonl"
+    programs = [right_program(tiny_task.source), right_program(tiny_task.source).replace("return", "return 1.0 *")]
+    replay.write_text("\n".join(json.dumps({"task": tiny_task.name, "code": c}) for c in programs) + "\n")
+    run = tmp_path / "run"
+    config = tmp_path / "recipe.toml"
+    timing = "\n".join(f"{k} = {v}" for k, v in QUICK_TIMING_SETTINGS.items())
+    config.write_text(f'tasks = ["{tiny_task.path}"]\noutput_dir = "{run}"\n[model]\npath = "{run / "base"}"\n'
+                      f'[eval]\npolicy = "strict-pytorch"\naa_tolerance = 0.0\ncache_dir = "{cache_dir}"\n'
+                      f'[eval.timing]\n{timing}\n'
+                      f'[collect]\nproposers = ["replay:{replay}"]\ntries = 2\nkeep = 2\nk_shown = 1\n'
+                      f'[bench]\nk = 2\nsplit = "all"\ncompile_baseline = false\n')
+    assert main(["collect", "--recipe", str(config)]) == 0
+    rows = read_sft_set(run / "sft.jsonl")  # the config's SFT set, in its database
+    first = [r for r in rows if r.prompt == rows[0].prompt]
+    # two programs kept; the second was asked with the first shown, and is also under the first prompt
+    assert len(rows) == 3 and len(first) == 2 and {r.answer for r in first} == {r.answer for r in rows}
+    assert "Earlier versions" in rows[0].prompt and rows[0].prompt.startswith("# Task")
+    with Database(run / "code.db", readonly=True) as db:
+        runs = db.runs()
+        assert runs[-1].config["config"]["eval"]["policy"] == "strict-pytorch"
+        judged = len(db.candidates())
+    capsys.readouterr()
+    assert main(["bench", "--recipe", str(config), "--proposer", f"replay:{replay}", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["pass_at"]["1"] == 1.0 and isinstance(report["run_id"], int)
+    with Database(run / "code.db", readonly=True) as db:
+        bench_rows = db.candidates(run_id=report["run_id"])
+        assert len(bench_rows) == 2 and len(db.candidates()) == judged + 2
+        # the same programs under the same [eval]: the verdicts collect stored, not new ones
+        kept = {c.source: c.result.speedup for c in db.candidates() if c.meta.stage == "collect"}
+        assert all(c.result.speedup == kept[c.source] for c in bench_rows)
+        assert all(c.prompt == first[0].prompt for c in bench_rows)
+    # a [collect] key the run owns, or one collect does not know, is refused by name
+    bad = config.read_text().replace("k_shown = 1\n", "k_shown = 1\nout = \"x.jsonl\"\n")
+    config.write_text(bad)
+    assert main(["collect", "--recipe", str(config)]) == 2
+    assert "[collect] --out: the run config sets it" in capsys.readouterr().err

@@ -26,6 +26,9 @@ def test_round_trip_and_dataset(tmp_path):
     assert ds.column_names == ["task", "prompt", "answer", "verdict", "speedup", "proposer", "candidate_id"]
     assert ds[0]["speedup"] == 1.5 and ds[1]["proposer"] == "openai:m"
     assert unique_rows(rows + rows) == rows
+    # the same program after another prompt is another row (collect pairs answers with several prompts)
+    other = SFTRow(task="a", prompt="p2", answer="x", verdict="correct", speedup=1.5, proposer="heuristic")
+    assert unique_rows([*rows, other, other]) == [*rows, other]
 
 
 def test_bad_files_name_the_line(tmp_path):

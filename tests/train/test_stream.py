@@ -8,10 +8,10 @@ import pytest
 from kernelrl.candidate import source_hash
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.database import Database
-from kernelrl.search.records import NewCandidate
+from kernelrl.search.records import ContrastDraw, NewCandidate
 from kernelrl.tasks.task import Task
 from kernelrl.train.curriculum import Curriculum, CurriculumConfig
-from kernelrl.train.stream import PromptBudgetError, PromptStream
+from kernelrl.train.stream import ContrastConfig, PromptBudgetError, PromptStream
 
 TASK = Task(name="toy/relu", source="import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
             "        return torch.relu(x)\n", level=1)
@@ -71,3 +71,47 @@ def test_the_best_goes_last_and_a_task_that_cannot_fit_is_named(db):
     assert shown(row["prompt"]) == 0 and row["parents"] == []
     with pytest.raises(PromptBudgetError, match="toy/relu"):
         stream_over(db, 10).row()  # not even the task alone fits
+
+
+def drawn_stream(db: Database, draw: str, k: int = 2) -> PromptStream:
+    curriculum = Curriculum([TASK], CurriculumConfig(by_level=False), seed=0)
+    return PromptStream(curriculum, db, as_prompt=lambda text: text, policy="open", device="cpu", size="small", k=k,
+                        seed=0, contrast=ContrastConfig(draw=ContrastDraw(draw)))
+
+
+def test_score_draws_show_the_best_often_not_always_and_mark_the_fastest_drawn(db):
+    best = db.top_candidates(TASK.name, 1)[0]
+    stream = drawn_stream(db, "score")
+    rows = [stream.row() for _ in range(200)]
+    with_best = sum(best.id in r["shown"] for r in rows)
+    # five versions weighted 1.0 .. 1.4 and two drawn: the best is in about 2/5 + of the sets, never all
+    assert 60 < with_best < 140 and stream.best_shown == with_best
+    for r in rows:
+        assert len(r["shown"]) == 2
+        speeds = {c.id: c.speedup for c in db.candidates() if c.id in r["shown"]}
+        # the version to improve on (the row's parent) is the fastest one the prompt shows
+        assert r["parents"] == [max(speeds, key=lambda i: speeds[i])]
+    # `best` shows the best every time
+    always = drawn_stream(db, "best")
+    assert all(best.id in always.row()["shown"] for _ in range(20)) and always.best_shown == 20
+
+
+def test_plain_prompts_show_nothing_from_the_database(db):
+    from kernelrl.search.prompt import first_attempt_prompt
+
+    row = drawn_stream(db, "none", k=4).row()
+    assert row["shown"] == [] and row["parents"] == [] and shown(row["prompt"]) == 0
+    assert row["prompt"] == first_attempt_prompt(TASK, policy="open", device="cpu", size="small")
+
+
+def test_a_share_of_prompts_is_the_first_attempt_prompt(db):
+    from kernelrl.search.prompt import first_attempt_prompt
+
+    curriculum = Curriculum([TASK], CurriculumConfig(by_level=False), seed=0)
+    stream = PromptStream(curriculum, db, as_prompt=lambda text: text, policy="open", device="cpu", size="small", k=2,
+                          seed=0, contrast=ContrastConfig(draw=ContrastDraw.SCORE, first_attempt_share=0.3))
+    rows = [stream.row() for _ in range(300)]
+    first = [r for r in rows if not r["shown"]]
+    assert 60 < len(first) < 120
+    assert all(r["prompt"] == first_attempt_prompt(TASK, policy="open", device="cpu", size="small") for r in first)
+    assert all(len(r["shown"]) == 2 for r in rows if r["shown"])

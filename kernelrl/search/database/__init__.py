@@ -69,6 +69,7 @@ from kernelrl.search.records import (
     BaselineRecord,
     CandidateRecord,
     CandidateState,
+    ContrastDraw,
     FindingRecord,
     HackCase,
     NewCandidate,
@@ -391,21 +392,33 @@ class Database:
             return []
         return self._correct_distinct(task)[:k]
 
-    def contrast_set(self, task: str, k: int, rng: random.Random | None = None) -> list[CandidateRecord]:
+    def contrast_set(self, task: str, k: int, rng: random.Random | None = None, *,
+                     draw: ContrastDraw = ContrastDraw.BEST, temperature: float = 1.0) -> list[CandidateRecord]:
         """Up to k correct candidates chosen for contrast, fastest first.
 
-        The best one, then candidates clearly weaker than it (at most best/CONTRAST_RATIO), drawn
-        by `rng` one from each of k-1 equal slices of the weaker ones ranked by speed, so the set
-        spans the range of speeds rather than bunching at one end. When there are too few clearly
-        weaker ones, the next fastest fill the set. Refused candidates are not in this set: ask
-        `recent_refused` for them.
+        `ContrastDraw.BEST`: the best one, then candidates clearly weaker than it (at most
+        best/CONTRAST_RATIO), drawn by `rng` one from each of k-1 equal slices of the weaker ones
+        ranked by speed, so the set spans the range of speeds rather than bunching at one end.
+        When there are too few clearly weaker ones, the next fastest fill the set.
+        `ContrastDraw.SCORE`: k drawn by `rng` without replacement, each with weight
+        speedup ** (1 / temperature) (lower temperature: the fast ones more often).
+        Refused candidates are not in this set: ask `recent_refused` for them.
         """
         if k <= 0:
             return []
+        if temperature <= 0:
+            raise ValueError("contrast temperature must be > 0")
         rng = rng or random.Random(0)
         ranked = self._correct_distinct(task)
         if not ranked:
             return []
+        if draw is ContrastDraw.SCORE:
+            pool = list(ranked)
+            drawn: list[CandidateRecord] = []
+            while pool and len(drawn) < k:
+                weights = [max(c.speedup or 0.0, 1e-3) ** (1.0 / temperature) for c in pool]
+                drawn.append(pool.pop(rng.choices(range(len(pool)), weights=weights)[0]))
+            return sorted(drawn, key=lambda c: -(c.speedup or 0.0))
         best = ranked[0]
         limit = (best.speedup or 0.0) / CONTRAST_RATIO
         weaker = [c for c in ranked[1:] if (c.speedup or 0.0) <= limit]

@@ -9,6 +9,7 @@ Implementations are safe to call from several threads at once.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -69,9 +70,25 @@ class Proposer(ABC):
     """Turns a request into a proposal. Implementations are thread-safe."""
 
     spec: str
+    # True when `propose_many` samples its n answers in one batch (a local model): a caller that
+    # wants several answers to one prompt asks for them together instead of one call each
+    batched: bool = False
 
     @abstractmethod
     def propose(self, request: ProposalRequest) -> Proposal: ...
+
+    def propose_many(self, request: ProposalRequest, n: int) -> list[Proposal]:
+        """n answers to one request (`step` counting up from the request's); fewer when a finite
+        proposer runs out after the first. The default asks `propose` n times in order."""
+        out: list[Proposal] = []
+        for i in range(n):
+            try:
+                out.append(self.propose(dataclasses.replace(request, step=request.step + i)))
+            except Exhausted:
+                if not out:
+                    raise
+                break
+        return out
 
     def close(self) -> None:  # noqa: B027 - optional hook, empty by design
         """Release clients or models; the default has nothing to release."""

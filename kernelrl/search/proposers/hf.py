@@ -79,26 +79,42 @@ class HFProposer(Proposer):
             text = (self._system + "\n\n" if self._system else "") + prompt
         return tok(text, return_tensors="pt").to(self.config.device)
 
+    batched = True
+
     def propose(self, request: ProposalRequest) -> Proposal:
+        return self.propose_many(request, 1)[0]
+
+    def propose_many(self, request: ProposalRequest, n: int) -> list[Proposal]:
+        """n samples of one prompt in one `generate` call (greedy decoding gives one answer n times)."""
         import torch
 
+        if n < 1:
+            raise ProposerError(f"propose_many: n must be >= 1, not {n}")
         with self._lock:
             if self._model is None:
                 self._load()
             inputs = self._encode(request.prompt)
             sample = self.config.temperature > 0
-            gen_kwargs: dict[str, Any] = {"max_new_tokens": self.config.max_new_tokens, "do_sample": sample}
+            gen_kwargs: dict[str, Any] = {"max_new_tokens": self.config.max_new_tokens, "do_sample": sample,
+                                          "num_return_sequences": n if sample else 1}
             if sample:
                 gen_kwargs["temperature"] = self.config.temperature
             pad = self._tokenizer.pad_token_id
             gen_kwargs["pad_token_id"] = pad if pad is not None else self._tokenizer.eos_token_id
+            eos = self._tokenizer.eos_token_id
             started = time.monotonic()
             with torch.inference_mode():
                 out = self._model.generate(**inputs, **gen_kwargs)
             n_prompt = int(inputs["input_ids"].shape[1])
-            new_tokens = out[0, n_prompt:]
-            answer = self._tokenizer.decode(new_tokens, skip_special_tokens=True)
-        return proposal_from_answer(answer, prompt_tokens=n_prompt, completion_tokens=int(new_tokens.numel()),
-                                    meta={"model": self.config.path, "latency_s": round(time.monotonic() - started, 3),
-                                          "finish_reason": "length" if new_tokens.numel() >= self.config.max_new_tokens
-                                          else "stop"})
+            latency = round(time.monotonic() - started, 3)
+            proposals = []
+            for row in out[:, n_prompt:]:
+                ids = row.tolist()
+                # a finished sample is padded to the batch's longest: its tokens end at its first EOS
+                length = ids.index(eos) + 1 if eos in ids else len(ids)
+                answer = self._tokenizer.decode(ids[:length], skip_special_tokens=True)
+                proposals.append(proposal_from_answer(
+                    answer, prompt_tokens=n_prompt, completion_tokens=length,
+                    meta={"model": self.config.path, "latency_s": latency,
+                          "finish_reason": "stop" if eos in ids[:length] else "length"}))
+        return proposals if sample else proposals * n

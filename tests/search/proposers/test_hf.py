@@ -44,6 +44,20 @@ def test_hf_proposer_generates_with_a_local_model(tiny_hf_model):
     assert again.answer == p.answer  # greedy decoding is deterministic
 
 
+def test_hf_proposer_samples_n_answers_in_one_batch(tiny_hf_model):
+    proposer = make_proposer(f"hf:{tiny_hf_model}", max_new_tokens=12, temperature=1.0)
+    assert proposer.batched
+    torch.manual_seed(0)
+    many = proposer.propose_many(request(prompt="class Model: make it faster"), 6)
+    assert len(many) == 6 and len({p.answer for p in many}) > 1  # six samples, not one six times
+    # each counts its own tokens: a sample that ended early is not charged the batch's padding
+    assert all(1 <= p.completion_tokens <= 12 and p.prompt_tokens > 5 for p in many)
+    for p in many:
+        assert p.meta["finish_reason"] == ("length" if p.completion_tokens == 12 else "stop")
+    greedy = make_proposer(f"hf:{tiny_hf_model}", max_new_tokens=12, temperature=0.0)
+    assert len({p.answer for p in greedy.propose_many(request(prompt="class Model: make it faster"), 3)}) == 1
+
+
 def test_hf_proposer_uses_the_chat_template(tiny_hf_model, tmp_path):
     import shutil
 
