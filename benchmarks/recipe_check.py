@@ -216,40 +216,26 @@ def bench(name: str, cfg: Path, model: Path, out: Path, log: Path, *, split: str
 
 def bench_samples(report: dict[str, object], db: Path) -> list[Sample]:
     """Each sample of a bench (its run's candidates), with its copy flag read against the SFT set's
-    programs (the collect stage's correct ones)."""
+    programs (the collect stage's correct ones), by the rule the reward pays copies by."""
     from kernelrl.result import Status
     from kernelrl.search.database import Database
+    from kernelrl.search.records import RunStage
+    from kernelrl.train.copies import Comparer, ShownVersion
 
     run_id = report.get("run_id")
     if not isinstance(run_id, int):
         sys.exit("recipe check: the bench report names no run (was it given a database?)")
     with Database(db) as d:
-        comparers = collected(d)
+        versions: dict[str, list[ShownVersion]] = {}
+        for rec in d.candidates():
+            if rec.meta.stage is RunStage.COLLECT and rec.is_correct:
+                versions.setdefault(rec.task, []).append(ShownVersion(id=rec.id, source=rec.source, result=rec.result))
+        comparers = {task: Comparer(shown) for task, shown in versions.items()}
         return [Sample(task=rec.task, correct=rec.is_correct, fast=is_fast(rec.result), speedup=rec.speedup,
-                       copy=rec.is_correct and task_copy(comparers, rec.task, rec.source, rec.result),
+                       copy=rec.is_correct and rec.task in comparers
+                       and comparers[rec.task].copy_of(rec.source or None, rec.result) is not None,
                        hack=rec.status is Status.FLAGGED)
                 for rec in d.candidates(run_id=run_id)]
-
-
-def collected(d: object) -> dict[str, object]:
-    """Per task, a copy comparer over the SFT set's programs."""
-    from kernelrl.search.database import Database
-    from kernelrl.search.records import RunStage
-    from kernelrl.train.copies import Comparer, ShownVersion
-
-    assert isinstance(d, Database)
-    versions: dict[str, list[ShownVersion]] = {}
-    for rec in d.candidates():
-        if rec.meta.stage is RunStage.COLLECT and rec.is_correct:
-            versions.setdefault(rec.task, []).append(ShownVersion(id=rec.id, source=rec.source, result=rec.result))
-    return {task: Comparer(shown) for task, shown in versions.items()}
-
-
-def task_copy(comparers: dict[str, object], task: str, source: str, result: object) -> bool:
-    from kernelrl.train.copies import Comparer
-
-    comparer = comparers.get(task)
-    return isinstance(comparer, Comparer) and comparer.copy_of(source or None, result) is not None  # type: ignore[arg-type]
 
 
 def is_fast(result: object) -> bool:
@@ -402,9 +388,10 @@ ARMS = {
 }
 
 
-def arm(name: str, out: Path, log: Path, cfg: Path) -> Outcome:
-    """GRPO from the same RFT model and database copy, with the arm's settings; then its bench."""
-    o = Outcome()
+def arm(name: str, out: Path, log: Path, cfg: Path, sft: BenchRow) -> Outcome:
+    """GRPO from the same RFT model and database copy, with the arm's settings; then its bench
+    (beside the recipe's bench after SFT, `sft`, which its verdict compares against)."""
+    o = Outcome(benches={"after SFT": sft})
     arm_out = out / name
     db = out / f"code-{name}.db"
     if f"grpo-{name}" not in DONE:
@@ -413,7 +400,6 @@ def arm(name: str, out: Path, log: Path, cfg: Path) -> Outcome:
                    "--output-dir", str(arm_out), "--grpo.init-from", str(stage_model(out, "rft")))
     o.stages.append((f"grpo ({name})", run(cmd, log, f"grpo-{name}")))
     grpo_curve(db, cfg, o)
-    o.benches["after SFT"] = BenchRow(name="sft", seconds=0.0, samples=[])  # filled by the caller
     o.benches[f"after GRPO ({name})"] = bench(f"grpo-{name}", cfg, stage_model(arm_out, "grpo"), out, log, db=db)
     o.stages.append((f"bench after GRPO ({name})", o.benches[f"after GRPO ({name})"].seconds))
     return o
@@ -463,8 +449,7 @@ def report(out: Path, args: argparse.Namespace, log: Path, started: float, argv:
     ok, last = verdict(o)
     lines += ["", f"recipe wall time {sum(sec for _, sec in o.stages):.0f} s (collect to the last bench)"]
     for name in [n for n, on in (("plain", args.plain), (args.control, bool(args.control))) if on and n]:
-        a = arm(name, out, log, out / "tiny-cpu-learn.toml")
-        a.benches["after SFT"] = o.benches["after SFT"]
+        a = arm(name, out, log, out / "tiny-cpu-learn.toml", o.benches["after SFT"])
         a_ok, a_last = verdict(a, grpo=f"after GRPO ({name})")
         lines += ["", f"--- {name}: GRPO from the same RFT model and database copy, {ARMS[name][0]}:", "",
                   *stage_table(a), "", *curve_table(a), "", f"{name}: {a_last}"]

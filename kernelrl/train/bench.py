@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.judge.profile import TaskProfile
     from kernelrl.search.database import Database
-    from kernelrl.search.proposers import Proposer
+    from kernelrl.search.proposers import Proposal, Proposer
     from kernelrl.train.rollouts import Judged
 
 
@@ -263,23 +263,23 @@ def _sample(proposer: Proposer, tasks: Sequence[Task], config: BenchConfig, sett
                for t in tasks}
     jobs = [(t, i) for t in tasks for i in range(config.k)]
 
+    def rollout(task: Task, out: Proposal) -> Rollout:
+        return Rollout(task=task.name, prompt=prompts[task.name], answer=out.answer,
+                       prompt_tokens=int(out.prompt_tokens), completion_tokens=int(out.completion_tokens))
+
     def one(job: tuple[Task, int]) -> Rollout | None:
         task, i = job
         try:
-            out = proposer.propose(ProposalRequest(task=task, prompt=prompts[task.name], step=i))
+            return rollout(task, proposer.propose(ProposalRequest(task=task, prompt=prompts[task.name], step=i)))
         except Exhausted:
             return None
-        return Rollout(task=task.name, prompt=prompts[task.name], answer=out.answer,
-                       prompt_tokens=int(out.prompt_tokens), completion_tokens=int(out.completion_tokens))
 
     def many(task: Task) -> list[Rollout]:
         try:
             outs = proposer.propose_many(ProposalRequest(task=task, prompt=prompts[task.name]), config.k)
         except Exhausted:
             return []
-        return [Rollout(task=task.name, prompt=prompts[task.name], answer=out.answer,
-                        prompt_tokens=int(out.prompt_tokens), completion_tokens=int(out.completion_tokens))
-                for out in outs]
+        return [rollout(task, out) for out in outs]
 
     if proposer.batched:  # a local model: a task's k samples in one batch
         return [r for t in tasks for r in many(t)]

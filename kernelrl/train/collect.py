@@ -261,11 +261,14 @@ def sft_rows(db: Database, pairing: Pairing | None = None) -> list[SFTRow]:
     """Every accepted answer `collect` stored in the database, oldest first, under the prompt it was
     asked with and (with `pairing`) the prompts `Pairing.prompts` adds, once per (task, prompt, answer)."""
     accepted = [rec for rec in db.candidates() if rec.meta.stage is STAGE and rec.is_correct]
+    by_task: dict[str, list[CandidateRecord]] = {}
+    for rec in accepted:
+        by_task.setdefault(rec.task, []).append(rec)
     rows = []
     seen: set[tuple[str, str, str]] = set()
     for rec in accepted:
         assert rec.status is not None  # a correct record has its verdict
-        more = pairing.prompts(rec, [r for r in accepted if r.task == rec.task]) if pairing is not None else []
+        more = pairing.prompts(rec, by_task[rec.task]) if pairing is not None else []
         for prompt in dict.fromkeys([rec.prompt, *more]):
             if (rec.task, prompt, rec.answer) in seen:
                 continue

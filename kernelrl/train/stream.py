@@ -156,7 +156,7 @@ class PromptStream:
         plain = self.contrast.draw is ContrastDraw.NONE or first  # the first-attempt prompt: nothing from the database
         if plain:
             k, drawn = 0, []
-        if self.contrast.draw is ContrastDraw.SCORE and self.db is not None:
+        elif self.contrast.draw is ContrastDraw.SCORE and self.db is not None:
             # the versions drawn by score; the fastest of them is the one to improve
             drawn = self.db.contrast_set(task.name, k, random.Random(f"{self.seed}:{self.built}:draw"),
                                          draw=ContrastDraw.SCORE, temperature=self.contrast.temperature)
