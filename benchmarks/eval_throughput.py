@@ -13,8 +13,12 @@ raises, 1 that hangs. Three ways to judge it, each with a cold build cache of it
 - batched: one `Evaluator`, `evaluate_batch` over the whole batch (one timing group per task).
 
 Prints wall time and candidates/hour of each path, the ratio to the naive loop, whether the two
-evaluator paths agree on every verdict, and how far apart the identical pair measured in each
-group. Then the same on the PyTorch-only half (no C++ candidate).
+evaluator paths agree on every verdict, how far apart the identical pair measured in each group, and where
+each evaluator path's time went: every phase of its timing groups summed (reference load and
+outputs, candidate checks with their worker waits, loads and correctness runs, the A/A copy's checks
+and samples, the timing pool, setup, samples, spot checks, stray-process checks, verdicts), in
+seconds and as a share of the groups' time. Then the same on the PyTorch-only half (no C++
+candidate).
 
 On a GPU (`--device cuda`, issue 25 item 7) the compiled candidates are the shipped CUDA and
 Triton examples of each task (`TASKS_CUDA`) and the figure is candidates per hour per GPU (one
@@ -27,8 +31,19 @@ the first N tasks. `--kept-references 0,8` measures each evaluator path once per
 path judges each task's candidates as groups of one, so it shows what keeping those workers saves).
 A machine header (device, driver, CUDA, torch, Triton) is printed first.
 
+`--cuda-l1 FILE --tasks level1/20,level2/12,...` (issue 57, the lease's realistic batch): the tasks
+are KernelBench problems as CUDA-L1's published file holds them (the user's copy, carried to the
+machine, never shipped) at `--size full`, 8 candidates each: the published CUDA kernel and a second
+build of it, a Triton candidate (the reference's forward, its output passed through a Triton copy
+kernel: a Triton build and launch of its own), a PyTorch rewrite, the reference renamed, one
+incorrect, one that raises, and on the first task only one that hangs (the others get a second
+renamed copy). With `--warm`, the first (cold) pass is printed too: cold then warm in one run.
+`--cache-dir` keeps the build caches in a folder of the user's (a lease's cache that a second
+command reuses); by default they are temporary and removed at the end.
+
 Usage: python benchmarks/eval_throughput.py [--timeout 20] [--build-timeout 240] [--only all|pytorch|both]
        [--paths naive,one,batched] [--device cpu|cuda] [--warm] [--limit N] [--kept-references N[,N]]
+       [--cuda-l1 FILE --tasks level1/20,... --size full] [--cache-dir DIR]
 Numbers depend on the machine and its load; compare ratios from one run on a quiet machine.
 """
 
@@ -40,6 +55,7 @@ import dataclasses
 import importlib.util
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -52,16 +68,18 @@ import machine
 import torch
 
 from kernelrl.candidate import Candidate, Language
+from kernelrl.checks.audit import AuditInputError, read_entries, select
 from kernelrl.examples import list_examples
 from kernelrl.judge.compare import compare_outputs
 from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
+from kernelrl.judge.throughput import Throughput
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.proposers.heuristic import Rewrite, render_rewrite, task_traits
 from kernelrl.tasks.sizes import instantiate
 from kernelrl.tasks.suites import builtin_task
-from kernelrl.tasks.task import Task
+from kernelrl.tasks.task import Size, Task
 
 TASKS = ("level1/softmax", "level1/rmsnorm", "level2/linear_bias_gelu_scale", "operators/shift_group_quant")
 # On a GPU: tasks with a shipped CUDA or Triton example, the batch's compiled candidates.
@@ -72,7 +90,7 @@ TASKS_CUDA = ("level1/softmax", "level1/rmsnorm", "level2/linear_bias_gelu_scale
 class Item:
     task: Task
     candidate: Candidate
-    kind: str  # cpp, rewrite, twin, incorrect, raises, hangs
+    kind: str  # cpp (any compiled candidate: C++, CUDA, Triton), rewrite, twin, incorrect, raises, hangs
 
 
 def renamed(task: Task, body_patch: tuple[str, str] | None = None) -> str:
@@ -107,7 +125,78 @@ def second_sample(source: str) -> str:
         if anchor in source:
             return source.replace(anchor, f"{anchor}\n// sample 2" if anchor.startswith("#") else
                                   f"# sample 2\n{anchor}", 1)
+    include = re.search(r"#include\s*[<\"][^>\"\n]+[>\"]", source)  # any compiled text's first include
+    if include:
+        return source[:include.end()] + "\n// sample 2" + source[include.end():]
     raise ValueError("no place for a second sample's comment")
+
+
+# A Triton candidate for any task: the reference's forward, its output passed through a Triton copy
+# kernel. Correct by construction and slower than the reference; what it brings to the batch is a
+# Triton build and launch (what a policy's Triton answers cost the judge), not a speedup.
+_TRITON_EPILOGUE = """
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+class ModelNew(_Reference):
+    def forward(self, *args):
+        out = super().forward(*args).contiguous()
+        res = torch.empty_like(out)
+        n = out.numel()
+        _copy_kernel[(triton.cdiv(n, 1024),)](out, res, n, BLOCK=1024)
+        return res
+"""
+
+
+def triton_epilogue(task: Task) -> str:
+    """The reference as `_Reference` and a `ModelNew` that copies its output through a Triton kernel."""
+    return re.sub(r"\bclass Model\(", "class _Reference(", task.source, count=1) + _TRITON_EPILOGUE
+
+
+def kernelbench_batch(path: Path, names: list[str]) -> list[Item]:
+    """The lease's realistic batch: each named task of CUDA-L1's published file (its `ref_code`, a
+    KernelBench problem) with 8 candidates: the published CUDA kernel, a second build of it, a Triton
+    candidate, a PyTorch rewrite, the reference renamed, one incorrect, one that raises, and on the
+    first task one that hangs (the others a second renamed copy). Raises AuditInputError when a named
+    task is missing or has no published code."""
+    entries = {e.name: e for e in select(read_entries(path), only=names)}
+    missing = [n for n in names if n not in entries or not entries[n].code or entries[n].task is None]
+    if missing:
+        raise AuditInputError(f"{path}: no published kernel with its task for {', '.join(missing)}")
+    items = []
+    for k, name in enumerate(names):
+        entry = entries[name]
+        task, cuda = entry.task, entry.code
+        assert task is not None and cuda is not None  # checked above
+        ret = forward_return(task)
+        indent = ret[: len(ret) - len(ret.lstrip())]
+        last = (Item(task, Candidate(source=renamed(task, (ret, f"{indent}while True:\n{indent}    pass\n{ret}")),
+                                     origin=f"{name}:hangs"), "hangs") if k == 0 else
+                Item(task, Candidate(source=renamed(task) + "\n# the same program, a third sample\n",
+                                     origin=f"{name}:renamed-3"), "twin"))
+        items += [
+            Item(task, Candidate(source=cuda, origin=f"{name}:cuda"), "cpp"),
+            Item(task, Candidate(source=second_sample(cuda), origin=f"{name}:cuda-2"), "cpp"),
+            Item(task, Candidate(source=triton_epilogue(task), origin=f"{name}:triton"), "cpp"),
+            Item(task, Candidate(source=render_rewrite(task, Rewrite(inference_mode=True), task_traits(task)),
+                                 origin=f"{name}:inference_mode"), "rewrite"),
+            Item(task, Candidate(source=renamed(task), origin=f"{name}:renamed"), "twin"),
+            Item(task, Candidate(source=renamed(task, (ret, ret.replace("return ", "return 1.01 * (", 1) + ")")),
+                                 origin=f"{name}:incorrect"), "incorrect"),
+            Item(task, Candidate(source=renamed(task, (ret, f"{indent}raise RuntimeError('boom')\n{ret}")),
+                                 origin=f"{name}:raises"), "raises"),
+            last,
+        ]
+    return items
 
 
 def batch(device: str = "cpu", limit: int | None = None) -> list[Item]:
@@ -163,7 +252,7 @@ def alarm(seconds: float):
 
 
 def naive(items: list[Item], timeout_s: float, build_timeout_s: float,
-          device: str = "cpu") -> tuple[float, list[str]]:
+          device: str = "cpu", size: str = "small") -> tuple[float, list[str]]:
     """Serial, uncached, in-process: what a simple evaluation script does."""
 
     def sync() -> None:
@@ -174,7 +263,7 @@ def naive(items: list[Item], timeout_s: float, build_timeout_s: float,
     t0 = time.monotonic()
     for i, item in enumerate(items):
         os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="naive-ext-")  # builds afresh
-        tm = instantiate(item.task, "small")
+        tm = instantiate(item.task, size)
         verdict = "correct"
         try:
             compiles = item.candidate.language is not Language.PYTORCH
@@ -215,10 +304,22 @@ def naive(items: list[Item], timeout_s: float, build_timeout_s: float,
 # ---------------------------------------------------------------------------------------------
 
 
-def config(timeout_s: float, build_timeout_s: float, device: str = "cpu", kept: int | None = None) -> EvalConfig:
-    cache = Path(tempfile.mkdtemp(prefix="kernelrl-bench-cache-"))
-    cfg = EvalConfig(device=Device(device), cache_dir=cache, timeout_s=timeout_s, build_timeout_s=build_timeout_s,
-                     timing=TimingConfig(max_timing_s=6.0))
+@dataclass(frozen=True, kw_only=True)
+class Setting:
+    """What every evaluator path of one run shares."""
+
+    timeout_s: float
+    build_timeout_s: float
+    device: str = "cpu"
+    size: str = "small"
+    cache_root: Path  # each evaluator path's build cache is a folder of its own under it
+
+
+def config(s: Setting, label: str, kept: int | None = None) -> EvalConfig:
+    cache = s.cache_root / re.sub(r"[^a-z0-9]+", "-", f"{label}-kept{kept}".lower())
+    cache.mkdir(parents=True, exist_ok=True)
+    cfg = EvalConfig(device=Device(s.device), size=Size(s.size), cache_dir=cache, timeout_s=s.timeout_s,
+                     build_timeout_s=s.build_timeout_s, timing=TimingConfig(max_timing_s=6.0))
     return cfg if kept is None else dataclasses.replace(cfg, kept_references=kept)
 
 
@@ -249,25 +350,27 @@ def twins(items: list[Item], results: list[EvalResult]) -> list[str]:
     return out
 
 
-def phases(items: list[Item], results: list[EvalResult]) -> list[str]:
-    out = []
-    for name in dict.fromkeys(i.task.name for i in items):
-        got = next((r.environment.phases for i, r in zip(items, results) if i.task.name == name), None)
-        if got:
-            out.append(f"{name.split('/')[-1]} {got.describe()}")
-    return out
+def phase_table(results: list[EvalResult], wall_s: float) -> list[str]:
+    """Where an evaluator path's time went: every phase summed over its timing groups, in seconds and
+    as a share of the groups' summed time (`kernelrl.judge.throughput`)."""
+    t = Throughput.of(results, wall_s)
+    lines = [f"    {t.groups} groups, {t.group_wall_s:.1f} s of group time in {t.wall_s:.1f} s of wall time"]
+    lines += [f"    {name:26s} {sec:8.1f} s  {share:6.1%}" if share is not None else f"    {name:26s} {sec:8.1f} s"
+              for name, sec, share in t.split()]
+    return lines
 
 
 PATHS = ("naive", "one", "batched")
 
 
-def run(label: str, items: list[Item], timeout_s: float, build_timeout_s: float, paths: tuple[str, ...],
-        device: str = "cpu", warm: bool = False, kept: tuple[int | None, ...] = (None,)) -> None:
+def run(label: str, items: list[Item], setting: Setting, paths: tuple[str, ...], warm: bool = False,
+        kept: tuple[int | None, ...] = (None,)) -> None:
     print(f"\n== {label}: {len(items)} candidates ({dict(Counter(i.kind for i in items))})"
-          + (", warm build cache" if warm else ", cold build cache"), flush=True)
-    rate = "candidates/hour/GPU" if device == "cuda" else "candidates/hour"
+          + (", cold build cache, then warm" if warm else ", cold build cache"), flush=True)
+    rate = "candidates/hour/GPU" if setting.device == "cuda" else "candidates/hour"
     rows = []
     results: dict[str, list[EvalResult]] = {}
+    tables: dict[str, list[str]] = {}
 
     def row(name: str, wall: float, verdicts: list[str]) -> None:
         rows.append((name, wall, dict(Counter(verdicts))))
@@ -275,18 +378,23 @@ def run(label: str, items: list[Item], timeout_s: float, build_timeout_s: float,
 
     for path in paths:
         if path == "naive":
-            wall, verdicts = naive(items, timeout_s, build_timeout_s, device)
+            wall, verdicts = naive(items, setting.timeout_s, setting.build_timeout_s, setting.device, setting.size)
             row("naive serial loop", wall, verdicts)
             continue
         judge = one_by_one if path == "one" else batched
         for k in kept:  # the first setting's results are the ones compared below
-            cfg = config(timeout_s, build_timeout_s, device, k)
-            if warm:
-                judge(items, cfg)  # fills cfg.cache_dir's build cache; the measured pass is a fresh evaluator
+            cfg = config(setting, f"{label}-{path}", k)
+            name = f"evaluator, {'one by one' if path == 'one' else 'batched'}"
+            name += f", kept {cfg.kept_references}" if len(kept) > 1 else ""
+            if warm:  # the cold pass fills cfg.cache_dir's build cache; the warm one is a fresh evaluator
+                wall, got = judge(items, cfg)
+                tables.setdefault(name + ", cold", phase_table(got, wall))
+                row(name + ", cold", wall, [r.status.value for r in got])
+                name += ", warm"
             wall, got = judge(items, cfg)
             results.setdefault(path, got)
-            name = f"evaluator, {'one by one' if path == 'one' else 'batched'}"
-            row(name + (f", kept {cfg.kept_references}" if len(kept) > 1 else ""), wall, [r.status.value for r in got])
+            tables.setdefault(name, phase_table(got, wall))
+            row(name, wall, [r.status.value for r in got])
     if "naive" in paths:
         base = rows[0][1]
         print("  against the naive loop: " + ", ".join(f"{name} {base / w:.2f}x" for name, w, _ in rows[1:]))
@@ -298,8 +406,10 @@ def run(label: str, items: list[Item], timeout_s: float, build_timeout_s: float,
     for path, got in results.items():
         print(f"  identical programs ({'one by one' if path == 'one' else 'one group, batched'}): "
               + "; ".join(twins(items, got)))
+    for name, lines in tables.items():
+        print(f"  where the time went, {name}:")
+        print("\n".join(lines))
     if many:
-        print("  where the batched path's time went (group phases, s): " + "; ".join(phases(items, many)))
         builds = [r.build_time_s for i, r in zip(items, many) if i.kind == "cpp" and r.build_time_s]
         if builds:
             print(f"  C++ builds (batched): {len(builds)}, {min(builds):.1f}-{max(builds):.1f} s each, "
@@ -322,6 +432,14 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--warm", action="store_true", help="measure evaluator paths with a warm build cache")
     parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    parser.add_argument("--cuda-l1", type=Path, default=None,
+                        help="CUDA-L1's published kernels (the user's copy): the batch is --tasks from it")
+    parser.add_argument("--tasks", default="level1/28,level1/48,level1/13,level2/54",
+                        help="with --cuda-l1: the batch's tasks, by entry name (comma-separated)")
+    parser.add_argument("--size", choices=("small", "full"), default=None,
+                        help="task size (default: small, full with --cuda-l1)")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="keep the build caches here (default: a temporary folder, removed at the end)")
     parser.add_argument("--kept-references", default=None, metavar="N[,N]",
                         help="the evaluator's kept reference workers (EvalConfig.kept_references; default its "
                              "default); a comma list measures each evaluator path once per value, in turn")
@@ -338,12 +456,26 @@ def main() -> int:
     print(machine.header(args.device))
     print(f"# command: {' '.join(sys.argv)}")
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, python {sys.version.split()[0]}")
-    items = batch(args.device, args.limit)
-    if args.only in ("all", "both"):
-        run("GRPO-shaped batch", items, args.timeout, args.build_timeout, paths, args.device, args.warm, kept)
-    if args.only in ("pytorch", "both"):
-        run("PyTorch-only half", [i for i in items if i.kind != "cpp"], args.timeout, args.build_timeout, paths,
-            args.device, args.warm, kept)
+    if args.cuda_l1 is not None:
+        try:
+            items = kernelbench_batch(args.cuda_l1, [t.strip() for t in args.tasks.split(",") if t.strip()])
+        except AuditInputError as err:
+            parser.error(str(err))
+        items = items[: 8 * args.limit] if args.limit else items
+    else:
+        items = batch(args.device, args.limit)
+    size = args.size or ("full" if args.cuda_l1 is not None else "small")
+    root = args.cache_dir or Path(tempfile.mkdtemp(prefix="kernelrl-bench-cache-"))
+    setting = Setting(timeout_s=args.timeout, build_timeout_s=args.build_timeout, device=args.device, size=size,
+                      cache_root=root)
+    try:
+        if args.only in ("all", "both"):
+            run("GRPO-shaped batch", items, setting, paths, args.warm, kept)
+        if args.only in ("pytorch", "both"):
+            run("PyTorch-only half", [i for i in items if i.kind != "cpp"], setting, paths, args.warm, kept)
+    finally:
+        if args.cache_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

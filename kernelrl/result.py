@@ -193,7 +193,16 @@ class MachineRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class GroupPhases:
-    """Where the group's wall time went, in seconds."""
+    """Where the group's wall time went, in seconds.
+
+    Consecutive parts of the group's wall time: reference load, reference outputs, candidate
+    checks, timing pool, timing (of which setup, samples and spot checks), verdict. The rest look
+    inside them: the `candidate_*` and `*_checks_s` are summed over the group's trials, which run
+    side by side (`EvalConfig.concurrency`), so they can add to more than `candidate_checks_s`; the
+    task's own programs (its timed copy, the A/A copy: its trusted twin, `aa_tolerance`, and its
+    compiled form) are checked as candidates are, each apart; the A/A copy's share of the timed
+    rounds too; the stray checks are the census of every worker's processes around each exchange
+    from the timing pool on (`Worker.end_strays`), inside the timing phases."""
 
     reference_load_s: float = 0.0
     reference_outputs_s: float = 0.0
@@ -203,6 +212,18 @@ class GroupPhases:
     timing_setup_s: float = 0.0  # pools sent, warm-up
     timing_samples_s: float = 0.0  # the timed rounds
     timing_spot_checks_s: float = 0.0  # outputs and inputs fetched and compared
+    verdict_s: float = 0.0  # verdicts assembled and handed over, workers closed
+    candidate_worker_wait_s: float = 0.0  # waiting for a started worker from the pool
+    candidate_loads_s: float = 0.0  # programs loaded: imports, builds (or a sealed build unpacked)
+    candidate_correctness_s: float = 0.0  # models constructed, parameters copied, correctness runs
+    timed_reference_checks_s: float = 0.0  # the reference loaded as a program to be timed: wait, load, correctness
+    aa_copy_checks_s: float = 0.0  # the A/A copy's worker wait, load and correctness
+    compiled_reference_checks_s: float = 0.0  # the reference under torch.compile (a baseline), likewise
+    aa_copy_samples_s: float = 0.0  # the A/A copy's share of the timed rounds
+    stray_checks_s: float = 0.0  # process census around every exchange, all the group's workers
+    # waiting for the device's lock (its reference's load and outputs, each trial, the measurement):
+    # on a CPU, checks and measurements exclude each other, so a group waits while another measures
+    device_lock_wait_s: float = 0.0
 
     def describe(self) -> str:
         """The phases that took any time, one line: "reference_load 7.9, timing 21.9, ..." (s)."""
@@ -283,6 +304,8 @@ class Environment:
 
     machine: MachineRecord | None = None
     phases: GroupPhases | None = None
+    group: str = ""  # the timing group's id (results of one group share it and its phases); "" outside one
+    cached: bool = False  # handed out again from the evaluator's result cache, not judged again
     reference: ReferenceRecord | None = None
     timing: TimingRecord | None = None
     roofline: RooflineRecord | None = None

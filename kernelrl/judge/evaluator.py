@@ -139,9 +139,11 @@ class Evaluator:
         for i, (task, cand) in enumerate(pairs):
             known = judged_before(self._results, self._key(task, cand))
             if known is not None:
-                results[i] = known.result
+                again = dataclasses.replace(known.result, environment=dataclasses.replace(
+                    known.result.environment, cached=True))
+                results[i] = again
                 if on_result:
-                    on_result(i, known.result)
+                    on_result(i, again)
                 continue
             key = self.context.tasks.key(task)
             tasks[key] = task

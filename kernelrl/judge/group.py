@@ -31,12 +31,15 @@ Does not decide verdicts: `kernelrl.judge.verdict` does, with what a group measu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import secrets
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 
 from kernelrl.candidate import Candidate
 from kernelrl.checks.dynamic import output_deferred
@@ -91,11 +94,21 @@ Done = Callable[[list[int], EvalResult], None]
 Members = dict[str, tuple[Candidate, list[int]]]  # candidate hash -> (candidate, positions in the batch)
 
 
-def load_task_info(ctx: JudgeContext, session: ReferenceSession, task: Task) -> TaskInfo:
+@contextlib.contextmanager
+def waited(lock: AbstractContextManager[object], waits: list[float]) -> Iterator[None]:
+    """`lock` held, the time it took to get it appended to `waits`."""
+    asked = time.monotonic()
+    with lock:
+        waits.append(time.monotonic() - asked)
+        yield
+
+
+def load_task_info(ctx: JudgeContext, session: ReferenceSession, task: Task,
+                   waits: list[float] | None = None) -> TaskInfo:
     """Load the task in its reference worker; what was learned of it comes from the store, or is
-    learned now (constants, profile) and stored."""
+    learned now (constants, profile) and stored. The wait for the device's lock goes to `waits`."""
     info = ctx.tasks.get(task)
-    with ctx.lock.work(uses_device=True):
+    with waited(ctx.lock.work(uses_device=True), [] if waits is None else waits):
         session.load(constants=info.constants if info else None, profile=info is None)
     if info is None:
         info = TaskInfo(constants=session.constants, profile=session.profile)
@@ -133,6 +146,8 @@ class Group:
                                      allow_tf32=cfg.allow_tf32)
         self.reference = ReferenceRecord()
         self._phases: dict[str, float] = {}  # where the group's wall time went, in seconds
+        self._lock_waits: list[float] = []  # each wait for the device's lock (`waited`), from any thread
+        self.gid = secrets.token_hex(6)  # told apart from every other group by its results (`Environment.group`)
         self._clock = time.monotonic()
         self.claim: Claim | None = None  # the workers it told the pool it will take (`run_groups`)
 
@@ -187,6 +202,7 @@ class Group:
     def _phase(self, name: str) -> None:
         now = time.monotonic()
         self._phases[name] = round(self._phases.get(name, 0.0) + now - self._clock, 3)
+        self._phases["device_lock_wait_s"] = round(sum(self._lock_waits), 3)
         self._clock = now
 
     def _trusted_keys(self) -> frozenset[str]:
@@ -196,7 +212,23 @@ class Group:
 
     def environment(self) -> Environment:
         """What every result of this group records about how it was obtained (so far)."""
-        return Environment(machine=self.machine, phases=GroupPhases(**self._phases), reference=self.reference)
+        return Environment(machine=self.machine, phases=GroupPhases(**self._phases), group=self.gid,
+                           reference=self.reference)
+
+    def _note_check_times(self) -> None:
+        """The checks' time by part, summed over the candidates' trials, and each of the task's own copies apart."""
+        members = [t for h, t in self.trials.items() if h in self.members]
+
+        def own(key: str) -> float:
+            t = self.trials.get(key)
+            return round(t.wait_s + t.load_s + t.correctness_s, 3) if t is not None else 0.0
+
+        self._phases.update(
+            candidate_worker_wait_s=round(sum(t.wait_s for t in members), 3),
+            candidate_loads_s=round(sum(t.load_s for t in members), 3),
+            candidate_correctness_s=round(sum(t.correctness_s for t in members), 3),
+            timed_reference_checks_s=own(TIMED_REFERENCE), aa_copy_checks_s=own(AA_REFERENCE),
+            compiled_reference_checks_s=own(COMPILED))
 
     # -- the three steps ----------------------------------------------------------------------
 
@@ -214,7 +246,7 @@ class Group:
             self.finish()
             return
         try:
-            info = load_task_info(ctx, self.session, task)
+            info = load_task_info(ctx, self.session, task, self._lock_waits)
             self._phase("reference_load_s")
             self._check_size(info)
             self.machine = dataclasses.replace(self.machine, precision=dict(self.session.precision))
@@ -224,7 +256,7 @@ class Group:
                 # plain set checks the compiled reference; the perturbed ones are for candidates.
                 # At full size a set is the task's whole inputs (2 GiB for KernelBench's KLDivLoss).
                 n_sets = cfg.n_correctness if any(h not in self.trusted for h in self.members) else 1
-                with ctx.lock.work(uses_device=True):
+                with waited(ctx.lock.work(uses_device=True), self._lock_waits):
                     self.sets = self.session.correctness_sets(n_sets)
                 self._phase("reference_outputs_s")
                 reasons = outputs_degenerate([s.output for s in self.sets], DEFAULT_TOLERANCE)
@@ -255,6 +287,7 @@ class Group:
                                               compiled_reference=True)
             self._check_all(checks)
             self._phase("candidate_checks_s")
+            self._note_check_times()
         except (ReferenceFailed, ReferenceTimingFailed, TaskError) as e:
             self._task_error(e)
 
@@ -277,11 +310,11 @@ class Group:
                 self.rng.shuffle(order)
                 workers = {h: w for h in order if (w := survivors[h].worker) is not None}
                 aa = AA_REFERENCE in workers
-                waited, retimed = 0.0, 0
+                waited_s, retimed = 0.0, 0
                 while True:
                     asked = time.monotonic()
                     with ctx.lock.timing():
-                        waited += time.monotonic() - asked
+                        waited_s += time.monotonic() - asked
                         deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
                         timing = measure_group(reference, workers, pool, cfg.timing, rng=self.rng, deadline=deadline,
                                                tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32, cores=self.cores,
@@ -297,22 +330,32 @@ class Group:
                         break
                     retimed += 1  # identical code disagreed, or the device was busy: measure again
                 pair = timing.candidates.get(AA_REFERENCE) if aa else None
-                self.timing = dataclasses.replace(timing, device_wait_s=waited, noisy=noisy, retimed=retimed,
+                self._lock_waits.append(waited_s)
+                self.timing = dataclasses.replace(timing, device_wait_s=waited_s, noisy=noisy, retimed=retimed,
                                                   aa_speedup=pair.speedup if pair else None,
                                                   aa_ci=pair.speedup_ci if pair else None)
                 self.machine = dataclasses.replace(self.machine, pinned_allocator=timing.allocator_pinned)
                 self._note_deferred_outputs(survivors)
                 self._phase("timing_s")
+                stray_ns = sum(w.stray_check_ns for w in [*workers.values(), reference])
                 self._phases.update(timing_setup_s=round(timing.setup_s, 3), timing_samples_s=round(timing.samples_s, 3),
-                                    timing_spot_checks_s=round(timing.spot_checks_s, 3))
+                                    timing_spot_checks_s=round(timing.spot_checks_s, 3),
+                                    aa_copy_samples_s=round(timing.twin_samples_s, 3),
+                                    stray_checks_s=round(stray_ns / 1e9, 3))
                 self._record_baseline(self.timing)
         except (ReferenceFailed, ReferenceTimingFailed, TaskError) as e:
             self._task_error(e)
 
     def finish(self) -> None:
         if not self.finished:
-            for h, (_, positions) in self.members.items():
-                self.done(positions, self._verdict(self.trials[h]))
+            clock = time.monotonic()
+            verdicts = [(positions, self._verdict(self.trials[h])) for h, (_, positions) in self.members.items()]
+            # The verdicts' own time goes into what they record (each was made with the phases so far).
+            self._phases["verdict_s"] = round(time.monotonic() - clock, 3)
+            phases = GroupPhases(**self._phases)
+            for positions, result in verdicts:
+                self.done(positions, dataclasses.replace(
+                    result, environment=dataclasses.replace(result.environment, phases=phases)))
             self.finished = True
         self.close()
 
@@ -480,13 +523,20 @@ class Group:
                     # On a CPU the whole trial holds the device's lock (shared: builds and checks use
                     # the cores being measured); on a GPU only its correctness runs do
                     # (`device_work`), so builds overlap measurements.
-                    with ctx.lock.build():
+                    with waited(ctx.lock.build(), self._lock_waits):
                         # The clock starts once the lock lets the work in: waiting for another
                         # group's measurement is not the candidate's time.
                         t.started = time.monotonic()
                         t.worker = ctx.pool.take("candidate", deadline=t.started + cfg.timeout_s, claim=self.claim)
+                        t.wait_s = time.monotonic() - t.started
                         t.worker.size_arena(self._arena_need())
-                        run_trial(t, reference=self.session, spec=self.session.spec, sets=self.sets,
+                        # The task's own program as a copy (the timed reference, the A/A copy,
+                        # calibration's copies) runs the first set twice: equal to the reference's
+                        # output and to itself is all a copy must show (a task whose outputs vary
+                        # from run to run fails there); the other sets test a candidate's answer
+                        # on moved inputs, which the task's own code gives by definition.
+                        run_trial(t, reference=self.session, spec=self.session.spec,
+                                  sets=self.sets[:1] if t.trusted else self.sets,
                                   cache_dir=cfg.cache_dir, timeout_s=cfg.timeout_s, build_timeout_s=cfg.build_timeout_s,
                                   tol_scale=cfg.tol_scale, device_work=ctx.lock.device_work)
                 except Exception as e:  # noqa: BLE001 - the judge's own trouble must not lose the batch

@@ -309,6 +309,7 @@ class Worker:
         self._timing = False  # from the timing pool on, strays are ended around every exchange
         self.last_exchange_ns = 0  # the last command's send to its answer, by the judge's clock
         self.strays_ended = 0
+        self.stray_check_ns = 0  # spent on `end_strays` (the census around every exchange), by the judge's clock
         # Spot checks: outputs handed over, and those that are not what their call committed to
         self._commits: list[int] = []
         self.spot_outputs = 0
@@ -542,6 +543,7 @@ class Worker:
 
     def end_strays(self) -> int:
         """Kill every stray (`strays`) until none is left; how many were ended."""
+        clock = time.perf_counter_ns()
         ended: set[int] = set()
         for _ in range(100):
             found = self.strays()
@@ -552,6 +554,7 @@ class Worker:
             ended.update(found)
             time.sleep(0.001)  # a killed process leaves the cgroup once it has exited
         self.strays_ended += len(ended)
+        self.stray_check_ns += time.perf_counter_ns() - clock
         return len(ended)
 
     def cpu_time_ns(self) -> int | None:

@@ -181,6 +181,7 @@ class GroupTiming:
     setup_s: float = 0.0
     samples_s: float = 0.0
     spot_checks_s: float = 0.0
+    twin_samples_s: float = 0.0  # of the timed rounds, the A/A copy's samples (`twin`)
     spot_check_bytes: int = 0  # outputs and inputs fetched for spot checks
     exchange_ms: float = 0.0  # taken off every sample: the exchange's median cost (the reference's samples)
     call_floor_ms: float = 0.0  # taken off every call: the timing bracket around nothing (the reference's worker)
@@ -297,7 +298,8 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
             fail(m, e)
             return None
 
-    spent = {"setup_s": 0.0, "samples_s": 0.0, "spot_checks_s": 0.0}  # where the measurement's time went
+    # where the measurement's time went
+    spent = {"setup_s": 0.0, "samples_s": 0.0, "spot_checks_s": 0.0, "twin_samples_s": 0.0}
     clock = time.monotonic()
     pool_header = P.Pool(noise_seed=rng.getrandbits(31), jitter=config.jitter)
     pinned: list[bool] = []  # each member's report that its allocator is pinned
@@ -368,7 +370,10 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
                     idle.check(m.device)
                 return rt
 
+            asked = time.monotonic()
             got = guarded(m, sample)
+            if m.key is not None and m.key == twin:
+                spent["twin_samples_s"] += time.monotonic() - asked
             if got is not None:
                 round_rt[id(m)] = got
         rounds += 1
@@ -458,7 +463,7 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
     return GroupTiming(reference_ms=_judged_ms(ref, overhead, k), candidates=results, rounds=rounds, calls_per_sample=k,
                        device_idle=device_idle, device_note=device_note,
                        setup_s=spent["setup_s"], samples_s=spent["samples_s"], spot_checks_s=spent["spot_checks_s"],
-                       spot_check_bytes=spot_bytes, call_floor_ms=floor_ns / 1e6,
+                       twin_samples_s=spent["twin_samples_s"], spot_check_bytes=spot_bytes, call_floor_ms=floor_ns / 1e6,
                        exchange_ms=(statistics.median(overheads_ns) if overheads_ns else 0.0) / 1e6,
                        stopped_by=stopped_by, wall_s=time.monotonic() - t_start,
                        allocator_pinned=bool(pinned) and all(pinned))

@@ -71,6 +71,10 @@ class Trial:
     state_before: dict[str, P.Setting] = field(default_factory=dict)  # the worker's global state after loading
     state_after_load: dict[str, P.Setting] = field(default_factory=dict)  # after the import, before construction
     started: float = field(default_factory=time.monotonic)
+    # where its checks' time went (seconds): a worker from the pool, the load, the model and correctness
+    wait_s: float = 0.0
+    load_s: float = 0.0
+    correctness_s: float = 0.0
 
     @property
     def survived(self) -> bool:
@@ -151,13 +155,16 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
     interpreted = trial.candidate.language.interpreted_on(str(spec.device))
     if interpreted:
         trial.timing = Timing.INTERPRETED
+    clock, loaded = time.monotonic(), False  # a part's time is its own, ended or failed (a hang's 20 s)
     try:
         _load(trial, reference, spec, cache_dir, bdir, deadline)
         if scratch is not None and not trial.build_cached:
             seal(scratch, sealed)  # what it built, checked, for the next worker that loads this program
         asked = time.monotonic()
+        trial.load_s, loaded = asked - clock, True
         with device_work():
-            deadline += time.monotonic() - asked
+            clock = time.monotonic()
+            deadline += clock - asked
             _construct(trial, reference, spec, deadline)
             _correctness(trial, reference, sets, deadline, tol_scale, spec.allow_tf32)
         if interpreted:
@@ -175,6 +182,10 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
         trial.findings.append(dynamic.channel_forged(str(e)))
         trial.end(Verdict(status=Status.FLAGGED, message="flagged: result_channel_forged", errors=(str(e),)))
     finally:
+        if loaded:
+            trial.correctness_s = time.monotonic() - clock
+        else:
+            trial.load_s = time.monotonic() - clock
         if scratch is not None:
             scratch.close()
 

@@ -195,6 +195,8 @@ def render_summary(summary: SearchSummary, console: Console) -> None:
     console.print(table)
     console.print(f"evaluations {summary.evaluations}, reused {summary.reused}, tokens "
                   f"{summary.prompt_tokens}+{summary.completion_tokens}, {summary.elapsed_s:.1f} s")
+    if summary.throughput is not None and summary.throughput.evaluations:
+        console.print(f"judge: {summary.throughput.describe()}", highlight=False, soft_wrap=True)
 
 
 def render_audit(report: AuditReport, console: Console, *, max_listed: int = 50) -> None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console
 
+from kernelrl.judge.throughput import Throughput
 from kernelrl.result import EvalResult
 from kernelrl.search.activity import LockWatch, SearchActivity, SearchView
 from kernelrl.search.chains import TaskState, fmt_speedup
@@ -60,6 +61,7 @@ class RunOutput:
         self.known_baseline = known_baseline  # baselines the evaluator measured inside its groups
         self.watch = watch  # the timing lock, whose holder the status line names
         self.evaluations = 0  # verdicts of the evaluator stored by this invocation
+        self.fresh: list[EvalResult] = []  # those verdicts, for the judge's throughput
         self.reused = 0  # candidates stored with a verdict shared from another
         self.errors: list[str] = []
         self.activity: SearchActivity | None = None
@@ -72,6 +74,7 @@ class RunOutput:
     def verdict(self, rec: CandidateRecord, result: EvalResult) -> EvalResult:
         """The evaluator's verdict on `rec`, as stored."""
         self.evaluations += 1
+        self.fresh.append(result)
         if not result.config_fingerprint:
             # An injected judge is taken to judge under the run's evaluator config.
             result = dataclasses.replace(result, config_fingerprint=self.fingerprint)
@@ -142,7 +145,8 @@ class RunOutput:
                                   best_speedup=ts.best.speedup if ts.best else None,
                                   best_candidate=ts.best.id if ts.best else None, gave_up=ts.gave_up)
                       for name, ts in run.tasks.items())
+        elapsed = time.monotonic() - run.started
         return SearchSummary(run_id=run.run_id, resumed=run.resumed, stop_reason=run.stop_reason or StopReason.BUDGET,
                              tasks=tasks, prompt_tokens=run.prompt_tokens, completion_tokens=run.completion_tokens,
-                             evaluations=self.evaluations, reused=self.reused,
-                             elapsed_s=time.monotonic() - run.started, errors=tuple(self.errors))
+                             evaluations=self.evaluations, reused=self.reused, elapsed_s=elapsed,
+                             errors=tuple(self.errors), throughput=Throughput.of(self.fresh, elapsed))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from kernelrl.judge.throughput import Throughput
+
 
 class StopReason(str, enum.Enum):
     BUDGET = "budget"  # every task used its candidate budget (or gave up)
@@ -40,3 +42,4 @@ class SearchSummary:
     reused: int  # candidates whose result came from the database or a shared evaluation
     elapsed_s: float
     errors: tuple[str, ...] = ()
+    throughput: Throughput | None = None  # this invocation's verdicts per hour of its run, and where they went

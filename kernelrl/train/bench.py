@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import statistics
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelrl.judge.eval_config import EvalConfig
+from kernelrl.judge.throughput import Throughput
 from kernelrl.report.metrics import fast_p_at_k, geometric_mean, pass_at_k
 from kernelrl.result import Status
 from kernelrl.reward import within_noise
@@ -138,6 +140,8 @@ class BenchReport:
     missing_samples: int
     statuses: dict[str, int]
     run_id: int | None = None  # the bench's run in its database (each sample a candidate of it), if kept
+    # the programs judged in this bench (not reused), per hour of the judging, and where it went
+    throughput: Throughput | None = None
 
     @property
     def solved(self) -> int:
@@ -151,6 +155,7 @@ class BenchReport:
                 "geomean_eager_all": self.geomean_eager_all, "geomean_compile": self.geomean_compile,
                 "median_compile": self.median_compile, "missing_samples": self.missing_samples,
                 "statuses": dict(self.statuses), "run_id": self.run_id,
+                "throughput": self.throughput.to_dict() if self.throughput is not None else None,
                 "per_task": [{"task": t.task, "level": t.level, "samples": t.samples, "correct": t.correct,
                               "best_speedup": t.best_speedup, "compile_speedup": t.compile_speedup,
                               "best_vs_compile": t.best_vs_compile, "statuses": t.statuses} for t in self.tasks]}
@@ -184,7 +189,10 @@ def run_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend:
                                  "tasks", None):
                 rollouts = _sample(proposer, tasks, config, settings, profiles)
             with saying(console, f"bench: judging {len(rollouts)} answers from {config.proposer}", backend):
+                clock = time.monotonic()
                 judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
+                throughput = Throughput.of([j.result for j in judged if j.judged_here and j.result is not None],
+                                           time.monotonic() - clock)
             if db is not None:
                 store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings, run_id=run_id,
                                meta=[RunMeta(stage=RunStage.BENCH)] * len(judged))
@@ -192,7 +200,8 @@ def run_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend:
     per_task: dict[str, list[Judged]] = {t.name: [] for t in tasks}
     for j in judged:
         per_task[j.rollout.task].append(j)
-    return dataclasses.replace(summarise(config, tasks, per_task, compile_speedups), run_id=run_id)
+    return dataclasses.replace(summarise(config, tasks, per_task, compile_speedups), run_id=run_id,
+                               throughput=throughput)
 
 
 @contextlib.contextmanager

@@ -101,6 +101,8 @@ def render_bench(report: BenchReport, console: Console) -> None:
     verdicts = ", ".join(f"{n} {s}" for s, n in sorted(report.statuses.items()))
     missing = f"; {report.missing_samples} samples missing (counted as failures)" if report.missing_samples else ""
     console.print(f"verdicts: {verdicts}{missing}", highlight=False)
+    if report.throughput is not None:
+        console.print(f"judge: {report.throughput.describe()}", highlight=False, soft_wrap=True)
 
 
 def render_turn_bench(report: TurnBenchReport, console: Console) -> None:

@@ -77,6 +77,46 @@ def test_identical_candidate_is_correct_with_speedup_near_one(judged, tiny_task,
     assert res.noise_band[1] >= max(timing.aa_speedup, 1 / timing.aa_speedup) - 1e-12
 
 
+def test_a_groups_results_share_its_id_and_say_where_its_time_went(shared_evaluator, tiny_task, quick_config):
+    config = EvalConfig(**{**quick_config.__dict__, "aa_tolerance": EvalConfig().aa_tolerance})
+    first, second = shared_evaluator(config).evaluate_batch(
+        [(tiny_task, IDENTICAL + "\n# phases 1\n"), (tiny_task, FUSED_REWRITE + "\n# phases 2\n")])
+    assert first.status is Status.CORRECT and second.status is Status.CORRECT, (first.message, second.message)
+    assert first.environment.group and first.environment.group == second.environment.group
+    phases = first.environment.phases
+    assert phases is not None and phases == second.environment.phases
+    # the checks by part, summed over the two candidates; the A/A copy's own checks and samples apart
+    assert phases.candidate_loads_s > 0 and phases.candidate_correctness_s > 0
+    assert phases.timed_reference_checks_s > 0 and phases.aa_copy_checks_s > 0 and not phases.compiled_reference_checks_s
+    assert 0 < phases.aa_copy_samples_s < phases.timing_samples_s
+    assert 0 <= phases.stray_checks_s < phases.timing_s and phases.verdict_s >= 0
+    assert 0 <= phases.device_lock_wait_s < phases.reference_load_s + phases.candidate_checks_s + phases.timing_s + 1
+    other = shared_evaluator(config).evaluate(tiny_task, IDENTICAL + "\n# phases 3\n")
+    assert other.environment.group not in ("", first.environment.group) and not other.environment.cached
+    again = shared_evaluator(config).evaluate(tiny_task, IDENTICAL + "\n# phases 1\n")  # judged before: not again
+    assert again.environment.cached and again.environment.group == first.environment.group
+
+
+def test_the_tasks_own_copies_run_the_first_set_and_candidates_every_set(tiny_task, quick_config, monkeypatch):
+    from kernelrl.judge import group
+    from kernelrl.judge.evaluator import Evaluator
+
+    seen: list[tuple[bool, int]] = []
+    real = group.run_trial
+
+    def spy(trial, **kw):  # noqa: ANN001, ANN003 - the real function's arguments, passed on
+        seen.append((trial.trusted, len(kw["sets"])))
+        return real(trial, **kw)
+
+    monkeypatch.setattr(group, "run_trial", spy)
+    config = EvalConfig(**{**quick_config.__dict__, "aa_tolerance": EvalConfig().aa_tolerance})
+    with Evaluator(config) as ev:
+        res = ev.evaluate(tiny_task, IDENTICAL + "\n# copies\n")
+    assert res.status is Status.CORRECT and res.environment.reference.timed_in is ReferenceWorker.PROGRAM
+    # the timed copy and the A/A copy: one set (run twice); the candidate: every correctness set
+    assert sorted(seen) == [(False, config.n_correctness), (True, 1), (True, 1)]
+
+
 def test_without_an_aa_tolerance_no_copy_is_timed(judged, tiny_task, quick_config):
     res = judged(tiny_task, IDENTICAL, EvalConfig(**{**quick_config.__dict__, "aa_tolerance": 0.0}))
     assert res.status is Status.CORRECT, res.message

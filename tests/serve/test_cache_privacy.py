@@ -5,6 +5,7 @@ its own evaluation time), while the first client's own repeat is still answered 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from serve_helpers import TINY_CORRECT, fast_client
@@ -32,7 +33,8 @@ def test_another_clients_program_is_judged_anew(start_server, tmp_path: Path, ti
     judged = evaluator.evaluations
     again = alice.evaluate_batch([(tiny_task, program)])[0]
     assert evaluator.evaluations == judged  # the same client's repeat: from its own cache entry
-    assert again.to_dict() == first.to_dict()
+    assert again.environment.cached and not first.environment.cached  # and it says so
+    assert dataclasses.replace(again, environment=first.environment).to_dict() == first.to_dict()
     other = bob.evaluate_batch([(tiny_task, program)])[0]
     assert evaluator.evaluations == judged + 1  # the other client's: judged again
     assert other.status == first.status and other.candidate_hash == first.candidate_hash == source_hash(program)

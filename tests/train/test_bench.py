@@ -49,11 +49,15 @@ def test_bench_a_replay_file(tmp_path, tiny_task, cache_dir, capsys, monkeypatch
             if line.startswith("│") and line.split("│")[1].strip() in ("pass", "fast_0", "fast_1000")}
     # one of two samples is correct: pass@1 = 1/2, pass@2 = 1; nothing is 1000x faster
     assert rows == {"pass": ["50%", "100%"], "fast_0": ["50%", "100%"], "fast_1000": ["0%", "0%"]}
+    # the judge's throughput over what this bench judged, and where its one timing group's time went
+    judge = next(line for line in out.splitlines() if line.startswith("judge: "))
+    assert judge.startswith("judge: 2 evaluations in ") and " an hour; 1 groups: reference_load " in judge
     assert plot.is_file() and plot.stat().st_size > 1000
     assert main([*args, "--json"]) == 0  # the verdicts are cached: no second evaluation
     report = json.loads(capsys.readouterr().out)
     assert report["pass_at"] == {"1": 0.5, "2": 1.0} and report["statuses"] == {"incorrect": 1, "correct": 1}
     assert report["geomean_compile"] is None
+    assert report["throughput"]["evaluations"] == 2 and report["throughput"]["groups"] == 1
 
 
 def test_bench_the_tiny_model(tmp_path, tiny_task, cache_dir, capsys, monkeypatch):

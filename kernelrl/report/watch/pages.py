@@ -197,6 +197,7 @@ def run_display(view: RunView, links: Links) -> dict[str, Any]:
         "rate": rate,
         "idle": duration(prog.idle_s),
         "updated": when(view.now),
+        "judge_rate": _judge_text(view),
     }
     tasks: list[list[Cell]] = [_task_row(t, run.id, links) for t in view.tasks]
     refused: list[list[Cell]] = [
@@ -218,6 +219,9 @@ def run_display(view: RunView, links: Links) -> dict[str, Any]:
             "refused": _table(["task", "candidate", "rule", "why", "when"], refused, "No candidate refused."),
             "statuses": _table(["status", "candidates"], [[s, str(n)] for s, n in view.status_counts.items()],
                                "No candidate yet."),
+            "judge": _table(["phase", "seconds", "share of the groups' time"],
+                            [[name, f"{sec:.1f}", percent_text(share)] for name, sec, share in view.judge.split()]
+                            if view.judge is not None else [], "Nothing judged yet."),
         },
         "charts": {"speedup": _speedup_chart(view)},
     }
@@ -229,6 +233,19 @@ def run_display(view: RunView, links: Links) -> dict[str, Any]:
               percent_text(s.correct_share), percent_text(s.fast_1_share)] for s in view.training.steps],
             "No rollout stored yet.")
     return display
+
+
+JUDGE_LEGEND = ("Over the run's latest verdicts its judge made (not reused): their count per hour since the one "
+                "before them, and where their timing groups' time went. Groups run side by side, so their time can "
+                "add to more than the run's; the phases after 'verdict' look inside the ones before them.")
+
+
+def _judge_text(view: RunView) -> str:
+    t = view.judge
+    if t is None or not t.evaluations:
+        return "Nothing judged yet."
+    rate = f"{t.per_hour:.0f} evaluations an hour" if t.per_hour is not None else "no rate yet"
+    return f"{rate}: the latest {t.evaluations} verdicts in {duration(t.wall_s)}, {t.groups} timing groups"
 
 
 def _task_row(t: TaskLine, run_id: int, links: Links) -> list[Cell]:
@@ -316,7 +333,9 @@ def run_page(view: RunView, links: Links, *, db_path: str) -> str:
     body += ["<h2>Speedup over time</h2>", _chart("speedup"),
              "<h2>Refused candidates by rule</h2>", table_html("rules", d["tables"]["rules"]),
              "<h3>Latest refused</h3>", table_html("refused", d["tables"]["refused"]),
-             "<h2>Candidates per status</h2>", table_html("statuses", d["tables"]["statuses"])]
+             "<h2>Candidates per status</h2>", table_html("statuses", d["tables"]["statuses"]),
+             "<h2>The judge</h2>", f"<p id='judge_rate'>{esc(texts['judge_rate'])}</p>",
+             table_html("judge", d["tables"]["judge"]), f"<p class='legend'>{esc(JUDGE_LEGEND)}</p>"]
     return page(f"run {view.run.id}: kernelrl watch", "".join(body), links, script=True,
                 data={"page": "run", "api": links.run_api(view.run.id), "db": db_path})
 

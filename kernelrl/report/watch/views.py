@@ -29,6 +29,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
+from kernelrl.judge.throughput import Throughput
 from kernelrl.report.metrics import counts_as_faster, fast_p, geometric_mean
 from kernelrl.report.report import FAST_P
 from kernelrl.reward import within_noise
@@ -38,6 +39,7 @@ from kernelrl.search.records import RunRecord, RunStage, RunStatus
 
 RATE_WINDOW = 20  # units (candidates or steps) the ETA's rate is measured over
 RECENT_REFUSED = 20  # refused candidates listed on a run page
+JUDGE_WINDOW = 256  # the latest verdicts the judge's throughput on a run page is measured over
 SEARCH = "search"
 
 
@@ -126,6 +128,7 @@ class RunView:
     curve: Curve
     training: Training | None
     now: float
+    judge: Throughput | None = None  # the run's latest verdicts per hour, and where their groups' time went
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,7 +195,18 @@ def run_view(snap: Snapshot, run_id: int, *, now: float) -> RunView:
         status_counts=dict(statuses.most_common()),
         refused_by_rule=sorted(by_rule.items(), key=lambda kv: (-kv[1], kv[0])),
         recent_refused=snap.hack_cases(run_id, limit=RECENT_REFUSED), curve=_curve(names, cands),
-        training=training, now=now)
+        training=training, now=now, judge=_judge(snap, run))
+
+
+def _judge(snap: Snapshot, run: RunRecord) -> Throughput | None:
+    """The judge's throughput over the run's latest JUDGE_WINDOW verdicts: their count over the
+    time since the verdict before them (or the run's start), their groups' phases summed."""
+    rows = snap.judged_results(run.id, JUDGE_WINDOW + 1)
+    if not rows:
+        return None
+    since = rows[0][0] if len(rows) > JUDGE_WINDOW else run.started
+    window = rows[1:] if len(rows) > JUDGE_WINDOW else rows
+    return Throughput.of([r for _, r in window], max(0.0, window[-1][0] - since))
 
 
 def unjudged_label(run_status: str) -> str:

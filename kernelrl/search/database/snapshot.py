@@ -211,6 +211,14 @@ class Snapshot:
                 out[int(cid)] = EvalResult.from_dict(json.loads(text))
         return out
 
+    def judged_results(self, run_id: int, limit: int) -> list[tuple[float, EvalResult]]:
+        """A run's latest `limit` verdicts its judge made (not reused from another candidate), each
+        with when it was stored (seconds since the epoch), oldest first."""
+        rows = self._conn.execute(
+            "SELECT r.evaluated, r.result FROM candidates c JOIN results r ON r.candidate_id = c.id "
+            "WHERE c.run_id = ? AND r.reused_from IS NULL ORDER BY r.evaluated DESC LIMIT ?", (run_id, limit)).fetchall()
+        return [(float(t), EvalResult.from_dict(json.loads(text))) for t, text in reversed(rows)]
+
     def hack_cases(self, run_id: int, task: str | None = None, limit: int | None = None) -> list[HackRow]:
         """Refused programs of a run with each rule that refused them, newest first."""
         sql = ("SELECT h.candidate_id, h.task, h.rule, h.stage, h.message, h.line, h.created FROM hack_cases h "

@@ -128,6 +128,9 @@ def test_run_page_updates_while_the_run_is_written(live, browser) -> None:
     assert browser.execute_script("return document.querySelectorAll('img, iframe, script:not([src])').length") == 0
     assert browser.execute_script("return window.__pwned") is None
     assert _errors(browser) == []
+    # every refresh was rendered whole: a table or text the script could not fill says so in "updated"
+    assert "no answer" not in browser.find_element(By.ID, "updated").text
+    assert browser.find_element(By.ID, "judge_rate").text.endswith("timing groups")
 
 
 def test_task_page_shows_rule_and_first_mismatch(live, browser) -> None:

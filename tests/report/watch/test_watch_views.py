@@ -114,3 +114,37 @@ def test_training_charts(tmp_path: Path) -> None:
     assert shares == {"t1": [1.0, 0.5], "t2": [0.0, 0.5]}
     assert charts["trainer"]["series"][0] == {"label": "loss", "values": [pytest.approx(0.1), pytest.approx(0.2)]}
     assert display["tables"]["steps"]["rows"][0][:3] == ["1", "3", "0.033"]
+
+
+def test_the_judges_throughput_counts_its_own_verdicts_and_each_groups_phases_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelrl.report.watch.app import create_app
+    from kernelrl.result import Environment, GroupPhases
+
+    clock = Clock(1000.0)
+    monkeypatch.setattr(database.time, "time", clock)
+    path = tmp_path / "k.db"
+    phases = {"g1": GroupPhases(reference_load_s=2.0, candidate_checks_s=6.0, timing_s=4.0),
+              "g2": GroupPhases(reference_load_s=1.0, candidate_checks_s=3.0, timing_s=2.0)}
+    with Database(path) as db:
+        run = start_run(db, ["a"], budget=8)
+        ids = []
+        for i, group in enumerate(["g1", "g1", "g2"]):  # three verdicts of two groups, one every 20 s
+            clock.t = 1000.0 + 20.0 * (i + 1)
+            result = EvalResult(task="a", status=Status.INCORRECT, message="wrong",
+                                environment=Environment(group=group, phases=phases[group]))
+            ids.append(add(db, run, "a", f"p{i}", result))
+        # a verdict reused from another candidate was not judged in this run
+        rec = db.add_candidate(NewCandidate(task="a", hash="p0", source="p0", run_id=run, proposer="x"))
+        db.store_reused_result(rec.id, ids[0], EvalResult(task="a", status=Status.INCORRECT, message="wrong",
+                                                           environment=Environment(group="g1", phases=phases["g1"])))
+    with snapshot(path) as snap:
+        judge = views.run_view(snap, run, now=1100.0).judge
+    assert judge is not None and (judge.evaluations, judge.groups) == (3, 2)
+    assert judge.per_hour == pytest.approx(3 / 60 * 3600)  # three verdicts in the 60 s since the run started
+    assert judge.phases.reference_load_s == 3.0 and judge.phases.candidate_checks_s == 9.0
+    from fastapi.testclient import TestClient
+
+    display = TestClient(create_app(path)).get(f"/api/runs/{run}").json()["display"]
+    assert display["texts"]["judge_rate"].startswith("180 evaluations an hour")
+    assert display["tables"]["judge"]["rows"][0] == ["reference_load", "3.0", "17%"]
