@@ -9,8 +9,15 @@ largest of them. The load is `--load K` interpreters that import torch and multi
 matrices one after another (bursty: a start, then a few hundred ms of matmul, then a start again),
 all ended when the script ends.
 
+`--numel N,N,N --copies C` (issue 57: the identical-code spread at several kernel lengths): per
+length, a one-pass elementwise task over N floats (`x * 2 + 1`, its length set by N alone) with C
+identical copies of its reference judged as one group (measured side by side, as a GRPO group's
+members are); per length the reference's median time, every copy's speedup and the spread (largest
+over smallest). One batch, so the lengths share the judge's start.
+
 Usage: python benchmarks/identical_paid.py [level1/gelu] [--runs 12] [--load 2] [--device cpu]
        [--size small] [--max-timing-s 1.5]
+       python benchmarks/identical_paid.py --numel 16777216,134217728,1073741824 --copies 3 --device cuda
 """
 
 from __future__ import annotations
@@ -30,10 +37,46 @@ from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.result import Status
 from kernelrl.reward import within_noise
 from kernelrl.tasks.suites import builtin_task
+from kernelrl.tasks.task import Task
 
 _LOAD = ("import subprocess, sys\n"
          "while True:\n"
          "    subprocess.run([sys.executable, '-c', 'import torch; torch.randn(2000, 2000) @ torch.randn(2000, 2000)'])\n")
+
+
+def length_task(numel: int) -> Task:
+    """A one-pass elementwise task over `numel` floats, at that length at every size preset."""
+    source = (f'import torch\nimport torch.nn as nn\n\nN = {numel}\n\n\n'
+              'class Model(nn.Module):\n'
+              '    """x * 2 + 1 over N floats: its time is set by N alone."""\n\n'
+              '    def forward(self, x):\n'
+              '        return x * 2.0 + 1.0\n\n\n'
+              'def get_inputs():\n    return [torch.randn(N)]\n\n\n'
+              'def get_init_inputs():\n    return []\n')
+    return Task(name=f"lengths/n{numel}", source=source, presets={"small": {"N": numel}, "full": {"N": numel}})
+
+
+def spread(config: EvalConfig, numels: list[int], copies: int) -> int:
+    """`--numel`: per length, `copies` identical copies of the reference judged as one group."""
+    tasks = [length_task(n) for n in numels]
+    items = [(t, Candidate(source=t.source.replace("class Model(", "class ModelNew(") + f"\n# copy {c}\n"))
+             for t in tasks for c in range(copies)]
+    t0 = time.monotonic()
+    with Evaluator(config) as ev:
+        results = ev.evaluate_batch(items)
+    print(f"{'numel':>12s} {'ref ms':>9s}  {'copies (speedup)':40s} {'spread':>7s}  paid above 1.0x")
+    correct = 0
+    for k in range(len(tasks)):
+        got = results[k * copies:(k + 1) * copies]
+        speeds = [r.speedup for r in got if r.status is Status.CORRECT and r.speedup is not None]
+        correct += len(speeds)
+        ref = next((r.ref_time.median_ms for r in got if r.ref_time is not None), None)
+        shown = " ".join(f"{r.speedup:.3f}" if r.speedup is not None else r.status.value for r in got)
+        paid = sum(1 for r in got if r.speedup is not None and r.speedup > 1.0 and not within_noise(r))
+        print(f"{numels[k]:12d} {ref if ref is not None else float('nan'):9.4f}  {shown:40s} "
+              f"{max(speeds) / min(speeds) if speeds else float('nan'):7.3f}  {paid} of {len(got)}", flush=True)
+    print(f"# {len(tasks)} lengths x {copies} identical copies, {correct} correct; {time.monotonic() - t0:.0f} s")
+    return 0 if correct else 1
 
 
 def main() -> int:
@@ -45,18 +88,29 @@ def main() -> int:
     parser.add_argument("--size", choices=("small", "full"), default="small")
     parser.add_argument("--max-timing-s", type=float, default=1.5)
     parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--numel", default=None, metavar="N[,N]",
+                        help="the spread at these kernel lengths instead (one elementwise task per N)")
+    parser.add_argument("--copies", type=int, default=3, help="with --numel: identical copies per length")
     args = parser.parse_args()
     if args.runs < 1 or not 0 <= args.load <= 16 or args.max_timing_s <= 0:
         parser.error("--runs >= 1, 0 <= --load <= 16, --max-timing-s > 0")
-    task = builtin_task(args.task)
-    source = task.source.replace("class Model(", "class ModelNew(")
+    try:
+        numels = [int(v) for v in args.numel.split(",")] if args.numel else []
+    except ValueError:
+        parser.error(f"--numel: whole numbers, comma-separated, not {args.numel!r}")
+    if any(n < 1 for n in numels) or args.copies < 2:
+        parser.error("--numel values >= 1 and --copies >= 2 (a spread needs two copies)")
     extra = {"cache_dir": args.cache_dir} if args.cache_dir else {}
     config = EvalConfig(device=args.device, size=args.size, roofline=False,
                         timing=TimingConfig(max_timing_s=args.max_timing_s), **extra)
     print(machine.header(args.device))
     print(f"# command: {' '.join(sys.argv)}")
+    if numels:
+        return spread(config, numels, args.copies)
     load = [subprocess.Popen([sys.executable, "-c", _LOAD], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for _ in range(args.load)]
+    task = builtin_task(args.task)
+    source = task.source.replace("class Model(", "class ModelNew(")
     paid: list[float] = []
     exchange: list[float] = []
     t0 = time.monotonic()

@@ -1,8 +1,11 @@
-"""`benchmarks/gpu_check.sh --dry-run` on a CPU: every step starts, writes its line and stops within its
-own limit; the output folder holds at most 8 files; absent user data is a clear skip. And the pytest
-plugin behind tests.jsonl writes one line per test with its outcome, as each test ends.
+"""`benchmarks/gpu_check.sh` on a CPU. The plan (`--dry-run`) fits its budget and says what each step
+runs; a rehearsal (`--rehearse`) starts every step, writes its line and stops within its own limit,
+writes nothing outside OUT and its cache, and keeps at most 8 files; absent user data is a clear
+skip; `--prepare` copies the user's data into the folder a lease carries and refuses data that
+lacks what the steps name. And the pytest plugin behind tests.jsonl writes one line per test with
+its outcome, as each test ends.
 
-The dry run's figures mean nothing (tiny CPU settings, steps cut by a short limit); what is tested
+A rehearsal's figures mean nothing (tiny CPU settings, steps cut by a short limit); what is tested
 is that the one GPU command cannot overrun or lose what it measured.
 """
 
@@ -18,24 +21,85 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ["env", "floor", "workers", "aa", "kernelbench", "cuda_l1", "throughput", "streams", "gpu_tests"]
-LIMIT = 6  # seconds a step may run: each starts an interpreter that imports torch, most are cut
+SCRIPT = str(ROOT / "benchmarks" / "gpu_check.sh")
+PLAN = ["env", "floor", "batch", "spread", "level1", "hacks"]
+STEPS = [*PLAN, "workers", "aa", "kernelbench", "throughput", "gpu_tests"]
+NAMED = ["level1/28", "level1/48", "level1/13", "level2/54", "level1/3", "level1/32", "level1/23", "level1/42",
+         "level1/88"]  # the entries of CUDA-L1's file the steps name
+LIMIT = 6  # seconds a step may run in a rehearsal: each starts an interpreter that imports torch, most are cut
 KILL_AFTER = 5
 
 
-def test_gpu_check_dry_run_starts_every_step_and_stops_in_time(tmp_path):
-    out = tmp_path / "out"
-    checkout = tmp_path / "kb" / "KernelBench" / "level1"
-    checkout.mkdir(parents=True)
-    (checkout / "1_silu.py").write_text((ROOT / "tests" / "fixtures" / "tasks" / "elementwise_silu.py").read_text())
-    cuda_l1 = tmp_path / "h100.json"
-    cuda_l1.write_text("")
-    env = {k: v for k, v in os.environ.items() if k not in ("KERNELBENCH", "CUDA_L1", "KERNELRL_CACHE")}
-    env["GPU_CHECK_DRY_LIMIT"] = str(LIMIT)
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KERNELBENCH", "CUDA_L1", "KERNELRL_CACHE", "GPU_CHECK_DRY_LIMIT")}
+    return {**env, **extra}
+
+
+def _published(path: Path, names: list[str]) -> Path:
+    """A stand-in for CUDA-L1's published file (JSON Lines) with an entry for each of `names`."""
+    ref = (ROOT / "tests" / "fixtures" / "tasks" / "elementwise_silu.py").read_text()
+    code = (ROOT / "tests" / "fixtures" / "control" / "optional_import.py").read_text()
+    rows = [{"level_id": int(n.split("/")[0][5:]), "task_id": int(n.split("/")[1]), "ref_code": ref, "custom_code": code,
+             "score_default": 1.5} for n in names]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_the_plan_fits_its_budget_and_says_what_each_step_runs(tmp_path):
+    done = subprocess.run(["bash", SCRIPT, str(tmp_path / "out"), "--dry-run",
+                           "--cuda-l1", str(_published(tmp_path / "h100.json", NAMED))],
+                          capture_output=True, text=True, env=_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("  ")}
+    assert list(lines) == STEPS
+    limits = [int(lines[name].split()[1]) for name in PLAN]
+    assert sum(limits) <= 420 and "eval_throughput.py --cuda-l1" in lines["batch"]
+    assert all("optional" in lines[name] for name in STEPS if name not in PLAN)
+    assert f"add to {sum(limits)} s of a 420 s budget" in done.stdout
+    assert not (tmp_path / "out").exists()  # a plan runs and writes nothing
+
+
+@pytest.mark.parametrize("args", [["--budget", "300"], ["--limit", "batch=400"]])
+def test_a_plan_over_its_budget_is_refused(tmp_path, args):
+    done = subprocess.run(["bash", SCRIPT, str(tmp_path / "out"), "--dry-run", *args,
+                           "--cuda-l1", str(_published(tmp_path / "h100.json", NAMED))],
+                          capture_output=True, text=True, env=_env(), timeout=60)
+    assert done.returncode == 3 and "exceed the budget" in done.stderr
+
+
+def test_a_plan_without_data_skips_what_needs_it_and_counts_only_what_runs(tmp_path):
+    done = subprocess.run(["bash", SCRIPT, str(tmp_path / "out"), "--dry-run"], capture_output=True, text=True,
+                          env=_env(), timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("  ")}
+    assert "skipped: no CUDA-L1 kernels" in lines["batch"] and "skipped" in lines["level1"]
+    assert "skipped" not in lines["env"]
+
+
+def test_prepare_copies_the_data_a_lease_carries_and_refuses_data_without_the_named_kernels(tmp_path):
+    data = tmp_path / "data"
+    done = subprocess.run(["bash", SCRIPT, "--prepare", str(data), "--cuda-l1",
+                           str(_published(tmp_path / "h100.json", NAMED))], capture_output=True, text=True,
+                          env=_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (data / "h100.json").read_text() == (tmp_path / "h100.json").read_text()
+    short = subprocess.run(["bash", SCRIPT, "--prepare", str(tmp_path / "d2"), "--cuda-l1",
+                            str(_published(tmp_path / "short.json", NAMED[:3]))], capture_output=True, text=True,
+                           env=_env(), timeout=120)
+    assert short.returncode == 2 and "level2/54" in short.stderr and "level1/13" not in short.stderr
+
+
+def test_a_rehearsal_starts_every_step_stops_in_time_and_writes_only_under_out(tmp_path):
+    out, cache, tmp = tmp_path / "out", tmp_path / "cache", tmp_path / "tmp"
+    tmp.mkdir()
+    data = tmp_path / "data"
+    data.mkdir()
+    _published(data / "h100.json", NAMED)
+    env = _env(GPU_CHECK_DRY_LIMIT=str(LIMIT), TMPDIR=str(tmp))
     t0 = time.monotonic()
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(out), "--dry-run",
-                           "--kernelbench", str(checkout.parent.parent)], capture_output=True, text=True, env=env,
-                          timeout=len(STEPS) * (LIMIT + KILL_AFTER) + 60)
+    done = subprocess.run(["bash", SCRIPT, str(out), "--rehearse", "--data", str(data), "--cache", str(cache)],
+                          capture_output=True, text=True, env=env, timeout=len(PLAN) * (LIMIT + KILL_AFTER) + 60)
     wall = time.monotonic() - t0
     assert done.returncode == 0, done.stderr[-2000:]
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
@@ -43,38 +107,38 @@ def test_gpu_check_dry_run_starts_every_step_and_stops_in_time(tmp_path):
     by = {s["step"]: s for s in steps}
     for s in steps:
         assert s["seconds"] <= s["limit_s"] + KILL_AFTER + 1, s
-    assert by["kernelbench"]["skipped"] is False and by["kernelbench"]["limit_s"] == LIMIT
-    assert by["cuda_l1"]["skipped"] is True and "CUDA_L1" in by["cuda_l1"]["reason"]
+    for name in PLAN:
+        assert by[name]["skipped"] is False and by[name]["limit_s"] == LIMIT, by[name]
+    assert all(by[name]["reason"] == "optional, not in --steps" for name in STEPS if name not in PLAN)
     # on a loaded machine a step may be cut by its short limit; one that ended wrote its file
     assert by["env"]["rc"] in (0, 124) and by["floor"]["rc"] in (0, 124)
-    assert wall < len(STEPS) * (LIMIT + KILL_AFTER) + 30
+    assert wall < len(PLAN) * (LIMIT + KILL_AFTER) + 30
     files = sorted(p.name for p in out.iterdir())
-    assert len(files) <= 8 and {"steps.jsonl", "log.txt"} <= set(files)
+    assert len(files) <= 8 and {"steps.jsonl", "log.txt"} <= set(files) and ".work" not in files
+    assert list(tmp.iterdir()) == []  # the judge's and every tool's temporary files went under OUT
     if by["env"]["rc"] == 0:
         assert "# torch:" in (out / "env.txt").read_text()
     if by["floor"]["rc"] == 0:
         floors = {json.loads(line)["measure"] for line in (out / "floor.jsonl").read_text().splitlines()}
         assert {"sync", "python_call", "empty_kernel"} <= floors
-    if by["streams"]["rc"] == 0:  # the gpu tests collected and skipped on a CPU, one line each
-        tests = [json.loads(line) for line in (out / "tests.jsonl").read_text().splitlines()]
-        assert any(t["step"] == "streams" and "test_worker_cuda" in t["nodeid"] for t in tests)
     log = (out / "log.txt").read_text()
-    for name in STEPS:
+    for name in PLAN:
         assert f"step {name}" in log
+    assert "eval_throughput.py --cuda-l1" in log and str(data / "h100.json") in log
 
 
 def test_gpu_check_steps_runs_only_the_named_steps_under_their_given_limits(tmp_path):
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k not in ("KERNELBENCH", "CUDA_L1", "GPU_CHECK_DRY_LIMIT")}
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(out), "--steps", "env,cuda_l1",
-                           "--limit", "env=7"], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(["bash", SCRIPT, str(out), "--steps", "env,level1", "--limit", "env=7",
+                           "--cache", str(tmp_path / "cache")], capture_output=True, text=True, env=_env(), timeout=120,
+                          cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     by = {s["step"]: s for s in map(json.loads, (out / "steps.jsonl").read_text().splitlines())}
     assert list(by) == STEPS
     assert by["env"]["skipped"] is False and by["env"]["limit_s"] == 7
     # a named step whose data is missing still says why; an unnamed one says it was not asked for
-    assert by["cuda_l1"]["skipped"] is True and "CUDA_L1" in by["cuda_l1"]["reason"]
-    assert all(by[s]["reason"] == "not in --steps" for s in STEPS if s not in ("env", "cuda_l1"))
+    assert by["level1"]["skipped"] is True and "CUDA_L1" in by["level1"]["reason"]
+    assert all(by[s]["reason"] in ("not in --steps", "optional, not in --steps") for s in STEPS if s not in ("env", "level1"))
 
 
 def test_a_step_killed_before_its_limit_says_so_and_not_that_it_timed_out(tmp_path):
@@ -84,8 +148,8 @@ def test_a_step_killed_before_its_limit_says_so_and_not_that_it_timed_out(tmp_pa
     python.write_text("#!/bin/sh\nkill -KILL $$\n")
     python.chmod(0o755)
     out = tmp_path / "out"
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(out), "--dry-run", "--steps", "env"],
-                          capture_output=True, text=True, env=dict(os.environ, PYTHON=str(python)), timeout=60)
+    done = subprocess.run(["bash", SCRIPT, str(out), "--rehearse", "--steps", "env", "--cache", str(tmp_path / "c")],
+                          capture_output=True, text=True, env=_env(PYTHON=str(python)), timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     env = json.loads((out / "steps.jsonl").read_text().splitlines()[0])
     assert env["step"] == "env" and env["rc"] == 137 and env["timed_out"] is False
@@ -94,17 +158,41 @@ def test_a_step_killed_before_its_limit_says_so_and_not_that_it_timed_out(tmp_pa
     assert "=== step env ended by signal 9" in (out / "log.txt").read_text()
 
 
-@pytest.mark.parametrize("args", [["--steps", "env,nope"], ["--limit", "nope=3"], ["--limit", "env"]])
+@pytest.mark.parametrize("args", [["--steps", "env,nope"], ["--limit", "nope=3"], ["--limit", "env"],
+                                  ["--budget", "soon"]])
 def test_gpu_check_refuses_an_unknown_step_or_a_malformed_limit(tmp_path, args):
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path / "out"), *args],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(["bash", SCRIPT, str(tmp_path / "out"), *args], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "gpu_check:" in done.stderr
     assert not (tmp_path / "out" / "steps.jsonl").exists()
 
 
 def test_gpu_check_needs_an_output_folder():
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True)
+    done = subprocess.run(["bash", SCRIPT], capture_output=True, text=True)
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+def test_the_realistic_batch_is_eight_candidates_a_task_of_every_kind_and_one_hang(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import eval_throughput
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    cuda = '#include <torch/extension.h>\n__global__ void k() {}\n'
+    path = _published(tmp_path / "h100.json", NAMED[:4])
+    rows = [dict(json.loads(line), custom_code=f"SRC = {cuda!r}\n") for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    items = eval_throughput.kernelbench_batch(path, NAMED[:4])
+    assert len(items) == 32 and [i.kind for i in items].count("hangs") == 1
+    for k in range(4):
+        group = items[8 * k:8 * (k + 1)]
+        assert len({i.task.name for i in group}) == 1 and len({i.candidate.source for i in group}) == 8
+        assert {i.candidate.origin.split(":")[1] for i in group} >= {"cuda", "cuda-2", "triton", "inference_mode",
+                                                                      "renamed", "incorrect", "raises"}
+    triton = next(i.candidate for i in items if i.candidate.origin.endswith(":triton"))
+    compile(triton.source, "triton", "exec")
+    assert "@triton.jit" in triton.source and "class ModelNew(_Reference)" in triton.source
+    with pytest.raises(eval_throughput.AuditInputError, match="level1/1"):
+        eval_throughput.kernelbench_batch(path, ["level1/1"])
 
 
 @pytest.mark.parametrize("workers", [None, "2"], ids=["serial", "xdist"])

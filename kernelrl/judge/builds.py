@@ -6,7 +6,8 @@ the device; the worker holds a lock on the folder while it loads (`kernelrl.judg
 program judged before loads its cached build, and parallel evaluations of one program never
 race.
 
-Guarantees: the key changes whenever the source, the compiler, torch or the device changes; a
+Guarantees: the key changes whenever the source, the compiler, torch, the device or the CUDA
+architecture built for (`kernelrl.judge.device.cuda_arch_list`: `9.0a` on an H100) changes; a
 folder holds the build of exactly one key.
 
 In the worker, `PrecompiledHeaderLoader` makes torch's inline loader use a precompiled
@@ -79,7 +80,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from kernelrl.judge.containment import BUILD_SUBDIR, Scratch
-from kernelrl.judge.device import Device
+from kernelrl.judge.device import Device, cuda_arch_list
 
 # What a cached torch extension folder may hold: what ninja and the loader read back.
 SEALED_NAMES = re.compile(r"^(build\.ninja|\.ninja_log|\.ninja_deps|main\.cpp|cuda\.cu|[A-Za-z0-9_.-]+\.(o|so))$")
@@ -105,6 +106,8 @@ def toolchain_fingerprint(device: Device) -> str:
             parts.append(f"{cmd[0]}:missing")
     if device == "cuda" and torch.cuda.is_available():
         parts.append(torch.cuda.get_device_name())
+    if device == "cuda":  # what the build targets: a build for sm_90 is not one for sm_90a
+        parts.append(f"arch {cuda_arch_list()}")
     return "|".join(parts)
 
 

@@ -11,6 +11,13 @@ when the driver's /proc files say it for certain (a UUID, or an index under
 `CUDA_DEVICE_ORDER=PCI_BUS_ID`), with its UUID (what the worker is then shown), else None (then
 every NVIDIA node is bound and the entry passed on, as before).
 
+`cuda_arch_list(index)` is what a candidate's CUDA build targets: the judge's own
+`TORCH_CUDA_ARCH_LIST` when it sets one, else exactly the GPU judged on, with its
+architecture-specific features (`9.0a` on an H100 or H200: sm_90a's wgmma and TMA instructions,
+which a build for the bare `9.0` cannot use); `arch_env` puts it in a worker's environment, and the
+build key holds it (`kernelrl.judge.builds.toolchain_fingerprint`), so a build for one target is
+never loaded for another.
+
 Does not measure anything: measured peaks (the roofline's) are the judge's.
 """
 
@@ -38,6 +45,43 @@ def visible_device(index: int, visible: str | None = None) -> str:
     if not 0 <= index < len(entries):
         raise ValueError(f"GPU {index} is not among the {len(entries)} visible to the judge ({visible})")
     return entries[index]
+
+
+# Compute capabilities with an architecture-specific feature set ("a"): sm_90a (H100, H200: wgmma,
+# TMA), sm_100a/sm_101a/sm_103a (Blackwell: tcgen05), sm_120a/sm_121a.
+ARCH_SPECIFIC = frozenset({(9, 0), (10, 0), (10, 1), (10, 3), (12, 0), (12, 1)})
+
+
+def arch_list_for(capability: tuple[int, int]) -> str:
+    """TORCH_CUDA_ARCH_LIST for exactly one GPU: `9.0a` for an H100 or H200, `8.0` for an A100."""
+    major, minor = capability
+    return f"{major}.{minor}{'a' if (major, minor) in ARCH_SPECIFIC else ''}"
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int] | None:
+    import torch
+
+    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+        return None
+    major, minor = torch.cuda.get_device_capability(index)
+    return int(major), int(minor)
+
+
+def cuda_arch_list(index: int = 0, *, given: str | None = None) -> str | None:
+    """What CUDA builds target (the module docstring): `given` or the judge's TORCH_CUDA_ARCH_LIST
+    when set, else GPU `index`'s own (`arch_list_for`); None where the judge sees no such GPU."""
+    given = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if given is None else given
+    if given.strip():
+        return given.strip()
+    capability = _capability(index)
+    return arch_list_for(capability) if capability is not None else None
+
+
+def arch_env(device: Device, index: int = 0) -> dict[str, str]:
+    """A worker's TORCH_CUDA_ARCH_LIST on a GPU (`cuda_arch_list`); nothing on a CPU."""
+    arch = cuda_arch_list(index) if device == Device.CUDA else None
+    return {"TORCH_CUDA_ARCH_LIST": arch} if arch else {}
 
 
 def device_minor(entry: str, *, order: str | None = None,

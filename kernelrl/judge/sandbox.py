@@ -91,7 +91,7 @@ from kernelrl.judge.containment import (
     spawn,
     widen_pipe,
 )
-from kernelrl.judge.device import Device, device_minor, visible_device
+from kernelrl.judge.device import Device, arch_env, device_minor, visible_device
 from kernelrl.judge.inductor import inductor_env
 from kernelrl.judge.protocol import ANSWERS, Error, Header, Hello, Kind, Output, decode, encode
 from kernelrl.judge.redact import redact
@@ -257,8 +257,7 @@ class Worker:
         self.role = role
         self.config = config
         self.device = device
-        # The judge's folder for this worker (its log; under FULL containment nothing else: the
-        # worker's own scratch is a tmpfs the judge reaches through `scratch()`).
+        # The judge's folder for this worker: its log (under FULL containment its scratch is a tmpfs, `scratch()`).
         self.workdir = Path(tempfile.mkdtemp(prefix="kernelrl-worker-", dir=root))
         self.log_path = self.workdir / "worker.log"
         found = probe(config.containment, config.uids, device)
@@ -283,6 +282,7 @@ class Worker:
         gpu = device_minor(visible_device(device_index or 0)) if device == Device.CUDA else None  # device.py
         shown = gpu[1] if gpu else visible_device(device_index or 0)  # the judge's own entry (index, UUID, MIG)
         extra = {"CUDA_VISIBLE_DEVICES": shown} if device_index is not None or gpu else {}
+        extra.update(arch_env(device, device_index or 0))  # TORCH_CUDA_ARCH_LIST on a GPU: exactly its architecture
         full = self.containment is Containment.FULL
         seccomp_fd: int | None = None
         if full:

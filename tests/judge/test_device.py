@@ -73,3 +73,38 @@ def test_only_the_lanes_gpu_node_is_bound_beside_the_shared_ones(monkeypatch):
                                                    "/dev/nvidiactl"]
     assert len(containment.device_nodes("cuda")) == 6  # not certain which: every NVIDIA node, as before
     assert containment.device_nodes("cpu", 3) == []
+
+
+@pytest.mark.parametrize(("capability", "arch"), [((9, 0), "9.0a"), ((10, 0), "10.0a"), ((8, 0), "8.0"),
+                                                  ((8, 9), "8.9"), ((12, 0), "12.0a")])
+def test_a_gpu_is_built_for_with_its_architecture_specific_features(capability, arch):
+    from kernelrl.judge.device import arch_list_for
+
+    assert arch_list_for(capability) == arch
+
+
+def test_the_judges_own_arch_list_wins_and_without_a_gpu_there_is_none(monkeypatch):
+    from kernelrl.judge import device
+
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setattr(device, "_capability", lambda index: None)  # this machine: no GPU
+    assert device.cuda_arch_list() is None and device.arch_env(device.Device.CUDA) == {}
+    monkeypatch.setattr(device, "_capability", lambda index: (9, 0) if index == 0 else (8, 0))
+    assert device.arch_env(device.Device.CUDA) == {"TORCH_CUDA_ARCH_LIST": "9.0a"}
+    assert device.arch_env(device.Device.CUDA, 1) == {"TORCH_CUDA_ARCH_LIST": "8.0"}
+    assert device.arch_env(device.Device.CPU) == {}
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")  # the user chose: kept as it is
+    assert device.cuda_arch_list() == "9.0"
+
+
+def test_the_build_key_holds_the_architecture_built_for(monkeypatch):
+    from kernelrl.judge import builds
+
+    keys = []
+    for arch in ("9.0", "9.0a"):
+        monkeypatch.setattr(builds, "cuda_arch_list", lambda arch=arch: arch)
+        builds.toolchain_fingerprint.cache_clear()
+        keys.append(builds.build_key("source", builds.Device.CUDA))
+    builds.toolchain_fingerprint.cache_clear()
+    assert keys[0] != keys[1]
+    assert "arch 9.0a" in builds.toolchain_fingerprint.__wrapped__(builds.Device.CUDA)
