@@ -310,11 +310,10 @@ class Group:
                 self.rng.shuffle(order)
                 workers = {h: w for h in order if (w := survivors[h].worker) is not None}
                 aa = AA_REFERENCE in workers
-                waited_s, retimed = 0.0, 0
+                timing_waits: list[float] = []  # one per measurement (a retime waits again)
+                retimed = 0
                 while True:
-                    asked = time.monotonic()
-                    with ctx.lock.timing():
-                        waited_s += time.monotonic() - asked
+                    with waited(ctx.lock.timing(), timing_waits):
                         deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
                         timing = measure_group(reference, workers, pool, cfg.timing, rng=self.rng, deadline=deadline,
                                                tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32, cores=self.cores,
@@ -330,8 +329,8 @@ class Group:
                         break
                     retimed += 1  # identical code disagreed, or the device was busy: measure again
                 pair = timing.candidates.get(AA_REFERENCE) if aa else None
-                self._lock_waits.append(waited_s)
-                self.timing = dataclasses.replace(timing, device_wait_s=waited_s, noisy=noisy, retimed=retimed,
+                self._lock_waits += timing_waits
+                self.timing = dataclasses.replace(timing, device_wait_s=sum(timing_waits), noisy=noisy, retimed=retimed,
                                                   aa_speedup=pair.speedup if pair else None,
                                                   aa_ci=pair.speedup_ci if pair else None)
                 self.machine = dataclasses.replace(self.machine, pinned_allocator=timing.allocator_pinned)

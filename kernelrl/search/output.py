@@ -60,8 +60,7 @@ class RunOutput:
         self.fingerprint = fingerprint
         self.known_baseline = known_baseline  # baselines the evaluator measured inside its groups
         self.watch = watch  # the timing lock, whose holder the status line names
-        self.evaluations = 0  # verdicts of the evaluator stored by this invocation
-        self.fresh: list[EvalResult] = []  # those verdicts, for the judge's throughput
+        self.fresh: list[EvalResult] = []  # verdicts of the evaluator stored by this invocation
         self.reused = 0  # candidates stored with a verdict shared from another
         self.errors: list[str] = []
         self.activity: SearchActivity | None = None
@@ -73,7 +72,6 @@ class RunOutput:
 
     def verdict(self, rec: CandidateRecord, result: EvalResult) -> EvalResult:
         """The evaluator's verdict on `rec`, as stored."""
-        self.evaluations += 1
         self.fresh.append(result)
         if not result.config_fingerprint:
             # An injected judge is taken to judge under the run's evaluator config.
@@ -148,5 +146,5 @@ class RunOutput:
         elapsed = time.monotonic() - run.started
         return SearchSummary(run_id=run.run_id, resumed=run.resumed, stop_reason=run.stop_reason or StopReason.BUDGET,
                              tasks=tasks, prompt_tokens=run.prompt_tokens, completion_tokens=run.completion_tokens,
-                             evaluations=self.evaluations, reused=self.reused, elapsed_s=elapsed,
+                             evaluations=len(self.fresh), reused=self.reused, elapsed_s=elapsed,
                              errors=tuple(self.errors), throughput=Throughput.of(self.fresh, elapsed))
