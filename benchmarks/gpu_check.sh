@@ -60,7 +60,8 @@ CL1=${CUDA_L1:-}
 ONLY=""
 declare -A LIMITS=()
 PLAN_STEPS="env floor batch spread level1 hacks"
-ALL_STEPS=" $PLAN_STEPS workers aa kernelbench throughput gpu_tests "
+OPTIONAL_STEPS="workers aa kernelbench throughput gpu_tests"  # run only when --steps names them
+ALL_STEPS=" $PLAN_STEPS $OPTIONAL_STEPS "
 # The batch's tasks and the level-1 step's, by entry name in CUDA-L1's file.
 BATCH_TASKS=level1/28,level1/48,level1/13,level2/54
 LEVEL1_TASKS="level1/3 level1/32 level1/23 level1/42 level1/88"
@@ -179,7 +180,7 @@ limit_of() { echo "${LIMITS[$1]:-${LIMIT[$1]}}"; }
 if [ "$MODE" = plan ]; then
     total=0
     echo "gpu_check plan: budget ${BUDGET} s; writes under $OUT and the build cache $CACHE (kept)"
-    for name in $PLAN_STEPS workers aa kernelbench throughput gpu_tests; do
+    for name in $ALL_STEPS; do
         if [[ "$SELECTED" != *" $name "* ]]; then
             printf '  %-11s %4s    (not run: %s)\n' "$name" - "$([[ " $PLAN_STEPS " == *" $name "* ]] && echo "not in --steps" || echo "optional, name it in --steps")"
             continue
@@ -315,7 +316,7 @@ if ! command -v bwrap >/dev/null 2>&1; then
 fi
 
 cd "$ROOT" || exit 2
-for name in $PLAN_STEPS workers aa kernelbench throughput gpu_tests; do
+for name in $ALL_STEPS; do
     run_step "$name"
 done
 note "done in $(($(date +%s) - START)) s; files in $OUT: $(ls "$OUT" | tr '\n' ' '); build cache kept in $CACHE"

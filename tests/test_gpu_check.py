@@ -46,6 +46,12 @@ def _published(path: Path, names: list[str]) -> Path:
     return path
 
 
+def _no_data(tmp_path: Path) -> Path:
+    """An empty data folder: what a checkout without `--prepare`'s .gpu-data has (a prepared one is found by default)."""
+    (tmp_path / "no-data").mkdir(exist_ok=True)
+    return tmp_path / "no-data"
+
+
 def test_the_plan_fits_its_budget_and_says_what_each_step_runs(tmp_path):
     done = subprocess.run(["bash", SCRIPT, str(tmp_path / "out"), "--dry-run",
                            "--cuda-l1", str(_published(tmp_path / "h100.json", NAMED))],
@@ -69,7 +75,8 @@ def test_a_plan_over_its_budget_is_refused(tmp_path, args):
 
 
 def test_a_plan_without_data_skips_what_needs_it_and_counts_only_what_runs(tmp_path):
-    done = subprocess.run(["bash", SCRIPT, str(tmp_path / "out"), "--dry-run"], capture_output=True, text=True,
+    done = subprocess.run(["bash", SCRIPT, str(tmp_path / "out"), "--dry-run", "--data", str(_no_data(tmp_path))],
+                          capture_output=True, text=True,
                           env=_env(), timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("  ")}
@@ -129,7 +136,8 @@ def test_a_rehearsal_starts_every_step_stops_in_time_and_writes_only_under_out(t
 
 def test_gpu_check_steps_runs_only_the_named_steps_under_their_given_limits(tmp_path):
     out = tmp_path / "out"
-    done = subprocess.run(["bash", SCRIPT, str(out), "--steps", "env,level1", "--limit", "env=7",
+    done = subprocess.run(["bash", SCRIPT, str(out), "--steps", "env,level1", "--limit", "env=7", "--data",
+                           str(_no_data(tmp_path)),
                            "--cache", str(tmp_path / "cache")], capture_output=True, text=True, env=_env(), timeout=120,
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
