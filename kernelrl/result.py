@@ -333,6 +333,8 @@ class EvalResult:
     ref_roofline_pct: float | None = None  # the reference's share, measured in the same run
     build_time_s: float | None = None
     eval_time_s: float | None = None
+    # the most device memory the candidate allocated in a correctness run (bytes); None on a CPU
+    peak_device_bytes: int | None = None
     findings: list[Finding] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # compiler output, tracebacks, log tails
     environment: Environment = field(default_factory=Environment)

@@ -186,6 +186,7 @@ class Prepare(Header):
 class Output(Header):
     KIND: ClassVar[Kind] = Kind.OUTPUT
     call: int  # which call of the last sample: chosen by the judge after the sample returned
+    key: int = 0  # the inputs' digest key (`fingerprint.keyed_digest`): drawn after the sample returned
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,6 +263,7 @@ class Ran(Header):
     # the inputs do not travel back: an honest program's in-place writes are what this catches;
     # a dishonest one could forge any report, which is why outputs are judged in the judge)
     inputs_changed: list[bool]
+    peak_device_bytes: int = 0  # the most device memory the program had allocated in the call (0 on a CPU)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -297,7 +299,9 @@ class OutputData(Header):
     place), so only the output crosses the arena."""
 
     KIND: ClassVar[Kind] = Kind.OUTPUT_DATA
-    inputs_digest: str  # `compare.content_digest` of the call's inputs, read after its sample
+    # of the call's inputs, read after its sample: `compare.content_digest` on the host,
+    # `fingerprint.keyed_digest` under the command's key on a device (no copy to the host)
+    inputs_digest: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -314,6 +318,12 @@ class Error(Header):
     phase: Phase
     message: str
     traceback: str = ""
+    # An out-of-memory error on a device, and the device's memory as the worker then saw it
+    # (`kernelrl.judge.devmem.DeviceMemory`: zeros where out_of_memory is False or on a CPU).
+    out_of_memory: bool = False
+    device_free_bytes: int = 0
+    device_total_bytes: int = 0
+    device_own_bytes: int = 0
 
 
 # Header class of each kind; kinds that carry no fields use `Empty`.

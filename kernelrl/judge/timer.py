@@ -61,6 +61,7 @@ from __future__ import annotations
 import enum
 import math
 import random
+import secrets
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -385,7 +386,7 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
         clock = time.monotonic()
         # Which rounds are checked is decided only now, after the calls returned.
         rounds_left = config.max_rounds - r - 1
-        ref_outs: dict[int, tuple[object, str]] = {}  # per call: the reference's output and inputs' digest
+        ref_outs: dict[int, tuple[object, str, P.Output]] = {}  # per call: the reference's output, inputs' digest, the ask
         # Trusted members (the reference's copies, its compiled form) are kernelrl's own code and no
         # verdict reads their outputs: fetching them bought nothing (7.6 s of a 44 s A/A group of
         # three trusted programs on the 2026-11-27 H100).
@@ -398,14 +399,16 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
             # Any call of the sample, chosen now: a program cannot know which of its calls counts.
             call = rng.randrange(k)
             if call not in ref_outs:
-                answer = guarded(ref, lambda: ref.request(P.Output(call=call), deadline=call_deadline()))  # noqa: B023 - called at once, inside this iteration
+                # The digest's key, like the call, exists only now (`fingerprint.keyed_digest`).
+                ask = P.Output(call=call, key=secrets.randbits(63))
+                answer = guarded(ref, lambda: ref.request(ask, deadline=call_deadline()))  # noqa: B023 - called at once, inside this iteration
                 if answer is None:
                     break
-                ref_outs[call] = (answer.payload["output"], answer.header.inputs_digest)
+                ref_outs[call] = (answer.payload["output"], answer.header.inputs_digest, ask)
                 output_bytes = _nbytes(answer.payload["output"])
                 spot_bytes += output_bytes
-            ref_output, ref_inputs = ref_outs[call]
-            fetched = guarded(m, partial(m.request, P.Output(call=call), deadline=call_deadline()))
+            ref_output, ref_inputs, ask = ref_outs[call]
+            fetched = guarded(m, partial(m.request, ask, deadline=call_deadline()))
             if fetched is None:
                 continue
             m.spot_checks += 1

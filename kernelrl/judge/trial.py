@@ -41,8 +41,9 @@ from kernelrl.judge.builds import build_dir, has_build, seal, sealed_dir, unseal
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.compare import NEAR_FACTOR, Comparison, Mismatch, compare_outputs, flatten, output_digest
 from kernelrl.judge.device import Device
+from kernelrl.judge.devmem import Blame, DeviceMemory, blame
 from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
-from kernelrl.judge.sandbox import Worker, WorkerDied
+from kernelrl.judge.sandbox import Answer, Worker, WorkerDied
 from kernelrl.judge.verdict import Checked, Verdict
 from kernelrl.result import Containment, Finding, Severity, Status, Timing
 
@@ -68,6 +69,7 @@ class Trial:
     max_rel_err: float | None = None
     parameters_shared: bool | None = None
     timing: Timing = Timing.MEASURED  # INTERPRETED: a Triton program on a CPU, checked but never timed
+    peak_device_bytes: int | None = None  # the most its correctness runs allocated on a device; None on a CPU
     state_before: dict[str, P.Setting] = field(default_factory=dict)  # the worker's global state after loading
     state_after_load: dict[str, P.Setting] = field(default_factory=dict)  # after the import, before construction
     started: float = field(default_factory=time.monotonic)
@@ -86,7 +88,7 @@ class Trial:
                        build_time_s=self.build_time_s, build_cached=self.build_cached,
                        max_abs_err=self.max_abs_err, max_rel_err=self.max_rel_err,
                        parameters_shared=self.parameters_shared, timing=self.timing,
-                       eval_time_s=round(time.monotonic() - self.started, 3))
+                       peak_device_bytes=self.peak_device_bytes, eval_time_s=round(time.monotonic() - self.started, 3))
 
     def end(self, verdict: Verdict) -> None:
         self.verdict = verdict
@@ -262,7 +264,7 @@ def _correctness(trial: Trial, reference: ReferenceSession, sets: list[InputSet]
     runs = [0, *range(len(sets))]  # set 0 twice, then every other set once
     for n, i in enumerate(runs):
         s = sets[i]
-        ran = worker.request(P.Run(), s.values, deadline=deadline)
+        ran = _run(trial, worker, s.values, deadline)
         if ran.failed:
             _idle_census(trial, worker)
             h = ran.header
@@ -325,6 +327,26 @@ def _correctness(trial: Trial, reference: ReferenceSession, sets: list[InputSet]
         trial.findings.append(dynamic.nondeterministic(twice.reason))
     trial.max_abs_err = max_abs
     trial.max_rel_err = max_rel
+
+
+def _run(trial: Trial, worker: Worker, values: list[object], deadline: float) -> Answer:
+    """One correctness run; one that ran out of device memory runs once more (the memory may have
+    been another process's a moment ago), and a second such error is the judge's when others held
+    what the program was promised (`kernelrl.judge.devmem.blame`), else the program's."""
+    ran = worker.request(P.Run(), values, deadline=deadline)
+    if ran.failed and ran.header.out_of_memory:
+        ran = worker.request(P.Run(), values, deadline=deadline)
+        h = ran.header
+        if ran.failed and h.out_of_memory:
+            memory = DeviceMemory(free_bytes=h.device_free_bytes, total_bytes=h.device_total_bytes,
+                                  own_bytes=h.device_own_bytes)
+            if blame(memory) is Blame.JUDGE:
+                raise _End(Verdict(status=Status.JUDGE_ERROR, message=(
+                    f"the device ran out of memory twice while other processes held {memory.others_bytes / 2**30:.1f} "
+                    f"of its {memory.total_bytes / 2**30:.1f} GiB: judged again later"), errors=(h.message,)))
+    if not ran.failed:
+        trial.peak_device_bytes = max(trial.peak_device_bytes or 0, ran.header.peak_device_bytes) or None
+    return ran
 
 
 # How long the judge watches a worker after its calls returned, for work left running.

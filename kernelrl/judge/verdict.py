@@ -94,6 +94,7 @@ class Checked:
     max_rel_err: float | None = None
     parameters_shared: bool | None = None  # the reference's parameters were loaded into the candidate
     timing: Timing = Timing.MEASURED  # INTERPRETED: checked, never timed (its early verdict says so)
+    peak_device_bytes: int | None = None  # the most its correctness runs allocated on a device; None on a CPU
     eval_time_s: float | None = None  # from the start of its checks to this decision
 
 
@@ -246,7 +247,8 @@ def _result(setting: Setting, checked: Checked, verdict: Verdict | None, finding
         build_time_s=checked.build_time_s, eval_time_s=checked.eval_time_s, findings=weighed,
         errors=[e for e in verdict.errors if e], environment=environment, device=setting.device, size=setting.size,
         policy=setting.policy, candidate_hash=checked.candidate_hash, build_cached=checked.build_cached,
-        config_fingerprint=setting.fingerprint, containment=setting.containment, timing=checked.timing)
+        config_fingerprint=setting.fingerprint, containment=setting.containment, timing=checked.timing,
+        peak_device_bytes=checked.peak_device_bytes)
 
 
 def _timing_record(measured: CandidateTiming, timing: GroupTiming) -> TimingRecord:

@@ -38,8 +38,8 @@ import time
 
 _perf_ns = time.perf_counter_ns  # bound before any program code can rebind it
 
+import dataclasses  # noqa: E402
 import importlib.util  # noqa: E402
-import math  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -76,6 +76,7 @@ _pin_allocator = allocator_pin()
 
 import torch  # noqa: E402
 
+from kernelrl.judge import devmem  # noqa: E402
 from kernelrl.judge import protocol as P  # noqa: E402
 from kernelrl.judge.builds import (  # noqa: E402
     CudaDeviceCodeCheck,
@@ -86,6 +87,8 @@ from kernelrl.judge.builds import (  # noqa: E402
 from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError, Message, commitments  # noqa: E402
 from kernelrl.judge.compare import content_digest, flatten  # noqa: E402
 from kernelrl.judge.device import Device  # noqa: E402
+from kernelrl.judge.fingerprint import keyed_digest, same_bytes  # noqa: E402
+from kernelrl.judge.peaks import machine_peaks  # noqa: E402
 from kernelrl.judge.precision import global_state, set_precision  # noqa: E402
 from kernelrl.judge.values import all_finite as _all_finite  # noqa: E402
 from kernelrl.judge.values import clone as _clone  # noqa: E402
@@ -364,6 +367,7 @@ class WorkerState:
         except Exception as e:  # noqa: BLE001 - the reference's own failure: a task problem
             return P.Kind.ERROR, P.Error(phase=P.Phase.RUN, message=f"{type(e).__name__}: {e}",
                                          traceback=traceback.format_exc(limit=8)), None
+        devmem.release(self.device)  # what making the sets cached: the device's again
         return P.Kind.INPUTS, P.InputsMade(finite=finite), {"inputs": [take(s) for s in sets],
                                                            "outputs": outputs}
 
@@ -394,23 +398,33 @@ class WorkerState:
         afresh for every run (the first set twice), so a run's output is sent as it is: the worker
         holds one set and one output, and the arena the output's copy while it travels."""
         inputs = list(payload)
-        # A fingerprint, not a copy, tells a changed input or output (compare.content_digest).
-        sent = content_digest(inputs)
+        # On the host a fingerprint, not a copy, tells a changed input or output (compare.content_digest);
+        # on a device, the bytes of the device's copies against the host's (`fingerprint.same_bytes`).
+        on_host = self.device == "cpu"
+        sent = content_digest(inputs) if on_host else ""
         args = [_to_device(v, self.device) for v in inputs]  # off the CPU, the device's own copy
         before, children_before = _thread_count(), _descendant_count()
+        devmem.reset_peak(self.device)
         with _no_grad():
             out = self.model(*args)
         self._sync()
         thread_rise, child_rise = _thread_count() - before, _descendant_count() - children_before
+        peak = devmem.peak(self.device)
         snapshot = _readable(out)
-        at_return = content_digest(snapshot)
+        at_return = content_digest(snapshot) if on_host else ""
         # An honest output is final when the call returns; one still being written by work the
         # call left running changes in the next moments.
         time.sleep(0.005)
         self._sync()
-        changed_after = content_digest(_in_place(out)) != at_return
+        if on_host:
+            changed_after = content_digest(_in_place(out)) != at_return
+            inputs_changed = content_digest(_in_place(args)) != sent
+        else:
+            changed_after, inputs_changed = not same_bytes(_in_place(out), snapshot), not same_bytes(_in_place(args), inputs)
         ran = P.Ran(state_after=global_state(), thread_rises=[thread_rise], child_rises=[child_rise],
-                    changed_after_return=[changed_after], inputs_changed=[content_digest(_in_place(args)) != sent])
+                    changed_after_return=[changed_after], inputs_changed=[inputs_changed], peak_device_bytes=peak)
+        del out, args
+        devmem.release(self.device)
         return P.Kind.RAN, ran, {"outputs": [snapshot]}
 
     # -- timing -------------------------------------------------------------------------------
@@ -488,8 +502,10 @@ class WorkerState:
         if not 0 <= h.call < len(self.sample_outputs):
             raise ValueError(f"no call {h.call} in the last sample ({len(self.sample_outputs)} calls)")
         # The output read in place where it is a plain CPU tensor (the channel copies it into the
-        # arena); the inputs as a digest the judge compares with the reference's, not a second set.
-        digest = content_digest(_in_place(self.sample_inputs[h.call]))
+        # arena); the inputs as a digest the judge compares with the reference's, not a second set:
+        # on a device, read there under the key the judge drew after the sample.
+        values = _in_place(self.sample_inputs[h.call])
+        digest = content_digest(values) if self.device == "cpu" else keyed_digest(values, h.key)
         return P.Kind.OUTPUT_DATA, P.OutputData(inputs_digest=digest), {"output": _readable(self.sample_outputs[h.call])}
 
     def _evict(self) -> None:
@@ -504,43 +520,8 @@ class WorkerState:
     # -- machine peaks ------------------------------------------------------------------------
 
     def measure_peaks(self, h: P.MeasurePeaks, payload: object) -> Reply:
-        """Best of a few runs: triad bandwidth (a = b + s * c) and large matmuls (fp32, bf16)."""
         self._start(h.device, h.threads, 0, False)  # exact fp32: the peaks of the default precision
-        n = (64 << 20) // 4 if h.device == "cpu" else (512 << 20) // 4
-        b = torch.rand(n, device=h.device)
-        c = torch.rand(n, device=h.device)
-        a = torch.empty_like(b)
-        best = math.inf
-        for _ in range(7):
-            self._sync()
-            t0 = _perf_ns()
-            torch.add(b, c, alpha=1.5, out=a)
-            self._sync()
-            best = min(best, (_perf_ns() - t0) / 1e9)
-        bandwidth = 3 * n * 4 / best / 1e9
-        del a, b, c
-
-        def matmul_rate(dtype: torch.dtype) -> float | None:
-            # bf16 on a CPU without bf16 units runs far slower than fp32: a smaller problem.
-            m = (2048 if dtype == torch.float32 else 512) if h.device == "cpu" else 8192
-            try:
-                x = torch.randn(m, m, device=h.device, dtype=dtype)
-                y = torch.randn(m, m, device=h.device, dtype=dtype)
-                torch.mm(x, y)  # first call: library setup
-                fastest = math.inf
-                for _ in range(3):
-                    self._sync()
-                    t0 = _perf_ns()
-                    torch.mm(x, y)
-                    self._sync()
-                    fastest = min(fastest, (_perf_ns() - t0) / 1e9)
-                return 2 * m ** 3 / fastest / 1e12
-            except (RuntimeError, TypeError):
-                return None
-
-        fp32 = matmul_rate(torch.float32)
-        return P.Kind.PEAKS, P.Peaks(bandwidth_gbs=bandwidth, fp32_tflops=fp32 or 0.0,
-                                     bf16_tflops=matmul_rate(torch.bfloat16)), None
+        return P.Kind.PEAKS, machine_peaks(h.device, self._sync, _perf_ns), None
 
 
 def sync_every_gpu(devices: int) -> None:
@@ -630,8 +611,7 @@ def _serve(state: WorkerState, msg: Message) -> bool:
     try:
         answer, reply, payload = handler(state, header, msg.payload)
     except Exception as e:  # noqa: BLE001 - report, keep serving; the judge decides
-        answer, reply, payload = P.Kind.ERROR, P.Error(phase=P.Phase.RUN, message=f"{type(e).__name__}: {e}",
-                                                       traceback=traceback.format_exc(limit=8)), None
+        answer, reply, payload = P.Kind.ERROR, _failure(state, e), None
     # What the command brought is let go before the answer travels: a correctness run's set is
     # freed before its output is copied. Its top level only: what a handler kept of it (a model's
     # init arguments, the pool's tensors) stays as it is.
@@ -639,6 +619,21 @@ def _serve(state: WorkerState, msg: Message) -> bool:
         msg.payload.clear()
     send(state.channel, answer, reply, payload)
     return True
+
+
+def _failure(state: WorkerState, e: Exception) -> P.Error:
+    """A command's exception as the judge reads it; an out-of-memory error on a device with what
+    the device held once this worker gave its cached blocks back (`kernelrl.judge.devmem`)."""
+    error = P.Error(phase=P.Phase.RUN, message=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
+    memory = None
+    if isinstance(e, torch.OutOfMemoryError):
+        e.__traceback__ = None  # its frames hold the tensors of the failed call
+        devmem.release(state.device)
+        memory = devmem.read(state.device)
+    if memory is None:
+        return error
+    return dataclasses.replace(error, out_of_memory=True, device_free_bytes=memory.free_bytes,
+                               device_total_bytes=memory.total_bytes, device_own_bytes=memory.own_bytes)
 
 
 if __name__ == "__main__":

@@ -118,3 +118,43 @@ def test_identical_code_measures_one_on_cuda(cache_dir):
     with Evaluator(EvalConfig(device="cuda", size="full", cache_dir=cache_dir, roofline=False)) as ev:
         runs = ev.calibrate(builtin_task("level1/softmax"), runs=3)
     assert all(r.within(0.02) for r in runs), [(r.speedup_a, r.speedup_b, r.b_over_a) for r in runs]
+
+
+WRITES_INPUT = """
+import torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def forward(self, x):
+        y = torch.mul(x, torch.sigmoid(x))
+        x.view(-1)[-1] += 1.0  # the last value of the device's copy
+        return y
+"""
+
+
+@pytest.mark.parametrize(("source", "written"), [(PLAIN, False), (WRITES_INPUT, True)], ids=["plain", "writes_input"])
+def test_a_run_on_the_device_compares_its_inputs_there(source, written, tmp_path):
+    """The device path of the worker's input check (`fingerprint.same_bytes`) and of the spot
+    check's digest (`fingerprint.keyed_digest`): equal digests under one key, not under another."""
+    import torch
+
+    from kernelrl.judge.sandbox import SandboxConfig, Worker
+
+    worker = Worker(config=SandboxConfig(), device="cuda", root=tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        loaded = worker.request(P.LoadProgram(source=source, constants={}, device="cuda", threads=1, evict_bytes=0,
+                                              build_dir=str(tmp_path / "build"), cache_root=str(tmp_path / "cache")),
+                                deadline=deadline)
+        assert not loaded.failed, loaded.header.message
+        assert not worker.request(P.Construct(init_seed=0), [], deadline=deadline).failed
+        ran = worker.request(P.Run(), [torch.randn(4096, 1025)], deadline=deadline)
+        assert not ran.failed, ran.header.message
+        assert ran.header.inputs_changed == [written] and ran.header.changed_after_return == [False]
+        worker.request(P.Pool(noise_seed=1, jitter=0.0), [[torch.randn(64, 4096)]], deadline=deadline)
+        assert not worker.request(P.Warmup(calls=1, max_s=10.0), deadline=deadline).failed
+        worker.request(P.Prepare(index=0, scales=[1.0], shifts=[0]), deadline=deadline)
+        assert not worker.command(P.Kind.CALL, deadline=deadline).failed
+        digests = [worker.request(P.Output(call=0, key=key), deadline=deadline).header.inputs_digest
+                   for key in (5, 5, 6)]
+        assert digests[0] == digests[1] != digests[2]
+    finally:
+        worker.close()
