@@ -225,3 +225,12 @@ def test_a_worker_imports_only_the_worker_side():
     imported = out.stdout.split()
     assert "kernelrl.judge.worker" in imported
     assert not [m for m in imported if not m.startswith(WORKER_SIDE) or m.startswith(JUDGE_SIDE)], imported
+
+
+def test_every_server_listens_through_one_binder():
+    """The run page, `kernelrl watch` and the reward server listen on sockets from
+    `kernelrl.report.watch.app.bind`, the function the preflight port checks call: a check that a
+    port is free tests the socket options the server will use."""
+    listening = sorted(str(p.relative_to(ROOT)) for p in _modules().values()
+                       if any(isinstance(n, ast.Attribute) and n.attr == "listen" for n in ast.walk(ast.parse(p.read_text()))))
+    assert listening == ["report/watch/app.py"], listening

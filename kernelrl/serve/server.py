@@ -62,6 +62,7 @@ from starlette.concurrency import run_in_threadpool
 
 from kernelrl.checks.policy import PolicyName
 from kernelrl.judge.containment import probe
+from kernelrl.report.watch.app import bind
 from kernelrl.result import Containment
 from kernelrl.reward import RewardModel
 from kernelrl.serve.api import (
@@ -434,18 +435,12 @@ class DbLock:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    # A restarted server takes its port back at once (the old one's connections may linger in TIME_WAIT).
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    """The server's socket from the one binder (`kernelrl.report.watch.app.bind`); a port that
+    cannot be had is a `StartError`."""
     try:
-        sock.bind((host, port))
-        sock.listen(2048)
+        return bind(host, port)
     except OSError as e:
-        sock.close()
         raise StartError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-    sock.setblocking(False)
-    return sock
 
 
 class RewardServer:

@@ -259,14 +259,21 @@ def create_app(db_path: str | Path) -> FastAPI:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: any free port), so the address can be announced before serving."""
+    """A listening socket (port 0: any free port), so the address can be announced before serving.
+
+    The one binder of every server kernelrl runs (the run page, `kernelrl watch`, the reward
+    server) and of the preflight checks that a port is free, so a check tests what will listen:
+    a restarted server takes its port back at once (SO_REUSEADDR: the old connections may linger
+    in TIME_WAIT), a backlog of 2048 for a trainer's bursts of requests, non-blocking as the
+    event loop serving it wants it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(2048)
     except OSError:
         sock.close()
         raise
+    sock.setblocking(False)
     return sock
