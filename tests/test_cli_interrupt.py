@@ -88,6 +88,7 @@ def test_ctrl_c_twice_during_the_search_leaves_at_once_keeping_every_candidate(t
     assert _count(db, "SELECT count(*) FROM candidates") >= 1  # stored; a resume evaluates what is left
 
 
+@pytest.mark.slow  # 23 s; the search's own Ctrl-C tests (tests/search/test_loop.py) are fast
 def test_ctrl_c_once_leaves_within_seconds_and_a_resume_judges_the_rest(tmp_path: Path, tiny_task,
                                                                            cache_dir: Path) -> None:
     """One Ctrl-C: what finishes within `INTERRUPT_GRACE_S` is kept, the run leaves, every proposal

@@ -97,6 +97,7 @@ def test_prepare_copies_the_data_a_lease_carries_and_refuses_data_without_the_na
     assert short.returncode == 2 and "level2/54" in short.stderr and "level1/13" not in short.stderr
 
 
+@pytest.mark.slow  # 23 s: every step started on the CPU; the plan and its budget are checked in the fast suite
 def test_a_rehearsal_starts_every_step_stops_in_time_and_writes_only_under_out(tmp_path):
     out, cache, tmp = tmp_path / "out", tmp_path / "cache", tmp_path / "tmp"
     tmp.mkdir()

@@ -145,7 +145,8 @@ def test_the_pinned_allocator_is_recorded_as_the_timed_workers_report_it(judged,
     assert untimed.environment.machine is not None and not untimed.environment.machine.pinned_allocator
     off = dataclasses.replace(quick_config, sandbox=dataclasses.replace(quick_config.sandbox, pin_allocator=False))
     unpinned = judged(tiny_task, FUSED_REWRITE, off)
-    assert unpinned.status is Status.CORRECT and unpinned.environment.machine is not None
+    assert unpinned.status is Status.CORRECT and unpinned.environment.machine is not None, \
+        (unpinned.message, [(f.rule, f.message) for f in unpinned.findings])
     assert not unpinned.environment.machine.pinned_allocator
 
 
