@@ -9,11 +9,17 @@ untimed result.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from kernelrl.judge import protocol as P
+
+if TYPE_CHECKING:
+    from kernelrl.judge.sandbox import Worker
 
 pytestmark = pytest.mark.gpu
 
@@ -55,10 +61,9 @@ class ModelNew(nn.Module):
 """
 
 
-def _call_ms(source: str, tmp_path) -> float:
-    """The worker's own time for one call of the program (its device-wide synchronisation around it)."""
-    import torch
-
+@contextlib.contextmanager
+def _constructed(source: str, tmp_path) -> Iterator[tuple[Worker, float]]:
+    """A CUDA worker with the program loaded and its model built: (worker, deadline); closed after."""
     from kernelrl.judge.sandbox import SandboxConfig, Worker
 
     tmp_path.mkdir(parents=True, exist_ok=True)  # the worker makes its own folder inside
@@ -71,6 +76,16 @@ def _call_ms(source: str, tmp_path) -> float:
         assert not loaded.failed, loaded.header.message
         made = worker.request(P.Construct(init_seed=0), [], deadline=deadline)
         assert not made.failed, made.header.message
+        yield worker, deadline
+    finally:
+        worker.close()
+
+
+def _call_ms(source: str, tmp_path) -> float:
+    """The worker's own time for one call of the program (its device-wide synchronisation around it)."""
+    import torch
+
+    with _constructed(source, tmp_path) as (worker, deadline):
         worker.request(P.Pool(noise_seed=1, jitter=0.0), [[torch.randn(64, 4096)]], deadline=deadline)
         warm = worker.request(P.Warmup(calls=3, max_s=10.0), deadline=deadline)
         assert not warm.failed, warm.header.message
@@ -78,8 +93,6 @@ def _call_ms(source: str, tmp_path) -> float:
         called = worker.command(P.Kind.CALL, deadline=deadline)
         assert not called.failed, called.header.message
         return called.header.t_ns[0] / 1e6
-    finally:
-        worker.close()
 
 
 @pytest.mark.parametrize("source", [SIDE_STREAM, SWITCHED, SYNC_PATCHED], ids=["side_stream", "current_switched",
@@ -136,16 +149,7 @@ def test_a_run_on_the_device_compares_its_inputs_there(source, written, tmp_path
     check's digest (`fingerprint.keyed_digest`): equal digests under one key, not under another."""
     import torch
 
-    from kernelrl.judge.sandbox import SandboxConfig, Worker
-
-    worker = Worker(config=SandboxConfig(), device="cuda", root=tmp_path)
-    try:
-        deadline = time.monotonic() + 300
-        loaded = worker.request(P.LoadProgram(source=source, constants={}, device="cuda", threads=1, evict_bytes=0,
-                                              build_dir=str(tmp_path / "build"), cache_root=str(tmp_path / "cache")),
-                                deadline=deadline)
-        assert not loaded.failed, loaded.header.message
-        assert not worker.request(P.Construct(init_seed=0), [], deadline=deadline).failed
+    with _constructed(source, tmp_path) as (worker, deadline):
         ran = worker.request(P.Run(), [torch.randn(4096, 1025)], deadline=deadline)
         assert not ran.failed, ran.header.message
         assert ran.header.inputs_changed == [written] and ran.header.changed_after_return == [False]
@@ -156,5 +160,3 @@ def test_a_run_on_the_device_compares_its_inputs_there(source, written, tmp_path
         digests = [worker.request(P.Output(call=0, key=key), deadline=deadline).header.inputs_digest
                    for key in (5, 5, 6)]
         assert digests[0] == digests[1] != digests[2]
-    finally:
-        worker.close()
