@@ -6,9 +6,9 @@ reference's shape and dtype; values must satisfy |c - r| <= atol + rtol * |r| el
 NaN equal to NaN only where the reference has NaN. The result reports the largest absolute and
 relative errors even when the comparison passes, so reports can show how close a candidate is
 (the relative error over the places where it is defined: not where the reference is NaN or both
-sides are infinite). Outputs are compared a chunk at a time (`_CHUNK` elements): the judge's working
-memory for a comparison is a few float64 chunks, not float64 copies of the whole output (several
-times a 6 GiB fp32 output otherwise).
+sides are infinite). Outputs are compared a chunk at a time (`_COMPARE_CHUNK` elements): the judge's
+working memory for a comparison is a few float64 chunks, not float64 copies of the whole output
+(several times a 6 GiB fp32 output otherwise).
 
 Tolerances per dtype (atol = rtol; multiplied by `EvalConfig.tol_scale`), against KernelBench's
 (`get_tolerance_for_precision` in its eval, after torchbench; its earlier eval used 1e-2 for every
@@ -79,9 +79,14 @@ class Comparison:
     near: bool = False
 
 
-# Elements compared or hashed at a time (`compare_outputs`, `output_digest`, `content_digest`): the
-# judge's working memory for an output, whatever the output's size.
+# Elements hashed at a time (`output_digest`, `content_digest`): the judge's working memory for an
+# output, whatever the output's size.
 _CHUNK = 1 << 22
+# Elements compared at a time (`compare_outputs`). A comparison makes about ten float64 temporaries
+# per chunk; at 64 Ki elements (512 KiB each) they stay in the CPU's caches and come from the
+# allocator's free lists. At 4 Mi elements each one was mapped, faulted in page by page and unmapped
+# again: the same comparison took 5x the time, most of it in the kernel (benchmarks/README.md).
+_COMPARE_CHUNK = 1 << 16
 
 # fp32 when the evaluation allows TF32 (matmuls and convolutions with fp16's mantissa): fp16's tolerance.
 TF32_TOLERANCE = DEFAULT_TOLERANCES[torch.float16]
@@ -118,13 +123,13 @@ class _LeafErrors:
 
 def _leaf_errors(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> _LeafErrors:
     """The errors of one flat output against the reference's, a chunk at a time: the judge's working
-    memory is a few float64 copies of `_CHUNK` elements, not of the whole output."""
+    memory is a few float64 copies of `_COMPARE_CHUNK` elements, not of the whole output."""
     nan_differ = outside = far = 0
     inf_differ = False
     max_abs = max_rel = 0.0
-    for start in range(0, r.numel(), _CHUNK):
-        c64 = c[start:start + _CHUNK].to(torch.float64)
-        r64 = r[start:start + _CHUNK].to(torch.float64)
+    for start in range(0, r.numel(), _COMPARE_CHUNK):
+        c64 = c[start:start + _COMPARE_CHUNK].to(torch.float64)
+        r64 = r[start:start + _COMPARE_CHUNK].to(torch.float64)
         r_nan = torch.isnan(r64)
         nan_differ += int((r_nan != torch.isnan(c64)).sum())
         if nan_differ:

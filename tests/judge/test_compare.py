@@ -128,8 +128,10 @@ def test_a_comparison_a_chunk_at_a_time_gives_the_whole_comparisons_verdict(monk
     for c, r in cases:
         whole, same = compare_outputs(c, r), output_digest(c) == output_digest(r)
         monkeypatch.setattr(compare, "_CHUNK", 7)
+        monkeypatch.setattr(compare, "_COMPARE_CHUNK", 7)
         assert compare_outputs(c, r) == whole and (output_digest(c) == output_digest(r)) == same, (c, r)
         monkeypatch.setattr(compare, "_CHUNK", 1 << 22)
+        monkeypatch.setattr(compare, "_COMPARE_CHUNK", 1 << 22)
 
 
 def test_content_digest_tells_any_written_byte_and_nothing_else():
