@@ -222,10 +222,10 @@ def seal(scratch: Scratch, sealed: Path) -> bool:
         os.close(root)
     if not files:
         return False
-    return _write_sealed(sealed, files)
+    return write_sealed(sealed, files)
 
 
-def _write_sealed(sealed: Path, files: dict[str, tuple[bytes, int]]) -> bool:
+def write_sealed(sealed: Path, files: dict[str, tuple[bytes, int]]) -> bool:
     parent = sealed.parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = parent / f".tmp-{sealed.name}-{secrets.token_hex(4)}"

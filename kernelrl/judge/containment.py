@@ -73,8 +73,11 @@ ORDER = (Containment.NONE, Containment.NAMESPACES, Containment.FULL)
 # Inside a fully contained worker: its scratch, and where it builds and keeps compiler caches.
 SCRATCH = "/tmp"
 BUILD_SUBDIR = "build/ext"  # under SCRATCH: TORCH_EXTENSIONS_DIR; Triton's cache is its triton/
+CACHE_SUBDIR = "cache"  # under SCRATCH: the worker's cache root (inductor's cache is its inductor/)
 BUILD_DIR_ENV = "KERNELRL_BUILD_DIR"  # read by the worker instead of the build folder the judge names
 CACHE_ROOT_ENV = "KERNELRL_CACHE_ROOT"  # read by the worker instead of the judge's cache folder
+# What a fully contained worker is told of its scratch's folders (`kernelrl.judge.worker` reads them).
+SCRATCH_FOLDERS_ENV = {BUILD_DIR_ENV: f"{SCRATCH}/{BUILD_SUBDIR}", CACHE_ROOT_ENV: f"{SCRATCH}/{CACHE_SUBDIR}"}
 # The system, read-only. Top-level links (merged /usr: /bin -> usr/bin) are made as links.
 SYSTEM_PATHS = ("/usr", "/etc", "/opt", "/sys", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Own PID and mount namespace with a fresh /proc; no capabilities, no privilege gain on exec.

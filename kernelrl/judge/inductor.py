@@ -1,8 +1,9 @@
 """torch.compile's C++ toolchain in a worker: what it would redo in every fresh worker, done once.
 
 Every worker is a fresh interpreter with a private scratch (`kernelrl.judge.sandbox`), so
-torch.compile's caches (inductor's, under TMPDIR and the worker's cache folder) always start
-cold, and never reach another worker: that is what keeps one program's build out of another's.
+torch.compile's caches (inductor's, under TMPDIR and the worker's cache folder) start cold but for
+what the judge gives it (`kernelrl.judge.compilecache`: its task's compiled graphs and its own),
+and never reach another worker: that is what keeps one program's build out of another's.
 A cold CPU compile in a worker also repeats two things that depend on no program (measured on
 a 2-core machine: ~14 s of CPU for a one-kernel graph, ~3.5 s without them):
 - a precompiled header of torch's own headers (~6 s), built for reuse by later compiles in the
@@ -23,7 +24,8 @@ a 2-core machine: ~14 s of CPU for a one-kernel graph, ~3.5 s without them):
 Guarantees: a worker compiles the same code as with torch's defaults: no setting here changes
 what inductor generates, only work it repeats; a failed or partial check sets nothing.
 
-Does not share any compiled artifact between workers (no cache is shared).
+Does not share compiled artifacts between workers itself: under full containment the judge keeps
+what a worker compiled and gives it to the workers allowed to read it (`kernelrl.judge.compilecache`).
 """
 
 from __future__ import annotations

@@ -70,11 +70,9 @@ from kernelrl.judge.channel import (
     commitment,
 )
 from kernelrl.judge.containment import (
-    BUILD_DIR_ENV,
-    BUILD_SUBDIR,
-    CACHE_ROOT_ENV,
     NAMESPACES_PREFIX,
     SCRATCH,
+    SCRATCH_FOLDERS_ENV,
     Scratch,
     allocate_uid,
     bwrap_prefix,
@@ -292,8 +290,7 @@ class Worker:
             prefix = bwrap_prefix(bwrap=shutil.which("bwrap") or "bwrap", uid=self.uid, device=device,
                                   scratch_bytes=config.scratch_mib << 20, as_root=as_root, extra=config.expose,
                                   seccomp_fd=seccomp_fd, gpu_minor=gpu[0] if gpu else None)
-            extra.update({BUILD_DIR_ENV: f"{SCRATCH}/{BUILD_SUBDIR}", CACHE_ROOT_ENV: f"{SCRATCH}/cache",
-                          "USER": "kernelrl-worker", "LOGNAME": "kernelrl-worker"})
+            extra.update({**SCRATCH_FOLDERS_ENV, "USER": "kernelrl-worker", "LOGNAME": "kernelrl-worker"})
         else:
             prefix = list(NAMESPACES_PREFIX) if self.containment is Containment.NAMESPACES else []
         extra[LIMITS_ENV] = ",".join(f"{k}={v}" for k, v in self.limits().items())

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from kernelrl.candidate import Candidate, Language
 from kernelrl.checks import dynamic
+from kernelrl.judge import compilecache
 from kernelrl.judge import protocol as P
 from kernelrl.judge.builds import build_dir, has_build, seal, sealed_dir, unseal
 from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
@@ -147,10 +148,18 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
     # A fully contained worker builds in its scratch (`scratch`): a sealed build is copied in first.
     bdir = None if trial.compiled_reference else build_dir(cache_dir, trial.candidate.source, spec.device)
     full = trial.worker is not None and trial.worker.containment is Containment.FULL
-    scratch = trial.worker.scratch() if bdir is not None and full and trial.worker is not None else None
+    scratch = trial.worker.scratch() if full and trial.worker is not None else None
     sealed = sealed_dir(cache_dir, trial.candidate.source, spec.device)
     if bdir is not None:
         trial.build_cached = scratch is not None and unseal(sealed, scratch) if full else has_build(bdir)
+    # What torch.compile compiled before (`kernelrl.judge.compilecache`): the task's own graphs for
+    # every program of the task, a program's own for that source only.
+    task_graphs = compilecache.task_entry(cache_dir, spec.task.source, reference.constants, spec.device)
+    own_graphs = (task_graphs if trial.compiled_reference else
+                  compilecache.program_entry(cache_dir, trial.candidate.source, reference.constants, spec.device))
+    given = compilecache.give(task_graphs, scratch) if scratch is not None else {}
+    if scratch is not None and own_graphs != task_graphs:
+        compilecache.give(own_graphs, scratch)
     compiling = compiles(trial, build_cached=trial.build_cached)
     limit = timeout_s + (build_timeout_s if compiling else 0.0)
     deadline = trial.started + limit
@@ -169,6 +178,9 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
             deadline += clock - asked
             _construct(trial, reference, spec, deadline)
             _correctness(trial, reference, sets, deadline, tol_scale, spec.allow_tf32)
+        if scratch is not None:  # its runs compiled what it compiles (torch.compile is lazy)
+            compilecache.keep(scratch, own_graphs, compilecache.TASK_CACHES if trial.compiled_reference
+                              else compilecache.PROGRAM_CACHES, given=given)
         if interpreted:
             raise _End(Verdict(status=Status.CORRECT, message=(
                 "correct under Triton's interpreter (CPU); not timed: interpreted times are not the kernel's")))
