@@ -195,8 +195,9 @@ class MachineRecord:
 class GroupPhases:
     """Where the group's wall time went, in seconds.
 
-    Consecutive parts of the group's wall time: reference load, reference outputs, candidate
-    checks, timing pool, timing (of which setup, samples and spot checks), verdict. The rest look
+    Consecutive parts of the group's wall time: queued (waiting for a place among the groups
+    judged at once), reference load, reference outputs, candidate checks, timing pool, timing (of
+    which setup, samples and spot checks), verdict. The rest look
     inside them: the `candidate_*` and `*_checks_s` are summed over the group's trials, which run
     side by side (`EvalConfig.concurrency`), so they can add to more than `candidate_checks_s`; the
     task's own programs (its timed copy, the A/A copy: its trusted twin, `aa_tolerance`, and its
@@ -204,6 +205,7 @@ class GroupPhases:
     rounds too; the stray checks are the census of every worker's processes around each exchange
     from the timing pool on (`Worker.end_strays`), inside the timing phases."""
 
+    queued_s: float = 0.0  # before the group began: other groups held every place (`EvalConfig.concurrency`)
     reference_load_s: float = 0.0
     reference_outputs_s: float = 0.0
     candidate_checks_s: float = 0.0

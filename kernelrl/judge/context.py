@@ -31,6 +31,7 @@ from pathlib import Path
 
 from kernelrl.checks.llm_judge import LLMJudge
 from kernelrl.judge.baseline import BaselineStore
+from kernelrl.judge.device import Device
 from kernelrl.judge.devicelock import DeviceLock
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.idle import IdleMonitor
@@ -119,6 +120,19 @@ class TaskStore:
         return self._folder / f"{key}-band-{fingerprint}.json"
 
 
+class Places:
+    """How many groups are judged at once and how many trials check at once, shared by every batch
+    an evaluator is given at the same time (a search's next batch starts while the last one's slowest
+    groups finish; a server's requests arrive together): on a CPU one group more than `width`, so
+    that while one is timed (holding the machine) `width` others are ready to check as soon as it is
+    done. A group waits for its place in the order it asked (`threading.Semaphore`'s waiters are
+    woken first come, first served)."""
+
+    def __init__(self, *, device: Device, width: int) -> None:
+        self.checks = threading.Semaphore(max(1, width))
+        self.groups = threading.Semaphore(max(1, width) + (1 if device == Device.CPU else 0))
+
+
 @dataclass(frozen=True, kw_only=True)
 class JudgeContext:
     """The evaluator's parts a group is judged with (see the module docstring)."""
@@ -135,3 +149,4 @@ class JudgeContext:
     idle: IdleMonitor | None = None  # on a GPU: the device confirmed idle after every timed sample
     # reference workers kept between groups of a task (the evaluator's: `EvalConfig.kept_references`)
     references: ReferenceKeeper = field(default_factory=lambda: ReferenceKeeper(size=0))
+    places: Places | None = None  # the evaluator's, shared by its batches; None: each batch its own

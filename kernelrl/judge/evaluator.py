@@ -44,7 +44,7 @@ from kernelrl.checks.llm_judge import CACHE_FILE as LLM_JUDGE_CACHE
 from kernelrl.checks.llm_judge import LLMJudge
 from kernelrl.judge.baseline import Baseline, BaselineStore
 from kernelrl.judge.calibration import Calibration, calibrate, noise_band
-from kernelrl.judge.context import JudgeContext, Secrets, TaskStore
+from kernelrl.judge.context import JudgeContext, Places, Secrets, TaskStore
 from kernelrl.judge.device import Device, visible_device
 from kernelrl.judge.devicelock import DeviceLock
 from kernelrl.judge.eval_config import EvalConfig, config_fingerprint, default_cache_dir
@@ -99,7 +99,7 @@ class Evaluator:
             reviewer=reviewer,
             # a process of the judge's own on the lane's GPU, started at the first measurement
             idle=IdleMonitor(CudaProbe(visible_device(cfg.device_index or 0))) if cfg.device is Device.CUDA else None,
-            references=ReferenceKeeper(size=cfg.kept_references))
+            references=ReferenceKeeper(size=cfg.kept_references), places=Places(device=cfg.device, width=cfg.concurrency))
         self.evaluations = 0  # candidates judged (cache hits excluded)
 
     @property

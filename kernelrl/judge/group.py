@@ -14,12 +14,13 @@ secrets, task store, baselines, peaks, reviewer) and goes through three steps:
   (`kernelrl.judge.verdict`, pure), handed to the batch's `done` callback as it is ready.
 
 `run_groups` schedules a batch: each group runs whole in a thread of its own, a few groups at a
-time, and each is timed as soon as its checks are done. The device lock
+time (`context.Places`: an evaluator's batches given at once share them), and each is timed as
+soon as its checks are done. The device lock
 (`kernelrl.judge.devicelock`) keeps measurements apart from everything that would disturb them:
 on a CPU no build or check starts while a measurement waits or runs (those under way finish
 first), so the cores are never shared with a measurement, and no group waits for another group's
 checks; on a GPU only work on that GPU is held back, and builds (on the CPU) overlap
-measurements. Candidate checks of all groups share one limit of `width` at a time.
+measurements. Candidate checks of all groups share one limit of `width` at a time, across batches.
 
 Guarantees: a group never raises for a candidate's or its task's fault: a task that cannot be
 loaded or run gives every candidate of the group that reading did not refuse a `task_error`
@@ -49,7 +50,7 @@ from kernelrl.checks.static import check_source
 from kernelrl.judge import verdict as V
 from kernelrl.judge.baseline import baseline_from_timing
 from kernelrl.judge.channel import arena_need, payload_bytes
-from kernelrl.judge.context import JudgeContext
+from kernelrl.judge.context import JudgeContext, Places
 from kernelrl.judge.device import Device
 from kernelrl.judge.inputs import available_memory, memory_need, timing_pool_size, too_large
 from kernelrl.judge.pool import Claim
@@ -204,6 +205,10 @@ class Group:
         self._phases[name] = round(self._phases.get(name, 0.0) + now - self._clock, 3)
         self._phases["device_lock_wait_s"] = round(sum(self._lock_waits), 3)
         self._clock = now
+
+    def begin(self) -> None:
+        """The group has its place among those judged at once: what it waited for that is `queued_s`."""
+        self._phase("queued_s")
 
     def _trusted_keys(self) -> frozenset[str]:
         """Members timed as kernelrl's own code: the A/A copy, the compiled reference, and members
@@ -555,28 +560,30 @@ def run_groups(groups: Sequence[Group], *, device: Device, width: int,
                on_closed: Callable[[Group], None] | None = None) -> None:
     """Judge a batch's groups (see the module docstring); every group is finished and closed.
     `on_closed(group)` runs as each group closes, finished or failed, so a caller can report it
-    before the slowest group of the batch ends."""
-    checks = threading.Semaphore(max(1, width))
+    before the slowest group of the batch ends. The groups take their places from their context's
+    `Places` (shared with the evaluator's other batches), or from places of this batch's own."""
+    own = Places(device=device, width=width)
 
     def whole(g: Group) -> None:
-        # The pool starts what the group will take as it begins, and no spare while it runs
-        # (a start would hold back its measurement); it tops up once no group is left.
-        with g.ctx.pool.claim(g.workers_wanted()) as claim:
-            g.use_claim(claim)
-            try:
-                g.prepare(checks)
-                g.time()
-                g.finish()
-            finally:
-                g.close()
-                if on_closed is not None:
-                    on_closed(g)
+        places = g.ctx.places or own
+        with places.groups:  # groups in flight bound the workers alive
+            g.begin()
+            # The pool starts what the group will take as it begins, and no spare while it runs
+            # (a start would hold back its measurement); it tops up once no group is left.
+            with g.ctx.pool.claim(g.workers_wanted()) as claim:
+                g.use_claim(claim)
+                try:
+                    g.prepare(places.checks)
+                    g.time()
+                    g.finish()
+                finally:
+                    g.close()
+                    if on_closed is not None:
+                        on_closed(g)
 
-    # On a CPU one group more than `width`: while one is timed (and holds the machine), `width`
-    # others are ready to check as soon as it is done. Groups in flight bound the workers alive.
-    in_flight = max(1, width) + (1 if device == Device.CPU else 0)
     try:
-        with ThreadPoolExecutor(max_workers=max(1, min(in_flight, len(groups)))) as ex:
+        # A thread per group, each waiting for its place: first asked, first served.
+        with ThreadPoolExecutor(max_workers=max(1, len(groups))) as ex:
             list(ex.map(whole, groups))
     finally:
         for g in groups:

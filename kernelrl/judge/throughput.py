@@ -22,7 +22,8 @@ from kernelrl.result import EvalResult, GroupPhases
 
 # The consecutive parts of a group's wall time, in the order a group goes through them; every other
 # field of `GroupPhases` looks inside one of them.
-WALL_PHASES = ("reference_load_s", "reference_outputs_s", "candidate_checks_s", "timing_pool_s", "timing_s", "verdict_s")
+WALL_PHASES = ("queued_s", "reference_load_s", "reference_outputs_s", "candidate_checks_s", "timing_pool_s", "timing_s",
+               "verdict_s")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,10 +8,14 @@ source, source hash, fingerprint; never a `judge_error` or `task_error`) takes t
 verdict; a source being judged for another chain waits for that evaluation and shares it; any
 other joins the batch being gathered. `start_batch` sends the
 whole batch to `evaluate_batch` (candidates of one task are timed together with one reference
-measurement), one batch at a time, when no model call is under way and no task is still reading
+measurement) when no model call is under way and no task is still reading
 its profile (after which it asks), when its oldest candidate has waited `batch_wait_s` (plus
 `PROFILE_HOLD_S` while profiles are read), or once the run stops asking; a streaming evaluator hands each result
-over as soon as its task's group ends, the rest land when the batch returns.
+over as soon as its task's group ends, the rest land when the batch returns. A streaming
+evaluator (`kernelrl.judge.contract.SearchJudge`: one that shares its places among the batches it
+is given at once) takes the next batch while the last one's slowest groups still run, made of
+the candidates whose tasks have no group in it (a task's candidates are still timed together);
+any other judge takes one batch at a time.
 
 Guarantees:
 - a source is judged at most once per task and fingerprint in a run, and two chains proposing
@@ -69,9 +73,14 @@ class Judging:
         self.profile = profile
         self.eval_pending: list[Key] = []  # keys waiting for a batch, oldest first
         self.pending_since: float | None = None
-        self.batch_running = False
+        self.in_batches: set[Key] = set()  # sent in a batch under way, no verdict yet
+        self.batches_running = 0
         self.evals_in_flight: dict[Key, list[CandidateRecord]] = {}  # waiting records; the first is judged
         self.baselines_in_flight = 0
+
+    @property
+    def batch_running(self) -> bool:
+        return self.batches_running > 0
 
     def busy(self) -> bool:
         return bool(self.evals_in_flight) or self.baselines_in_flight > 0 or self.batch_running
@@ -102,7 +111,10 @@ class Judging:
 
     def start_batch(self) -> None:
         """Judge every waiting candidate in one batch, when the moment is right (module docstring)."""
-        if self.batch_running or not self.eval_pending:
+        # A batch at a time, but for a streaming evaluator, which takes the tasks not in one under way.
+        judged = {k[0] for k in self.in_batches}
+        ready = [k for k in self.eval_pending if k[0] not in judged] if self.streams else self.eval_pending
+        if (self.batch_running and not self.streams) or not ready:
             return
         waited = time.monotonic() - (self.pending_since or time.monotonic())
         # A task still reading its profile asks its first question as soon as the profile is in:
@@ -112,20 +124,24 @@ class Judging:
         hold = self.config.batch_wait_s + (PROFILE_HOLD_S if profiles else 0.0)
         if (self.run.proposing() or profiles) and waited < hold and self.run.stop_reason is None:
             return
-        keys, self.eval_pending, self.pending_since = self.eval_pending, [], None
+        keys = ready
+        self.eval_pending = [k for k in self.eval_pending if k not in keys]
+        self.pending_since = time.monotonic() if self.eval_pending else None  # the rest wait from now
+        self.in_batches.update(keys)
         items = []
         for key in keys:
             rec = self.evals_in_flight[key][0]
             items.append((self.run.tasks[rec.task].task, Candidate(source=rec.source, origin=f"candidate {rec.id}")))
-        self.batch_running = True  # results stream in as each task's group ends, where the evaluator can:
+        self.batches_running += 1  # results stream in as each task's group ends, where the evaluator can:
         stream = ({"on_result": lambda i, r: self.workers.post(functools.partial(self.on_result, keys[i], r))}
                   if self.streams else {})
-        self.workers.spawn("evaluation", self.workers.eval_slots, lambda: self.evaluate_batch(items, **stream),
-                           functools.partial(self.on_batch, keys))
+        self.workers.spawn("evaluation", self.workers.batch_slots if self.streams else self.workers.eval_slots,
+                           lambda: self.evaluate_batch(items, **stream), functools.partial(self.on_batch, keys))
 
     def on_batch(self, keys: list[Key], out: list[EvalResult] | BaseException) -> None:
         """A batch returned: its verdicts not streamed already land, in order."""
-        self.batch_running = False
+        self.batches_running -= 1
+        self.in_batches.difference_update(keys)
         if isinstance(out, BaseException) or len(out) != len(keys):
             err = out if isinstance(out, BaseException) else RuntimeError(f"{len(out)} results for {len(keys)}")
             for key in (k for k in keys if k in self.evals_in_flight):  # not streamed already
@@ -137,6 +153,7 @@ class Judging:
 
     def on_result(self, key: Key, out: EvalResult | BaseException) -> None:
         """The verdict on one source (or the evaluator's failure): stored for every candidate waiting on it."""
+        self.in_batches.discard(key)  # its task's group ended: the task's next candidates may go
         waiting = self.evals_in_flight.pop(key)
         first, rest = waiting[0], waiting[1:]
         if isinstance(out, BaseException):

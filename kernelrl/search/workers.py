@@ -2,7 +2,8 @@
 task's profile) runs on its own thread, and its outcome comes back on one event queue.
 
 Guarantees: a call runs while it holds a slot of its kind (`model_concurrency` model calls at
-once; one batch or injected baseline measurement at a time; two profiles); its outcome, or the
+once; one batch or injected baseline measurement at a time, or `BATCHES_AT_ONCE` batches of a
+streaming judge; two profiles); its outcome, or the
 exception it raised, is put on the queue bound to the handler the caller named for it (typed: the
 handler takes what the call returns, or an exception), and only the thread that reads the queue
 (the loop's) runs that handler. The threads are daemons: a second Ctrl-C may
@@ -21,6 +22,10 @@ from typing import TypeVar
 
 _T = TypeVar("_T")
 
+# Batches of a streaming judge under way at once: its places, not this, bound the work (each
+# batch holds one task's candidates at most once, so more than a few at once only wait).
+BATCHES_AT_ONCE = 4
+
 # A call's outcome bound to its handler: the loop's thread runs it.
 Event = Callable[[], None]
 
@@ -30,6 +35,8 @@ class Workers:
         self.events: queue.Queue[Event] = queue.Queue()
         self.model_slots = threading.Semaphore(model_concurrency)
         self.eval_slots = threading.Semaphore(1)  # batches and injected baseline measurements, one at a time
+        # batches of a judge that shares its places among them (`kernelrl.search.judging`): a few at once
+        self.batch_slots = threading.Semaphore(BATCHES_AT_ONCE)
         self.profile_slots = threading.Semaphore(2)
 
     def spawn(self, name: str, slots: threading.Semaphore, fn: Callable[[], _T],
