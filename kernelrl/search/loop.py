@@ -6,8 +6,9 @@ a candidate, evaluates it and stores the verdict; every `exchange_every` steps a
 task's best of this run when that is better than its own. Chains of all tasks run at once: model
 calls run on `model_concurrency` threads, and candidates waiting for a verdict are judged in
 batches (`Evaluator.evaluate_batch`: candidates of one task are timed together with their
-reference), one batch at a time, while model calls go on. A batch starts when no model call is
-under way or when its oldest candidate has waited `batch_wait_s`. Only the calling thread
+reference) while model calls go on: one batch at a time, or with an in-process evaluator the next
+batch, of the tasks with no group under way, while the last one's slowest groups finish. A batch
+starts when no model call is under way or when its oldest candidate has waited `batch_wait_s`. Only the calling thread
 touches the database, so each write is one committed transaction from one writer.
 
 `run_search` puts the search's parts together and runs them; each part's docstring states its guarantees:
