@@ -31,7 +31,7 @@
 #           group, their spread (identical_paid.py --numel)
 #   level1  five level-1 tasks at full size with CUDA-L1's kernels, a GEMM and elementwise ops  -> cuda_l1.json
 #   hacks   the CUDA hack fixtures under the judge (side stream, second context, graph replay,  -> tests.jsonl
-#           event-timer patch, patched synchronise, freed memory)
+#           event-timer patch, patched synchronise, freed memory; the persisting-L2 carveout emptied)
 # Optional steps, run only when --steps names them: workers (a CPU worker's start per containment
 # level), aa (A/A on 2 tasks), kernelbench (3 level-1 tasks, eager and compile baselines: needs a
 # KernelBench checkout), throughput (the built-in PyTorch half one by one), gpu_tests (every other
@@ -139,6 +139,7 @@ for f in side_stream_cuda second_context_cuda cuda_graph_stale_replay cuda_event
          freed_memory_cuda current_stream_switched_cuda; do
     [ -f "$ROOT/tests/fixtures/redteam/$f.py" ] && HACKS+=("tests/checks/test_redteam.py::test_redteam_dynamic_defences_alone[$f]")
 done
+HACKS+=("tests/judge/test_worker_cuda.py::test_the_persisting_l2_carveout_is_empty_after_an_eviction")
 PYTEST=("$PYTHON" -m pytest -p gpu_check_plugin -p no:cacheprovider -q -rA)
 # pytest-xdist (in the GPU image) runs the gpu tests 8 at a time: their cold builds overlap on the
 # machine's cores while the device lock keeps timing one group at a time. Not in a rehearsal (2 cores).

@@ -89,6 +89,7 @@ from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError, Message
 from kernelrl.judge.compare import content_digest, flatten  # noqa: E402
 from kernelrl.judge.device import Device  # noqa: E402
 from kernelrl.judge.fingerprint import keyed_digest, same_bytes  # noqa: E402
+from kernelrl.judge.l2 import PersistingL2  # noqa: E402
 from kernelrl.judge.peaks import machine_peaks  # noqa: E402
 from kernelrl.judge.precision import global_state, set_precision  # noqa: E402
 from kernelrl.judge.values import all_finite as _all_finite  # noqa: E402
@@ -162,6 +163,7 @@ class WorkerState:
         self.sample_outputs: list[object] = []
         self.evict_buf: torch.Tensor | None = None
         self.cuda_devices = 0  # GPUs this worker sees (cuda only)
+        self.l2: PersistingL2 | None = None  # on a GPU: the persisting-L2 carveout, emptied before each sample
         self.allocator_pinned = False  # `startup.PINNED_MALLOPT` set (from the timing pool on)
 
     # -- loading ------------------------------------------------------------------------------
@@ -173,11 +175,10 @@ class WorkerState:
         if device == "cuda":
             torch.cuda.init()  # type: ignore[no-untyped-call]
             self.cuda_devices = torch.cuda.device_count()
+            self.l2 = PersistingL2.bind(devices=self.cuda_devices, exchange_device=_cuda_exchange_device)
         if evict_bytes:
             self.evict_buf = torch.zeros(evict_bytes // 4, dtype=torch.float32, device=device)
-            # The first parallel op starts the OpenMP pool: do it now, so threads that appear
-            # during timed calls are the program's own.
-            self.evict_buf.add_(1.0)
+            self.evict_buf.add_(1.0)  # starts the OpenMP pool now: threads seen in timed calls are the program's
         return global_state()
 
     def load_task(self, h: P.LoadTask, payload: Any) -> Reply:
@@ -510,6 +511,8 @@ class WorkerState:
         return P.Kind.OUTPUT_DATA, P.OutputData(inputs_digest=digest), {"output": _readable(self.sample_outputs[h.call])}
 
     def _evict(self) -> None:
+        if self.l2 is not None:  # before the write: lines made normal are evicted by it
+            self.l2.reset()
         if self.evict_buf is not None:
             _add_(self.evict_buf, 1.0)
         self._sync()
@@ -587,9 +590,7 @@ def call_floor_ns(sync: Callable[[], None], clock: Callable[[], int], *, n: int 
 def main(argv: list[str]) -> int:
     channel = Channel(int(argv[1]), int(argv[2]), Arena(int(argv[3]), int(argv[4])))
     set_own_limits()
-    # What the start made (torch's modules: ~170k objects, 75 ms a full collection) is never
-    # scanned again: a collection during a timed call costs what the program's own objects cost.
-    gc.freeze()
+    gc.freeze()  # what the start made (torch: ~170k objects, 75 ms a full collection) is never scanned again
     state = WorkerState(channel)
     send(channel, P.Kind.HELLO, P.Hello(pid=os.getpid(), torch=torch.__version__, python=sys.version.split()[0]))
     while _serve(state, channel.recv()):

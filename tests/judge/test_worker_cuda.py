@@ -160,3 +160,30 @@ def test_a_run_on_the_device_compares_its_inputs_there(source, written, tmp_path
         digests = [worker.request(P.Output(call=0, key=key), deadline=deadline).header.inputs_digest
                    for key in (5, 5, 6)]
         assert digests[0] == digests[1] != digests[2]
+
+
+def test_the_persisting_l2_carveout_is_empty_after_an_eviction():
+    """A program's persisting-L2 carveout (set here through the runtime torch loaded, as a program
+    would) is gone after the eviction that starts every sample (`kernelrl.judge.l2`)."""
+    import ctypes
+
+    import torch
+
+    from kernelrl.judge import l2
+    from kernelrl.judge.worker import WorkerState
+
+    state = WorkerState.__new__(WorkerState)
+    WorkerState.__init__(state, channel=None)  # type: ignore[arg-type]
+    state._start("cuda", 1, 64 << 20, False)
+    assert state.l2 is not None, "no CUDA runtime found in the worker's mappings"
+    path = l2.runtime_path()
+    assert path is not None
+    runtime = ctypes.CDLL(path)
+    got = ctypes.c_size_t(0)
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("no persisting-L2 carveout before Ampere")
+    assert runtime.cudaDeviceSetLimit(l2.PERSISTING_L2_LIMIT, ctypes.c_size_t(4 << 20)) == 0
+    assert runtime.cudaDeviceGetLimit(ctypes.byref(got), l2.PERSISTING_L2_LIMIT) == 0 and got.value > 0
+    state._evict()
+    assert runtime.cudaDeviceGetLimit(ctypes.byref(got), l2.PERSISTING_L2_LIMIT) == 0 and got.value == 0
+    assert state.l2.errors == 0
