@@ -35,7 +35,7 @@ def _flags(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def _tables_cover(config: type, *tables: FlagTable) -> None:
-    fields = {t.prefix + p for t in tables for p in t.paths()}
+    fields = {t.prefix + p for t in tables for p in [*t.paths(), *t.inline]}
     assert fields == set(field_paths(config)), fields ^ set(field_paths(config))
 
 
@@ -222,3 +222,10 @@ def test_help_after_config_shows_that_configs_values(capsys):
     assert "(default 2)" in quick.split("\n  --budget N", 1)[1][:160]
     assert "(default 8)" in plain.split("\n  --budget N", 1)[1][:160]
     assert "--wall-time SECONDS" in plain
+
+
+@pytest.mark.parametrize("command", ["optimize", "collect", "bench"])
+def test_a_proposers_options_are_given_with_it_on_every_command(command):
+    """One syntax: `--proposer "SPEC key=value ..."`; no command has a second flag for options."""
+    flags = _flags(_sub(command))
+    assert "--proposer" in flags and not [f for f in flags if f.startswith("--proposer-")], flags

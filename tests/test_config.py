@@ -9,6 +9,7 @@ import pytest
 
 from kernelrl.checks.policy import PolicyName
 from kernelrl.cli import build_parser, search_config
+from kernelrl.cli.options import UsageError
 from kernelrl.config import (
     CONFIG_DIR,
     ConfigError,
@@ -43,11 +44,25 @@ def _optimize_parser() -> argparse.ArgumentParser:
 def test_flags_override_the_named_config():
     args = _optimize_parser().parse_args(["--config", "quick", "--db", "r.db", "--policy", "observe", "--size", "full",
                                           "--timing-cap", "3", "--tasks", "a.py", "b.py,c.py",
-                                          "--proposer-opts", "base_url=u", "temperature=0.5"])
+                                          "--proposer", "openai:m base_url=u temperature=0.5"])
     config = search_config(args)
     assert config.eval.policy is PolicyName.OBSERVE and config.eval.size is Size.FULL
     assert config.eval.timing.max_timing_s == 3.0 and config.tasks == ("a.py", "b.py", "c.py")
-    assert config.proposer_opts == {"base_url": "u", "temperature": 0.5} and config.db_path == Path("r.db")
+    assert config.proposer == "openai:m" and config.proposer_opts == {"base_url": "u", "temperature": 0.5}
+    assert config.db_path == Path("r.db")
+
+
+def test_a_proposers_options_on_the_command_line_go_on_top_of_the_config_files(tmp_path, monkeypatch):
+    run = tmp_path / "run.toml"
+    run.write_text('proposer = "heuristic"\n[proposer_opts]\ntemperature = 0.2\nmax_tokens = 100\n')
+    monkeypatch.setenv("KEY_VAR", "sk-test")
+    args = _optimize_parser().parse_args(["--config", str(run), "--db", "r.db", "--tasks", "a.py",
+                                          "--proposer", "openai:m temperature=0.9 api_key_env=KEY_VAR"])
+    config = search_config(args)
+    assert config.proposer_opts == {"temperature": 0.9, "max_tokens": 100, "api_key": "sk-test"}
+    for bad in ("openai:m temperature", "openai:m api_key=sk-test", "openai:m api_key_env=UNSET_VAR_X"):
+        with pytest.raises(UsageError, match="--proposer"):
+            search_config(_optimize_parser().parse_args(["--db", "r.db", "--tasks", "a.py", "--proposer", bad]))
 
 
 def test_unknown_keys_and_bad_values_name_the_key(tmp_path):

@@ -18,7 +18,8 @@ Value types: booleans are `--x` / `--no-x`; enums take their values; tuples and 
 several values (or comma-separated ones); `dict[str, X]` takes `KEY=VALUE` pairs, repeated; a
 field that may be None takes a value of its type (set None in a config file).
 
-Guarantees: `flag_paths(table)` is exactly the config's field paths (tests/test_cli_flags.py
+Guarantees: `flag_paths(table)` is exactly the config's field paths but those a table sets through
+another flag's value (`inline`: a proposer's options, given with it) (tests/test_cli_flags.py
 fails when a field has no flag or a flag no field); a value of the wrong type is refused by
 argparse with the flag's name, and one the config refuses raises `ConfigError` naming the key,
 which `user_words` puts in the flags' words ("SearchConfig: turns must be >= 1, got 0" -> "--turns
@@ -90,11 +91,14 @@ class FlagTable:
     names: Mapping[str, str] = field(default_factory=dict)  # field path -> short flag name
     helps: Mapping[str, str] = field(default_factory=dict)  # field path -> help text
     skip: frozenset[str] = frozenset()  # paths set by another table (a nested config with its own)
+    # field path -> the flag whose value also sets it, with no flag of its own: a proposer's options,
+    # given with it (`--proposer "SPEC key=value ..."`, `kernelrl.search.proposers.spec`)
+    inline: Mapping[str, str] = field(default_factory=dict)
 
     def paths(self) -> dict[str, object]:
-        """Field path -> type hint, for every field this table exposes."""
+        """Field path -> type hint, for every field this table exposes as a flag of its own."""
         return {p: t for p, t in field_paths(self.config).items()
-                if not any(p == s or p.startswith(s + ".") for s in self.skip)}
+                if not any(p == s or p.startswith(s + ".") for s in self.skip) and p not in self.inline}
 
     def flag_name(self, path: str) -> str:
         return self.names.get(path) or "--" + path.replace("_", "-")

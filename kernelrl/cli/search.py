@@ -21,6 +21,7 @@ from kernelrl.cli.preflight import (
 from kernelrl.config import ConfigError, build
 from kernelrl.search.config import SearchConfig
 from kernelrl.search.episode import nest_episode_keys
+from kernelrl.search.proposers.spec import inline_options
 
 if TYPE_CHECKING:
     from kernelrl.tasks.task import Task
@@ -32,12 +33,13 @@ if TYPE_CHECKING:
 SEARCH_FLAGS = FlagTable(
     config=SearchConfig,
     names={"db_path": "--db", "template_dir": "--templates", "wall_time_s": "--wall-time",
-           "proposer_opts": "--proposer-opts", "batch_wait_s": "--batch-wait", "episode.turns": "--turns",
-           "episode.history_tokens": "--history-tokens"},
+           "batch_wait_s": "--batch-wait", "episode.turns": "--turns", "episode.history_tokens": "--history-tokens"},
+    inline={"proposer_opts": "--proposer"},
     # What the command line adds to the fields' own comments (the help of every other flag).
     helps={
         "tasks": "suites, task names, files or folders (several values, or comma-separated)",
-        "proposer": "heuristic | openai:MODEL | hf:PATH | replay:PATH",
+        "proposer": "heuristic | openai:MODEL | hf:PATH | replay:PATH, optionally with its options "
+                    "\"openai:M base_url=URL api_key_env=VAR temperature=0.7\"",
         "episode.turns": "each chain answers in episodes of this many turns, every turn shown its earlier answers "
                          "and their verdicts; 1: every prompt fresh",
         "episode.history_tokens": "with --turns: the most the earlier turns may take of a prompt, in characters / 4",
@@ -53,6 +55,10 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
     """The run's `SearchConfig`: the named config file, then the flags given on top."""
     try:
         values = given_values(args, *OPTIMIZE_TABLES, legacy=nest_episode_keys)
+        try:
+            inline_options(values)
+        except ValueError as e:
+            raise UsageError(f"--proposer {values.get('proposer')}: {e}") from e
         if "db_path" not in values:
             raise UsageError("--db PATH is required (or db_path in the run config)")
         return build(SearchConfig, values)

@@ -58,8 +58,8 @@ def _train_errors() -> tuple[type[Exception], ...]:
 # evaluator's under the same names as on every judging command; `--config` reads a run config.
 COLLECT_FLAGS = FlagTable(
     config=CollectConfig,
-    names={"proposers": "--proposer", "db_path": "--db", "template_dir": "--templates",
-           "proposer_opts": "--proposer-opts"},
+    names={"proposers": "--proposer", "db_path": "--db", "template_dir": "--templates"},
+    inline={"proposer_opts": "--proposer"},
     helps={
         "tasks": "suites, task names, files or folders",
         "proposers": "heuristic | openai:MODEL | hf:PATH | replay:PATH, optionally with options "
@@ -71,7 +71,6 @@ COLLECT_FLAGS = FlagTable(
                    "reads when --out is its sft.jsonl)",
         "k_shown": "earlier versions shown in each prompt",
         "model_concurrency": "model calls at once",
-        "proposer_opts": "options for every proposer, e.g. base_url=URL temperature=0.7 max_tokens=4096",
         "seed": "seeds the prompts' random choices (the judge's seeds stay secret whatever this is)",
         "template_dir": "folder of prompt templates overriding the built-in ones",
     },
@@ -79,7 +78,8 @@ COLLECT_FLAGS = FlagTable(
 BENCH_FLAGS = FlagTable(
     config=BenchConfig,
     names={"ps": "--fast", "compile_baseline": "--compile", "db_path": "--db", "template_dir": "--templates",
-           "proposer_opts": "--proposer-opts", "episode.turns": "--turns", "episode.history_tokens": "--history-tokens"},
+           "episode.turns": "--turns", "episode.history_tokens": "--history-tokens"},
+    inline={"proposer_opts": "--proposer"},
     helps={
         "proposer": "hf:PATH | replay:PATH | openai:MODEL | heuristic, optionally with options "
                     "\"hf:P max_new_tokens=512\"",
@@ -95,7 +95,6 @@ BENCH_FLAGS = FlagTable(
         "ps": "fast_p thresholds",
         "compile_baseline": "measure the torch.compile baselines (--no-compile: do not)",
         "db_path": "store every sample and verdict in this code database",
-        "proposer_opts": "proposer options, e.g. max_new_tokens=512 temperature=0.7",
         "model_concurrency": "proposer calls at once",
         "seed": "seeds the prompts' random choices (the judge's seeds stay secret whatever this is)",
         "template_dir": "folder of prompt templates overriding the built-in ones",
@@ -143,7 +142,7 @@ def _recipe(name: str, command: str) -> dict[str, Any]:
 def _preflight(config: CollectConfig | BenchConfig, proposers: list[tuple[str, dict[str, object]]]) -> None:
     """What `collect` and `bench` can check before a worker or a model starts: each proposer spec
     (with its own options), the tasks, the templates folder, the database and the run page's port."""
-    from kernelrl.train.collect import ProposerSpec
+    from kernelrl.search.proposers.spec import ProposerSpec
 
     for text, shared in proposers:
         try:
@@ -171,14 +170,11 @@ def _preflight(config: CollectConfig | BenchConfig, proposers: list[tuple[str, d
 # Any: the settings as read, rewritten before `build` checks their types.
 def _bench_values(values: dict[str, Any]) -> None:
     """`bench`: the builtin suite by default; "hf:PATH key=value ...": the spec, its options on top of
-    --proposer-opts."""
-    from kernelrl.train.collect import ProposerSpec
+    the config file's `proposer_opts`."""
+    from kernelrl.search.proposers.spec import inline_options
 
     values.setdefault("tasks", ["builtin"])
-    if isinstance(values.get("proposer"), str):
-        spec = ProposerSpec.parse(values["proposer"])
-        values["proposer"] = spec.spec
-        values["proposer_opts"] = {**dict(values.get("proposer_opts") or {}), **spec.options()}
+    inline_options(values)
 
 
 def cmd_collect(args: argparse.Namespace) -> int:

@@ -18,8 +18,9 @@ With `keep` above 1 a pair goes on asking after its first correct answer, so the
 programs per task.
 
 Proposer specs are `make_proposer` specs, optionally followed by `key=value` options separated by
-spaces: `"openai:qwen-coder base_url=http://127.0.0.1:8000/v1 temperature=0.8"`. An API key is
-never written in a spec: `api_key_env=NAME` names the environment variable holding it.
+spaces (`kernelrl.search.proposers.spec`, the syntax every command takes):
+`"openai:qwen-coder base_url=http://127.0.0.1:8000/v1 temperature=0.8"`. An API key is never
+written in a spec: `api_key_env=NAME` names the environment variable holding it.
 
 Guarantees: resumable by construction: the database records every try, a re-run counts the
 tries and accepted answers each pair already has and asks only for the rest, and the SFT set is
@@ -31,9 +32,7 @@ Does not train: the SFT stage reads the set.
 
 from __future__ import annotations
 
-import os
 import random
-import tomllib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.result import Status
+from kernelrl.search.proposers.spec import ProposerSpec
 from kernelrl.search.records import RunMeta, RunStage
 from kernelrl.tasks.task import Task
 from kernelrl.train.rollouts import (
@@ -66,51 +66,6 @@ if TYPE_CHECKING:
 MAX_FAILURES = 3
 STAGE = RunStage.COLLECT
 DEFAULT_DB = "code.db"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProposerSpec:
-    """A proposer spec and its options, parsed from `SPEC key=value ...`."""
-
-    spec: str
-    opts: dict[str, object] = field(default_factory=dict)  # TOML scalars, or the raw text
-
-    @classmethod
-    def parse(cls, text: str) -> ProposerSpec:
-        spec, *pairs = text.split()
-        opts: dict[str, object] = {}
-        for pair in pairs:
-            key, sep, raw = pair.partition("=")
-            if not sep or not key:
-                raise ValueError(f"proposer option {pair!r} is not key=value (in {text!r})")
-            if key == "api_key":
-                raise ValueError("write api_key_env=NAME (the variable holding the key), never the key itself")
-            opts[key] = _scalar(raw)
-        return cls(spec=spec, opts=opts)
-
-    def options(self, environ: Mapping[str, str] | None = None) -> dict[str, object]:
-        """The options for `make_proposer`, with `api_key_env=NAME` read from the environment."""
-        environ = os.environ if environ is None else environ
-        opts = dict(self.opts)
-        var = opts.pop("api_key_env", None)
-        if var is not None:
-            if not environ.get(str(var)):
-                raise ValueError(f"{self.label}: api_key_env={var} names an unset environment variable")
-            opts["api_key"] = environ[str(var)]
-        return opts
-
-    @property
-    def label(self) -> str:
-        """The name its answers are stored under: the spec, and the endpoint when one is given."""
-        url = self.opts.get("base_url")
-        return f"{self.spec}@{url}" if url else self.spec
-
-
-def _scalar(raw: str) -> object:
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
 
 
 @dataclass(frozen=True, kw_only=True)
