@@ -209,9 +209,9 @@ class GroupPhases:
     reference_load_s: float = 0.0
     reference_outputs_s: float = 0.0
     candidate_checks_s: float = 0.0
-    timing_pool_s: float = 0.0
+    timing_pool_s: float = 0.0  # the timing pool made and sent to every member (beside other groups' checks)
     timing_s: float = 0.0  # the measurement, holding the device's lock; of which:
-    timing_setup_s: float = 0.0  # pools sent, warm-up
+    timing_setup_s: float = 0.0  # warm-up
     timing_samples_s: float = 0.0  # the timed rounds
     timing_spot_checks_s: float = 0.0  # outputs and inputs fetched and compared
     verdict_s: float = 0.0  # verdicts assembled and handed over, workers closed

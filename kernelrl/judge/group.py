@@ -64,6 +64,7 @@ from kernelrl.judge.timer import (
     aa_band,
     aa_noisy,
     measure_group,
+    send_pools,
 )
 from kernelrl.judge.trial import Trial, run_trial, static_verdict
 from kernelrl.judge.verdict import Verdict
@@ -309,11 +310,16 @@ class Group:
                 reference = self._timed_reference()
                 pool = self.session.timing_pool(self._pool_size())
                 self.reference = dataclasses.replace(self.reference, sets_in_files=self.session.spilled_sets)
-                self._phase("timing_pool_s")
                 # Members in a random order: pool and warm-up messages go out in this order.
                 order = list(survivors)
                 self.rng.shuffle(order)
                 workers = {h: w for h in order if (w := survivors[h].worker) is not None}
+                # The pool goes to every member before the measurement, beside other groups' checks
+                # (copies and noise, no machine to itself needed); a retime reuses it.
+                with waited(ctx.lock.work(uses_device=True), self._lock_waits):
+                    sent = send_pools(reference, workers, pool, cfg.timing, rng=self.rng,
+                                      deadline=time.monotonic() + cfg.timeout_s)
+                self._phase("timing_pool_s")
                 aa = AA_REFERENCE in workers
                 timing_waits: list[float] = []  # one per measurement (a retime waits again)
                 retimed = 0
@@ -323,7 +329,7 @@ class Group:
                         timing = measure_group(reference, workers, pool, cfg.timing, rng=self.rng, deadline=deadline,
                                                tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32, cores=self.cores,
                                                idle=ctx.idle, trusted=self._trusted_keys(),
-                                               twin=AA_REFERENCE if aa else None)
+                                               twin=AA_REFERENCE if aa else None, sent=sent)
                     noisy = aa and aa_noisy(timing.candidates.get(AA_REFERENCE), cfg.aa_tolerance)
                     disturbed = noisy or timing.device_idle is DeviceIdle.BUSY
                     # A second measurement is for a member whose speedup would be paid; when every

@@ -178,7 +178,7 @@ class GroupTiming:
     stopped_by: TimingStop
     wall_s: float
     device_wait_s: float = 0.0  # how long the group waited for the device's lock (set by the group)
-    # where the measurement's wall time went: pools and warm-up, timed rounds, spot checks (s)
+    # where the measurement's wall time went: warm-up (and the pool unless `send_pools` sent it), rounds, spot checks (s)
     setup_s: float = 0.0
     samples_s: float = 0.0
     spot_checks_s: float = 0.0
@@ -243,10 +243,50 @@ def _nbytes(x: object) -> int:
     return int(numel() * size()) if callable(numel) and callable(size) else 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class PoolsSent:
+    """The timing pool as every member took it (`send_pools`), before the measurement."""
+
+    failed: dict[str, BaseException]  # candidates that could not take it (their workers were killed)
+    pinned: tuple[bool, ...]  # each member's report that its allocator is pinned
+    seconds: float  # how long sending took
+
+
+def send_pools(reference: Worker, candidates: Mapping[str, Worker], pool: list[list[object]], config: TimingConfig,
+               *, rng: random.Random, deadline: float) -> PoolsSent:
+    """Give every member the timing pool, outside the measurement: on a CPU under the device's shared
+    lock (it copies sets and draws their noise, work that needs no machine to itself), so other groups'
+    checks go on meanwhile. The measurement that follows starts from its warm-up. A reference that
+    cannot take it ends the measurement (`ReferenceTimingFailed`); a candidate that cannot is
+    recorded and killed, and `measure_group` records its failure."""
+    clock = time.monotonic()
+    header = P.Pool(noise_seed=rng.getrandbits(31), jitter=config.jitter)
+    failed: dict[str, BaseException] = {}
+    pinned: list[bool] = []
+    for key, worker in [(None, reference), *candidates.items()]:
+        problem: BaseException | None = None
+        try:
+            pooled = worker.request(header, pool, deadline=min(deadline, time.monotonic() + config.call_limit_s))
+            if pooled.failed:
+                problem = _CallFailed(pooled.header.message, getattr(pooled.header, "traceback", ""))
+            else:
+                pinned.append(isinstance(pooled.header, P.Pooled) and pooled.header.allocator_pinned)
+        except (ChannelTimeout, ChannelProtocolError, WorkerDied) as e:
+            problem = e
+        if problem is None:
+            continue
+        if key is None:
+            raise ReferenceTimingFailed(f"the reference failed during timing: {problem}") from problem
+        failed[key] = problem
+        worker.kill()  # a hung or broken program must not keep the cores busy
+    return PoolsSent(failed=failed, pinned=tuple(pinned), seconds=time.monotonic() - clock)
+
+
 def measure_group(reference: Worker, candidates: Mapping[str, Worker], pool: list[list[object]], config: TimingConfig,
                   *, rng: random.Random, deadline: float, tol_scale: float = 1.0, tf32: bool = False,
                   cores: frozenset[int] | None = None, idle: IdleMonitor | None = None,
-                  trusted: frozenset[str] = frozenset(), twin: str | None = None) -> GroupTiming:
+                  trusted: frozenset[str] = frozenset(), twin: str | None = None,
+                  sent: PoolsSent | None = None) -> GroupTiming:
     """Time the reference and the candidates together (see the module docstring).
 
     `cores`: every member is bound to these cores for the measurement and unbound after it
@@ -262,7 +302,7 @@ def measure_group(reference: Worker, candidates: Mapping[str, Worker], pool: lis
         w.bind(cores)
     try:
         return _measure(reference, candidates, pool, config, rng=rng, deadline=deadline, tol_scale=tol_scale,
-                        tf32=tf32, idle=idle, trusted=trusted, twin=twin)
+                        tf32=tf32, idle=idle, trusted=trusted, twin=twin, sent=sent)
     finally:
         for w in workers:
             w.bind(None)
@@ -270,7 +310,7 @@ def measure_group(reference: Worker, candidates: Mapping[str, Worker], pool: lis
 
 def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[list[object]], config: TimingConfig,
              *, rng: random.Random, deadline: float, tol_scale: float, tf32: bool, idle: IdleMonitor | None,
-             trusted: frozenset[str], twin: str | None) -> GroupTiming:
+             trusted: frozenset[str], twin: str | None, sent: PoolsSent | None) -> GroupTiming:
     t_start = time.monotonic()
     ref = _Member(key=None, worker=reference)
     cands = [_Member(key=k, worker=w) for k, w in candidates.items()]
@@ -302,12 +342,18 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
     # where the measurement's time went
     spent = {"setup_s": 0.0, "samples_s": 0.0, "spot_checks_s": 0.0, "twin_samples_s": 0.0}
     clock = time.monotonic()
-    pool_header = P.Pool(noise_seed=rng.getrandbits(31), jitter=config.jitter)
     pinned: list[bool] = []  # each member's report that its allocator is pinned
-    for m in members:
-        pooled = guarded(m, partial(m.request, pool_header, None, pool, deadline=call_deadline()))
-        if pooled is not None:
-            pinned.append(isinstance(pooled.header, P.Pooled) and pooled.header.allocator_pinned)
+    if sent is not None:  # the pool went out before the measurement (`send_pools`)
+        for m in cands:
+            if m.key in sent.failed:
+                fail(m, sent.failed[m.key])
+        pinned = list(sent.pinned)
+    else:
+        pool_header = P.Pool(noise_seed=rng.getrandbits(31), jitter=config.jitter)
+        for m in members:
+            pooled = guarded(m, partial(m.request, pool_header, None, pool, deadline=call_deadline()))
+            if pooled is not None:
+                pinned.append(isinstance(pooled.header, P.Pooled) and pooled.header.allocator_pinned)
     for m in alive():
         warm = guarded(m, partial(m.request, P.Warmup(calls=config.warmup_calls, max_s=config.warmup_max_s),
                                   deadline=call_deadline()))

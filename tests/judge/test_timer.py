@@ -1,11 +1,16 @@
-"""The timing statistics: paired ratios from the judge's clock, their median and its interval."""
+"""The timing statistics: paired ratios from the judge's clock, their median and its interval; the
+timing pool sent before the measurement."""
 
 from __future__ import annotations
 
 import random
+import time
+from types import SimpleNamespace
 
 import pytest
 
+from kernelrl.judge import protocol as P
+from kernelrl.judge.channel import ChannelTimeout
 from kernelrl.judge.timer import (
     CandidateTiming,
     GroupTiming,
@@ -107,3 +112,33 @@ def test_the_aa_band_is_symmetric_about_one_and_holds_what_identical_code_measur
     assert aa_band(below) == pytest.approx((0.85, 1 / 0.85))
     assert aa_band(GroupTiming(reference_ms=[], candidates={}, rounds=0, calls_per_sample=1,
                                stopped_by=TimingStop.FAILED, wall_s=0.0)) is None
+
+
+class _PoolTaker:
+    """A worker as `send_pools` sees it: takes a pool, or fails to."""
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.fail, self.killed, self.got = fail, False, None
+
+    def request(self, header, payload, *, deadline):
+        if self.fail is not None:
+            raise self.fail
+        self.got = header
+        return SimpleNamespace(failed=False, header=P.Pooled(n=len(payload), allocator_pinned=True))
+
+    def kill(self):
+        self.killed = True
+
+
+def test_the_pool_goes_out_before_the_measurement_and_a_member_that_cannot_take_it_is_killed():
+    from kernelrl.judge.timer import ReferenceTimingFailed, send_pools
+
+    ref, good, bad = _PoolTaker(), _PoolTaker(), _PoolTaker(ChannelTimeout("hung"))
+    sent = send_pools(ref, {"good": good, "bad": bad}, [[1.0]], TimingConfig(), rng=random.Random(0),
+                      deadline=time.monotonic() + 10)
+    assert set(sent.failed) == {"bad"} and bad.killed and not good.killed and not ref.killed
+    assert ref.got == good.got  # one pool, one noise seed, for every member
+    assert sent.pinned == (True, True)
+    with pytest.raises(ReferenceTimingFailed):
+        send_pools(_PoolTaker(ChannelTimeout("hung")), {"good": _PoolTaker()}, [[1.0]], TimingConfig(),
+                   rng=random.Random(0), deadline=time.monotonic() + 10)
