@@ -353,7 +353,7 @@ def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings
     db_path = folder / "code.db"
     with Database(db_path) as db, Evaluator(eval_config) as ev:
         for t in tasks:
-            db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level, size="full")
+            db.register_task(t, size="full")
         # The best version so far, as an earlier run left it: judged now, stored with its verdict.
         results = ev.evaluate_batch([(t, Candidate(source=shown_best(variant, t.name), origin="seed")) for t in tasks])
         prompts = []

@@ -144,8 +144,7 @@ def build_run(*, tasks: Sequence[Task], eval_config: EvalConfig, db_path: Path |
             db = closing.enter_context(Database(db_path))
             if register_tasks:
                 for t in tasks:
-                    db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=t.level,
-                                   size=eval_config.size)
+                    db.register_task(t, size=eval_config.size)
         if watch.port is not None:
             from kernelrl.serve.watch import LivePage, announcement
 

@@ -380,13 +380,13 @@ def test_a_verdict_stored_at_one_presets_shapes_does_not_answer_for_another(tmp_
     small = Task(name="t", source="# t\n", presets={"small": {"batch_size": 4}})
     larger = Task(name="t", source="# t\n", presets={"small": {"batch_size": 64}})
     with Database(tmp_path / "p.db") as db:
-        db.upsert_task(name="t", source=small.source, source_hash=small.identity_hash, level=None, size="small")
+        db.register_task(small, size="small")  # under its identity hash: the source and its presets
         judged = _add(db, "t", "x", Status.CORRECT, 2.0)
         found = judged_before(db, JudgedKey.of(small, "h-x", DEFAULT_FP))
         assert found is not None and found.candidate_id == judged
         assert judged_before(db, JudgedKey.of(larger, "h-x", DEFAULT_FP)) is None
         # the run moves to the other presets (a search upserts its tasks at start): the old verdict is not reused
-        db.upsert_task(name="t", source=larger.source, source_hash=larger.identity_hash, level=None, size="small")
+        db.register_task(larger, size="small")
         assert judged_before(db, JudgedKey.of(larger, "h-x", DEFAULT_FP)) is None
 
 

@@ -102,7 +102,7 @@ def test_grpo_with_roc_chat_prompts_and_the_curriculum(tmp_path, tiny_task):
     settings = EvalSettings.of(EvalConfig())
     with Database(tmp_path / "code.db") as db:
         for t in (easy, hard):
-            db.upsert_task(name=t.name, source=t.source, source_hash=t.source_hash, level=t.level, size="small")
+            db.register_task(t, size="small")
         result = train_grpo(stage, model=ModelConfig(path=str(base), system="be fast"), init_from=str(base),
                             tasks=[easy, hard], backend=backend, db=db, output_dir=tmp_path / "grpo",
                             reward=RewardModel(), eval_settings=settings, prompt_settings=settings)

@@ -271,8 +271,7 @@ def test_through_trl_a_failed_turn_then_a_correct_one_is_paid_as_the_docstring_s
     model = RewardModel(RewardConfig(smoothing=SmoothingConfig(enabled=False)))
     settings = EvalSettings.of(EvalConfig())
     with Database(tmp_path / "code.db") as db:
-        db.upsert_task(name=tiny_task.name, source=tiny_task.source, source_hash=tiny_task.source_hash,
-                       level=tiny_task.level, size="small")
+        db.register_task(tiny_task, size="small")
         result = train_grpo(stage, model=ModelConfig(path=str(base)), init_from=str(base), tasks=[tiny_task],
                             backend=ScriptedBackend(program_judge), db=db, output_dir=tmp_path / "grpo", reward=model,
                             eval_settings=None, prompt_settings=settings)

@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelrl.judge.reuse import JudgedKey, Known
 from kernelrl.result import EvalResult, Severity, Status
@@ -78,6 +78,9 @@ from kernelrl.search.records import (
     RunStatus,
     TaskRecord,
 )
+
+if TYPE_CHECKING:
+    from kernelrl.tasks.task import Task
 
 # A weaker candidate is shown for contrast only when the best is at least this many times faster:
 # close scores are timing noise, not a lesson.
@@ -229,7 +232,15 @@ class Database:
             return steps.read(self._conn, run_id)
 
     # ----------------------------------------------------------------- tasks and baselines
+    def register_task(self, task: Task, *, size: str) -> None:
+        """The task's row, under the hash its verdicts are stored against (`Task.identity_hash`: the
+        source and its size presets): what every caller holding a task uses."""
+        self.upsert_task(name=task.name, source=task.source, source_hash=task.identity_hash, level=task.level,
+                         size=size)
+
     def upsert_task(self, *, name: str, source: str, source_hash: str, level: int | None, size: str) -> None:
+        """A task row as given (the column `source_hash` holds `Task.identity_hash`): for rows made
+        by hand, such as a test's edge cases; a caller with a `Task` uses `register_task`."""
         with self._tx() as c:
             c.execute("INSERT INTO tasks (name, source, source_hash, level, size) VALUES (?, ?, ?, ?, ?) "
                       "ON CONFLICT(name) DO UPDATE SET source=excluded.source, source_hash=excluded.source_hash, "
