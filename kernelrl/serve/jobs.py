@@ -50,7 +50,7 @@ from typing import Any
 
 from kernelrl.checks.policy import PolicyName
 from kernelrl.result import EvalResult
-from kernelrl.search.database.schema import transaction
+from kernelrl.sqlite import connect_writer, transaction
 from kernelrl.tasks.task import Size, Task
 
 log = logging.getLogger("kernelrl.serve")
@@ -250,10 +250,8 @@ class JobStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _private(self.path)
         self._lock = threading.Lock()
-        # autocommit mode: transactions are explicit (`transaction`, the run database's one helper) below
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        # foreign keys off while a migration rebuilds a table, on after
+        self._db = connect_writer(self.path, durable=True, foreign_keys=False)
         self._migrate()
         self._db.execute("PRAGMA foreign_keys=ON")
 

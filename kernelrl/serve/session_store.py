@@ -43,9 +43,9 @@ from typing import Any
 from kernelrl.checks.policy import PolicyName
 from kernelrl.result import EvalResult
 from kernelrl.reward import Reward
-from kernelrl.search.database.schema import transaction
 from kernelrl.search.episode import EpisodeConfig
 from kernelrl.serve.jobs import task_from_json, task_to_json
+from kernelrl.sqlite import connect_writer, transaction
 from kernelrl.tasks.task import Size, Task
 
 SCHEMA = """
@@ -163,10 +163,7 @@ class SessionStore:
         self.path = Path(path)
         self._lock = threading.Lock()
         # The job store has made the file (private, WAL) before; this connection adds its tables.
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db = connect_writer(self.path, durable=True)
         with self._write() as db:
             pending = ""
             for part in SCHEMA.split(";"):

@@ -1,4 +1,5 @@
-"""The run database's one transaction helper, its connections and the step log's table."""
+"""SQLite's one transaction helper and its connections (`kernelrl.sqlite`, as the run database uses
+them), and the step log's table."""
 
 from __future__ import annotations
 
@@ -9,15 +10,10 @@ from pathlib import Path
 import pytest
 
 from kernelrl.search.database import Database
-from kernelrl.search.database.schema import (
-    DatabaseError,
-    connect_reader,
-    connect_writer,
-    is_run_database,
-    transaction,
-)
+from kernelrl.search.database.schema import DatabaseError, is_run_database
 from kernelrl.search.database.snapshot import NoDatabase, SnapshotError, snapshot
 from kernelrl.search.database.steps import StepRecord
+from kernelrl.sqlite import connect_reader, connect_writer, transaction
 
 
 def _table(conn: sqlite3.Connection) -> None:

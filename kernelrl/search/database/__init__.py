@@ -59,10 +59,7 @@ from kernelrl.search.database.schema import (
     SCHEMA_VERSION,
     DatabaseError,
     check_version,
-    connect_reader,
-    connect_writer,
     stored_version,
-    transaction,
     upgrade,
 )
 from kernelrl.search.records import (
@@ -78,6 +75,7 @@ from kernelrl.search.records import (
     RunStatus,
     TaskRecord,
 )
+from kernelrl.sqlite import connect_reader, connect_writer, transaction
 
 if TYPE_CHECKING:
     from kernelrl.tasks.task import Task

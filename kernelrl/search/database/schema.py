@@ -1,18 +1,11 @@
-"""The run database's tables, their version and upgrades, its connections, and its one transaction helper.
+"""The run database's tables, their version and upgrades.
 
 Every table of a run database is declared here (`SCHEMA`, and `TRAIN_STEPS`, the training step
-log's table, created on its first write), and every SQLite connection to one is opened here:
-`connect_writer` (WAL, `synchronous=NORMAL`, foreign keys) and `connect_reader` (`mode=ro`: the
-process can never write the file). `transaction` is the one way anything runs a transaction on
-such a connection (the writer's `Database`, the step log, a watch page's snapshot); the reward
-server's job and session stores use it too.
+log's table, created on its first write). Its connections and transactions are `kernelrl.sqlite`'s,
+as every database the project writes: a writer (`connect_writer`: WAL, `synchronous=NORMAL`,
+foreign keys), a reader (`connect_reader`, `mode=ro`), and `transaction`.
 
 Guarantees:
-- `transaction(conn, lock)` holds `lock` (when given) for the whole transaction; a write
-  transaction (`BEGIN IMMEDIATE`) is committed whole when its block ends, rolled back whole when
-  the block raises (anything, `KeyboardInterrupt` included); a read one (`readonly=True`,
-  `BEGIN`) sees one state of the file however fast a writer commits, and is always ended
-  (rolled back) when its block ends;
 - `upgrade` brings a file of any earlier version to `SCHEMA_VERSION` in one transaction (a
   file of a newer version is refused by `check_version` with a reason for a person); the table
   creation before it is idempotent (`IF NOT EXISTS`), so a crash half-way is repaired by the
@@ -27,9 +20,10 @@ search's reads), `kernelrl.search.database.snapshot` (the watch pages' reads) an
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager
 from pathlib import Path
+
+from kernelrl.sqlite import transaction
 
 SCHEMA_VERSION = 4  # 2: hack_cases; 3: results keep the evaluator config's fingerprint; 4: baseline intervals
 
@@ -152,54 +146,6 @@ FROM findings f JOIN results r ON r.candidate_id = f.candidate_id
 WHERE r.status = 'flagged' AND f.severity = 'reject' AND r.reused_from IS NULL
 ORDER BY f.id
 """
-
-
-@contextmanager
-def transaction(conn: sqlite3.Connection, lock: AbstractContextManager[object] | None = None, *,
-                readonly: bool = False) -> Iterator[sqlite3.Connection]:
-    """One transaction on `conn` (opened with `isolation_level=None`), under `lock` when given.
-
-    A write transaction is committed when the block ends and rolled back when it raises; a read
-    transaction (`readonly=True`) is always rolled back: it only fixes the state the block sees.
-    """
-    with lock if lock is not None else nullcontext():
-        conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            _end(conn, "ROLLBACK", quiet=readonly)
-            raise
-        _end(conn, "ROLLBACK" if readonly else "COMMIT", quiet=readonly)
-
-
-def _end(conn: sqlite3.Connection, statement: str, *, quiet: bool) -> None:
-    try:
-        conn.execute(statement)
-    except sqlite3.Error:
-        if not quiet:  # a read transaction has nothing to lose; a failed write must be seen
-            raise
-
-
-def connect_writer(path: str | Path, *, check_same_thread: bool = False) -> sqlite3.Connection:
-    """A read-write connection in WAL mode (NORMAL sync: a committed transaction survives a process
-    crash; only a power loss can drop the last ones, which costs a re-evaluation, never a corrupt file)."""
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=check_same_thread, timeout=30.0)
-    try:
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise DatabaseError(f"{path}: cannot switch to WAL mode (got {mode})")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA foreign_keys=ON")
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def connect_reader(path: str | Path, *, timeout: float = 30.0) -> sqlite3.Connection:
-    """A read-only connection (`mode=ro`): this process can never write the file."""
-    uri = Path(path).resolve().as_uri() + "?mode=ro"
-    return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=timeout)
 
 
 def stored_version(conn: sqlite3.Connection) -> int | None:

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from kernelrl.result import EvalResult
 from kernelrl.search.database import steps
-from kernelrl.search.database.schema import SCHEMA_VERSION, connect_reader, stored_version, transaction
+from kernelrl.search.database.schema import SCHEMA_VERSION, stored_version
 from kernelrl.search.records import RunMeta, RunRecord, RunStatus
+from kernelrl.sqlite import connect_reader, transaction
 
 if TYPE_CHECKING:
     from kernelrl.jsontypes import JSONObject
