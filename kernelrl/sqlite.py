@@ -1,8 +1,8 @@
 """SQLite as every database the project writes uses it: one way to connect, one way to run a transaction.
 
-The run database (`kernelrl.search.database`) and the reward server's job and session stores
-(`kernelrl.serve.jobs`, `kernelrl.serve.session_store`) open their files here and run every
-transaction through `transaction`.
+The run database (`kernelrl.search.database`), the reward server's job and session stores
+(`kernelrl.serve.jobs`, `kernelrl.serve.session_store`) and the LLM review's cache
+(`kernelrl.checks.llm_judge`) open their files here and run every transaction through `transaction`.
 
 Guarantees:
 - `connect_writer` gives a read-write connection in autocommit mode (`isolation_level=None`: a

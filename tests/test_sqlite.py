@@ -1,6 +1,6 @@
-"""Every database the project writes connects the same way (`kernelrl.sqlite`): WAL, the sync level
-asked for, foreign keys unless asked off, autocommit (transactions only where `transaction` opens
-them); a reader cannot write."""
+"""Every database the project writes (runs, the server's jobs and sessions, the LLM review cache)
+connects the same way (`kernelrl.sqlite`): WAL, the sync level asked for, foreign keys unless asked
+off, autocommit (transactions only where `transaction` opens them); a reader cannot write."""
 
 from __future__ import annotations
 
@@ -53,3 +53,17 @@ def test_a_reader_cannot_write(tmp_path: Path) -> None:
     finally:
         reader.close()
         writer.close()
+
+
+def test_the_llm_review_cache_opens_its_file_alike(tmp_path: Path) -> None:
+    from kernelrl.checks.llm_judge import ReviewCache
+    from kernelrl.result import ReviewAnswer
+
+    path = tmp_path / "review.db"
+    ReviewCache(path).put("k", ReviewAnswer.REAL, "plain", model="m", task_hash="t", candidate_hash="c")
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        conn.close()
+    assert ReviewCache(path).get("k") == (ReviewAnswer.REAL, "plain")  # a new process's view: the file

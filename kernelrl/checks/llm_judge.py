@@ -58,6 +58,7 @@ from kernelrl.candidate import fenced_blocks, source_hash
 from kernelrl.checks import rules as R
 from kernelrl.endpoint import RetryPolicy, retry_after_s
 from kernelrl.result import EvalResult, Finding, Review, ReviewAnswer, Status, TimingStats
+from kernelrl.sqlite import connect_writer, transaction
 
 if TYPE_CHECKING:
     import openai
@@ -287,10 +288,10 @@ class ReviewCache:
     def _connect(self) -> Iterator[sqlite3.Connection]:
         assert self.path is not None
         # A connection per operation: safe from any thread; SQLite's own locking serialises writers
-        # of other processes (the timeout is how long one waits for another's write).
-        db = sqlite3.connect(self.path, timeout=30.0)
+        # of other processes (`kernelrl.sqlite`: the wait for another's write, one transaction).
+        db = connect_writer(self.path)
         try:
-            with db:  # commits, or rolls back on error
+            with transaction(db):  # commits, or rolls back on error
                 yield db
         finally:
             db.close()
