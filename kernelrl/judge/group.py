@@ -326,10 +326,10 @@ class Group:
                 while True:
                     with waited(ctx.lock.timing(), timing_waits):
                         deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
-                        timing = measure_group(reference, workers, pool, cfg.timing, rng=self.rng, deadline=deadline,
-                                               tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32, cores=self.cores,
-                                               idle=ctx.idle, trusted=self._trusted_keys(),
-                                               twin=AA_REFERENCE if aa else None, sent=sent)
+                        timing = measure_group(reference, workers, pool, sent, cfg.timing, rng=self.rng,
+                                               deadline=deadline, tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32,
+                                               cores=self.cores, idle=ctx.idle, trusted=self._trusted_keys(),
+                                               twin=AA_REFERENCE if aa else None)
                     noisy = aa and aa_noisy(timing.candidates.get(AA_REFERENCE), cfg.aa_tolerance)
                     disturbed = noisy or timing.device_idle is DeviceIdle.BUSY
                     # A second measurement is for a member whose speedup would be paid; when every

@@ -178,7 +178,7 @@ class GroupTiming:
     stopped_by: TimingStop
     wall_s: float
     device_wait_s: float = 0.0  # how long the group waited for the device's lock (set by the group)
-    # where the measurement's wall time went: warm-up (and the pool unless `send_pools` sent it), rounds, spot checks (s)
+    # where the measurement's wall time went: warm-up (the pool went before: `send_pools`), rounds, spot checks (s)
     setup_s: float = 0.0
     samples_s: float = 0.0
     spot_checks_s: float = 0.0
@@ -249,7 +249,6 @@ class PoolsSent:
 
     failed: dict[str, BaseException]  # candidates that could not take it (their workers were killed)
     pinned: tuple[bool, ...]  # each member's report that its allocator is pinned
-    seconds: float  # how long sending took
 
 
 def send_pools(reference: Worker, candidates: Mapping[str, Worker], pool: list[list[object]], config: TimingConfig,
@@ -259,7 +258,6 @@ def send_pools(reference: Worker, candidates: Mapping[str, Worker], pool: list[l
     checks go on meanwhile. The measurement that follows starts from its warm-up. A reference that
     cannot take it ends the measurement (`ReferenceTimingFailed`); a candidate that cannot is
     recorded and killed, and `measure_group` records its failure."""
-    clock = time.monotonic()
     header = P.Pool(noise_seed=rng.getrandbits(31), jitter=config.jitter)
     failed: dict[str, BaseException] = {}
     pinned: list[bool] = []
@@ -268,7 +266,7 @@ def send_pools(reference: Worker, candidates: Mapping[str, Worker], pool: list[l
         try:
             pooled = worker.request(header, pool, deadline=min(deadline, time.monotonic() + config.call_limit_s))
             if pooled.failed:
-                problem = _CallFailed(pooled.header.message, getattr(pooled.header, "traceback", ""))
+                problem = _CallFailed(pooled.header.message, pooled.header.traceback)
             else:
                 pinned.append(isinstance(pooled.header, P.Pooled) and pooled.header.allocator_pinned)
         except (ChannelTimeout, ChannelProtocolError, WorkerDied) as e:
@@ -279,15 +277,15 @@ def send_pools(reference: Worker, candidates: Mapping[str, Worker], pool: list[l
             raise ReferenceTimingFailed(f"the reference failed during timing: {problem}") from problem
         failed[key] = problem
         worker.kill()  # a hung or broken program must not keep the cores busy
-    return PoolsSent(failed=failed, pinned=tuple(pinned), seconds=time.monotonic() - clock)
+    return PoolsSent(failed=failed, pinned=tuple(pinned))
 
 
-def measure_group(reference: Worker, candidates: Mapping[str, Worker], pool: list[list[object]], config: TimingConfig,
-                  *, rng: random.Random, deadline: float, tol_scale: float = 1.0, tf32: bool = False,
+def measure_group(reference: Worker, candidates: Mapping[str, Worker], pool: list[list[object]], sent: PoolsSent,
+                  config: TimingConfig, *, rng: random.Random, deadline: float, tol_scale: float = 1.0, tf32: bool = False,
                   cores: frozenset[int] | None = None, idle: IdleMonitor | None = None,
-                  trusted: frozenset[str] = frozenset(), twin: str | None = None,
-                  sent: PoolsSent | None = None) -> GroupTiming:
-    """Time the reference and the candidates together (see the module docstring).
+                  trusted: frozenset[str] = frozenset(), twin: str | None = None) -> GroupTiming:
+    """Time the reference and the candidates together (see the module docstring), from their
+    warm-up: `sent` is the pool as each member took it (`send_pools`), a failure there its failure.
 
     `cores`: every member is bound to these cores for the measurement and unbound after it
     (`kernelrl.judge.sandbox.timing_cores`), so no member is faster for the core it runs on.
@@ -310,7 +308,7 @@ def measure_group(reference: Worker, candidates: Mapping[str, Worker], pool: lis
 
 def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[list[object]], config: TimingConfig,
              *, rng: random.Random, deadline: float, tol_scale: float, tf32: bool, idle: IdleMonitor | None,
-             trusted: frozenset[str], twin: str | None, sent: PoolsSent | None) -> GroupTiming:
+             trusted: frozenset[str], twin: str | None, sent: PoolsSent) -> GroupTiming:
     t_start = time.monotonic()
     ref = _Member(key=None, worker=reference)
     cands = [_Member(key=k, worker=w) for k, w in candidates.items()]
@@ -342,18 +340,9 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
     # where the measurement's time went
     spent = {"setup_s": 0.0, "samples_s": 0.0, "spot_checks_s": 0.0, "twin_samples_s": 0.0}
     clock = time.monotonic()
-    pinned: list[bool] = []  # each member's report that its allocator is pinned
-    if sent is not None:  # the pool went out before the measurement (`send_pools`)
-        for m in cands:
-            if m.key in sent.failed:
-                fail(m, sent.failed[m.key])
-        pinned = list(sent.pinned)
-    else:
-        pool_header = P.Pool(noise_seed=rng.getrandbits(31), jitter=config.jitter)
-        for m in members:
-            pooled = guarded(m, partial(m.request, pool_header, None, pool, deadline=call_deadline()))
-            if pooled is not None:
-                pinned.append(isinstance(pooled.header, P.Pooled) and pooled.header.allocator_pinned)
+    for m in cands:  # the pool went out before the measurement (`send_pools`)
+        if m.key in sent.failed:
+            fail(m, sent.failed[m.key])
     for m in alive():
         warm = guarded(m, partial(m.request, P.Warmup(calls=config.warmup_calls, max_s=config.warmup_max_s),
                                   deadline=call_deadline()))
@@ -515,7 +504,7 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
                        twin_samples_s=spent["twin_samples_s"], spot_check_bytes=spot_bytes, call_floor_ms=floor_ns / 1e6,
                        exchange_ms=(statistics.median(overheads_ns) if overheads_ns else 0.0) / 1e6,
                        stopped_by=stopped_by, wall_s=time.monotonic() - t_start,
-                       allocator_pinned=bool(pinned) and all(pinned))
+                       allocator_pinned=bool(sent.pinned) and all(sent.pinned))
 
 
 def _ratios(pairs: Sequence[tuple[int, int]], overhead_ns: float) -> list[float]:
