@@ -76,6 +76,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -137,8 +138,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def verified(sealed: Path) -> dict[str, dict[str, Any]] | None:
-    """The manifest of a sealed build whose files are exactly and only what it lists; else None."""
+def _build_file(rel: str) -> bool:
+    """A file a sealed build may hold: one a load needs, in an extension's folder."""
+    folder, _, name = rel.partition("/")
+    return bool(_EXTENSION_NAME.match(folder) and SEALED_NAMES.match(name))
+
+
+def verified(sealed: Path, allowed: Callable[[str], bool] = _build_file) -> dict[str, dict[str, Any]] | None:
+    """The manifest of a sealed folder whose files are exactly and only what it lists, each named as
+    `allowed` accepts (a sealed build's by default), the judge's, writable by no one else and
+    unchanged; else None."""
     try:
         manifest = json.loads((sealed / MANIFEST).read_text())["files"]
         present = {str(p.relative_to(sealed)) for p in sealed.rglob("*") if not p.is_dir()} - {MANIFEST}
@@ -146,8 +155,7 @@ def verified(sealed: Path) -> dict[str, dict[str, Any]] | None:
             return None
         me = os.geteuid()
         for rel, entry in manifest.items():
-            folder, _, name = rel.partition("/")
-            if not _EXTENSION_NAME.match(folder) or not SEALED_NAMES.match(name):
+            if not allowed(rel):
                 return None
             path = sealed / rel
             st = os.lstat(path)

@@ -44,8 +44,9 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import Any
 
-from kernelrl.judge.builds import MANIFEST, toolchain_fingerprint, write_sealed
+from kernelrl.judge.builds import toolchain_fingerprint, verified, write_sealed
 from kernelrl.judge.containment import BUILD_SUBDIR, CACHE_SUBDIR, Scratch
 from kernelrl.judge.device import Device
 
@@ -75,29 +76,15 @@ def program_entry(cache_dir: Path, source: str, constants: dict[str, int], devic
     return Path(cache_dir) / "compiled" / _key("program", source, constants, device)
 
 
-def _verified(entry: Path) -> dict[str, dict[str, int | str]] | None:
+def _cache_file(rel: str) -> bool:
+    """A file an entry may hold: plain names, at most `_MAX_DEPTH` folders deep."""
+    parts = rel.split("/")
+    return len(parts) <= _MAX_DEPTH + 1 and all(_NAME.match(p) for p in parts)
+
+
+def _verified(entry: Path) -> dict[str, dict[str, Any]] | None:
     """The manifest of an entry whose files are exactly what it lists, the judge's and unchanged; else None."""
-    try:
-        manifest = json.loads((entry / MANIFEST).read_text())["files"]
-        if not isinstance(manifest, dict):
-            return None
-        present = {str(p.relative_to(entry)) for p in entry.rglob("*") if not p.is_dir()} - {MANIFEST}
-        if set(manifest) != present:
-            return None
-        me = os.geteuid()
-        for rel, want in manifest.items():
-            parts = rel.split("/")
-            if len(parts) > _MAX_DEPTH + 1 or not all(_NAME.match(p) for p in parts):
-                return None
-            st = os.lstat(entry / rel)
-            if (not stat.S_ISREG(st.st_mode) or st.st_uid != me or st.st_mode & 0o022
-                    or st.st_size != want["size"]):
-                return None
-            if hashlib.sha256((entry / rel).read_bytes()).hexdigest() != want["sha256"]:
-                return None
-        return manifest
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return verified(entry, _cache_file)
 
 
 def give(entry: Path, scratch: Scratch) -> dict[str, str]:
