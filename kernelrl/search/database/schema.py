@@ -23,7 +23,7 @@ import sqlite3
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from kernelrl.sqlite import transaction
+from kernelrl.sqlite import connect_reader, transaction
 
 SCHEMA_VERSION = 4  # 2: hack_cases; 3: results keep the evaluator config's fingerprint; 4: baseline intervals
 
@@ -195,7 +195,7 @@ def is_run_database(path: Path) -> bool:
         with path.open("rb") as f:
             if f.read(16) != b"SQLite format 3\x00":
                 return False
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        conn = connect_reader(path, timeout=5)
         try:
             names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         finally:
