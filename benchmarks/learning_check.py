@@ -334,8 +334,7 @@ def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings
     from kernelrl.candidate import Candidate, source_hash
     from kernelrl.config import build
     from kernelrl.judge.eval_config import EvalConfig
-    from kernelrl.judge.evaluator import Evaluator
-    from kernelrl.search.database import Database
+    from kernelrl.run_parts import build_run
     from kernelrl.search.prompt import BUILTIN_TEMPLATES, build_prompt
     from kernelrl.search.records import NewCandidate, RunMeta
     from kernelrl.tasks.suites import load_tasks
@@ -351,11 +350,13 @@ def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings
     templates = learning_ctx.write_templates(folder / "templates", BUILTIN_TEMPLATES) if variant.startswith("ctx") else None
     eval_config = build(EvalConfig, eval_table())
     db_path = folder / "code.db"
-    with Database(db_path) as db, Evaluator(eval_config) as ev:
-        for t in tasks:
-            db.register_task(t, size="full")
+    # The run's builder registers the tasks at the judge's size and closes its evaluator.
+    with build_run(tasks=tasks, eval_config=eval_config, db_path=db_path) as run:
+        db = run.db
+        assert db is not None  # a path was given
         # The best version so far, as an earlier run left it: judged now, stored with its verdict.
-        results = ev.evaluate_batch([(t, Candidate(source=shown_best(variant, t.name), origin="seed")) for t in tasks])
+        results = run.judge.evaluate_batch([(t, Candidate(source=shown_best(variant, t.name), origin="seed"))
+                                            for t in tasks])
         prompts = []
         for t, result in zip(tasks, results):
             print(f"  seeded {t.name}: the shown best judged {result.status.value}"

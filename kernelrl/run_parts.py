@@ -5,15 +5,24 @@ a reporter. `build_run` builds each from its config and owns their lifetimes, so
 assembles them by hand:
 
     with build_run(tasks=tasks, eval_config=config.eval, db_path=config.db_path, console=console,
-                   watch=config.watch) as run:
+                   watch=config.watch, record={"stage": "bench", ...}) as run:
         answer = run.proposer("openai:m", temperature=0.7)
         results = run.judge.evaluate_batch(items)
-        run.reporter.say("...")
+        run.say(f"run {run.run_id}: ...")
 
 Guarantees:
 - the code database (when a path is given) is opened once, and every task is registered in it
   at the run's size before the block starts (`register_tasks=False`: a training rank other than
   the main one, which only reads);
+- a run given its `record` (what its command stores of its config) owns its row in the database:
+  the row is written before the block starts (with `resume`, the database's latest run of the
+  same stage, `record["stage"]`, none for a search, is reopened under the new record, and
+  `resumed` says so; none found, a new row), and closed as the block ends: `finished`,
+  `interrupted` on Ctrl-C (`KeyboardInterrupt`, or `mark_interrupted()` by a command that stops
+  on Ctrl-C without raising), `failed` on any other error (which goes on). A row is written only
+  over tasks registered as the run's (source and size): a task registered otherwise is refused
+  (`ValueError`) before anything is written, since results stored for it would be judged against
+  a task the database does not describe;
 - the judge is built on first use, so a run with nothing left to judge starts no worker, by
   `kernelrl.serve.judges.make_judge`: the reward server's client when `backend.url` is set, else
   an in-process `Evaluator` of `eval_config`. `reuse_stored` says whether verdicts stored
@@ -23,11 +32,13 @@ Guarantees:
   prints nothing) and, when `watch.port` is set, the run page of its database
   (`kernelrl.serve.watch.LivePage`) served while the block runs, its address said on the console.
   The port is bound before the judge or a proposer is built, so a taken port fails first
-  (`OSError`);
+  (`OSError`); with a row, the run's own page is said too. `say` is the console's print (a run
+  given no console prints nothing);
 - a proposer is built on the first ask for its spec and options, once, with the run's policy and
   device;
-- everything built here is closed when the block ends, the last built first, whatever happened;
-  what the caller hands in (a judge, proposers: its own, or a test's) is used and never closed.
+- everything built here is closed when the block ends, the last built first (the row before the
+  page, so an open page shows how the run ended), whatever happened; what the caller hands in (a
+  judge, proposers: its own, or a test's) is used and never closed.
 
 Does not load or select tasks (each command chooses its split and says what it left out), and
 runs nothing: the commands drive the parts (`kernelrl.search.loop.run_search` is given them).
@@ -44,6 +55,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from kernelrl.search.records import RunStatus
 from kernelrl.serve.judges import BackendConfig, make_judge
 from kernelrl.watch_config import WatchConfig
 
@@ -80,6 +92,9 @@ class RunParts:
                  reporter: Reporter, closing: contextlib.ExitStack) -> None:
         self.tasks = list(tasks)
         self.reporter = reporter
+        self.run_id: int | None = None  # the run's row, when it was given a record
+        self.resumed = False  # the row is an earlier run's, reopened
+        self.interrupted = False  # stopped on Ctrl-C without raising (`mark_interrupted`)
         self.eval_config = eval_config
         self.backend = backend
         self.db = db
@@ -88,6 +103,15 @@ class RunParts:
         self._given = dict(proposers)
         self._made: dict[tuple[str, tuple[tuple[str, object], ...]], Proposer] = {}
         self._closing = closing
+
+    def say(self, text: str) -> None:
+        """Tell the run's people (its console; nothing when it was given none)."""
+        self.reporter.say(text)
+
+    def mark_interrupted(self) -> None:
+        """The run stopped on Ctrl-C and returns normally (a search lets what is under way finish):
+        its row closes `interrupted`, not `finished`."""
+        self.interrupted = True
 
     @property
     def judge(self) -> ProfilingJudge:
@@ -128,13 +152,17 @@ class RunParts:
 def build_run(*, tasks: Sequence[Task], eval_config: EvalConfig, db_path: Path | str | None = None,
               backend: BackendConfig | None = None, register_tasks: bool = True,
               judge: ProfilingJudge | None = None, proposers: Mapping[str, Proposer] | None = None,
-              console: Console | None = None, watch: WatchConfig | None = None) -> Iterator[RunParts]:
+              console: Console | None = None, watch: WatchConfig | None = None,
+              record: Mapping[str, object] | None = None, resume: bool = False) -> Iterator[RunParts]:
     """The run's parts for the block (see the module docstring). `judge` and `proposers` (by label
     or spec) replace the ones the configs would build, and are not closed here; `console` is the
-    reporter's (none: the run prints nothing)."""
+    reporter's (none: the run prints nothing); `record` opens the run's row (`resume`: reopens the
+    latest of its stage)."""
     watch = watch or WatchConfig()
     if watch.port is not None and db_path is None:
         raise ValueError("a run page (watch.port) shows the run's database: this run has none")
+    if record is not None and db_path is None:
+        raise ValueError("a run's record is stored in its database: this run has none")
     reporter = Reporter(console if console is not None else Console(quiet=True))
     with contextlib.ExitStack() as closing:
         db = None
@@ -154,8 +182,43 @@ def build_run(*, tasks: Sequence[Task], eval_config: EvalConfig, db_path: Path |
             reporter.page = page.start()
             for line in announcement(db_path, watch.host, page.port, name="run page"):
                 reporter.say(line)
-            if db is not None:  # the run's own page, once the run is stored (the address above lists the runs)
-                url = page.url
-                db.on_run_started = lambda run_id: reporter.say(f"run page of run {run_id}: {url}runs/{run_id}")
-        yield RunParts(tasks=tasks, eval_config=eval_config, backend=backend or BackendConfig(), db=db,
-                       judge=judge, proposers=proposers or {}, reporter=reporter, closing=closing)
+        parts = RunParts(tasks=tasks, eval_config=eval_config, backend=backend or BackendConfig(), db=db,
+                         judge=judge, proposers=proposers or {}, reporter=reporter, closing=closing)
+        if record is not None:
+            assert db is not None  # checked above
+            _open_row(parts, db, record, resume=resume, size=eval_config.size)
+            if reporter.page is not None:  # the run's own page (the address above lists the runs)
+                reporter.say(f"run page of run {parts.run_id}: {reporter.page.url}runs/{parts.run_id}")
+        try:
+            yield parts
+        except KeyboardInterrupt:
+            _close_row(parts, RunStatus.INTERRUPTED)
+            raise
+        except BaseException:
+            _close_row(parts, RunStatus.FAILED)
+            raise
+        _close_row(parts, RunStatus.INTERRUPTED if parts.interrupted else RunStatus.FINISHED)
+
+
+def _open_row(parts: RunParts, db: Database, record: Mapping[str, object], *, resume: bool, size: str) -> None:
+    """Write the run's row (see the module docstring): refused, before anything is written, over a
+    task not registered as the run's."""
+    registered = {r.name: r for r in db.tasks()}
+    stale = [t.name for t in parts.tasks if (r := registered.get(t.name)) is None
+             or (r.source_hash, r.size) != (t.identity_hash, size)]
+    if stale:
+        raise ValueError(f"tasks not registered in {db.path} as this run's (at size {size}): {', '.join(stale)}; "
+                         "the run's builder registers them unless told not to (register_tasks=False)")
+    stage = record.get("stage")
+    latest = max((r for r in db.runs() if r.config.get("stage") == stage), key=lambda r: r.id,
+                 default=None) if resume else None
+    if latest is not None:
+        db.reopen_run(latest.id, record)
+        parts.run_id, parts.resumed = latest.id, True
+    else:
+        parts.run_id = db.start_run(record)
+
+
+def _close_row(parts: RunParts, status: RunStatus) -> None:
+    if parts.run_id is not None and parts.db is not None:
+        parts.db.finish_run(parts.run_id, status)

@@ -123,7 +123,6 @@ def test_the_run_page_is_served_while_the_block_runs_and_shows_it_finished_after
     import time
 
     import kernelrl.serve.watch as watch
-    from kernelrl.search.records import RunStatus
 
     monkeypatch.setattr(watch, "LINGER_S", 3.0)
     console = Console(file=io.StringIO(), width=200)
@@ -132,11 +131,14 @@ def test_the_run_page_is_served_while_the_block_runs_and_shows_it_finished_after
         url = run.reporter.page_url
         assert url is not None and url.startswith("http://127.0.0.1:")
         assert f"run page: {url}" in console.file.getvalue()  # said where people read the run
-        assert run.db is not None
-        run_id = run.db.start_run({"proposer": "heuristic"})
-        assert [(r["id"], r["status"]) for r in _runs(url)] == [(run_id, "running")]  # this very file, live
+        assert _runs(url) == []  # this very file, live
+    with build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "a.db", console=console,
+                   watch=WatchConfig(port=0), record={"proposer": "heuristic"}) as run:
+        url = run.reporter.page_url
+        assert url is not None
+        run_id = run.run_id
+        assert [(r["id"], r["status"]) for r in _runs(url)] == [(run_id, "running")]  # the run's row, live
         assert f"run page of run {run_id}: {url}runs/{run_id}" in console.file.getvalue()  # the run's own page
-        run.db.finish_run(run_id, RunStatus.FINISHED)
     ended = time.monotonic()
     assert [(r["id"], r["status"]) for r in _runs(url)] == [(run_id, "finished")]  # the run's end, shown
     deadline = ended + 3.0 + 15
@@ -213,6 +215,59 @@ def test_the_run_page_ends_when_the_runs_process_is_killed(tmp_path: Path) -> No
         assert _gone(pid, 15)  # orphaned, it sees its parent gone and stops
     finally:
         run.kill()
+
+
+def test_a_runs_row_is_closed_as_its_block_ends(tmp_path: Path) -> None:
+    from kernelrl.search.records import RunStatus
+
+    def build(**kw: Any) -> contextlib.AbstractContextManager[Any]:
+        return build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "k.db", **kw)
+
+    with build(record={"stage": "bench"}) as run:
+        done = run.run_id
+        assert run.db is not None and run.db.get_run(done).status is RunStatus.RUNNING
+    with pytest.raises(KeyboardInterrupt), build(record={"stage": "bench"}) as run:
+        stopped = run.run_id
+        raise KeyboardInterrupt
+    with pytest.raises(ValueError, match="broke"), build(record={"stage": "bench"}) as run:
+        broke = run.run_id
+        raise ValueError("broke")
+    with build(record={"stage": "bench"}) as run:
+        marked = run.run_id
+        run.mark_interrupted()  # a search stops on Ctrl-C and returns
+    with build() as run:
+        assert run.run_id is None  # no record: no row
+    with Database(tmp_path / "k.db") as db:
+        assert [(r.id, r.status) for r in db.runs()] == [
+            (done, RunStatus.FINISHED), (stopped, RunStatus.INTERRUPTED), (broke, RunStatus.FAILED),
+            (marked, RunStatus.INTERRUPTED)]
+        assert all(r.finished is not None for r in db.runs())
+
+
+def test_resume_reopens_the_latest_run_of_the_same_stage(tmp_path: Path) -> None:
+    from kernelrl.search.records import RunStatus
+
+    def build(record: dict[str, Any], resume: bool) -> contextlib.AbstractContextManager[Any]:
+        return build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "k.db", record=record,
+                         resume=resume)
+
+    with build({"budget": 1}, False) as run:
+        search = run.run_id
+    with build({"stage": "bench"}, False) as run:
+        bench = run.run_id
+    with build({"budget": 2}, True) as run:  # a search: the latest run with no stage
+        assert (run.run_id, run.resumed) == (search, True)
+    with build({"stage": "grpo"}, True) as run:  # none of its stage yet: a new row
+        assert run.run_id not in (search, bench) and not run.resumed
+    with Database(tmp_path / "k.db") as db:
+        assert db.get_run(search).config == {"budget": 2} and db.get_run(search).status is RunStatus.FINISHED
+        assert db.get_run(bench).config == {"stage": "bench"}
+
+
+def test_a_record_needs_the_runs_database() -> None:
+    with pytest.raises(ValueError, match="its database"), build_run(tasks=[TASK], eval_config=EvalConfig(),
+                                                                    record={"stage": "bench"}):
+        pass
 
 
 def test_a_run_page_needs_the_runs_database() -> None:

@@ -83,10 +83,8 @@ def preflight(config: SearchConfig, args: argparse.Namespace) -> list[Task]:
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     from kernelrl.report.console import render_summary
-    from kernelrl.run_parts import build_run
-    from kernelrl.search.activity import waiting
     from kernelrl.search.database.schema import DatabaseError
-    from kernelrl.search.loop import run_search
+    from kernelrl.search.loop import optimize
     from kernelrl.search.proposers import ProposerError
     from kernelrl.search.summary import StopReason
     from kernelrl.tasks.task import TaskError
@@ -99,14 +97,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         # A new run in the same database: stored results are reused, never re-evaluated.
         console.print(f"{config.db_path} exists: starting a new run in it (--resume continues the last one)")
     try:
-        with build_run(tasks=tasks, eval_config=config.judge_config(), db_path=config.db_path, console=console,
-                       watch=config.watch) as run:
-            assert run.db is not None  # a path was given
-            proposer = run.proposer(config.proposer, **config.proposer_options())
-            with waiting(console, "starting the evaluator"):
-                judge = run.judge
-            summary = run_search(config, tasks=run.tasks, db=run.db, judge=judge, proposer=proposer,
-                                 console=run.reporter.console)
+        summary = optimize(config, tasks=tasks, console=console)
     except (TaskError, DatabaseError, ProposerError) as e:
         raise UsageError(str(e)) from e
     render_summary(summary, console)

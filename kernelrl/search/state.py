@@ -1,9 +1,9 @@
 """The run's state: which run this is, each task's chains, the tokens spent, and why it stops.
 
-`open_run` starts a run in the database, or with `config.resume` reopens the database's latest search
-one and rebuilds each task's chains from its stored candidates (`kernelrl.search.chains.rebuild`:
-a chain's step and best, its unfinished episode). `RunState.judged` applies one verdict to its
-task and chain.
+`open_run` is the state of the run whose row the run's builder wrote (new, or with
+`config.resume` the database's latest search reopened); a resumed run's chains are rebuilt from
+its stored candidates (`kernelrl.search.chains.rebuild`: a chain's step and best, its unfinished
+episode). `RunState.judged` applies one verdict to its task and chain.
 
 Guarantees:
 - a chain's best and a task's best change only to a `better` candidate (correct and strictly
@@ -13,8 +13,8 @@ Guarantees:
   episode waits for;
 - tokens count the whole run: a resumed run starts from what it spent before.
 
-Only the loop's thread reads or changes a `RunState`. Does not write to the database (beyond
-opening the run: its tasks and its row), print, or start anything.
+Only the loop's thread reads or changes a `RunState`. Does not write to the database, print, or
+start anything.
 """
 
 from __future__ import annotations
@@ -79,28 +79,11 @@ class RunState:
         return ts
 
 
-def open_run(config: SearchConfig, tasks: list[Task], db: Database) -> RunState:
-    """A new run of `tasks`, or with `config.resume` the database's latest search run, its chains rebuilt.
-    The tasks are registered in `db` by the run's builder (`kernelrl.run_parts.build_run`); one
-    missing there, or registered with another source or size, is refused (`ValueError`): results
-    stored for it would be judged against a task the database does not describe."""
+def open_run(config: SearchConfig, tasks: list[Task], db: Database, *, run_id: int, resumed: bool) -> RunState:
+    """The state of run `run_id` of `tasks` (its row written by the run's builder,
+    `kernelrl.run_parts.build_run`, which registers the tasks and refuses one registered otherwise);
+    a `resumed` run's chains are rebuilt from its stored candidates and its tokens counted."""
     started = time.monotonic()
-    registered = {r.name: r for r in db.tasks()}
-    stale = [t.name for t in tasks if (r := registered.get(t.name)) is None
-             or (r.source_hash, r.size) != (t.identity_hash, config.eval.size)]
-    if stale:
-        raise ValueError(f"tasks not registered in {config.db_path} as this run's (at size {config.eval.size}): "
-                         f"{', '.join(stale)}; the run's builder, kernelrl.run_parts.build_run, registers them")
-    latest = None
-    if config.resume:  # the latest search: a bench, a collection or a training stage may share the file
-        latest = max((r for r in db.runs() if not r.config.get("stage")), key=lambda r: r.id, default=None)
-    # the task names are stored with the run so a report counts a task that got no candidate
-    stored = {**config.to_json(), "task_names": [t.name for t in tasks]}
-    if latest is not None:
-        run_id, resumed = latest.id, True
-        db.reopen_run(latest.id, stored)
-    else:
-        run_id, resumed = db.start_run(stored), False
     prompt_tokens, completion_tokens = db.token_totals(run_id)
     states = {}
     for t in tasks:

@@ -23,9 +23,9 @@ With `turns` > 1 the samples are refinement episodes: `kernelrl.train.bench_turn
 runs them and reports these numbers by turn; `run_bench` is the single-turn bench only.
 
 Guarantees: every sample's verdict comes from the evaluator; with `db_path`, every sample and
-its verdict is stored (proposer `bench:<spec>`) under a run of stage `bench` (`recorded`: closed
-`finished`, `interrupted` or `failed`, so the run page, `--watch.port`, shows it), and a source
-already judged under the same settings is not judged again.
+its verdict is stored (proposer `bench:<spec>`) under a run of stage `bench` (`bench_record`,
+opened and closed by the run's builder: `finished`, `interrupted` or `failed`, so the run page,
+`--watch.port`, shows it), and a source already judged under the same settings is not judged again.
 
 Does not train or change the model.
 """
@@ -36,7 +36,7 @@ import contextlib
 import dataclasses
 import statistics
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +65,6 @@ if TYPE_CHECKING:
 
     from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.judge.profile import TaskProfile
-    from kernelrl.search.database import Database
     from kernelrl.search.proposers import Proposal, Proposer
     from kernelrl.train.rollouts import Judged
 
@@ -179,24 +178,23 @@ def run_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend:
     settings = EvalSettings.of(config.eval)
     with build_run(tasks=tasks, eval_config=config.eval, db_path=config.db_path, judge=backend,
                    proposers={config.proposer: proposer} if proposer is not None else None, console=console,
-                   watch=config.watch) as run:
+                   watch=config.watch, record=bench_record(config, tasks)) as run:
         proposer = run.proposer(config.proposer, **config.proposer_opts)
-        backend, db = run.judge, run.db
-        with recorded(db, config, tasks) as run_id:
-            with saying(console, f"bench: reading {len(tasks)} task references in workers", backend):
-                profiles = task_profiles(backend, tasks)
-            with saying(console, f"bench: asking {config.proposer} for {config.k} answers to each of {len(tasks)} "
-                                 "tasks", None):
-                rollouts = _sample(proposer, tasks, config, settings, profiles)
-            with saying(console, f"bench: judging {len(rollouts)} answers from {config.proposer}", backend):
-                clock = time.monotonic()
-                judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
-                throughput = Throughput.of([j.result for j in judged if j.judged_here and j.result is not None],
-                                           time.monotonic() - clock)
-            if db is not None:
-                store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings, run_id=run_id,
-                               meta=[RunMeta(stage=RunStage.BENCH)] * len(judged))
-            compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
+        backend, db, run_id = run.judge, run.db, run.run_id
+        with saying(console, f"bench: reading {len(tasks)} task references in workers", backend):
+            profiles = task_profiles(backend, tasks)
+        with saying(console, f"bench: asking {config.proposer} for {config.k} answers to each of {len(tasks)} "
+                             "tasks", None):
+            rollouts = _sample(proposer, tasks, config, settings, profiles)
+        with saying(console, f"bench: judging {len(rollouts)} answers from {config.proposer}", backend):
+            clock = time.monotonic()
+            judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
+            throughput = Throughput.of([j.result for j in judged if j.judged_here and j.result is not None],
+                                       time.monotonic() - clock)
+        if db is not None:
+            store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings, run_id=run_id,
+                           meta=[RunMeta(stage=RunStage.BENCH)] * len(judged))
+        compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
     per_task: dict[str, list[Judged]] = {t.name: [] for t in tasks}
     for j in judged:
         per_task[j.rollout.task].append(j)
@@ -204,20 +202,17 @@ def run_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend:
                                throughput=throughput)
 
 
-@contextlib.contextmanager
-def recorded(db: Database | None, config: BenchConfig, tasks: Sequence[Task]) -> Iterator[int | None]:
-    """The bench as a run of its database (stage `bench`, its tasks and settings; of the proposer's
-    options only their names, which may hold a key), closed `finished`, `interrupted` or `failed`
-    as the block ends; None without a database."""
-    if db is None:
-        yield None
-        return
+def bench_record(config: BenchConfig, tasks: Sequence[Task]) -> dict[str, object] | None:
+    """What a bench stores as its run (stage `bench`, its tasks and settings; of the proposer's
+    options only their names, which may hold a key), for the run's builder to open and close
+    (`kernelrl.run_parts.build_run`); None without a database."""
+    if config.db_path is None:
+        return None
     from kernelrl.config import to_dict
 
-    with db.new_run({"stage": RunStage.BENCH.value, "proposer": f"bench:{config.proposer}",
-                     "config": {**to_dict(config), "proposer_opts": sorted(config.proposer_opts)},
-                     "task_names": [t.name for t in tasks]}) as run_id:
-        yield run_id
+    return {"stage": RunStage.BENCH.value, "proposer": f"bench:{config.proposer}",
+            "config": {**to_dict(config), "proposer_opts": sorted(config.proposer_opts)},
+            "task_names": [t.name for t in tasks]}
 
 
 def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str, Sequence[Judged]],

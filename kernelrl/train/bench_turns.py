@@ -50,7 +50,7 @@ from kernelrl.search.episode import Episode
 from kernelrl.search.records import RunMeta, RunStage
 from kernelrl.tasks.splits import SplitError, select
 from kernelrl.tasks.task import Task
-from kernelrl.train.bench import BenchConfig, BenchReport, _compile_speedups, recorded, saying, summarise
+from kernelrl.train.bench import BenchConfig, BenchReport, _compile_speedups, bench_record, saying, summarise
 from kernelrl.train.rollouts import (
     EvalSettings,
     Judged,
@@ -115,28 +115,27 @@ def run_turn_bench(config: BenchConfig, *, proposer: Proposer | None = None, bac
     settings = EvalSettings.of(config.eval)
     with build_run(tasks=tasks, eval_config=config.eval, db_path=config.db_path, judge=backend,
                    proposers={config.proposer: proposer} if proposer is not None else None, console=console,
-                   watch=config.watch) as run:
+                   watch=config.watch, record=bench_record(config, tasks)) as run:
         proposer = run.proposer(config.proposer, **config.proposer_opts)
-        backend, db = run.judge, run.db
-        with recorded(db, config, tasks) as run_id:
-            # Measured first, so every verdict after turn 1 can compare with torch.compile.
-            compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
-            samples = _Episodes(config, tasks, task_profiles(backend, tasks), compile_speedups)
+        backend, db, run_id = run.judge, run.db, run.run_id
+        # Measured first, so every verdict after turn 1 can compare with torch.compile.
+        compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
+        samples = _Episodes(config, tasks, task_profiles(backend, tasks), compile_speedups)
 
-            def judge(turn: int, asked: Sequence[int], prompts: Sequence[str], answers: Sequence[str]) -> list[Judgement]:
-                rollouts = samples.rollouts(asked, prompts, answers)
-                with saying(console, f"bench: turn {turn} of {config.episode.turns}: judging {len(rollouts)} answers "
-                                     f"from {config.proposer}", backend):
-                    judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
-                if db is not None:
-                    judged = store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings,
-                                            run_id=run_id, meta=[RunMeta(stage=RunStage.BENCH,
-                                                                         sample=samples.keys[i][1], turn=turn)
-                                                                 for i in asked])
-                return samples.record(asked, judged)
+        def judge(turn: int, asked: Sequence[int], prompts: Sequence[str], answers: Sequence[str]) -> list[Judgement]:
+            rollouts = samples.rollouts(asked, prompts, answers)
+            with saying(console, f"bench: turn {turn} of {config.episode.turns}: judging {len(rollouts)} answers "
+                                 f"from {config.proposer}", backend):
+                judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
+            if db is not None:
+                judged = store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings,
+                                        run_id=run_id, meta=[RunMeta(stage=RunStage.BENCH,
+                                                                     sample=samples.keys[i][1], turn=turn)
+                                                             for i in asked])
+            return samples.record(asked, judged)
 
-            run_episodes(samples.episodes, samples.bases,
-                         ask=lambda turn, live, prompts: samples.ask(proposer, live, prompts), judge=judge)
+        run_episodes(samples.episodes, samples.bases,
+                     ask=lambda turn, live, prompts: samples.ask(proposer, live, prompts), judge=judge)
     return summarise_turns(config, tasks, samples.judged, compile_speedups)
 
 

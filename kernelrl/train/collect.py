@@ -162,49 +162,49 @@ def collect(config: CollectConfig, *, console: Console | None = None, backend: P
     errors: list[str] = []
     asked = evaluated = 0
     with build_run(tasks=tasks, eval_config=config.eval, db_path=config.database, judge=backend,
-                   proposers=proposers, console=console, watch=config.watch) as run:
-        db = run.db
-        assert db is not None  # a path was given
-        with db.new_run({"stage": STAGE, "config": {**to_dict(config), "proposer_opts": sorted(
-                config.proposer_opts)}}) as run_id:
-            pairs = _pairs(db, tasks, specs, config)
-            # nothing left to ask (a finished collection resumed): no judge, no proposer starts
-            backend = run.judge if any(not p.stopped for p in pairs) else None
-            for s in specs:
-                if any(p.spec.label == s.label and not p.stopped for p in pairs):
-                    made[s.label] = run.proposer(s.spec, label=s.label, **_options(s, config))
-            profiles = task_profiles(backend, tasks) if backend is not None else {}
-            if (config.first_prompt or config.shown_prompts) and not profiles:
-                # a finished collection resumed: the prompts state the shapes only a judge reads
-                profiles = task_profiles(run.judge, tasks)
-            pairing = Pairing(tasks=tasks, profiles=profiles, settings=settings, config=config, db=db)
-            round_no = 0
-            while True:
-                open_pairs = [p for p in pairs if not p.stopped]
-                if not open_pairs:
-                    break
-                round_no += 1
-                answers = _ask(open_pairs, made, db, config, settings, errors, profiles)
-                asked += len(open_pairs)
-                rollouts = [(p, r) for p, r in answers if r is not None]
-                if rollouts:
-                    assert backend is not None  # built when any pair was open
-                    judged = evaluate_rollouts(backend, [r for _, r in rollouts], {t.name: t for t in tasks}, db=db,
-                                               reuse=settings)
-                    evaluated += sum(1 for j in judged if j.judged_here)
-                    for (p, _), j in zip(rollouts, judged):
-                        store_rollouts(db, [j], proposer=p.spec.label, step=p.tries, run_id=run_id,
-                                       settings=settings, meta=[RunMeta(stage=STAGE)])
-                        p.tries += 1
-                        p.accepted += j.status is Status.CORRECT
-                for p in open_pairs:
-                    if not p.stopped:
-                        p.stopped = _stop_reason(p, config)
-                if console is not None:
-                    console.print(f"collect round {round_no}: {len(rollouts)} answers, "
-                                  f"{sum(p.accepted for p in pairs)} accepted so far")
-                write_sft_set(config.out, sft_rows(db, pairing), dataset=False)
-            rows = sft_rows(db, pairing)
+                   proposers=proposers, console=console, watch=config.watch,
+                   record={"stage": STAGE, "config": {**to_dict(config), "proposer_opts": sorted(
+                       config.proposer_opts)}}) as run:
+        db, run_id = run.db, run.run_id
+        assert db is not None and run_id is not None  # a path was given
+        pairs = _pairs(db, tasks, specs, config)
+        # nothing left to ask (a finished collection resumed): no judge, no proposer starts
+        backend = run.judge if any(not p.stopped for p in pairs) else None
+        for s in specs:
+            if any(p.spec.label == s.label and not p.stopped for p in pairs):
+                made[s.label] = run.proposer(s.spec, label=s.label, **_options(s, config))
+        profiles = task_profiles(backend, tasks) if backend is not None else {}
+        if (config.first_prompt or config.shown_prompts) and not profiles:
+            # a finished collection resumed: the prompts state the shapes only a judge reads
+            profiles = task_profiles(run.judge, tasks)
+        pairing = Pairing(tasks=tasks, profiles=profiles, settings=settings, config=config, db=db)
+        round_no = 0
+        while True:
+            open_pairs = [p for p in pairs if not p.stopped]
+            if not open_pairs:
+                break
+            round_no += 1
+            answers = _ask(open_pairs, made, db, config, settings, errors, profiles)
+            asked += len(open_pairs)
+            rollouts = [(p, r) for p, r in answers if r is not None]
+            if rollouts:
+                assert backend is not None  # built when any pair was open
+                judged = evaluate_rollouts(backend, [r for _, r in rollouts], {t.name: t for t in tasks}, db=db,
+                                           reuse=settings)
+                evaluated += sum(1 for j in judged if j.judged_here)
+                for (p, _), j in zip(rollouts, judged):
+                    store_rollouts(db, [j], proposer=p.spec.label, step=p.tries, run_id=run_id,
+                                   settings=settings, meta=[RunMeta(stage=STAGE)])
+                    p.tries += 1
+                    p.accepted += j.status is Status.CORRECT
+            for p in open_pairs:
+                if not p.stopped:
+                    p.stopped = _stop_reason(p, config)
+            if console is not None:
+                console.print(f"collect round {round_no}: {len(rollouts)} answers, "
+                              f"{sum(p.accepted for p in pairs)} accepted so far")
+            write_sft_set(config.out, sft_rows(db, pairing), dataset=False)
+        rows = sft_rows(db, pairing)
     write_sft_set(config.out, rows, dataset=True)
     return CollectSummary(out=config.out, dataset=dataset_dir(config.out), db_path=config.database, rows=len(rows),
                           pairs=tuple(PairSummary(task=p.task.name, proposer=p.spec.label, tries=p.tries,

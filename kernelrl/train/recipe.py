@@ -45,8 +45,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from kernelrl.judge.contract import ProfilingJudge
-    from kernelrl.search.database import Database
-    from kernelrl.tasks.task import Task
+    from kernelrl.run_parts import RunParts
     from kernelrl.train.ranks import Ranks
     from kernelrl.train.rollouts import EvalSettings
 
@@ -158,7 +157,6 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
               backend: ProfilingJudge | None = None) -> StageReport:
     """Run one stage (see the module docstring). `backend` replaces the configured one (tests)."""
     from kernelrl.run_parts import build_run
-    from kernelrl.search.records import RunStatus
     from kernelrl.tasks.suites import load_tasks
     from kernelrl.train.model import is_model_folder
     from kernelrl.train.ranks import current_ranks
@@ -195,43 +193,28 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
     _say(console, f"{stage.value}: starting from {init.source} ({init.reason})")
     settings = EvalSettings.of(config.eval)
     # one run row per stage invocation, whatever the number of processes: the main one writes it
-    # the run page is served by the main process only (one port, one writer)
+    # (its builder opens and closes it); the run page is served by the main process only (one port, one writer)
+    record = {"stage": stage.value, "resume": resume, "processes": ranks.count, "config": to_dict(config),
+              "splits": {t.name: split_of(t).value for t in tasks},
+              "left_out": {s.value: names for s, names in left_out.items()}}
     with build_run(tasks=tasks, eval_config=config.eval, db_path=config.database, backend=config.backend,
                    register_tasks=ranks.is_main, judge=backend, console=console,
-                   watch=config.watch if ranks.is_main else None) as run:
-        db = run.db
-        assert db is not None  # a path was given
-        run_id = None
-        if ranks.is_main:
-            run_id = db.start_run({"stage": stage.value, "resume": resume, "processes": ranks.count,
-                                   "config": to_dict(config),
-                                   "splits": {t.name: split_of(t).value for t in tasks},
-                                   "left_out": {s.value: names for s, names in left_out.items()}})
-        run_id = ranks.broadcast(run_id)
-        assert run_id is not None  # the main process started it
-        status = RunStatus.FAILED
+                   watch=config.watch if ranks.is_main else None, record=record if ranks.is_main else None) as run:
+        run_id = ranks.broadcast(run.run_id)
+        assert run_id is not None  # the main process opened it
         reuse: EvalSettings | None = settings
-        try:
-            if stage is not Stage.SFT:
-                if ranks.is_main and backend is None:
-                    _say(console, judge_notice(config))
-                reuse = settings if run.reuse_stored else None
-            if stage is Stage.SFT:
-                report = _run_sft(config, init, folder, resume=resume)
-            elif stage is Stage.RFT:
-                report = _run_rft(config, init, folder, tasks, run.judge, db, settings, run_id, console, ranks)
-            else:
-                report = _run_grpo(config, init, folder, tasks, run.judge, db, reuse, settings, run_id, resume,
-                                   console, ranks)
-            if ranks.is_main:
-                mark_done(config.output_dir, stage, report["final_dir"], run_id=run_id)
-            status = RunStatus.FINISHED
-        except KeyboardInterrupt:
-            status = RunStatus.INTERRUPTED
-            raise
-        finally:
-            if ranks.is_main:
-                db.finish_run(run_id, status)
+        if stage is not Stage.SFT:
+            if ranks.is_main and backend is None:
+                run.say(judge_notice(config))
+            reuse = settings if run.reuse_stored else None
+        if stage is Stage.SFT:
+            report = _run_sft(config, init, folder, resume=resume)
+        elif stage is Stage.RFT:
+            report = _run_rft(config, init, folder, run, settings, run_id, ranks)
+        else:
+            report = _run_grpo(config, init, folder, run, reuse, settings, run_id, resume, ranks)
+        if ranks.is_main:
+            mark_done(config.output_dir, stage, report["final_dir"], run_id=run_id)
     return StageReport(stage=stage, init=init, db_path=config.database, run_id=run_id,
                        seconds=time.monotonic() - started, **report)
 
@@ -276,29 +259,30 @@ def _run_sft(config: TrainConfig, init: Init, folder: Path, *, resume: bool) -> 
     return {"final_dir": outcome.final_dir, "outcome": outcome, "rows": len(rows)}
 
 
-def _run_rft(config: TrainConfig, init: Init, folder: Path, tasks: list[Task], backend: ProfilingJudge, db: Database,
-             settings: EvalSettings, run_id: int, console: Console | None, ranks: Ranks) -> StageParts:
+def _run_rft(config: TrainConfig, init: Init, folder: Path, run: RunParts, settings: EvalSettings, run_id: int,
+             ranks: Ranks) -> StageParts:
     from kernelrl.train.rft import train_rft
     from kernelrl.train.sft_set import read_sft_set
 
+    assert run.db is not None  # a training stage has its database
     sft_rows = read_sft_set(config.sft_data) if config.rft.include_sft_set and config.sft_data.is_file() else []
     sft_rows = [r for r in sft_rows if split_of_name(r.task) in {*config.splits, Split.UNSPLIT}]
-    rounds = train_rft(config.rft, model=config.model, init_from=init.source, tasks=tasks, backend=backend, db=db,
-                       output_dir=folder, eval_settings=settings, sft_rows=sft_rows,
-                       seed=config.seed, console=console, template_dir=config.template_dir, run_id=run_id,
-                       ranks=ranks)
+    rounds = train_rft(config.rft, model=config.model, init_from=init.source, tasks=run.tasks, backend=run.judge,
+                       db=run.db, output_dir=folder, eval_settings=settings, sft_rows=sft_rows,
+                       seed=config.seed, console=run.reporter.console, template_dir=config.template_dir,
+                       run_id=run_id, ranks=ranks)
     return {"final_dir": Path(rounds[-1].final), "rounds": tuple(rounds)}
 
 
-def _run_grpo(config: TrainConfig, init: Init, folder: Path, tasks: list[Task], backend: ProfilingJudge, db: Database,
-              reuse: EvalSettings | None, settings: EvalSettings, run_id: int, resume: bool, console: Console | None,
-              ranks: Ranks) -> StageParts:
+def _run_grpo(config: TrainConfig, init: Init, folder: Path, run: RunParts, reuse: EvalSettings | None,
+              settings: EvalSettings, run_id: int, resume: bool, ranks: Ranks) -> StageParts:
     from kernelrl.reward import RewardModel
     from kernelrl.train.grpo import train_grpo
 
-    result = train_grpo(config.grpo, model=config.model, init_from=init.source, tasks=tasks, backend=backend, db=db,
-                        output_dir=folder, reward=RewardModel(config.reward), eval_settings=reuse,
-                        prompt_settings=settings, resume=resume, seed=config.seed, console=console,
+    assert run.db is not None  # a training stage has its database
+    result = train_grpo(config.grpo, model=config.model, init_from=init.source, tasks=run.tasks, backend=run.judge,
+                        db=run.db, output_dir=folder, reward=RewardModel(config.reward), eval_settings=reuse,
+                        prompt_settings=settings, resume=resume, seed=config.seed, console=run.reporter.console,
                         template_dir=config.template_dir, run_id=run_id, ranks=ranks)
     return {"final_dir": result.outcome.final_dir, "outcome": result.outcome, "grpo": result}
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import subprocess
@@ -12,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from judge_fixtures import quick_timing
 from kernelrl.judge.contract import SearchJudge
@@ -150,12 +148,10 @@ def test_a_search_goes_on_with_its_other_tasks(tmp_path):
                           baselines=False, eval=EvalConfig(cache_dir=tmp_path / "cache", timeout_s=30, roofline=False,
                                                                        timing=quick_timing()))
     tasks = [load_task_file(good), load_task_file(bad)]
-    with build_run(tasks=tasks, eval_config=config.judge_config(), db_path=config.db_path) as run:
+    with build_run(tasks=tasks, eval_config=config.judge_config(), db_path=config.db_path,
+                   record={"task_names": [t.name for t in tasks]}) as run:
         assert isinstance(run.judge, SearchJudge)  # the in-process evaluator gives the search everything it uses
-        assert run.db is not None
-        summary = run_search(config, tasks=run.tasks, db=run.db, judge=run.judge,
-                             proposer=run.proposer(config.proposer, **config.proposer_options()),
-                             console=Console(file=io.StringIO()))
+        summary = run_search(config, run)
     by_name = {t.task: t for t in summary.tasks}
     assert by_name["good"].evaluated == 1
     assert by_name["bad"].evaluated == 0 and "broken task" in by_name["bad"].gave_up

@@ -407,16 +407,3 @@ def test_an_answer_without_code_is_stored_as_no_code_and_old_rows_read_the_same(
     # a real compile error keeps its name
     built = EvalResult.from_dict(EvalResult(task="t", status=Status.COMPILE_ERROR, message="does not build").to_dict())
     assert built.status is Status.COMPILE_ERROR
-
-
-def test_a_new_run_is_closed_as_its_block_ends(tmp_path: Path) -> None:
-    with Database(tmp_path / "k.db") as db:
-        with db.new_run({"stage": "bench"}) as done:
-            assert db.get_run(done).status is RunStatus.RUNNING
-        with pytest.raises(KeyboardInterrupt), db.new_run({"stage": "bench"}) as stopped:
-            raise KeyboardInterrupt
-        with pytest.raises(ValueError, match="broke"), db.new_run({"stage": "bench"}) as broke:
-            raise ValueError("broke")
-        assert [(r.id, r.status) for r in db.runs()] == [
-            (done, RunStatus.FINISHED), (stopped, RunStatus.INTERRUPTED), (broke, RunStatus.FAILED)]
-        assert all(r.finished is not None for r in db.runs())

@@ -24,6 +24,7 @@ from judge_fixtures import OneAtATime
 from kernelrl.candidate import Candidate
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.result import EvalResult, Finding, Status, TimingStats
+from kernelrl.run_parts import build_run
 from kernelrl.search.database import CandidateState, Database, RunStatus
 from kernelrl.search.loop import SearchConfig, StopReason, run_search
 from kernelrl.tasks.sizes import instantiate
@@ -627,16 +628,22 @@ def test_the_run_page_shows_the_search_while_it_goes(tmp_path: Path) -> None:
 def test_a_search_refuses_tasks_its_database_does_not_hold(tmp_path: Path) -> None:
     """The run's builder registers the tasks; a database without them (or with another source) is refused."""
     cfg = SearchConfig(tasks=("a",), db_path=tmp_path / "k.db", budget=1, chains=1, baselines=False)
-    with Database(cfg.db_path) as db, pytest.raises(ValueError, match=r"not registered .*: a; "):
-        run_search(cfg, tasks=_tasks("a"), db=db, judge=OneAtATime(ScriptedEvaluator()), proposer=ScriptedProposer(),
-                   console=Console(file=io.StringIO()))
+
+    def search(tasks: list[Task]) -> None:
+        with build_run(tasks=tasks, eval_config=cfg.judge_config(), db_path=cfg.db_path, register_tasks=False,
+                       judge=OneAtATime(ScriptedEvaluator()), proposers={cfg.proposer: ScriptedProposer()},
+                       record={"task_names": [t.name for t in tasks]}) as run:
+            run_search(cfg, run)
+
+    with pytest.raises(ValueError, match=r"not registered .*: a; "):
+        search(_tasks("a"))
     other = _tasks("a")[0]
     with Database(cfg.db_path) as db:
         db.upsert_task(name="a", source=other.source + "\n# changed\n", source_hash="another", level=None,
                        size=cfg.eval.size)
-        with pytest.raises(ValueError, match="not registered"):
-            run_search(cfg, tasks=[other], db=db, judge=OneAtATime(ScriptedEvaluator()), proposer=ScriptedProposer(),
-                       console=Console(file=io.StringIO()))
+    with pytest.raises(ValueError, match="not registered"):
+        search([other])
+    with Database(cfg.db_path) as db:
         assert db.runs() == []  # refused before a run row is written
 
 

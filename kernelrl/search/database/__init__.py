@@ -39,7 +39,6 @@ process crash, the case that matters here).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -47,7 +46,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -95,7 +94,6 @@ class Database:
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
         self.readonly = readonly
-        self.on_run_started: Callable[[int], None] | None = None  # told each run id started or resumed here
         if readonly and not self.path.exists():
             raise DatabaseError(f"no database at {self.path}")
         if not readonly:
@@ -171,41 +169,17 @@ class Database:
         with self._tx() as c:
             cur = c.execute("INSERT INTO runs (config, started, status) VALUES (?, ?, ?)",
                             (json.dumps(config, sort_keys=True, default=str), time.time(), RunStatus.RUNNING.value))
-            run_id = int(cur.lastrowid or 0)
-        self._started(run_id)
-        return run_id
-
-    def _started(self, run_id: int) -> None:
-        """Tell whoever asked (`on_run_started`: the run's page says the run's own address) that a
-        run is running, once it is stored."""
-        if self.on_run_started is not None:
-            self.on_run_started(run_id)
+            return int(cur.lastrowid or 0)
 
     def finish_run(self, run_id: int, status: RunStatus) -> None:
         with self._tx() as c:
             c.execute("UPDATE runs SET status = ?, finished = ? WHERE id = ?", (status.value, time.time(), run_id))
-
-    @contextlib.contextmanager
-    def new_run(self, config: Mapping[str, object]) -> Iterator[int]:
-        """A run for the block (`start_run`), closed as the block ends: `finished`, `interrupted` on
-        Ctrl-C (`KeyboardInterrupt`), `failed` on any other error (which goes on)."""
-        run_id = self.start_run(config)
-        status = RunStatus.FAILED
-        try:
-            yield run_id
-            status = RunStatus.FINISHED
-        except KeyboardInterrupt:
-            status = RunStatus.INTERRUPTED
-            raise
-        finally:
-            self.finish_run(run_id, status)
 
     def reopen_run(self, run_id: int, config: Mapping[str, object]) -> None:
         """Mark a run as running again (resume), with the config it now continues under."""
         with self._tx() as c:
             c.execute("UPDATE runs SET status = ?, finished = NULL, config = ? WHERE id = ?",
                       (RunStatus.RUNNING.value, json.dumps(config, sort_keys=True, default=str), run_id))
-        self._started(run_id)
 
     def runs(self) -> list[RunRecord]:
         return [_run(r) for r in self._query("SELECT id, config, started, finished, status FROM runs ORDER BY id")]
