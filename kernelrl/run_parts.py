@@ -76,6 +76,11 @@ class Reporter:
         self.console = console
         self.page: LivePage | None = None  # set by `build_run` once the page answers
 
+    @classmethod
+    def quiet(cls) -> Reporter:
+        """A reporter that tells no one (a part built outside a run, by a test)."""
+        return cls(Console(quiet=True))
+
     @property
     def page_url(self) -> str | None:
         return self.page.url if self.page is not None else None
@@ -93,6 +98,7 @@ class RunParts:
         self.tasks = list(tasks)
         self.reporter = reporter
         self.run_id: int | None = None  # the run's row, when it was given a record
+        self.owns_row = False  # written here, so closed here (`adopt_row`: another process's)
         self.resumed = False  # the row is an earlier run's, reopened
         self.interrupted = False  # stopped on Ctrl-C without raising (`mark_interrupted`)
         self.eval_config = eval_config
@@ -107,6 +113,18 @@ class RunParts:
     def say(self, text: str) -> None:
         """Tell the run's people (its console; nothing when it was given none)."""
         self.reporter.say(text)
+
+    @property
+    def console(self) -> Console:
+        """The run's console (a quiet one when it was given none)."""
+        return self.reporter.console
+
+    def adopt_row(self, run_id: int) -> None:
+        """The run's row as another process wrote it (a training rank other than the main one, told
+        the main one's id): its records go under it; it is closed by the process that wrote it."""
+        if self.owns_row and self.run_id != run_id:
+            raise ValueError(f"this run wrote its own row ({self.run_id}), not {run_id}")
+        self.run_id = run_id
 
     def mark_interrupted(self) -> None:
         """The run stopped on Ctrl-C and returns normally (a search lets what is under way finish):
@@ -217,8 +235,9 @@ def _open_row(parts: RunParts, db: Database, record: Mapping[str, object], *, re
         parts.run_id, parts.resumed = latest.id, True
     else:
         parts.run_id = db.start_run(record)
+    parts.owns_row = True
 
 
 def _close_row(parts: RunParts, status: RunStatus) -> None:
-    if parts.run_id is not None and parts.db is not None:
+    if parts.owns_row and parts.run_id is not None and parts.db is not None:
         parts.db.finish_run(parts.run_id, status)

@@ -1,4 +1,4 @@
-"""A search the way `kernelrl optimize` runs one: `kernelrl.search.loop.optimize`, with a quiet console."""
+"""A search the way `kernelrl optimize` runs one: `kernelrl.optimize.optimize`, with a quiet console."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 from rich.console import Console
 
 from kernelrl.judge.contract import BatchJudge
+from kernelrl.optimize import optimize
 from kernelrl.search.config import SearchConfig
-from kernelrl.search.loop import optimize
 from kernelrl.search.proposers import Proposer
 from kernelrl.search.summary import SearchSummary
 from kernelrl.tasks.task import Task

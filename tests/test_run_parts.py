@@ -244,6 +244,21 @@ def test_a_runs_row_is_closed_as_its_block_ends(tmp_path: Path) -> None:
         assert all(r.finished is not None for r in db.runs())
 
 
+def test_a_row_adopted_from_another_process_is_never_closed_here(tmp_path: Path) -> None:
+    """A training rank other than the main one stores under the main one's row; only the main one closes it."""
+    from kernelrl.search.records import RunStatus
+
+    with build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "k.db", record={"stage": "grpo"}) as main:
+        with pytest.raises(ValueError), build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "k.db",
+                                                  register_tasks=False) as rank:
+            rank.adopt_row(main.run_id)
+            assert rank.run_id == main.run_id
+            raise ValueError("this rank failed")
+        assert main.db is not None and main.db.get_run(main.run_id).status is RunStatus.RUNNING  # not closed by it
+        with pytest.raises(ValueError, match="its own row"):
+            main.adopt_row(main.run_id + 1)
+
+
 def test_resume_reopens_the_latest_run_of_the_same_stage(tmp_path: Path) -> None:
     from kernelrl.search.records import RunStatus
 

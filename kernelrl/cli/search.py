@@ -82,9 +82,9 @@ def preflight(config: SearchConfig, args: argparse.Namespace) -> list[Task]:
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
+    from kernelrl.optimize import optimize
     from kernelrl.report.console import render_summary
     from kernelrl.search.database.schema import DatabaseError
-    from kernelrl.search.loop import optimize
     from kernelrl.search.proposers import ProposerError
     from kernelrl.search.summary import StopReason
     from kernelrl.tasks.task import TaskError

@@ -39,7 +39,7 @@ Guarantees:
   at once (unfinished evaluations stay `proposed` and a resume evaluates them).
 - nothing waits silently (`kernelrl.search.activity`); a verdict is stored when its group ends.
 - the run's row, database, judge, proposer and console are the run's: its builder
-  (`kernelrl.run_parts.build_run`, called by `optimize`) opens the row (new, or the latest search's
+  (`kernelrl.run_parts.build_run`, called by `kernelrl.optimize.optimize`) opens the row (new, or the latest search's
   reopened), registers the tasks in the database, and closes them all (the row `finished`,
   `interrupted`, or `failed` when the search raised); the search opens nothing of its own.
 
@@ -57,17 +57,17 @@ resume (its result never reached the database); fairness between tasks beyond ro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import Protocol
 
 from rich.console import Console
 
-from kernelrl.judge.contract import BatchJudge, ProfilingJudge, SearchJudge
+from kernelrl.judge.contract import BatchJudge, SearchJudge
 from kernelrl.judge.device import DevicePeaks
 from kernelrl.judge.eval_config import config_fingerprint
 from kernelrl.judge.roofline import prompt_peaks
 from kernelrl.search.activity import lock_watch, waiting
 from kernelrl.search.config import SearchConfig
+from kernelrl.search.database import Database
 from kernelrl.search.judging import BaselineFn, Judging
 from kernelrl.search.output import RunOutput
 from kernelrl.search.proposers import Proposer
@@ -77,57 +77,38 @@ from kernelrl.search.summary import SearchSummary, StopReason
 from kernelrl.search.workers import Workers
 from kernelrl.tasks.task import Task
 
-if TYPE_CHECKING:
-    from kernelrl.run_parts import RunParts
-
-__all__ = ["SearchConfig", "SearchSummary", "StopReason", "optimize", "run_search"]
-
-def optimize(config: SearchConfig, *, tasks: Sequence[Task] | None = None, console: Console | None = None,
-             judge: BatchJudge | None = None, proposer: Proposer | None = None, build_prompt: PromptFn | None = None,
-             measure_baseline: BaselineFn | None = None) -> SearchSummary:
-    """`kernelrl optimize` as a library call: build the run (`kernelrl.run_parts.build_run`: the
-    database at `config.db_path` with `tasks` registered, the run's row, new or with
-    `config.resume` the latest search's, the judge, the proposer, the run page), run the search
-    (`run_search`) and close the run; return what it did.
-
-    `tasks` default to `config.tasks` loaded; `judge` and `proposer` replace the configured ones
-    (and are not closed here); `console` is where the run speaks (none: it prints nothing);
-    `build_prompt(...)` replaces `kernelrl.search.prompt.build_prompt`; `measure_baseline` is the
-    baseline of a judge that gives none itself (`run_search`). Tasks that cannot make a run (none,
-    or two of one name) are refused (`ValueError`) before the database is opened.
-    """
-    from kernelrl.run_parts import build_run
-
-    if tasks is None:
-        from kernelrl.tasks.suites import load_tasks
-
-        tasks = load_tasks(list(config.tasks))
-    tasks = list(tasks)
-    if not tasks:
-        raise ValueError(f"no tasks found for {', '.join(config.tasks)}")
-    names = [t.name for t in tasks]
-    if len(set(names)) != len(names):
-        raise ValueError(f"duplicate task names: {sorted({n for n in names if names.count(n) > 1})}")
-    # the task names are stored with the run so a report counts a task that got no candidate
-    record = {**config.to_json(), "task_names": names}
-    # The run's builder holds a judge that profiles tasks (what bench and training ask); the search
-    # asks only a `SearchJudge` for profiles, so any `BatchJudge` serves it.
-    given = cast("ProfilingJudge | None", judge)
-    with build_run(tasks=tasks, eval_config=config.judge_config(), db_path=config.db_path, judge=given,
-                   proposers={config.proposer: proposer} if proposer is not None else None, console=console,
-                   watch=config.watch, record=record, resume=config.resume) as run:
-        with waiting(run.reporter.console, "starting the evaluator"):
-            run.judge  # noqa: B018 - built now, so the wait is said
-        return run_search(config, run, build_prompt=build_prompt, measure_baseline=measure_baseline)
+__all__ = ["SearchConfig", "SearchRun", "SearchSummary", "StopReason", "run_search"]
 
 
-def run_search(config: SearchConfig, run: RunParts, *, build_prompt: PromptFn | None = None,
+class SearchRun(Protocol):
+    """What a search is given of its run (`kernelrl.run_parts.RunParts` is one): its tasks, its
+    code database and row, its judge, its proposers and where it speaks."""
+
+    tasks: list[Task]
+    db: Database | None
+    run_id: int | None
+    resumed: bool
+
+    @property
+    def judge(self) -> BatchJudge: ...
+
+    @property
+    def console(self) -> Console: ...
+
+    def proposer(self, spec: str, *, label: str | None = None, **opts: object) -> Proposer: ...
+
+    def mark_interrupted(self) -> None: ...
+
+
+
+
+def run_search(config: SearchConfig, run: SearchRun, *, build_prompt: PromptFn | None = None,
                measure_baseline: BaselineFn | None = None) -> SearchSummary:
     """Run (or continue, when the run's row was reopened) a search of the run's tasks; return what it did.
 
-    `run` is the run's parts (`kernelrl.run_parts.build_run`, given the search's record: `optimize`
-    builds it), which it opens and closes: its row, its code database (`config.db_path`) with its
-    tasks registered, its console. Its judge judges candidates: an in-process
+    `run` is the run's parts (`kernelrl.run_parts.build_run`, given the search's record:
+    `kernelrl.optimize.optimize` builds it), which it opens and closes: its row, its code database
+    (`config.db_path`) with its tasks registered, its console. Its judge judges candidates: an in-process
     `kernelrl.judge.evaluator.Evaluator` (built from `config.judge_config()`), or any judge with
     what `kernelrl.judge.contract.SearchJudge` names, gives baselines from each task's first timing
     group, results as each group ends, the machine's peaks and each task's shapes for prompts; any
@@ -139,9 +120,9 @@ def run_search(config: SearchConfig, run: RunParts, *, build_prompt: PromptFn | 
     db = run.db
     if db is None or run.run_id is None:
         raise ValueError("a search stores its run: build its parts with a database and the search's record "
-                         "(kernelrl.search.loop.optimize does)")
+                         "(kernelrl.optimize.optimize does)")
     tasks = run.tasks
-    console = run.reporter.console
+    console = run.console
     if build_prompt is None:
         from kernelrl.search.prompt import build_prompt as default_build_prompt
 

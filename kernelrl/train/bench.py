@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
     from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.judge.profile import TaskProfile
+    from kernelrl.run_parts import Reporter
     from kernelrl.search.proposers import Proposal, Proposer
     from kernelrl.train.rollouts import Judged
 
@@ -181,12 +182,12 @@ def run_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend:
                    watch=config.watch, record=bench_record(config, tasks)) as run:
         proposer = run.proposer(config.proposer, **config.proposer_opts)
         backend, db, run_id = run.judge, run.db, run.run_id
-        with saying(console, f"bench: reading {len(tasks)} task references in workers", backend):
+        with saying(run.reporter, f"bench: reading {len(tasks)} task references in workers", backend):
             profiles = task_profiles(backend, tasks)
-        with saying(console, f"bench: asking {config.proposer} for {config.k} answers to each of {len(tasks)} "
+        with saying(run.reporter, f"bench: asking {config.proposer} for {config.k} answers to each of {len(tasks)} "
                              "tasks", None):
             rollouts = _sample(proposer, tasks, config, settings, profiles)
-        with saying(console, f"bench: judging {len(rollouts)} answers from {config.proposer}", backend):
+        with saying(run.reporter, f"bench: judging {len(rollouts)} answers from {config.proposer}", backend):
             clock = time.monotonic()
             judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
             throughput = Throughput.of([j.result for j in judged if j.judged_here and j.result is not None],
@@ -194,7 +195,7 @@ def run_bench(config: BenchConfig, *, proposer: Proposer | None = None, backend:
         if db is not None:
             store_rollouts(db, judged, proposer=f"bench:{config.proposer}", settings=settings, run_id=run_id,
                            meta=[RunMeta(stage=RunStage.BENCH)] * len(judged))
-        compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
+        compile_speedups = _compile_speedups(backend, tasks, config, run.reporter) if config.compile_baseline else {}
     per_task: dict[str, list[Judged]] = {t.name: [] for t in tasks}
     for j in judged:
         per_task[j.rollout.task].append(j)
@@ -294,33 +295,28 @@ def _sample(proposer: Proposer, tasks: Sequence[Task], config: BenchConfig, sett
 
 
 def _compile_speedups(backend: ProfilingJudge, tasks: Sequence[Task], config: BenchConfig,
-                      console: Console | None) -> dict[str, float | None]:
+                      reporter: Reporter) -> dict[str, float | None]:
     measure = getattr(backend, "baseline", None)
     out: dict[str, float | None] = {}
     if measure is None:
         return out
     for i, t in enumerate(tasks):
         try:
-            with saying(console, f"bench: timing {t.name} eager and under torch.compile ({i + 1} of {len(tasks)})",
+            with saying(reporter, f"bench: timing {t.name} eager and under torch.compile ({i + 1} of {len(tasks)})",
                         backend):
                 out[t.name] = measure(t).compile_speedup
         except Exception as e:  # noqa: BLE001 - the report shows the task without a compile baseline
             out[t.name] = None
-            if console is not None:
-                console.print(f"[yellow]{t.name}: torch.compile baseline failed: {e}[/yellow]")
+            reporter.say(f"[yellow]{t.name}: torch.compile baseline failed: {e}[/yellow]")
     return out
 
 
-def saying(console: Console | None, what: str, backend: ProfilingJudge | None) -> contextlib.AbstractContextManager[None]:
-    """A spinner saying `what` (and who holds the backend's timing lock) on a rich console, while
-    the block runs; nothing without one."""
-    from rich.console import Console
-
+def saying(reporter: Reporter, what: str, backend: ProfilingJudge | None) -> contextlib.AbstractContextManager[None]:
+    """A spinner saying `what` (and who holds the backend's timing lock) on the run's console, while
+    the block runs."""
     from kernelrl.search.activity import lock_watch, waiting
 
-    if not isinstance(console, Console):
-        return contextlib.nullcontext()
-    return waiting(console, what, lock_watch(backend) if backend is not None else None)
+    return waiting(reporter.console, what, lock_watch(backend) if backend is not None else None)
 
 
 def plot_bench(report: BenchReport, path: str | Path) -> Path:

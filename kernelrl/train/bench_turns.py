@@ -119,12 +119,12 @@ def run_turn_bench(config: BenchConfig, *, proposer: Proposer | None = None, bac
         proposer = run.proposer(config.proposer, **config.proposer_opts)
         backend, db, run_id = run.judge, run.db, run.run_id
         # Measured first, so every verdict after turn 1 can compare with torch.compile.
-        compile_speedups = _compile_speedups(backend, tasks, config, console) if config.compile_baseline else {}
+        compile_speedups = _compile_speedups(backend, tasks, config, run.reporter) if config.compile_baseline else {}
         samples = _Episodes(config, tasks, task_profiles(backend, tasks), compile_speedups)
 
         def judge(turn: int, asked: Sequence[int], prompts: Sequence[str], answers: Sequence[str]) -> list[Judgement]:
             rollouts = samples.rollouts(asked, prompts, answers)
-            with saying(console, f"bench: turn {turn} of {config.episode.turns}: judging {len(rollouts)} answers "
+            with saying(run.reporter, f"bench: turn {turn} of {config.episode.turns}: judging {len(rollouts)} answers "
                                  f"from {config.proposer}", backend):
                 judged = evaluate_rollouts(backend, rollouts, {t.name: t for t in tasks}, db=db, reuse=settings)
             if db is not None:

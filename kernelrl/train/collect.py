@@ -200,9 +200,8 @@ def collect(config: CollectConfig, *, console: Console | None = None, backend: P
             for p in open_pairs:
                 if not p.stopped:
                     p.stopped = _stop_reason(p, config)
-            if console is not None:
-                console.print(f"collect round {round_no}: {len(rollouts)} answers, "
-                              f"{sum(p.accepted for p in pairs)} accepted so far")
+            run.say(f"collect round {round_no}: {len(rollouts)} answers, "
+                    f"{sum(p.accepted for p in pairs)} accepted so far")
             write_sft_set(config.out, sft_rows(db, pairing), dataset=False)
         rows = sft_rows(db, pairing)
     write_sft_set(config.out, rows, dataset=True)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import Reward
+from kernelrl.run_parts import Reporter
 from kernelrl.search.records import RunMeta, RunStage
 from kernelrl.train.curriculum import Curriculum
 from kernelrl.train.rollouts import EvalSettings, Judged, store_rollouts
@@ -101,13 +102,13 @@ class RolloutEffects:
 
     def __init__(self, *, db: Database | None = None, curriculum: Curriculum | None = None, proposer: str = "grpo",
                  reuse: EvalSettings | None = None, run_id: int | None = None,
-                 console: Console | None = None) -> None:
+                 reporter: Reporter | None = None) -> None:
         self.db = db
         self.curriculum = curriculum
         self.proposer = proposer
         self.reuse = reuse
         self.run_id = run_id
-        self.console = console
+        self.reporter = reporter or Reporter.quiet()
 
     def store(self, judged: Sequence[Judged], shaped: Shaped, here: range, *, step: int,
               rank: int, meta: Sequence[RunMeta] | None = None) -> list[Judged]:
@@ -142,12 +143,11 @@ class RolloutEffects:
         log.info("step %d rank %d: %s; raw %s; trained on %s; groups %s", batch.step, batch.rank, batch.statuses,
                  [round(x, 3) for x in batch.raws],
                  [None if r.value is None else round(r.value, 3) for r in batch.rollouts], list(batch.groups))
-        if self.console is not None:
-            print_batch(batch, self.console)
-            if batch.ranks > 1:
-                self.console.print(f"groups step {batch.step} rank {batch.rank}/{batch.ranks}: "
-                                   + " ".join(f"{g}={name}" for g, name in enumerate(batch.groups)),
-                                   highlight=False, soft_wrap=True)
+        print_batch(batch, self.reporter.console)
+        if batch.ranks > 1:
+            self.reporter.console.print(f"groups step {batch.step} rank {batch.rank}/{batch.ranks}: "
+                                        + " ".join(f"{g}={name}" for g, name in enumerate(batch.groups)),
+                                        highlight=False, soft_wrap=True)
 
 
 def rollout_log(j: Judged, shaped: Shaped, i: int, group: int) -> RolloutLog:

@@ -46,15 +46,15 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelrl.config import ConfigError
 from kernelrl.reward import RewardModel
+from kernelrl.run_parts import Reporter
 from kernelrl.search.episode import EpisodeConfig
-from kernelrl.tasks.task import Task
 from kernelrl.train.copies import CopyRule
 from kernelrl.train.curriculum import Curriculum, CurriculumConfig
 from kernelrl.train.model import (
@@ -80,12 +80,10 @@ from kernelrl.train.trainer import ROW_MEAN_LOSSES, grpo_trainer_class
 from kernelrl.train.trl_args import build_args, check_keys, trl_class
 
 if TYPE_CHECKING:
-    from rich.console import Console
     from transformers import TrainerCallback, TrainerControl, TrainerState
 
-    from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.judge.profile import TaskProfile
-    from kernelrl.search.database import Database
+    from kernelrl.run_parts import RunParts
 
 STATE_FILE = "kernelrl_state.rank{rank}.json"
 LEGACY_STATE_FILE = "kernelrl_state.json"  # rank 0's state, in checkpoints of earlier versions
@@ -203,7 +201,7 @@ def state_callback(reward_fn: KernelRewardFunction, stream: PromptStream, rank: 
 
 
 def load_rank_state(checkpoint: Path, rank: int, reward_fn: KernelRewardFunction, stream: PromptStream,
-                    console: Console | None = None) -> Path | None:
+                    reporter: Reporter | None = None) -> Path | None:
     """Restore this rank's state from `checkpoint` (rank 0's when this rank has none, then the one
     file of a checkpoint written before states were kept per rank); the file used."""
     for path in (state_file(checkpoint, rank), state_file(checkpoint, 0), Path(checkpoint) / LEGACY_STATE_FILE):
@@ -215,11 +213,10 @@ def load_rank_state(checkpoint: Path, rank: int, reward_fn: KernelRewardFunction
             note = "" if path.name == state_file(checkpoint, rank).name else " (none saved for this rank)"
             # what is in memory now, written as it was saved: equal when the restore is faithful
             now = _state_text(reward_fn, stream, int(saved.get("rank", rank)))
-            if console is not None:
-                console.print(f"rank {rank}: kernelrl state restored from {path}{note}; "
-                              f"{'identical to' if now == text else 'DIFFERS from'} the saved state "
-                              f"(sha256 {hashlib.sha256(now.encode()).hexdigest()[:12]})", highlight=False,
-                              soft_wrap=True)
+            (reporter or Reporter.quiet()).console.print(
+                f"rank {rank}: kernelrl state restored from {path}{note}; "
+                f"{'identical to' if now == text else 'DIFFERS from'} the saved state "
+                f"(sha256 {hashlib.sha256(now.encode()).hexdigest()[:12]})", highlight=False, soft_wrap=True)
             return path
     return None
 
@@ -273,17 +270,21 @@ def check_episode_layout(turns: int, generation_batch_size: int | None, processe
                          "multiple of turns")
 
 
-def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, tasks: Sequence[Task], backend: ProfilingJudge,
-               db: Database, output_dir: Path, reward: RewardModel, eval_settings: EvalSettings | None,
-               prompt_settings: EvalSettings, resume: bool = False, seed: int = 0, console: Console | None = None,
-               template_dir: Path | None = None, run_id: int | None = None,
+def train_grpo(stage: GRPOStageConfig, *, run: RunParts, model: ModelConfig, init_from: str, output_dir: Path,
+               reward: RewardModel, eval_settings: EvalSettings | None, prompt_settings: EvalSettings,
+               resume: bool = False, seed: int = 0, template_dir: Path | None = None,
                profiles: dict[str, TaskProfile | None] | None = None, ranks: Ranks | None = None) -> GRPOResult:
-    """Train; `output_dir` is the stage's folder. `eval_settings` (None: do not reuse stored
-    verdicts) say which database results stand for the backend's; `prompt_settings` give the
-    policy, device and size the prompts state; `ranks` are the run's processes (one by default)."""
+    """Train on the run's tasks, judged by its judge, stored in its database under its row, told
+    on its console (`run`: `kernelrl.run_parts.build_run`'s parts); `output_dir` is the stage's
+    folder. `eval_settings` (None: do not reuse stored verdicts) say which database results stand
+    for the judge's; `prompt_settings` give the policy, device and size the prompts state; `ranks`
+    are the run's processes (one by default)."""
     from trl.trainer.grpo_config import GRPOConfig
 
     ranks = ranks or SingleProcess()
+    tasks, backend, db, run_id = run.tasks, run.judge, run.db, run.run_id
+    if db is None:
+        raise ValueError("GRPO stores its rollouts and shows programs from them: the run needs a database")
     started = time.monotonic()
     output_dir = Path(output_dir)
     checkpoint = checkpoint_to_resume(output_dir, resume=resume)
@@ -301,10 +302,10 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
                           count_tokens=prompt_token_counter(tokenizer, system), contrast=stage.contrast)
     reward_fn = KernelRewardFunction(backend, tasks={t.name: t for t in tasks}, reward=reward, db=db, roc=stage.roc,
                                      curriculum=curriculum, proposer="grpo", reuse=eval_settings, run_id=run_id,
-                                     max_completion_tokens=args.max_completion_length, console=console, seed=seed,
+                                     max_completion_tokens=args.max_completion_length, reporter=run.reporter, seed=seed,
                                      ranks=ranks, group_size=args.num_generations, copy_rule=stage.copies)
     if checkpoint is not None:
-        load_rank_state(Path(checkpoint), ranks.index, reward_fn, stream, console)
+        load_rank_state(Path(checkpoint), ranks.index, reward_fn, stream, run.reporter)
     _quiet_dropped_rollouts()
     probe = norm_probe()
     turns: dict[str, Any] = {"reward_funcs": [reward_fn]}
@@ -312,7 +313,7 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
         # Refinement episodes: TRL's rollout hook runs the turns, every turn a sample of its own.
         check_episode_layout(stage.episode.turns, args.generation_batch_size, ranks.count)
         reward_fn.group_size = int(args.num_generations or 1) // stage.episode.turns  # trajectories per group
-        rollout = MultiTurnRollout(reward_fn, stream, stage.episode, template_dir=template_dir, console=console,
+        rollout = MultiTurnRollout(reward_fn, stream, stage.episode, template_dir=template_dir, reporter=run.reporter,
                                    count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
                                    credit=stage.credit)
         turns = {"reward_funcs": [EpisodeReturn(rollout)], "rollout_func": rollout}
@@ -321,7 +322,7 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
                           callbacks=[state_callback(reward_fn, stream, ranks.index), probe,
                                      step_log_callback(db, run_id=run_id, curriculum=curriculum)])
     before = trainable_norm(trainer.model)
-    db_before = db.count_candidates() if db is not None else 0
+    db_before = db.count_candidates()
     result = trainer.train(resume_from_checkpoint=checkpoint)
     before = probe.before if probe.before is not None else before
     after = trainable_norm(trainer.model)
@@ -332,4 +333,4 @@ def train_grpo(stage: GRPOStageConfig, *, model: ModelConfig, init_from: str, ta
     return GRPOResult(outcome=outcome, checkpoint=checkpoint, reward_calls=reward_fn.calls,
                       rollouts=reward_fn.rollouts, evaluated=reward_fn.evaluated, statuses=dict(reward_fn.statuses),
                       clipped=reward_fn.clipped,
-                      db_candidates=(db.count_candidates() - db_before) if db is not None else 0)
+                      db_candidates=db.count_candidates() - db_before)

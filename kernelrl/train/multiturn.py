@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from kernelrl.candidate import extract_code
 from kernelrl.result import Status
+from kernelrl.run_parts import Reporter
 from kernelrl.search.driver import Judgement, run_episodes
 from kernelrl.search.episode import Episode, EpisodeConfig
 from kernelrl.search.records import RunMeta
@@ -93,8 +94,6 @@ from kernelrl.train.trl_generate import Generated, generate
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    from rich.console import Console
 
     from kernelrl.train.sampling import Prompt
 
@@ -213,7 +212,7 @@ class MultiTurnRollout:
     """TRL `rollout_func` running refinement episodes (see the module docstring)."""
 
     def __init__(self, scorer: KernelRewardFunction, stream: PromptStream, config: EpisodeConfig, *,
-                 template_dir: str | Path | None = None, console: Console | None = None,
+                 template_dir: str | Path | None = None, reporter: Reporter | None = None,
                  count_tokens: Callable[[str], int] | None = None, credit: TurnCredit = TurnCredit.TURN) -> None:
         if config.turns < 2:
             raise ValueError("a multi-turn rollout needs turns >= 2 (one turn is TRL's own generation)")
@@ -222,7 +221,7 @@ class MultiTurnRollout:
         self.stream = stream
         self.config = config
         self.template_dir = template_dir
-        self.console = console
+        self.reporter = reporter or Reporter.quiet()
         self.count_tokens = count_tokens  # the policy's tokenizer for the history budget; None: characters / 4
         self.episodes = 0  # trajectories started in this run, over every rank (the same on each)
         self.metrics: dict[str, float] = {}  # the latest call's, over the global batch
@@ -271,9 +270,8 @@ class MultiTurnRollout:
                 samples[j].append((g.prompt_ids[k], g.completion_ids[k], g.logprobs[k] if g.logprobs is not None else None))
             metrics.update({name.replace("kernelrl/", f"kernelrl/turn{turn}/", 1): value
                             for name, value in batch.metrics.items()})
-            if self.console is not None:
-                self.console.print(f"[bold]turn {turn}/{T}[/bold]", end=" ", highlight=False)
-                print_batch(batch, self.console)
+            self.reporter.console.print(f"[bold]turn {turn}/{T}[/bold]", end=" ", highlight=False)
+            print_batch(batch, self.reporter.console)
             return out
 
         returns = run_episodes(episodes, [t.prompt for t in trajectories], ask=ask, judge=judge)
@@ -293,12 +291,12 @@ class MultiTurnRollout:
                               for rs, gs in zip(rewards, returns)])
         metrics["kernelrl/excluded/later_turn"] = float(sum(later))
         self.metrics = metrics
-        if self.console is not None:  # each trajectory's verdict and return, turn by turn
-            shown = "; ".join(f"episode {n}: " + " -> ".join(f"{v} {'none' if g is None else f'{g:+.3f}'}"
-                                                              for v, g in zip(vs, gs))
-                              for n, vs, gs in zip(numbers, verdicts, returns))
-            self.console.print(f"[bold]returns[/bold] step {step} (turn 1..{T}, gamma {self.config.gamma}): {shown}",
-                               highlight=False, soft_wrap=True)
+        # each trajectory's verdict and return, turn by turn
+        shown = "; ".join(f"episode {n}: " + " -> ".join(f"{v} {'none' if g is None else f'{g:+.3f}'}"
+                                                          for v, g in zip(vs, gs))
+                          for n, vs, gs in zip(numbers, verdicts, returns))
+        self.reporter.console.print(f"[bold]returns[/bold] step {step} (turn 1..{T}, gamma {self.config.gamma}): "
+                                    f"{shown}", highlight=False, soft_wrap=True)
         logprobs: list[Sequence[float] | None] = []
         out: RolloutColumns = {"prompt_ids": [], "completion_ids": [], "logprobs": logprobs, "turn": [], "turn_task": [],
                                "turn_verdict": [], "turn_reward": [], "turn_return": [], "turn_credit": []}

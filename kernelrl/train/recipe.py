@@ -156,7 +156,7 @@ class StageReport:
 def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, console: Console | None = None,
               backend: ProfilingJudge | None = None) -> StageReport:
     """Run one stage (see the module docstring). `backend` replaces the configured one (tests)."""
-    from kernelrl.run_parts import build_run
+    from kernelrl.run_parts import Reporter, build_run
     from kernelrl.tasks.suites import load_tasks
     from kernelrl.train.model import is_model_folder
     from kernelrl.train.ranks import current_ranks
@@ -170,27 +170,27 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
     from kernelrl.train.tiny import build_tiny_model
 
     started = time.monotonic()
+    say = (Reporter(console) if console is not None else Reporter.quiet()).say  # before the run is built
     stage = Stage(stage)
     stage_cfg: SFTStageConfig | RFTStageConfig | GRPOStageConfig = (
         config.sft if stage is Stage.SFT else config.rft if stage is Stage.RFT else config.grpo)
     ranks = current_ranks(cpu=True if stage_cfg.trl.get("use_cpu") else None)
     tasks, left_out = for_training(load_tasks(list(config.tasks)), config.splits)
     if left_out and ranks.is_main:
-        _say(console, "left out by their split: " + "; ".join(f"{len(n)} {s.value} task(s)" for s, n in
-                                                              left_out.items()))
+        say("left out by their split: " + "; ".join(f"{len(n)} {s.value} task(s)" for s, n in left_out.items()))
     folder = stage_dir(config.output_dir, stage)
     if stage is not Stage.RFT:
         checkpoint_to_resume(folder, resume=resume)  # refused before anything is opened or written
     if ranks.count != config.launch.processes(stage) and ranks.is_main:
-        _say(console, f"{stage.value} runs on {ranks.count} process(es); the config launches it on "
-                      f"{config.launch.processes(stage)} (`--dry-run` prints its launch command)")
+        say(f"{stage.value} runs on {ranks.count} process(es); the config launches it on "
+            f"{config.launch.processes(stage)} (`--dry-run` prints its launch command)")
     if config.model.tiny is not None and not is_model_folder(config.model.path):
         if ranks.is_main:
-            _say(console, f"building the tiny model of this config at {config.model.path}")
+            say(f"building the tiny model of this config at {config.model.path}")
             build_tiny_model(config.model.path, tasks, config.model.tiny, corpus=_sft_text(config))
         ranks.barrier()
     init = resolve_init(stage, stage_cfg.init_from, output_dir=config.output_dir, base=config.model.path)
-    _say(console, f"{stage.value}: starting from {init.source} ({init.reason})")
+    say(f"{stage.value}: starting from {init.source} ({init.reason})")
     settings = EvalSettings.of(config.eval)
     # one run row per stage invocation, whatever the number of processes: the main one writes it
     # (its builder opens and closes it); the run page is served by the main process only (one port, one writer)
@@ -202,6 +202,7 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
                    watch=config.watch if ranks.is_main else None, record=record if ranks.is_main else None) as run:
         run_id = ranks.broadcast(run.run_id)
         assert run_id is not None  # the main process opened it
+        run.adopt_row(run_id)  # the other ranks store their share under the main one's row
         reuse: EvalSettings | None = settings
         if stage is not Stage.SFT:
             if ranks.is_main and backend is None:
@@ -210,9 +211,9 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
         if stage is Stage.SFT:
             report = _run_sft(config, init, folder, resume=resume)
         elif stage is Stage.RFT:
-            report = _run_rft(config, init, folder, run, settings, run_id, ranks)
+            report = _run_rft(config, init, folder, run, settings, ranks)
         else:
-            report = _run_grpo(config, init, folder, run, reuse, settings, run_id, resume, ranks)
+            report = _run_grpo(config, init, folder, run, reuse, settings, resume, ranks)
         if ranks.is_main:
             mark_done(config.output_dir, stage, report["final_dir"], run_id=run_id)
     return StageReport(stage=stage, init=init, db_path=config.database, run_id=run_id,
@@ -239,11 +240,6 @@ def _sft_text(config: TrainConfig) -> list[str]:
     return [text for row in read_sft_set(config.sft_data) for text in (row.prompt, row.answer)]
 
 
-def _say(console: Console | None, text: str) -> None:
-    if console is not None:
-        console.print(text)
-
-
 def _run_sft(config: TrainConfig, init: Init, folder: Path, *, resume: bool) -> StageParts:
     from kernelrl.train.sft import finetune, select_rows
     from kernelrl.train.sft_set import read_sft_set
@@ -259,31 +255,27 @@ def _run_sft(config: TrainConfig, init: Init, folder: Path, *, resume: bool) -> 
     return {"final_dir": outcome.final_dir, "outcome": outcome, "rows": len(rows)}
 
 
-def _run_rft(config: TrainConfig, init: Init, folder: Path, run: RunParts, settings: EvalSettings, run_id: int,
+def _run_rft(config: TrainConfig, init: Init, folder: Path, run: RunParts, settings: EvalSettings,
              ranks: Ranks) -> StageParts:
     from kernelrl.train.rft import train_rft
     from kernelrl.train.sft_set import read_sft_set
 
-    assert run.db is not None  # a training stage has its database
     sft_rows = read_sft_set(config.sft_data) if config.rft.include_sft_set and config.sft_data.is_file() else []
     sft_rows = [r for r in sft_rows if split_of_name(r.task) in {*config.splits, Split.UNSPLIT}]
-    rounds = train_rft(config.rft, model=config.model, init_from=init.source, tasks=run.tasks, backend=run.judge,
-                       db=run.db, output_dir=folder, eval_settings=settings, sft_rows=sft_rows,
-                       seed=config.seed, console=run.reporter.console, template_dir=config.template_dir,
-                       run_id=run_id, ranks=ranks)
+    rounds = train_rft(config.rft, run=run, model=config.model, init_from=init.source, output_dir=folder,
+                       eval_settings=settings, sft_rows=sft_rows, seed=config.seed, template_dir=config.template_dir,
+                       ranks=ranks)
     return {"final_dir": Path(rounds[-1].final), "rounds": tuple(rounds)}
 
 
 def _run_grpo(config: TrainConfig, init: Init, folder: Path, run: RunParts, reuse: EvalSettings | None,
-              settings: EvalSettings, run_id: int, resume: bool, ranks: Ranks) -> StageParts:
+              settings: EvalSettings, resume: bool, ranks: Ranks) -> StageParts:
     from kernelrl.reward import RewardModel
     from kernelrl.train.grpo import train_grpo
 
-    assert run.db is not None  # a training stage has its database
-    result = train_grpo(config.grpo, model=config.model, init_from=init.source, tasks=run.tasks, backend=run.judge,
-                        db=run.db, output_dir=folder, reward=RewardModel(config.reward), eval_settings=reuse,
-                        prompt_settings=settings, resume=resume, seed=config.seed, console=run.reporter.console,
-                        template_dir=config.template_dir, run_id=run_id, ranks=ranks)
+    result = train_grpo(config.grpo, run=run, model=config.model, init_from=init.source, output_dir=folder,
+                        reward=RewardModel(config.reward), eval_settings=reuse, prompt_settings=settings,
+                        resume=resume, seed=config.seed, template_dir=config.template_dir, ranks=ranks)
     return {"final_dir": result.outcome.final_dir, "outcome": result.outcome, "grpo": result}
 
 

@@ -63,10 +63,10 @@ from kernelrl.train.shaper import TaskMismatch, batch_metrics, cut_groups, shape
 from kernelrl.train.stream import row_key
 
 if TYPE_CHECKING:
-    from rich.console import Console
     from transformers import TrainerState
 
     from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.run_parts import Reporter
     from kernelrl.search.database import Database
     from kernelrl.train.sampling import Prompt
 
@@ -82,7 +82,7 @@ class KernelRewardFunction:
                  db: Database | None = None, roc: RoCConfig | None = None, curriculum: Curriculum | None = None,
                  proposer: str = "grpo", reuse: EvalSettings | None = None, run_id: int | None = None,
                  max_completion_tokens: int | None = None, compile_speedups: Mapping[str, float] | None = None,
-                 console: Console | None = None, seed: int = 0, keep_logs: int = 100, ranks: Ranks | None = None,
+                 reporter: Reporter | None = None, seed: int = 0, keep_logs: int = 100, ranks: Ranks | None = None,
                  group_size: int | None = None, copy_rule: CopyRule | None = None) -> None:
         if group_size is not None and group_size < 1:
             raise ValueError("group_size must be >= 1")
@@ -93,7 +93,7 @@ class KernelRewardFunction:
                              max_completion_tokens=max_completion_tokens, compile_speedups=compile_speedups,
                              ranks=self.ranks)
         self.effects = RolloutEffects(db=db, curriculum=curriculum, proposer=proposer, reuse=reuse, run_id=run_id,
-                                      console=console)
+                                      reporter=reporter)
         self.roc = roc or RoCConfig()
         self.group_size = group_size
         self.rng = random.Random(seed)  # RoC's draws: the same seed and the same calls on every rank

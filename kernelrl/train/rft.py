@@ -59,11 +59,10 @@ from kernelrl.train.stage import StageOutcome
 from kernelrl.train.trl_args import check_keys, trl_class
 
 if TYPE_CHECKING:
-    from rich.console import Console
 
     from kernelrl.jsontypes import JSONValue
-    from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.judge.profile import TaskProfile
+    from kernelrl.run_parts import RunParts
     from kernelrl.search.database import Database
 
 ROUND_FILE = "round.json"
@@ -120,15 +119,19 @@ class Planned:
     count: int
 
 
-def train_rft(stage: RFTStageConfig, *, model: ModelConfig, init_from: str, tasks: Sequence[Task], backend: ProfilingJudge,
-              db: Database, output_dir: Path, eval_settings: EvalSettings, sft_rows: Sequence[SFTRow] = (),
-              seed: int = 0, console: Console | None = None, template_dir: Path | None = None,
-              run_id: int | None = None, ranks: Ranks | None = None) -> list[RoundResult]:
-    """Run (or continue) the rounds; the results in order. `output_dir` is the stage's folder.
+def train_rft(stage: RFTStageConfig, *, run: RunParts, model: ModelConfig, init_from: str, output_dir: Path,
+              eval_settings: EvalSettings, sft_rows: Sequence[SFTRow] = (), seed: int = 0,
+              template_dir: Path | None = None, ranks: Ranks | None = None) -> list[RoundResult]:
+    """Run (or continue) the rounds on the run's tasks, judged by its judge, stored in its database
+    under its row, told on its console (`run`: `kernelrl.run_parts.build_run`'s parts); the results
+    in order. `output_dir` is the stage's folder.
 
     No resume flag: finished rounds are skipped, an interrupted round reuses its stored samples
     and continues its fine-tune from its last checkpoint."""
     ranks = ranks or SingleProcess()
+    tasks, backend, db, run_id = run.tasks, run.judge, run.db, run.run_id
+    if db is None:
+        raise ValueError("rejection sampling stores its samples: the run needs a database")
     output_dir = Path(output_dir)
     by_name = {t.name: t for t in tasks}
     profiles = task_profiles(backend, tasks) if ranks.is_main else {}
@@ -146,8 +149,8 @@ def train_rft(stage: RFTStageConfig, *, model: ModelConfig, init_from: str, task
             plan = planned or []
             if plan:
                 if ranks.is_main:
-                    _say(console, f"rft round {r}: sampling {sum(p.count for p in plan)} answers from {current} "
-                                  f"on {ranks.count} process(es)")
+                    run.say(f"rft round {r}: sampling {sum(p.count for p in plan)} answers from {current} "
+                            f"on {ranks.count} process(es)")
                 fresh = sample_share(stage, model, current, plan, ranks, seed=seed + r)
                 judged = evaluate_rollouts(backend, fresh, by_name, db=db, reuse=eval_settings)
                 store_rollouts(db, judged, proposer=label, step=r, run_id=run_id, settings=eval_settings,
@@ -170,14 +173,14 @@ def train_rft(stage: RFTStageConfig, *, model: ModelConfig, init_from: str, task
         if done is not None:
             final = done["final"]
         elif rows:
-            _say(console, f"rft round {r}: {len(correct)} of {len(rollouts)} samples correct; fine-tuning on "
-                          f"{len(rows)} rows")
+            run.say(f"rft round {r}: {len(correct)} of {len(rollouts)} samples correct; fine-tuning on "
+                    f"{len(rows)} rows")
             # An interrupted round's fine-tune continues from its checkpoint: rounds resume by themselves.
             outcome = finetune(rows, source=current, model=model, trl=stage.trl, output_dir=folder,
                                resume=_has_checkpoint(folder), where="rft.trl")
             final = str(outcome.final_dir)
         else:
-            _say(console, f"rft round {r}: no correct sample and nothing earlier to train on; model unchanged")
+            run.say(f"rft round {r}: no correct sample and nothing earlier to train on; model unchanged")
             final = current
         if done is None and ranks.is_main:
             _write_round(folder, final=final, correct=len(correct), sampled=len(rollouts))
@@ -211,11 +214,6 @@ def sample_share(stage: RFTStageConfig, model_cfg: ModelConfig, source: str, pla
     return [Rollout(task=plan[i].task, prompt=plan[i].prompt, answer=s.text, prompt_tokens=s.prompt_tokens,
                     completion_tokens=s.completion_tokens, parents=plan[i].parents)
             for i, per in zip(order, samples) for s in per]
-
-
-def _say(console: Console | None, text: str) -> None:
-    if console is not None:
-        console.print(text)
 
 
 def _has_checkpoint(folder: Path) -> bool:

@@ -12,6 +12,7 @@ import torch
 from kernelrl.cli import main
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.result import EvalResult, Status
+from kernelrl.run_parts import build_run
 from kernelrl.search.database import Database
 from kernelrl.tasks.task import Task, load_task_file
 from train_fixtures import ScriptedBackend
@@ -100,12 +101,12 @@ def test_grpo_with_roc_chat_prompts_and_the_curriculum(tmp_path, tiny_task):
                                  "use_cpu": True, "bf16": False, "save_strategy": "no", "logging_steps": 1})
     backend = ScriptedBackend(tiny_judge)
     settings = EvalSettings.of(EvalConfig())
+    with build_run(tasks=[easy, hard], eval_config=EvalConfig(size="small"), db_path=tmp_path / "code.db",
+                   judge=backend) as run:
+        result = train_grpo(stage, run=run, model=ModelConfig(path=str(base), system="be fast"), init_from=str(base),
+                            output_dir=tmp_path / "grpo", reward=RewardModel(), eval_settings=settings,
+                            prompt_settings=settings)
     with Database(tmp_path / "code.db") as db:
-        for t in (easy, hard):
-            db.register_task(t, size="small")
-        result = train_grpo(stage, model=ModelConfig(path=str(base), system="be fast"), init_from=str(base),
-                            tasks=[easy, hard], backend=backend, db=db, output_dir=tmp_path / "grpo",
-                            reward=RewardModel(), eval_settings=settings, prompt_settings=settings)
         rows = db.candidates()
     assert result.outcome.steps == 2 and result.reward_calls == 2 and len(backend.calls) <= 2
     assert len(rows) == 8 and {r.task for r in rows} == {"toy/easy"}  # level 2 stays closed

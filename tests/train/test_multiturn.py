@@ -17,6 +17,7 @@ import pytest
 
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import Penalties, RewardModel
+from kernelrl.run_parts import build_run
 from kernelrl.search.database import Database
 from kernelrl.search.episode import EpisodeConfig
 from kernelrl.tasks.task import Task
@@ -270,11 +271,11 @@ def test_through_trl_a_failed_turn_then_a_correct_one_is_paid_as_the_docstring_s
                                  "use_cpu": True, "bf16": False, "save_steps": 2, "logging_steps": 1})
     model = RewardModel(RewardConfig(smoothing=SmoothingConfig(enabled=False)))
     settings = EvalSettings.of(EvalConfig())
+    with build_run(tasks=[tiny_task], eval_config=EvalConfig(size="small"), db_path=tmp_path / "code.db",
+                   judge=ScriptedBackend(program_judge)) as run:
+        result = train_grpo(stage, run=run, model=ModelConfig(path=str(base)), init_from=str(base),
+                            output_dir=tmp_path / "grpo", reward=model, eval_settings=None, prompt_settings=settings)
     with Database(tmp_path / "code.db") as db:
-        db.register_task(tiny_task, size="small")
-        result = train_grpo(stage, model=ModelConfig(path=str(base)), init_from=str(base), tasks=[tiny_task],
-                            backend=ScriptedBackend(program_judge), db=db, output_dir=tmp_path / "grpo", reward=model,
-                            eval_settings=None, prompt_settings=settings)
         stored = db.candidates()
     r_fail = model.raw(program_judge(tiny_task, "def forward(self, x:")).raw  # type: ignore[union-attr]
     r_correct = model.raw(program_judge(tiny_task, "return x")).raw  # type: ignore[union-attr]
@@ -322,10 +323,11 @@ def test_one_turn_builds_todays_trainer_and_more_add_the_rollout_hook(turns: int
     stage = GRPOStageConfig(episode=EpisodeConfig(turns=turns),
                             trl={"max_steps": 1, "num_generations": 4, "per_device_train_batch_size": 4,
                                  "report_to": "none", "use_cpu": True, "bf16": False})
-    with pytest.raises(Built):
-        train_grpo(stage, model=ModelConfig(path=str(base)), init_from=str(base), tasks=[tiny_task],
-                   backend=ScriptedBackend(), db=None, output_dir=tmp_path / "grpo", reward=RewardModel(),
-                   eval_settings=None, prompt_settings=EvalSettings.of(EvalConfig()))
+    with pytest.raises(Built), build_run(tasks=[tiny_task], eval_config=EvalConfig(), db_path=tmp_path / "code.db",
+                                         judge=ScriptedBackend()) as run:
+        train_grpo(stage, run=run, model=ModelConfig(path=str(base)), init_from=str(base),
+                   output_dir=tmp_path / "grpo", reward=RewardModel(), eval_settings=None,
+                   prompt_settings=EvalSettings.of(EvalConfig()))
     (fn,) = seen["reward_funcs"]
     if turns == 1:  # today's path: TRL generates, the kernel reward function judges
         assert "rollout_func" not in seen and isinstance(fn, KernelRewardFunction) and fn.group_size == 4

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.reward import Penalties, RewardConfig, RewardModel, SmoothingConfig
+from kernelrl.run_parts import Reporter
 from kernelrl.search.database import Database
 from kernelrl.tasks.task import Task
 from kernelrl.train.curriculum import Curriculum
@@ -53,7 +54,7 @@ def test_chat_message_completions_and_token_counts():
 def test_a_reward_ten_sigma_above_the_window_is_logged_raw_and_clipped(capsys):
     smoothing = SmoothingConfig(window=16, k=1.5, min_samples=8)
     model = RewardModel(RewardConfig(mapping="speedup", smoothing=smoothing))
-    fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS, reward=model, console=Console(width=200))
+    fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS, reward=model, reporter=Reporter(Console(width=200)))
     history = [1.0, 1.2, 0.8, 1.1, 0.9, 1.0, 1.05, 0.95]
     call(fn, [answer(f"fast{s}") for s in history])
     mean, sigma = statistics.fmean(history), statistics.pstdev(history)
