@@ -44,18 +44,18 @@ def test_the_stores_that_share_a_file_open_it_alike(tmp_path: Path) -> None:
     """The server's job store and session store write one file: both through `connect_writer`, durable."""
     from kernelrl.serve.jobs import JobStore
     from kernelrl.serve.session_store import SessionStore
+    from kernelrl.serve.store import ServerStore
 
-    path = tmp_path / "server.db"
-    jobs = JobStore(path)
-    sessions = SessionStore(path)
+    server = ServerStore(tmp_path / "server.db")
+    jobs = JobStore(server)
+    sessions = SessionStore(server)
     try:
         for store in (jobs, sessions):
             db = store._db
             assert db.execute("PRAGMA synchronous").fetchone()[0] == 2
             assert db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     finally:
-        sessions.close()
-        jobs.close()
+        server.close()
 
 
 def test_a_reader_cannot_write(tmp_path: Path) -> None:
