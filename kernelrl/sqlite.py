@@ -3,8 +3,8 @@ transaction, one way to version a file.
 
 The run database (`kernelrl.search.database`), the reward server's database (`kernelrl.serve.store`:
 its jobs and sessions) and the LLM review's cache (`kernelrl.checks.llm_judge`) open their files
-here and run every transaction through `transaction`; a store declares its tables as a `Schema`
-that `migrate` applies (a writer) or `check_version` checks (a reader).
+here, run every transaction through `transaction`, and declare their tables as a `Schema` that
+`migrate` applies (a writer) or `check_version` checks (a reader).
 
 Guarantees:
 - `connect_writer` gives a read-write connection in autocommit mode (`isolation_level=None`: a

@@ -348,3 +348,16 @@ def test_a_run_database_reader_waits_for_an_older_file(tmp_path: Path) -> None:
     with pytest.raises(DatabaseError, match="older than this kernelrl reads"):
         Database(path, readonly=True)
 
+
+def test_an_unversioned_llm_review_cache_is_version_1_with_its_answers(tmp_path: Path) -> None:
+    from kernelrl.checks.llm_judge import CACHE_SCHEMA, ReviewCache
+    from kernelrl.result import ReviewAnswer
+
+    path = tmp_path / "review.db"
+    with sqlite3.connect(path) as c:  # as the cache was written before it kept a version
+        c.execute("CREATE TABLE verdicts (key TEXT PRIMARY KEY, verdict TEXT NOT NULL, reason TEXT NOT NULL, "
+                  "model TEXT NOT NULL, task_hash TEXT NOT NULL, candidate_hash TEXT NOT NULL, created REAL NOT NULL)")
+        c.execute("INSERT INTO verdicts VALUES ('k', 'hack', 'why', 'm', 't', 'c', 1.0)")
+    assert ReviewCache(path).get("k") == (ReviewAnswer.HACK, "why")
+    with sqlite3.connect(path) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == CACHE_SCHEMA.version == 1
