@@ -21,7 +21,8 @@ Guarantees:
 - every answer with text is cached under (task source hash, candidate source hash, model, prompt
   fingerprint), in memory and, with `cache_path`, in a SQLite file that processes share: the same
   code for the same task is asked about once per model and prompt. Failures and empty answers are
-  not cached, so a later evaluation asks again;
+  not cached, so a later evaluation asks again. The file is versioned (`CACHE_SCHEMA`, through
+  `kernelrl.sqlite`): one written by a newer kernelrl is refused when the judge is built;
 - the API key is read from the environment variable the config names when the judge is built,
   travels only in the request's Authorization header, and is never stored in the config, the
   cache or a verdict; error texts that reach a verdict are redacted;
@@ -58,7 +59,7 @@ from kernelrl.candidate import fenced_blocks, source_hash
 from kernelrl.checks import rules as R
 from kernelrl.endpoint import RetryPolicy, retry_after_s
 from kernelrl.result import EvalResult, Finding, Review, ReviewAnswer, Status, TimingStats
-from kernelrl.sqlite import connect_writer, transaction
+from kernelrl.sqlite import Schema, connect_writer, migrate, transaction
 
 if TYPE_CHECKING:
     import openai
@@ -270,8 +271,21 @@ def finding(review: Review | None) -> Finding | None:
 # Cache
 
 
+def _unversioned_cache(conn: sqlite3.Connection) -> int:
+    """A cache written before it kept a version (user_version 0) holds version 1's table."""
+    return 1 if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'verdicts'").fetchone() else 0
+
+
+# The cache file's tables, version by version (`kernelrl.sqlite.migrate`); 1: one row per answer.
+CACHE_SCHEMA = Schema("LLM review cache", (
+    "CREATE TABLE verdicts (key TEXT PRIMARY KEY, verdict TEXT NOT NULL, reason TEXT NOT NULL, model TEXT NOT NULL, "
+    "task_hash TEXT NOT NULL, candidate_hash TEXT NOT NULL, created REAL NOT NULL)",
+), legacy_version=_unversioned_cache)
+
+
 class ReviewCache:
-    """Answers by key: in memory, and in a SQLite file when given one (safe across processes)."""
+    """Answers by key: in memory, and in a SQLite file when given one (safe across processes; its
+    tables are `CACHE_SCHEMA`, brought up to date when the cache is made, a newer file refused)."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
@@ -279,10 +293,11 @@ class ReviewCache:
         self._lock = threading.Lock()
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with self._connect() as db:
-                db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, verdict TEXT NOT NULL, "
-                           "reason TEXT NOT NULL, model TEXT NOT NULL, task_hash TEXT NOT NULL, "
-                           "candidate_hash TEXT NOT NULL, created REAL NOT NULL)")
+            db = connect_writer(path)
+            try:
+                migrate(db, CACHE_SCHEMA)
+            finally:
+                db.close()
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:

@@ -6,8 +6,9 @@ read about it). Both go through the same bounded queue and the same dispatcher.
 
 Guarantees:
 - a job is written (WAL, `synchronous=FULL`) before the server answers 202, so an accepted job
-  survives a SIGKILL of the server, and a power cut; the database and its WAL files are created
-  readable by their owner only (0600), and an existing one is made so;
+  survives a SIGKILL of the server, and a power cut; the file is the server's
+  (`kernelrl.serve.store.ServerStore`: created readable by its owner only, its tables and their
+  versions), shared with the session store;
 - a job ends exactly once: `complete` records all of its results and marks it done in one
   transaction, and only if it is still running; `fail` marks a running job failed with the
   reason (its results could not be stored) and frees its idempotency keys, so a retry judges
@@ -25,7 +26,7 @@ Guarantees:
   reuses through a key (and jobs still waiting on another's result).
 
 Does not run anything and does not parse task code beyond what the caller gives it; it is safe
-to call from several threads (one connection, one lock). One server per database file: the
+to call from several threads (the server store's one connection and lock). One server per database file: the
 server holds a lock file beside it (`kernelrl.serve.server`), since `recover` would otherwise
 queue again jobs that another live server is running.
 """
@@ -35,11 +36,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-import logging
-import os
 import sqlite3
-import stat
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -50,65 +47,8 @@ from typing import Any
 
 from kernelrl.checks.policy import PolicyName
 from kernelrl.result import EvalResult
-from kernelrl.sqlite import connect_writer, transaction
+from kernelrl.serve.store import ServerStore
 from kernelrl.tasks.task import Size, Task
-
-log = logging.getLogger("kernelrl.serve")
-
-SCHEMA_VERSION = 2  # PRAGMA user_version; 0 with a jobs table: the first schema (migrated)
-
-JOBS_TABLE = """
-CREATE TABLE IF NOT EXISTS {name} (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    kind TEXT NOT NULL DEFAULT 'evaluate' CHECK (kind IN ('evaluate', 'profile')),
-    owner TEXT NOT NULL DEFAULT '',  -- the client (token name) that submitted it, '' without tokens
-    state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'done', 'failed')),
-    size TEXT NOT NULL,
-    policy TEXT NOT NULL,
-    n_items INTEGER NOT NULL,
-    n_eval INTEGER NOT NULL,  -- items this job evaluates itself (the others are answered from keys)
-    attempts INTEGER NOT NULL DEFAULT 0,
-    created_s REAL NOT NULL,
-    started_s REAL,
-    finished_s REAL,
-    error TEXT  -- why a failed job failed
-);
-"""
-SCHEMA = JOBS_TABLE.format(name="jobs") + """
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, seq);
-CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_s);
-CREATE TABLE IF NOT EXISTS items (
-    job_seq INTEGER NOT NULL REFERENCES jobs (seq),
-    idx INTEGER NOT NULL,
-    task TEXT NOT NULL,  -- JSON: name, source, level, suite, presets
-    task_hash TEXT NOT NULL,
-    candidate TEXT NOT NULL,  -- '' in a profile job
-    candidate_hash TEXT NOT NULL,
-    key TEXT,  -- idempotency key, per owner
-    origin_seq INTEGER,  -- set when the key was already stored: that item holds the result
-    origin_idx INTEGER,
-    status TEXT,  -- the verdict (evaluations only)
-    result TEXT,  -- JSON: EvalResult.to_dict(), or ProfileOutcome.to_dict() in a profile job
-    finished_s REAL,
-    owner TEXT NOT NULL DEFAULT '',  -- the job's owner (keys are unique per owner)
-    PRIMARY KEY (job_seq, idx)
-);
-CREATE UNIQUE INDEX IF NOT EXISTS items_owner_key ON items (owner, key) WHERE key IS NOT NULL AND origin_seq IS NULL;
-CREATE INDEX IF NOT EXISTS items_status ON items (status);
-CREATE INDEX IF NOT EXISTS items_finished ON items (finished_s);
-CREATE INDEX IF NOT EXISTS items_origin ON items (origin_seq) WHERE origin_seq IS NOT NULL;
-"""
-# From the first schema: jobs gains kind, owner, error and the failed state (a CHECK: the table
-# is rebuilt), items an owner, and keys become unique per owner.
-MIGRATE_1_TO_2 = JOBS_TABLE.format(name="jobs_v2") + """
-INSERT INTO jobs_v2 (seq, id, state, size, policy, n_items, n_eval, attempts, created_s, started_s, finished_s)
-    SELECT seq, id, state, size, policy, n_items, n_eval, attempts, created_s, started_s, finished_s FROM jobs;
-DROP TABLE jobs;
-ALTER TABLE jobs_v2 RENAME TO jobs;
-ALTER TABLE items ADD COLUMN owner TEXT NOT NULL DEFAULT '';
-DROP INDEX IF EXISTS items_key;
-"""
 
 
 class JobState(enum.StrEnum):
@@ -139,10 +79,6 @@ class QueueFull(Exception):
 
 class KeyConflict(Exception):
     """An idempotency key is already stored for another evaluation."""
-
-
-class StoreError(Exception):
-    """The database cannot be used (written by a newer kernelrl, say); the message says why."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -230,57 +166,24 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _private(path: Path) -> None:
-    """Create `path` readable by its owner only, or make an existing one so (SQLite gives the
-    WAL and shared-memory files the database's mode)."""
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-        try:
-            mode = stat.S_IMODE(os.stat(p).st_mode)
-        except FileNotFoundError:
-            continue
-        if mode & 0o077:
-            os.chmod(p, mode & 0o700)
-            log.warning("%s was readable by others (mode %04o): now %04o", p, mode, mode & 0o700)
-
-
 class JobStore:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _private(self.path)
-        self._lock = threading.Lock()
-        # foreign keys off while a migration rebuilds a table, on after
-        self._db = connect_writer(self.path, durable=True, foreign_keys=False)
-        self._migrate()
-        self._db.execute("PRAGMA foreign_keys=ON")
+    """The jobs of a reward server's database: on `store` (its connection and lock), or on a path
+    (a `ServerStore` of its own, closed by `close`)."""
 
-    def _migrate(self) -> None:
-        db = self._db
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            db.close()
-            raise StoreError(f"{self.path} was written by a newer kernelrl (schema {version}; this one reads "
-                             f"{SCHEMA_VERSION})")
-        if version == SCHEMA_VERSION:
-            return
-        old = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone()
-        with transaction(db):
-            if old:  # foreign keys are off here (turned on after), as a table rebuild needs
-                for statement in _statements(MIGRATE_1_TO_2):
-                    db.execute(statement)
-            for statement in _statements(SCHEMA):
-                db.execute(statement)
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        if old:
-            log.warning("%s: the job store was brought to schema %d (jobs kept)", self.path, SCHEMA_VERSION)
+    def __init__(self, store: ServerStore | str | Path) -> None:
+        self._owns = not isinstance(store, ServerStore)
+        self.server = store if isinstance(store, ServerStore) else ServerStore(store)
+        self.path = self.server.path
+        self._db = self.server.db
+        self._lock = self.server.lock
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        """Close the file when this store opened it; one built on a `ServerStore` leaves it to its owner."""
+        if self._owns:
+            self.server.close()
 
     def _write(self) -> AbstractContextManager[sqlite3.Connection]:
-        return transaction(self._db, self._lock)
+        return self.server.write()
 
     # -- accepting ------------------------------------------------------------------------------
 
@@ -465,16 +368,3 @@ class JobStore:
         return StoreStats(jobs={s: int(jobs.get(str(s), 0)) for s in JobState},
                           pending_items={s: int(pending.get(str(s), 0)) for s in (JobState.QUEUED, JobState.RUNNING)},
                           by_status={str(k): int(v) for k, v in by_status.items()}, finished_since=int(recent))
-
-
-def _statements(script: str) -> list[str]:
-    """The statements of a schema script, to run one by one inside a transaction
-    (`executescript` would commit first)."""
-    out, pending = [], ""
-    for part in script.split(";"):
-        pending += part + ";"
-        if sqlite3.complete_statement(pending):  # a ';' in a comment or a string does not end one
-            if pending.strip(" \n;"):
-                out.append(pending.strip())
-            pending = ""
-    return out

@@ -31,7 +31,10 @@ Guarantees:
   `ast` only, and all judging happens in the backend's evaluators, whose workers are sandboxed;
 - one server per database: a lock file beside the database (held until the process ends, even
   by SIGKILL) refuses a second server, so recovery never queues again a job that a live server
-  is running; at start, jobs left running by a dead server are queued again.
+  is running; at start, jobs left running by a dead server are queued again;
+- the database is opened once (`kernelrl.serve.store.ServerStore`: brought to its schema's
+  version, a newer file refused with `StartError`); the job and session stores share its
+  connection, and it is closed when the server stops.
 
 Does not terminate TLS: put it behind a TLS proxy (or an SSH tunnel) off a trusted network.
 """
@@ -83,10 +86,11 @@ from kernelrl.serve.config import ServeConfig
 from kernelrl.serve.dispatch import Dispatcher
 from kernelrl.serve.guard import RequestGuard, default_hosts
 from kernelrl.serve.http import BodyError, limits_of, read_body, uvicorn_config
-from kernelrl.serve.jobs import FINISHED, ItemSpec, JobKind, JobStore, KeyConflict, QueueFull, StoreError
+from kernelrl.serve.jobs import FINISHED, ItemSpec, JobKind, JobStore, KeyConflict, QueueFull
 from kernelrl.serve.metrics import CONTENT_TYPE, render_metrics
 from kernelrl.serve.session_store import SessionStore
 from kernelrl.serve.sessions import SessionService, mount_sessions
+from kernelrl.serve.store import ServerStore, StoreError
 from kernelrl.serve.tokens import ANONYMOUS, ClientToken, TokenFileError, match_token, read_tokens
 from kernelrl.serve.watch import PREFIX as WATCH_PREFIX
 from kernelrl.serve.watch import mount_watch
@@ -147,12 +151,12 @@ class RewardService:
         self.backend = backend
         self.tokens = tokens  # empty: no token needed (loopback only)
         try:
-            self.store = JobStore(config.db_path)
-            session_store = SessionStore(config.db_path)  # its tables, beside the jobs'
+            self.database = ServerStore(config.db_path)  # the one file: jobs and sessions, one schema
         except (StoreError, sqlite3.Error) as e:
             raise StartError(f"cannot open the job store {config.db_path}: {e}") from None
-        self.sessions = SessionService(config, jobs=self.store, store=session_store, submit_job=self._store,
-                                       rewards=RewardModel(config.reward))
+        self.store = JobStore(self.database)
+        self.sessions = SessionService(config, jobs=self.store, store=SessionStore(self.database),
+                                       submit_job=self._store, rewards=RewardModel(config.reward))
         self.signal = CompletionSignal()
         self.dispatcher = Dispatcher(self.store, backend, workers=config.job_concurrency or backend.capacity,
                                      max_attempts=config.max_attempts, on_complete=lambda _: self.signal.notify())
@@ -204,8 +208,7 @@ class RewardService:
         # Closed before the backend is (RewardServer.close): an evaluation still running now can
         # no longer write its result, so one cut short by the closing backend is never stored;
         # its job stays running and is queued again at the next start.
-        self.sessions.store.close()
-        self.store.close()
+        self.database.close()
 
     def info(self) -> ServerInfo:
         c = self.config

@@ -6,9 +6,11 @@ the base prompt once built, and its turns. A turn is an answer (or a bare candid
 judged, the idempotency key and the job that judges it, and once judged its result, its verdict
 text (`kernelrl.search.feedback`) and its reward.
 
-The tables live in the reward server's database, beside the jobs (`kernelrl.serve.jobs`), in
-the same WAL mode with `synchronous=FULL`: what the server answered is on disk, so a server
-killed in any way and started again on the same database keeps every session and every turn.
+The tables live in the reward server's database, beside the jobs (`kernelrl.serve.jobs`): the
+file, its tables and their versions are `kernelrl.serve.store.ServerStore`'s (WAL,
+`synchronous=FULL`): what the server answered is on disk, so a server killed in any way and
+started again on the same database keeps every session and every turn. A session store opened
+alone on a new file makes it whole (jobs' tables included): it does not rely on the job store.
 
 Guarantees:
 - a session belongs to the client that created it (its token's name, `owner`): every read and
@@ -24,7 +26,7 @@ Guarantees:
 Does not judge, score or build prompts (`kernelrl.serve.sessions` does), and does not talk to
 the job store: a turn names its job by id and by idempotency key, so a turn stored just before
 a crash is submitted again under the same key and never judged twice. Safe to call from several
-threads (one connection, one lock).
+threads (the server store's one connection and lock).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from __future__ import annotations
 import enum
 import json
 import sqlite3
-import threading
 import time
 import uuid
 from contextlib import AbstractContextManager
@@ -45,47 +46,8 @@ from kernelrl.result import EvalResult
 from kernelrl.reward import Reward
 from kernelrl.search.episode import EpisodeConfig
 from kernelrl.serve.jobs import task_from_json, task_to_json
-from kernelrl.sqlite import connect_writer, transaction
+from kernelrl.serve.store import ServerStore
 from kernelrl.tasks.task import Size, Task
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    owner TEXT NOT NULL,
-    key TEXT,  -- the client's creation key (retries of a create return this session)
-    task TEXT NOT NULL,  -- JSON, as jobs store it
-    size TEXT NOT NULL,
-    policy TEXT NOT NULL,
-    turns INTEGER NOT NULL,
-    gamma REAL NOT NULL,
-    history_tokens INTEGER NOT NULL,
-    profile_job TEXT,  -- the profile job whose answer the base prompt is built from
-    base_prompt TEXT,  -- built once, when the profile is known
-    profile_error TEXT,  -- why the prompt has no profile (the task's reference fails, say)
-    created_s REAL NOT NULL,
-    updated_s REAL NOT NULL,
-    closed_s REAL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS sessions_owner_key ON sessions (owner, key) WHERE key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, closed_s);
-CREATE TABLE IF NOT EXISTS session_turns (
-    session_seq INTEGER NOT NULL REFERENCES sessions (seq),
-    number INTEGER NOT NULL,
-    answer TEXT,  -- the model's answer, NULL when a bare candidate was sent
-    code TEXT,  -- the program judged; NULL: the answer held no complete code block
-    key TEXT,  -- the idempotency key of its evaluation (NULL without code)
-    job TEXT,  -- the job judging it, once submitted
-    state TEXT NOT NULL CHECK (state IN ('pending', 'judged', 'failed')),
-    result TEXT,  -- JSON: EvalResult.to_dict()
-    verdict TEXT,  -- what the next turn's prompt shows (kernelrl.search.feedback)
-    reward TEXT,  -- JSON: Reward.to_dict(), or null (nothing to pay: task_error)
-    error TEXT,  -- why a failed turn failed
-    created_s REAL NOT NULL,
-    finished_s REAL,
-    PRIMARY KEY (session_seq, number)
-);
-"""
 
 
 class TurnState(enum.StrEnum):
@@ -159,26 +121,23 @@ _TURN_COLUMNS = "number, answer, code, key, job, state, result, verdict, reward,
 
 
 class SessionStore:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._lock = threading.Lock()
-        # The job store has made the file (private, WAL) before; this connection adds its tables.
-        self._db = connect_writer(self.path, durable=True)
-        with self._write() as db:
-            pending = ""
-            for part in SCHEMA.split(";"):
-                pending += part + ";"
-                if sqlite3.complete_statement(pending):  # a ';' in a comment does not end a statement
-                    if pending.strip(" \n;"):
-                        db.execute(pending)
-                    pending = ""
+    """The sessions of a reward server's database: on `store` (its connection and lock), or on a
+    path (a `ServerStore` of its own, closed by `close`)."""
+
+    def __init__(self, store: ServerStore | str | Path) -> None:
+        self._owns = not isinstance(store, ServerStore)
+        self.server = store if isinstance(store, ServerStore) else ServerStore(store)
+        self.path = self.server.path
+        self._db = self.server.db
+        self._lock = self.server.lock
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        """Close the file when this store opened it; one built on a `ServerStore` leaves it to its owner."""
+        if self._owns:
+            self.server.close()
 
     def _write(self) -> AbstractContextManager[sqlite3.Connection]:
-        return transaction(self._db, self._lock)
+        return self.server.write()
 
     # -- sessions -------------------------------------------------------------------------------
 

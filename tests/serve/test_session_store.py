@@ -11,7 +11,6 @@ from kernelrl.checks.policy import PolicyName
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import Reward
 from kernelrl.search.episode import EpisodeConfig
-from kernelrl.serve.jobs import JobStore
 from kernelrl.serve.session_store import SessionLimit, SessionStore, TurnRefused, TurnState
 from kernelrl.tasks.task import Size, Task
 
@@ -20,8 +19,7 @@ TASK = Task(name="t", source="import torch\n")
 
 @pytest.fixture
 def store(tmp_path: Path):
-    JobStore(tmp_path / "serve.db").close()  # the server opens the job store first (it makes the file private)
-    s = SessionStore(tmp_path / "serve.db")
+    s = SessionStore(tmp_path / "serve.db")  # its own server store: the file, private, with every table
     yield s
     s.close()
 

@@ -1,9 +1,10 @@
 """The run database: every task, candidate, answer, verdict, refused hack and training step of every run.
 
-This package is the only code that knows the run database's tables and SQL: `schema` (tables,
-versions, connections, the one transaction helper), this module's `Database` (the writer, and
-the reads of the search, the trainer and the report), `steps` (the training step log's table)
-and `snapshot` (the watch pages' read-only reads of a file another process is writing).
+This package is the only code that knows the run database's tables and SQL: `schema` (tables and
+their versions; connections, transactions and migrations are `kernelrl.sqlite`'s), this module's
+`Database` (the writer, and the reads of the search, the trainer and the report), `steps` (the
+training step log's table) and `snapshot` (the watch pages' read-only reads of a file another
+process is writing).
 
 Storage is one SQLite file in WAL mode. One `Database` object is the single writer of a file: its
 methods serialise on a lock, so threads may share it, and every write is one committed
@@ -26,8 +27,10 @@ Guarantees:
 - every refused (flagged) program is kept in the hack-case table with each rule that refused it,
   whatever refused it (static rule, dynamic defence, degenerate task, LLM judge), so prompts and
   trainers can show what not to do (`hack_cases`, `recent_refused`);
-- the schema carries a version; a file written by a newer schema is refused with a clear error,
-  and an older one is brought up to date when opened for writing;
+- the schema carries a version (`schema.SCHEMA`, migrated by `kernelrl.sqlite`); a file written
+  by a newer schema is refused with a clear error, and an older one is brought up to date when
+  opened for writing, step by step (a failed step leaves it whole at the version before); opened
+  read-only, an older one is refused too (a reader never writes);
 - the training step log (`log_step`, `train_steps`) is written through the same connection and
   lock, one transaction per step.
 
@@ -54,13 +57,8 @@ from typing import TYPE_CHECKING, Any
 from kernelrl.judge.reuse import JudgedKey, Known
 from kernelrl.result import EvalResult, Severity, Status
 from kernelrl.search.database import steps
-from kernelrl.search.database.schema import (
-    SCHEMA_VERSION,
-    DatabaseError,
-    check_version,
-    stored_version,
-    upgrade,
-)
+from kernelrl.search.database.schema import SCHEMA, DatabaseError
+from kernelrl.search.database.schema import SCHEMA_VERSION as SCHEMA_VERSION  # the version a file is brought to
 from kernelrl.search.records import (
     BaselineRecord,
     CandidateRecord,
@@ -74,7 +72,15 @@ from kernelrl.search.records import (
     RunStatus,
     TaskRecord,
 )
-from kernelrl.sqlite import connect_reader, connect_writer, transaction
+from kernelrl.sqlite import (
+    SchemaError,
+    check_version,
+    connect_reader,
+    connect_writer,
+    migrate,
+    stored_version,
+    transaction,
+)
 
 if TYPE_CHECKING:
     from kernelrl.tasks.task import Task
@@ -144,21 +150,23 @@ class Database:
             return self._conn.execute(sql, params).fetchall()
 
     def _check_schema(self) -> None:
+        """A writer brings the file to `SCHEMA_VERSION` (`kernelrl.sqlite.migrate`); a reader takes
+        it only at that version (`kernelrl.sqlite.check_version`: run a writer on an older file)."""
         try:
-            with self._lock:
-                version = stored_version(self._conn)
+            if self.readonly:
+                with self._lock:
+                    check_version(self._conn, SCHEMA)
+            else:
+                migrate(self._conn, SCHEMA, self._lock)
+        except SchemaError as e:
+            raise DatabaseError(str(e)) from None
         except sqlite3.DatabaseError as e:
             raise DatabaseError(f"{self.path}: not a usable SQLite database ({e})") from e
-        check_version(self.path, version)
-        if version == SCHEMA_VERSION:
-            return
-        if self.readonly:
-            raise DatabaseError(f"{self.path} is not a kernelrl database (no schema version)")
-        upgrade(self._conn, self._lock, version)
 
     @property
     def schema_version(self) -> int:
-        return int(self._query("SELECT version FROM schema_version")[0][0])
+        with self._lock:
+            return stored_version(self._conn, SCHEMA)
 
     @property
     def journal_mode(self) -> str:

@@ -1,17 +1,20 @@
 """Read-only reads of a run database that another process may be writing: the watch pages' queries.
 
 `snapshot(path)` opens the file read-only (SQLite's `mode=ro`: this process can never write it)
-and yields a `Snapshot` holding one read transaction (`schema.transaction(readonly=True)`) while
-the page's queries run: in WAL mode the writer goes on committing, and every query of one
+and yields a `Snapshot` holding one read transaction (`kernelrl.sqlite.transaction(readonly=True)`)
+while the page's queries run: in WAL mode the writer goes on committing, and every query of one
 request sees the same consistent state of the file. Each request opens its own connection, so
 the web server's threads share nothing.
 
 The queries select only the columns a page needs (prompts and answers, the largest columns,
 are read for one candidate at a time) and return typed records.
 
-Guarantees: nothing here writes; a missing file is `NoDatabase` (a run that has not started
-yet), a file that is not a kernelrl database or has a newer schema is `SnapshotError` with a
-reason for a person.
+Guarantees: nothing here writes; a missing file, and a file below this kernelrl's schema version
+(`kernelrl.sqlite.check_version`: nothing yet, or a file a writer is creating or upgrading step by
+step), is `NoDatabase` (a run that has not started yet: the page waits, and says the version); a
+file that is not a kernelrl database or has a newer schema is `SnapshotError` with a reason for a
+person. A file written before versions moved to `user_version` reads as its `schema_version`
+table says (`schema.SCHEMA`).
 
 Does not interpret the rows (`kernelrl.report.watch.views` does).
 """
@@ -28,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from kernelrl.result import EvalResult
 from kernelrl.search.database import steps
-from kernelrl.search.database.schema import SCHEMA_VERSION, stored_version
+from kernelrl.search.database.schema import SCHEMA
 from kernelrl.search.records import RunMeta, RunRecord, RunStatus
-from kernelrl.sqlite import connect_reader, transaction
+from kernelrl.sqlite import NewerSchema, OlderSchema, check_version, connect_reader, transaction
 
 if TYPE_CHECKING:
     from kernelrl.jsontypes import JSONObject
@@ -72,13 +75,14 @@ def snapshot(path: str | Path) -> Iterator[Snapshot]:
 
 
 def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
-    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone():
-        raise NoDatabase(f"{path} holds no kernelrl tables yet")
-    version = stored_version(conn)
-    if version is None:
-        raise NoDatabase(f"{path} is being created")
-    if version > SCHEMA_VERSION:
-        raise SnapshotError(f"{path} has schema version {version}; this kernelrl reads up to {SCHEMA_VERSION}")
+    try:
+        check_version(conn, SCHEMA)
+    except OlderSchema as e:
+        # Nothing yet, or a file a writer is creating or upgrading (step by step): its run page
+        # waits for it. A file no writer opens stays so, and the message says what to do.
+        raise NoDatabase(f"{path} holds no kernelrl tables yet" if e.found == 0 else str(e)) from None
+    except NewerSchema as e:
+        raise SnapshotError(str(e)) from None
 
 
 # ------------------------------------------------------------------------------------- records
