@@ -75,8 +75,8 @@ from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.throughput import Throughput
+from kernelrl.proposers.heuristic import Rewrite, render_rewrite, task_traits
 from kernelrl.result import EvalResult, Status
-from kernelrl.search.proposers.heuristic import Rewrite, render_rewrite, task_traits
 from kernelrl.tasks.sizes import instantiate
 from kernelrl.tasks.suites import builtin_task
 from kernelrl.tasks.task import Size, Task

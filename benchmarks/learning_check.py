@@ -283,11 +283,11 @@ def judged(label: str) -> bool:
 
 
 def instruction_lines() -> list[str]:
-    """Every last line a turn-2 prompt can end with (`kernelrl.search.episode.next_step`, one per
+    """Every last line a turn-2 prompt can end with (`kernelrl.episodes.episode.next_step`, one per
     verdict), which the policy's tokenizer holds whole: a turn-2 prompt's last token then says what
     turn 1's verdict asks for."""
+    from kernelrl.episodes.episode import Turn, next_step
     from kernelrl.result import EvalResult, Status
-    from kernelrl.search.episode import Turn, next_step
 
     results = [None, *(EvalResult(task="t", status=s) for s in Status)]
     return [next_step(Turn(number=1, answer="", code=None if r is None else "x", result=r, verdict="")) + "\n"
@@ -333,10 +333,10 @@ def prepare(folder: Path, *, variant: str, processes: int, credit: str, settings
 
     from kernelrl.candidate import Candidate, source_hash
     from kernelrl.config import build
+    from kernelrl.episodes.prompt import BUILTIN_TEMPLATES, build_prompt
     from kernelrl.judge.eval_config import EvalConfig
     from kernelrl.run_parts import build_run
-    from kernelrl.search.prompt import BUILTIN_TEMPLATES, build_prompt
-    from kernelrl.search.records import NewCandidate, RunMeta
+    from kernelrl.store.records import NewCandidate, RunMeta
     from kernelrl.tasks.suites import load_tasks
     from kernelrl.train.tiny import TinyModelConfig, build_tiny_model, program_tokens
 
@@ -443,7 +443,7 @@ def analyse(folder: Path, tokens: dict[str, int], *, variant: str) -> list[Point
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kernelrl.search.database import Database
+    from kernelrl.store import Database
 
     with Database(folder / "code.db", readonly=True) as db:
         rows = [c for c in db.candidates() if c.proposer != "seed"]

@@ -238,7 +238,7 @@ def paid_checks(rows: list[Row], *, no_speedup: float, multi: bool) -> list[str]
 
 
 def read_rows(db_path: Path, kind_of: Any) -> list[Row]:
-    from kernelrl.search.database import Database
+    from kernelrl.store import Database
 
     with Database(db_path, readonly=True) as db:
         cands = [c for c in db.candidates() if c.proposer != "seed"]
@@ -285,7 +285,7 @@ MUTANTS = (
            "            half = len(every) // 2\n"
            "            every = [__import__('dataclasses').replace(s, reward=t.reward, excluded=t.excluded)\n"
            "                     for s, t in zip(every, every[half:] + every[:half])]\n"),
-    Mutant("a missing turn-2 reward counted as 0", "ctx-multi", "kernelrl/search/episode.py",
+    Mutant("a missing turn-2 reward counted as 0", "ctx-multi", "kernelrl/episodes/episode.py",
            "        if r is None:\n            break\n",
            "        if r is None:\n            later = 0.0\n            continue\n"),
 )

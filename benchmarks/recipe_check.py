@@ -218,8 +218,8 @@ def bench_samples(report: dict[str, object], db: Path) -> list[Sample]:
     """Each sample of a bench (its run's candidates), with its copy flag read against the SFT set's
     programs (the collect stage's correct ones), by the rule the reward pays copies by."""
     from kernelrl.result import Status
-    from kernelrl.search.database import Database
-    from kernelrl.search.records import RunStage
+    from kernelrl.store import Database
+    from kernelrl.store.records import RunStage
     from kernelrl.train.copies import Comparer, ShownVersion
 
     run_id = report.get("run_id")
@@ -254,8 +254,8 @@ def grpo_curve(db: Path, cfg: Path, outcome: Outcome) -> None:
     from kernelrl.config import build
     from kernelrl.result import Status
     from kernelrl.reward import RewardConfig, speed_term
-    from kernelrl.search.database import Database
-    from kernelrl.search.records import RunStage
+    from kernelrl.store import Database
+    from kernelrl.store.records import RunStage
 
     reward = build(RewardConfig, tomllib.loads(cfg.read_text()).get("reward", {}))
     no_speedup = reward.correct_bonus + speed_term(reward.mapping, 1.0) + reward.format_weight
@@ -295,8 +295,8 @@ def grpo_curve(db: Path, cfg: Path, outcome: Outcome) -> None:
 
 def collected_table(db: Path) -> list[str]:
     """The SFT set's programs as collect measured them: which are faster than eager beyond noise."""
-    from kernelrl.search.database import Database
-    from kernelrl.search.records import RunStage
+    from kernelrl.store import Database
+    from kernelrl.store.records import RunStage
 
     lines = ["| task | program (its answer's first line) | speedup | 95 % interval | A/A band | faster beyond noise |",
              "|---|---|---|---|---|---|"]

@@ -36,13 +36,13 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from kernelrl.backends.api import ItemIn, wire_item
+from kernelrl.backends.client import ClientConfig, RewardClient
 from kernelrl.candidate import Candidate, source_hash
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.result import EvalResult, Status
-from kernelrl.serve.api import ItemIn, wire_item
-from kernelrl.serve.client import ClientConfig, RewardClient
-from kernelrl.serve.tokens import client_token
 from kernelrl.tasks.task import Task
+from kernelrl.web.tokens import client_token
 
 TASK = Task(name="bench/relu_scale", source='''
 import torch

@@ -1,6 +1,6 @@
 """OpenAI-compatible endpoints: the retry policy every caller of a model endpoint shares.
 
-Used by the proposers (`kernelrl.search.proposers.openai_compat`) and the adversarial judge
+Used by the proposers (`kernelrl.proposers.openai_compat`) and the adversarial judge
 (`kernelrl.checks.llm_judge`). Guarantees: timeouts, connection failures, 408/409/429 and every
 5xx are retryable, other 4xx are not; waits grow exponentially with jitter, are capped, and never
 undercut a server's Retry-After (up to the cap).

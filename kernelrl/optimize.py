@@ -24,8 +24,8 @@ from kernelrl.search.summary import SearchSummary
 
 if TYPE_CHECKING:
     from kernelrl.judge.contract import BatchJudge, ProfilingJudge
+    from kernelrl.proposers import Proposer
     from kernelrl.search.judging import BaselineFn
-    from kernelrl.search.proposers import Proposer
     from kernelrl.search.scheduler import PromptFn
     from kernelrl.tasks.task import Task
 
@@ -40,7 +40,7 @@ def optimize(config: SearchConfig, *, tasks: Sequence[Task] | None = None, conso
 
     `tasks` default to `config.tasks` loaded; `judge` and `proposer` replace the configured ones
     (and are not closed here); `console` is where the run speaks (none: it prints nothing);
-    `build_prompt(...)` replaces `kernelrl.search.prompt.build_prompt`; `measure_baseline` is the
+    `build_prompt(...)` replaces `kernelrl.episodes.prompt.build_prompt`; `measure_baseline` is the
     baseline of a judge that gives none itself (`kernelrl.search.loop.run_search`). Tasks that
     cannot make a run (none, or two of one name) are refused (`ValueError`) before the database is
     opened.
@@ -63,6 +63,7 @@ def optimize(config: SearchConfig, *, tasks: Sequence[Task] | None = None, conso
     with build_run(tasks=tasks, eval_config=config.judge_config(), db_path=config.db_path, judge=given,
                    proposers={config.proposer: proposer} if proposer is not None else None, console=console,
                    watch=config.watch, record=record, resume=config.resume) as run:
+        run.proposer(config.proposer, **config.proposer_options())  # first: a bad spec fails before any worker
         with waiting(run.reporter.console, "starting the evaluator"):
             run.judge  # noqa: B018 - built now, so the wait is said
         return run_search(config, run, build_prompt=build_prompt, measure_baseline=measure_baseline)

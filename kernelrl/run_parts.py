@@ -24,13 +24,13 @@ Guarantees:
   (`ValueError`) before anything is written, since results stored for it would be judged against
   a task the database does not describe;
 - the judge is built on first use, so a run with nothing left to judge starts no worker, by
-  `kernelrl.serve.judges.make_judge`: the reward server's client when `backend.url` is set, else
+  `kernelrl.backends.judges.make_judge`: the reward server's client when `backend.url` is set, else
   an in-process `Evaluator` of `eval_config`. `reuse_stored` says whether verdicts stored
   under the run's evaluator settings stand for this judge's (not for a reward server's: its device
   is its own);
 - the reporter is what the run tells people: its console (progress, notices; a run given none
   prints nothing) and, when `watch.port` is set, the run page of its database
-  (`kernelrl.serve.watch.LivePage`) served while the block runs, its address said on the console.
+  (`kernelrl.web.live.LivePage`) served while the block runs, its address said on the console.
   The port is bound before the judge or a proposer is built, so a taken port fails first
   (`OSError`); with a row, the run's own page is said too. `say` is the console's print (a run
   given no console prints nothing);
@@ -43,7 +43,7 @@ Guarantees:
 Does not load or select tasks (each command chooses its split and says what it left out), and
 runs nothing: the commands drive the parts (`kernelrl.search.loop.run_search` is given them).
 The reward server (`kernelrl serve`) is not a run (no tasks, database or proposer of its own): it
-shares the judge's builder, `kernelrl.serve.judges.make_judge`.
+shares the judge's builder, `kernelrl.backends.judges.make_judge`.
 """
 
 from __future__ import annotations
@@ -55,17 +55,17 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from kernelrl.search.records import RunStatus
-from kernelrl.serve.judges import BackendConfig, make_judge
-from kernelrl.watch_config import WatchConfig
+from kernelrl.backends.judges import BackendConfig, make_judge
+from kernelrl.store.records import RunStatus
+from kernelrl.web.config import WatchConfig
 
 if TYPE_CHECKING:
     from kernelrl.judge.contract import OwnedJudge, ProfilingJudge
     from kernelrl.judge.eval_config import EvalConfig
-    from kernelrl.search.database import Database
-    from kernelrl.search.proposers import Proposer
-    from kernelrl.serve.watch import LivePage
+    from kernelrl.proposers import Proposer
+    from kernelrl.store import Database
     from kernelrl.tasks.task import Task
+    from kernelrl.web.live import LivePage
 
 
 class Reporter:
@@ -158,7 +158,7 @@ class RunParts:
             return given
         key = (spec, tuple(sorted(opts.items(), key=lambda kv: kv[0])))
         if key not in self._made:
-            from kernelrl.search.proposers import make_proposer
+            from kernelrl.proposers import make_proposer
 
             made = make_proposer(spec, policy=self.eval_config.policy, device=self.eval_config.device, **opts)
             self._closing.callback(made.close)
@@ -185,14 +185,14 @@ def build_run(*, tasks: Sequence[Task], eval_config: EvalConfig, db_path: Path |
     with contextlib.ExitStack() as closing:
         db = None
         if db_path is not None:
-            from kernelrl.search.database import Database
+            from kernelrl.store import Database
 
             db = closing.enter_context(Database(db_path))
             if register_tasks:
                 for t in tasks:
                     db.register_task(t, size=eval_config.size)
         if watch.port is not None:
-            from kernelrl.serve.watch import LivePage, announcement
+            from kernelrl.web.live import LivePage, announcement
 
             assert db_path is not None  # checked above
             page = LivePage(db_path, host=watch.host, port=watch.port)

@@ -1,7 +1,7 @@
 """SQLite as every database the project writes uses it: one way to connect, one way to run a
 transaction, one way to version a file.
 
-The run database (`kernelrl.search.database`), the reward server's database (`kernelrl.serve.store`:
+The run database (`kernelrl.store`), the reward server's database (`kernelrl.serve.store`:
 its jobs and sessions) and the LLM review's cache (`kernelrl.checks.llm_judge`) open their files
 here, run every transaction through `transaction`, and declare their tables as a `Schema` that
 `migrate` applies (a writer) or `check_version` checks (a reader).

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 # Top-level modules of pyproject's optional extras (hf, train, gpu, serve, watch, dev's test tools).
-# pydantic and starlette come with the serve extra (fastapi's own needs), which serve/api.py imports directly.
+# pydantic and starlette come with the serve extra (fastapi's own needs), which backends/api.py imports directly.
 OPTIONAL_MODULES = frozenset({"transformers", "trl", "datasets", "peft", "accelerate", "vllm", "deepspeed",
                               "flash_attn", "fastapi", "uvicorn", "starlette", "pydantic", "httpx", "ray",
                               "selenium", "hypothesis"})

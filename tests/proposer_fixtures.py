@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import types
 
-from kernelrl.search.proposers import ProposalRequest, make_proposer
-from kernelrl.search.proposers.openai_compat import OpenAIProposer
+from kernelrl.proposers import ProposalRequest, make_proposer
+from kernelrl.proposers.openai_compat import OpenAIProposer
 from kernelrl.tasks.sizes import instantiate
 from kernelrl.tasks.task import Task
 from openai_server import OpenAIServer

@@ -10,8 +10,8 @@ from rich.console import Console
 
 from kernelrl.judge.contract import BatchJudge
 from kernelrl.optimize import optimize
+from kernelrl.proposers import Proposer
 from kernelrl.search.config import SearchConfig
-from kernelrl.search.proposers import Proposer
 from kernelrl.search.summary import SearchSummary
 from kernelrl.tasks.task import Task
 

@@ -26,8 +26,8 @@ def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         raise AssertionError("a process was started")
 
     monkeypatch.setattr(subprocess.Popen, "__init__", popen)
+    import kernelrl.proposers as proposers
     from kernelrl.judge import evaluator
-    from kernelrl.search import proposers
 
     def evaluator_init(self: object, *a: object, **k: object) -> None:
         seen.append("evaluator")

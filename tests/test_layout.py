@@ -138,6 +138,35 @@ def test_no_package_import_cycle():
     assert not cycles, "\n".join(cycles)
 
 
+# The packages and top-level modules by floor, lowest first; README.md's "What is here" draws them.
+# The rule every arrow follows: a package imports only what stands on a lower floor. A new package
+# or top-level module is given its floor here, and a new import that runs sideways or up fails.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("jsontypes", "plain", "syntax", "sqlite", "endpoint"),  # formats and plumbing: no kernelrl import
+    ("result", "config", "candidate", "tasks"),  # what is judged, and the verdict's records
+    ("checks", "reward"),  # static rules and defences; verdict -> scalar
+    ("judge",),  # the sandboxed evaluator: builds, checks, times
+    ("store", "episodes", "audit"),  # the run database; what a model is shown, turn by turn
+    ("proposers", "report"),  # where programs come from; what a run achieved
+    ("web",),  # the run pages and how every server listens
+    ("backends", "search"),  # where verdicts come from (judge factory, wire format, client); the search
+    ("run_parts", "serve"),  # a run's parts; the reward server
+    ("optimize", "train"),  # the runs: search, collect, bench, the recipe's stages
+    ("cli",),
+    ("__main__",),
+)
+
+
+def test_packages_import_only_lower_floors():
+    floor = {f"kernelrl.{name}": i for i, names in enumerate(FLOORS) for name in names}
+    edges = _package_edges(_modules())
+    unplaced = sorted({p for edge in edges for p in edge if p not in floor})
+    assert not unplaced, f"give these a floor in FLOORS: {unplaced}"
+    wrong = [f"{a} (floor {floor[a]}) imports {b} (floor {floor[b]}): " + ", ".join(sorted(f"{m} -> {t}" for m, t in pairs)[:4])
+             for (a, b), pairs in sorted(edges.items()) if floor[b] >= floor[a]]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_package_cycle_message_names_the_imports_behind_each_edge():
     edges = {("kernelrl.checks", "kernelrl.judge"): {("kernelrl.checks.audit", "kernelrl.judge.evaluator")},
              ("kernelrl.judge", "kernelrl.checks"): {("kernelrl.judge.group", "kernelrl.checks.static"),
@@ -229,8 +258,8 @@ def test_a_worker_imports_only_the_worker_side():
 
 def test_every_server_listens_through_one_binder():
     """The run page, `kernelrl watch` and the reward server listen on sockets from
-    `kernelrl.report.watch.app.bind`, the function the preflight port checks call: a check that a
+    `kernelrl.web.app.bind`, the function the preflight port checks call: a check that a
     port is free tests the socket options the server will use."""
     listening = sorted(str(p.relative_to(ROOT)) for p in _modules().values()
                        if any(isinstance(n, ast.Attribute) and n.attr == "listen" for n in ast.walk(ast.parse(p.read_text()))))
-    assert listening == ["report/watch/app.py"], listening
+    assert listening == ["web/app.py"], listening

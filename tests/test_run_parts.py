@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-import kernelrl.search.proposers as proposers_module
+import kernelrl.proposers as proposers_module
+from kernelrl.backends.judges import BackendConfig
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.run_parts import build_run
-from kernelrl.search.database import Database
-from kernelrl.serve.judges import BackendConfig
+from kernelrl.store import Database
 from kernelrl.tasks.task import Task
-from kernelrl.watch_config import WatchConfig
+from kernelrl.web.config import WatchConfig
 
 TASK = Task(name="double", source="import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
             "        return x * 2\n\n\ndef get_inputs():\n    return [torch.randn(8)]\n\n\n"
@@ -122,7 +122,7 @@ def test_the_run_page_is_served_while_the_block_runs_and_shows_it_finished_after
     "running" frozen); then the page's process ends and the port is released."""
     import time
 
-    import kernelrl.serve.watch as watch
+    import kernelrl.web.live as watch
 
     monkeypatch.setattr(watch, "LINGER_S", 3.0)
     console = Console(file=io.StringIO(), width=200)
@@ -175,7 +175,7 @@ def test_the_run_page_is_a_process_of_its_own_that_ends_with_the_block(tmp_path:
     # Not a thread of the run: the judge reads its clock in the run's process.
     import os
 
-    import kernelrl.serve.watch as watch
+    import kernelrl.web.live as watch
 
     monkeypatch.setattr(watch, "LINGER_S", 1.0)
     with build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "a.db", watch=WatchConfig(port=0)) as run:
@@ -190,9 +190,9 @@ import sys, time
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.run_parts import build_run
 from kernelrl.tasks.task import Task
-from kernelrl.watch_config import WatchConfig
-import kernelrl.serve.watch
-kernelrl.serve.watch.LINGER_S = 1.0
+from kernelrl.web.config import WatchConfig
+import kernelrl.web.live
+kernelrl.web.live.LINGER_S = 1.0
 with build_run(tasks=[Task(name="t", source=sys.argv[2])], eval_config=EvalConfig(), db_path=sys.argv[1],
                watch=WatchConfig(port=0)) as run:
     print(run.reporter.page.pid, flush=True)
@@ -218,7 +218,7 @@ def test_the_run_page_ends_when_the_runs_process_is_killed(tmp_path: Path) -> No
 
 
 def test_a_runs_row_is_closed_as_its_block_ends(tmp_path: Path) -> None:
-    from kernelrl.search.records import RunStatus
+    from kernelrl.store.records import RunStatus
 
     def build(**kw: Any) -> contextlib.AbstractContextManager[Any]:
         return build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "k.db", **kw)
@@ -246,7 +246,7 @@ def test_a_runs_row_is_closed_as_its_block_ends(tmp_path: Path) -> None:
 
 def test_a_row_adopted_from_another_process_is_never_closed_here(tmp_path: Path) -> None:
     """A training rank other than the main one stores under the main one's row; only the main one closes it."""
-    from kernelrl.search.records import RunStatus
+    from kernelrl.store.records import RunStatus
 
     with build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "k.db", record={"stage": "grpo"}) as main:
         with pytest.raises(ValueError), build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "k.db",
@@ -260,7 +260,7 @@ def test_a_row_adopted_from_another_process_is_never_closed_here(tmp_path: Path)
 
 
 def test_resume_reopens_the_latest_run_of_the_same_stage(tmp_path: Path) -> None:
-    from kernelrl.search.records import RunStatus
+    from kernelrl.store.records import RunStatus
 
     def build(record: dict[str, Any], resume: bool) -> contextlib.AbstractContextManager[Any]:
         return build_run(tasks=[TASK], eval_config=EvalConfig(), db_path=tmp_path / "k.db", record=record,

@@ -235,7 +235,7 @@ def test_a_reader_refuses_an_older_file_and_never_migrates_it(tmp_path: Path) ->
 
 def _legacy_run_database(path: Path, version: int) -> None:
     """A run database of `version` (from 1) written before its version moved to user_version."""
-    from kernelrl.search.database.schema import SCHEMA
+    from kernelrl.store.schema import SCHEMA
 
     conn = connect_writer(path)
     try:
@@ -247,7 +247,7 @@ def _legacy_run_database(path: Path, version: int) -> None:
 
 
 def test_a_legacy_run_database_is_at_the_version_its_table_says(tmp_path: Path) -> None:
-    from kernelrl.search.database.schema import SCHEMA
+    from kernelrl.store.schema import SCHEMA
 
     _legacy_run_database(tmp_path / "run.db", 2)
     conn = connect_reader(tmp_path / "run.db")
@@ -258,8 +258,8 @@ def test_a_legacy_run_database_is_at_the_version_its_table_says(tmp_path: Path) 
 
 
 def test_a_legacy_run_database_moves_its_version_to_user_version_with_only_the_missing_steps(tmp_path: Path) -> None:
-    from kernelrl.search.database import Database
-    from kernelrl.search.database.schema import SCHEMA, SCHEMA_VERSION
+    from kernelrl.store import Database
+    from kernelrl.store.schema import SCHEMA, SCHEMA_VERSION
 
     path = tmp_path / "run.db"
     _legacy_run_database(path, 1)
@@ -288,7 +288,7 @@ def test_a_legacy_run_database_moves_its_version_to_user_version_with_only_the_m
 
 def test_a_version_1_run_database_keeps_its_refusals_as_hack_cases(tmp_path: Path) -> None:
     """The first tables, with a refused candidate, become today's: the column and the hack case."""
-    from kernelrl.search.database import Database
+    from kernelrl.store import Database
 
     path = tmp_path / "run.db"
     _legacy_run_database(path, 1)
@@ -306,9 +306,9 @@ def test_a_version_1_run_database_keeps_its_refusals_as_hack_cases(tmp_path: Pat
 
 
 def test_a_reader_takes_a_legacy_run_database_of_its_version(tmp_path: Path) -> None:
-    from kernelrl.search.database import Database
-    from kernelrl.search.database.schema import SCHEMA_VERSION
-    from kernelrl.search.database.snapshot import snapshot
+    from kernelrl.store import Database
+    from kernelrl.store.schema import SCHEMA_VERSION
+    from kernelrl.store.snapshot import snapshot
 
     path = tmp_path / "run.db"
     _legacy_run_database(path, SCHEMA_VERSION)
@@ -319,9 +319,9 @@ def test_a_reader_takes_a_legacy_run_database_of_its_version(tmp_path: Path) -> 
 
 
 def test_a_run_database_reader_refuses_a_newer_file(tmp_path: Path) -> None:
-    from kernelrl.search.database import Database, DatabaseError
-    from kernelrl.search.database.schema import SCHEMA_VERSION
-    from kernelrl.search.database.snapshot import NoDatabase, SnapshotError, snapshot
+    from kernelrl.store import Database, DatabaseError
+    from kernelrl.store.schema import SCHEMA_VERSION
+    from kernelrl.store.snapshot import NoDatabase, SnapshotError, snapshot
 
     path = tmp_path / "run.db"
     Database(path).close()
@@ -337,9 +337,9 @@ def test_a_run_database_reader_refuses_a_newer_file(tmp_path: Path) -> None:
 def test_a_run_database_reader_waits_for_an_older_file(tmp_path: Path) -> None:
     """A snapshot of an older file (being created, or not yet upgraded) waits, saying the versions;
     a read-only `Database` refuses it."""
-    from kernelrl.search.database import Database, DatabaseError
-    from kernelrl.search.database.schema import SCHEMA_VERSION
-    from kernelrl.search.database.snapshot import NoDatabase, snapshot
+    from kernelrl.store import Database, DatabaseError
+    from kernelrl.store.schema import SCHEMA_VERSION
+    from kernelrl.store.snapshot import NoDatabase, snapshot
 
     path = tmp_path / "run.db"
     _legacy_run_database(path, SCHEMA_VERSION - 1)

@@ -25,7 +25,7 @@ from kernelrl.result import (
     TimingStats,
     TimingStop,
 )
-from kernelrl.search.database import Database, NewCandidate
+from kernelrl.store import Database, NewCandidate
 
 HOSTILE = ("</pre></details></td></table><script>window.__pwned = 1</script>"
            "<img src=x onerror=\"window.__pwned = 2\">'\"&amp;<!--")

@@ -92,7 +92,7 @@ class FlagTable:
     helps: Mapping[str, str] = field(default_factory=dict)  # field path -> help text
     skip: frozenset[str] = frozenset()  # paths set by another table (a nested config with its own)
     # field path -> the flag whose value also sets it, with no flag of its own: a proposer's options,
-    # given with it (`--proposer "SPEC key=value ..."`, `kernelrl.search.proposers.spec`)
+    # given with it (`--proposer "SPEC key=value ..."`, `kernelrl.proposers.spec`)
     inline: Mapping[str, str] = field(default_factory=dict)
 
     def paths(self) -> dict[str, object]:

@@ -21,7 +21,7 @@ from kernelrl.cli.options import UsageError
 
 if TYPE_CHECKING:
     from kernelrl.tasks.task import Task
-    from kernelrl.watch_config import WatchConfig
+    from kernelrl.web.config import WatchConfig
 
 
 def check_tasks(specs: Sequence[str], *, flag: str = "--tasks") -> list[Task]:
@@ -68,7 +68,7 @@ def check_suite(spec: str) -> list[Task]:
 def check_proposer(spec: str, opts: Mapping[str, object] | None = None, *, flag: str = "--proposer") -> None:
     """The proposer spec names a known kind with options it takes, and any file it names exists;
     nothing is loaded or called."""
-    from kernelrl.search.proposers import ProposerError, check_spec
+    from kernelrl.proposers import ProposerError, check_spec
 
     try:
         check_spec(spec, **dict(opts or {}))
@@ -83,7 +83,7 @@ def check_run_database(path: str | Path, *, flag: str = "--db") -> Path:
         raise UsageError(f"{flag} {p}: no such file")
     if not p.is_file():
         raise UsageError(f"{flag} {p} is not a file")
-    from kernelrl.search.database.schema import is_run_database  # the run database's tables are its owner's
+    from kernelrl.store.schema import is_run_database  # the run database's tables are its owner's
 
     if not is_run_database(p):
         raise UsageError(f"{flag} {p}: not a kernelrl run database (no runs in it; `kernelrl optimize --db` makes one)")
@@ -144,7 +144,7 @@ def check_port(host: str, port: int, *, flag: str = "--port") -> None:
         raise UsageError(f"{flag} must be in 0-65535, got {port}")
     if port == 0:
         return
-    from kernelrl.report.watch.app import bind  # how every server of kernelrl listens
+    from kernelrl.web.app import bind  # how every server of kernelrl listens
 
     try:
         bind(host, port).close()

@@ -19,9 +19,9 @@ from kernelrl.cli.preflight import (
     check_writable_parent,
 )
 from kernelrl.config import ConfigError, build
+from kernelrl.episodes.episode import nest_episode_keys
+from kernelrl.proposers.spec import inline_options
 from kernelrl.search.config import SearchConfig
-from kernelrl.search.episode import nest_episode_keys
-from kernelrl.search.proposers.spec import inline_options
 
 if TYPE_CHECKING:
     from kernelrl.tasks.task import Task
@@ -83,10 +83,9 @@ def preflight(config: SearchConfig, args: argparse.Namespace) -> list[Task]:
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     from kernelrl.optimize import optimize
-    from kernelrl.report.console import render_summary
-    from kernelrl.search.database.schema import DatabaseError
-    from kernelrl.search.proposers import ProposerError
-    from kernelrl.search.summary import StopReason
+    from kernelrl.proposers import ProposerError
+    from kernelrl.search.summary import StopReason, render_summary
+    from kernelrl.store.schema import DatabaseError
     from kernelrl.tasks.task import TaskError
 
     config = search_config(args)
@@ -117,7 +116,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from kernelrl.report.console import render_report
     from kernelrl.report.html import write_html
     from kernelrl.report.report import build_report
-    from kernelrl.search.database.schema import DatabaseError
+    from kernelrl.store.schema import DatabaseError
 
     check_run_database(args.db)
     if args.html:
@@ -138,7 +137,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from kernelrl.report.export import export_jsonl
-    from kernelrl.search.database.schema import DatabaseError
+    from kernelrl.store.schema import DatabaseError
 
     check_run_database(args.db)
     if args.out:

@@ -26,7 +26,7 @@ from kernelrl.cli.preflight import (
     check_watch,
     check_writable_parent,
 )
-from kernelrl.search.episode import nest_episode_keys
+from kernelrl.episodes.episode import nest_episode_keys
 from kernelrl.train.bench import BenchConfig
 from kernelrl.train.collect import CollectConfig
 from kernelrl.train.recipe import TrainConfig
@@ -45,8 +45,8 @@ _C = TypeVar("_C", CollectConfig, BenchConfig)
 def _train_errors() -> tuple[type[Exception], ...]:
     """Errors of bad input to the training commands: one line, exit 2."""
     from kernelrl.config import ConfigError
-    from kernelrl.search.database.schema import DatabaseError
-    from kernelrl.search.proposers import ProposerError
+    from kernelrl.proposers import ProposerError
+    from kernelrl.store.schema import DatabaseError
     from kernelrl.tasks.task import TaskError
     from kernelrl.train.sft_set import SFTSetError
     from kernelrl.train.stage import StageError
@@ -142,7 +142,7 @@ def _recipe(name: str, command: str) -> dict[str, Any]:
 def _preflight(config: CollectConfig | BenchConfig, proposers: list[tuple[str, dict[str, object]]]) -> None:
     """What `collect` and `bench` can check before a worker or a model starts: each proposer spec
     (with its own options), the tasks, the templates folder, the database and the run page's port."""
-    from kernelrl.search.proposers.spec import ProposerSpec
+    from kernelrl.proposers.spec import ProposerSpec
 
     for text, shared in proposers:
         try:
@@ -171,7 +171,7 @@ def _preflight(config: CollectConfig | BenchConfig, proposers: list[tuple[str, d
 def _bench_values(values: dict[str, Any]) -> None:
     """`bench`: the builtin suite by default; "hf:PATH key=value ...": the spec, its options on top of
     the config file's `proposer_opts`."""
-    from kernelrl.search.proposers.spec import inline_options
+    from kernelrl.proposers.spec import inline_options
 
     values.setdefault("tasks", ["builtin"])
     inline_options(values)
@@ -327,9 +327,9 @@ def cmd_reward(args: argparse.Namespace) -> int:
     import contextlib
     from pathlib import Path
 
+    from kernelrl.backends.judges import make_judge
     from kernelrl.reward import RewardModel
-    from kernelrl.search.database import Database
-    from kernelrl.serve.judges import make_judge
+    from kernelrl.store import Database
     from kernelrl.train.console import render_explained
     from kernelrl.train.copies import CopyRule
     from kernelrl.train.explain import ExplainError, explain, prompted, run_windows, state_windows

@@ -14,7 +14,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if db.exists() and not (db.is_file() and db.stat().st_size == 0):
         check_run_database(db)  # a file that is not a run database is refused, not served as a 503
     check_port(args.host, args.port)
-    from kernelrl.serve.watch import run_standalone
+    from kernelrl.web.live import run_standalone
 
     try:
         run_standalone(db, host=args.host, port=args.port, announce=lambda line: print(line, flush=True))

@@ -2,7 +2,7 @@
 
 The search, the trainer, the bench and the audit take a judge, not an `Evaluator`: an in-process
 `kernelrl.judge.evaluator.Evaluator`, the reward server's lanes (`kernelrl.serve`), the HTTP
-client (`kernelrl.serve.client.RewardClient`) or a test double all fit, checked by the type
+client (`kernelrl.backends.client.RewardClient`) or a test double all fit, checked by the type
 checker rather than by convention.
 
 - `BatchJudge`: `evaluate_batch(items) -> list[EvalResult]`, results in the order given, never
@@ -10,7 +10,7 @@ checker rather than by convention.
 - `ProfilingJudge`: also `profile(task)`, what a reference worker read about a task (shapes,
   FLOPs, bytes) for prompts, or None where the judge cannot say;
 - `OwnedJudge`: a `ProfilingJudge` its holder closes (`close()`), as every judge built from a
-  config is (`kernelrl.serve.judges.make_judge`);
+  config is (`kernelrl.backends.judges.make_judge`);
 - `SearchJudge`: everything a search uses when its judge has it (the in-process `Evaluator`
   has all of it): `evaluate_batch(items, on_result=...)` handing each result over as soon as its
   group ends, the `fingerprint` of its settings, the baselines it measured (`cached_baseline`)

@@ -7,7 +7,7 @@ evaluator config it is judged under (its fingerprint,
 correctness sets, timing, sandbox, ...). `judged_before(store, key)` is the verdict a
 store holds for that key, when it may be reused; a store is anything with `find_verdict(key)`:
 the evaluator's in-memory `ResultCache`, or the run database
-(`kernelrl.search.database.Database.find_verdict`, which also requires the task's current
+(`kernelrl.store.Database.find_verdict`, which also requires the task's current
 source in its task table).
 
 Guarantees:

@@ -1,10 +1,11 @@
-"""What kernelrl prints for a person on a console: verdicts, run reports, searches, audits.
+"""What kernelrl prints for a person on a console: verdicts, run reports, audits.
 
-Each `render_*` function takes a typed object (a result, a report, a search summary, an audit,
+Each `render_*` function takes a typed object (a result, a report, an audit,
 a baseline, degeneracy reports) and a rich `Console`; none computes anything. Machine-readable
 output is the objects' own `to_dict` (the CLI's `--json`). The trainer's reports are rendered
-beside them (`kernelrl.train.console`), with this module's number formats: the report package
-never imports the trainer.
+beside them (`kernelrl.train.console`), and a search's summary with the search
+(`kernelrl.search.summary.render_summary`), with this module's number formats: the report package
+imports neither.
 
 Guarantees: tables fit an 80-column console without cutting task names (long names fold).
 """
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from kernelrl.judge.baseline import Baseline
     from kernelrl.judge.calibration import Calibration
     from kernelrl.report.report import Report
-    from kernelrl.search.summary import SearchSummary
     from kernelrl.tasks.degeneracy import DegeneracyReport
     from kernelrl.tasks.task import Task
 
@@ -176,27 +176,6 @@ def render_by_turn(report: Report, console: Console) -> None:
         table.add_row(str(turn.turn), str(turn.candidates), f"{turn.correct}/{turn.evaluated}", str(turn.faster),
                       speedup_text(turn.best_speedup), str(turn.raised))
     console.print(table)
-
-
-def render_summary(summary: SearchSummary, console: Console) -> None:
-    ending = {"budget": "every task used its budget", "tokens": "stopped: the token budget is spent",
-              "wall_time": "stopped: the wall-time limit is reached",
-              "interrupted": "stopped by Ctrl-C (`--resume` continues it)"}.get(summary.stop_reason.value,
-                                                                                 summary.stop_reason.value)
-    table = Table(title=f"run {summary.run_id}{' (resumed)' if summary.resumed else ''}: {ending}")
-    width = min(30, max((len(t.task) for t in summary.tasks), default=4))
-    table.add_column("task", min_width=width, overflow="fold")
-    for col in ("candidates", "evaluated", "correct", "best speedup"):
-        table.add_column(col, justify="right")
-    table.add_column("note")
-    for t in summary.tasks:
-        best = f"{t.best_speedup:.2f}x (#{t.best_candidate})" if t.best_speedup is not None else "-"
-        table.add_row(t.task, str(t.candidates), str(t.evaluated), str(t.correct), best, t.gave_up or "")
-    console.print(table)
-    console.print(f"evaluations {summary.evaluations}, reused {summary.reused}, tokens "
-                  f"{summary.prompt_tokens}+{summary.completion_tokens}, {summary.elapsed_s:.1f} s")
-    if summary.throughput is not None and summary.throughput.evaluations:
-        console.print(f"judge: {summary.throughput.describe()}", highlight=False, soft_wrap=True)
 
 
 def render_audit(report: AuditReport, console: Console, *, max_listed: int = 50) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TextIO
 
 from kernelrl.result import Status
-from kernelrl.search.database import Database
-from kernelrl.search.records import CandidateRecord, CandidateState
+from kernelrl.store import Database
+from kernelrl.store.records import CandidateRecord, CandidateState
 
 
 def export_jsonl(db_path: str | Path, out: str | Path | TextIO, *, only_correct: bool = False) -> int:

@@ -36,8 +36,8 @@ from pathlib import Path
 from kernelrl.report.metrics import counts_as_faster, fast_p, geometric_mean
 from kernelrl.result import Severity, Status
 from kernelrl.reward import within_noise
-from kernelrl.search.database import Database
-from kernelrl.search.records import CandidateRecord
+from kernelrl.store import Database
+from kernelrl.store.records import CandidateRecord
 
 FAST_P = (0.0, 1.0, 1.5, 2.0)
 

@@ -47,8 +47,8 @@ from rich.text import Text
 if TYPE_CHECKING:
     from kernelrl.search.chains import TaskState
     from kernelrl.search.config import SearchConfig
-    from kernelrl.search.records import CandidateRecord
     from kernelrl.search.summary import StopReason
+    from kernelrl.store.records import CandidateRecord
 
 REFRESH_S = 1.0
 LOG_EVERY_S = 10.0  # a plain line this often where the console cannot redraw (not a terminal)

@@ -2,7 +2,7 @@
 
 A task has `chains` chains; each chain holds its step and its current best (the candidate it
 asks the proposer to improve on) and, in a multi-turn run, its refinement episode under way
-(`kernelrl.search.episode`: each turn is shown the chain's earlier turns and their verdicts).
+(`kernelrl.episodes.episode`: each turn is shown the chain's earlier turns and their verdicts).
 `rebuild` recovers them from a run's stored candidates: a chain's step follows its last stored
 step, its best at that step is that step's parent, and its unfinished episode is the trailing
 run of turns 1, 2, ... it stored (all judged; otherwise the next step starts a fresh episode).
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernelrl.episodes.episode import Episode, EpisodeConfig
 from kernelrl.result import EvalResult
-from kernelrl.search.database import Database
-from kernelrl.search.episode import Episode, EpisodeConfig
-from kernelrl.search.records import BaselineRecord, CandidateRecord, RunMeta
+from kernelrl.store import Database
+from kernelrl.store.records import BaselineRecord, CandidateRecord, RunMeta
 from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:

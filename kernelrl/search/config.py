@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelrl.config import to_dict
+from kernelrl.episodes.episode import EpisodeConfig
 from kernelrl.judge.eval_config import EvalConfig
-from kernelrl.search.episode import EpisodeConfig
-from kernelrl.watch_config import WatchConfig
+from kernelrl.web.config import WatchConfig
 
 if TYPE_CHECKING:
     from kernelrl.jsontypes import JSONObject, JSONValue
@@ -30,7 +30,7 @@ __all__ = ["SearchConfig"]
 class SearchConfig:
     tasks: tuple[str, ...]  # task specs for kernelrl.tasks.suites.load_tasks: suites, names, files, folders
     db_path: Path  # the run's SQLite code database (made when missing; a new run is added to an existing one)
-    proposer: str = "heuristic"  # spec for kernelrl.search.proposers.make_proposer
+    proposer: str = "heuristic"  # spec for kernelrl.proposers.make_proposer
     # options of the proposer, e.g. base_url=URL temperature=0.7 max_tokens=4096
     proposer_opts: dict[str, object] = field(default_factory=dict)
     budget: int = 8  # candidates (model answers) per task in this run, split evenly over its chains
@@ -48,7 +48,7 @@ class SearchConfig:
     batch_wait_s: float = 5.0  # a candidate waits at most this long for others to join its batch
     template_dir: Path | None = None  # prompt templates overriding the built-in ones
     # Refinement: each chain answers in episodes of episode.turns turns, every turn shown its
-    # earlier answers and their verdicts within episode.history_tokens (kernelrl.search.episode,
+    # earlier answers and their verdicts within episode.history_tokens (kernelrl.episodes.episode,
     # counted as characters / 4); turns = 1: every prompt fresh.
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     # How candidates are judged: device, size, policy, limits, timing, sandbox.

@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING
 from kernelrl.candidate import Candidate
 from kernelrl.judge.reuse import JudgedKey, judged_before
 from kernelrl.result import EvalResult, Status
-from kernelrl.search.database import Database
 from kernelrl.search.output import MeasuredBaseline, RunOutput
-from kernelrl.search.records import CandidateRecord
 from kernelrl.search.state import RunState
 from kernelrl.search.workers import Workers
+from kernelrl.store import Database
+from kernelrl.store.records import CandidateRecord
 from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:

@@ -65,16 +65,16 @@ from kernelrl.judge.contract import BatchJudge, SearchJudge
 from kernelrl.judge.device import DevicePeaks
 from kernelrl.judge.eval_config import config_fingerprint
 from kernelrl.judge.roofline import prompt_peaks
+from kernelrl.proposers import Proposer
 from kernelrl.search.activity import lock_watch, waiting
 from kernelrl.search.config import SearchConfig
-from kernelrl.search.database import Database
 from kernelrl.search.judging import BaselineFn, Judging
 from kernelrl.search.output import RunOutput
-from kernelrl.search.proposers import Proposer
 from kernelrl.search.scheduler import PromptFn, Scheduler
 from kernelrl.search.state import open_run
 from kernelrl.search.summary import SearchSummary, StopReason
 from kernelrl.search.workers import Workers
+from kernelrl.store import Database
 from kernelrl.tasks.task import Task
 
 __all__ = ["SearchConfig", "SearchRun", "SearchSummary", "StopReason", "run_search"]
@@ -115,7 +115,7 @@ def run_search(config: SearchConfig, run: SearchRun, *, build_prompt: PromptFn |
     other `BatchJudge` is used for its verdicts (task profiles and baselines then come only from
     `measure_baseline(task)` when it is given). Its proposer for `config.proposer` (with
     `config.proposer_options()`) answers the prompts. `build_prompt(...)` replaces
-    `kernelrl.search.prompt.build_prompt`. A run stopped by Ctrl-C has its row closed `interrupted`.
+    `kernelrl.episodes.prompt.build_prompt`. A run stopped by Ctrl-C has its row closed `interrupted`.
     """
     db = run.db
     if db is None or run.run_id is None:
@@ -124,7 +124,7 @@ def run_search(config: SearchConfig, run: SearchRun, *, build_prompt: PromptFn |
     tasks = run.tasks
     console = run.console
     if build_prompt is None:
-        from kernelrl.search.prompt import build_prompt as default_build_prompt
+        from kernelrl.episodes.prompt import build_prompt as default_build_prompt
 
         build_prompt = default_build_prompt
     proposer = run.proposer(config.proposer, **config.proposer_options())

@@ -2,7 +2,7 @@
 errors, a progress bar per task and the status line on the console; the summary it returns.
 
 Guarantees:
-- every write is one committed transaction of the database (`kernelrl.search.database`), made on
+- every write is one committed transaction of the database (`kernelrl.store`), made on
   the loop's thread, the only thread that touches the database;
 - a verdict is stored under the evaluator config it was judged by (its fingerprint): an injected
   judge's verdict that carries none is taken to be judged under the run's config;
@@ -29,10 +29,10 @@ from kernelrl.judge.throughput import Throughput
 from kernelrl.result import EvalResult
 from kernelrl.search.activity import LockWatch, SearchActivity, SearchView
 from kernelrl.search.chains import TaskState, fmt_speedup
-from kernelrl.search.database import Database
-from kernelrl.search.records import CandidateRecord, NewCandidate
 from kernelrl.search.state import RunState
 from kernelrl.search.summary import SearchSummary, StopReason, TaskSummary
+from kernelrl.store import Database
+from kernelrl.store.records import CandidateRecord, NewCandidate
 from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:

@@ -38,18 +38,18 @@ from typing import TYPE_CHECKING
 
 from kernelrl.candidate import extract_code, source_hash
 from kernelrl.judge.device import DevicePeaks
+from kernelrl.proposers import Exhausted, ProposalRequest, Proposer, ProposerUnavailable
 from kernelrl.search.chains import Chain, TaskState
-from kernelrl.search.database import Database
 from kernelrl.search.judging import Judging, Key
 from kernelrl.search.output import RunOutput
-from kernelrl.search.proposers import Exhausted, ProposalRequest, Proposer, ProposerUnavailable
-from kernelrl.search.records import CandidateRecord, NewCandidate, RunMeta
 from kernelrl.search.state import RunState
 from kernelrl.search.summary import StopReason
 from kernelrl.search.workers import Workers
+from kernelrl.store import Database
+from kernelrl.store.records import CandidateRecord, NewCandidate, RunMeta
 
 if TYPE_CHECKING:
-    from kernelrl.search.proposers import Proposal
+    from kernelrl.proposers import Proposal
 
 # A task whose proposer fails this many times in a row is given up for this run: the error is
 # then not transient (bad model name, bad key), and retrying only burns the wall clock.
@@ -57,7 +57,7 @@ MAX_PROPOSER_FAILURES = 3
 INTERRUPT_GRACE_S = 5.0  # seconds a Ctrl-C gives the work under way (see `Scheduler.drive`)
 _POLL_S = 0.2
 
-PromptFn = Callable[..., str]  # kernelrl.search.prompt.build_prompt's signature
+PromptFn = Callable[..., str]  # kernelrl.episodes.prompt.build_prompt's signature
 
 
 class Scheduler:

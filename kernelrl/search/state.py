@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 from kernelrl.result import EvalResult
 from kernelrl.search.chains import Chain, TaskState, better, rebuild
 from kernelrl.search.config import SearchConfig
-from kernelrl.search.database import Database
-from kernelrl.search.records import BaselineRecord, CandidateRecord, CandidateState
 from kernelrl.search.summary import StopReason
+from kernelrl.store import Database
+from kernelrl.store.records import BaselineRecord, CandidateRecord, CandidateState
 from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:

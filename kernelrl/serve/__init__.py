@@ -5,5 +5,5 @@ job in SQLite, `dispatch` hands jobs to a backend (`lanes`: in-process evaluator
 `ray_backend`: one Ray actor per device), `client` is the Python client, and `verl` is verl's
 custom reward. See README.md in this folder.
 
-Nothing is imported here, so `import kernelrl.serve.client` does not pull in FastAPI or Ray.
+Nothing is imported here, so `import kernelrl.backends.client` does not pull in FastAPI or Ray.
 """

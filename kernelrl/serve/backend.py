@@ -4,7 +4,7 @@ A backend is anything with `evaluate_batch(items, *, size=None, policy=None) -> 
 (results in the order given, never raising for a candidate's or a task's fault), a `capacity`
 (how many batches it usefully runs at once: its number of lanes) and `close()`. The in-process
 lanes (`kernelrl.serve.lanes.LocalLanes`), the Ray lanes (`kernelrl.serve.ray_backend.RayLanes`)
-and the HTTP client (`kernelrl.serve.client.RewardClient`) all fit it; so does any test double.
+and the HTTP client (`kernelrl.backends.client.RewardClient`) all fit it; so does any test double.
 Called without `size` and `policy`, `evaluate_batch` has `Evaluator.evaluate_batch`'s signature,
 so anything that takes an evaluator takes a backend.
 

@@ -6,18 +6,17 @@ Guarantees (checked in `ServeConfig.__post_init__`):
 - `allowed_hosts` holds host names or addresses only (no scheme, port or path), lower case;
 - `devices` parses into lanes of one kind, and the evaluator settings follow them (`eval.device`
   is set from the lanes; a conflicting one is an error, never silently replaced);
-- every limit is positive, the HTTP limits (`kernelrl.serve.http.HttpLimits`) in their ranges,
+- every limit is positive, the HTTP limits (`kernelrl.web.http.HttpLimits`) in their ranges,
   and one job always fits the queue (`max_items_per_job <=
   max_pending_items`), so a client that waits long enough is always served.
 
-Does not read the token file (the server does, at start: `kernelrl.serve.tokens`) or check that
+Does not read the token file (the server does, at start: `kernelrl.web.tokens`) or check that
 a GPU exists.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,19 +25,11 @@ from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.reward import RewardConfig
 from kernelrl.serve.backend import BackendKind
-from kernelrl.serve.http import limits_of
 from kernelrl.serve.lanes import LaneSpec, lane_config, parse_devices
+from kernelrl.web.guard import is_loopback
+from kernelrl.web.http import limits_of
 
 _HOST_ENTRY = re.compile(r"^(?:[a-z0-9.-]+|[0-9a-f:.]*:[0-9a-f:.]*)$")  # a DNS name, an IPv4 or an IPv6 address
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,7 +59,7 @@ class ServeConfig:
     max_sessions_per_client: int = 1024  # open refinement sessions per client (kernelrl.serve.sessions)
     reward: RewardConfig = field(default_factory=RewardConfig)  # how session turns are paid
     log_level: str = "warning"
-    # HTTP limits (kernelrl.serve.http): slow or idle connections are closed, bodies are read in bounded time.
+    # HTTP limits (kernelrl.web.http): slow or idle connections are closed, bodies are read in bounded time.
     header_timeout_s: float = 10.0  # a request head must arrive whole within this
     body_timeout_s: float = 120.0  # a body must arrive whole within this once its route reads it (408)
     keep_alive_s: float = 5.0  # an idle kept-alive connection is closed after this

@@ -38,10 +38,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernelrl.backends.api import JobKind, ProfileOutcome
 from kernelrl.candidate import Candidate, source_hash
 from kernelrl.result import EvalResult, Status
 from kernelrl.serve.backend import EvalBackend
-from kernelrl.serve.jobs import ClaimedJob, JobKind, JobStore, ProfileOutcome
+from kernelrl.serve.jobs import ClaimedJob, JobStore
 from kernelrl.tasks.task import Task, TaskError
 
 Outcome = EvalResult | ProfileOutcome

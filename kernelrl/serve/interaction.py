@@ -41,9 +41,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kernelrl.serve.api import BadItem, is_task_name, resolve_task
-from kernelrl.serve.client import DEFAULT_TIMEOUT_S, ClientConfig, RemoteSession, RewardClient
-from kernelrl.serve.session_store import TurnState
+from kernelrl.backends.api import BadItem, TurnState, is_task_name, resolve_task
+from kernelrl.backends.client import DEFAULT_TIMEOUT_S, ClientConfig, RemoteSession, RewardClient
 from kernelrl.serve.verl import ENV_TOKEN_FILE, ENV_URL
 
 DEFAULT_TURNS = 3

@@ -33,7 +33,6 @@ queue again jobs that another live server is running.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import sqlite3
@@ -45,23 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernelrl.backends.api import JobKind, JobState, ProfileOutcome
 from kernelrl.checks.policy import PolicyName
 from kernelrl.result import EvalResult
 from kernelrl.serve.store import ServerStore
 from kernelrl.tasks.task import Size, Task
-
-
-class JobState(enum.StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"  # its results could not be stored; `error` says why
-
-
-class JobKind(enum.StrEnum):
-    EVALUATE = "evaluate"  # candidates judged against tasks
-    PROFILE = "profile"  # what a reference worker reads about a task
-
 
 _ORDER = {JobState.QUEUED: 0, JobState.RUNNING: 1, JobState.DONE: 2}
 FINISHED = (JobState.DONE, JobState.FAILED)
@@ -89,23 +76,6 @@ class ItemSpec:
     task: Task
     candidate: str
     key: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ProfileOutcome:
-    """The result of a profile job: the task's profile (`TaskProfile.to_dict()`, None when the
-    reference worker found nothing to report), or why its reference failed."""
-
-    task: str
-    profile: dict[str, Any] | None = None
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "profile": self.profile, "error": self.error}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ProfileOutcome:
-        return cls(task=str(d["task"]), profile=d.get("profile"), error=d.get("error"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

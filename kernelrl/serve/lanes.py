@@ -6,7 +6,7 @@
 - `lane_config(base, lane)`: the evaluator settings of one lane (the base settings, pinned to
   the lane's device).
 - `LaneEvaluators`: the evaluators of one lane, one per (size, policy) asked for, made by
-  `kernelrl.serve.judges.make_judge` on first use and kept warm.
+  `kernelrl.backends.judges.make_judge` on first use and kept warm.
 - `LocalLanes`: a backend (`kernelrl.serve.backend.EvalBackend`) of in-process evaluators, one
   per lane. A batch is split into contiguous chunks, one per lane, run at once, and put back in
   order.
@@ -29,13 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kernelrl.backends.judges import make_judge
 from kernelrl.candidate import Candidate
 from kernelrl.checks.policy import PolicyName
 from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.profile import TaskProfile
 from kernelrl.result import EvalResult
-from kernelrl.serve.judges import make_judge
 from kernelrl.tasks.task import Size, Task
 
 if TYPE_CHECKING:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kernelrl.backends.api import JobState
 from kernelrl.result import Status
 from kernelrl.serve.dispatch import DispatchStats
-from kernelrl.serve.jobs import JobState, StoreStats
+from kernelrl.serve.jobs import StoreStats
 
 PREFIX = "kernelrl_serve_"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -1,6 +1,6 @@
 """The reward server: HTTP requests in, evaluator calls out (FastAPI on uvicorn).
 
-Routes (wire format in `kernelrl.serve.api`):
+Routes (wire format in `kernelrl.backends.api`):
 - `POST /v1/evaluate`: validate, resolve each item's task without running it, store the job
   (`kernelrl.serve.jobs`), answer 202 {job}; 400 bad items, 409 key reused for something else,
   413 body or job too large, 429 queue full with Retry-After;
@@ -13,9 +13,9 @@ Routes (wire format in `kernelrl.serve.api`):
 
 Guarantees:
 - every route, /healthz included, refuses a foreign Host, a request sent by a web page (Origin)
-  and a body that is not JSON (`kernelrl.serve.guard`), before anything else is looked at;
+  and a body that is not JSON (`kernelrl.web.guard`), before anything else is looked at;
 - every route but /healthz needs `Authorization: Bearer TOKEN` when the server has tokens (it
-  must have them off loopback: `ServeConfig`), one per client (`kernelrl.serve.tokens`), compared
+  must have them off loopback: `ServeConfig`), one per client (`kernelrl.web.tokens`), compared
   in constant time; tokens are read from a private file and never put in the environment; a job
   or a session is visible only to the client that submitted it (another gets 404);
 - a body is refused with 413 as soon as it passes `max_body_bytes` (declared or streamed), and
@@ -63,16 +63,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from kernelrl.checks.policy import PolicyName
-from kernelrl.judge.containment import probe
-from kernelrl.report.watch.app import bind
-from kernelrl.result import Containment
-from kernelrl.reward import RewardModel
-from kernelrl.serve.api import (
+from kernelrl.backends.api import (
     Accepted,
     ApiError,
     BadItem,
     EvaluateRequest,
+    JobKind,
     JobReply,
     ProfileRequest,
     ServerInfo,
@@ -81,20 +77,25 @@ from kernelrl.serve.api import (
     scrub_paths,
     validation_message,
 )
+from kernelrl.checks.policy import PolicyName
+from kernelrl.judge.containment import probe
+from kernelrl.result import Containment
+from kernelrl.reward import RewardModel
 from kernelrl.serve.backend import EvalBackend, build_backend
 from kernelrl.serve.config import ServeConfig
 from kernelrl.serve.dispatch import Dispatcher
-from kernelrl.serve.guard import RequestGuard, default_hosts
-from kernelrl.serve.http import BodyError, limits_of, read_body, uvicorn_config
-from kernelrl.serve.jobs import FINISHED, ItemSpec, JobKind, JobStore, KeyConflict, QueueFull
+from kernelrl.serve.jobs import FINISHED, ItemSpec, JobStore, KeyConflict, QueueFull
 from kernelrl.serve.metrics import CONTENT_TYPE, render_metrics
 from kernelrl.serve.session_store import SessionStore
 from kernelrl.serve.sessions import SessionService, mount_sessions
 from kernelrl.serve.store import ServerStore, StoreError
-from kernelrl.serve.tokens import ANONYMOUS, ClientToken, TokenFileError, match_token, read_tokens
-from kernelrl.serve.watch import PREFIX as WATCH_PREFIX
-from kernelrl.serve.watch import mount_watch
 from kernelrl.tasks.task import Size
+from kernelrl.web.app import bind
+from kernelrl.web.guard import RequestGuard, default_hosts
+from kernelrl.web.http import BodyError, limits_of, read_body, uvicorn_config
+from kernelrl.web.live import PREFIX as WATCH_PREFIX
+from kernelrl.web.live import mount_watch
+from kernelrl.web.tokens import ANONYMOUS, ClientToken, TokenFileError, match_token, read_tokens
 
 log = logging.getLogger("kernelrl.serve")
 
@@ -438,7 +439,7 @@ class DbLock:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """The server's socket from the one binder (`kernelrl.report.watch.app.bind`); a port that
+    """The server's socket from the one binder (`kernelrl.web.app.bind`); a port that
     cannot be had is a `StartError`."""
     try:
         return bind(host, port)

@@ -1,10 +1,10 @@
 """The session store: refinement episodes served over HTTP, their turns and verdicts, in SQLite.
 
-A session is one client's refinement episode (`kernelrl.search.episode`) on one task: its
+A session is one client's refinement episode (`kernelrl.episodes.episode`) on one task: its
 settings (turns, gamma, history budget, size, policy), the job that reads the task's profile,
 the base prompt once built, and its turns. A turn is an answer (or a bare candidate), the code
 judged, the idempotency key and the job that judges it, and once judged its result, its verdict
-text (`kernelrl.search.feedback`) and its reward.
+text (`kernelrl.episodes.feedback`) and its reward.
 
 The tables live in the reward server's database, beside the jobs (`kernelrl.serve.jobs`): the
 file, its tables and their versions are `kernelrl.serve.store.ServerStore`'s (WAL,
@@ -31,7 +31,6 @@ threads (the server store's one connection and lock).
 
 from __future__ import annotations
 
-import enum
 import json
 import sqlite3
 import time
@@ -41,19 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernelrl.backends.api import TurnState
 from kernelrl.checks.policy import PolicyName
+from kernelrl.episodes.episode import EpisodeConfig
 from kernelrl.result import EvalResult
 from kernelrl.reward import Reward
-from kernelrl.search.episode import EpisodeConfig
 from kernelrl.serve.jobs import task_from_json, task_to_json
 from kernelrl.serve.store import ServerStore
 from kernelrl.tasks.task import Size, Task
-
-
-class TurnState(enum.StrEnum):
-    PENDING = "pending"  # its job is queued or running
-    JUDGED = "judged"  # verdict and reward recorded
-    FAILED = "failed"  # its job could not be finished; the same turn may be submitted again
 
 
 class TurnRefused(Exception):

@@ -1,15 +1,15 @@
 """Refinement sessions over HTTP: a client's multi-turn episode on one task, turn by turn.
 
-The same episode `kernelrl optimize --turns` runs (`kernelrl.search.episode`), served to RL
+The same episode `kernelrl optimize --turns` runs (`kernelrl.episodes.episode`), served to RL
 frameworks that drive the model themselves: verl's agent loop (an interaction starts, answers
 each assistant turn with feedback text, a turn score and whether to stop, and is finalised) and
-OpenEnv's reset/step/state. Routes (wire format in `kernelrl.serve.api`):
+OpenEnv's reset/step/state. Routes (wire format in `kernelrl.backends.api`):
 
 - `POST /v1/sessions` {task, name?, turns, size?, policy?, gamma?, history_tokens?, key?}: 201
   with the session; queues a profile job (what the prompt's shapes come from) like
   `/v1/profile`, under a per-client key, so each task's profile is read once;
 - `GET /v1/sessions/ID/prompt[?wait=S]`: the next turn's prompt: the base prompt the server
-  builds (`kernelrl.search.prompt.build_prompt`, no code database, with the task's profile when
+  builds (`kernelrl.episodes.prompt.build_prompt`, no code database, with the task's profile when
   its reference worker could read it) and the episode's earlier answers and verdicts
   (`Episode.prompt`, within the history budget); `waiting` while the profile or the previous
   turn's verdict is not known yet;
@@ -37,7 +37,7 @@ Guarantees:
   `RewardModel` (its smoothing window holds that client's turns only, so no client moves the
   bound another's rewards are clipped to; it is this process's, so rewards recorded before a
   restart are kept as they were, and the window starts empty after it);
-- the verdict text is `kernelrl.search.feedback`'s: never the worker's log, seeds, input values
+- the verdict text is `kernelrl.episodes.feedback`'s: never the worker's log, seeds, input values
   or the harness's paths; the full result is the job's (`GET /v1/jobs/ID`, same client only).
 
 Does not measure torch.compile baselines (verdicts give the speedup against eager), keep a code
@@ -59,37 +59,34 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from kernelrl.candidate import extract_code
-from kernelrl.judge.profile import TaskProfile
-from kernelrl.result import EvalResult, Status
-from kernelrl.reward import RewardModel
-from kernelrl.search.episode import DEFAULT_GAMMA, Episode, EpisodeConfig
-from kernelrl.search.feedback import feedback
-from kernelrl.search.prompt import build_prompt
-from kernelrl.serve.api import (
+from kernelrl.backends.api import (
     MAX_TURNS,
     Accepted,
     ApiError,
     BadItem,
+    JobKind,
+    JobState,
+    ProfileOutcome,
     PromptReply,
     SessionCreate,
     SessionReply,
     TurnReply,
+    TurnState,
     TurnSubmit,
     parse_body,
     resolve_task,
     scrub_paths,
 )
+from kernelrl.candidate import extract_code
+from kernelrl.episodes.episode import DEFAULT_GAMMA, Episode, EpisodeConfig
+from kernelrl.episodes.feedback import feedback
+from kernelrl.episodes.prompt import build_prompt
+from kernelrl.judge.profile import TaskProfile
+from kernelrl.result import EvalResult, Status
+from kernelrl.reward import RewardModel
 from kernelrl.serve.config import ServeConfig
-from kernelrl.serve.jobs import FINISHED, ItemSpec, JobKind, JobState, JobStore, ProfileOutcome
-from kernelrl.serve.session_store import (
-    SessionLimit,
-    SessionRecord,
-    SessionStore,
-    TurnRecord,
-    TurnRefused,
-    TurnState,
-)
+from kernelrl.serve.jobs import FINISHED, ItemSpec, JobStore
+from kernelrl.serve.session_store import SessionLimit, SessionRecord, SessionStore, TurnRecord, TurnRefused
 
 SubmitJob = Callable[..., Accepted]  # RewardService's: (specs, *, size, policy, owner, kind) -> Accepted
 T = TypeVar("T")

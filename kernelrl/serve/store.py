@@ -146,7 +146,7 @@ CREATE TABLE IF NOT EXISTS session_turns (
     job TEXT,  -- the job judging it, once submitted
     state TEXT NOT NULL CHECK (state IN ('pending', 'judged', 'failed')),
     result TEXT,  -- JSON: EvalResult.to_dict()
-    verdict TEXT,  -- what the next turn's prompt shows (kernelrl.search.feedback)
+    verdict TEXT,  -- what the next turn's prompt shows (kernelrl.episodes.feedback)
     reward TEXT,  -- JSON: Reward.to_dict(), or null (nothing to pay: task_error)
     error TEXT,  -- why a failed turn failed
     created_s REAL NOT NULL,

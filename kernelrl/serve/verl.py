@@ -19,7 +19,7 @@ server, an hour by default —, `eval` — a table of `kernelrl.judge.evaluator.
 settings (device, size, policy, timeout_s, timing...) — and `reward` — a table of
 `kernelrl.reward.RewardConfig` settings), then the environment (`KERNELRL_SERVE_URL`,
 `KERNELRL_SERVE_TOKEN_FILE`); with a URL the reward server judges
-(`kernelrl.serve.client.RewardClient`; the `eval` table's size and policy go with each job),
+(`kernelrl.backends.client.RewardClient`; the `eval` table's size and policy go with each job),
 without one an in-process `Evaluator` built from the `eval` table.
 
 Other keywords are accepted and not used: verl's reward loop adds its own to every call
@@ -50,10 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernelrl.backends.api import BadItem, is_task_name, resolve_task
 from kernelrl.candidate import extract_code
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import Reward, RewardConfig, RewardModel
-from kernelrl.serve.api import BadItem, is_task_name, resolve_task
 from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:
@@ -112,9 +112,9 @@ class VerlScorer:
     """One backend and one reward model for one configuration (cached per process)."""
 
     def __init__(self, settings: VerlSettings) -> None:
+        from kernelrl.backends.judges import SERVER_SETTINGS, BackendConfig, make_judge
         from kernelrl.config import build
         from kernelrl.judge.eval_config import EvalConfig
-        from kernelrl.serve.judges import SERVER_SETTINGS, BackendConfig, make_judge
 
         self.settings = settings
         self.model = RewardModel(build(RewardConfig, json.loads(settings.reward)))

@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernelrl.episodes.episode import EpisodeConfig
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.throughput import Throughput
 from kernelrl.report.metrics import fast_p_at_k, geometric_mean, pass_at_k
 from kernelrl.result import Status
 from kernelrl.reward import within_noise
-from kernelrl.search.episode import EpisodeConfig
-from kernelrl.search.records import RunMeta, RunStage
+from kernelrl.store.records import RunMeta, RunStage
 from kernelrl.tasks.splits import Split, SplitError, select
 from kernelrl.tasks.task import Task
 from kernelrl.train.rollouts import (
@@ -58,15 +58,15 @@ from kernelrl.train.rollouts import (
     store_rollouts,
     task_profiles,
 )
-from kernelrl.watch_config import WatchConfig
+from kernelrl.web.config import WatchConfig
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.judge.profile import TaskProfile
+    from kernelrl.proposers import Proposal, Proposer
     from kernelrl.run_parts import Reporter
-    from kernelrl.search.proposers import Proposal, Proposer
     from kernelrl.train.rollouts import Judged
 
 
@@ -260,8 +260,8 @@ def summarise(config: BenchConfig, tasks: Sequence[Task], per_task: Mapping[str,
 
 def _sample(proposer: Proposer, tasks: Sequence[Task], config: BenchConfig, settings: EvalSettings,
             profiles: Mapping[str, TaskProfile | None]) -> list[Rollout]:
-    from kernelrl.search.prompt import first_attempt_prompt
-    from kernelrl.search.proposers import Exhausted, ProposalRequest
+    from kernelrl.episodes.prompt import first_attempt_prompt
+    from kernelrl.proposers import Exhausted, ProposalRequest
 
     prompts = {t.name: first_attempt_prompt(t, policy=settings.policy, device=settings.device, size=settings.size,
                                             profile=profiles.get(t.name), template_dir=config.template_dir)

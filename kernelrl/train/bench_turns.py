@@ -1,10 +1,10 @@
 """The bench with refinement turns: what T turns of one sample add, and whether they beat T samples.
 
 `run_turn_bench(config)` (`BenchConfig.episode.turns` = T > 1) runs, for every task of the split, `k`
-independent episodes (`kernelrl.search.episode`) of T turns each: turn 1 is the same
+independent episodes (`kernelrl.episodes.episode`) of T turns each: turn 1 is the same
 first-attempt prompt the single-turn bench uses (`build_prompt` with no database); turn t's is
 that prompt with the episode's earlier answers and their verdicts as a model should read them
-(`kernelrl.search.feedback`: compiler errors, the first mismatch, speedups against eager and,
+(`kernelrl.episodes.feedback`: compiler errors, the first mismatch, speedups against eager and,
 when measured, torch.compile), within `history_tokens`. Each turn, every live episode's answer
 is asked for, and all of them are judged in one evaluator batch. Every episode runs its T turns
 (a correct answer is refined further, as Kevin does).
@@ -44,10 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernelrl.episodes.driver import Judgement, run_episodes
+from kernelrl.episodes.episode import Episode
 from kernelrl.result import Status
-from kernelrl.search.driver import Judgement, run_episodes
-from kernelrl.search.episode import Episode
-from kernelrl.search.records import RunMeta, RunStage
+from kernelrl.store.records import RunMeta, RunStage
 from kernelrl.tasks.splits import SplitError, select
 from kernelrl.tasks.task import Task
 from kernelrl.train.bench import BenchConfig, BenchReport, _compile_speedups, bench_record, saying, summarise
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
     from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.judge.profile import TaskProfile
-    from kernelrl.search.proposers import Proposer
+    from kernelrl.proposers import Proposer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,7 +177,7 @@ class _Episodes:
 
     def __init__(self, config: BenchConfig, tasks: Sequence[Task], profiles: dict[str, TaskProfile | None],
                  compile_speedups: dict[str, float | None]) -> None:
-        from kernelrl.search.prompt import build_prompt
+        from kernelrl.episodes.prompt import build_prompt
 
         self.config = config
         self.tasks = {t.name: t for t in tasks}
@@ -197,7 +197,7 @@ class _Episodes:
 
     def ask(self, proposer: Proposer, live: Sequence[int], prompts: Sequence[str]) -> list[str | None]:
         """The answers of episodes `live` to their prompts (None: the proposer has no more for it)."""
-        from kernelrl.search.proposers import Exhausted, ProposalRequest
+        from kernelrl.proposers import Exhausted, ProposalRequest
 
         def one(i: int, prompt: str) -> str | None:
             name, sample = self.keys[i]

@@ -5,20 +5,20 @@ the heuristic) for every task, up to `tries` answers per task and proposer, and 
 pair once it has `keep` correct answers. It works in rounds: one answer per open (task,
 proposer) pair at a time, model calls on `model_concurrency` threads, then the round's answers
 judged in one evaluator batch and stored in the code database. Prompts are the contrastive
-prompts of the search (`kernelrl.search.prompt.build_prompt`), so later tries see earlier
+prompts of the search (`kernelrl.episodes.prompt.build_prompt`), so later tries see earlier
 attempts, their verdicts and refused hacks.
 
 The accepted (correct) answers are the SFT set, written after every round as JSONL (`out`) and
 at the end also as a `datasets.Dataset` (`kernelrl.train.sft_set`): task, prompt, answer,
 verdict, speedup, proposer. With `first_prompt` (the default) every accepted answer is also a row
-under the task's first-attempt prompt (`kernelrl.search.prompt.first_attempt_prompt`, what
+under the task's first-attempt prompt (`kernelrl.episodes.prompt.first_attempt_prompt`, what
 `kernelrl bench` asks), judged once: a model trained on the set has seen every kept program, fast
 and slow, after the prompt it is benched with, not only after the prompt that happened to ask it.
 With `keep` above 1 a pair goes on asking after its first correct answer, so the set holds several
 programs per task.
 
 Proposer specs are `make_proposer` specs, optionally followed by `key=value` options separated by
-spaces (`kernelrl.search.proposers.spec`, the syntax every command takes):
+spaces (`kernelrl.proposers.spec`, the syntax every command takes):
 `"openai:qwen-coder base_url=http://127.0.0.1:8000/v1 temperature=0.8"`. An API key is never
 written in a spec: `api_key_env=NAME` names the environment variable holding it.
 
@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelrl.judge.eval_config import EvalConfig
+from kernelrl.proposers.spec import ProposerSpec
 from kernelrl.result import Status
-from kernelrl.search.proposers.spec import ProposerSpec
-from kernelrl.search.records import RunMeta, RunStage
+from kernelrl.store.records import RunMeta, RunStage
 from kernelrl.tasks.task import Task
 from kernelrl.train.rollouts import (
     EvalSettings,
@@ -52,16 +52,16 @@ from kernelrl.train.rollouts import (
     task_profiles,
 )
 from kernelrl.train.sft_set import SFTRow, dataset_dir, write_sft_set
-from kernelrl.watch_config import WatchConfig
+from kernelrl.web.config import WatchConfig
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.judge.profile import TaskProfile
-    from kernelrl.search.database import Database
-    from kernelrl.search.proposers import Proposal, Proposer
-    from kernelrl.search.records import CandidateRecord
+    from kernelrl.proposers import Proposal, Proposer
+    from kernelrl.store import Database
+    from kernelrl.store.records import CandidateRecord
 
 MAX_FAILURES = 3
 STAGE = RunStage.COLLECT
@@ -245,7 +245,7 @@ class Pairing:
     db: Database
 
     def prompts(self, rec: CandidateRecord, accepted: Sequence[CandidateRecord]) -> list[str]:
-        from kernelrl.search.prompt import compose_prompt, first_attempt_prompt
+        from kernelrl.episodes.prompt import compose_prompt, first_attempt_prompt
 
         task = next((t for t in self.tasks if t.name == rec.task), None)
         if task is None:
@@ -303,8 +303,8 @@ def _options(spec: ProposerSpec, config: CollectConfig) -> dict[str, object]:
 def _ask(pairs: Sequence[_Pair], proposers: Mapping[str, Proposer], db: Database, config: CollectConfig,
          settings: EvalSettings, errors: list[str], profiles: Mapping[str, TaskProfile | None]
          ) -> list[tuple[_Pair, Rollout | None]]:
-    from kernelrl.search.prompt import build_prompt
-    from kernelrl.search.proposers import (
+    from kernelrl.episodes.prompt import build_prompt
+    from kernelrl.proposers import (
         Exhausted,
         ProposalRequest,
         ProposerUnavailable,

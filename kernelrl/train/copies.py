@@ -30,7 +30,7 @@ that does not parse is never correct, so never a copy); a `Comparer` makes each 
 canonical form once.
 
 `shown_versions` says what a prompt showed: the database rows whose ids the prompt stream recorded
-with the prompt (`kernelrl.search.prompt.compose_prompt`), in full, never the prompt's text, which
+with the prompt (`kernelrl.episodes.prompt.compose_prompt`), in full, never the prompt's text, which
 elides the reference a version embeds.
 
 Does not prove equivalence: a policy that makes more edits than `allowed` that the canonical form
@@ -195,7 +195,7 @@ class Comparer:
 
 
 class VersionSource(Protocol):
-    """The part of the code database the copy rule reads (`kernelrl.search.database` implements it)."""
+    """The part of the code database the copy rule reads (`kernelrl.store` implements it)."""
 
     def get_candidate(self, candidate_id: int) -> ShownRecord | None: ...
 
@@ -241,7 +241,7 @@ def shown_versions(db: VersionSource | None, task: Task, *, ids: Sequence[int] |
         return out
     if prompt is None:
         return []
-    from kernelrl.search.prompt import elide_reference
+    from kernelrl.episodes.prompt import elide_reference
 
     blocks = [body for _, body in fenced_blocks(prompt) if defines_model_new(body)]
     if not blocks:

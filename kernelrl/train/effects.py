@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import Reward
 from kernelrl.run_parts import Reporter
-from kernelrl.search.records import RunMeta, RunStage
+from kernelrl.store.records import RunMeta, RunStage
 from kernelrl.train.curriculum import Curriculum
 from kernelrl.train.rollouts import EvalSettings, Judged, store_rollouts
 from kernelrl.train.scorer import Exclusion, Scored
@@ -37,7 +37,7 @@ from kernelrl.train.shaper import Shaped
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from kernelrl.search.database import Database
+    from kernelrl.store import Database
 
 # What TRL passes a reward function to log with: a scalar metric, and a column of the completions table.
 LogMetric = Callable[[str, float], object]

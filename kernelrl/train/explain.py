@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelrl.result import EvalResult
 from kernelrl.reward import RewardModel, Windows
-from kernelrl.search.records import RunStage
+from kernelrl.store.records import RunStage
 from kernelrl.tasks.task import Task
 from kernelrl.train.copies import CopyFinding, CopyRule
 from kernelrl.train.roc import RoCConfig
@@ -43,7 +43,7 @@ from kernelrl.train.shaper import shape_batch
 
 if TYPE_CHECKING:
     from kernelrl.judge.contract import ProfilingJudge
-    from kernelrl.search.database import Database
+    from kernelrl.store import Database
 
 
 class ExplainError(ValueError):

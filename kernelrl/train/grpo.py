@@ -52,9 +52,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelrl.config import ConfigError
+from kernelrl.episodes.episode import EpisodeConfig
 from kernelrl.reward import RewardModel
 from kernelrl.run_parts import Reporter
-from kernelrl.search.episode import EpisodeConfig
 from kernelrl.train.copies import CopyRule
 from kernelrl.train.curriculum import Curriculum, CurriculumConfig
 from kernelrl.train.model import (

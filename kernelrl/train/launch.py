@@ -158,7 +158,7 @@ def _check_run_page(config: TrainConfig, add: AddCheck) -> None:
     port, host = config.watch.port, config.watch.host
     if port is None:
         return
-    from kernelrl.report.watch.app import bind  # how the page will listen
+    from kernelrl.web.app import bind  # how the page will listen
 
     try:
         bind(host, port).close()

@@ -133,7 +133,7 @@ def peft_config(config: ModelConfig) -> LoraConfig | None:
 def system_text(config: ModelConfig) -> str:
     if config.system is not None:
         return config.system
-    from kernelrl.search.prompt import system_message
+    from kernelrl.episodes.prompt import system_message
 
     return system_message()
 

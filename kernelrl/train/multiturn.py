@@ -17,7 +17,7 @@ evaluator batch, where an environment's tool judges one kernel per call:
   verdict stored with its `turn`, `turns` and `episode` in the candidate's meta, turn 1's parents
   the row's (as single-turn rollouts'), a later turn's parent the previous turn's candidate);
   turn t answers `Episode.prompt` (the row's prompt, then the trajectory's earlier answers and
-  verdicts within `history_tokens` of the policy's tokenizer, `kernelrl.search.episode`), and so
+  verdicts within `history_tokens` of the policy's tokenizer, `kernelrl.episodes.episode`), and so
   on;
 - a copy (`kernelrl.train.copies`) is a program the row's prompt showed (the task's versions
   from the database); repeating the episode's own earlier answer is not one: it is judged and
@@ -66,7 +66,7 @@ trajectory's return short: refused at configuration), and uses TRL's own generat
 (`kernelrl.train.trl_generate`, the one adapter over `GRPOTrainer`'s private generation:
 transformers' generate, or vLLM when `use_vllm`; TRL calls the rollout function experimental,
 and these private methods may move with it) for every turn, so a turn waits for the previous
-turn's verdicts. The turns are `kernelrl.search.driver.run_episodes` with this module's `ask`
+turn's verdicts. The turns are `kernelrl.episodes.driver.run_episodes` with this module's `ask`
 (TRL's generation) and `judge` (`score_rollouts`, the samples kept for TRL).
 """
 
@@ -79,11 +79,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from kernelrl.candidate import extract_code
+from kernelrl.episodes.driver import Judgement, run_episodes
+from kernelrl.episodes.episode import Episode, EpisodeConfig
 from kernelrl.result import Status
 from kernelrl.run_parts import Reporter
-from kernelrl.search.driver import Judgement, run_episodes
-from kernelrl.search.episode import Episode, EpisodeConfig
-from kernelrl.search.records import RunMeta
+from kernelrl.store.records import RunMeta
 from kernelrl.train.effects import LogExtra, LogMetric, print_batch
 from kernelrl.train.model import prompt_text
 from kernelrl.train.reward_fn import KernelRewardFunction

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Required, TypedDict
 
+from kernelrl.backends.judges import BackendConfig
 from kernelrl.config import CONFIG_DIR, build, load_toml, to_dict, with_overrides
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.reward import RewardConfig
-from kernelrl.serve.judges import BackendConfig
 from kernelrl.tasks.splits import Split, for_training, split_of, split_of_name
 from kernelrl.train.grpo import GRPOResult, GRPOStageConfig
 from kernelrl.train.launch_config import LaunchConfig
@@ -39,7 +39,7 @@ from kernelrl.train.model import ModelConfig
 from kernelrl.train.rft import RFTStageConfig, RoundResult
 from kernelrl.train.sft import SFTStageConfig
 from kernelrl.train.stage import Init, Stage, StageOutcome
-from kernelrl.watch_config import WatchConfig
+from kernelrl.web.config import WatchConfig
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -49,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelrl.reward import RewardModel
-from kernelrl.search.records import RunMeta
+from kernelrl.store.records import RunMeta
 from kernelrl.tasks.task import Task
 from kernelrl.train.copies import CopyRule
 from kernelrl.train.curriculum import Curriculum
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
     from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.run_parts import Reporter
-    from kernelrl.search.database import Database
+    from kernelrl.store import Database
     from kernelrl.train.sampling import Prompt
 
 __all__ = ["BatchLog", "KernelRewardFunction", "LogExtra", "LogMetric", "TaskMismatch", "print_batch"]

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from kernelrl.result import Status
-from kernelrl.search.records import RunMeta, RunStage
+from kernelrl.store.records import RunMeta, RunStage
 from kernelrl.tasks.task import Task
 from kernelrl.train.model import (
     ModelConfig,
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from kernelrl.jsontypes import JSONValue
     from kernelrl.judge.profile import TaskProfile
     from kernelrl.run_parts import RunParts
-    from kernelrl.search.database import Database
+    from kernelrl.store import Database
 
 ROUND_FILE = "round.json"
 
@@ -276,7 +276,7 @@ def _missing(tasks: Sequence[Task], have: Sequence[Judged], per_task: int) -> di
 def _plan(stage: RFTStageConfig, tasks: Sequence[Task], by_name: Mapping[str, Task], db: Database, settings: EvalSettings,
           label: str, *, seed: int, template_dir: Path | None, profiles: Mapping[str, TaskProfile | None]) -> list[Planned]:
     """What the round still needs: one prompt per task with samples missing (the main process)."""
-    from kernelrl.search.prompt import build_prompt
+    from kernelrl.episodes.prompt import build_prompt
 
     have, _ = _stored_samples(db, label, by_name, stage.samples_per_task)
     out = []

@@ -40,8 +40,8 @@ from kernelrl.tasks.task import Task
 if TYPE_CHECKING:
     from kernelrl.judge.contract import ProfilingJudge
     from kernelrl.judge.profile import TaskProfile
-    from kernelrl.search.database import Database
-    from kernelrl.search.records import RunMeta
+    from kernelrl.store import Database
+    from kernelrl.store.records import RunMeta
 
 
 def task_profiles(backend: ProfilingJudge, tasks: Sequence[Task]) -> dict[str, TaskProfile | None]:
@@ -153,7 +153,7 @@ def store_rollouts(db: Database, judged: Sequence[Judged], *, proposer: str, ste
                    run_id: int | None = None, meta: Sequence[RunMeta] | None = None,
                    settings: EvalSettings | None = None) -> list[Judged]:
     """Write each rollout and its verdict to the code database; the judged rows with their ids."""
-    from kernelrl.search.records import NewCandidate, RunMeta
+    from kernelrl.store.records import NewCandidate, RunMeta
 
     out = []
     for i, j in enumerate(judged):

@@ -45,7 +45,7 @@ from kernelrl.train.rollouts import EvalSettings, Judged, Rollout, evaluate_roll
 
 if TYPE_CHECKING:
     from kernelrl.judge.contract import ProfilingJudge
-    from kernelrl.search.database import Database
+    from kernelrl.store import Database
 
 log = logging.getLogger("kernelrl.train.reward")
 

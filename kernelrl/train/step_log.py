@@ -5,7 +5,7 @@ reward, kept or not: `kernelrl.train.reward_fn`). What is not there is what only
 knows at a logging step: TRL's own metrics (loss, KL, learning rate, the mean reward, lengths)
 and the curriculum's per-task weights. `step_log_callback(db, run_id=..., curriculum=...)` is a
 TRL/transformers `TrainerCallback` that hands both, one record per logging step, to the run
-database (`Database.log_step`; the table and its merge rule are `kernelrl.search.database.steps`).
+database (`Database.log_step`; the table and its merge rule are `kernelrl.store.steps`).
 
 Registration in `kernelrl.train.grpo.train_grpo` (the trainer's callbacks list):
 
@@ -26,8 +26,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from kernelrl.search.database import Database
-from kernelrl.search.database.steps import StepRecord
+from kernelrl.store import Database
+from kernelrl.store.steps import StepRecord
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments

@@ -1,7 +1,7 @@
 """The GRPO prompt stream: contrastive prompts rebuilt from the code database as the trainer reads.
 
 Each row is `{"prompt": ..., "task": NAME, "key": ..., "parents": [ids], "shown": [ids]}`: the curriculum picks
-the task, and `kernelrl.search.prompt.build_prompt` writes the prompt from what the database
+the task, and `kernelrl.episodes.prompt.build_prompt` writes the prompt from what the database
 holds for it at that moment (the best correct code as the version to improve, earlier codes of
 the task with their measured speedups, refused hacks, then the protocol: analysis first, then
 code). `shown` holds the database ids of every version the prompt shows, so the reward can tell
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from kernelrl.search.records import ContrastDraw
+from kernelrl.store.records import ContrastDraw
 from kernelrl.train.curriculum import Curriculum
 from kernelrl.train.model import prompt_text
 from kernelrl.train.ranks import Ranks, SingleProcess
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from datasets import IterableDataset
 
     from kernelrl.judge.profile import TaskProfile
-    from kernelrl.search.database import Database
+    from kernelrl.store import Database
     from kernelrl.train.sampling import Prompt
 
 # `datasets` pickles a generator to fingerprint it, and a stream holds a database connection:
@@ -69,7 +69,7 @@ _REMEMBERED = 4096
 
 @dataclass(frozen=True, kw_only=True)
 class ContrastConfig:
-    """How each prompt's earlier versions are drawn (`kernelrl.search.records.ContrastDraw`).
+    """How each prompt's earlier versions are drawn (`kernelrl.store.records.ContrastDraw`).
 
     `best` always shows the task's best known version as the one to improve: once the policy has
     written it, writing it again is a copy and pays no speedup, so a policy that learned the fast
@@ -146,7 +146,7 @@ class PromptStream:
         self._rows: OrderedDict[str, PromptRow] = OrderedDict()
 
     def row(self) -> PromptRow:
-        from kernelrl.search.prompt import compose_prompt
+        from kernelrl.episodes.prompt import compose_prompt
 
         task = self.curriculum.draw()
         best = self.db.top_candidates(task.name, 1) if self.db is not None else []

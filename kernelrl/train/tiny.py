@@ -129,7 +129,7 @@ def build_tiny_model(folder: str | Path, tasks: Sequence[Task], config: TinyMode
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    from kernelrl.search.prompt import build_prompt, system_message
+    from kernelrl.episodes.prompt import build_prompt, system_message
 
     config = config or TinyModelConfig()
     folder = Path(folder)

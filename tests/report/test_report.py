@@ -17,7 +17,7 @@ from kernelrl.report.html import write_html
 from kernelrl.report.metrics import geometric_mean
 from kernelrl.report.report import build_report
 from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
-from kernelrl.search.database import Database, NewCandidate
+from kernelrl.store import Database, NewCandidate
 
 # task -> verdicts in order: a float is a correct speedup, a Status is a failure, ("flag", rules) is refused
 VERDICTS = {

@@ -10,9 +10,9 @@ import pytest
 from kernelrl.report.html import write_html
 from kernelrl.report.report import build_report
 from kernelrl.result import EvalResult, Status, TimingStats
-from kernelrl.search.database import Database
-from kernelrl.search.records import NewCandidate
-from report.watch.test_watch_browser import browser  # noqa: F401, F811 - the fixture
+from kernelrl.store import Database
+from kernelrl.store.records import NewCandidate
+from web.test_watch_browser import browser  # noqa: F401, F811 - the fixture
 
 TASKS = (("level1/matmul_with_large_k_dimension", 2.2), ("level2/conv2d_batchnorm_relu", 1.04), ("level1/relu", 0.8))
 

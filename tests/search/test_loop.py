@@ -25,8 +25,8 @@ from kernelrl.candidate import Candidate
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.result import EvalResult, Finding, Status, TimingStats
 from kernelrl.run_parts import build_run
-from kernelrl.search.database import CandidateState, Database, RunStatus
 from kernelrl.search.loop import SearchConfig, StopReason, run_search
+from kernelrl.store import CandidateState, Database, RunStatus
 from kernelrl.tasks.sizes import instantiate
 from kernelrl.tasks.task import Task
 from openai_server import Reply
@@ -398,7 +398,7 @@ def test_ctrl_c_finishes_work_under_way_and_stops(tmp_path: Path) -> None:
 
 
 def test_finite_proposer_ends_chains_quietly(tmp_path: Path) -> None:
-    from kernelrl.search.proposers import Exhausted
+    from kernelrl.proposers import Exhausted
 
     class ThreeOnly(ScriptedProposer):
         def propose(self, req):
@@ -521,8 +521,8 @@ def test_failed_baseline_is_reported_and_the_task_goes_on(tmp_path: Path) -> Non
 def test_search_against_scripted_server_stores_every_answer(openai_server, tmp_path):
     """3 tasks x 2 chains x 4 steps through the real prompt builder and the openai proposer."""
     from kernelrl.result import EvalResult, Status
-    from kernelrl.search.database import Database
     from kernelrl.search.loop import SearchConfig
+    from kernelrl.store import Database
     from kernelrl.tasks.suites import load_task
 
     tasks = [load_task(n) for n in ("level1/softmax", "level1/rmsnorm", "level1/scaled_residual_add")]
@@ -579,8 +579,8 @@ def test_search_against_scripted_server_stores_every_answer(openai_server, tmp_p
 def test_search_against_scripted_server_with_the_real_evaluator(openai_server, tmp_path):
     """The same 3 x 2 x 4 run, every answer judged by the evaluator (minutes on two cores)."""
     from kernelrl.result import Status
-    from kernelrl.search.database import Database
     from kernelrl.search.loop import SearchConfig
+    from kernelrl.store import Database
 
     names = ("level1/softmax", "level1/rmsnorm", "level1/scaled_residual_add")
     proposer = openai_proposer(openai_server, concurrency=2)
@@ -605,7 +605,7 @@ def test_the_run_page_shows_the_search_while_it_goes(tmp_path: Path) -> None:
     import json
     import urllib.request
 
-    from kernelrl.watch_config import WatchConfig
+    from kernelrl.web.config import WatchConfig
 
     console = Console(file=io.StringIO(), width=200)
     seen: list[list[tuple[str, int]]] = []

@@ -8,9 +8,9 @@ import threading
 import time
 from pathlib import Path
 
+from kernelrl.proposers import Proposal
 from kernelrl.result import EvalResult, Status
 from kernelrl.search.loop import SearchConfig
-from kernelrl.search.proposers import Proposal
 from kernelrl.tasks.suites import load_tasks
 from run_fixtures import searched
 

@@ -13,11 +13,11 @@ from typing import Any
 from judge_fixtures import OneAtATime
 from kernelrl.candidate import Candidate
 from kernelrl.cli import main
+from kernelrl.episodes.episode import EpisodeConfig
 from kernelrl.report.report import build_report
 from kernelrl.result import EvalResult, Status, TimingStats
-from kernelrl.search.database import Database
-from kernelrl.search.episode import EpisodeConfig
 from kernelrl.search.loop import SearchConfig
+from kernelrl.store import Database
 from kernelrl.tasks.task import Task
 from run_fixtures import searched
 

@@ -54,7 +54,7 @@ TINY_WRONG = TINY_CORRECT.replace("torch.relu(x) * 2.0", "x * 2.0")
 
 def fast_client(url: str, **settings: Any) -> Any:
     """A client with short backoffs, for servers on this machine."""
-    from kernelrl.serve.client import ClientConfig, RewardClient
+    from kernelrl.backends.client import ClientConfig, RewardClient
 
     token = settings.pop("token", None)
     config = ClientConfig(**{"backoff_s": 0.05, "backoff_max_s": 0.5, "wait_s": 5.0, **settings})

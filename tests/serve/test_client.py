@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from serve_helpers import FakeBackend, fake_result, fast_client, free_port
 
-from kernelrl.serve.client import DEFAULT_TIMEOUT_S, ClientConfig, RewardClient, ServeError
+from kernelrl.backends.client import DEFAULT_TIMEOUT_S, ClientConfig, RewardClient, ServeError
 from kernelrl.serve.config import ServeConfig
 from kernelrl.serve.server import RewardServer
 from kernelrl.tasks.task import Task
@@ -82,7 +82,7 @@ def test_gives_up_after_the_retries() -> None:
 
 def test_backoff_grows_and_is_jittered(monkeypatch: pytest.MonkeyPatch) -> None:
     pauses: list[float] = []
-    monkeypatch.setattr("kernelrl.serve.client.time.sleep", pauses.append)
+    monkeypatch.setattr("kernelrl.backends.client.time.sleep", pauses.append)
     client = RewardClient(f"http://127.0.0.1:{free_port()}",  # nobody listens: connection refused
                           config=ClientConfig(retries=6, backoff_s=0.5, backoff_max_s=4.0))
     with pytest.raises(ServeError, match="ConnectError"):

@@ -7,10 +7,11 @@ from pathlib import Path
 
 from serve_helpers import FakeBackend, fake_result
 
+from kernelrl.backends.api import JobState
 from kernelrl.checks.policy import PolicyName
 from kernelrl.result import Status
 from kernelrl.serve.dispatch import Dispatcher
-from kernelrl.serve.jobs import ItemSpec, JobState, JobStore
+from kernelrl.serve.jobs import ItemSpec, JobStore
 from kernelrl.tasks.task import Size, Task
 
 TASK = Task(name="t", source="class Model: pass\ndef get_inputs(): return []\ndef get_init_inputs(): return []\n")

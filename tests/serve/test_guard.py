@@ -11,7 +11,7 @@ import pytest
 from serve_helpers import TOKEN, FakeBackend
 
 from kernelrl.serve.config import ServeConfig
-from kernelrl.serve.guard import default_hosts, host_name
+from kernelrl.web.guard import default_hosts, host_name
 
 TASK_SOURCE = ("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x + 1\n"
                "def get_inputs():\n    return [torch.randn(4)]\ndef get_init_inputs():\n    return []\n")

@@ -1,4 +1,4 @@
-"""Every connection and body is bounded in time and number (`kernelrl.serve.http`), tested as an
+"""Every connection and body is bounded in time and number (`kernelrl.web.http`), tested as an
 attacker on loopback would: connections that send half a request head and wait, or trickle it a
 byte at a time, or declare a body and never send it; more connections than the limit. Bounded:
 at most 200 connections, each test under about 10 s."""
@@ -14,7 +14,7 @@ import httpx
 import pytest
 from serve_helpers import FakeBackend
 
-from kernelrl.serve.http import HttpLimits
+from kernelrl.web.http import HttpLimits
 
 HEADER_TIMEOUT_S = 1.0
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from serve_helpers import fake_result
 
+from kernelrl.backends.api import JobState
 from kernelrl.checks.policy import PolicyName
 from kernelrl.result import EvalResult, Status
-from kernelrl.serve.jobs import ItemSpec, JobState, JobStore, KeyConflict, QueueFull
+from kernelrl.serve.jobs import ItemSpec, JobStore, KeyConflict, QueueFull
 from kernelrl.tasks.task import Size, Task
 
 TASK = Task(name="t", source="import torch\nclass Model: pass\ndef get_inputs(): return []\n"

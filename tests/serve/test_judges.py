@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from kernelrl.backends.client import RewardClient
+from kernelrl.backends.judges import BackendConfig, make_judge
 from kernelrl.checks.policy import PolicyName
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.serve import lanes as lanes_module
 from kernelrl.serve import verl
-from kernelrl.serve.client import RewardClient
-from kernelrl.serve.judges import BackendConfig, make_judge
 from kernelrl.serve.lanes import LaneEvaluators
 from kernelrl.serve.verl import VerlSettings
 from kernelrl.tasks.task import Size

@@ -2,7 +2,7 @@
 
 Untrusted text: request bodies (`api.check_body`), Host headers (`guard`), candidate sources (the
 static rules, `kernelrl.candidate`), model answers (`extract_code`), compiler output and
-tracebacks (`kernelrl.search.feedback`, `kernelrl.judge.builds`). Each is driven, at the size
+tracebacks (`kernelrl.episodes.feedback`, `kernelrl.judge.builds`). Each is driven, at the size
 limit the server or the judge allows, by text built from the pieces its patterns look for,
 repeated: what makes a backtracking pattern quadratic (an opening never closed, an escape that
 hides a terminator, a prefix that almost matches). A quadratic scan of 256 KiB takes minutes
@@ -22,15 +22,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kernelrl.backends.api import TooLarge, check_body, scrub_paths
 from kernelrl.candidate import detect_language, extract_code, fenced_blocks
 from kernelrl.checks.static.environment import is_thread_env
 from kernelrl.checks.static.kernels import strip_c_comments
 from kernelrl.checks.static.scan import check_source
+from kernelrl.episodes import feedback
 from kernelrl.judge import builds
-from kernelrl.search import feedback
-from kernelrl.serve import guard
-from kernelrl.serve.api import TooLarge, check_body, scrub_paths
 from kernelrl.serve.config import ServeConfig
+from kernelrl.web import guard
 
 BOUND_S = 2.0  # generous on a loaded two-core machine; a quadratic scan at these sizes takes minutes
 SOURCE_LIMIT = ServeConfig().max_source_bytes  # 256 KiB: a candidate, a task, an answer

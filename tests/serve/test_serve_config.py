@@ -10,8 +10,9 @@ from kernelrl.config import ConfigError, build
 from kernelrl.judge.device import Device
 from kernelrl.judge.evaluator import EvalConfig
 from kernelrl.serve.backend import BackendKind
-from kernelrl.serve.config import ServeConfig, is_loopback
+from kernelrl.serve.config import ServeConfig
 from kernelrl.serve.lanes import LaneSpec, parse_devices, split_evenly
+from kernelrl.web.guard import is_loopback
 
 
 def test_parse_devices() -> None:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from serve_helpers import TOKEN, FakeBackend, fake_profile, fake_result, fast_client
 
-from kernelrl.serve.client import ServeError
+from kernelrl.backends.client import ServeError
 from kernelrl.serve.server import RewardServer, StartError
 from kernelrl.tasks.task import Task, TaskError
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from kernelrl.backends.api import TurnState
 from kernelrl.checks.policy import PolicyName
+from kernelrl.episodes.episode import EpisodeConfig
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import Reward
-from kernelrl.search.episode import EpisodeConfig
-from kernelrl.serve.session_store import SessionLimit, SessionStore, TurnRefused, TurnState
+from kernelrl.serve.session_store import SessionLimit, SessionStore, TurnRefused
 from kernelrl.tasks.task import Size, Task
 
 TASK = Task(name="t", source="import torch\n")

@@ -13,10 +13,10 @@ import httpx
 import pytest
 from serve_helpers import COMPILER_LINE, TOKEN, ScriptedBackend, fast_client, write_token_file
 
+from kernelrl.backends.client import ServeError
+from kernelrl.episodes.episode import discounted_returns
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import RewardModel
-from kernelrl.search.episode import discounted_returns
-from kernelrl.serve.client import ServeError
 from kernelrl.tasks.task import Task
 
 TASK_SOURCE = """import torch

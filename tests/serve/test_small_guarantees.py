@@ -11,8 +11,8 @@ import httpx
 from fastapi.testclient import TestClient
 from serve_helpers import TINY_CORRECT, FakeBackend
 
-from kernelrl.report.watch.app import create_app
-from kernelrl.serve.api import scrub_paths
+from kernelrl.backends.api import scrub_paths
+from kernelrl.web.app import create_app
 from watch_fixtures import fill_search_run
 
 HUGE = "99999999999999999999"  # past SQLite's 64-bit integers

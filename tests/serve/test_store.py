@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kernelrl.checks.policy import PolicyName
-from kernelrl.search.episode import EpisodeConfig
+from kernelrl.episodes.episode import EpisodeConfig
 from kernelrl.serve.jobs import JobStore
 from kernelrl.serve.session_store import SessionStore
 from kernelrl.serve.store import SCHEMA, ServerStore, StoreError

@@ -8,12 +8,12 @@ import httpx
 import pytest
 from serve_helpers import TOKEN, FakeBackend, fast_client, write_token_file
 
-from kernelrl.serve.api import ItemIn, wire_item
-from kernelrl.serve.client import RewardClient, ServeError
+from kernelrl.backends.api import ItemIn, wire_item
+from kernelrl.backends.client import RewardClient, ServeError
 from kernelrl.serve.config import ServeConfig
 from kernelrl.serve.server import RewardServer, StartError
-from kernelrl.serve.tokens import MIN_TOKEN_CHARS, TokenFileError, client_token, match_token, read_tokens
 from kernelrl.tasks.task import Task
+from kernelrl.web.tokens import MIN_TOKEN_CHARS, TokenFileError, client_token, match_token, read_tokens
 
 ALICE = "a" * 20 + "-alice-token-0123456789"
 BOB = "b" * 20 + "-bob-token-0123456789xx"

@@ -29,8 +29,8 @@ def test_trl_reward_function_through_the_server(real_server, tiny_task) -> None:
 def test_the_trainer_s_client_times_out_by_default(tmp_path) -> None:
     import math
 
-    from kernelrl.serve.client import DEFAULT_TIMEOUT_S, RewardClient
-    from kernelrl.serve.judges import BackendConfig, make_judge
+    from kernelrl.backends.client import DEFAULT_TIMEOUT_S, RewardClient
+    from kernelrl.backends.judges import BackendConfig, make_judge
     from kernelrl.train.model import ModelConfig
     from kernelrl.train.recipe import TrainConfig
 

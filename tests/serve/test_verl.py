@@ -57,7 +57,7 @@ def test_keywords_verl_adds_are_accepted(caplog: pytest.LogCaptureFixture) -> No
 
 
 def test_the_server_s_client_times_out_by_default() -> None:
-    from kernelrl.serve.client import DEFAULT_TIMEOUT_S
+    from kernelrl.backends.client import DEFAULT_TIMEOUT_S
 
     used = verl.scorer(VerlSettings.resolve({"url": "http://127.0.0.1:7"}, {}))
     assert used.backend.config.timeout_s == DEFAULT_TIMEOUT_S

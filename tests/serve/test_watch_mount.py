@@ -126,7 +126,7 @@ def test_sessions_expire(start_server, token_file, tmp_path):
 
 
 def test_a_session_needs_its_cookie_and_its_key():
-    from kernelrl.serve.watch import MAX_SESSIONS, Sessions
+    from kernelrl.web.live import MAX_SESSIONS, Sessions
 
     now = [0.0]
     sessions = Sessions(session_s=10.0, clock=lambda: now[0])
@@ -231,7 +231,7 @@ def test_the_api_still_refuses_every_browser_request(start_server, token_file, t
 def test_kernelrl_watch_alone_refuses_rebound_names_and_other_sites(tmp_path):
     from fastapi.testclient import TestClient
 
-    from kernelrl.serve.watch import standalone_app
+    from kernelrl.web.live import standalone_app
 
     db = tmp_path / "run.db"
     fill_search_run(db)

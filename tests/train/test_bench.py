@@ -93,8 +93,8 @@ class _Judge:
 
 
 def test_a_bench_with_a_database_is_a_run_of_it_closed_as_it_ended(tmp_path, tiny_task):
-    from kernelrl.search.database import Database
-    from kernelrl.search.proposers.replay import ReplayProposer
+    from kernelrl.proposers.replay import ReplayProposer
+    from kernelrl.store import Database
     from kernelrl.train.bench import run_bench
 
     right = tiny_task.source.replace("class Model(", "class ModelNew(")

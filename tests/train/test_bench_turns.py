@@ -13,8 +13,8 @@ import pytest
 from judge_fixtures import QUICK_TIMING
 from kernelrl.candidate import Candidate
 from kernelrl.cli import main
+from kernelrl.episodes.episode import EpisodeConfig
 from kernelrl.result import EvalResult, Status
-from kernelrl.search.episode import EpisodeConfig
 from kernelrl.tasks.task import Task
 from kernelrl.train.bench import BenchConfig, run_bench
 from kernelrl.train.bench_turns import best_so_far, run_turn_bench, summarise_turns
@@ -86,7 +86,7 @@ def program(marker: str) -> str:
 
 
 def test_turn_two_of_a_scripted_model_sees_turn_ones_compiler_error(openai_server, tiny_task) -> None:
-    from kernelrl.search.proposers import make_proposer
+    from kernelrl.proposers import make_proposer
 
     openai_server.add(Reply.ok(program("BUILD_FAILS")), Reply.ok(program("FAST2.0")))
     proposer = make_proposer(f"openai:{MODEL}", base_url=openai_server.base_url, api_key="test-key")

@@ -13,8 +13,8 @@ from kernelrl.cli import main
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import RewardConfig, RewardModel
-from kernelrl.search.database import Database
-from kernelrl.search.records import NewCandidate, RunMeta, RunStage
+from kernelrl.store import Database
+from kernelrl.store.records import NewCandidate, RunMeta, RunStage
 from kernelrl.tasks.task import Task
 from kernelrl.train.explain import ExplainError, explain, prompted, run_windows
 from kernelrl.train.rollouts import EvalSettings
@@ -74,7 +74,7 @@ def test_a_near_copy_is_paid_at_most_no_speedup_and_an_honest_improvement_its_sp
 
 def test_the_command_says_copy_of_version_n_and_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]):
-    import kernelrl.serve.judges as judges
+    import kernelrl.backends.judges as judges
 
     monkeypatch.setattr(judges, "make_judge", lambda *a, **k: ScriptedBackend(judge))
     shown = seeded(tmp_path / "run.db")

@@ -13,7 +13,7 @@ from kernelrl.cli import main
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.result import EvalResult, Status
 from kernelrl.run_parts import build_run
-from kernelrl.search.database import Database
+from kernelrl.store import Database
 from kernelrl.tasks.task import Task, load_task_file
 from train_fixtures import ScriptedBackend
 

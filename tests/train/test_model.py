@@ -142,7 +142,7 @@ def test_a_writing_tiny_model_can_write_any_byte_and_holds_no_program_token(tmp_
     # no answer is a token: a program takes many (the smoke model's whole-program tokens are absent)
     assert len(tok(f"```python\n{seed_programs(TASK)['correct']}```\n")["input_ids"]) > 50
     # a line every task's first-attempt prompt holds is one token; a line of one task's source is not
-    from kernelrl.search.prompt import first_attempt_prompt
+    from kernelrl.episodes.prompt import first_attempt_prompt
 
     prompt = first_attempt_prompt(TASK, policy="strict-pytorch", device="cpu")
     template = "- Do not read environment variables or files, and do not open sockets or subprocesses.\n"

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from kernelrl.episodes.episode import EpisodeConfig
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import Penalties, RewardModel
 from kernelrl.run_parts import build_run
-from kernelrl.search.database import Database
-from kernelrl.search.episode import EpisodeConfig
+from kernelrl.store import Database
 from kernelrl.tasks.task import Task
 from kernelrl.train.multiturn import EpisodeReturn, MultiTurnRollout
 from kernelrl.train.reward_fn import KernelRewardFunction, TaskMismatch

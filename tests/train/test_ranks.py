@@ -13,7 +13,7 @@ import pytest
 
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import RewardConfig, RewardModel, SmoothingConfig
-from kernelrl.search.database import Database
+from kernelrl.store import Database
 from kernelrl.tasks.task import Task
 from kernelrl.train.curriculum import Curriculum, CurriculumConfig
 from kernelrl.train.ranks import SingleProcess, current_ranks

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from judge_fixtures import QUICK_TIMING, QUICK_TIMING_SETTINGS
 from kernelrl.cli import main
-from kernelrl.search.database import Database
+from kernelrl.store import Database
 from kernelrl.train.recipe import load_train_config
 from kernelrl.train.sft_set import SFTRow, dataset_dir, read_sft_set, write_sft_set
 from kernelrl.train.stage import Stage, finished_model

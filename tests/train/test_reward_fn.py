@@ -12,7 +12,7 @@ from rich.console import Console
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.reward import Penalties, RewardConfig, RewardModel, SmoothingConfig
 from kernelrl.run_parts import Reporter
-from kernelrl.search.database import Database
+from kernelrl.store import Database
 from kernelrl.tasks.task import Task
 from kernelrl.train.curriculum import Curriculum
 from kernelrl.train.reward_fn import KernelRewardFunction
@@ -178,7 +178,7 @@ def shown_version(db, source: str, speedup: float) -> int:
     """A version an earlier step stored, judged correct at `speedup` (a 5 % interval)."""
     from kernelrl.candidate import source_hash
     from kernelrl.result import EvalResult, Status
-    from kernelrl.search.records import NewCandidate, RunMeta
+    from kernelrl.store.records import NewCandidate, RunMeta
 
     rec = db.add_candidate(NewCandidate(task=TASK.name, hash=source_hash(source), source=source, parents=(), chain=0,
                                         step=0, proposer="seed", prompt="", answer=source, prompt_tokens=0,

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import pytest
 
-from kernelrl.search.database import Database
+from kernelrl.store import Database
 from kernelrl.train.model import ModelConfig
 from kernelrl.train.rft import Planned, RFTStageConfig, sample_share
 from kernelrl.train.sampling import Engine, SamplingConfig, resolve_engine, share

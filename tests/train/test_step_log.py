@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.search.database import Database
+from kernelrl.store import Database
 from kernelrl.tasks.task import Task
 from kernelrl.train.curriculum import Curriculum, CurriculumConfig
 from kernelrl.train.step_log import step_log_callback

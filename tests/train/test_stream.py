@@ -7,8 +7,8 @@ import pytest
 
 from kernelrl.candidate import source_hash
 from kernelrl.result import EvalResult, Status
-from kernelrl.search.database import Database
-from kernelrl.search.records import ContrastDraw, NewCandidate
+from kernelrl.store import Database
+from kernelrl.store.records import ContrastDraw, NewCandidate
 from kernelrl.tasks.task import Task
 from kernelrl.train.curriculum import Curriculum, CurriculumConfig
 from kernelrl.train.stream import ContrastConfig, PromptBudgetError, PromptStream
@@ -97,7 +97,7 @@ def test_score_draws_show_the_best_often_not_always_and_mark_the_fastest_drawn(d
 
 
 def test_plain_prompts_show_nothing_from_the_database(db):
-    from kernelrl.search.prompt import first_attempt_prompt
+    from kernelrl.episodes.prompt import first_attempt_prompt
 
     row = drawn_stream(db, "none", k=4).row()
     assert row["shown"] == [] and row["parents"] == [] and shown(row["prompt"]) == 0
@@ -105,7 +105,7 @@ def test_plain_prompts_show_nothing_from_the_database(db):
 
 
 def test_a_share_of_prompts_is_the_first_attempt_prompt(db):
-    from kernelrl.search.prompt import first_attempt_prompt
+    from kernelrl.episodes.prompt import first_attempt_prompt
 
     curriculum = Curriculum([TASK], CurriculumConfig(by_level=False), seed=0)
     stream = PromptStream(curriculum, db, as_prompt=lambda text: text, policy="open", device="cpu", size="small", k=2,

@@ -5,7 +5,7 @@ Rule: `bidi_control` (rejects) fires on every line holding a bidirectional contr
 "Trojan Source" (CVE-2021-42574). Python accepts them in comments and strings, C++ compilers in
 comments and literals, and an editor or a review page then shows the code reordered: a `return`
 that reads as commented out, a check that reads as part of a string. No kernel needs them. The
-run pages show each as a visible `[U+XXXX]` (`kernelrl.report.watch.code.visible`).
+run pages show each as a visible `[U+XXXX]` (`kernelrl.web.code.visible`).
 
 Does not catch: homoglyphs (a Cyrillic letter a in a name) and zero-width characters, which change
 what a reader thinks a name is rather than the order code runs in; the other rules resolve names
