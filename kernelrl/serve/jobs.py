@@ -35,19 +35,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import time
 import uuid
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kernelrl.backends.api import JobKind, JobState, ProfileOutcome
 from kernelrl.checks.policy import PolicyName
 from kernelrl.result import EvalResult
-from kernelrl.serve.store import ServerStore
+from kernelrl.serve.store import StoreTables
 from kernelrl.tasks.task import Size, Task
 
 _ORDER = {JobState.QUEUED: 0, JobState.RUNNING: 1, JobState.DONE: 2}
@@ -136,24 +133,9 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class JobStore:
+class JobStore(StoreTables):
     """The jobs of a reward server's database: on `store` (its connection and lock), or on a path
     (a `ServerStore` of its own, closed by `close`)."""
-
-    def __init__(self, store: ServerStore | str | Path) -> None:
-        self._owns = not isinstance(store, ServerStore)
-        self.server = store if isinstance(store, ServerStore) else ServerStore(store)
-        self.path = self.server.path
-        self._db = self.server.db
-        self._lock = self.server.lock
-
-    def close(self) -> None:
-        """Close the file when this store opened it; one built on a `ServerStore` leaves it to its owner."""
-        if self._owns:
-            self.server.close()
-
-    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
-        return self.server.write()
 
     # -- accepting ------------------------------------------------------------------------------
 

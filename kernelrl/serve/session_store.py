@@ -32,12 +32,9 @@ threads (the server store's one connection and lock).
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 import uuid
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kernelrl.backends.api import TurnState
@@ -46,7 +43,7 @@ from kernelrl.episodes.episode import EpisodeConfig
 from kernelrl.result import EvalResult
 from kernelrl.reward import Reward
 from kernelrl.serve.jobs import task_from_json, task_to_json
-from kernelrl.serve.store import ServerStore
+from kernelrl.serve.store import StoreTables
 from kernelrl.tasks.task import Size, Task
 
 
@@ -114,24 +111,9 @@ _SESSION_COLUMNS = ("seq, id, owner, key, task, size, policy, turns, gamma, hist
 _TURN_COLUMNS = "number, answer, code, key, job, state, result, verdict, reward, error, created_s, finished_s"
 
 
-class SessionStore:
+class SessionStore(StoreTables):
     """The sessions of a reward server's database: on `store` (its connection and lock), or on a
     path (a `ServerStore` of its own, closed by `close`)."""
-
-    def __init__(self, store: ServerStore | str | Path) -> None:
-        self._owns = not isinstance(store, ServerStore)
-        self.server = store if isinstance(store, ServerStore) else ServerStore(store)
-        self.path = self.server.path
-        self._db = self.server.db
-        self._lock = self.server.lock
-
-    def close(self) -> None:
-        """Close the file when this store opened it; one built on a `ServerStore` leaves it to its owner."""
-        if self._owns:
-            self.server.close()
-
-    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
-        return self.server.write()
 
     # -- sessions -------------------------------------------------------------------------------
 

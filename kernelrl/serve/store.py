@@ -194,6 +194,26 @@ class ServerStore:
             self.db.close()
 
 
+class StoreTables:
+    """Tables of the server's file, on a `ServerStore` (its connection and lock), or on a path (a
+    `ServerStore` of their own, closed by `close`): what `JobStore` and `SessionStore` share."""
+
+    def __init__(self, store: ServerStore | str | Path) -> None:
+        self._owns = not isinstance(store, ServerStore)
+        self.server = store if isinstance(store, ServerStore) else ServerStore(store)
+        self.path = self.server.path
+        self._db = self.server.db
+        self._lock = self.server.lock
+
+    def close(self) -> None:
+        """Close the file when these tables opened it; on a `ServerStore` it is left to its owner."""
+        if self._owns:
+            self.server.close()
+
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        return self.server.write()
+
+
 def _private(path: Path) -> None:
     """Create `path` readable by its owner only, or make an existing one so (SQLite gives the
     WAL and shared-memory files the database's mode)."""
