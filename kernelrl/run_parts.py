@@ -223,7 +223,7 @@ def _open_row(parts: RunParts, db: Database, record: Mapping[str, object], *, re
     task not registered as the run's."""
     registered = {r.name: r for r in db.tasks()}
     stale = [t.name for t in parts.tasks if (r := registered.get(t.name)) is None
-             or (r.source_hash, r.size) != (t.identity_hash, size)]
+             or (r.identity_hash, r.size) != (t.identity_hash, size)]
     if stale:
         raise ValueError(f"tasks not registered in {db.path} as this run's (at size {size}): {', '.join(stale)}; "
                          "the run's builder registers them unless told not to (register_tasks=False)")

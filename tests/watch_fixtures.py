@@ -74,7 +74,7 @@ def refused(task: str, rule: str = "cached_output") -> EvalResult:
 
 def start_run(db: Database, tasks: list[str], *, budget: int = 4, proposer: str = f"heuristic {HOSTILE}") -> int:
     for name in tasks:
-        db.upsert_task(name=name, source=REFERENCE, source_hash=name, level=1, size="small")
+        db.upsert_task(name=name, source=REFERENCE, identity_hash=name, level=1, size="small")
     return db.start_run({"budget": budget, "chains": 1, "proposer": proposer, "task_names": tasks})
 
 

@@ -215,20 +215,21 @@ class Database:
     def register_task(self, task: Task, *, size: str) -> None:
         """The task's row, under the hash its verdicts are stored against (`Task.identity_hash`: the
         source and its size presets): what every caller holding a task uses."""
-        self.upsert_task(name=task.name, source=task.source, source_hash=task.identity_hash, level=task.level,
+        self.upsert_task(name=task.name, source=task.source, identity_hash=task.identity_hash, level=task.level,
                          size=size)
 
-    def upsert_task(self, *, name: str, source: str, source_hash: str, level: int | None, size: str) -> None:
-        """A task row as given (the column `source_hash` holds `Task.identity_hash`): for rows made
-        by hand, such as a test's edge cases; a caller with a `Task` uses `register_task`."""
+    def upsert_task(self, *, name: str, source: str, identity_hash: str, level: int | None, size: str) -> None:
+        """A task row as given (`identity_hash`: `Task.identity_hash`, what verdicts are stored
+        against): for rows made by hand, such as a test's edge cases; a caller with a `Task` uses
+        `register_task`, which cannot pass another hash."""
         with self._tx() as c:
-            c.execute("INSERT INTO tasks (name, source, source_hash, level, size) VALUES (?, ?, ?, ?, ?) "
-                      "ON CONFLICT(name) DO UPDATE SET source=excluded.source, source_hash=excluded.source_hash, "
-                      "level=excluded.level, size=excluded.size", (name, source, source_hash, level, size))
+            c.execute("INSERT INTO tasks (name, source, identity_hash, level, size) VALUES (?, ?, ?, ?, ?) "
+                      "ON CONFLICT(name) DO UPDATE SET source=excluded.source, identity_hash=excluded.identity_hash, "
+                      "level=excluded.level, size=excluded.size", (name, source, identity_hash, level, size))
 
     def tasks(self) -> list[TaskRecord]:
-        return [TaskRecord(name=r[0], source=r[1], source_hash=r[2], level=r[3], size=r[4])
-                for r in self._query("SELECT name, source, source_hash, level, size FROM tasks ORDER BY name")]
+        return [TaskRecord(name=r[0], source=r[1], identity_hash=r[2], level=r[3], size=r[4])
+                for r in self._query("SELECT name, source, identity_hash, level, size FROM tasks ORDER BY name")]
 
     def put_baseline(self, *, task: str, device: str, size: str, eager_ms: float, compile_ms: float | None,
                      compile_ci: tuple[float, float] | None = None) -> None:
@@ -294,7 +295,7 @@ class Database:
             # for dedup purposes
             c.execute("INSERT INTO results (candidate_id, task, hash, status, speedup, cand_ms, ref_ms, device, size, "
                       "policy, result, evaluated, reused_from, fingerprint, task_hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,"
-                      "COALESCE((SELECT source_hash FROM tasks WHERE name = ?), ''))",
+                      "COALESCE((SELECT identity_hash FROM tasks WHERE name = ?), ''))",
                       (candidate_id, task, h, result.status.value, result.speedup,
                        result.cand_time.median_ms if result.cand_time else None,
                        result.ref_time.median_ms if result.ref_time else None,
@@ -327,7 +328,7 @@ class Database:
         also, extra = ("AND task_hash = ? ", (task_hash,)) if task_hash is not None else ("", ())
         rows = self._query("SELECT candidate_id, result FROM results WHERE task = ? AND hash = ? AND fingerprint = ? "
                            "AND reused_from IS NULL AND status != 'judge_error' "
-                           "AND task_hash = COALESCE((SELECT source_hash FROM tasks WHERE name = ?), '') "
+                           "AND task_hash = COALESCE((SELECT identity_hash FROM tasks WHERE name = ?), '') "
                            f"{also}ORDER BY candidate_id LIMIT 1", (task, source_hash, fingerprint, task, *extra))
         if not rows:
             return None

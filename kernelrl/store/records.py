@@ -44,7 +44,7 @@ class RunRecord:
 class TaskRecord:
     name: str
     source: str
-    source_hash: str  # `Task.identity_hash`: the source and its size presets (verdicts are stored against it)
+    identity_hash: str  # `Task.identity_hash`: the source and its size presets (verdicts are stored against it)
     level: int | None
     size: str
 

@@ -3,7 +3,8 @@
 Every table of a run database is declared here: `SCHEMA`, a `kernelrl.sqlite.Schema` whose
 migrations build them version by version (1: the first tables; 2: hack cases, filled from the
 refusals a file holds; 3: results keep the evaluator config's fingerprint; 4: baseline
-intervals), and `TRAIN_STEPS`, the training step log's table, created on its first write. Its
+intervals; 5: the tasks' `identity_hash` column, named `source_hash` before), and `TRAIN_STEPS`,
+the training step log's table, created on its first write. Its
 connections, transactions and versions are `kernelrl.sqlite`'s, as every database the project
 writes: a writer (`connect_writer`: WAL, `synchronous=NORMAL`, foreign keys) runs `migrate`, a
 reader (`connect_reader`, `mode=ro`) runs `check_version`.
@@ -178,6 +179,14 @@ def _to_4(conn: sqlite3.Connection) -> None:
     _legacy_row(conn, 4)
 
 
+def _to_5(conn: sqlite3.Connection) -> None:
+    """The tasks' hash column is named for what it holds, `Task.identity_hash` (the source and its
+    size presets), not `source_hash` (the source alone)."""
+    if "source_hash" in _columns(conn, "tasks"):
+        conn.execute("ALTER TABLE tasks RENAME COLUMN source_hash TO identity_hash")
+    _legacy_row(conn, 5)
+
+
 def _legacy_version(conn: sqlite3.Connection) -> int:
     """A file written before `user_version`: the row of its `schema_version` table (0: none, a new
     file, or one whose creation was cut short before the row was written)."""
@@ -187,7 +196,7 @@ def _legacy_version(conn: sqlite3.Connection) -> int:
     return int(row[0]) if row else 0
 
 
-SCHEMA = Schema("run database", (_to_1, _to_2, _to_3, _to_4), legacy_version=_legacy_version)
+SCHEMA = Schema("run database", (_to_1, _to_2, _to_3, _to_4, _to_5), legacy_version=_legacy_version)
 SCHEMA_VERSION = SCHEMA.version
 
 # The training step log (`kernelrl.store.steps`): one row per logging step of a training

@@ -128,7 +128,7 @@ def check_task(db: Database, task: Task) -> None:
     rec = held.get(task.name)
     if rec is None:
         raise ExplainError(f"this database holds no task {task.name!r} (it holds {', '.join(sorted(held)) or 'none'})")
-    if rec.source_hash not in (task.identity_hash, task.source_hash):
+    if rec.identity_hash not in (task.identity_hash, task.source_hash):
         raise ExplainError(f"this database holds another version of {task.name!r} (its source differs)")
 
 

@@ -35,7 +35,7 @@ def _fill(path: Path, run_id_of=lambda task: None) -> None:
     with Database(path) as db:
         run = db.start_run({"x": 1})
         for task, verdicts in VERDICTS.items():
-            db.upsert_task(name=task, source=f"# {task}", source_hash=task, level=1, size="small")
+            db.upsert_task(name=task, source=f"# {task}", identity_hash=task, level=1, size="small")
             for i, v in enumerate(verdicts):
                 src = f"{task}{i}"
                 rec = db.add_candidate(NewCandidate(task=task, hash=src, source=src, run_id=run))
@@ -59,7 +59,7 @@ def _one_best_each(path: Path, rows: tuple[tuple[str, float, tuple[float, float]
     with Database(path) as db:
         run = db.start_run({"task_names": [task for task, _, _ in rows]})
         for task, speedup, ci in rows:
-            db.upsert_task(name=task, source=f"# {task}", source_hash=task, level=1, size="small")
+            db.upsert_task(name=task, source=f"# {task}", identity_hash=task, level=1, size="small")
             rec = db.add_candidate(NewCandidate(task=task, hash=task, source=task, run_id=run))
             t = TimingStats(median_ms=1 / speedup, mean_ms=1 / speedup, min_ms=1 / speedup, iqr_ms=0, n=3)
             db.store_result(rec.id, EvalResult(task=task, status=Status.CORRECT, speedup=speedup, speedup_ci=ci,
@@ -265,7 +265,7 @@ def test_a_roofline_above_100_percent_is_marked_and_explained_everywhere(tmp_pat
     path = tmp_path / "k.db"
     with Database(path) as db:
         run = db.start_run({"task_names": ["conv"]})
-        db.upsert_task(name="conv", source="# conv", source_hash="conv", level=2, size="small")
+        db.upsert_task(name="conv", source="# conv", identity_hash="conv", level=2, size="small")
         rec = db.add_candidate(NewCandidate(task="conv", hash="c", source="c", run_id=run))
         t = TimingStats(median_ms=1.0, mean_ms=1.0, min_ms=1.0, iqr_ms=0, n=3)
         db.store_result(rec.id, EvalResult(task="conv", status=Status.CORRECT, speedup=1.04, speedup_ci=(1.02, 1.06),

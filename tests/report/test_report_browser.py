@@ -23,7 +23,7 @@ def report_page(tmp_path: Path) -> Path:
     with Database(path) as db:
         run = db.start_run({"task_names": [t for t, _ in TASKS]})
         for name, s in TASKS:
-            db.upsert_task(name=name, source=f"# {name}", source_hash=name, level=1, size="small")
+            db.upsert_task(name=name, source=f"# {name}", identity_hash=name, level=1, size="small")
             db.put_baseline(task=name, device="cpu", size="small", eager_ms=2.0, compile_ms=1.8, compile_ci=(1.05, 1.16))
             rec = db.add_candidate(NewCandidate(task=name, hash=name, source="x", run_id=run))
             t = TimingStats(median_ms=2 / s, mean_ms=2 / s, min_ms=2 / s, iqr_ms=0, n=3)

@@ -639,7 +639,7 @@ def test_a_search_refuses_tasks_its_database_does_not_hold(tmp_path: Path) -> No
         search(_tasks("a"))
     other = _tasks("a")[0]
     with Database(cfg.db_path) as db:
-        db.upsert_task(name="a", source=other.source + "\n# changed\n", source_hash="another", level=None,
+        db.upsert_task(name="a", source=other.source + "\n# changed\n", identity_hash="another", level=None,
                        size=cfg.eval.size)
     with pytest.raises(ValueError, match="not registered"):
         search([other])

@@ -131,7 +131,7 @@ def test_dedup_lookup_matches_task_and_settings(tmp_path: Path) -> None:
         assert db.get_candidate(again.id).result.speedup == 2.0
         assert db.find_result("t", "h-x", fingerprint=DEFAULT_FP)[0] == first
         # the task's file changed: earlier verdicts were about another program
-        db.upsert_task(name="t", source="new", source_hash="new", level=None, size="small")
+        db.upsert_task(name="t", source="new", identity_hash="new", level=None, size="small")
         assert db.find_result("t", "h-x", fingerprint=DEFAULT_FP) is None
 
 
@@ -254,10 +254,25 @@ def test_a_version_1_file_gains_its_hack_cases(tmp_path: Path) -> None:
         assert [(c.task, c.rule, c.source) for c in db.hack_cases()] == [("t", "cached_output", "h1")]
 
 
+def test_a_version_4_file_keeps_its_tasks_under_the_renamed_hash_column(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    with Database(path) as db:
+        db.upsert_task(name="t", source="src", identity_hash="hh", level=1, size="small")
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE tasks RENAME COLUMN identity_hash TO source_hash")  # as version 4 named it
+    conn.execute("UPDATE schema_version SET version = 4")
+    conn.execute("PRAGMA user_version = 4")
+    conn.commit()
+    conn.close()
+    with Database(path) as db:
+        assert db.schema_version == SCHEMA_VERSION
+        assert [(t.name, t.identity_hash) for t in db.tasks()] == [("t", "hh")]
+
+
 def test_baselines_and_tasks(tmp_path: Path) -> None:
     with Database(tmp_path / "k.db") as db:
-        db.upsert_task(name="t", source="src", source_hash="hh", level=1, size="small")
-        db.upsert_task(name="t", source="src2", source_hash="h2", level=1, size="small")
+        db.upsert_task(name="t", source="src", identity_hash="hh", level=1, size="small")
+        db.upsert_task(name="t", source="src2", identity_hash="h2", level=1, size="small")
         assert [(t.name, t.source) for t in db.tasks()] == [("t", "src2")]
         db.put_baseline(task="t", device="cpu", size="small", eager_ms=2.0, compile_ms=None)
         b = db.get_baseline("t", "cpu", "small")
@@ -363,7 +378,7 @@ def test_find_verdict_answers_for_the_key_and_the_reuse_rule_drops_task_errors(t
     task = Task(name="t", source="# t\n")
     key = JudgedKey.of(task, "h-x", DEFAULT_FP)
     with Database(tmp_path / "k.db") as db:
-        db.upsert_task(name="t", source=task.source, source_hash=task.source_hash, level=None, size="small")
+        db.upsert_task(name="t", source=task.source, identity_hash=task.identity_hash, level=None, size="small")
         broken = _add(db, "t", "x", Status.TASK_ERROR)
         known = db.find_verdict(key)
         assert known is not None and known.candidate_id == broken and judged_before(db, key) is None
@@ -371,7 +386,7 @@ def test_find_verdict_answers_for_the_key_and_the_reuse_rule_drops_task_errors(t
         assert db.find_verdict(JudgedKey.of(Task(name="t", source="# other\n"), "h-x", DEFAULT_FP)) is None
 
     with Database(tmp_path / "k2.db") as db:
-        db.upsert_task(name="t", source=task.source, source_hash=task.source_hash, level=None, size="small")
+        db.upsert_task(name="t", source=task.source, identity_hash=task.identity_hash, level=None, size="small")
         judged = _add(db, "t", "x", Status.CORRECT, 2.0)
         known = judged_before(db, key)
         assert known is not None and known.candidate_id == judged and known.result.speedup == 2.0

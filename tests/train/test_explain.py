@@ -48,7 +48,7 @@ def judge(task: Task, source: str) -> EvalResult:
 def seeded(path: Path) -> int:
     with Database(path) as db:
         for t in (TASK, OTHER):
-            db.upsert_task(name=t.name, source=t.source, source_hash=t.identity_hash, level=1, size="small")
+            db.upsert_task(name=t.name, source=t.source, identity_hash=t.identity_hash, level=1, size="small")
         rec = db.add_candidate(NewCandidate(task=TASK.name, hash=source_hash(SHOWN), source=SHOWN, parents=(),
                                             chain=0, step=0, proposer="seed", prompt="", answer=SHOWN, prompt_tokens=0,
                                             completion_tokens=0, run_id=None, meta=RunMeta()))

@@ -81,7 +81,7 @@ def test_every_code_and_verdict_goes_to_the_database_and_is_reused(tmp_path):
     backend = ScriptedBackend()
     settings = EvalSettings.of(EvalConfig())
     with Database(tmp_path / "code.db") as db:
-        db.upsert_task(name=TASK.name, source=TASK.source, source_hash=TASK.source_hash, level=1, size="small")
+        db.upsert_task(name=TASK.name, source=TASK.source, identity_hash=TASK.identity_hash, level=1, size="small")
         fn = KernelRewardFunction(backend, tasks=TASKS, reward=RewardModel(NO_SMOOTHING), db=db, reuse=settings)
         state = type("State", (), {"global_step": 7})()
         call(fn, [answer("fast3.0"), "prose only", answer("hack")], trainer_state=state, parents=[[], [], []])
@@ -222,7 +222,7 @@ def test_a_copy_of_a_version_the_prompt_showed_is_paid_at_most_as_no_speedup(tmp
     settings = EvalSettings.of(EvalConfig())
     near = KERNEL.replace("x)", "inp)").replace("y", "out").replace("        return", "        pass\n        return")
     with Database(tmp_path / "code.db") as db:
-        db.upsert_task(name=TASK.name, source=TASK.source, source_hash=TASK.source_hash, level=1, size="small")
+        db.upsert_task(name=TASK.name, source=TASK.source, identity_hash=TASK.identity_hash, level=1, size="small")
         best = shown_version(db, KERNEL, 3.0)
         fn = KernelRewardFunction(ScriptedBackend(judge_kernels), tasks=TASKS, reward=RewardModel(NO_SMOOTHING),
                                   db=db, reuse=settings)
@@ -245,7 +245,7 @@ def test_a_prompt_without_ids_is_matched_to_the_database_by_the_versions_it_show
     """A prompt row stored before ids were recorded: its blocks are found among the task's versions."""
     settings = EvalSettings.of(EvalConfig())
     with Database(tmp_path / "code.db") as db:
-        db.upsert_task(name=TASK.name, source=TASK.source, source_hash=TASK.source_hash, level=1, size="small")
+        db.upsert_task(name=TASK.name, source=TASK.source, identity_hash=TASK.identity_hash, level=1, size="small")
         best = shown_version(db, KERNEL, 3.0)
         fn = KernelRewardFunction(ScriptedBackend(judge_kernels), tasks=TASKS, reward=RewardModel(NO_SMOOTHING),
                                   db=db, reuse=settings)

@@ -32,7 +32,7 @@ def stream_over(db: Database, budget: int | None) -> PromptStream:
 @pytest.fixture
 def db(tmp_path):
     with Database(tmp_path / "code.db") as db:
-        db.upsert_task(name=TASK.name, source=TASK.source, source_hash=TASK.source_hash, level=1, size="small")
+        db.upsert_task(name=TASK.name, source=TASK.source, identity_hash=TASK.identity_hash, level=1, size="small")
         for i in range(5):
             code = version(i, 60)
             rec = db.add_candidate(NewCandidate(task=TASK.name, hash=source_hash(code), source=code, parents=(),

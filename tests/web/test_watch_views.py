@@ -60,7 +60,7 @@ def _grpo_run(path: Path) -> int:
     """A GRPO run: 2 steps of 3 rollouts, as kernelrl.train.reward_fn stores them, and a step log."""
     with Database(path) as db:
         for name, level in (("t1", 1), ("t2", 2)):
-            db.upsert_task(name=name, source="# ref", source_hash=name, level=level, size="small")
+            db.upsert_task(name=name, source="# ref", identity_hash=name, level=level, size="small")
         run = db.start_run({"stage": "grpo", "config": {"tasks": ["t1", "t2"], "grpo": {"trl": {"max_steps": 4}}}})
         rollouts = [  # step, speedup (None: incorrect), raw, clipped value, kept, clipped
             (0, 2.0, 0.7, 0.5, True, True), (0, None, -0.5, -0.5, True, False), (0, 0.8, -0.1, -0.1, False, False),
