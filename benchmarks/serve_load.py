@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kernelrl.candidate import Candidate, source_hash
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.result import EvalResult, Status
 from kernelrl.serve.api import ItemIn, wire_item
 from kernelrl.serve.client import ClientConfig, RewardClient

@@ -142,7 +142,7 @@ def test_package_cycle_message_names_the_imports_behind_each_edge():
     edges = {("kernelrl.checks", "kernelrl.judge"): {("kernelrl.checks.audit", "kernelrl.judge.evaluator")},
              ("kernelrl.judge", "kernelrl.checks"): {("kernelrl.judge.group", "kernelrl.checks.static"),
                                                      ("kernelrl.judge.trial", "kernelrl.checks.dynamic")},
-             ("kernelrl.judge", "kernelrl.tasks"): {("kernelrl.judge.pool", "kernelrl.tasks.task")}}
+             ("kernelrl.judge", "kernelrl.tasks"): {("kernelrl.judge.isolation.pool", "kernelrl.tasks.task")}}
     assert _package_cycles(edges) == [
         "package import cycle kernelrl.checks -> kernelrl.judge -> kernelrl.checks "
         "(back edge kernelrl.judge -> kernelrl.checks):\n"
@@ -214,16 +214,16 @@ def test_help_and_tasks_import_no_runtime():
 # checker and the LLM review (52 kernelrl modules in all, 18 without), took 0.11-0.15 s of a ~2 s
 # start (`python -X importtime`).
 WORKER_SIDE = ("kernelrl.judge", "kernelrl.result", "kernelrl.plain")
-JUDGE_SIDE = ("kernelrl.judge.timer", "kernelrl.judge.eval_config", "kernelrl.judge.evaluator", "kernelrl.judge.group",
-              "kernelrl.judge.trial", "kernelrl.judge.reference", "kernelrl.judge.pool", "kernelrl.judge.verdict")
+JUDGE_SIDE = ("kernelrl.judge.timing.timer", "kernelrl.judge.eval_config", "kernelrl.judge.evaluator", "kernelrl.judge.group",
+              "kernelrl.judge.trial", "kernelrl.judge.reference", "kernelrl.judge.isolation.pool", "kernelrl.judge.timing.verdict")
 
 
 def test_a_worker_imports_only_the_worker_side():
-    script = "import sys, kernelrl.judge.worker; print(' '.join(m for m in sys.modules if m.startswith('kernelrl.')))"
+    script = "import sys, kernelrl.judge.harness.worker; print(' '.join(m for m in sys.modules if m.startswith('kernelrl.')))"
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT.parent, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     imported = out.stdout.split()
-    assert "kernelrl.judge.worker" in imported
+    assert "kernelrl.judge.harness.worker" in imported
     assert not [m for m in imported if not m.startswith(WORKER_SIDE) or m.startswith(JUDGE_SIDE)], imported
 
 

@@ -8,15 +8,15 @@ secrets, task store, baselines, peaks, reviewer) and goes through three steps:
   input sets (`kernelrl.judge.reference`); a degenerate task ends here (every candidate flagged);
   then every candidate still standing is built and checked (`kernelrl.judge.trial`), and the
   compiled reference when a baseline is wanted;
-- `time`: the reference and the survivors in one interleaved measurement (`kernelrl.judge.timer`),
+- `time`: the reference and the survivors in one interleaved measurement (`kernelrl.judge.timing.timer`),
   holding the device's lock exclusively;
 - `finish`: the floors and the LLM review each survivor needs, then its verdict
-  (`kernelrl.judge.verdict`, pure), handed to the batch's `done` callback as it is ready.
+  (`kernelrl.judge.timing.verdict`, pure), handed to the batch's `done` callback as it is ready.
 
 `run_groups` schedules a batch: each group runs whole in a thread of its own, a few groups at a
 time (`context.Places`: an evaluator's batches given at once share them), and each is timed as
 soon as its checks are done. The device lock
-(`kernelrl.judge.devicelock`) keeps measurements apart from everything that would disturb them:
+(`kernelrl.judge.timing.devicelock`) keeps measurements apart from everything that would disturb them:
 on a CPU no build or check starts while a measurement waits or runs (those under way finish
 first), so the cores are never shared with a measurement, and no group waits for another group's
 checks; on a GPU only work on that GPU is held back, and builds (on the CPU) overlap
@@ -27,7 +27,7 @@ loaded or run gives every candidate of the group that reading did not refuse a `
 result (a refused one keeps its verdict, whatever its group-mates are); every worker a group
 started is closed when it ends.
 
-Does not decide verdicts: `kernelrl.judge.verdict` does, with what a group measured.
+Does not decide verdicts: `kernelrl.judge.timing.verdict` does, with what a group measured.
 """
 
 from __future__ import annotations
@@ -47,17 +47,17 @@ from kernelrl.checks.dynamic import output_deferred
 from kernelrl.checks.llm_judge import JudgeRequest, LLMJudgeError
 from kernelrl.checks.policy import get_policy
 from kernelrl.checks.static import check_source
-from kernelrl.judge import verdict as V
-from kernelrl.judge.baseline import baseline_from_timing
-from kernelrl.judge.channel import arena_need, payload_bytes
 from kernelrl.judge.context import JudgeContext, Places
-from kernelrl.judge.device import Device
-from kernelrl.judge.inputs import available_memory, memory_need, timing_pool_size, too_large
-from kernelrl.judge.pool import Claim
+from kernelrl.judge.harness.channel import arena_need, payload_bytes
+from kernelrl.judge.harness.device import Device
+from kernelrl.judge.isolation.pool import Claim
+from kernelrl.judge.isolation.sandbox import Worker, timing_cores
 from kernelrl.judge.reference import InputSet, ReferenceFailed, ReferenceSession, TaskInfo, session_for
-from kernelrl.judge.sandbox import Worker, timing_cores
 from kernelrl.judge.spill import disk_free
-from kernelrl.judge.timer import (
+from kernelrl.judge.timing import verdict as V
+from kernelrl.judge.timing.baseline import baseline_from_timing
+from kernelrl.judge.timing.inputs import available_memory, memory_need, timing_pool_size, too_large
+from kernelrl.judge.timing.timer import (
     CandidateTiming,
     GroupTiming,
     ReferenceTimingFailed,
@@ -66,8 +66,8 @@ from kernelrl.judge.timer import (
     measure_group,
     send_pools,
 )
+from kernelrl.judge.timing.verdict import Verdict
 from kernelrl.judge.trial import Trial, run_trial, static_verdict
-from kernelrl.judge.verdict import Verdict
 from kernelrl.result import (
     DeviceIdle,
     Environment,

@@ -41,16 +41,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelrl.judge import protocol as P
-from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout, payload_bytes
-from kernelrl.judge.device import Device, evict_bytes
 from kernelrl.judge.eval_config import EvalConfig
-from kernelrl.judge.inputs import InputPlan, correctness_plans, plain_plan
-from kernelrl.judge.pool import Claim, WorkerPool
-from kernelrl.judge.precision import PRECISION_FLAGS
-from kernelrl.judge.profile import TaskProfile
-from kernelrl.judge.sandbox import Answer, Worker, WorkerDied
+from kernelrl.judge.harness import protocol as P
+from kernelrl.judge.harness.channel import ChannelProtocolError, ChannelTimeout, payload_bytes
+from kernelrl.judge.harness.device import Device, evict_bytes
+from kernelrl.judge.harness.precision import PRECISION_FLAGS
+from kernelrl.judge.harness.profile import TaskProfile
+from kernelrl.judge.isolation.pool import Claim, WorkerPool
+from kernelrl.judge.isolation.sandbox import Answer, Worker, WorkerDied
 from kernelrl.judge.spill import SPILL_SUBDIR, folder_in_memory, spill
+from kernelrl.judge.timing.inputs import InputPlan, correctness_plans, plain_plan
 from kernelrl.tasks.task import Task, TaskError
 
 # The largest input set (with its outputs) whose task's worker is kept between sessions: a kept worker

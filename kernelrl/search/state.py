@@ -34,7 +34,7 @@ from kernelrl.search.summary import StopReason
 from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
 
 
 @dataclass(kw_only=True)

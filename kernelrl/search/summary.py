@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from kernelrl.judge.throughput import Throughput
+from kernelrl.judge.timing.throughput import Throughput
 
 
 class StopReason(str, enum.Enum):

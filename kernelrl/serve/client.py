@@ -47,7 +47,7 @@ import httpx
 
 from kernelrl.candidate import Candidate
 from kernelrl.checks.policy import PolicyName
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.result import EvalResult
 from kernelrl.serve.api import (
     Accepted,

@@ -61,7 +61,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from kernelrl.checks.policy import PolicyName
-from kernelrl.judge.containment import probe
+from kernelrl.judge.isolation.containment import probe
 from kernelrl.report.watch.app import bind
 from kernelrl.result import Containment
 from kernelrl.reward import RewardModel

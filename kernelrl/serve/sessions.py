@@ -60,7 +60,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from kernelrl.candidate import extract_code
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import RewardModel
 from kernelrl.search.episode import DEFAULT_GAMMA, Episode, EpisodeConfig

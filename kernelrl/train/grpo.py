@@ -84,7 +84,7 @@ if TYPE_CHECKING:
     from transformers import TrainerCallback, TrainerControl, TrainerState
 
     from kernelrl.judge.contract import ProfilingJudge
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
     from kernelrl.search.database import Database
 
 STATE_FILE = "kernelrl_state.rank{rank}.json"

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
     from kernelrl.jsontypes import JSONValue
     from kernelrl.judge.contract import ProfilingJudge
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
     from kernelrl.search.database import Database
 
 ROUND_FILE = "round.json"

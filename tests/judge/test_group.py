@@ -11,8 +11,8 @@ import time
 from types import SimpleNamespace
 
 from kernelrl.judge.context import Places
-from kernelrl.judge.device import Device
 from kernelrl.judge.group import run_groups
+from kernelrl.judge.harness.device import Device
 
 
 class _Group:

@@ -21,7 +21,7 @@ CPU the shared lock (they use the cores being measured); on a GPU nothing, so bu
 cold on an H100) overlap another group's measurement. `device_work()` is what its construction
 (parameters moved to the GPU), the reference's parameters copied in and its correctness runs
 hold: so work a program puts on the GPU while it is made lands in no other group's samples and
-in no idle probe after them (`kernelrl.judge.idle`, which would count it against the member timed).
+in no idle probe after them (`kernelrl.judge.timing.idle`, which would count it against the member timed).
 
 Does not stop programs outside kernelrl from using the device, nor a program's module-level code
 (run at import, with its build, outside the lock on a GPU) or work it leaves running past its
@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kernelrl.judge.device import Device
+from kernelrl.judge.harness.device import Device
 
 
 def lock_name(device: Device, device_index: int | None = None, visible: str | None = None) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelrl.judge.protocol import Setting
+from kernelrl.judge.harness.protocol import Setting
 
 __all__ = ["PRECISION_FLAGS", "global_state", "set_precision"]
 

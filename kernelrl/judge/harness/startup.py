@@ -4,7 +4,7 @@ timing begins (`allocator_pin`).
 
 Guarantees: `set_own_limits` only lowers limits (no privilege needed, whatever the worker's uid),
 and the judge reads the process limit back from /proc rather than taking the worker's word.
-Does not choose any value: the judge does (`kernelrl.judge.sandbox`). Imports nothing of torch or
+Does not choose any value: the judge does (`kernelrl.judge.isolation.sandbox`). Imports nothing of torch or
 of the judge, so a worker reads it before importing torch.
 """
 

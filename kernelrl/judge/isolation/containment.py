@@ -13,7 +13,7 @@ better than `SandboxConfig.containment`, and every result records it:
   - a private scratch: /tmp is a size-limited tmpfs (`scratch_mib`) that is its cwd, HOME and
     TMPDIR, /var/tmp points into it, /dev/shm is a second one; both end with the worker;
   - its own network (loopback only), PID, IPC, UTS and cgroup namespaces, and no way to make
-    more or to mount anything: a seccomp filter (`kernelrl.judge.seccomp`) refuses unshare, setns,
+    more or to mount anything: a seccomp filter (`kernelrl.judge.isolation.seccomp`) refuses unshare, setns,
     clone with a CLONE_NEW* flag, every mount call, keyctl, bpf, perf_event_open, ptrace and the
     like; the probe checks from inside a contained process that a user namespace is refused, and
     FULL is not claimed where the filter cannot be built or does not hold;
@@ -27,7 +27,7 @@ better than `SandboxConfig.containment`, and every result records it:
     and the reason says CUDA could not start there; on a CPU that step is skipped;
   - builds and compiler caches (torch extensions, Triton, inductor) live in its scratch
     (`BUILD_DIR_ENV`, `CACHE_ROOT_ENV`); the judge copies a finished build out and a cached one
-    in through `Scratch` (`kernelrl.judge.builds` checks what it copies).
+    in through `Scratch` (`kernelrl.judge.isolation.builds` checks what it copies).
 - NAMESPACES (root only, `unshare` + `setpriv`): own PID and mount namespaces with a private /proc
   and no capabilities; the judge's files and network are shared.
 - NONE: a plain child process.
@@ -58,32 +58,26 @@ import subprocess
 import sys
 import sysconfig
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelrl.judge import seccomp
-from kernelrl.judge.device import Device
+from kernelrl.judge.harness.device import Device
+from kernelrl.judge.harness.places import SCRATCH
+from kernelrl.judge.harness.procfs import descendants
+from kernelrl.judge.isolation import seccomp
 from kernelrl.result import Containment
 
 # Ordered from least to most: a pool reports the weakest level it gives.
 ORDER = (Containment.NONE, Containment.NAMESPACES, Containment.FULL)
 
-# Inside a fully contained worker: its scratch, and where it builds and keeps compiler caches.
-SCRATCH = "/tmp"
-BUILD_SUBDIR = "build/ext"  # under SCRATCH: TORCH_EXTENSIONS_DIR; Triton's cache is its triton/
-CACHE_SUBDIR = "cache"  # under SCRATCH: the worker's cache root (inductor's cache is its inductor/)
-BUILD_DIR_ENV = "KERNELRL_BUILD_DIR"  # read by the worker instead of the build folder the judge names
-CACHE_ROOT_ENV = "KERNELRL_CACHE_ROOT"  # read by the worker instead of the judge's cache folder
-# What a fully contained worker is told of its scratch's folders (`kernelrl.judge.worker` reads them).
-SCRATCH_FOLDERS_ENV = {BUILD_DIR_ENV: f"{SCRATCH}/{BUILD_SUBDIR}", CACHE_ROOT_ENV: f"{SCRATCH}/{CACHE_SUBDIR}"}
 # The system, read-only. Top-level links (merged /usr: /bin -> usr/bin) are made as links.
 SYSTEM_PATHS = ("/usr", "/etc", "/opt", "/sys", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Own PID and mount namespace with a fresh /proc; no capabilities, no privilege gain on exec.
 NAMESPACES_PREFIX = ("unshare", "--pid", "--fork", "--mount-proc",
                      "setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "--no-new-privs")
-_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])  # .../kernelrl
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[2])  # .../kernelrl
 
 
 def rank(level: Containment) -> int:
@@ -157,7 +151,7 @@ def bwrap_prefix(*, bwrap: str, uid: int, device: Device, scratch_bytes: int, as
                  gpu_minor: int | None = None) -> list[str]:
     """The command line that runs a program fully contained (the program's own argv follows it).
 
-    `seccomp_fd`: a descriptor holding `kernelrl.judge.seccomp.program()`, passed to bwrap (read once).
+    `seccomp_fd`: a descriptor holding `kernelrl.judge.isolation.seccomp.program()`, passed to bwrap (read once).
     """
     argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try"]
@@ -347,26 +341,6 @@ def spawn(start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[byte
     return _spawner.submit(start).result()
 
 
-# Bound at import: the worker counts its own descendants with `descendants` after program code
-# ran, which may have rebound `os.listdir` or `open` (the worker imports this module first).
-_listdir, _open = os.listdir, open
-
-
-def _children(pid: int) -> list[int]:
-    """`pid`'s children, exited-but-unreaped ones included (the kernel lists them until reaped)."""
-    kids: list[int] = []
-    try:
-        for tid in _listdir(f"/proc/{pid}/task"):
-            try:
-                with _open(f"/proc/{pid}/task/{tid}/children") as f:
-                    kids += [int(k) for k in f.read().split()]
-            except OSError:
-                continue
-    except OSError:
-        pass
-    return kids
-
-
 def _nspids(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -382,14 +356,6 @@ def ns_pid(pid: int) -> int | None:
     """`pid`'s number in its own PID namespace (None once it is gone)."""
     ns = _nspids(pid)
     return ns[-1] if ns else None
-
-
-def descendants(pid: int, depth: int = 4) -> Iterator[int]:
-    """`pid`'s descendants, nearest first, `depth` generations deep."""
-    level = [pid]
-    for _ in range(depth):
-        level = [k for p in level for k in _children(p)]
-        yield from level
 
 
 def process_limit(pid: int) -> int | None:

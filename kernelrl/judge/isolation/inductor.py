@@ -1,8 +1,8 @@
 """torch.compile's C++ toolchain in a worker: what it would redo in every fresh worker, done once.
 
-Every worker is a fresh interpreter with a private scratch (`kernelrl.judge.sandbox`), so
+Every worker is a fresh interpreter with a private scratch (`kernelrl.judge.isolation.sandbox`), so
 torch.compile's caches (inductor's, under TMPDIR and the worker's cache folder) start cold but for
-what the judge gives it (`kernelrl.judge.compilecache`: its task's compiled graphs and its own),
+what the judge gives it (`kernelrl.judge.isolation.compilecache`: its task's compiled graphs and its own),
 and never reach another worker: that is what keeps one program's build out of another's.
 A cold CPU compile in a worker also repeats two things that depend on no program (measured on
 a 2-core machine: ~14 s of CPU for a one-kernel graph, ~3.5 s without them):
@@ -25,7 +25,7 @@ Guarantees: a worker compiles the same code as with torch's defaults: no setting
 what inductor generates, only work it repeats; a failed or partial check sets nothing.
 
 Does not share compiled artifacts between workers itself: under full containment the judge keeps
-what a worker compiled and gives it to the workers allowed to read it (`kernelrl.judge.compilecache`).
+what a worker compiled and gives it to the workers allowed to read it (`kernelrl.judge.isolation.compilecache`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-# Always set in a worker's environment (`kernelrl.judge.sandbox.worker_env`).
+# Always set in a worker's environment (`kernelrl.judge.isolation.sandbox.worker_env`).
 BASE_ENV = {
     # torch.compile compiles in this process, not in a pool of workers that would outlive the
     # call that started them (and look like work left running).

@@ -24,7 +24,7 @@ Guarantees:
 
 Does not guarantee: CPU or memory limits (no controller is enabled: `cpu.stat` is counted for
 every cgroup without one), or anything where `available()` is False; then sandbox.py falls
-back to the /proc census (`kernelrl.judge.containment.sandbox_processes`).
+back to the /proc census (`kernelrl.judge.isolation.containment.sandbox_processes`).
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ Peaks are measured once per machine (device model, thread count, torch version) 
 worker and cached as JSON in the evaluator's cache folder: on a CPU the triad bandwidth
 (a = b + s * c over arrays far larger than the last-level cache) and the FLOP rate of large
 fp32 and bf16 matmuls; on a GPU the same, measured, with the datasheet figures of
-`kernelrl.judge.device` as the fallback when measuring fails.
+`kernelrl.judge.harness.device` as the fallback when measuring fails.
 
-A task's floors come from its profile (`kernelrl.judge.profile.TaskProfile`): the memory floor is
+A task's floors come from its profile (`kernelrl.judge.harness.profile.TaskProfile`): the memory floor is
 its minimum bytes moved at the measured bandwidth, the compute floor its counted FLOPs at the
 measured rate for its dtype; the roofline time is the larger of the two, and a result's
 percentage of the roofline is floor / measured time.
@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from kernelrl.checks.dynamic import Floors
-from kernelrl.judge import protocol as P
-from kernelrl.judge.device import Device, DevicePeaks, device_peaks, gpu_peaks
-from kernelrl.judge.devicelock import DeviceLock
-from kernelrl.judge.profile import TaskProfile
-from kernelrl.judge.sandbox import SandboxConfig, Worker
+from kernelrl.judge.harness import protocol as P
+from kernelrl.judge.harness.device import Device, DevicePeaks, device_peaks, gpu_peaks
+from kernelrl.judge.harness.profile import TaskProfile
+from kernelrl.judge.isolation.sandbox import SandboxConfig, Worker
+from kernelrl.judge.timing.devicelock import DeviceLock
 
 _MEASURE_LIMIT_S = 300.0
 

@@ -2,13 +2,13 @@
 
 Guarantees:
 - a worker is never a fork of the judge: it is a fresh interpreter (`python -m
-  kernelrl.judge.worker`) or, under FULL containment as root on CPU with a cgroup of its own
-  (`SandboxConfig.fork_workers`), a fork of a zygote (`kernelrl.judge.zygote`: an interpreter
+  kernelrl.judge.harness.worker`) or, under FULL containment as root on CPU with a cgroup of its own
+  (`SandboxConfig.fork_workers`), a fork of a zygote (`kernelrl.judge.isolation.zygote`: an interpreter
   spawned with a worker's environment that has torch imported) joined to a bubblewrap sandbox
   made for it, contained as a spawned one is; in its own session (process group), with its own
   scratch folder as cwd, HOME and TMPDIR;
 - it is contained as well as this machine allows, no better than `SandboxConfig.containment`
-  (`kernelrl.judge.containment`: FULL through bubblewrap, NAMESPACES through unshare, NONE), and
+  (`kernelrl.judge.isolation.containment`: FULL through bubblewrap, NAMESPACES through unshare, NONE), and
   says which (`Worker.containment`); where FULL was asked for and is not available, the level is
   lower and the pool says why (`WorkerPool.containment_notice`), never silently;
 - its environment is built from an allow-list (`ENV_ALLOW`) plus the variables the judge sets;
@@ -23,11 +23,11 @@ Guarantees:
 - `kill()` ends the whole process group and, when namespaced, the worker's PID namespace (every
   process the program started, in any session), waits for it, and never raises;
 - every process the worker starts is found whatever its parentage: where cgroups are available
-  (`kernelrl.judge.cgroup`) the worker runs in a cgroup of its own, which `kill()` ends at once;
+  (`kernelrl.judge.isolation.cgroup`) the worker runs in a cgroup of its own, which `kill()` ends at once;
   elsewhere the judge walks the sandbox's process tree (orphans are adopted by the sandbox's
   first process under FULL and NAMESPACES);
 - what a worker says that can reach a verdict (an error's message and traceback, its log tail)
-  passes through `kernelrl.judge.redact` first: no host path, system file line, interface name
+  passes through `kernelrl.judge.isolation.redact` first: no host path, system file line, interface name
   or value of the judge's environment;
 - the judge reads the worker's CPU time from the kernel, never the worker's word: the cgroup's
   count (every process it ever held, dead ones included), else every live process of the sandbox
@@ -37,7 +37,7 @@ Guarantees:
   sent and again as soon as an answer arrives (`end_strays`, counted in `strays_ended`): no
   helper a program started runs while another member of its group is timed;
 - every output handed over for a spot check is checked against the commitment its call made
-  when it returned (`Called.commits`, `kernelrl.judge.channel.commitment`): one computed only
+  when it returned (`Called.commits`, `kernelrl.judge.harness.channel.commitment`): one computed only
   when asked for cannot match (`uncommitted_outputs`, `kernelrl.checks.dynamic.output_deferred`).
 
 Does not guarantee isolation below FULL: under NAMESPACES the worker writes what root can write
@@ -60,8 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernelrl.judge.cgroup import Cgroup, kill_pid
-from kernelrl.judge.channel import (
+from kernelrl.judge.harness.channel import (
     DEFAULT_ARENA_BYTES,
     Arena,
     Channel,
@@ -69,10 +68,13 @@ from kernelrl.judge.channel import (
     ChannelProtocolError,
     commitment,
 )
-from kernelrl.judge.containment import (
+from kernelrl.judge.harness.device import Device, arch_env, device_minor, visible_device
+from kernelrl.judge.harness.places import SCRATCH, SCRATCH_FOLDERS_ENV
+from kernelrl.judge.harness.protocol import ANSWERS, Error, Header, Hello, Kind, Output, decode, encode
+from kernelrl.judge.harness.startup import LIMITS_ENV, NO_HUGE_PAGES_ENV, PINNED_ALLOCATOR_ENV
+from kernelrl.judge.isolation.cgroup import Cgroup, kill_pid
+from kernelrl.judge.isolation.containment import (
     NAMESPACES_PREFIX,
-    SCRATCH,
-    SCRATCH_FOLDERS_ENV,
     Scratch,
     allocate_uid,
     bwrap_prefix,
@@ -89,13 +91,10 @@ from kernelrl.judge.containment import (
     spawn,
     widen_pipe,
 )
-from kernelrl.judge.device import Device, arch_env, device_minor, visible_device
-from kernelrl.judge.inductor import inductor_env
-from kernelrl.judge.protocol import ANSWERS, Error, Header, Hello, Kind, Output, decode, encode
-from kernelrl.judge.redact import redact
-from kernelrl.judge.seccomp import program_fd
-from kernelrl.judge.startup import LIMITS_ENV, NO_HUGE_PAGES_ENV, PINNED_ALLOCATOR_ENV
-from kernelrl.judge.zygote import Joined, fork_into, read_status
+from kernelrl.judge.isolation.inductor import inductor_env
+from kernelrl.judge.isolation.redact import redact
+from kernelrl.judge.isolation.seccomp import program_fd
+from kernelrl.judge.isolation.zygote import Joined, fork_into, read_status
 from kernelrl.result import Containment
 
 # Copied from the judge's environment when present; everything else is dropped.
@@ -104,8 +103,8 @@ ENV_ALLOW = (
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
     "CC", "CXX", "TORCH_CUDA_ARCH_LIST", "TRITON_INTERPRET",
 )
-# the folder that holds the kernelrl package (this file is kernelrl/judge/sandbox.py)
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+# the folder that holds the kernelrl package (this file is kernelrl/judge/isolation/sandbox.py)
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
 
 
 def isolation_available() -> bool:
@@ -130,7 +129,7 @@ class SandboxConfig:
     pin_allocator: bool = True
     # During group timing, every member is bound to the same cores (see `timing_cores`).
     bind_timing: bool = True
-    # The most containment to try (kernelrl.judge.containment): FULL falls back, saying so, to
+    # The most containment to try (kernelrl.judge.isolation.containment): FULL falls back, saying so, to
     # NAMESPACES or NONE where bubblewrap is missing or cannot make namespaces.
     containment: Containment = Containment.FULL
     max_processes: int = 0  # processes and threads of one worker (FULL only); 0 = 256 + 8 per core
@@ -142,7 +141,7 @@ class SandboxConfig:
     expose: tuple[str, ...] = ()  # more folders shown read-only under FULL (a toolchain outside /usr, /opt)
     log_tail_chars: int = 4000
     # Under FULL as root on CPU, with a cgroup per worker: a worker is a fork of a zygote that has
-    # torch imported, joined to its own bubblewrap sandbox (kernelrl.judge.zygote), which starts in
+    # torch imported, joined to its own bubblewrap sandbox (kernelrl.judge.isolation.zygote), which starts in
     # ~60 ms instead of the ~1.8 s of an interpreter importing torch. False: always spawned.
     fork_workers: bool = True
 
@@ -231,7 +230,7 @@ def worker_env(config: SandboxConfig, workdir: Path, extra: dict[str, str] | Non
 
 @dataclass(frozen=True)
 class Answer:
-    """A worker's typed answer to one command (`kernelrl.judge.protocol`)."""
+    """A worker's typed answer to one command (`kernelrl.judge.harness.protocol`)."""
 
     kind: Kind
     header: Any
@@ -266,7 +265,7 @@ class Worker:
         self._ns_init: int | None = None  # the first process of its PID namespace (killing it ends them all)
         self._init_fd: int | None = None  # readable once that one has exited
         self._inner_pid: int | None = None
-        self._joined: Joined | None = None  # a forked worker's processes (kernelrl.judge.zygote)
+        self._joined: Joined | None = None  # a forked worker's processes (kernelrl.judge.isolation.zygote)
         self._status_r: int | None = None  # a forked worker's exit code, written by its keeper
         self._exit: int | None = None  # that exit code, once read
         self.hello: Hello | None = None
@@ -315,7 +314,7 @@ class Worker:
         def start(hold: bool) -> subprocess.Popen[bytes]:
             # A forked worker's channel goes to it through the zygote: the holder must not keep
             # its pipes open (the judge sees a worker's death as the end of its answer pipe).
-            program = ["sleep", "infinity"] if hold else [sys.executable, "-m", "kernelrl.judge.worker",
+            program = ["sleep", "infinity"] if hold else [sys.executable, "-m", "kernelrl.judge.harness.worker",
                                                           str(p2c_r), str(c2p_w), str(self.arena.fd),
                                                           str(self.arena.capacity)]
             argv = [*prefix, *program]
@@ -355,7 +354,7 @@ class Worker:
         self.started = time.monotonic()
 
     def size_arena(self, need: int) -> None:
-        """The arena's size for good (`kernelrl.judge.channel.arena_need` of the task's messages): set
+        """The arena's size for good (`kernelrl.judge.harness.channel.arena_need` of the task's messages): set
         before the worker is given its program, so a program cannot pin more memory through it."""
         if self.arena.sealed:
             raise RuntimeError("the worker's arena is already sized")

@@ -22,7 +22,7 @@ Guarantees:
 - a worker that died while waiting is discarded, never handed out; when workers keep dying
   before they say hello, `take` raises the last one's death instead of starting more.
 
-- `containment` is the level every worker it starts gets (`kernelrl.judge.containment`), decided
+- `containment` is the level every worker it starts gets (`kernelrl.judge.isolation.containment`), decided
   once when the pool is made; `containment_notice` says, in one line, why it is less than full.
 
 Does not limit how many workers run at once beyond `size` idle ones: owners bound their use.
@@ -40,10 +40,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
-from kernelrl.judge.containment import Probe, probe
-from kernelrl.judge.device import Device
-from kernelrl.judge.sandbox import SandboxConfig, Worker, WorkerDied
+from kernelrl.judge.harness.channel import ChannelProtocolError, ChannelTimeout
+from kernelrl.judge.harness.device import Device
+from kernelrl.judge.isolation.containment import Probe, probe
+from kernelrl.judge.isolation.sandbox import SandboxConfig, Worker, WorkerDied
 from kernelrl.result import Containment
 
 # A worker that has not said hello after this long is broken (torch import takes ~1-5 s).

@@ -1,7 +1,7 @@
 """Output comparison: is a candidate's output the reference's, within a dtype-aware tolerance?
 
 Guarantees: outputs are compared leaf by leaf after flattening tuples and lists; each leaf must
-be a plain `torch.Tensor` (the judge never receives subclasses: see `kernelrl.judge.channel`) with the
+be a plain `torch.Tensor` (the judge never receives subclasses: see `kernelrl.judge.harness.channel`) with the
 reference's shape and dtype; values must satisfy |c - r| <= atol + rtol * |r| elementwise, with
 NaN equal to NaN only where the reference has NaN. The result reports the largest absolute and
 relative errors even when the comparison passes, so reports can show how close a candidate is

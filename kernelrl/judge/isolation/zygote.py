@@ -1,7 +1,7 @@
 """Worker starts without `import torch`: a fork of an interpreter that has torch already, joined to
 a fresh bubblewrap sandbox (~60 ms against ~1.8 s for a spawned worker; benchmarks/README.md).
 
-A `Zygote` is a fresh interpreter (`python -m kernelrl.judge.zygote`), started by the judge with a
+A `Zygote` is a fresh interpreter (`python -m kernelrl.judge.isolation.zygote`), started by the judge with a
 worker's environment and nothing of the judge's memory, that imports the worker module (torch with
 it) once and then, for each request, forks a keeper that joins the namespaces of a sandbox the
 judge has just made with bubblewrap (its usual command line, holding a `sleep`): the worker's
@@ -9,8 +9,8 @@ cgroup, then IPC, network, UTS, PID and mount namespaces. The keeper forks the w
 PID namespace and waits for it; the worker makes itself what a spawned worker is before any program
 reaches it: its own session, stdout and stderr to its log, no capability (bounding set emptied,
 then the worker's uid), no_new_privs, the judge's seccomp program, no descriptor but its
-channel's; then it runs `kernelrl.judge.worker.main`, which sets its limits and says hello as a
-spawned one does. Used by `kernelrl.judge.sandbox` under FULL containment as root, on CPU, where
+channel's; then it runs `kernelrl.judge.harness.worker.main`, which sets its limits and says hello as a
+spawned one does. Used by `kernelrl.judge.isolation.sandbox` under FULL containment as root, on CPU, where
 each worker has a cgroup (`SandboxConfig.fork_workers`).
 
 Guarantees:
@@ -48,9 +48,10 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelrl.judge.cgroup import Cgroup
-from kernelrl.judge.channel import Arena
-from kernelrl.judge.containment import SCRATCH, find_in_namespace, spawn
+from kernelrl.judge.harness.channel import Arena
+from kernelrl.judge.harness.places import SCRATCH
+from kernelrl.judge.isolation.cgroup import Cgroup
+from kernelrl.judge.isolation.containment import find_in_namespace, spawn
 
 # CLONE_NEW* flags of the namespaces a worker joins, the mount namespace last (it moves the root).
 _JOIN = (("cgroup", 0x02000000), ("ipc", 0x08000000), ("net", 0x40000000), ("uts", 0x04000000),
@@ -94,7 +95,7 @@ class Zygote:
         # PWD: what bubblewrap sets for the program it starts in the scratch, where workers start.
         # No stdio of the judge's: a keeper outliving a killed judge must not hold its output open.
         self.proc = spawn(lambda: subprocess.Popen(
-            [sys.executable, "-m", "kernelrl.judge.zygote", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+            [sys.executable, "-m", "kernelrl.judge.isolation.zygote", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
             env={**env, "PWD": SCRATCH}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True))
         theirs.close()
@@ -264,8 +265,8 @@ def _become_worker(libc: ctypes.CDLL, req: Request, fds: list[int]) -> None:
                     os.close(fd)
                 except OSError:
                     pass
-        from kernelrl.judge.containment import SCRATCH
-        from kernelrl.judge.seccomp import program
+        from kernelrl.judge.harness.places import SCRATCH
+        from kernelrl.judge.isolation.seccomp import program
 
         os.chdir(SCRATCH)
         for cap in range(_CAP_LAST + 1):
@@ -292,11 +293,11 @@ def _become_worker(libc: ctypes.CDLL, req: Request, fds: list[int]) -> None:
     except BaseException as e:  # noqa: BLE001 - no program runs; the judge sees the exit and the log
         os.write(2, f"kernelrl: the worker could not join its sandbox: {e!r}\n".encode())
         os._exit(JOIN_FAILED)
-    from kernelrl.judge import worker
+    from kernelrl.judge.harness import worker
 
-    argv = ["kernelrl.judge.worker", str(p2c_r), str(c2p_w), str(arena_fd), str(req.arena_capacity)]
+    argv = ["kernelrl.judge.harness.worker", str(p2c_r), str(c2p_w), str(arena_fd), str(req.arena_capacity)]
     sys.argv = argv
-    sys.modules["__main__"] = worker  # as in a spawned worker (`python -m kernelrl.judge.worker`)
+    sys.modules["__main__"] = worker  # as in a spawned worker (`python -m kernelrl.judge.harness.worker`)
     try:
         exit_code = worker.main(argv)
     except SystemExit as e:  # as an interpreter ends on it
@@ -333,8 +334,8 @@ def serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
     # Torch, through the worker module, as a spawned worker imports it: transparent huge pages
-    # are off first (`kernelrl.judge.startup`), and forks keep that setting.
-    import kernelrl.judge.worker  # noqa: F401 - the point of the zygote
+    # are off first (`kernelrl.judge.harness.startup`), and forks keep that setting.
+    import kernelrl.judge.harness.worker  # noqa: F401 - the point of the zygote
 
     sock.send(b"ready")
     while True:

@@ -17,7 +17,7 @@ does, for x86_64 and aarch64:
 - a system call of another ABI (i386 through int 0x80, x32): the process is killed.
 
 Guarantees: `program()` is None on any other architecture, and the caller then does not claim
-full containment (`kernelrl.judge.containment.probe`). Does not guarantee protection from kernel
+full containment (`kernelrl.judge.isolation.containment.probe`). Does not guarantee protection from kernel
 bugs in the calls it allows.
 """
 

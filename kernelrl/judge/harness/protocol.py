@@ -1,7 +1,7 @@
 """The judge <-> worker protocol: every message kind and its typed header, shared by both sides.
 
 A message is a `Kind`, a header (one of the dataclasses below, sent as JSON) and an optional
-tensor payload (`kernelrl.judge.channel`). The judge sends a command and accepts only the answer
+tensor payload (`kernelrl.judge.harness.channel`). The judge sends a command and accepts only the answer
 kinds that command allows (`ANSWERS`), so a worker cannot answer out of turn.
 
 Guarantees: `decode(kind, fields)` returns the header dataclass of that kind or raises
@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
-from kernelrl.judge.channel import ChannelProtocolError
+from kernelrl.judge.harness.channel import ChannelProtocolError
 
 
 class Kind(enum.StrEnum):
@@ -212,7 +212,7 @@ class TaskLoaded(Header):
     KIND: ClassVar[Kind] = Kind.TASK_LOADED
     constants: dict[str, int]
     load_s: float
-    profile: dict[str, Any] | None  # `kernelrl.judge.profile.TaskProfile` fields, when asked
+    profile: dict[str, Any] | None  # `kernelrl.judge.harness.profile.TaskProfile` fields, when asked
     state_before: dict[str, Setting]
     state_after: dict[str, Setting]
 
@@ -319,7 +319,7 @@ class Error(Header):
     message: str
     traceback: str = ""
     # An out-of-memory error on a device, and the device's memory as the worker then saw it
-    # (`kernelrl.judge.devmem.DeviceMemory`: zeros where out_of_memory is False or on a CPU).
+    # (`kernelrl.judge.harness.devmem.DeviceMemory`: zeros where out_of_memory is False or on a CPU).
     out_of_memory: bool = False
     device_free_bytes: int = 0
     device_total_bytes: int = 0

@@ -15,7 +15,7 @@ every NVIDIA node is bound and the entry passed on, as before).
 `TORCH_CUDA_ARCH_LIST` when it sets one, else exactly the GPU judged on, with its
 architecture-specific features (`9.0a` on an H100 or H200: sm_90a's wgmma and TMA instructions,
 which a build for the bare `9.0` cannot use); `arch_env` puts it in a worker's environment, and the
-build key holds it (`kernelrl.judge.builds.toolchain_fingerprint`), so a build for one target is
+build key holds it (`kernelrl.judge.isolation.builds.toolchain_fingerprint`), so a build for one target is
 never loaded for another.
 
 Does not measure anything: measured peaks (the roofline's) are the judge's.

@@ -1,6 +1,6 @@
 """The machine's peaks, measured in a worker: the triad bandwidth and large matmuls' rates.
 
-What the roofline and the prompts' facts divide by (`kernelrl.judge.device.DevicePeaks`). Best of
+What the roofline and the prompts' facts divide by (`kernelrl.judge.harness.device.DevicePeaks`). Best of
 a few runs each, synchronised and clocked by the worker's own bound functions. Does not model
 caches or clocks: a measured best, not a datasheet's figure.
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from kernelrl.judge import protocol as P
+from kernelrl.judge.harness import protocol as P
 
 __all__ = ["machine_peaks"]
 

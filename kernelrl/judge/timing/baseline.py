@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from kernelrl.judge.timer import CandidateTiming, GroupTiming
+from kernelrl.judge.timing.timer import CandidateTiming, GroupTiming
 from kernelrl.plain import to_plain
 
 

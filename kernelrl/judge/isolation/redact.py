@@ -37,7 +37,7 @@ _MOUNTINFO_LINE = re.compile(r"^\d+ \d+ \d+:\d+ /\S* /\S* [^\n]*$", re.MULTILINE
 _MAC = re.compile(r"\b[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}\b")
 _IPV4 = re.compile(r"\b(?!127\.)(?:25[0-5]|2[0-4]\d|1?\d?\d)(?:\.(?:25[0-5]|2[0-4]\d|1?\d?\d)){3}\b")
 _SYSTEM_BIN = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
 
 
 @functools.cache

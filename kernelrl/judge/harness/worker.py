@@ -3,8 +3,8 @@
 A reference worker may serve several groups of its task: the judge keeps it and has it build the
 task's model again under each group's seed (`Reseed`); a candidate's worker serves one program.
 
-Started by `kernelrl.judge.sandbox.Worker` as `python -m kernelrl.judge.worker READ_FD WRITE_FD`.
-It imports torch, says hello, and then answers one command at a time (`kernelrl.judge.protocol`),
+Started by `kernelrl.judge.isolation.sandbox.Worker` as `python -m kernelrl.judge.harness.worker READ_FD WRITE_FD`.
+It imports torch, says hello, and then answers one command at a time (`kernelrl.judge.harness.protocol`),
 doing nothing unasked. The judge holds the secrets' meaning, the reference outputs and the
 verdict; a worker only builds, initialises, makes inputs (a reference, from seeds the judge
 chose), runs and times.
@@ -29,7 +29,7 @@ C++ and CUDA builds through torch's inline loader go to the build folder the jud
 by content hash), so a program seen before loads its cached build. On CPU, builds use torch's
 precompiled header for `torch/extension.h` (prepared once, under a file lock), Triton kernels
 run under Triton's interpreter, and CUDA sources are compiled by nvcc for their errors and
-refused (`kernelrl.judge.builds`); on a GPU Triton always compiles.
+refused (`kernelrl.judge.harness.toolchain`); on a GPU Triton always compiles.
 """
 
 from __future__ import annotations
@@ -51,11 +51,13 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 # What the calls' thread and process counts read /proc with, bound before any program code can
-# rebind it (`containment.descendants` binds its own).
+# rebind it (`procfs.descendants` binds its own).
 _listdir, _getpid = os.listdir, os.getpid
 
-from kernelrl.judge.containment import BUILD_DIR_ENV, CACHE_ROOT_ENV, descendants  # noqa: E402 - no torch behind it
-from kernelrl.judge.startup import NO_HUGE_PAGES_ENV, allocator_pin, set_own_limits  # noqa: E402 - no torch behind it
+# No torch behind these three: read before torch is imported.
+from kernelrl.judge.harness.places import BUILD_DIR_ENV, CACHE_ROOT_ENV  # noqa: E402
+from kernelrl.judge.harness.procfs import descendants  # noqa: E402
+from kernelrl.judge.harness.startup import NO_HUGE_PAGES_ENV, allocator_pin, set_own_limits  # noqa: E402
 
 
 def _no_huge_pages() -> None:
@@ -72,37 +74,37 @@ def _no_huge_pages() -> None:
 
 
 _no_huge_pages()
-# Bound now, before any program code runs (`kernelrl.judge.startup`): called when timing begins.
+# Bound now, before any program code runs (`kernelrl.judge.harness.startup`): called when timing begins.
 _pin_allocator = allocator_pin()
 
 import torch  # noqa: E402
 
-from kernelrl.judge import devmem  # noqa: E402
-from kernelrl.judge import protocol as P  # noqa: E402
-from kernelrl.judge.builds import (  # noqa: E402
+from kernelrl.judge.harness import devmem  # noqa: E402
+from kernelrl.judge.harness import protocol as P  # noqa: E402
+from kernelrl.judge.harness.channel import Arena, Channel, ChannelProtocolError, Message, commitments  # noqa: E402
+from kernelrl.judge.harness.compare import content_digest, flatten  # noqa: E402
+from kernelrl.judge.harness.device import Device  # noqa: E402
+from kernelrl.judge.harness.fingerprint import keyed_digest, same_bytes  # noqa: E402
+from kernelrl.judge.harness.l2 import PersistingL2  # noqa: E402
+from kernelrl.judge.harness.peaks import machine_peaks  # noqa: E402
+from kernelrl.judge.harness.precision import global_state, set_precision  # noqa: E402
+from kernelrl.judge.harness.toolchain import (  # noqa: E402
     CudaDeviceCodeCheck,
     PrecompiledHeaderLoader,
     configure_triton,
     exclusive_build_dir,
 )
-from kernelrl.judge.channel import Arena, Channel, ChannelProtocolError, Message, commitments  # noqa: E402
-from kernelrl.judge.compare import content_digest, flatten  # noqa: E402
-from kernelrl.judge.device import Device  # noqa: E402
-from kernelrl.judge.fingerprint import keyed_digest, same_bytes  # noqa: E402
-from kernelrl.judge.l2 import PersistingL2  # noqa: E402
-from kernelrl.judge.peaks import machine_peaks  # noqa: E402
-from kernelrl.judge.precision import global_state, set_precision  # noqa: E402
-from kernelrl.judge.values import all_finite as _all_finite  # noqa: E402
-from kernelrl.judge.values import clone as _clone  # noqa: E402
-from kernelrl.judge.values import in_place as _in_place  # noqa: E402
-from kernelrl.judge.values import kept as _kept  # noqa: E402
-from kernelrl.judge.values import own_copy as _own_copy  # noqa: E402
-from kernelrl.judge.values import perturb as _perturb  # noqa: E402
-from kernelrl.judge.values import pool_noise, stage  # noqa: E402
-from kernelrl.judge.values import readable as _readable  # noqa: E402
-from kernelrl.judge.values import shadows_tensor as _shadows_tensor  # noqa: E402
-from kernelrl.judge.values import to_cpu as _to_cpu  # noqa: E402
-from kernelrl.judge.values import to_device as _to_device  # noqa: E402
+from kernelrl.judge.harness.values import all_finite as _all_finite  # noqa: E402
+from kernelrl.judge.harness.values import clone as _clone  # noqa: E402
+from kernelrl.judge.harness.values import in_place as _in_place  # noqa: E402
+from kernelrl.judge.harness.values import kept as _kept  # noqa: E402
+from kernelrl.judge.harness.values import own_copy as _own_copy  # noqa: E402
+from kernelrl.judge.harness.values import perturb as _perturb  # noqa: E402
+from kernelrl.judge.harness.values import pool_noise, stage  # noqa: E402
+from kernelrl.judge.harness.values import readable as _readable  # noqa: E402
+from kernelrl.judge.harness.values import shadows_tensor as _shadows_tensor  # noqa: E402
+from kernelrl.judge.harness.values import to_cpu as _to_cpu  # noqa: E402
+from kernelrl.judge.harness.values import to_device as _to_device  # noqa: E402
 
 _Tensor = torch.Tensor
 # What evicts the cache before a sample, bound now: a program that replaces torch's ops (to slow
@@ -218,7 +220,7 @@ class WorkerState:
             return P.Kind.ERROR, P.Error(phase=e.phase, message=str(e), traceback=e.tb), None
         profile = None
         if h.profile:
-            from kernelrl.judge.profile import profile_task
+            from kernelrl.judge.harness.profile import profile_task
 
             profile = profile_task(mod, task=h.task_name, size=h.size, constants=constants, init_inputs=init_inputs,
                                    source=h.task_source).to_dict()
@@ -469,7 +471,7 @@ class WorkerState:
                 if noise is not None and isinstance(x, _Tensor):  # noise exists for floating tensors only
                     # x * scale * (1 + jitter * u), u in [-1, 1): new storage, new values, and no
                     # multiple of any earlier input (so no earlier output, rescaled, is the answer);
-                    # made a chunk at a time (judge/staging.py)
+                    # made a chunk at a time (values.stage)
                     fresh.append(stage(x, noise, scale=float(scale), shift=int(shift), jitter=self.jitter))
                 else:
                     fresh.append(_clone(x))
@@ -575,7 +577,7 @@ def send(channel: Channel, kind: P.Kind, header: P.Header | None, payload: objec
 def call_floor_ns(sync: Callable[[], None], clock: Callable[[], int], *, n: int = 201) -> float:
     """This worker's timing bracket around nothing (sync, clock, sync, clock): its median, in ns.
 
-    Here, not in `kernelrl.judge.timer`: a worker imports no more than it runs (the timer's
+    Here, not in `kernelrl.judge.timing.timer`: a worker imports no more than it runs (the timer's
     imports, the static checker's rules among them, cost every worker's start ~0.1 s).
     """
     times = []
@@ -628,7 +630,7 @@ def _serve(state: WorkerState, msg: Message) -> bool:
 
 def _failure(state: WorkerState, e: Exception) -> P.Error:
     """A command's exception as the judge reads it; an out-of-memory error on a device with what
-    the device held once this worker gave its cached blocks back (`kernelrl.judge.devmem`)."""
+    the device held once this worker gave its cached blocks back (`kernelrl.judge.harness.devmem`)."""
     error = P.Error(phase=P.Phase.RUN, message=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
     memory = None
     if isinstance(e, torch.OutOfMemoryError):

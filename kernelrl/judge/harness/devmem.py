@@ -16,7 +16,7 @@ Guarantees:
   program can raise the error itself) it is always the program's.
 
 Does not reserve memory ahead of a run (groups are admitted by host memory,
-`kernelrl.judge.inputs.memory_need`), and reads only torch's allocator as the program's own: memory a
+`kernelrl.judge.timing.inputs.memory_need`), and reads only torch's allocator as the program's own: memory a
 program allocated past it (a raw cudaMalloc) counts as another process's.
 """
 

@@ -2,10 +2,10 @@
 and a byte-for-byte comparison of values on a device with their host copies.
 
 `keyed_digest(values, key)` is what two workers give the judge so that it can tell whether the
-same inputs came back the same from both (a spot check, `kernelrl.judge.timer`): only a few
+same inputs came back the same from both (a spot check, `kernelrl.judge.timing.timer`): only a few
 numbers per 32 MiB leave the device, so a 6 GiB input costs milliseconds on a GPU instead of a
 copy to the host and a hash on one thread. `same_bytes(a, b)` is a worker's own check that its
-device copy of a value still holds what it was given (a correctness run, `kernelrl.judge.worker`).
+device copy of a value still holds what it was given (a correctness run, `kernelrl.judge.harness.worker`).
 
 Guarantees:
 - `keyed_digest` is a two-level multilinear hash, two lanes, over each tensor's bytes read as
@@ -30,7 +30,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from kernelrl.judge.compare import flatten
+from kernelrl.judge.harness.compare import flatten
 
 __all__ = ["keyed_digest", "same_bytes"]
 

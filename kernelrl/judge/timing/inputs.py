@@ -2,7 +2,7 @@
 
 The judge never runs task code: it draws a secret seed per input set (and, for perturbed sets, a
 scale and an offset) and a reference worker makes the set with the task's own `get_inputs()`
-under that seed (`kernelrl.judge.worker`), applying the perturbation there.
+under that seed (`kernelrl.judge.harness.worker`), applying the perturbation there.
 
 Guarantees:
 - seeds come from the judge's generator, itself seeded from `secrets`, and are drawn after the
@@ -34,7 +34,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from kernelrl.judge.protocol import POOL_NOISE_ELEMENTS
+from kernelrl.judge.harness.protocol import POOL_NOISE_ELEMENTS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +80,7 @@ def timing_scale(rng: random.Random) -> float:
 # One input set this large outgrows every cache a timed call could reuse (a CPU's last level, a
 # GPU's L2: tens of MiB), so rotating several sets buys the measurement nothing, while each set
 # costs its bytes in the judge and twice in every worker. From this size on the timing pool holds
-# one set; every call still gets its own scale and jitter of it (`kernelrl.judge.timer`), so no
+# one set; every call still gets its own scale and jitter of it (`kernelrl.judge.timing.timer`), so no
 # call sees the inputs of the call before.
 POOL_SET_BYTES = 256 << 20
 

@@ -19,7 +19,7 @@ The decision, in order:
   the task's floors at the measured peaks) and the LLM review's; the policy weighs every finding
   once; any finding that rejects makes it `flagged`, otherwise it is `correct` with its speedup,
   interval and roofline share;
-- unless the group could not confirm the device idle after its samples (`kernelrl.judge.idle`:
+- unless the group could not confirm the device idle after its samples (`kernelrl.judge.timing.idle`:
   busy after the reference's, or the probe failed): then what would be `correct` is a
   `judge_error` (not paid, not cached, judged again on the next try), since the reference's own
   times may hold work that was not its own;
@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from kernelrl.checks import dynamic, llm_judge
 from kernelrl.checks.dynamic import Floors
 from kernelrl.checks.policy import PolicyName, get_policy
-from kernelrl.judge.profile import TaskProfile
-from kernelrl.judge.roofline import MachinePeaks, roofline_pct
-from kernelrl.judge.timer import CandidateTiming, FailureKind, GroupTiming
+from kernelrl.judge.harness.profile import TaskProfile
+from kernelrl.judge.timing.roofline import MachinePeaks, roofline_pct
+from kernelrl.judge.timing.timer import CandidateTiming, FailureKind, GroupTiming
 from kernelrl.result import (
     Containment,
     DeviceIdle,

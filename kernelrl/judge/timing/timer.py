@@ -50,7 +50,7 @@ Guarantees:
   thread count around each call (`kernelrl.checks.dynamic.timing_findings` judges them);
 - with an `IdleMonitor` (a GPU), the device is confirmed idle by the judge's own probe after
   every sample, and work left running is drained before the next member's sample
-  (`kernelrl.judge.idle`: what that does and does not see); the group's `device_idle` says
+  (`kernelrl.judge.timing.idle`: what that does and does not see); the group's `device_idle` says
   whether it could be confirmed.
 
 Does not interpret anything: it measures and records.
@@ -70,13 +70,13 @@ from functools import partial
 from typing import TypeVar
 
 from kernelrl.checks.dynamic import MemberTiming, TimingFacts
-from kernelrl.judge import protocol as P
-from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
-from kernelrl.judge.compare import compare_outputs
 from kernelrl.judge.eval_config import TimingConfig  # declared with the other settings: no torch there
-from kernelrl.judge.idle import IdleMonitor, IdleTally, device_state
-from kernelrl.judge.inputs import timing_scale
-from kernelrl.judge.sandbox import Answer, Worker, WorkerDied
+from kernelrl.judge.harness import protocol as P
+from kernelrl.judge.harness.channel import ChannelProtocolError, ChannelTimeout
+from kernelrl.judge.harness.compare import compare_outputs
+from kernelrl.judge.isolation.sandbox import Answer, Worker, WorkerDied
+from kernelrl.judge.timing.idle import IdleMonitor, IdleTally, device_state
+from kernelrl.judge.timing.inputs import timing_scale
 from kernelrl.result import DeviceIdle, TimingStop
 
 _T = TypeVar("_T")
@@ -191,7 +191,7 @@ class GroupTiming:
     aa_ci: tuple[float, float] | None = None
     noisy: bool = False  # the A/A pair disagreed beyond the tolerance in every measurement of the group
     retimed: int = 0  # measurements repeated because the A/A pair disagreed
-    device_idle: DeviceIdle = DeviceIdle.NOT_PROBED  # the idle probe after every sample (`kernelrl.judge.idle`)
+    device_idle: DeviceIdle = DeviceIdle.NOT_PROBED  # the idle probe after every sample (`kernelrl.judge.timing.idle`)
     device_note: str = ""  # why the device could not be confirmed idle ("" when it could)
     allocator_pinned: bool = False  # every member that took its pool said its allocator is pinned
 
@@ -288,8 +288,8 @@ def measure_group(reference: Worker, candidates: Mapping[str, Worker], pool: lis
     warm-up: `sent` is the pool as each member took it (`send_pools`), a failure there its failure.
 
     `cores`: every member is bound to these cores for the measurement and unbound after it
-    (`kernelrl.judge.sandbox.timing_cores`), so no member is faster for the core it runs on.
-    `idle`: the device is probed after every sample (`kernelrl.judge.idle`); `trusted`: the
+    (`kernelrl.judge.isolation.sandbox.timing_cores`), so no member is faster for the core it runs on.
+    `idle`: the device is probed after every sample (`kernelrl.judge.timing.idle`); `trusted`: the
     candidate keys whose programs are the task's own (the reference's copies), which count like
     the reference when the device is found busy after them; `twin`: the key of the member that runs
     the reference's own program (the A/A copy), whose record goes into every candidate's facts as

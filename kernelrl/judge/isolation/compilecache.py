@@ -1,6 +1,6 @@
 """Compiler caches kept across workers: what torch.compile compiled, sealed like a build.
 
-A fully contained worker compiles in its own scratch (`kernelrl.judge.containment`), and its
+A fully contained worker compiles in its own scratch (`kernelrl.judge.isolation.containment`), and its
 caches die with it, so every torch.compile in a fresh worker starts cold: about 6 s of a 2-core
 machine for a one-kernel graph, 1.3 s when inductor finds its compiled graph in its cache
 (`benchmarks/README.md`). The judge keeps what workers compiled (inductor's cache, with the Triton
@@ -19,7 +19,7 @@ kernels inductor builds on a GPU; and a program's own Triton cache) in two kinds
 So a candidate reads its own entries and its task's, and writes no other's: a program that plants
 a poisoned graph in its cache finds it again only in its own next evaluation.
 
-Copies follow the sealed builds' rules (`kernelrl.judge.builds`): out of a worker, only plain
+Copies follow the sealed builds' rules (`kernelrl.judge.isolation.builds`): out of a worker, only plain
 files owned by its uid on its scratch, through `Scratch` (never a link, never another file
 system), with names of letters, digits, `_`, `-` and `.` (not leading), at most `_MAX_DEPTH`
 folders deep and `MAX_ENTRY_BYTES` in all (apparent sizes, so a sparse file counts as what it
@@ -46,9 +46,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from kernelrl.judge.builds import toolchain_fingerprint, verified, write_sealed
-from kernelrl.judge.containment import BUILD_SUBDIR, CACHE_SUBDIR, Scratch
-from kernelrl.judge.device import Device
+from kernelrl.judge.harness.device import Device
+from kernelrl.judge.harness.places import BUILD_SUBDIR, CACHE_SUBDIR
+from kernelrl.judge.isolation.builds import toolchain_fingerprint, verified, write_sealed
+from kernelrl.judge.isolation.containment import Scratch
 
 # The caches kept, by the name they have in an entry and where they are in a worker's scratch.
 # The task's entry keeps inductor's (its compiled graphs); a program's also its own Triton cache.

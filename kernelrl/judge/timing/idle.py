@@ -24,12 +24,12 @@ The decision is pure and tested with fake probes (tests/judge/test_idle.py):
   failed once; BUSY when work outlived the drain, or the device was busy after `BUSY_SAMPLES` or
   more samples of a trusted member (the reference, its A/A copy, the compiled reference): then
   the reference's own times may hold someone's work, and the group's speedups are not paid
-  (`kernelrl.judge.verdict.timed`: a `judge_error`, judged again on the next try); IDLE otherwise;
+  (`kernelrl.judge.timing.verdict.timed`: a `judge_error`, judged again on the next try); IDLE otherwise;
 - a candidate after whose samples the device was busy `BUSY_SAMPLES` times or more, improbably
   often at the rate the trusted members read busy in the same rounds, or busy past the drain once,
   is found out by `kernelrl.checks.dynamic.timing_findings` (`side_work_after_return`).
 
-Order of operations around one sample (`kernelrl.judge.timer`, `kernelrl.judge.sandbox`): the
+Order of operations around one sample (`kernelrl.judge.timing.timer`, `kernelrl.judge.isolation.sandbox`): the
 member's worker answers (it synchronised its own context first); from the timing pool on, the
 sandbox ends every other process of the worker (`Worker.end_strays`) as soon as the answer
 arrives; then this probe runs, and drains; then the next member is sent its sample. So a helper
@@ -221,10 +221,10 @@ PROBE_TIMEOUT_S = 5.0  # one probe: far above any time slice; a hung GPU is an e
 
 
 class CudaProbe:
-    """A process of kernelrl's own (`python -m kernelrl.judge.idle`) holding a context on one GPU;
+    """A process of kernelrl's own (`python -m kernelrl.judge.timing.idle`) holding a context on one GPU;
     each call times one one-element kernel there, launch to completion, by its host clock.
 
-    `visible`: the lane's entry of the judge's CUDA_VISIBLE_DEVICES (`kernelrl.judge.device.visible_device`).
+    `visible`: the lane's entry of the judge's CUDA_VISIBLE_DEVICES (`kernelrl.judge.harness.device.visible_device`).
     Started on first use; once broken (gone, hung), every later call raises `ProbeError`.
     """
 
@@ -253,7 +253,7 @@ class CudaProbe:
             return self._proc
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": self.visible}
         try:
-            self._proc = subprocess.Popen([sys.executable, "-m", "kernelrl.judge.idle"], stdin=subprocess.PIPE,
+            self._proc = subprocess.Popen([sys.executable, "-m", "kernelrl.judge.timing.idle"], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
             if self._line(self._proc, START_TIMEOUT_S) != "ready":
                 raise ProbeError("the probe did not say it was ready")
