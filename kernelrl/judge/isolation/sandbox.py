@@ -1,4 +1,7 @@
-"""The sandbox: a worker process with its own interpreter, directory, limits and env.
+"""The sandbox: a worker process with its own interpreter, directory, limits and env, and the judge's
+thin handle on it (`Worker`). The process is started by the launcher of its containment level
+(`kernelrl.judge.isolation.launch`), which returns it with its channel; what the kernel says of
+its processes is read, and they are ended, through `kernelrl.judge.isolation.processes`.
 
 Guarantees:
 - a worker is never a fork of the judge: it is a fresh interpreter (`python -m
@@ -49,14 +52,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import resource
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -68,33 +70,22 @@ from kernelrl.judge.harness.channel import (
     ChannelProtocolError,
     commitment,
 )
-from kernelrl.judge.harness.device import Device, arch_env, device_minor, visible_device
-from kernelrl.judge.harness.places import SCRATCH, SCRATCH_FOLDERS_ENV
+from kernelrl.judge.harness.device import Device
 from kernelrl.judge.harness.protocol import ANSWERS, Error, Header, Hello, Kind, Output, decode, encode
-from kernelrl.judge.harness.startup import LIMITS_ENV, NO_HUGE_PAGES_ENV, PINNED_ALLOCATOR_ENV
-from kernelrl.judge.isolation.cgroup import Cgroup, kill_pid
+from kernelrl.judge.harness.startup import NO_HUGE_PAGES_ENV, PINNED_ALLOCATOR_ENV
+from kernelrl.judge.isolation.cgroup import Cgroup
 from kernelrl.judge.isolation.containment import (
-    NAMESPACES_PREFIX,
     Scratch,
-    allocate_uid,
-    bwrap_prefix,
-    exited,
-    find_in_namespace,
     namespaces_available,
-    ns_pid,
-    pidfd,
     probe,
-    process_cpu_ns,
     process_limit,
     release_uid,
-    sandbox_processes,
-    spawn,
-    widen_pipe,
 )
 from kernelrl.judge.isolation.inductor import inductor_env
+from kernelrl.judge.isolation.launch import LAUNCHERS, Launch
+from kernelrl.judge.isolation.processes import WorkerProcesses
 from kernelrl.judge.isolation.redact import redact
-from kernelrl.judge.isolation.seccomp import program_fd
-from kernelrl.judge.isolation.zygote import Joined, fork_into, read_status
+from kernelrl.judge.isolation.zygote import Joined
 from kernelrl.result import Containment
 
 # Copied from the judge's environment when present; everything else is dropped.
@@ -228,6 +219,29 @@ def worker_env(config: SandboxConfig, workdir: Path, extra: dict[str, str] | Non
     return env
 
 
+def worker_limits(cfg: SandboxConfig, device: Device, containment: Containment) -> dict[str, int]:
+    """The limits a worker sets on itself before it says hello (resource name -> value)."""
+    out = {"core": 0, "nofile": cfg.max_open_files, "fsize": cfg.max_file_mib << 20}
+    if cfg.memory_limit_gib is not None and device == "cpu":
+        out["as"] = int(cfg.memory_limit_gib * (1 << 30))
+    if containment is Containment.FULL:
+        out["nproc"] = cfg.process_limit  # counted for the worker's own uid (or user namespace)
+    return out
+
+
+def _death(what: str, rc: int | None, bwrap: bool) -> tuple[str, int | None]:
+    """What a dead worker's exit status says, and the status (bubblewrap's 128 + N as the signal N)."""
+    if rc is not None and bwrap and rc > 128 and rc - 128 in _SIGNALS:
+        rc = 128 - rc  # bubblewrap exits 128 + N when its program was killed by signal N
+    if rc is not None and rc < 0:
+        try:
+            sig = signal.Signals(-rc).name
+        except ValueError:
+            sig = f"signal {-rc}"
+        return f"{what}: killed by {sig}", rc
+    return (f"{what}: exit status {rc}" if rc is not None else what), rc
+
+
 @dataclass(frozen=True)
 class Answer:
     """A worker's typed answer to one command (`kernelrl.judge.harness.protocol`)."""
@@ -242,7 +256,9 @@ class Answer:
 
 
 class Worker:
-    """The judge's handle on one worker process.
+    """The judge's handle on one worker process: started by the launcher of its containment level
+    (`kernelrl.judge.isolation.launch`), talked to through its channel, watched and ended through
+    its processes (`kernelrl.judge.isolation.processes`).
 
     A worker is started bare (a fresh interpreter that imports torch and says hello) and is given
     one program: its owner sets `role` ("reference", "candidate", ...) for messages. It is never
@@ -251,107 +267,58 @@ class Worker:
 
     def __init__(self, *, config: SandboxConfig, device: Device, device_index: int | None = None,
                  root: Path | None = None, role: str = "worker", inherit_fds: tuple[int, ...] = ()):
-        self.role = role
-        self.config = config
-        self.device = device
+        self.role, self.config, self.device = role, config, device
+        self.containment = probe(config.containment, config.uids, device).level
         # The judge's folder for this worker: its log (under FULL containment its scratch is a tmpfs, `scratch()`).
         self.workdir = Path(tempfile.mkdtemp(prefix="kernelrl-worker-", dir=root))
-        self.log_path = self.workdir / "worker.log"
-        found = probe(config.containment, config.uids, device)
-        self.containment = found.level
-        self.uid: int | None = None  # the worker's own uid under FULL containment as root
-        self._scratch_dev: int | None = None
-        self._pidfd: int | None = None  # readable once the interpreter has exited
-        self._ns_init: int | None = None  # the first process of its PID namespace (killing it ends them all)
-        self._init_fd: int | None = None  # readable once that one has exited
-        self._inner_pid: int | None = None
-        self._joined: Joined | None = None  # a forked worker's processes (kernelrl.judge.isolation.zygote)
-        self._status_r: int | None = None  # a forked worker's exit code, written by its keeper
-        self._exit: int | None = None  # that exit code, once read
         self.hello: Hello | None = None
-        p2c_r, p2c_w = os.pipe()
-        c2p_r, c2p_w = os.pipe()
-        # Sized before its first command: to `size_arena`'s need (a candidate), else the default.
-        self.arena = Arena.create(None)
+        self._launched = LAUNCHERS[self.containment](Launch(
+            device=device, device_index=device_index, workdir=self.workdir, environment=partial(worker_env, config),
+            limits=worker_limits(config, device, self.containment), uids=config.uids,
+            scratch_bytes=config.scratch_mib << 20, expose=config.expose, fork=config.fork_workers, inherit_fds=inherit_fds))
+        self._procs = WorkerProcesses(self.proc, self.containment, self.cgroup, self._launched.joined)
+        self._noted = _Exchanges()
         self._arena_need: int | None = None
-        for fd in (p2c_w, c2p_w):
-            widen_pipe(fd)
-        gpu = device_minor(visible_device(device_index or 0)) if device == Device.CUDA else None  # device.py
-        shown = gpu[1] if gpu else visible_device(device_index or 0)  # the judge's own entry (index, UUID, MIG)
-        extra = {"CUDA_VISIBLE_DEVICES": shown} if device_index is not None or gpu else {}
-        extra.update(arch_env(device, device_index or 0))  # TORCH_CUDA_ARCH_LIST on a GPU: exactly its architecture
-        full = self.containment is Containment.FULL
-        seccomp_fd: int | None = None
-        if full:
-            as_root = os.geteuid() == 0
-            self.uid = allocate_uid(config.uids) if as_root else os.getuid()
-            seccomp_fd = program_fd()  # read once by bwrap; the probe made sure there is one
-            prefix = bwrap_prefix(bwrap=shutil.which("bwrap") or "bwrap", uid=self.uid, device=device,
-                                  scratch_bytes=config.scratch_mib << 20, as_root=as_root, extra=config.expose,
-                                  seccomp_fd=seccomp_fd, gpu_minor=gpu[0] if gpu else None)
-            extra.update({**SCRATCH_FOLDERS_ENV, "USER": "kernelrl-worker", "LOGNAME": "kernelrl-worker"})
-        else:
-            prefix = list(NAMESPACES_PREFIX) if self.containment is Containment.NAMESPACES else []
-        extra[LIMITS_ENV] = ",".join(f"{k}={v}" for k, v in self.limits().items())
-        env = worker_env(config, Path(SCRATCH) if full else self.workdir, extra)
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the worker's life
-        # Its own cgroup, joined before anything is exec'd: every process it ever starts is in it.
-        self.cgroup = Cgroup.make()
-        # Forked only where its processes are found without its parentage (the cgroup: a forked
-        # worker is not bubblewrap's descendant); descriptors to inherit by number (tests) come
-        # only through a spawn.
-        forked = (full and os.geteuid() == 0 and config.fork_workers and self.cgroup is not None
-                  and not inherit_fds and device == Device.CPU)
-        self._timing = False  # from the timing pool on, strays are ended around every exchange
-        self.last_exchange_ns = 0  # the last command's send to its answer, by the judge's clock
-        self.strays_ended = 0
-        self.stray_check_ns = 0  # spent on `end_strays` (the census around every exchange), by the judge's clock
-        # Spot checks: outputs handed over, and those that are not what their call committed to
-        self._commits: list[int] = []
-        self.spot_outputs = 0
-        self.uncommitted_outputs = 0
-
-        def start(hold: bool) -> subprocess.Popen[bytes]:
-            # A forked worker's channel goes to it through the zygote: the holder must not keep
-            # its pipes open (the judge sees a worker's death as the end of its answer pipe).
-            program = ["sleep", "infinity"] if hold else [sys.executable, "-m", "kernelrl.judge.harness.worker",
-                                                          str(p2c_r), str(c2p_w), str(self.arena.fd),
-                                                          str(self.arena.capacity)]
-            argv = [*prefix, *program]
-            if self.cgroup is not None:
-                argv = self.cgroup.join_argv(argv)
-            own = () if hold else (p2c_r, c2p_w, self.arena.fd, *inherit_fds)
-            fds = (*own, *([seccomp_fd] if seccomp_fd is not None else []))
-            return subprocess.Popen(argv, pass_fds=fds, cwd=self.workdir, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True)
-
-        try:
-            if forked:  # else, or where the zygote cannot, spawned
-                holder = spawn(lambda: start(True))
-                self._joined = fork_into(holder, env, uid=self.uid, cgroup=self.cgroup, arena=self.arena,
-                                         fds=(p2c_r, c2p_w, self.arena.fd, self._log.fileno()))
-                if self._joined is not None:
-                    self.proc, self._status_r = holder, self._joined.status_r
-                else:
-                    forked = False
-                if not forked and seccomp_fd is not None:
-                    os.lseek(seccomp_fd, 0, os.SEEK_SET)  # read by the holder's bubblewrap; again for the next
-            if not forked:
-                # bwrap dies with the thread that started it: the judge's long-lived one starts it.
-                self.proc = spawn(lambda: start(False)) if full else start(False)
-        except BaseException:
-            if self.uid is not None and full and os.geteuid() == 0:
-                release_uid(self.uid)
-            if self.cgroup is not None:
-                self.cgroup.remove()
-            raise
-        finally:
-            for fd in (p2c_r, c2p_w, *([seccomp_fd] if seccomp_fd is not None else [])):
-                os.close(fd)
-        self.channel = Channel(c2p_r, p2c_w, self.arena)
-        self._apply_limits()
         self.started = time.monotonic()
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self._launched.proc
+
+    @property
+    def channel(self) -> Channel:
+        return self._launched.channel
+
+    @property
+    def arena(self) -> Arena:
+        return self._launched.arena
+
+    @property
+    def cgroup(self) -> Cgroup | None:
+        return self._launched.cgroup
+
+    @property
+    def uid(self) -> int | None:
+        """The worker's own uid under FULL containment (drawn per worker as root)."""
+        return self._launched.uid
+
+    @property
+    def log_path(self) -> Path:
+        return self._launched.log_path
+
+    @property
+    def forked(self) -> bool:
+        """Whether the worker is a fork of a zygote (`SandboxConfig.fork_workers`), not spawned."""
+        return self._launched.joined is not None
+
+    @property
+    def _joined(self) -> Joined | None:
+        return self._launched.joined
+
+    @property
+    def isolated(self) -> bool:
+        """Whether the worker has its own PID namespace (a private /proc)."""
+        return self.containment is not Containment.NONE
 
     def size_arena(self, need: int) -> None:
         """The arena's size for good (`kernelrl.judge.harness.channel.arena_need` of the task's messages): set
@@ -359,16 +326,6 @@ class Worker:
         if self.arena.sealed:
             raise RuntimeError("the worker's arena is already sized")
         self._arena_need = need
-
-    @property
-    def forked(self) -> bool:
-        """Whether the worker is a fork of a zygote (`SandboxConfig.fork_workers`), not spawned."""
-        return self._joined is not None
-
-    @property
-    def isolated(self) -> bool:
-        """Whether the worker has its own PID namespace (a private /proc)."""
-        return self.containment is not Containment.NONE
 
     def wait_ready(self, *, deadline: float | None = None) -> Hello:
         """The worker's hello (interpreter up, torch imported); WorkerDied if it never comes.
@@ -381,61 +338,21 @@ class Worker:
             if answer.kind is not Kind.HELLO:
                 raise ChannelProtocolError(f"expected hello, got {answer.kind.value}")
             self.hello = answer.header
-            self._settle(self.hello.pid)
-        return self.hello
-
-    def _settle(self, pid_in_namespace: int) -> None:
-        if self.containment is not Containment.NONE:
-            inner, self._ns_init = find_in_namespace(self.proc.pid, pid_in_namespace)
-            if self._joined is not None:  # not bubblewrap's descendant: known from the zygote
-                inner = self._joined.pid if ns_pid(self._joined.pid) == pid_in_namespace else None
-            if inner is None:
+            if not self._procs.find(self.hello.pid):
                 raise self._died("the worker's interpreter is not among its sandbox's processes")
-            self._inner_pid = inner
-            self._pidfd = pidfd(inner)
-            if self._ns_init is not None:
-                self._init_fd = pidfd(self._ns_init)
-        if self.containment is Containment.FULL:
-            # Read back from the kernel, not taken on the worker's word.
-            if process_limit(self.pid) != self.config.process_limit:
-                raise self._died("the worker's process limit is not in force")
-            try:
-                self._scratch_dev = os.stat(f"/proc/{self.pid}/root{SCRATCH}").st_dev
-            except OSError:
-                self._scratch_dev = None  # no build reaches the cache from this worker
+            if self.containment is Containment.FULL:
+                # Read back from the kernel, not taken on the worker's word.
+                if process_limit(self.pid) != self.config.process_limit:
+                    raise self._died("the worker's process limit is not in force")
+                self._procs.note_scratch()
+        return self.hello
 
     def scratch(self) -> Scratch | None:
         """The judge's view of this worker's scratch (FULL containment, worker alive); None otherwise."""
-        if self.containment is not Containment.FULL or self._scratch_dev is None or self.uid is None:
+        dev = self._procs.scratch_dev
+        if self.containment is not Containment.FULL or dev is None or self.uid is None:
             return None
-        return Scratch.open(self.pid, pid_fd=self._pidfd, dev=self._scratch_dev, uid=self.uid)
-
-    def _apply_limits(self) -> None:
-        """Core dumps and address space on the first process, at once (best effort: the worker sets
-        every limit on itself before it says hello, `LIMITS_ENV`)."""
-        pid = self._joined.pid if self._joined is not None else self.proc.pid
-        try:
-            resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
-            if self.config.memory_limit_gib is not None and self.device == "cpu":
-                cap = int(self.config.memory_limit_gib * (1 << 30))
-                resource.prlimit(pid, resource.RLIMIT_AS, (cap, cap))
-        except (ProcessLookupError, PermissionError, OSError):
-            pass  # the worker already died; the first request reports it
-
-    def limits(self) -> dict[str, int]:
-        """The limits the worker sets on itself before it says hello (resource name -> value)."""
-        cfg = self.config
-        out = {"core": 0, "nofile": cfg.max_open_files, "fsize": cfg.max_file_mib << 20}
-        if cfg.memory_limit_gib is not None and self.device == "cpu":
-            out["as"] = int(cfg.memory_limit_gib * (1 << 30))
-        if self.containment is Containment.FULL:
-            out["nproc"] = cfg.process_limit  # counted for the worker's own uid (or user namespace)
-        return out
-
-    @property
-    def pid(self) -> int:
-        """The interpreter's pid as the judge sees it (found among the sandbox's processes on hello)."""
-        return self._inner_pid if self._inner_pid is not None else self.proc.pid
+        return Scratch.open(self.pid, pid_fd=self._procs.pid_fd, dev=dev, uid=self.uid)
 
     def request(self, header: Header, payload: Any = None, *, deadline: float | None = None) -> Answer:
         """Send one command and wait for its answer (ChannelTimeout past the deadline). The answer
@@ -451,9 +368,8 @@ class Worker:
             self.wait_ready(deadline=deadline)
         if not self.arena.sealed:
             self.arena.seal(self._arena_need or DEFAULT_ARENA_BYTES)
-        if kind is Kind.POOL:
-            self._timing = True
-        if self._timing:
+        self._noted.timing = self._noted.timing or kind is Kind.POOL
+        if self._noted.timing:
             self.end_strays()
         t0 = time.perf_counter_ns()  # the exchange alone: the stray census is the judge's work, and noisy
         try:
@@ -462,19 +378,13 @@ class Worker:
             raise self._died(f"worker stopped accepting commands ({e})") from e
         try:
             answer = self._receive(deadline)
-            self.last_exchange_ns = time.perf_counter_ns() - t0
+            self._noted.last_exchange_ns = time.perf_counter_ns() - t0
         finally:
-            if self._timing:
+            if self._noted.timing:
                 self.end_strays()
         if answer.kind is not ANSWERS.get(kind) and answer.kind is not Kind.ERROR:
             raise ChannelProtocolError(f"{kind.value} answered with {answer.kind.value}")
-        if answer.kind is Kind.CALLED:
-            self._commits = list(answer.header.commits)
-        elif answer.kind is Kind.OUTPUT_DATA and isinstance(header, Output):
-            committed = self._commits[header.call] if 0 <= header.call < len(self._commits) else None
-            payload = answer.payload if isinstance(answer.payload, dict) else {}
-            self.spot_outputs += 1
-            self.uncommitted_outputs += committed is None or commitment(payload.get("output")) != committed
+        self._noted.note(answer, header)
         return answer
 
     def _receive(self, deadline: float | None) -> Answer:
@@ -488,159 +398,112 @@ class Worker:
         return Answer(kind=kind, header=header, payload=msg.payload)
 
     def _died(self, what: str) -> WorkerDied:
-        rc: int | None
-        if self._status_r is not None:  # written once: kept for a second report of the same death
-            rc = self._exit = self._exit if self._exit is not None else read_status(self._status_r, 5.0)
-        else:
-            try:
-                rc = self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                rc = None
-        bwrap = self._status_r is None and self.containment is Containment.FULL
-        if rc is not None and bwrap and rc > 128 and rc - 128 in _SIGNALS:
-            rc = 128 - rc  # bubblewrap exits 128 + N when its program was killed by signal N
-        if rc is not None and rc < 0:
-            try:
-                sig = signal.Signals(-rc).name
-            except ValueError:
-                sig = f"signal {-rc}"
-            reason = f"{what}: killed by {sig}"
-        elif rc is not None:
-            reason = f"{what}: exit status {rc}"
-        else:
-            reason = what
+        bwrap = not self._procs.keeper_reports and self.containment is Containment.FULL
+        reason, rc = _death(what, self._procs.returncode(), bwrap)
         return WorkerDied(reason, role=self.role, returncode=rc, log_tail=self.log_tail())
 
     def log_tail(self) -> str:
         with contextlib.suppress(OSError, ValueError):  # a killed worker's log is closed; its file stays
-            self._log.flush()
+            self._launched.log.flush()
         try:
             data = self.log_path.read_bytes()
         except OSError:
             return ""
         return redact(data[-self.config.log_tail_chars:].decode(errors="replace"))
 
-    # -- facts the worker cannot forge --------------------------------------------------------
+    @property
+    def pid(self) -> int:
+        """The interpreter's pid as the judge sees it (found among the sandbox's processes on hello)."""
+        return self._procs.pid
+
+    @property
+    def last_exchange_ns(self) -> int:
+        """The last command's send to its answer, by the judge's clock."""
+        return self._noted.last_exchange_ns
+
+    @property
+    def spot_outputs(self) -> int:
+        return self._noted.outputs
+
+    @property
+    def uncommitted_outputs(self) -> int:
+        return self._noted.uncommitted
+
+    @property
+    def strays_ended(self) -> int:
+        return self._procs.strays_ended
+
+    @property
+    def stray_check_ns(self) -> int:
+        return self._procs.stray_check_ns
 
     def processes(self) -> list[int]:
-        """Every live process of the worker, whatever its parentage (its cgroup, else its sandbox's tree)."""
-        if self.cgroup is not None:
-            return self.cgroup.pids()
-        return sandbox_processes(self.proc.pid)
+        return self._procs.processes()
 
     def strays(self) -> list[int]:
-        """The worker's processes other than its interpreter, bubblewrap's own and a forked worker's
-        holder and keeper (a build's compiler while it runs; a helper a program started, wherever
-        it was reparented)."""
-        own = {self.proc.pid, self._ns_init, self.pid}
-        if self._joined is not None:
-            own |= {self._joined.holder, self._joined.keeper}
-        return [p for p in self.processes() if p not in own]
+        return self._procs.strays()
 
     def end_strays(self) -> int:
-        """Kill every stray (`strays`) until none is left; how many were ended."""
-        clock = time.perf_counter_ns()
-        ended: set[int] = set()
-        for _ in range(100):
-            found = self.strays()
-            if not found:
-                break
-            for p in found:
-                kill_pid(p)
-            ended.update(found)
-            time.sleep(0.001)  # a killed process leaves the cgroup once it has exited
-        self.strays_ended += len(ended)
-        self.stray_check_ns += time.perf_counter_ns() - clock
-        return len(ended)
+        return self._procs.end_strays()
 
     def cpu_time_ns(self) -> int | None:
-        """CPU time of every process of the worker (see the module docstring), from the kernel."""
-        if self.cgroup is not None:
-            used = self.cgroup.usage_ns()
-            if used is not None:
-                return used
-        pids = [self.pid] if self.containment is Containment.NONE and self.cgroup is None else self.processes()
-        if self.pid not in pids and not os.path.exists(f"/proc/{self.pid}"):
-            return None
-        return sum(process_cpu_ns(p) for p in {*pids, self.pid})
+        return self._procs.cpu_time_ns()
 
     def child_count(self) -> int:
         """Live processes of the worker besides its interpreter (`strays`): a build's compiler counts
         while it runs, and so does a helper wherever it was reparented."""
-        return len(self.strays())
+        return len(self._procs.strays())
 
     def thread_count(self) -> int | None:
-        try:
-            return len(os.listdir(f"/proc/{self.pid}/task"))
-        except (FileNotFoundError, ProcessLookupError):
-            return None
+        return self._procs.thread_count()
 
     def bind(self, cores: frozenset[int] | None) -> None:
-        """Bind every thread of the worker to `cores` (None: back to the judge's own set).
-
-        Threads the worker starts later inherit their creator's set. A worker that is gone is
-        left alone: its failure is reported by whoever talks to it next.
-        """
-        target = set(cores) if cores is not None else os.sched_getaffinity(0)
-        try:
-            tids = os.listdir(f"/proc/{self.pid}/task")
-        except (FileNotFoundError, ProcessLookupError):
-            return
-        for tid in tids:
-            try:
-                os.sched_setaffinity(int(tid), target)
-            except (ProcessLookupError, PermissionError):
-                continue  # a thread ended while we bound the others
+        self._procs.bind(cores)
 
     def kill(self) -> None:
         """End the worker and everything it started; wait until they are gone (10 s at most)."""
-        if self.cgroup is not None:
-            self.cgroup.kill()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if self._ns_init is not None and self._init_fd is not None and not exited(self._init_fd):
-            # The first process of the PID namespace: the kernel ends every other one with it,
-            # whatever session or process group they moved to. (Only while its pidfd says it
-            # lives: a pid that ended may name another process now.)
-            try:
-                os.kill(self._ns_init, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        # The namespace's first process exits only once every process in it has.
-        exited(self._init_fd, 10.0)
-        if self._status_r is not None:  # the keeper, unless killed with the cgroup, ends once it wrote
-            read_status(self._status_r, 10.0)
-        for fd in (self._init_fd, self._pidfd, self._status_r):
-            if fd is not None:
-                os.close(fd)
-        self._init_fd = self._pidfd = self._ns_init = self._status_r = None
+        self._procs.end()
         if self.uid is not None and self.containment is Containment.FULL and os.geteuid() == 0:
             release_uid(self.uid)
-            self.uid = None
+            self._launched.uid = None
         if self.cgroup is not None:
             self.cgroup.remove()
         self.channel.close()
         self.arena.close()
         with contextlib.suppress(OSError):
-            self._log.close()
+            self._launched.log.close()
 
     def close(self, *, keep_dir: bool = False) -> None:
         """Ask the worker to exit, then make sure the whole group is gone and clean up."""
         if self.proc.poll() is None:
             try:
                 self.channel.send(Kind.EXIT.value, {})
-                if self._status_r is not None:  # bubblewrap holds a `sleep`: the worker's exit is the keeper's word
-                    read_status(self._status_r, 2.0)
-                else:
-                    self.proc.wait(timeout=2)
+                self._procs.wait_exit(2.0)
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
         if not keep_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class _Exchanges:
+    """What a handle notes of its exchanges: whether its timing began (from the timing pool on, strays
+    are ended around every exchange), the last one's duration, each timed call's commitments to its
+    outputs (`Called.commits`), and the outputs handed over for a spot check that are not what their
+    call committed to (`uncommitted_outputs`)."""
+
+    def __init__(self) -> None:
+        self.timing = False
+        self.last_exchange_ns = 0
+        self.commits: list[int] = []
+        self.outputs = 0
+        self.uncommitted = 0
+
+    def note(self, answer: Answer, header: Header | None) -> None:
+        if answer.kind is Kind.CALLED:
+            self.commits = list(answer.header.commits)
+        elif answer.kind is Kind.OUTPUT_DATA and isinstance(header, Output):
+            committed = self.commits[header.call] if 0 <= header.call < len(self.commits) else None
+            payload = answer.payload if isinstance(answer.payload, dict) else {}
+            self.outputs += 1
+            self.uncommitted += committed is None or commitment(payload.get("output")) != committed
