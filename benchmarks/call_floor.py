@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from kernelrl.judge.harness.worker import sync_every_gpu
+from kernelrl.judge.harness.bench import sync_every_gpu
 
 
 def _row(name: str, device: str, ns: list[float]) -> dict[str, Any]:

@@ -56,14 +56,14 @@ def test_the_runtime_is_found_in_the_process_mappings():
 
 
 def test_the_worker_empties_the_carveout_before_it_evicts(monkeypatch):
-    from kernelrl.judge.harness import worker
+    from kernelrl.judge.harness import bench as worker
 
     order: list[str] = []
-    state = worker.WorkerState.__new__(worker.WorkerState)
+    state = worker.Bench.__new__(worker.Bench)
     state.device, state.evict_buf, state.cuda_devices = "cuda", object(), 1
     state.l2 = _fake([])
     monkeypatch.setattr(state.l2, "reset", lambda: order.append("l2"))
     monkeypatch.setattr(worker, "_add_", lambda buf, value: order.append("evict"))
     monkeypatch.setattr(worker, "sync_every_gpu", lambda devices: order.append("sync"))
-    state._evict()
+    state.evict()
     assert order == ["l2", "evict", "sync"]

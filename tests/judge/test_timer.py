@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from kernelrl.judge.harness import protocol as P
+from kernelrl.judge.harness.bench import call_floor_ns
 from kernelrl.judge.harness.channel import ChannelTimeout
-from kernelrl.judge.harness.worker import call_floor_ns
 from kernelrl.judge.timing.timer import CandidateTiming, GroupTiming, TimingConfig, _ratios, aa_band, aa_noisy, median_ci
 from kernelrl.result import TimingStop
 

@@ -175,7 +175,7 @@ def test_the_persisting_l2_carveout_is_empty_after_an_eviction():
     state = WorkerState.__new__(WorkerState)
     WorkerState.__init__(state, channel=None)  # type: ignore[arg-type]
     state._start("cuda", 1, 64 << 20, False)
-    assert state.l2 is not None, "no CUDA runtime found in the worker's mappings"
+    assert state.bench.l2 is not None, "no CUDA runtime found in the worker's mappings"
     path = l2.runtime_path()
     assert path is not None
     runtime = ctypes.CDLL(path)
@@ -186,4 +186,4 @@ def test_the_persisting_l2_carveout_is_empty_after_an_eviction():
     assert runtime.cudaDeviceGetLimit(ctypes.byref(got), l2.PERSISTING_L2_LIMIT) == 0 and got.value > 0
     state._evict()
     assert runtime.cudaDeviceGetLimit(ctypes.byref(got), l2.PERSISTING_L2_LIMIT) == 0 and got.value == 0
-    assert state.l2.errors == 0
+    assert state.bench.l2.errors == 0
