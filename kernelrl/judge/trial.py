@@ -29,13 +29,16 @@ Does not time anything: `kernelrl.judge.timing.timer` does, for all survivors of
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelrl.candidate import Candidate, Language
 from kernelrl.checks import dynamic
+from kernelrl.checks.policy import get_policy
+from kernelrl.checks.static import check_source
+from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.harness import protocol as P
 from kernelrl.judge.harness.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.harness.compare import NEAR_FACTOR, Comparison, Mismatch, compare_outputs, flatten, output_digest
@@ -402,3 +405,25 @@ def first_line(text: str) -> str:
         if line.strip():
             return line.strip()[:300]
     return ""
+
+
+def read_members(trials: Iterable[Trial], config: EvalConfig, task_source: str) -> None:
+    """What reading a member decides, before anything runs: its static findings under the
+    policy, and a verdict when one of them (or its syntax, or its language on this device)
+    refuses it. The task's own copies and the compiled reference are not read."""
+    policy = get_policy(config.policy)
+    for t in trials:
+        if t.compiled_reference or t.trusted:
+            continue
+        verdict: Verdict | None
+        try:
+            if config.static_checks:
+                t.findings.extend(policy.apply(check_source(t.candidate.source, task_source=task_source)))
+            verdict = static_verdict(t.candidate.source, t.candidate.language, device=config.device,
+                                     static_findings=t.findings)
+        except (RecursionError, MemoryError) as e:
+            # Nesting deep enough to exhaust the parser is a program that does not build.
+            verdict = Verdict(status=Status.COMPILE_ERROR,
+                              message=f"candidate cannot be parsed: {type(e).__name__} (nested too deeply)")
+        if verdict is not None:
+            t.end(verdict)
