@@ -1,7 +1,7 @@
 """The per-call floor: what an empty call costs when timed the way the worker times a call.
 
 The worker brackets every timed call with a device-wide synchronisation and reads the host clock
-(`kernelrl.judge.worker`: sync, perf_counter_ns, call, sync, perf_counter_ns). Whatever a call
+(`kernelrl.judge.harness.worker`: sync, perf_counter_ns, call, sync, perf_counter_ns). Whatever a call
 does, that bracket keeps dispatch, launch and the synchronisation's wake-up in its time. This
 script measures, in one process and interleaved round by round:
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from kernelrl.judge.worker import sync_every_gpu
+from kernelrl.judge.harness.bench import sync_every_gpu
 
 
 def _row(name: str, device: str, ns: list[float]) -> dict[str, Any]:

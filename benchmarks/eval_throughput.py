@@ -70,11 +70,11 @@ import torch
 from kernelrl.candidate import Candidate, Language
 from kernelrl.checks.audit import AuditInputError, read_entries, select
 from kernelrl.examples import list_examples
-from kernelrl.judge.compare import compare_outputs
-from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
-from kernelrl.judge.throughput import Throughput
+from kernelrl.judge.harness.compare import compare_outputs
+from kernelrl.judge.harness.device import Device
+from kernelrl.judge.timing.throughput import Throughput
 from kernelrl.proposers.heuristic import Rewrite, render_rewrite, task_traits
 from kernelrl.result import EvalResult, Status
 from kernelrl.tasks.sizes import instantiate
@@ -352,7 +352,7 @@ def twins(items: list[Item], results: list[EvalResult]) -> list[str]:
 
 def phase_table(results: list[EvalResult], wall_s: float) -> list[str]:
     """Where an evaluator path's time went: every phase summed over its timing groups, in seconds and
-    as a share of the groups' summed time (`kernelrl.judge.throughput`)."""
+    as a share of the groups' summed time (`kernelrl.judge.timing.throughput`)."""
     t = Throughput.of(results, wall_s)
     lines = [f"    {t.groups} groups, {t.group_wall_s:.1f} s of group time in {t.wall_s:.1f} s of wall time"]
     lines += [f"    {name:26s} {sec:8.1f} s  {share:6.1%}" if share is not None else f"    {name:26s} {sec:8.1f} s"

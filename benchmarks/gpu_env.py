@@ -49,7 +49,7 @@ def _meminfo() -> str:
 def _cgroups() -> str:
     """Whether the judge gives each worker a cgroup here (and so may fork CPU workers from a
     zygote: `SandboxConfig.fork_workers`), with this process's cgroup and the cgroup2 mounts."""
-    from kernelrl.judge import cgroup
+    from kernelrl.judge.isolation import cgroup
 
     try:
         with open("/proc/self/cgroup") as f:

@@ -1,7 +1,7 @@
 """The judge's idle probe on a GPU: its latency, and what it costs and decides in one evaluation.
 
 Prints, as JSON lines:
-1. `probe`: the probe's latencies (`kernelrl.judge.idle.CudaProbe`, host clock, launch to
+1. `probe`: the probe's latencies (`kernelrl.judge.timing.idle.CudaProbe`, host clock, launch to
    completion) on the idle device, then while `--load` processes burn CPU, then while another
    process holds an idle CUDA context. The calibration threshold `idle.calibrate` would set from
    the idle samples is printed beside them, and how many of each phase's probes it reads busy.
@@ -30,10 +30,10 @@ import machine
 
 from kernelrl.candidate import Candidate
 from kernelrl.examples import list_examples
-from kernelrl.judge.device import Device, visible_device
 from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
-from kernelrl.judge.idle import CudaProbe, calibrate, classify
+from kernelrl.judge.harness.device import Device, visible_device
+from kernelrl.judge.timing.idle import CudaProbe, calibrate, classify
 from kernelrl.tasks.suites import builtin_task
 
 

@@ -35,10 +35,10 @@ import machine
 
 from kernelrl.candidate import Candidate, Language
 from kernelrl.examples import list_examples
-from kernelrl.judge.baseline import Baseline
 from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.reference import ReferenceFailed
+from kernelrl.judge.timing.baseline import Baseline
 from kernelrl.report.metrics import fast_p, geometric_mean
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import within_noise

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from kernelrl.judge.sandbox import SandboxConfig, worker_env
+from kernelrl.judge.isolation.sandbox import SandboxConfig, worker_env
 
 WORKER = r"""
 import os, random, sys, time, torch

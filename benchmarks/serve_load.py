@@ -39,7 +39,7 @@ from pathlib import Path
 from kernelrl.backends.api import ItemIn, wire_item
 from kernelrl.backends.client import ClientConfig, RewardClient
 from kernelrl.candidate import Candidate, source_hash
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.result import EvalResult, Status
 from kernelrl.tasks.task import Task
 from kernelrl.web.tokens import client_token

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from kernelrl.candidate import Candidate
 from kernelrl.checks.policy import PolicyName
-from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
+from kernelrl.judge.harness.device import Device
 from kernelrl.tasks.task import load_task_file
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,9 +35,9 @@ from pathlib import Path
 
 import machine
 
-from kernelrl.judge.containment import descendants
 from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
+from kernelrl.judge.harness.procfs import descendants
 from kernelrl.tasks.task import Size, load_task_file
 
 TASK = '''
@@ -85,7 +85,7 @@ with torch.no_grad():
     out = model(*inputs)
 print("ran", held(), flush=True)
 del model, inputs, out  # freed before the sizing's imports, which are not the program's
-from kernelrl.judge.profile import profile_task  # one set's size as the judge sizes it (meta device)
+from kernelrl.judge.harness.profile import profile_task  # one set's size as the judge sizes it (meta device)
 p = profile_task(m, task="t", size="full", constants={}, init_inputs=m.get_init_inputs(),
                  source=open(sys.argv[1]).read())
 print("set", p.input_bytes + p.output_bytes, flush=True)

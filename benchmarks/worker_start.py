@@ -6,7 +6,7 @@ and prints the median and spread of spawn-to-hello (a fresh interpreter importin
 the sandbox setup alone (bwrap / unshare running `true`). Levels this machine cannot give are
 skipped, with the reason. Where the judge forks its workers (`SandboxConfig.fork_workers`: root,
 full containment, a cgroup per worker) a row `full, forked` times the judge's own start of one,
-from `Worker(...)` to its hello (`kernelrl.judge.zygote`; the zygote's own start is left out: it
+from `Worker(...)` to its hello (`kernelrl.judge.isolation.zygote`; the zygote's own start is left out: it
 is started once, before the first); where it does not, a line says why (not root, or no cgroup v2
 it can give each worker).
 
@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernelrl.judge.containment import NAMESPACES_PREFIX, bwrap_prefix, probe  # noqa: E402
-from kernelrl.judge.device import Device  # noqa: E402
-from kernelrl.judge.sandbox import SandboxConfig, Worker  # noqa: E402
+from kernelrl.judge.harness.device import Device  # noqa: E402
+from kernelrl.judge.isolation.containment import NAMESPACES_PREFIX, bwrap_prefix, probe  # noqa: E402
+from kernelrl.judge.isolation.sandbox import SandboxConfig, Worker  # noqa: E402
 from kernelrl.result import Containment  # noqa: E402
 
 
@@ -53,12 +53,12 @@ def why_not_forked() -> str | None:
     except RuntimeError:
         import os
 
-        from kernelrl.judge import cgroup
+        from kernelrl.judge.isolation import cgroup
 
         if os.geteuid() != 0:
             return "the judge is not root"
         if not cgroup.available():
-            return "no cgroup v2 the judge can give each worker (kernelrl.judge.cgroup.available())"
+            return "no cgroup v2 the judge can give each worker (kernelrl.judge.isolation.cgroup.available())"
         return "a worker asked to fork came out spawned"
     return None
 

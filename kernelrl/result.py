@@ -51,7 +51,7 @@ class Status(str, enum.Enum):
 
 
 class Containment(str, enum.Enum):
-    """How the worker that ran a program was walled off (`kernelrl.judge.containment` says what each means)."""
+    """How the worker that ran a program was walled off (`kernelrl.judge.isolation.containment` says what each means)."""
 
     FULL = "full"  # bubblewrap: own uid, read-only system, private scratch, no network, no judge state
     NAMESPACES = "namespaces"  # own PID and mount namespaces, no capabilities; the judge's files and network
@@ -137,7 +137,7 @@ class TimingStop(enum.StrEnum):
 
 
 class DeviceIdle(enum.StrEnum):
-    """Whether the judge confirmed the device idle after every timed sample (`kernelrl.judge.idle`)."""
+    """Whether the judge confirmed the device idle after every timed sample (`kernelrl.judge.timing.idle`)."""
 
     NOT_PROBED = "not_probed"  # a CPU: no probe (idle CPU and strays are checked instead)
     IDLE = "idle"
@@ -247,7 +247,7 @@ class ReferenceRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class TimingRecord:
-    """How the candidate's speedup was measured (`kernelrl.judge.timer`)."""
+    """How the candidate's speedup was measured (`kernelrl.judge.timing.timer`)."""
 
     rounds: int = 0
     calls_per_sample: int = 1
@@ -259,7 +259,7 @@ class TimingRecord:
     spot_checks: int = 0
     spot_check_bytes: int = 0  # outputs the group's spot checks fetched from workers (inputs come as digests)
     # taken off the judge's clock: the exchange per sample, the per-call floor (the timing bracket
-    # around nothing) per call (`kernelrl.judge.timer`)
+    # around nothing) per call (`kernelrl.judge.timing.timer`)
     exchange_ms: float = 0.0
     call_floor_ms: float = 0.0
     # the group's A/A pair (a copy of the reference timed as a member): its speedup, whether it
@@ -268,7 +268,7 @@ class TimingRecord:
     aa_speedup: float | None = None
     noisy: bool = False
     retimed: int = 0
-    # the judge's idle probe after every sample (`kernelrl.judge.idle`): the group's state, and how
+    # the judge's idle probe after every sample (`kernelrl.judge.timing.idle`): the group's state, and how
     # many of this candidate's samples left the device busy
     device_idle: DeviceIdle = DeviceIdle.NOT_PROBED
     device_busy: int = 0

@@ -37,7 +37,7 @@ fi
 # 0.1-0.2 s less with it when workers imported 52: medians of 8 starts). A file older than its
 # source is ignored, not used.
 "$PYTHON" -m compileall -q kernelrl >/dev/null || echo "setup: could not write kernelrl's bytecode" >&2
-# Worker containment (kernelrl/judge/containment.py) needs bubblewrap: Debian's package, when missing.
+# Worker containment (kernelrl/judge/isolation/containment.py) needs bubblewrap: Debian's package, when missing.
 if ! command -v bwrap >/dev/null 2>&1; then
     deb=$(ls benchmarks/bubblewrap_*.deb 2>/dev/null | head -n 1 || true)
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \

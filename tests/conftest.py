@@ -72,8 +72,8 @@ def device_alone(cache_dir: Path):
     """The tests' CUDA device lock, held exclusively for the test: for gpu tests that put work on
     the device outside an evaluator (a bare worker, a probe, modules run in the test's process),
     so their work lands in no other test's measurement and none lands in theirs."""
-    from kernelrl.judge.device import Device
-    from kernelrl.judge.devicelock import DeviceLock
+    from kernelrl.judge.harness.device import Device
+    from kernelrl.judge.timing.devicelock import DeviceLock
 
     with DeviceLock(cache_dir, Device.CUDA).timing():
         yield
@@ -143,7 +143,7 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
 
 
 # `pytest.mark.xdist_group("cpu_judge")` (a module's `pytestmark`): the files whose time is mostly
-# evaluations holding the CPU's device lock (`kernelrl.judge.devicelock`: one measurement at a
+# evaluations holding the CPU's device lock (`kernelrl.judge.timing.devicelock`: one measurement at a
 # time, no checks beside it). Under `-n 2 --dist loadgroup` one worker runs them in turn while the
 # other runs the rest, which then seldom waits for that lock.
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups

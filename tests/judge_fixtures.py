@@ -11,7 +11,7 @@ from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:
-    from kernelrl.judge.timer import TimingConfig
+    from kernelrl.judge.timing.timer import TimingConfig
 
 # Timing for tests whose verdicts are not about a speedup's precision (conftest.py's `quick_config`
 # has it): the default's 400 rounds took ~7 s of a ~13 s `kernelrl eval` of the tiny task.
@@ -28,7 +28,7 @@ QUICK_TIMING = tuple(part for k, v in QUICK_TIMING_SETTINGS.items() if k != "max
 
 def quick_timing() -> TimingConfig:
     """`QUICK_TIMING_SETTINGS` as the evaluator's timing config."""
-    from kernelrl.judge.timer import TimingConfig
+    from kernelrl.judge.timing.timer import TimingConfig
 
     return TimingConfig(**QUICK_TIMING_SETTINGS)
 

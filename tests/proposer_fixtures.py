@@ -67,7 +67,7 @@ def make_task(name: str = "toy/linear", source: str = LINEAR) -> Task:
 def profile_of(task: Task, size: str = "full"):
     """The judge's profile of a task, computed in this process (tests may run task code; the
     judge does it in a reference worker)."""
-    from kernelrl.judge.profile import profile_task
+    from kernelrl.judge.harness.profile import profile_task
 
     tm = instantiate(task, size)
     return profile_task(tm.module, task=task.name, size=size, constants=tm.constants,

@@ -18,8 +18,8 @@ from kernelrl.config import (
     load_config,
     with_overrides,
 )
-from kernelrl.judge.device import Device
 from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.judge.harness.device import Device
 from kernelrl.search.loop import SearchConfig
 from kernelrl.tasks.task import Size
 

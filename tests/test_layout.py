@@ -29,10 +29,11 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
+def _imports(path: Path, name: str, modules: set[str], tree: ast.AST | None = None) -> set[str]:
     """Every kernelrl module a module imports anywhere: at import time, inside functions, and under
-    TYPE_CHECKING. A cycle hidden by an import inside a function is still a cycle of the design."""
-    tree = ast.parse(path.read_text())
+    TYPE_CHECKING (or those under `tree` alone, a part of the module). A cycle hidden by an import
+    inside a function is still a cycle of the design."""
+    tree = ast.parse(path.read_text()) if tree is None else tree
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -171,7 +172,7 @@ def test_package_cycle_message_names_the_imports_behind_each_edge():
     edges = {("kernelrl.checks", "kernelrl.judge"): {("kernelrl.checks.audit", "kernelrl.judge.evaluator")},
              ("kernelrl.judge", "kernelrl.checks"): {("kernelrl.judge.group", "kernelrl.checks.static"),
                                                      ("kernelrl.judge.trial", "kernelrl.checks.dynamic")},
-             ("kernelrl.judge", "kernelrl.tasks"): {("kernelrl.judge.pool", "kernelrl.tasks.task")}}
+             ("kernelrl.judge", "kernelrl.tasks"): {("kernelrl.judge.isolation.pool", "kernelrl.tasks.task")}}
     assert _package_cycles(edges) == [
         "package import cycle kernelrl.checks -> kernelrl.judge -> kernelrl.checks "
         "(back edge kernelrl.judge -> kernelrl.checks):\n"
@@ -238,22 +239,86 @@ def test_help_and_tasks_import_no_runtime():
     assert not {argv: mods for argv, mods in found.items() if mods}, found
 
 
-# What a worker may import of kernelrl: the judge's worker side and the records it sends. Every
-# worker start pays for each module: importing the timer, and through it the settings, the static
-# checker and the LLM review (52 kernelrl modules in all, 18 without), took 0.11-0.15 s of a ~2 s
-# start (`python -X importtime`).
-WORKER_SIDE = ("kernelrl.judge", "kernelrl.result", "kernelrl.plain")
-JUDGE_SIDE = ("kernelrl.judge.timer", "kernelrl.judge.eval_config", "kernelrl.judge.evaluator", "kernelrl.judge.group",
-              "kernelrl.judge.trial", "kernelrl.judge.reference", "kernelrl.judge.pool", "kernelrl.judge.verdict")
+# The judge's rooms, one folder each, in the order they may import one another: a room imports the
+# rooms before it, never one after it. The worker side comes first and imports nothing of kernelrl
+# outside its folder: a worker process imports that folder alone. Every worker start pays for each
+# module it imports: importing the timer, and through it the settings, the static checker and the
+# LLM review (52 kernelrl modules in all, 18 without), took 0.11-0.15 s of a ~2 s start
+# (`python -X importtime`).
+WORKER_SIDE = "kernelrl.judge.harness"
+ROOMS = (WORKER_SIDE, "kernelrl.judge.isolation", "kernelrl.judge.timing")
+# What a reference worker runs, from inside the functions that load its task (never at import time).
+TASK_LOADER = "kernelrl.tasks"
+# The settings the timing room reads (declared with the other settings, so reading them imports no torch).
+TIMING_READS = ("kernelrl.judge.eval_config",)
+
+
+def _within(module: str, folder: str) -> bool:
+    return module == folder or module.startswith(folder + ".")
+
+
+def _imports_by_place(path: Path, name: str, modules: set[str]) -> tuple[set[str], set[str]]:
+    """(the kernelrl modules a module imports when it is imported, those it imports inside functions)."""
+    tree = ast.parse(path.read_text())
+    nested: set[str] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            nested |= _imports(path, name, modules, fn)
+    return _imports(path, name, modules) - nested, nested
+
+
+def _worker_side_breaks(modules: dict[str, Path]) -> dict[str, list[str]]:
+    out = {}
+    for name, path in modules.items():
+        if not _within(name, WORKER_SIDE):
+            continue
+        at_import, nested = _imports_by_place(path, name, set(modules))
+        outside = sorted(m for m in at_import | nested if m not in ("kernelrl", "kernelrl.judge")
+                         and not _within(m, WORKER_SIDE) and not (m in nested and _within(m, TASK_LOADER)))
+        if outside:
+            out[name] = outside
+    return out
+
+
+def test_the_worker_side_imports_nothing_outside_its_folder():
+    """Enforced by folder: a module added to the worker side is checked, and one that imports the judge's
+    side is refused, whatever its name."""
+    modules = _modules()
+    assert f"{WORKER_SIDE}.worker" in modules
+    assert not _worker_side_breaks(modules), _worker_side_breaks(modules)
+
+
+def test_a_room_imports_no_room_after_it():
+    """harness < isolation < timing < the judge's top (orchestration): the reverse edges are what
+    would make a room need the rooms that drive it."""
+    modules = _modules()
+    rank = {room: i for i, room in enumerate(ROOMS)}
+
+    def room_of(module: str) -> int | None:
+        found = [rank[r] for r in ROOMS if _within(module, r)]
+        if found:
+            return found[0]
+        return len(ROOMS) if _within(module, "kernelrl.judge") and module != "kernelrl.judge" else None
+
+    wrong = []
+    for name, path in modules.items():
+        mine = room_of(name)
+        if mine is None or mine == len(ROOMS):
+            continue
+        for target in _imports(path, name, set(modules)):
+            theirs = room_of(target)
+            if theirs is not None and theirs > mine and not (ROOMS[mine].endswith(".timing") and target in TIMING_READS):
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, wrong
 
 
 def test_a_worker_imports_only_the_worker_side():
-    script = "import sys, kernelrl.judge.worker; print(' '.join(m for m in sys.modules if m.startswith('kernelrl.')))"
+    script = f"import sys, {WORKER_SIDE}.worker; print(' '.join(m for m in sys.modules if m.startswith('kernelrl.')))"
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT.parent, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     imported = out.stdout.split()
-    assert "kernelrl.judge.worker" in imported
-    assert not [m for m in imported if not m.startswith(WORKER_SIDE) or m.startswith(JUDGE_SIDE)], imported
+    assert f"{WORKER_SIDE}.worker" in imported
+    assert not [m for m in imported if m != "kernelrl.judge" and not _within(m, WORKER_SIDE)], imported
 
 
 def test_every_server_listens_through_one_binder():

@@ -65,7 +65,7 @@ from kernelrl.backends.api import (
 )
 from kernelrl.candidate import Candidate
 from kernelrl.checks.policy import PolicyName
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Size, Task, TaskError
 from kernelrl.web.tokens import client_token

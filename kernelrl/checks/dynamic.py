@@ -176,7 +176,7 @@ class MemberTiming:
     non_plain_calls: int = 0
     # per sample: the judge's clock around the untimed preparation of the sample's inputs
     prepare_ms: list[float] = field(default_factory=list)
-    # the judge's idle probe after each sample (`kernelrl.judge.idle`): samples after which the
+    # the judge's idle probe after each sample (`kernelrl.judge.timing.idle`): samples after which the
     # device was busy (confirmed), and after which it stayed busy past the drain
     device_busy: int = 0
     device_undrained: int = 0

@@ -11,8 +11,8 @@ from rich.console import Console
 
 from kernelrl.cli.flags import FlagTable, add_flags, help_config, overrides, user_words
 from kernelrl.config import ConfigError, build, load_toml, with_overrides
-from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import EvalConfig
+from kernelrl.judge.harness.device import Device
 
 if TYPE_CHECKING:
     from kernelrl.candidate import Candidate

@@ -42,7 +42,7 @@ from kernelrl.reward import within_noise
 MAX_ERROR_LINES = 8
 MAX_TRACEBACK_LINES = 6
 MAX_LINE_CHARS = 300
-# The file the worker writes a program to (kernelrl.judge.worker), and a traceback's frame lines.
+# The file the worker writes a program to (kernelrl.judge.harness.worker), and a traceback's frame lines.
 _PROGRAM_FILE = "candidate.py"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<fn>.*)$')
 _PATH = re.compile(r"(?:/[\w.+-]+)+")
@@ -50,7 +50,7 @@ _COMPILER_ERROR = re.compile(r"(\berror\b[:\s]|\bError\b)", re.IGNORECASE)
 # Lines of the build tool, not of the compiler's diagnosis: the commands it ran and its own status.
 _BUILD_TOOL = re.compile(r"^\s*\[\d+/\d+\]|^\s*(c\+\+|g\+\+|gcc|nvcc|ninja)\b|^\s*ninja:|^\s*FAILED:")
 # The judge's incorrect verdict (kernelrl.judge.trial) and the comparison's formats
-# (kernelrl.judge.compare.compare_outputs): only what these patterns capture is shown.
+# (kernelrl.judge.harness.compare.compare_outputs): only what these patterns capture is shown.
 _INCORRECT = re.compile(r"^incorrect on input set (?P<set>\d+) \((?P<label>[^)]*)\): (?P<reason>.*)$")
 _WHERE = r"(?P<where>output(?: \d+)?)"
 _MISMATCHES: tuple[tuple[re.Pattern[str], str], ...] = (

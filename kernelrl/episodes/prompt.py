@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from kernelrl.candidate import source_hash
 from kernelrl.checks.rules import RULES
-from kernelrl.judge.device import DevicePeaks, device_peaks
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.device import DevicePeaks, device_peaks
+from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.result import EvalResult, Finding, Status
 from kernelrl.tasks.task import Task
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelrl.judge.device import Device
+from kernelrl.judge.harness.device import Device
 from kernelrl.result import Status
 
 EXAMPLES_ROOT = Path(__file__).parent

@@ -4,7 +4,7 @@ A `JudgeContext` is built once by the evaluator (`kernelrl.judge.evaluator`) and
 group (`kernelrl.judge.group`) and calibration run (`kernelrl.judge.calibration`): the config, the
 pool of warm workers, the device's lock, the secret generator, the task-information store, the
 baselines, the machine's peaks, the optional LLM reviewer and, on a GPU, the idle probe
-(`kernelrl.judge.idle`). Nothing judged reaches into the
+(`kernelrl.judge.timing.idle`). Nothing judged reaches into the
 evaluator: a group can be built from a context alone, read alone and tested alone.
 
 Guarantees:
@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelrl.checks.llm_judge import LLMJudge
-from kernelrl.judge.baseline import BaselineStore
-from kernelrl.judge.device import Device
-from kernelrl.judge.devicelock import DeviceLock
 from kernelrl.judge.eval_config import EvalConfig
-from kernelrl.judge.idle import IdleMonitor
-from kernelrl.judge.pool import WorkerPool
+from kernelrl.judge.harness.device import Device
+from kernelrl.judge.isolation.pool import WorkerPool
 from kernelrl.judge.reference import ReferenceKeeper, TaskInfo
-from kernelrl.judge.roofline import PeakStore
+from kernelrl.judge.timing.baseline import BaselineStore
+from kernelrl.judge.timing.devicelock import DeviceLock
+from kernelrl.judge.timing.idle import IdleMonitor
+from kernelrl.judge.timing.roofline import PeakStore
 from kernelrl.tasks.task import Task
 
 # Task information is cached on disk per task source, size and overrides; bump when what it holds

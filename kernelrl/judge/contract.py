@@ -26,13 +26,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from kernelrl.candidate import Candidate
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:
-    from kernelrl.judge.baseline import Baseline
-    from kernelrl.judge.roofline import MachinePeaks
+    from kernelrl.judge.timing.baseline import Baseline
+    from kernelrl.judge.timing.roofline import MachinePeaks
 
 __all__ = ["BatchJudge", "OwnedJudge", "ProfilingJudge", "SearchJudge"]
 

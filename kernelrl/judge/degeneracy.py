@@ -20,7 +20,7 @@ import random
 from collections.abc import Iterable, Iterator
 
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
-from kernelrl.judge.inputs import perturbed_plan, plain_plan
+from kernelrl.judge.timing.inputs import perturbed_plan, plain_plan
 from kernelrl.tasks.degeneracy import MIN_SENSITIVITY, DegeneracyReport, judge_outputs
 from kernelrl.tasks.task import Size, Task, TaskError
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from kernelrl.checks import dynamic
 from kernelrl.checks.llm_judge import LLMJudgeConfig
 from kernelrl.checks.policy import PolicyName
-from kernelrl.judge.device import Device
-from kernelrl.judge.sandbox import SandboxConfig
+from kernelrl.judge.harness.device import Device
+from kernelrl.judge.isolation.sandbox import SandboxConfig
 from kernelrl.plain import to_plain
 from kernelrl.tasks.task import Size
 
@@ -85,7 +85,7 @@ class EvalConfig:
     build_timeout_s: float = 300.0
     policy: PolicyName = PolicyName.OPEN
     n_correctness: int = 5
-    tol_scale: float = 1.0  # multiplies the dtype tolerances (kernelrl.judge.compare)
+    tol_scale: float = 1.0  # multiplies the dtype tolerances (kernelrl.judge.harness.compare)
     # fp32 matmuls and convolutions may use TF32 on CUDA, in the reference and every candidate alike
     # (judge.precision). Default: exact fp32 everywhere, whatever torch's own defaults are.
     allow_tf32: bool = False

@@ -15,12 +15,12 @@ Process model (see the design notes, evaluator protocol):
   touched (`kernelrl.judge.trial`), so no candidate can read the reference's outputs (not even from
   freed memory) or another candidate's;
 - candidates of one task are checked in parallel (`concurrency`), then timed together with the
-  reference in one interleaved measurement (`kernelrl.judge.timer`), holding the device's lock
-  exclusively (`kernelrl.judge.devicelock`); the reference is timed once per group;
+  reference in one interleaved measurement (`kernelrl.judge.timing.timer`), holding the device's lock
+  exclusively (`kernelrl.judge.timing.devicelock`); the reference is timed once per group;
 - a task whose reference always gives the same output flags every candidate `degenerate_task`,
   with no speedup; a task whose reference cannot load or run gives `task_error` results;
 - measured facts become findings in `kernelrl.checks.dynamic`, the verdict is decided by the pure
-  `kernelrl.judge.verdict`, and the policy decides which findings reject; every crash, hang, exit
+  `kernelrl.judge.timing.verdict`, and the policy decides which findings reject; every crash, hang, exit
   or OOM of a candidate is a verdict, never an exception here.
 
 Guarantees: results are cached by `kernelrl.judge.reuse.JudgedKey` (task name and source, candidate
@@ -42,22 +42,22 @@ from collections.abc import Callable, Sequence
 from kernelrl.candidate import Candidate
 from kernelrl.checks.llm_judge import CACHE_FILE as LLM_JUDGE_CACHE
 from kernelrl.checks.llm_judge import LLMJudge
-from kernelrl.judge.baseline import Baseline, BaselineStore
 from kernelrl.judge.calibration import Calibration, calibrate, noise_band
 from kernelrl.judge.context import JudgeContext, Places, Secrets, TaskStore
-from kernelrl.judge.device import Device, visible_device
-from kernelrl.judge.devicelock import DeviceLock
 from kernelrl.judge.eval_config import EvalConfig, config_fingerprint, default_cache_dir
 from kernelrl.judge.group import Group, load_task_info, run_groups
-from kernelrl.judge.idle import CudaProbe, IdleMonitor
-from kernelrl.judge.inductor import start_vec_isa_check
-from kernelrl.judge.inputs import InputPlan
-from kernelrl.judge.pool import WorkerPool
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.device import Device, visible_device
+from kernelrl.judge.harness.profile import TaskProfile
+from kernelrl.judge.isolation.inductor import start_vec_isa_check
+from kernelrl.judge.isolation.pool import WorkerPool
+from kernelrl.judge.isolation.sandbox import worker_env
 from kernelrl.judge.reference import ReferenceFailed, ReferenceKeeper, ReferenceSession, TaskInfo, session_for
 from kernelrl.judge.reuse import JudgedKey, ResultCache, judged_before
-from kernelrl.judge.roofline import MachinePeaks, PeakStore
-from kernelrl.judge.sandbox import worker_env
+from kernelrl.judge.timing.baseline import Baseline, BaselineStore
+from kernelrl.judge.timing.devicelock import DeviceLock
+from kernelrl.judge.timing.idle import CudaProbe, IdleMonitor
+from kernelrl.judge.timing.inputs import InputPlan
+from kernelrl.judge.timing.roofline import MachinePeaks, PeakStore
 from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Task
 
@@ -212,7 +212,7 @@ class Evaluator:
 
     def _before_compiling(self, compiles: bool) -> None:
         """inductor's ISA check, once per machine instead of in every worker that compiles
-        (`kernelrl.judge.inductor`), started in the background the first time a judging may run
+        (`kernelrl.judge.isolation.inductor`), started in the background the first time a judging may run
         torch.compile, not at start: an evaluator that never compiles never pays its child
         interpreter and compiles. A worker that starts before the answer is known checks for
         itself, as torch does."""

@@ -8,15 +8,19 @@ secrets, task store, baselines, peaks, reviewer) and goes through three steps:
   input sets (`kernelrl.judge.reference`); a degenerate task ends here (every candidate flagged);
   then every candidate still standing is built and checked (`kernelrl.judge.trial`), and the
   compiled reference when a baseline is wanted;
-- `time`: the reference and the survivors in one interleaved measurement (`kernelrl.judge.timer`),
+- `time`: the reference and the survivors in one interleaved measurement (`kernelrl.judge.timing.timer`),
   holding the device's lock exclusively;
 - `finish`: the floors and the LLM review each survivor needs, then its verdict
-  (`kernelrl.judge.verdict`, pure), handed to the batch's `done` callback as it is ready.
+  (`kernelrl.judge.results`, then `kernelrl.judge.timing.verdict`, pure), handed to the batch's
+  `done` callback as it is ready.
+
+A group holds what its caller asked (`Asked`), what it learned as it went (`Learned`: the task's
+facts, its sets, the measurement), its trials, and what its results record (`GroupRecord`).
 
 `run_groups` schedules a batch: each group runs whole in a thread of its own, a few groups at a
 time (`context.Places`: an evaluator's batches given at once share them), and each is timed as
 soon as its checks are done. The device lock
-(`kernelrl.judge.devicelock`) keeps measurements apart from everything that would disturb them:
+(`kernelrl.judge.timing.devicelock`) keeps measurements apart from everything that would disturb them:
 on a CPU no build or check starts while a measurement waits or runs (those under way finish
 first), so the cores are never shared with a measurement, and no group waits for another group's
 checks; on a GPU only work on that GPU is held back, and builds (on the CPU) overlap
@@ -27,15 +31,13 @@ loaded or run gives every candidate of the group that reading did not refuse a `
 result (a refused one keeps its verdict, whatever its group-mates are); every worker a group
 started is closed when it ends.
 
-Does not decide verdicts: `kernelrl.judge.verdict` does, with what a group measured.
+Does not decide verdicts: `kernelrl.judge.timing.verdict` does, with what a group measured.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import secrets
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,39 +46,38 @@ from contextlib import AbstractContextManager
 
 from kernelrl.candidate import Candidate
 from kernelrl.checks.dynamic import output_deferred
-from kernelrl.checks.llm_judge import JudgeRequest, LLMJudgeError
-from kernelrl.checks.policy import get_policy
-from kernelrl.checks.static import check_source
-from kernelrl.judge import verdict as V
-from kernelrl.judge.baseline import baseline_from_timing
-from kernelrl.judge.channel import arena_need, payload_bytes
 from kernelrl.judge.context import JudgeContext, Places
-from kernelrl.judge.device import Device
-from kernelrl.judge.inputs import available_memory, memory_need, timing_pool_size, too_large
-from kernelrl.judge.pool import Claim
-from kernelrl.judge.reference import InputSet, ReferenceFailed, ReferenceSession, TaskInfo, session_for
-from kernelrl.judge.sandbox import Worker, timing_cores
-from kernelrl.judge.spill import disk_free
-from kernelrl.judge.timer import (
-    CandidateTiming,
+from kernelrl.judge.grouprecord import GroupRecord
+from kernelrl.judge.harness.channel import arena_need, payload_bytes
+from kernelrl.judge.harness.device import Device
+from kernelrl.judge.isolation.pool import Claim
+from kernelrl.judge.isolation.sandbox import Worker
+from kernelrl.judge.reference import (
+    InputSet,
+    ReferenceFailed,
+    ReferenceSession,
+    TaskInfo,
+    check_size,
+    session_for,
+)
+from kernelrl.judge.results import member_result, record_baseline
+from kernelrl.judge.timing import verdict as V
+from kernelrl.judge.timing.inputs import timing_pool_size
+from kernelrl.judge.timing.timer import (
     GroupTiming,
     ReferenceTimingFailed,
-    aa_band,
     aa_noisy,
     measure_group,
     send_pools,
 )
-from kernelrl.judge.trial import Trial, run_trial, static_verdict
-from kernelrl.judge.verdict import Verdict
+from kernelrl.judge.timing.verdict import Verdict
+from kernelrl.judge.trial import Trial, read_members, run_trial
 from kernelrl.result import (
     DeviceIdle,
     Environment,
     EvalResult,
     GroupPhases,
-    MachineRecord,
-    ReferenceRecord,
     ReferenceWorker,
-    Review,
     Status,
 )
 from kernelrl.tasks.degeneracy import DEFAULT_TOLERANCE, outputs_degenerate
@@ -118,40 +119,45 @@ def load_task_info(ctx: JudgeContext, session: ReferenceSession, task: Task,
     return info
 
 
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """What the caller asked of a group: a baseline (the compiled reference timed too, when `compile`),
+    and the members it vouched for (calibration's copies: timed as trusted, paid nothing)."""
+
+    baseline: bool = False
+    compile: bool = True
+    trusted: frozenset[str] = frozenset()
+
+
+@dataclasses.dataclass
+class Learned:
+    """What a group learned as it went: the task's facts, its correctness sets, and the measurement."""
+
+    info: TaskInfo | None = None
+    sets: list[InputSet] = dataclasses.field(default_factory=list)
+    timing: GroupTiming | None = None
+
+
 class Group:
     def __init__(self, ctx: JudgeContext, task: Task, members: Members, done: Done, *,
                  baseline: bool = False, compile: bool = True, trusted: frozenset[str] = frozenset()) -> None:
-        cfg = ctx.config
         self.ctx = ctx
         self.task = task
         self.members = dict(members)
         self.done = done
-        self.baseline = baseline
-        self.compile = compile
-        self.trusted = trusted
-        self.rng = ctx.secrets.generator()
-        # the task's worker kept from an earlier group, if any: reseeded instead of a fresh load
-        self.session = session_for(task, cfg, pool=ctx.pool, rng=self.rng, kept=ctx.references.take(task))
+        self.asked = Asked(baseline=baseline, compile=compile, trusted=trusted)
+        # the task's worker kept from an earlier group, if any: reseeded instead of a fresh load; its
+        # generator (`session.rng`) is the group's secret one, and its claim (`session.claim`) the
+        # workers the group told the pool it will take (`run_groups`)
+        self.session = session_for(task, ctx.config, pool=ctx.pool, rng=ctx.secrets.generator(),
+                                   kept=ctx.references.take(task))
         self.trials: dict[str, Trial] = {}
+        self.learned = Learned()
         # Why the task itself failed (its reference), if it did: a baseline group has no member to
         # tell, so its caller reads it here.
         self.failure: str | None = None
-        self.sets: list[InputSet] = []
-        self.info: TaskInfo | None = None
-        self.timing: GroupTiming | None = None
         self.finished = False
-        self.setting = V.Setting(task=task.name, device=str(cfg.device), size=str(cfg.size), policy=cfg.policy,
-                                 fingerprint=ctx.fingerprint, containment=ctx.pool.containment)
-        self.cores = timing_cores(cfg.sandbox)
-        self.machine = MachineRecord(threads=cfg.sandbox.effective_threads, device_lock=ctx.lock.name,
-                                     timing_cores=tuple(sorted(self.cores or ())),
-                                     allow_tf32=cfg.allow_tf32)
-        self.reference = ReferenceRecord()
-        self._phases: dict[str, float] = {}  # where the group's wall time went, in seconds
-        self._lock_waits: list[float] = []  # each wait for the device's lock (`waited`), from any thread
-        self.gid = secrets.token_hex(6)  # told apart from every other group by its results (`Environment.group`)
-        self._clock = time.monotonic()
-        self.claim: Claim | None = None  # the workers it told the pool it will take (`run_groups`)
+        self.record = GroupRecord(ctx, task)  # what its results record of how they were obtained
 
     def workers_wanted(self) -> int:
         """How many workers this group will still take, as far as it knows: its reference's (until
@@ -159,7 +165,7 @@ class Group:
         compiled reference where they will be wanted."""
         cfg = self.ctx.config
         live = sum(1 for h in self.members if (t := self.trials.get(h)) is None or t.verdict is None)
-        if not live and not self.baseline:
+        if not live and not self.asked.baseline:
             return 0
         timed = 1 + live + (1 if live and cfg.aa_tolerance > 0 else 0) + (1 if self._wants_compile() else 0)
         return timed + (1 if self.session.worker is None and self.session.kept is None else 0)
@@ -168,12 +174,12 @@ class Group:
         """Whether the compiled reference is timed in this group (a baseline not yet known)."""
         cfg = self.ctx.config
         known = self.ctx.baselines.get(self.ctx.tasks.key(self.task))
-        return (cfg.compile_baseline or (self.baseline and self.compile)) and (
+        return (cfg.compile_baseline or (self.asked.baseline and self.asked.compile)) and (
             known is None or (known.compile_ms is None and not known.compile_error))
 
     def use_claim(self, claim: Claim) -> None:
         """Count the group's takes against `claim` (the pool starts no spare beyond it)."""
-        self.claim = self.session.claim = claim
+        self.session.claim = claim
 
     @staticmethod
     def _note_deferred_outputs(survivors: dict[str, Trial]) -> None:
@@ -187,7 +193,7 @@ class Group:
         """The arena a candidate of this task needs: its largest message (its parameters, one input
         set, the first set's two outputs, the timing pool, a spot check; correctness sends one set
         per message), so it can pin no more memory than that."""
-        sets = self.sets
+        sets = self.learned.sets
         first = sets[0] if sets else None
         largest = max(sets, key=lambda s: payload_bytes([s.values]) + payload_bytes(s.output), default=None)
         return arena_need(self.session.init_inputs, self.session.constants, self.session.state(),
@@ -199,17 +205,11 @@ class Group:
     def _pool_size(self) -> int:
         """The timing pool's sets (`timing_pool_size`: one for a task whose set outgrows the caches)."""
         configured = self.ctx.config.timing.pool_size
-        return timing_pool_size(configured, payload_bytes(self.sets[0].values)) if self.sets else configured
-
-    def _phase(self, name: str) -> None:
-        now = time.monotonic()
-        self._phases[name] = round(self._phases.get(name, 0.0) + now - self._clock, 3)
-        self._phases["device_lock_wait_s"] = round(sum(self._lock_waits), 3)
-        self._clock = now
+        return timing_pool_size(configured, payload_bytes(self.learned.sets[0].values)) if self.learned.sets else configured
 
     def begin(self) -> None:
         """The group has its place among those judged at once: what it waited for that is `queued_s`."""
-        self._phase("queued_s")
+        self.record.phase("queued_s")
 
     def _trusted_keys(self) -> frozenset[str]:
         """Members timed as kernelrl's own code: the A/A copy, the compiled reference, and members
@@ -218,73 +218,57 @@ class Group:
 
     def environment(self) -> Environment:
         """What every result of this group records about how it was obtained (so far)."""
-        return Environment(machine=self.machine, phases=GroupPhases(**self._phases), group=self.gid,
-                           reference=self.reference)
-
-    def _note_check_times(self) -> None:
-        """The checks' time by part, summed over the candidates' trials, and each of the task's own copies apart."""
-        members = [t for h, t in self.trials.items() if h in self.members]
-
-        def own(key: str) -> float:
-            t = self.trials.get(key)
-            return round(t.wait_s + t.load_s + t.correctness_s, 3) if t is not None else 0.0
-
-        self._phases.update(
-            candidate_worker_wait_s=round(sum(t.wait_s for t in members), 3),
-            candidate_loads_s=round(sum(t.load_s for t in members), 3),
-            candidate_correctness_s=round(sum(t.correctness_s for t in members), 3),
-            timed_reference_checks_s=own(TIMED_REFERENCE), aa_copy_checks_s=own(AA_REFERENCE),
-            compiled_reference_checks_s=own(COMPILED))
+        return self.record.environment()
 
     # -- the three steps ----------------------------------------------------------------------
 
     def prepare(self, checks: threading.Semaphore) -> None:
         ctx, cfg, task = self.ctx, self.ctx.config, self.task
         for h, (cand, _) in self.members.items():
-            self.trials[h] = Trial(candidate=cand, trusted=h in self.trusted)
-        self._read_all()
-        if self.claim is not None:  # members reading refused take no worker
-            ctx.pool.expect(self.claim, self.workers_wanted())
-        if self.members and not self.baseline and all(self.trials[h].verdict is not None for h in self.members):
+            self.trials[h] = Trial(candidate=cand, trusted=h in self.asked.trusted)
+        read_members(self.trials.values(), ctx.config, task.source)
+        if self.session.claim is not None:  # members reading refused take no worker
+            ctx.pool.expect(self.session.claim, self.workers_wanted())
+        if self.members and not self.asked.baseline and all(self.trials[h].verdict is not None for h in self.members):
             # Every member was refused by reading it (a syntax error, a rejecting static rule, a
             # language the device cannot run): no verdict needs the reference, so it never loads.
-            self._phase("candidate_checks_s")
+            self.record.phase("candidate_checks_s")
             self.finish()
             return
         try:
-            info = load_task_info(ctx, self.session, task, self._lock_waits)
-            self._phase("reference_load_s")
-            self._check_size(info)
-            self.machine = dataclasses.replace(self.machine, precision=dict(self.session.precision))
-            self.reference = dataclasses.replace(self.reference, reseeded=self.session.reused)
+            info = load_task_info(ctx, self.session, task, self.record.lock_waits)
+            self.record.phase("reference_load_s")
+            check_size(cfg, self.session, task, info.profile)
+            self.record.machine = dataclasses.replace(self.record.machine, precision=dict(self.session.precision))
+            self.record.reference = dataclasses.replace(self.record.reference, reseeded=self.session.reused)
             if not info.degenerate:
                 # A group of the task's own programs only (a baseline, a calibration) pays no one: one
                 # plain set checks the compiled reference; the perturbed ones are for candidates.
                 # At full size a set is the task's whole inputs (2 GiB for KernelBench's KLDivLoss).
-                n_sets = cfg.n_correctness if any(h not in self.trusted for h in self.members) else 1
-                with waited(ctx.lock.work(uses_device=True), self._lock_waits):
-                    self.sets = self.session.correctness_sets(n_sets)
-                self._phase("reference_outputs_s")
-                reasons = outputs_degenerate([s.output for s in self.sets], DEFAULT_TOLERANCE)
+                n_sets = cfg.n_correctness if any(h not in self.asked.trusted for h in self.members) else 1
+                with waited(ctx.lock.work(uses_device=True), self.record.lock_waits):
+                    self.learned.sets = self.session.correctness_sets(n_sets)
+                self.record.phase("reference_outputs_s")
+                reasons = outputs_degenerate([s.output for s in self.learned.sets], DEFAULT_TOLERANCE)
                 if reasons:
                     info = dataclasses.replace(info, degenerate=tuple(reasons))
                     ctx.tasks.put(task, info)
-            self.info = info
+            self.learned.info = info
             if info.degenerate:
                 # Whatever a candidate does, a constant would pass: nothing of this task is paid.
                 for cand, positions in self.members.values():
-                    self.done(positions, V.degenerate(self.setting, cand.hash, info.degenerate, self.environment()))
+                    self.done(positions, V.degenerate(self.record.setting, cand.hash, info.degenerate, self.environment()))
                 self.members = {}
-                if not self.baseline:
+                if not self.asked.baseline:
                     self.finished = True
                     return
-            self.machine = dataclasses.replace(
-                self.machine, proc_isolation=self.session.worker.isolated if self.session.worker else None)
-            self.reference = dataclasses.replace(self.reference,
-                                                 perturbed_sets=sum(s.plan.perturbed for s in self.sets),
+            self.record.machine = dataclasses.replace(
+                self.record.machine, proc_isolation=self.session.worker.isolated if self.session.worker else None)
+            self.record.reference = dataclasses.replace(self.record.reference,
+                                                 perturbed_sets=sum(s.plan.perturbed for s in self.learned.sets),
                                                  sets_in_files=self.session.spilled_sets)
             want_compile = self._wants_compile()
-            if self.members or self.baseline:
+            if self.members or self.asked.baseline:
                 self.trials[TIMED_REFERENCE] = Trial(candidate=reference_program(task), trusted=True)
             if self.members and cfg.aa_tolerance > 0:
                 self.trials[AA_REFERENCE] = Trial(candidate=reference_program(task, copy="the A/A copy"), trusted=True)
@@ -292,8 +276,10 @@ class Group:
                 self.trials[COMPILED] = Trial(candidate=Candidate(source=f"# torch.compile of {task.name}\n"),
                                               compiled_reference=True)
             self._check_all(checks)
-            self._phase("candidate_checks_s")
-            self._note_check_times()
+            self.record.phase("candidate_checks_s")
+            self.record.note_check_times([t for h, t in self.trials.items() if h in self.members],
+                                         self.trials.get(TIMED_REFERENCE), self.trials.get(AA_REFERENCE),
+                                         self.trials.get(COMPILED))
         except (ReferenceFailed, ReferenceTimingFailed, TaskError) as e:
             self._task_error(e)
 
@@ -306,29 +292,29 @@ class Group:
             # Only a member that passed its checks is worth a measurement: timing the task's own
             # copies (the A/A twin, the compiled baseline) for a group whose members all failed
             # would pay seconds for figures no verdict reads. A baseline group times regardless.
-            if any(h in self.members for h in survivors) or self.baseline:
+            if any(h in self.members for h in survivors) or self.asked.baseline:
                 reference = self._timed_reference()
                 pool = self.session.timing_pool(self._pool_size())
-                self.reference = dataclasses.replace(self.reference, sets_in_files=self.session.spilled_sets)
+                self.record.reference = dataclasses.replace(self.record.reference, sets_in_files=self.session.spilled_sets)
                 # Members in a random order: pool and warm-up messages go out in this order.
                 order = list(survivors)
-                self.rng.shuffle(order)
+                self.session.rng.shuffle(order)
                 workers = {h: w for h in order if (w := survivors[h].worker) is not None}
                 # The pool goes to every member before the measurement, beside other groups' checks
                 # (copies and noise, no machine to itself needed); a retime reuses it.
-                with waited(ctx.lock.work(uses_device=True), self._lock_waits):
-                    sent = send_pools(reference, workers, pool, cfg.timing, rng=self.rng,
+                with waited(ctx.lock.work(uses_device=True), self.record.lock_waits):
+                    sent = send_pools(reference, workers, pool, cfg.timing, rng=self.session.rng,
                                       deadline=time.monotonic() + cfg.timeout_s)
-                self._phase("timing_pool_s")
+                self.record.phase("timing_pool_s")
                 aa = AA_REFERENCE in workers
                 timing_waits: list[float] = []  # one per measurement (a retime waits again)
                 retimed = 0
                 while True:
                     with waited(ctx.lock.timing(), timing_waits):
                         deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
-                        timing = measure_group(reference, workers, pool, sent, cfg.timing, rng=self.rng,
+                        timing = measure_group(reference, workers, pool, sent, cfg.timing, rng=self.session.rng,
                                                deadline=deadline, tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32,
-                                               cores=self.cores, idle=ctx.idle, trusted=self._trusted_keys(),
+                                               cores=self.record.cores, idle=ctx.idle, trusted=self._trusted_keys(),
                                                twin=AA_REFERENCE if aa else None)
                     noisy = aa and aa_noisy(timing.candidates.get(AA_REFERENCE), cfg.aa_tolerance)
                     disturbed = noisy or timing.device_idle is DeviceIdle.BUSY
@@ -340,29 +326,31 @@ class Group:
                         break
                     retimed += 1  # identical code disagreed, or the device was busy: measure again
                 pair = timing.candidates.get(AA_REFERENCE) if aa else None
-                self._lock_waits += timing_waits
-                self.timing = dataclasses.replace(timing, device_wait_s=sum(timing_waits), noisy=noisy, retimed=retimed,
-                                                  aa_speedup=pair.speedup if pair else None,
-                                                  aa_ci=pair.speedup_ci if pair else None)
-                self.machine = dataclasses.replace(self.machine, pinned_allocator=timing.allocator_pinned)
+                self.record.lock_waits += timing_waits
+                self.learned.timing = dataclasses.replace(timing, device_wait_s=sum(timing_waits), noisy=noisy,
+                                                          retimed=retimed, aa_speedup=pair.speedup if pair else None,
+                                                          aa_ci=pair.speedup_ci if pair else None)
+                self.record.machine = dataclasses.replace(self.record.machine, pinned_allocator=timing.allocator_pinned)
                 self._note_deferred_outputs(survivors)
-                self._phase("timing_s")
+                self.record.phase("timing_s")
                 stray_ns = sum(w.stray_check_ns for w in [*workers.values(), reference])
-                self._phases.update(timing_setup_s=round(timing.setup_s, 3), timing_samples_s=round(timing.samples_s, 3),
-                                    timing_spot_checks_s=round(timing.spot_checks_s, 3),
-                                    aa_copy_samples_s=round(timing.twin_samples_s, 3),
-                                    stray_checks_s=round(stray_ns / 1e9, 3))
-                self._record_baseline(self.timing)
+                self.record.phases.update(timing_setup_s=round(timing.setup_s, 3),
+                                          timing_samples_s=round(timing.samples_s, 3),
+                                          timing_spot_checks_s=round(timing.spot_checks_s, 3),
+                                          aa_copy_samples_s=round(timing.twin_samples_s, 3),
+                                          stray_checks_s=round(stray_ns / 1e9, 3))
+                record_baseline(ctx, self.task, self.record, self.learned.timing, self.trials.get(COMPILED), COMPILED)
         except (ReferenceFailed, ReferenceTimingFailed, TaskError) as e:
             self._task_error(e)
 
     def finish(self) -> None:
         if not self.finished:
             clock = time.monotonic()
-            verdicts = [(positions, self._verdict(self.trials[h])) for h, (_, positions) in self.members.items()]
+            verdicts = [(positions, member_result(self.ctx, self.task, self.record, self.learned.timing, self.learned.info,
+                                                        self.trials[h])) for h, (_, positions) in self.members.items()]
             # The verdicts' own time goes into what they record (each was made with the phases so far).
-            self._phases["verdict_s"] = round(time.monotonic() - clock, 3)
-            phases = GroupPhases(**self._phases)
+            self.record.phases["verdict_s"] = round(time.monotonic() - clock, 3)
+            phases = GroupPhases(**self.record.phases)
             for positions, result in verdicts:
                 self.done(positions, dataclasses.replace(
                     result, environment=dataclasses.replace(result.environment, phases=phases)))
@@ -376,94 +364,6 @@ class Group:
 
     # -- parts --------------------------------------------------------------------------------
 
-    def _verdict(self, trial: Trial) -> EvalResult:
-        """The candidate's result: what impure inputs the verdict needs (floors, a review), then
-        the pure decision."""
-        env = self.environment()
-        if trial.verdict is not None:
-            return V.early(self.setting, trial.checked(), trial.verdict, env)
-        timing = self.timing
-        assert timing is not None and self.info is not None
-        measured = timing.candidates[trial.candidate.hash]
-        checked = trial.checked()
-        if measured.failure is not None:
-            return V.failed_in_timing(self.setting, checked, measured, timing, env)
-        roofline = self._roofline(measured)
-        slack = self.ctx.config.floor_slack
-        band = self.ctx.tasks.band(self.task, self.ctx.fingerprint)
-        if (measured_band := aa_band(timing)) is not None:
-            # identical code measured this far from 1.00 in this very group (noisy or not): a
-            # speedup inside it cannot be told from the copy's, so it is no speedup
-            band = measured_band if band is None else (min(band[0], measured_band[0]), max(band[1], measured_band[1]))
-        result = V.timed(self.setting, checked, measured, timing, roofline=roofline, roofline_error=self.ctx.peaks.error,
-                         floor_slack=slack, noise_band=band, environment=env)
-        review = self._review(trial, result)
-        if review is not None:
-            result = V.timed(self.setting, checked, measured, timing, roofline=roofline,
-                             roofline_error=self.ctx.peaks.error, review=review, floor_slack=slack, noise_band=band,
-                             environment=env)
-        return result
-
-    def _roofline(self, measured: CandidateTiming) -> V.Roofline | None:
-        """The task's floors at this machine's peaks; measured again once before a candidate is
-        refused for beating them, so a disturbed measurement of the peaks refuses no one."""
-        assert self.timing is not None and self.info is not None
-        profile = self.info.profile
-        if profile is None or not self.timing.reference_ms:
-            return None
-        ref_ms = statistics.median(self.timing.reference_ms)
-        got = self.ctx.peaks.floors_for(profile, ref_ms)
-        if got is None:
-            return None
-        roofline = V.Roofline(peaks=got[0], floors=got[1], profile=profile)
-        if V.beyond_floor(measured, roofline, floor_slack=self.ctx.config.floor_slack) and \
-                self.ctx.peaks.remeasure_once():
-            again = self.ctx.peaks.floors_for(profile, ref_ms)
-            if again is not None:
-                roofline = V.Roofline(peaks=again[0], floors=again[1], profile=profile)
-        return roofline
-
-    def _review(self, trial: Trial, result: EvalResult) -> Review | None:
-        """The LLM reviewer's opinion of a correct result it wants to see (None: not asked)."""
-        reviewer = self.ctx.reviewer
-        if reviewer is None or result.status is not Status.CORRECT:
-            return None
-        try:
-            request = JudgeRequest.from_result(task_name=self.task.name, task_source=self.task.source,
-                                               candidate_source=trial.candidate.source, result=result,
-                                               roofline_pct=result.roofline_pct)
-        except LLMJudgeError:
-            return None
-        return reviewer.review(request)
-
-    def _check_size(self, info: TaskInfo) -> None:
-        """A task too large for this machine is a task error now, before any set is made or built."""
-        cfg, p = self.ctx.config, info.profile
-        if p is None or not (p.input_bytes or p.output_bytes):
-            return
-        folder = self.session.files_for(p.input_bytes + p.output_bytes)
-        in_files = folder is not None
-        need = memory_need(input_bytes=p.input_bytes, output_bytes=p.output_bytes, param_bytes=p.param_bytes,
-                           n_sets=cfg.n_correctness, n_inputs=len(p.inputs),
-                           pool_size=timing_pool_size(cfg.timing.pool_size, p.input_bytes), in_files=in_files)
-        cap = cfg.sandbox.memory_limit_gib
-        why = too_large(need, available=available_memory(),
-                        worker_cap=int(cap * (1 << 30)) if cap is not None and cfg.device is Device.CPU else None,
-                        disk_free=disk_free(folder) if folder is not None else None)
-        if why is not None:
-            raise TaskError(f"{self.task.name}: {why}")
-
-    def _record_baseline(self, timing: GroupTiming) -> None:
-        compiled = self.trials.get(COMPILED)
-        key = self.ctx.tasks.key(self.task)
-        made = baseline_from_timing(
-            task=self.task.name, device=self.setting.device, size=self.setting.size, timing=timing,
-            compiled=timing.candidates.get(COMPILED) if compiled is not None and compiled.verdict is None else None,
-            compiled_error=compiled.verdict.message if compiled is not None and compiled.verdict is not None else None,
-            known=self.ctx.baselines.get(key))
-        if made is not None:
-            self.ctx.baselines.put(key, made)
-
     def _timed_reference(self) -> Worker:
         """The worker whose reference is timed: the reference's copy when it passed its checks.
 
@@ -472,10 +372,10 @@ class Group:
         """
         copy = self.trials.get(TIMED_REFERENCE)
         if copy is not None and copy.survived and copy.worker is not None:
-            self.reference = dataclasses.replace(self.reference, timed_in=ReferenceWorker.PROGRAM)
+            self.record.reference = dataclasses.replace(self.record.reference, timed_in=ReferenceWorker.PROGRAM)
             return copy.worker
         failed = copy.verdict.message if copy is not None and copy.verdict is not None else ""
-        self.reference = dataclasses.replace(self.reference, timed_in=ReferenceWorker.TASK, copy_failed=failed)
+        self.record.reference = dataclasses.replace(self.record.reference, timed_in=ReferenceWorker.TASK, copy_failed=failed)
         self.session.keepable = False  # a timed worker's history is not a fresh load's
         if self.session.worker is None:
             raise ReferenceFailed(f"{self.task.name}: the reference worker is gone")
@@ -488,33 +388,11 @@ class Group:
         for h, (cand, positions) in self.members.items():
             read = self.trials.get(h)
             # A member refused by reading keeps that verdict: it never depended on the task loading.
-            self.done(positions, V.early(self.setting, read.checked(), read.verdict, env)
+            self.done(positions, V.early(self.record.setting, read.checked(), read.verdict, env)
                       if read is not None and read.verdict is not None
-                      else V.task_error(self.setting, cand.hash, str(e), env))
+                      else V.task_error(self.record.setting, cand.hash, str(e), env))
         self.finished = True
         self.close()
-
-    def _read_all(self) -> None:
-        """What reading a member decides, before anything runs: its static findings under the
-        policy, and a verdict when one of them (or its syntax, or its language on this device)
-        refuses it."""
-        cfg, task = self.ctx.config, self.task
-        policy = get_policy(cfg.policy)
-        for t in self.trials.values():
-            if t.compiled_reference or t.trusted:
-                continue
-            verdict: Verdict | None
-            try:
-                if cfg.static_checks:
-                    t.findings.extend(policy.apply(check_source(t.candidate.source, task_source=task.source)))
-                verdict = static_verdict(t.candidate.source, t.candidate.language, device=cfg.device,
-                                         static_findings=t.findings)
-            except (RecursionError, MemoryError) as e:
-                # Nesting deep enough to exhaust the parser is a program that does not build.
-                verdict = Verdict(status=Status.COMPILE_ERROR,
-                                  message=f"candidate cannot be parsed: {type(e).__name__} (nested too deeply)")
-            if verdict is not None:
-                t.end(verdict)
 
     def _check_all(self, checks: threading.Semaphore) -> None:
         """Builds and correctness of every candidate reading did not refuse, `checks` at a time
@@ -524,7 +402,7 @@ class Group:
         if not pending:
             return
         # A random order: which trial gets the pool's oldest worker, and starts first, is chance.
-        self.rng.shuffle(pending)
+        self.session.rng.shuffle(pending)
         self.session.state()  # fetched once, before candidates ask for it from several threads
 
         def check(t: Trial) -> None:
@@ -533,11 +411,11 @@ class Group:
                     # On a CPU the whole trial holds the device's lock (shared: builds and checks use
                     # the cores being measured); on a GPU only its correctness runs do
                     # (`device_work`), so builds overlap measurements.
-                    with waited(ctx.lock.build(), self._lock_waits):
+                    with waited(ctx.lock.build(), self.record.lock_waits):
                         # The clock starts once the lock lets the work in: waiting for another
                         # group's measurement is not the candidate's time.
                         t.started = time.monotonic()
-                        t.worker = ctx.pool.take("candidate", deadline=t.started + cfg.timeout_s, claim=self.claim)
+                        t.worker = ctx.pool.take("candidate", deadline=t.started + cfg.timeout_s, claim=self.session.claim)
                         t.wait_s = time.monotonic() - t.started
                         t.worker.size_arena(self._arena_need())
                         # The task's own program as a copy (the timed reference, the A/A copy,
@@ -546,7 +424,7 @@ class Group:
                         # from run to run fails there); the other sets test a candidate's answer
                         # on moved inputs, which the task's own code gives by definition.
                         run_trial(t, reference=self.session, spec=self.session.spec,
-                                  sets=self.sets[:1] if t.trusted else self.sets,
+                                  sets=self.learned.sets[:1] if t.trusted else self.learned.sets,
                                   cache_dir=cfg.cache_dir, timeout_s=cfg.timeout_s, build_timeout_s=cfg.build_timeout_s,
                                   tol_scale=cfg.tol_scale, device_work=ctx.lock.device_work)
                 except Exception as e:  # noqa: BLE001 - the judge's own trouble must not lose the batch

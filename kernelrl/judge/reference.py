@@ -41,16 +41,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelrl.judge import protocol as P
-from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout, payload_bytes
-from kernelrl.judge.device import Device, evict_bytes
 from kernelrl.judge.eval_config import EvalConfig
-from kernelrl.judge.inputs import InputPlan, correctness_plans, plain_plan
-from kernelrl.judge.pool import Claim, WorkerPool
-from kernelrl.judge.precision import PRECISION_FLAGS
-from kernelrl.judge.profile import TaskProfile
-from kernelrl.judge.sandbox import Answer, Worker, WorkerDied
-from kernelrl.judge.spill import SPILL_SUBDIR, folder_in_memory, spill
+from kernelrl.judge.harness import protocol as P
+from kernelrl.judge.harness.channel import ChannelProtocolError, ChannelTimeout, payload_bytes
+from kernelrl.judge.harness.device import Device, evict_bytes
+from kernelrl.judge.harness.precision import PRECISION_FLAGS
+from kernelrl.judge.harness.profile import TaskProfile
+from kernelrl.judge.isolation.pool import Claim, WorkerPool
+from kernelrl.judge.isolation.sandbox import Answer, Worker, WorkerDied
+from kernelrl.judge.spill import SPILL_SUBDIR, disk_free, folder_in_memory, spill
+from kernelrl.judge.timing.inputs import (
+    InputPlan,
+    available_memory,
+    correctness_plans,
+    memory_need,
+    plain_plan,
+    timing_pool_size,
+    too_large,
+)
 from kernelrl.tasks.task import Task, TaskError
 
 # The largest input set (with its outputs) whose task's worker is kept between sessions: a kept worker
@@ -401,3 +409,21 @@ def _first_line(text: str) -> str:
         if line.strip():
             return line.strip()[:300]
     return ""
+
+
+def check_size(config: EvalConfig, session: ReferenceSession, task: Task, profile: TaskProfile | None) -> None:
+    """A task too large for this machine is a task error now, before any set is made or built."""
+    p = profile
+    if p is None or not (p.input_bytes or p.output_bytes):
+        return
+    folder = session.files_for(p.input_bytes + p.output_bytes)
+    in_files = folder is not None
+    need = memory_need(input_bytes=p.input_bytes, output_bytes=p.output_bytes, param_bytes=p.param_bytes,
+                       n_sets=config.n_correctness, n_inputs=len(p.inputs),
+                       pool_size=timing_pool_size(config.timing.pool_size, p.input_bytes), in_files=in_files)
+    cap = config.sandbox.memory_limit_gib
+    why = too_large(need, available=available_memory(),
+                    worker_cap=int(cap * (1 << 30)) if cap is not None and config.device is Device.CPU else None,
+                    disk_free=disk_free(folder) if folder is not None else None)
+    if why is not None:
+        raise TaskError(f"{task.name}: {why}")

@@ -5,7 +5,7 @@ construction (with the reference's init arguments, init seed and, when names and
 its parameters), and the correctness runs on the judge's input sets, compared in the judge with
 the reference's outputs. A trial ends either with a verdict (`Verdict`) or as a survivor whose
 worker goes on to timing. A Triton candidate on a CPU runs under Triton's interpreter
-(`kernelrl.judge.builds`): its outputs are checked as any other's, but its times mean nothing,
+(`kernelrl.judge.harness.toolchain`): its outputs are checked as any other's, but its times mean nothing,
 so it is never timed: a correct one ends here, `correct` with `Timing.INTERPRETED` and no speedup.
 A CUDA candidate on a CPU ends at its build: nvcc checks its device code, nothing CUDA loads.
 
@@ -14,38 +14,41 @@ Guarantees:
   verdict (`runtime_error`, `timeout`, `flagged`: result_channel_forged), never an exception;
 - the candidate's worker is killed as soon as its trial ends with a verdict;
 - findings are only recorded here (`kernelrl.checks.dynamic` decides what each fact means); the
-  policy is applied by the verdict (`kernelrl.judge.verdict`), once, to all of a candidate's findings;
+  policy is applied by the verdict (`kernelrl.judge.timing.verdict`), once, to all of a candidate's findings;
 - correctness goes one input set per message, and each output is compared as it arrives and
   dropped: the judge keeps a candidate's comparisons and the digests of its outputs
   (`compare.output_digest`), never its outputs, so a trial adds at most one output to the judge.
 
 Does not bound the judge's own copy of the sets: the group holds every set and its reference
-output for all its trials, large ones in files (`kernelrl.judge.spill`; `kernelrl.judge.inputs.memory_need`
+output for all its trials, large ones in files (`kernelrl.judge.spill`; `kernelrl.judge.timing.inputs.memory_need`
 counts them before anything starts).
 
-Does not time anything: `kernelrl.judge.timer` does, for all survivors of a task together.
+Does not time anything: `kernelrl.judge.timing.timer` does, for all survivors of a task together.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelrl.candidate import Candidate, Language
 from kernelrl.checks import dynamic
-from kernelrl.judge import compilecache
-from kernelrl.judge import protocol as P
-from kernelrl.judge.builds import build_dir, has_build, seal, sealed_dir, unseal
-from kernelrl.judge.channel import ChannelProtocolError, ChannelTimeout
-from kernelrl.judge.compare import NEAR_FACTOR, Comparison, Mismatch, compare_outputs, flatten, output_digest
-from kernelrl.judge.device import Device
-from kernelrl.judge.devmem import Blame, DeviceMemory, blame
+from kernelrl.checks.policy import get_policy
+from kernelrl.checks.static import check_source
+from kernelrl.judge.eval_config import EvalConfig
+from kernelrl.judge.harness import protocol as P
+from kernelrl.judge.harness.channel import ChannelProtocolError, ChannelTimeout
+from kernelrl.judge.harness.compare import NEAR_FACTOR, Comparison, Mismatch, compare_outputs, flatten, output_digest
+from kernelrl.judge.harness.device import Device
+from kernelrl.judge.harness.devmem import Blame, DeviceMemory, blame
+from kernelrl.judge.isolation import compilecache
+from kernelrl.judge.isolation.builds import build_dir, has_build, seal, sealed_dir, unseal
+from kernelrl.judge.isolation.sandbox import Answer, Worker, WorkerDied
 from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
-from kernelrl.judge.sandbox import Answer, Worker, WorkerDied
-from kernelrl.judge.verdict import Checked, Verdict
+from kernelrl.judge.timing.verdict import Checked, Verdict
 from kernelrl.result import Containment, Finding, Severity, Status, Timing
 
 
@@ -84,7 +87,7 @@ class Trial:
         return self.verdict is None and self.worker is not None
 
     def checked(self) -> Checked:
-        """What the trial established, for the verdict (`kernelrl.judge.verdict`)."""
+        """What the trial established, for the verdict (`kernelrl.judge.timing.verdict`)."""
         return Checked(candidate_hash=self.candidate.hash, findings=tuple(self.findings),
                        build_time_s=self.build_time_s, build_cached=self.build_cached,
                        max_abs_err=self.max_abs_err, max_rel_err=self.max_rel_err,
@@ -152,7 +155,7 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
     sealed = sealed_dir(cache_dir, trial.candidate.source, spec.device)
     if bdir is not None:
         trial.build_cached = scratch is not None and unseal(sealed, scratch) if full else has_build(bdir)
-    # What torch.compile compiled before (`kernelrl.judge.compilecache`): the task's own graphs for
+    # What torch.compile compiled before (`kernelrl.judge.isolation.compilecache`): the task's own graphs for
     # every program of the task, a program's own for that source only.
     task_graphs = compilecache.task_entry(cache_dir, spec.task.source, reference.constants, spec.device)
     own_graphs = (task_graphs if trial.compiled_reference else
@@ -344,7 +347,7 @@ def _correctness(trial: Trial, reference: ReferenceSession, sets: list[InputSet]
 def _run(trial: Trial, worker: Worker, values: list[object], deadline: float) -> Answer:
     """One correctness run; one that ran out of device memory runs once more (the memory may have
     been another process's a moment ago), and a second such error is the judge's when others held
-    what the program was promised (`kernelrl.judge.devmem.blame`), else the program's."""
+    what the program was promised (`kernelrl.judge.harness.devmem.blame`), else the program's."""
     ran = worker.request(P.Run(), values, deadline=deadline)
     if ran.failed and ran.header.out_of_memory:
         ran = worker.request(P.Run(), values, deadline=deadline)
@@ -402,3 +405,25 @@ def first_line(text: str) -> str:
         if line.strip():
             return line.strip()[:300]
     return ""
+
+
+def read_members(trials: Iterable[Trial], config: EvalConfig, task_source: str) -> None:
+    """What reading a member decides, before anything runs: its static findings under the
+    policy, and a verdict when one of them (or its syntax, or its language on this device)
+    refuses it. The task's own copies and the compiled reference are not read."""
+    policy = get_policy(config.policy)
+    for t in trials:
+        if t.compiled_reference or t.trusted:
+            continue
+        verdict: Verdict | None
+        try:
+            if config.static_checks:
+                t.findings.extend(policy.apply(check_source(t.candidate.source, task_source=task_source)))
+            verdict = static_verdict(t.candidate.source, t.candidate.language, device=config.device,
+                                     static_findings=t.findings)
+        except (RecursionError, MemoryError) as e:
+            # Nesting deep enough to exhaust the parser is a program that does not build.
+            verdict = Verdict(status=Status.COMPILE_ERROR,
+                              message=f"candidate cannot be parsed: {type(e).__name__} (nested too deeply)")
+        if verdict is not None:
+            t.end(verdict)

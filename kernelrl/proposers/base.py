@@ -19,7 +19,7 @@ from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:
     from kernelrl.jsontypes import JSONObject
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
 
 
 class ProposerError(RuntimeError):
@@ -43,7 +43,7 @@ class ProposalRequest:
     parent: str | None = None
     chain: int = 0
     step: int = 0
-    # What the judge read about the task in its reference worker (kernelrl.judge.profile.TaskProfile);
+    # What the judge read about the task in its reference worker (kernelrl.judge.harness.profile.TaskProfile);
     # None when unknown. Proposers use it instead of running task code.
     profile: TaskProfile | None = None
 

@@ -37,7 +37,7 @@ from kernelrl.tasks.source import embed_reference, sized_source
 from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
 
 HEURISTIC_MARKER = "# kernelrl-heuristic:"
 

@@ -26,8 +26,8 @@ from kernelrl.tasks.splits import split_of
 
 if TYPE_CHECKING:
     from kernelrl.checks.audit import AuditRecord, AuditReport
-    from kernelrl.judge.baseline import Baseline
     from kernelrl.judge.calibration import Calibration
+    from kernelrl.judge.timing.baseline import Baseline
     from kernelrl.report.report import Report
     from kernelrl.tasks.degeneracy import DegeneracyReport
     from kernelrl.tasks.task import Task

@@ -48,10 +48,10 @@ from kernelrl.store.records import CandidateRecord
 from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
 
 BatchFn = Callable[[list[tuple[Task, Candidate]]], list[EvalResult]]
-BaselineFn = Callable[[Task], MeasuredBaseline]  # e.g. a kernelrl.judge.baseline.Baseline
+BaselineFn = Callable[[Task], MeasuredBaseline]  # e.g. a kernelrl.judge.timing.baseline.Baseline
 ProfileFn = Callable[[Task], "TaskProfile | None"]
 Key = tuple[str, str]  # (task, source hash)
 # How much longer than `batch_wait_s` a batch waits for tasks still reading their profiles.

@@ -62,9 +62,9 @@ from typing import Protocol
 from rich.console import Console
 
 from kernelrl.judge.contract import BatchJudge, SearchJudge
-from kernelrl.judge.device import DevicePeaks
 from kernelrl.judge.eval_config import config_fingerprint
-from kernelrl.judge.roofline import prompt_peaks
+from kernelrl.judge.harness.device import DevicePeaks
+from kernelrl.judge.timing.roofline import prompt_peaks
 from kernelrl.proposers import Proposer
 from kernelrl.search.activity import lock_watch, waiting
 from kernelrl.search.config import SearchConfig

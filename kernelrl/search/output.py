@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console
 
-from kernelrl.judge.throughput import Throughput
+from kernelrl.judge.timing.throughput import Throughput
 from kernelrl.result import EvalResult
 from kernelrl.search.activity import LockWatch, SearchActivity, SearchView
 from kernelrl.search.chains import TaskState, fmt_speedup
@@ -36,11 +36,11 @@ from kernelrl.store.records import CandidateRecord, NewCandidate
 from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:
-    from kernelrl.judge.baseline import Baseline
+    from kernelrl.judge.timing.baseline import Baseline
 
 
 class MeasuredBaseline(Protocol):
-    """What the search stores of a baseline it measured (`kernelrl.judge.baseline.Baseline` is one;
+    """What the search stores of a baseline it measured (`kernelrl.judge.timing.baseline.Baseline` is one;
     its `compile_speedup_ci` is read where the object has one)."""
 
     @property

@@ -37,7 +37,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from kernelrl.candidate import extract_code, source_hash
-from kernelrl.judge.device import DevicePeaks
+from kernelrl.judge.harness.device import DevicePeaks
 from kernelrl.proposers import Exhausted, ProposalRequest, Proposer, ProposerUnavailable
 from kernelrl.search.chains import Chain, TaskState
 from kernelrl.search.judging import Judging, Key

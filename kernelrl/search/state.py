@@ -34,7 +34,7 @@ from kernelrl.store.records import BaselineRecord, CandidateRecord, CandidateSta
 from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
 
 
 @dataclass(kw_only=True)

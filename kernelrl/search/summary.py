@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kernelrl.judge.throughput import Throughput
+from kernelrl.judge.timing.throughput import Throughput
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -20,7 +20,7 @@ from typing import Protocol
 from kernelrl.candidate import Candidate
 from kernelrl.checks.policy import PolicyName
 from kernelrl.judge.eval_config import EvalConfig
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Size, Task
 

@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import EvalConfig
+from kernelrl.judge.harness.device import Device
 from kernelrl.reward import RewardConfig
 from kernelrl.serve.backend import BackendKind
 from kernelrl.serve.lanes import LaneSpec, lane_config, parse_devices

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 from kernelrl.backends.judges import make_judge
 from kernelrl.candidate import Candidate
 from kernelrl.checks.policy import PolicyName
-from kernelrl.judge.device import Device
 from kernelrl.judge.eval_config import EvalConfig
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.device import Device
+from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Size, Task
 

@@ -36,9 +36,9 @@ from ray.exceptions import ActorDiedError
 
 from kernelrl.candidate import Candidate
 from kernelrl.checks.policy import PolicyName
-from kernelrl.judge.device import Device
 from kernelrl.judge.evaluator import EvalConfig
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.device import Device
+from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.result import EvalResult
 from kernelrl.serve.lanes import LaneEvaluators, split_evenly
 from kernelrl.tasks.task import Size, Task

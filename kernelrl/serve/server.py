@@ -78,7 +78,7 @@ from kernelrl.backends.api import (
     validation_message,
 )
 from kernelrl.checks.policy import PolicyName
-from kernelrl.judge.containment import probe
+from kernelrl.judge.isolation.containment import probe
 from kernelrl.result import Containment
 from kernelrl.reward import RewardModel
 from kernelrl.serve.backend import EvalBackend, build_backend

@@ -81,7 +81,7 @@ from kernelrl.candidate import extract_code
 from kernelrl.episodes.episode import DEFAULT_GAMMA, Episode, EpisodeConfig
 from kernelrl.episodes.feedback import feedback
 from kernelrl.episodes.prompt import build_prompt
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.result import EvalResult, Status
 from kernelrl.reward import RewardModel
 from kernelrl.serve.config import ServeConfig

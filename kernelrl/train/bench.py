@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelrl.episodes.episode import EpisodeConfig
 from kernelrl.judge.eval_config import EvalConfig
-from kernelrl.judge.throughput import Throughput
+from kernelrl.judge.timing.throughput import Throughput
 from kernelrl.report.metrics import fast_p_at_k, geometric_mean, pass_at_k
 from kernelrl.result import Status
 from kernelrl.reward import within_noise
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from kernelrl.judge.contract import ProfilingJudge
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
     from kernelrl.proposers import Proposal, Proposer
     from kernelrl.run_parts import Reporter
     from kernelrl.train.rollouts import Judged

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from kernelrl.judge.contract import ProfilingJudge
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
     from kernelrl.proposers import Proposal, Proposer
     from kernelrl.store import Database
     from kernelrl.store.records import CandidateRecord

@@ -82,7 +82,7 @@ from kernelrl.train.trl_args import build_args, check_keys, trl_class
 if TYPE_CHECKING:
     from transformers import TrainerCallback, TrainerControl, TrainerState
 
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
     from kernelrl.run_parts import RunParts
 
 STATE_FILE = "kernelrl_state.rank{rank}.json"

@@ -61,7 +61,7 @@ from kernelrl.train.trl_args import check_keys, trl_class
 if TYPE_CHECKING:
 
     from kernelrl.jsontypes import JSONValue
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
     from kernelrl.run_parts import RunParts
     from kernelrl.store import Database
 

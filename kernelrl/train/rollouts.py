@@ -39,7 +39,7 @@ from kernelrl.tasks.task import Task
 
 if TYPE_CHECKING:
     from kernelrl.judge.contract import ProfilingJudge
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
     from kernelrl.store import Database
     from kernelrl.store.records import RunMeta
 

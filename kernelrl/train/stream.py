@@ -55,7 +55,7 @@ from kernelrl.train.ranks import Ranks, SingleProcess
 if TYPE_CHECKING:
     from datasets import IterableDataset
 
-    from kernelrl.judge.profile import TaskProfile
+    from kernelrl.judge.harness.profile import TaskProfile
     from kernelrl.store import Database
     from kernelrl.train.sampling import Prompt
 

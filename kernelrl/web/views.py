@@ -29,7 +29,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kernelrl.judge.throughput import Throughput
+from kernelrl.judge.timing.throughput import Throughput
 from kernelrl.report.metrics import counts_as_faster, fast_p, geometric_mean
 from kernelrl.report.report import FAST_P
 from kernelrl.reward import within_noise

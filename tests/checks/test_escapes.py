@@ -36,9 +36,9 @@ from kernelrl.candidate import Candidate
 from kernelrl.checks import rules as R
 from kernelrl.checks.policy import get_policy
 from kernelrl.checks.static import check_source
-from kernelrl.judge.containment import probe
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
-from kernelrl.judge.sandbox import SandboxConfig
+from kernelrl.judge.isolation.containment import probe
+from kernelrl.judge.isolation.sandbox import SandboxConfig
 from kernelrl.result import Containment, EvalResult, Status
 from kernelrl.tasks.task import load_task_file
 
@@ -279,7 +279,7 @@ def test_cpu_burning_helpers_are_not_paid_where_workers_get_no_cgroup(judge, mon
     GPU machines, which spawned their CPU workers, are such is what `gpu_env.py`'s cgroups line
     says), a worker's processes are the census of its sandbox's tree (orphans go to its PID
     namespace's first process): the helpers are found and ended there too."""
-    from kernelrl.judge.cgroup import Cgroup
+    from kernelrl.judge.isolation.cgroup import Cgroup
 
     asked = []
     monkeypatch.setattr(Cgroup, "make", classmethod(lambda cls: asked.append(1)))  # None: no cgroup

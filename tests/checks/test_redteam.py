@@ -60,7 +60,7 @@ import json, sys
 from pathlib import Path
 from kernelrl.candidate import Candidate
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
-from kernelrl.judge.timer import TimingConfig
+from kernelrl.judge.timing.timer import TimingConfig
 from kernelrl.tasks.task import load_task_file
 task_file, device, policy, timeout, out, timing, *cand_files = sys.argv[1:]
 task = load_task_file(Path(task_file))
@@ -107,7 +107,7 @@ def evaluators(cache_dir):
     fixture in it has its own worker and verdict. The session's cache, so the device lock every
     other test's evaluator holds."""
     from kernelrl.judge.evaluator import EvalConfig, Evaluator
-    from kernelrl.judge.timer import TimingConfig
+    from kernelrl.judge.timing.timer import TimingConfig
 
     made: dict[tuple[str, str], Evaluator] = {}
 

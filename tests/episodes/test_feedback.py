@@ -16,7 +16,7 @@ from kernelrl.result import (
 )
 
 TRACEBACK = """Traceback (most recent call last):
-  File "/work/x/kernelrl/judge/worker.py", line 600, in main
+  File "/work/x/kernelrl/judge/harness/worker.py", line 600, in main
     answer, reply, payload = handler(state, header, msg.payload)
   File "/tmp/kernelrl-worker-9f/candidate.py", line 12, in forward
     y = self.fc(x).view(3, -1)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from kernelrl.episodes.prompt import PromptError, build_prompt, system_message, verdict
-from kernelrl.judge.device import DevicePeaks, cpu_peaks, device_peaks, gpu_peaks
+from kernelrl.judge.harness.device import DevicePeaks, cpu_peaks, device_peaks, gpu_peaks
 from kernelrl.result import EvalResult, Finding, Severity, Status, TimingStats
 from kernelrl.tasks.task import Task
 from proposer_fixtures import profile_of

@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.judge import builds
+from kernelrl.judge.harness import toolchain
+from kernelrl.judge.isolation import builds
 
 
 def test_triton_is_interpreted_on_cpu_and_compiled_on_cuda(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    builds.configure_triton("cpu", "import torch\n")
+    toolchain.configure_triton("cpu", "import torch\n")
     assert os.environ["TRITON_INTERPRET"] == "1"
     # The judge's own environment must not make a GPU run an interpreted one.
-    builds.configure_triton("cuda", "import triton\n")
+    toolchain.configure_triton("cuda", "import triton\n")
     assert "TRITON_INTERPRET" not in os.environ
 
 
@@ -26,18 +27,18 @@ def test_triton_is_interpreted_on_cpu_and_compiled_on_cuda(monkeypatch):
                                                  ("garbage", "90")])
 def test_cuda_arch_follows_torch_cuda_arch_list(monkeypatch, arch_list, arch):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
-    assert builds.cuda_arch() == arch
+    assert toolchain.cuda_arch() == arch
 
 
 def test_program_flags_keep_options_and_drop_target_and_mode():
     flags = ["-O3", "--use_fast_math", "-arch=sm_80", "-gencode arch=compute_80,code=sm_80", "-c", "-o", "x.o",
              "-Xptxas -v", "--maxrregcount=64"]
-    assert builds._program_flags(flags) == ["-O3", "--use_fast_math", "-Xptxas", "-v", "--maxrregcount=64"]
+    assert toolchain._program_flags(flags) == ["-O3", "--use_fast_math", "-Xptxas", "-v", "--maxrregcount=64"]
 
 
 def test_nvcc_command_targets_one_gpu_with_torch_flags(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    cmd = builds.nvcc_command("nvcc", tmp_path / "cuda.cu", tmp_path / "cuda.cubin", name="ext", arch="90",
+    cmd = toolchain.nvcc_command("nvcc", tmp_path / "cuda.cu", tmp_path / "cuda.cubin", name="ext", arch="90",
                               extra_cuda_cflags=["-O3", "-std=c++17"], extra_include_paths=["inc"])
     assert cmd[:3] == ["nvcc", "-cubin", "-arch=sm_90"]
     assert "-DTORCH_EXTENSION_NAME=ext" in cmd and "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE" in cmd
@@ -55,7 +56,7 @@ def test_first_errors_keep_nvcc_context_and_skip_warnings():
         "",
         "ptxas error   : Entry function uses too much shared data",
     ])
-    errors = builds.first_errors(output)
+    errors = toolchain.first_errors(output)
     assert errors[0].splitlines() == ["cuda.cu(52): error: identifier \"inv2\" is undefined", "      y = inv2;",
                                       "          ^"]
     assert errors[1] == "ptxas error   : Entry function uses too much shared data"
@@ -63,35 +64,35 @@ def test_first_errors_keep_nvcc_context_and_skip_warnings():
 
 
 def test_missing_toolkit_header_is_not_the_programs_error():
-    refused, report = builds._outcome("cuda.cu:4:10: fatal error: cudnn.h: No such file or directory", 1, "nvcc x")
+    refused, report = toolchain._outcome("cuda.cu:4:10: fatal error: cudnn.h: No such file or directory", 1, "nvcc x")
     assert not refused and "<cudnn.h>" in report and report.startswith("cannot check")
-    refused, report = builds._outcome("cuda.cu(5): error: expected a \";\"", 2, "nvcc x")
+    refused, report = toolchain._outcome("cuda.cu(5): error: expected a \";\"", 2, "nvcc x")
     assert refused and "expected a" in report
 
 
 def test_check_without_nvcc_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(builds, "nvcc_path", lambda: None)
-    with pytest.raises(builds.CudaUnavailable, match="no nvcc"):
-        builds.check_device_code("__global__ void k() {}", name="ext", work_dir=tmp_path)
+    monkeypatch.setattr(toolchain, "nvcc_path", lambda: None)
+    with pytest.raises(toolchain.CudaUnavailable, match="no nvcc"):
+        toolchain.check_device_code("__global__ void k() {}", name="ext", work_dir=tmp_path)
 
 
 def test_a_recorded_check_is_not_compiled_again(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(builds, "nvcc_path", lambda: "/bin/true")
-    monkeypatch.setattr(builds, "nvcc_version", lambda nvcc: "release 0.0, V0.0")
-    real_run = builds.subprocess.run
+    monkeypatch.setattr(toolchain, "nvcc_path", lambda: "/bin/true")
+    monkeypatch.setattr(toolchain, "nvcc_version", lambda nvcc: "release 0.0, V0.0")
+    real_run = toolchain.subprocess.run
 
     def run(cmd, **kw):
         calls.append(cmd)
         return real_run(["/bin/true"], **kw)
 
-    monkeypatch.setattr(builds.subprocess, "run", run)
+    monkeypatch.setattr(toolchain.subprocess, "run", run)
     for _ in range(2):
-        with pytest.raises(builds.CudaUnavailable, match="device code compiles"):
-            builds.check_device_code("__global__ void k() {}", name="ext", work_dir=Path(tmp_path))
+        with pytest.raises(toolchain.CudaUnavailable, match="device code compiles"):
+            toolchain.check_device_code("__global__ void k() {}", name="ext", work_dir=Path(tmp_path))
     assert len(calls) == 1
-    with pytest.raises(builds.CudaUnavailable):  # another source: compiled
-        builds.check_device_code("__global__ void k2() {}", name="ext", work_dir=Path(tmp_path))
+    with pytest.raises(toolchain.CudaUnavailable):  # another source: compiled
+        toolchain.check_device_code("__global__ void k2() {}", name="ext", work_dir=Path(tmp_path))
     assert len(calls) == 2
 
 
@@ -109,7 +110,8 @@ def test_the_least_recently_used_sealed_builds_are_evicted_past_the_cap(tmp_path
 
 def test_a_build_larger_than_the_cap_is_not_sealed(tmp_path: Path):
     """A sparse 'library' in a worker's build folder: read by its apparent size, refused past the cap."""
-    from kernelrl.judge.containment import BUILD_SUBDIR, Scratch
+    from kernelrl.judge.harness.places import BUILD_SUBDIR
+    from kernelrl.judge.isolation.containment import Scratch
 
     ext = tmp_path / BUILD_SUBDIR / "ext"
     ext.mkdir(parents=True)

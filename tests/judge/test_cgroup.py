@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from kernelrl.judge import cgroup
-from kernelrl.judge.cgroup import Cgroup
+from kernelrl.judge.isolation import cgroup
+from kernelrl.judge.isolation.cgroup import Cgroup
 
 pytestmark = pytest.mark.skipif(not cgroup.available(), reason="no writable cgroup v2 hierarchy here")
 

@@ -12,13 +12,7 @@ import time
 import pytest
 import torch
 
-from kernelrl.judge.channel import (
-    Arena,
-    Channel,
-    ChannelClosed,
-    ChannelProtocolError,
-    ChannelTimeout,
-)
+from kernelrl.judge.harness.channel import Arena, Channel, ChannelClosed, ChannelProtocolError, ChannelTimeout
 
 
 def _pair(capacity: int = 1 << 26) -> tuple[Channel, Channel]:
@@ -217,7 +211,7 @@ def test_a_sized_arena_pins_no_more_memory_than_its_size():
 
 
 def test_arena_need_fits_each_message_and_no_more():
-    from kernelrl.judge.channel import arena_need, payload_bytes
+    from kernelrl.judge.harness.channel import arena_need, payload_bytes
 
     x = torch.ones(1000)
     assert payload_bytes({"a": [x, x], "b": 3}) == 2 * 4032
@@ -233,7 +227,7 @@ def test_arena_need_fits_each_message_and_no_more():
 
 
 def test_a_commitment_pins_an_outputs_bytes_shape_and_dtype():
-    from kernelrl.judge.channel import commitment
+    from kernelrl.judge.harness.channel import commitment
 
     x = torch.randn(64, 33)
     assert commitment([x, (x[:3],)]) == commitment([x.clone(), (x[:3].clone(),)])  # values, not storage
@@ -249,7 +243,7 @@ def test_a_commitment_pins_an_outputs_bytes_shape_and_dtype():
 def test_a_commitment_is_the_same_for_an_output_and_its_copy_wherever_its_storage_starts(start):
     # the worker commits to the output it has (perhaps a view into a larger buffer); the judge
     # recomputes it from the copy it is handed, which starts at offset 0
-    from kernelrl.judge.channel import commitment
+    from kernelrl.judge.harness.channel import commitment
 
     base = torch.randn(4 + 64 * 6)
     for n in (64 * 6, 63, 62):  # byte counts divisible by 8, by 4 only, and (as bytes) by neither
@@ -262,7 +256,7 @@ def test_a_commitment_is_the_same_for_an_output_and_its_copy_wherever_its_storag
 def test_a_samples_commitments_are_each_outputs_own():
     # the worker commits to a whole sample at once (one read-back per device): each entry must be
     # what the judge recomputes from that call's output alone
-    from kernelrl.judge.channel import commitment, commitments
+    from kernelrl.judge.harness.channel import commitment, commitments
 
     outs = [torch.randn(8, 3), (torch.arange(5), torch.ones(2, dtype=torch.float16)), None, torch.empty(0)]
     assert commitments(outs) == [commitment(o) for o in outs]
@@ -270,7 +264,7 @@ def test_a_samples_commitments_are_each_outputs_own():
 
 
 def test_a_commitment_wraps_and_still_sees_one_changed_word():
-    from kernelrl.judge.channel import commitment
+    from kernelrl.judge.harness.channel import commitment
 
     big = torch.full((1024,), 2**62, dtype=torch.int64)  # its sum overflows 64 bits many times
     changed = big.clone()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelrl.judge.compare import compare_outputs, flatten, output_digest
+from kernelrl.judge.harness.compare import compare_outputs, flatten, output_digest
 
 
 def test_within_fp32_tolerance_passes():
@@ -107,7 +107,7 @@ def test_the_digest_agrees_with_exact_equality():
 def test_a_comparison_a_chunk_at_a_time_gives_the_whole_comparisons_verdict(monkeypatch):
     # the judge compares (and fingerprints) a chunk at a time, so that an output of gigabytes needs
     # no float64 copies of itself; cut into chunks of 7 elements, every verdict and error is the same
-    import kernelrl.judge.compare as compare
+    import kernelrl.judge.harness.compare as compare
 
     gen = torch.Generator().manual_seed(0)
     cases = []
@@ -135,7 +135,7 @@ def test_a_comparison_a_chunk_at_a_time_gives_the_whole_comparisons_verdict(monk
 
 
 def test_content_digest_tells_any_written_byte_and_nothing_else():
-    from kernelrl.judge.compare import content_digest
+    from kernelrl.judge.harness.compare import content_digest
 
     x = torch.randn(3000)
     assert content_digest(x) == content_digest(x.clone())

@@ -1,4 +1,4 @@
-"""Compiler caches kept across workers (`kernelrl.judge.compilecache`): what is kept, for whom, and
+"""Compiler caches kept across workers (`kernelrl.judge.isolation.compilecache`): what is kept, for whom, and
 what is refused. A folder of this test stands in for a worker's scratch (the judge reaches a real
 one through `Scratch` the same way: one component at a time, owner and file system checked)."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.judge import compilecache
-from kernelrl.judge.builds import MANIFEST
-from kernelrl.judge.containment import Scratch
-from kernelrl.judge.device import Device
+from kernelrl.judge.harness.device import Device
+from kernelrl.judge.isolation import compilecache
+from kernelrl.judge.isolation.builds import MANIFEST
+from kernelrl.judge.isolation.containment import Scratch
 
 INDUCTOR = compilecache.TASK_CACHES["inductor"]
 GRAPH = {  # what one CPU compile leaves in inductor's cache, in its layout

@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.judge import containment
-from kernelrl.judge.builds import MANIFEST, seal, unseal, verified
-from kernelrl.judge.containment import BUILD_SUBDIR, bwrap_prefix, probe, readonly_paths
-from kernelrl.judge.pool import WorkerPool
-from kernelrl.judge.sandbox import SandboxConfig, Worker
+import kernelrl
+from kernelrl.judge.harness import procfs
+from kernelrl.judge.harness.places import BUILD_SUBDIR
+from kernelrl.judge.isolation import containment
+from kernelrl.judge.isolation.builds import MANIFEST, seal, unseal, verified
+from kernelrl.judge.isolation.containment import bwrap_prefix, probe, readonly_paths
+from kernelrl.judge.isolation.pool import WorkerPool
+from kernelrl.judge.isolation.sandbox import SandboxConfig, Worker
 from kernelrl.result import Containment, EvalResult, Status
 
 FULL_HERE = probe(Containment.FULL, SandboxConfig().uids).level is Containment.FULL
@@ -33,7 +36,7 @@ def test_result_records_containment_and_round_trips():
 
 def test_readonly_view_is_the_system_python_and_package_only():
     paths = readonly_paths()
-    package = str(Path(containment.__file__).resolve().parents[1])
+    package = str(Path(kernelrl.__file__).resolve().parent)
     assert package in paths
     assert str(Path(package).parent) not in paths  # the checkout (run folders, token files) stays hidden
     home = os.path.realpath(os.path.expanduser("~"))
@@ -143,7 +146,7 @@ def test_extra_inherited_descriptors_reach_the_worker(tmp_path: Path):
 def test_kill_ends_every_process_of_the_sandbox(tmp_path: Path):
     w = Worker(config=SandboxConfig(), device="cpu", root=tmp_path)
     w.wait_ready(deadline=time.monotonic() + 120)
-    sandbox = [w.proc.pid, *containment.descendants(w.proc.pid)]
+    sandbox = [w.proc.pid, *procfs.descendants(w.proc.pid)]
     assert len(sandbox) >= 3  # bwrap, its reaper, the interpreter
     w.close()
     assert not [p for p in sandbox if _running(p)]
@@ -238,7 +241,7 @@ def test_a_build_without_precompiled_header_does_not_fail_on_a_read_only_torch(m
     (full containment) that deletion must not fail the build."""
     from torch.utils import cpp_extension
 
-    from kernelrl.judge.builds import PrecompiledHeaderLoader
+    from kernelrl.judge.harness.toolchain import PrecompiledHeaderLoader
 
     def read_only() -> None:
         raise OSError(30, "Read-only file system")
@@ -267,9 +270,9 @@ def test_the_probe_refuses_a_sandbox_where_a_user_namespace_can_be_made():
     import subprocess
     import sys
 
-    from kernelrl.judge import containment as C
-    from kernelrl.judge.device import Device
-    from kernelrl.judge.seccomp import program_fd
+    from kernelrl.judge.harness.device import Device
+    from kernelrl.judge.isolation import containment as C
+    from kernelrl.judge.isolation.seccomp import program_fd
 
     bwrap = shutil.which("bwrap")
     if bwrap is None or probe(Containment.FULL, (1_900_000_000, 1_900_001_000)).level is not Containment.FULL:
@@ -278,7 +281,7 @@ def test_the_probe_refuses_a_sandbox_where_a_user_namespace_can_be_made():
     def run(fd: int | None) -> int:
         argv = C.bwrap_prefix(bwrap=bwrap, uid=1_900_000_007, device=Device.CPU, scratch_bytes=16 << 20,
                               as_root=os.geteuid() == 0, seccomp_fd=fd)
-        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(C.__file__).parents[2])}
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(kernelrl.__file__).resolve().parents[1])}
         return subprocess.run([*argv, sys.executable, "-S", "-c", C._PROBE], env=env, timeout=60,
                               pass_fds=(fd,) if fd is not None else (), capture_output=True).returncode
 
@@ -298,7 +301,7 @@ def test_the_probe_refuses_a_sandbox_where_a_user_namespace_can_be_made():
 
 
 def test_the_probe_starts_cuda_only_where_a_gpu_is_used():
-    from kernelrl.judge.device import Device
+    from kernelrl.judge.harness.device import Device
 
     cpu, cuda = containment.probe_script(Device.CPU), containment.probe_script(Device.CUDA)
     assert "cuda" not in " ".join(cpu) and cpu[0] == "-S"  # no torch import, no site-packages
@@ -313,7 +316,7 @@ def test_the_probe_starts_cuda_only_where_a_gpu_is_used():
     (1, "cpu", "bwrap failed here: RuntimeError: no CUDA-capable device is detected"),
 ], ids=["ok", "no_cuda", "namespace", "cpu_98", "other"])
 def test_what_a_failed_probe_says(code, device, says):
-    from kernelrl.judge.device import Device
+    from kernelrl.judge.harness.device import Device
 
     got = containment.probe_failure(code, "Traceback ...\nRuntimeError: no CUDA-capable device is detected\n",
                                     Device(device))
@@ -324,7 +327,7 @@ def test_what_a_failed_probe_says(code, device, says):
 def test_a_sandbox_where_cuda_cannot_start_is_not_full_and_says_why():
     import torch
 
-    from kernelrl.judge.device import Device
+    from kernelrl.judge.harness.device import Device
 
     if torch.cuda.is_available():
         pytest.skip("CUDA starts here: the GPU form is test_a_gpu_sandbox_starts_cuda")
@@ -338,7 +341,7 @@ def test_a_sandbox_where_cuda_cannot_start_is_not_full_and_says_why():
 def test_a_gpu_sandbox_starts_cuda(device_alone):
     import torch
 
-    from kernelrl.judge.device import Device
+    from kernelrl.judge.harness.device import Device
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelrl.judge.device import Device, gpu_peaks
+from kernelrl.judge.harness.device import Device, gpu_peaks
 
 
 def test_gpu_peaks_from_device_names():
@@ -29,7 +29,7 @@ def test_device_kinds_are_the_strings_configs_use():
 
 
 def test_a_lane_is_shown_the_judges_own_entry_for_its_gpu():
-    from kernelrl.judge.device import visible_device
+    from kernelrl.judge.harness.device import visible_device
 
     assert visible_device(0, "") == "0" and visible_device(2, "") == "2"
     assert visible_device(1, "4,6") == "6"  # a scheduler's subset: the lane's GPU 1 is the machine's 6
@@ -47,7 +47,7 @@ def _fake_driver(root, gpus):
 
 
 def test_the_device_node_of_a_gpu_only_when_the_driver_says_it_for_certain(tmp_path):
-    from kernelrl.judge.device import device_minor
+    from kernelrl.judge.harness.device import device_minor
 
     proc = _fake_driver(tmp_path / "gpus", [("0000:c1:00.0", "GPU-cccc", 3), ("0000:1b:00.0", "GPU-bbbb", 0)])
     assert device_minor("GPU-cccc", proc=proc) == (3, "GPU-cccc")
@@ -63,7 +63,7 @@ def test_the_device_node_of_a_gpu_only_when_the_driver_says_it_for_certain(tmp_p
 def test_only_the_lanes_gpu_node_is_bound_beside_the_shared_ones(monkeypatch):
     import os
 
-    from kernelrl.judge import containment
+    from kernelrl.judge.isolation import containment
 
     names = ["nvidia0", "nvidia1", "nvidia3", "nvidiactl", "nvidia-uvm", "nvidia-caps", "null"]
     monkeypatch.setattr(containment.os, "listdir", lambda p: names if p == "/dev" else os.listdir(p))
@@ -78,13 +78,13 @@ def test_only_the_lanes_gpu_node_is_bound_beside_the_shared_ones(monkeypatch):
 @pytest.mark.parametrize(("capability", "arch"), [((9, 0), "9.0a"), ((10, 0), "10.0a"), ((8, 0), "8.0"),
                                                   ((8, 9), "8.9"), ((12, 0), "12.0a")])
 def test_a_gpu_is_built_for_with_its_architecture_specific_features(capability, arch):
-    from kernelrl.judge.device import arch_list_for
+    from kernelrl.judge.harness.device import arch_list_for
 
     assert arch_list_for(capability) == arch
 
 
 def test_the_judges_own_arch_list_wins_and_without_a_gpu_there_is_none(monkeypatch):
-    from kernelrl.judge import device
+    from kernelrl.judge.harness import device
 
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     monkeypatch.setattr(device, "_capability", lambda index: None)  # this machine: no GPU
@@ -98,7 +98,7 @@ def test_the_judges_own_arch_list_wins_and_without_a_gpu_there_is_none(monkeypat
 
 
 def test_the_build_key_holds_the_architecture_built_for(monkeypatch):
-    from kernelrl.judge import builds
+    from kernelrl.judge.isolation import builds
 
     keys = []
     for arch in ("9.0", "9.0a"):

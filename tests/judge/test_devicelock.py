@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from kernelrl.judge.devicelock import DeviceLock
+from kernelrl.judge.timing.devicelock import DeviceLock
 
 
 def test_a_waiting_measurement_goes_before_new_work(tmp_path):
@@ -51,7 +51,7 @@ def test_work_off_the_device_is_not_held_back_on_a_gpu(tmp_path):
 
 
 def test_gpu_locks_are_named_after_the_device_the_process_sees():
-    from kernelrl.judge.devicelock import lock_name
+    from kernelrl.judge.timing.devicelock import lock_name
 
     assert lock_name("cpu", None, "0,1") == "cpu"
     assert lock_name("cuda", None, "") == "cuda-0" and lock_name("cuda", 3, "") == "cuda-3"
@@ -137,9 +137,10 @@ def test_a_candidates_construction_and_parameter_copy_hold_the_devices_lock(monk
     import contextlib
 
     from kernelrl.candidate import Candidate
-    from kernelrl.judge import devicelock, sandbox
     from kernelrl.judge.evaluator import evaluate
-    from kernelrl.judge.protocol import Kind
+    from kernelrl.judge.harness.protocol import Kind
+    from kernelrl.judge.isolation import sandbox
+    from kernelrl.judge.timing import devicelock
     from kernelrl.result import Status
 
     held = threading.local()

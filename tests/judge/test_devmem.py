@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from kernelrl.candidate import Candidate
-from kernelrl.judge import protocol as P
 from kernelrl.judge import trial as T
-from kernelrl.judge.devmem import PROMISED_SHARE, Blame, DeviceMemory, blame
-from kernelrl.judge.sandbox import Answer
+from kernelrl.judge.harness import protocol as P
+from kernelrl.judge.harness.devmem import PROMISED_SHARE, Blame, DeviceMemory, blame
+from kernelrl.judge.isolation.sandbox import Answer
 from kernelrl.result import Status
 
 GIB = 1 << 30
@@ -93,7 +93,7 @@ def test_a_program_raising_the_error_on_a_cpu_gets_no_device_figures():
 
     import torch
 
-    from kernelrl.judge.worker import _failure
+    from kernelrl.judge.harness.worker import _failure
 
     error = _failure(types.SimpleNamespace(device="cpu"), torch.OutOfMemoryError("CUDA out of memory"))  # type: ignore[arg-type]
     assert not error.out_of_memory and error.device_total_bytes == 0 and "OutOfMemoryError" in error.message

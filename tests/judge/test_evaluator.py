@@ -227,8 +227,8 @@ def test_waiting_for_the_device_is_not_the_candidates_time(tiny_task, quick_conf
     # longer than the candidate's limit: the candidate's clock starts when the lock lets it in.
     import threading
 
-    from kernelrl.judge.devicelock import DeviceLock
     from kernelrl.judge.reference import ReferenceSession
+    from kernelrl.judge.timing.devicelock import DeviceLock
 
     config = EvalConfig(**{**quick_config.__dict__, "timeout_s": 4.0})
     held, holder = threading.Event(), []

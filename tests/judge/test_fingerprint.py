@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from kernelrl.judge import fingerprint as F
+from kernelrl.judge.harness import fingerprint as F
 
 _M = 1 << 64
 

@@ -23,7 +23,7 @@ import pytest
 
 from kernelrl.candidate import Candidate, Language
 from kernelrl.examples import Example, list_examples
-from kernelrl.judge import builds
+from kernelrl.judge.harness import toolchain
 from kernelrl.result import EvalResult, Status, Timing
 from kernelrl.tasks.suites import builtin_task
 
@@ -42,7 +42,7 @@ def _require(what: str, present: bool) -> None:
 
 
 def _has_cuda_headers() -> bool:
-    return any(os.path.isfile(os.path.join(d, "cusparse.h")) for d in builds.library_include_dirs())
+    return any(os.path.isfile(os.path.join(d, "cusparse.h")) for d in toolchain.library_include_dirs())
 
 
 def _judge(example: Example, config) -> EvalResult:
@@ -113,7 +113,7 @@ def nvcc_results(request, tmp_path_factory) -> dict[str, EvalResult]:
     """
     from kernelrl.judge.evaluator import EvalConfig, Evaluator
 
-    _require("nvcc", builds.nvcc_path() is not None)
+    _require("nvcc", toolchain.nvcc_path() is not None)
     _require("the CUDA library headers (pip install -e '.[nvcc-check]')", _has_cuda_headers())
     selected = {item.callspec.params["example"].name for item in request.session.items
                 if item.module is request.module and hasattr(item, "callspec") and "example" in item.callspec.params}

@@ -11,8 +11,8 @@ import time
 from types import SimpleNamespace
 
 from kernelrl.judge.context import Places
-from kernelrl.judge.device import Device
 from kernelrl.judge.group import run_groups
+from kernelrl.judge.harness.device import Device
 
 
 class _Group:
@@ -77,9 +77,11 @@ def test_without_shared_places_each_batch_has_its_own():
 
 def test_a_group_that_waits_for_its_place_counts_it_as_queued():
     from kernelrl.judge.group import Group
+    from kernelrl.judge.grouprecord import GroupRecord
 
     phases: dict[str, float] = {}
     g = Group.__new__(Group)  # only its clock and phases: what `begin` reads and writes
-    g._phases, g._lock_waits, g._clock = phases, [], time.monotonic() - 2.0
+    g.record = GroupRecord.__new__(GroupRecord)
+    g.record.phases, g.record.lock_waits, g.record._clock = phases, [], time.monotonic() - 2.0
     g.begin()
     assert 2.0 <= phases["queued_s"] < 3.0

@@ -1,4 +1,4 @@
-"""The idle check after every timed sample (`kernelrl.judge.idle`): the decision with fake probes on
+"""The idle check after every timed sample (`kernelrl.judge.timing.idle`): the decision with fake probes on
 any machine, the CUDA probe itself on a GPU (marked gpu). The known-bad program it exists for is
 tests/fixtures/redteam/second_context_cuda.py (tests/checks/test_redteam.py)."""
 
@@ -11,9 +11,9 @@ import pytest
 from kernelrl.checks import rules as R
 from kernelrl.checks.dynamic import MemberTiming, TimingFacts, timing_findings
 from kernelrl.checks.policy import PolicyName
-from kernelrl.judge import idle as I
-from kernelrl.judge import verdict as V
-from kernelrl.judge.timer import CandidateTiming, GroupTiming
+from kernelrl.judge.timing import idle as I
+from kernelrl.judge.timing import verdict as V
+from kernelrl.judge.timing.timer import CandidateTiming, GroupTiming
 from kernelrl.plain import from_plain
 from kernelrl.result import DeviceIdle, Environment, Status, TimingRecord, TimingStop
 
@@ -352,7 +352,7 @@ def _cuda() -> bool:
 def test_the_cuda_probe_reads_idle_on_an_idle_device_and_busy_behind_another_context(device_alone):
     import torch
 
-    from kernelrl.judge.device import visible_device
+    from kernelrl.judge.harness.device import visible_device
 
     probe = I.CudaProbe(visible_device(torch.cuda.current_device()))
     try:

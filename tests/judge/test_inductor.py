@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.judge import inductor
-from kernelrl.judge.sandbox import SandboxConfig, worker_env
+from kernelrl.judge.isolation import inductor
+from kernelrl.judge.isolation.sandbox import SandboxConfig, worker_env
 
 FOUND = {"checked": [["avx512", True], ["avx2", True]], "forced": [["avx512", True], ["avx2", True]]}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelrl.judge.inputs import MemoryNeed, available_memory, memory_need, too_large
+from kernelrl.judge.timing.inputs import MemoryNeed, available_memory, memory_need, too_large
 
 pytestmark = pytest.mark.xdist_group("cpu_judge")  # see conftest.py
 
@@ -65,7 +65,7 @@ def test_a_task_too_large_is_a_task_error_before_any_set_or_build(tiny_task, qui
 
 
 def test_a_set_that_outgrows_the_caches_is_timed_from_a_pool_of_one():
-    from kernelrl.judge.inputs import POOL_SET_BYTES, timing_pool_size
+    from kernelrl.judge.timing.inputs import POOL_SET_BYTES, timing_pool_size
 
     assert timing_pool_size(3, POOL_SET_BYTES - 1) == 3
     assert timing_pool_size(3, POOL_SET_BYTES) == 1
@@ -80,10 +80,10 @@ def test_a_set_that_outgrows_the_caches_is_timed_from_a_pool_of_one():
 def test_a_candidate_worker_is_given_room_for_one_set_not_all_of_them(tiny_task, quick_config, monkeypatch):
     """Correctness sends one set per message, so a candidate's arena (the memory it may pin) is
     sized to one set, and a task whose set outgrows the caches sends a timing pool of one set."""
-    from kernelrl.judge import inputs
     from kernelrl.judge.evaluator import evaluate
+    from kernelrl.judge.isolation.sandbox import Worker
     from kernelrl.judge.reference import ReferenceSession
-    from kernelrl.judge.sandbox import Worker
+    from kernelrl.judge.timing import inputs
     from kernelrl.result import Status
 
     arenas: list[int] = []

@@ -1,10 +1,10 @@
-"""The persisting-L2 carveout emptied before every sample (`kernelrl.judge.l2`), without a GPU: which
+"""The persisting-L2 carveout emptied before every sample (`kernelrl.judge.harness.l2`), without a GPU: which
 runtime calls are made, in which order, on which GPUs, and that the worker makes them before its
 eviction. The GPU side (a program's carveout gone after a prepare) is in test_worker_cuda.py."""
 
 from __future__ import annotations
 
-from kernelrl.judge import l2
+from kernelrl.judge.harness import l2
 
 
 def _fake(calls: list[tuple[object, ...]], *, refuse: bool = False, devices: int = 1,
@@ -56,14 +56,14 @@ def test_the_runtime_is_found_in_the_process_mappings():
 
 
 def test_the_worker_empties_the_carveout_before_it_evicts(monkeypatch):
-    from kernelrl.judge import worker
+    from kernelrl.judge.harness import bench as worker
 
     order: list[str] = []
-    state = worker.WorkerState.__new__(worker.WorkerState)
+    state = worker.Bench.__new__(worker.Bench)
     state.device, state.evict_buf, state.cuda_devices = "cuda", object(), 1
     state.l2 = _fake([])
     monkeypatch.setattr(state.l2, "reset", lambda: order.append("l2"))
     monkeypatch.setattr(worker, "_add_", lambda buf, value: order.append("evict"))
     monkeypatch.setattr(worker, "sync_every_gpu", lambda devices: order.append("sync"))
-    state._evict()
+    state.evict()
     assert order == ["l2", "evict", "sync"]

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.judge.pool import WorkerPool
-from kernelrl.judge.sandbox import SandboxConfig, WorkerDied, worker_env
+from kernelrl.judge.isolation.pool import WorkerPool
+from kernelrl.judge.isolation.sandbox import SandboxConfig, WorkerDied, worker_env
 from kernelrl.result import Containment
 
 
 def test_worker_path_finds_the_package_it_was_started_from(tmp_path: Path):
     # Workers run from a scratch folder: they must import this kernelrl, installed or not.
     path = worker_env(SandboxConfig(), tmp_path)["PYTHONPATH"]
-    assert (Path(path) / "kernelrl" / "judge" / "worker.py").is_file()
+    assert (Path(path) / "kernelrl" / "judge" / "harness" / "worker.py").is_file()
 
 
 def test_take_hands_out_a_ready_worker(tmp_path: Path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernelrl.judge import protocol as P
-from kernelrl.judge.channel import ChannelProtocolError
+from kernelrl.judge.harness import protocol as P
+from kernelrl.judge.harness.channel import ChannelProtocolError
 
 
 def test_every_kind_has_a_header_and_every_command_an_answer():

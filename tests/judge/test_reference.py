@@ -91,9 +91,9 @@ def test_a_reference_that_writes_its_inputs_sends_its_sets_as_made(tmp_path):
     # candidate is judged on it), and the output is the reference's on that set.
     import torch
 
-    from kernelrl.judge import protocol as P
-    from kernelrl.judge.device import Device
-    from kernelrl.judge.sandbox import SandboxConfig, Worker
+    from kernelrl.judge.harness import protocol as P
+    from kernelrl.judge.harness.device import Device
+    from kernelrl.judge.isolation.sandbox import SandboxConfig, Worker
 
     source = BODY.replace("return x * 2.0", "return x.mul_(2.0)").format(module="", inputs="pass")
     worker = Worker(config=SandboxConfig(), device=Device.CPU, root=tmp_path)
@@ -257,9 +257,9 @@ def test_a_reseeded_worker_gives_what_a_fresh_load_under_the_same_seed_gives(tmp
 
     import torch
 
-    from kernelrl.judge.inputs import plain_plan
-    from kernelrl.judge.pool import WorkerPool
+    from kernelrl.judge.isolation.pool import WorkerPool
     from kernelrl.judge.reference import ReferenceKeeper, session_for
+    from kernelrl.judge.timing.inputs import plain_plan
 
     config = EvalConfig(cache_dir=tmp_path, timeout_s=60.0, roofline=False)
     t = linear("reseeded")
@@ -315,7 +315,7 @@ NOT_REUSED = {
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory):
     """(config, pool, keeper) for tests of reference sessions alone: no candidate, no timing."""
-    from kernelrl.judge.pool import WorkerPool
+    from kernelrl.judge.isolation.pool import WorkerPool
     from kernelrl.judge.reference import ReferenceKeeper
 
     config = EvalConfig(cache_dir=tmp_path_factory.mktemp("sessions"), timeout_s=30.0, roofline=False)
@@ -332,8 +332,8 @@ def test_a_worker_whose_reseed_would_differ_from_a_fresh_load_is_not_reused(sess
     then the task's next session loads it: from a fresh worker, which succeeds."""
     import random
 
-    from kernelrl.judge.inputs import correctness_plans
     from kernelrl.judge.reference import session_for
+    from kernelrl.judge.timing.inputs import correctness_plans
 
     config, pool, keeper = sessions
     t = linear(name, **NOT_REUSED[name])
@@ -372,8 +372,8 @@ def test_a_task_with_large_input_sets_keeps_no_worker(tmp_path, monkeypatch):
     import random
 
     import kernelrl.judge.reference as reference
-    from kernelrl.judge.inputs import plain_plan
-    from kernelrl.judge.pool import WorkerPool
+    from kernelrl.judge.isolation.pool import WorkerPool
+    from kernelrl.judge.timing.inputs import plain_plan
 
     config = EvalConfig(cache_dir=tmp_path, timeout_s=60.0, roofline=False)
     pool = WorkerPool(config=config.sandbox, device=config.device, size=0)

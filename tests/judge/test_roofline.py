@@ -6,17 +6,11 @@ import textwrap
 
 import pytest
 
-from kernelrl.judge import roofline
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
-from kernelrl.judge.profile import TaskProfile
-from kernelrl.judge.roofline import (
-    MachinePeaks,
-    floors,
-    machine_peaks,
-    roofline_pct,
-    save_peaks,
-)
-from kernelrl.judge.sandbox import SandboxConfig
+from kernelrl.judge.harness.profile import TaskProfile
+from kernelrl.judge.isolation.sandbox import SandboxConfig
+from kernelrl.judge.timing import roofline
+from kernelrl.judge.timing.roofline import MachinePeaks, floors, machine_peaks, roofline_pct, save_peaks
 from kernelrl.result import Status
 from kernelrl.tasks.task import Task
 

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from kernelrl.judge.sandbox import SandboxConfig, worker_env
-from kernelrl.judge.startup import PIN_ALLOCATOR_ENV, PINNED_ALLOCATOR_ENV
+from kernelrl.judge.harness.startup import PIN_ALLOCATOR_ENV, PINNED_ALLOCATOR_ENV
+from kernelrl.judge.isolation.sandbox import SandboxConfig, worker_env
 from kernelrl.result import Containment
 
 if TYPE_CHECKING:
-    from kernelrl.judge.sandbox import Worker
+    from kernelrl.judge.isolation.sandbox import Worker
 
 
 def test_secrets_never_reach_the_worker(monkeypatch, tmp_path: Path):
@@ -40,7 +40,7 @@ def test_allocator_is_pinned_and_threads_set(tmp_path: Path):
 
 _FREED = """
 import os, sys, torch
-from kernelrl.judge.startup import allocator_pin
+from kernelrl.judge.harness.startup import allocator_pin
 
 def rss_mib():
     with open("/proc/self/status") as f:
@@ -71,7 +71,7 @@ def test_the_pinned_allocator_keeps_what_a_program_frees_and_glibcs_own_returns_
     assert done.returncode == 0, done.stderr[-2000:]
     unpinned, pinned = map(int, done.stdout.split())
     assert unpinned < 16 and pinned >= 60, (unpinned, pinned)
-    unasked = subprocess.run([sys.executable, "-c", "from kernelrl.judge.startup import allocator_pin\n"
+    unasked = subprocess.run([sys.executable, "-c", "from kernelrl.judge.harness.startup import allocator_pin\n"
                               "print(allocator_pin())"], capture_output=True, text=True, timeout=120, env=env)
     assert unasked.stdout.strip() == "None"
 
@@ -101,9 +101,9 @@ def _status_mib(pid: int, field: str) -> int:
 @contextlib.contextmanager
 def _worker_with(tmp_path: Path, source: str = _DOUBLES) -> Iterator[Worker]:
     """A CPU worker with `source`'s program loaded and constructed, its peak memory (VmHWM) reset."""
-    from kernelrl.judge import protocol as P
-    from kernelrl.judge.device import Device
-    from kernelrl.judge.sandbox import Worker
+    from kernelrl.judge.harness import protocol as P
+    from kernelrl.judge.harness.device import Device
+    from kernelrl.judge.isolation.sandbox import Worker
 
     worker = Worker(config=SandboxConfig(), device=Device.CPU, root=tmp_path)
     try:
@@ -138,7 +138,7 @@ def test_a_correctness_run_holds_one_set_and_its_output_not_the_set_beside_the_o
         tmp_path: Path, mib: int, runs: int, most: float):
     import torch
 
-    from kernelrl.judge import protocol as P
+    from kernelrl.judge.harness import protocol as P
 
     x = torch.randn(mib << 18)
     with _worker_with(tmp_path) as worker:
@@ -157,7 +157,7 @@ def test_a_large_pool_sets_noise_is_a_chunk_not_a_second_set(tmp_path: Path):
     # repeated over a larger input: a 128 MiB pool set costs the arena's copy, the set and 16 MiB.
     import torch
 
-    from kernelrl.judge import protocol as P
+    from kernelrl.judge.harness import protocol as P
 
     mib = 128
     x = torch.randn(mib << 18)
@@ -182,7 +182,7 @@ def test_a_worker_pins_its_allocator_when_its_timing_pool_arrives_not_before(tmp
     # pool on the worker is pinned (it stays): a worker's memory is not every earlier pattern's.
     import torch
 
-    from kernelrl.judge import protocol as P
+    from kernelrl.judge.harness import protocol as P
 
     with _worker_with(tmp_path, _BIG_TEMPORARY) as worker:
         deadline = time.monotonic() + 120
@@ -204,8 +204,8 @@ def test_isolated_worker_sees_no_other_process(tmp_path: Path, level: Containmen
     second (bubblewrap's reaper is the first)."""
     import os
 
-    from kernelrl.judge.containment import probe
-    from kernelrl.judge.sandbox import Worker
+    from kernelrl.judge.isolation.containment import probe
+    from kernelrl.judge.isolation.sandbox import Worker
 
     config = SandboxConfig(containment=level)
     if probe(level, config.uids).level is not level:
@@ -224,7 +224,7 @@ def test_isolated_worker_sees_no_other_process(tmp_path: Path, level: Containmen
 def test_timing_cores_leave_the_lowest_core_to_the_judge(monkeypatch):
     import os
 
-    from kernelrl.judge.sandbox import timing_cores
+    from kernelrl.judge.isolation.sandbox import timing_cores
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert timing_cores(SandboxConfig()) == frozenset({1, 2, 3})
@@ -238,7 +238,7 @@ def test_timing_cores_leave_the_lowest_core_to_the_judge(monkeypatch):
 def test_bind_moves_every_thread_of_a_worker_and_back(tmp_path: Path):
     import os
 
-    from kernelrl.judge.sandbox import Worker
+    from kernelrl.judge.isolation.sandbox import Worker
 
     mine = os.sched_getaffinity(0)
     if len(mine) < 2:
@@ -263,10 +263,10 @@ def test_from_the_timing_pool_on_every_stray_is_ended_whatever_its_parentage(tmp
     is the worker's."""
     import subprocess
 
-    from kernelrl.judge import cgroup
-    from kernelrl.judge.containment import probe
-    from kernelrl.judge.protocol import Kind
-    from kernelrl.judge.sandbox import Worker
+    from kernelrl.judge.harness.protocol import Kind
+    from kernelrl.judge.isolation import cgroup
+    from kernelrl.judge.isolation.containment import probe
+    from kernelrl.judge.isolation.sandbox import Worker
 
     config = SandboxConfig(containment=level)
     if not cgroup.available() or probe(level, config.uids).level is not level:

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from kernelrl.judge.throughput import Throughput
+from kernelrl.judge.timing.throughput import Throughput
 from kernelrl.result import Environment, EvalResult, GroupPhases, Status
 
 

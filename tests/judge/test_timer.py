@@ -9,18 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernelrl.judge import protocol as P
-from kernelrl.judge.channel import ChannelTimeout
-from kernelrl.judge.timer import (
-    CandidateTiming,
-    GroupTiming,
-    TimingConfig,
-    _ratios,
-    aa_band,
-    aa_noisy,
-    median_ci,
-)
-from kernelrl.judge.worker import call_floor_ns
+from kernelrl.judge.harness import protocol as P
+from kernelrl.judge.harness.bench import call_floor_ns
+from kernelrl.judge.harness.channel import ChannelTimeout
+from kernelrl.judge.timing.timer import CandidateTiming, GroupTiming, TimingConfig, _ratios, aa_band, aa_noisy, median_ci
 from kernelrl.result import TimingStop
 
 
@@ -131,7 +123,7 @@ class _PoolTaker:
 
 
 def test_the_pool_goes_out_before_the_measurement_and_a_member_that_cannot_take_it_is_killed():
-    from kernelrl.judge.timer import ReferenceTimingFailed, send_pools
+    from kernelrl.judge.timing.timer import ReferenceTimingFailed, send_pools
 
     ref, good, bad = _PoolTaker(), _PoolTaker(), _PoolTaker(ChannelTimeout("hung"))
     sent = send_pools(ref, {"good": good, "bad": bad}, [[1.0]], TimingConfig(), rng=random.Random(0),

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from kernelrl.candidate import Candidate
-from kernelrl.judge.builds import build_dir, has_build
 from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.judge.isolation.builds import build_dir, has_build
 from kernelrl.judge.trial import Trial, compiles
 
 PYTORCH = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"

@@ -1,4 +1,4 @@
-"""The harness's own copies and reads (kernelrl.judge.values): a timed call's input made a chunk at a
+"""The harness's own copies and reads (kernelrl.judge.harness.values): a timed call's input made a chunk at a
 time has the whole-tensor expression's values, and a plain CPU output is read without a copy."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from kernelrl.judge import values
+from kernelrl.judge.harness import values
 
 
 def whole(x: torch.Tensor, noise: torch.Tensor, scale: float, shift: int, jitter: float) -> torch.Tensor:

@@ -9,10 +9,10 @@ import pytest
 from kernelrl.checks import rules as R
 from kernelrl.checks.dynamic import Floors, MemberTiming, TimingFacts
 from kernelrl.checks.policy import PolicyName
-from kernelrl.judge import verdict as V
-from kernelrl.judge.profile import TaskProfile
-from kernelrl.judge.roofline import MachinePeaks
-from kernelrl.judge.timer import CandidateTiming, Failure, FailureKind, GroupTiming
+from kernelrl.judge.harness.profile import TaskProfile
+from kernelrl.judge.timing import verdict as V
+from kernelrl.judge.timing.roofline import MachinePeaks
+from kernelrl.judge.timing.timer import CandidateTiming, Failure, FailureKind, GroupTiming
 from kernelrl.result import (
     Environment,
     Finding,

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from kernelrl.judge import protocol as P
+from kernelrl.judge.harness import protocol as P
 
 if TYPE_CHECKING:
-    from kernelrl.judge.sandbox import Worker
+    from kernelrl.judge.isolation.sandbox import Worker
 
 pytestmark = pytest.mark.gpu
 
@@ -64,7 +64,7 @@ class ModelNew(nn.Module):
 @contextlib.contextmanager
 def _constructed(source: str, tmp_path) -> Iterator[tuple[Worker, float]]:
     """A CUDA worker with the program loaded and its model built: (worker, deadline); closed after."""
-    from kernelrl.judge.sandbox import SandboxConfig, Worker
+    from kernelrl.judge.isolation.sandbox import SandboxConfig, Worker
 
     tmp_path.mkdir(parents=True, exist_ok=True)  # the worker makes its own folder inside
     worker = Worker(config=SandboxConfig(), device="cuda", root=tmp_path)
@@ -164,18 +164,18 @@ def test_a_run_on_the_device_compares_its_inputs_there(source, written, tmp_path
 
 def test_the_persisting_l2_carveout_is_empty_after_an_eviction():
     """A program's persisting-L2 carveout (set here through the runtime torch loaded, as a program
-    would) is gone after the eviction that starts every sample (`kernelrl.judge.l2`)."""
+    would) is gone after the eviction that starts every sample (`kernelrl.judge.harness.l2`)."""
     import ctypes
 
     import torch
 
-    from kernelrl.judge import l2
-    from kernelrl.judge.worker import WorkerState
+    from kernelrl.judge.harness import l2
+    from kernelrl.judge.harness.worker import WorkerState
 
     state = WorkerState.__new__(WorkerState)
     WorkerState.__init__(state, channel=None)  # type: ignore[arg-type]
     state._start("cuda", 1, 64 << 20, False)
-    assert state.l2 is not None, "no CUDA runtime found in the worker's mappings"
+    assert state.bench.l2 is not None, "no CUDA runtime found in the worker's mappings"
     path = l2.runtime_path()
     assert path is not None
     runtime = ctypes.CDLL(path)
@@ -186,4 +186,4 @@ def test_the_persisting_l2_carveout_is_empty_after_an_eviction():
     assert runtime.cudaDeviceGetLimit(ctypes.byref(got), l2.PERSISTING_L2_LIMIT) == 0 and got.value > 0
     state._evict()
     assert runtime.cudaDeviceGetLimit(ctypes.byref(got), l2.PERSISTING_L2_LIMIT) == 0 and got.value == 0
-    assert state.l2.errors == 0
+    assert state.bench.l2.errors == 0

@@ -5,7 +5,7 @@ The GPU side (work on side streams timed in full) is in test_worker_cuda.py.
 
 from __future__ import annotations
 
-from kernelrl.judge import worker
+from kernelrl.judge.harness import bench as worker
 
 
 def test_every_visible_gpu_is_synchronised_and_the_current_one_restored(monkeypatch):

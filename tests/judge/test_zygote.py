@@ -1,4 +1,4 @@
-"""Forked workers (`kernelrl.judge.zygote`): contained as a spawned worker is, told apart only by
+"""Forked workers (`kernelrl.judge.isolation.zygote`): contained as a spawned worker is, told apart only by
 their start, and the zygote refuses what it was not built for.
 
 Each test compares a forked worker with a spawned one of the same configuration, read from the
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.judge.cgroup import available as cgroup_available
-from kernelrl.judge.containment import probe
-from kernelrl.judge.sandbox import SandboxConfig, Worker, worker_env
-from kernelrl.judge.zygote import Request, Zygote, ZygoteError
+from kernelrl.judge.isolation.cgroup import available as cgroup_available
+from kernelrl.judge.isolation.containment import probe
+from kernelrl.judge.isolation.sandbox import SandboxConfig, Worker, worker_env
+from kernelrl.judge.isolation.zygote import Request, Zygote, ZygoteError
 from kernelrl.result import Containment
 
 
@@ -99,8 +99,8 @@ def test_a_forked_workers_end_is_seen_with_its_exit_status(tmp_path: Path):
     answer pipe ends, and its signal comes from its keeper."""
     import signal
 
-    from kernelrl.judge.protocol import Kind
-    from kernelrl.judge.sandbox import WorkerDied
+    from kernelrl.judge.harness.protocol import Kind
+    from kernelrl.judge.isolation.sandbox import WorkerDied
 
     w = _worker(tmp_path, fork=True)
     try:
@@ -134,7 +134,7 @@ def test_a_bad_request_is_refused_and_the_zygote_goes_on(tmp_path: Path):
 
 
 def test_a_dead_zygote_is_started_again(tmp_path: Path, monkeypatch):
-    from kernelrl.judge import zygote
+    from kernelrl.judge.isolation import zygote
 
     # A registry of the test's own: the session's zygotes serve other tests' long-lived workers,
     # whose ends their zygote reaps (killed, its orphans wait for the host's init to reap them).
@@ -160,7 +160,7 @@ def test_a_dead_zygote_is_started_again(tmp_path: Path, monkeypatch):
 def test_a_zygote_that_cannot_fork_leaves_the_worker_spawned(tmp_path: Path, monkeypatch):
     """Where the zygote cannot start a worker (here: it says so at once), the sandbox made for
     the fork is ended and the worker is spawned, contained as ever, the reason in its log."""
-    from kernelrl.judge import zygote
+    from kernelrl.judge.isolation import zygote
 
     def refuse(env: dict[str, str]) -> Zygote:
         raise ZygoteError("the zygote has 2 threads")

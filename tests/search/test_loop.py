@@ -668,7 +668,7 @@ def test_a_tasks_baseline_is_stored_with_its_first_verdict_not_when_the_batch_re
     """The judge measures a task's eager and torch.compile times in its first group and hands each
     verdict over as it is final: the baseline is in the database while the batch still runs, so
     the run page shows speedups against torch.compile during the run, not only after it."""
-    from kernelrl.judge.baseline import Baseline
+    from kernelrl.judge.timing.baseline import Baseline
 
     stored_mid_batch: list[bool] = []
 

@@ -45,7 +45,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> It
     """One server for the session with the real evaluator (one CPU lane, quick timing) and a
     token; tests that share it share its evaluator's result cache."""
     from kernelrl.judge.evaluator import EvalConfig
-    from kernelrl.judge.timer import TimingConfig
+    from kernelrl.judge.timing.timer import TimingConfig
     from kernelrl.serve.config import ServeConfig
     from kernelrl.serve.server import RewardServer
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelrl.candidate import Candidate, source_hash
-from kernelrl.judge.profile import TaskProfile
+from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.result import EvalResult, Status
 from kernelrl.tasks.task import TaskError
 

@@ -18,7 +18,7 @@ BOB = "bob-token-" + "b" * 32
 
 def test_another_clients_program_is_judged_anew(start_server, tmp_path: Path, tiny_task, cache_dir) -> None:
     from kernelrl.judge.evaluator import EvalConfig
-    from kernelrl.judge.timer import TimingConfig
+    from kernelrl.judge.timing.timer import TimingConfig
 
     tokens = tmp_path / "tokens.txt"
     tokens.write_text(f"alice {ALICE}\nbob {BOB}\n")

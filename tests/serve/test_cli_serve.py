@@ -8,7 +8,7 @@ import pytest
 from serve_helpers import TOKEN, FakeBackend
 
 from kernelrl.cli import build_parser, main, serve_config
-from kernelrl.judge.device import Device
+from kernelrl.judge.harness.device import Device
 
 
 def test_flags_override_the_config_file(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import pytest
 from serve_helpers import FakeBackend
 
 from kernelrl.judge.evaluator import EvalConfig
-from kernelrl.judge.sandbox import SandboxConfig
+from kernelrl.judge.isolation.sandbox import SandboxConfig
 from kernelrl.result import Containment
 from kernelrl.serve.server import StartError
 
@@ -28,7 +28,7 @@ def test_the_operator_may_accept_the_risk(start_server):
 
 
 def test_full_containment_starts_and_says_so(start_server):
-    from kernelrl.judge.containment import probe
+    from kernelrl.judge.isolation.containment import probe
 
     if probe(Containment.FULL, SandboxConfig().uids).level is not Containment.FULL:
         pytest.skip("bubblewrap cannot contain workers on this machine")

@@ -2,7 +2,7 @@
 
 Untrusted text: request bodies (`api.check_body`), Host headers (`guard`), candidate sources (the
 static rules, `kernelrl.candidate`), model answers (`extract_code`), compiler output and
-tracebacks (`kernelrl.episodes.feedback`, `kernelrl.judge.builds`). Each is driven, at the size
+tracebacks (`kernelrl.episodes.feedback`, `kernelrl.judge.harness.toolchain`). Each is driven, at the size
 limit the server or the judge allows, by text built from the pieces its patterns look for,
 repeated: what makes a backtracking pattern quadratic (an opening never closed, an escape that
 hides a terminator, a prefix that almost matches). A quadratic scan of 256 KiB takes minutes
@@ -28,7 +28,7 @@ from kernelrl.checks.static.environment import is_thread_env
 from kernelrl.checks.static.kernels import strip_c_comments
 from kernelrl.checks.static.scan import check_source
 from kernelrl.episodes import feedback
-from kernelrl.judge import builds
+from kernelrl.judge.harness import toolchain
 from kernelrl.serve.config import ServeConfig
 from kernelrl.web import guard
 
@@ -222,8 +222,8 @@ OUTPUT_UNITS = ["/a/", "//", "/a.b+c@d", "error", "error: ", "Error", "fatal err
 def test_output_patterns_are_linear(units: list[str]) -> None:
     out = fill("".join(units), OUTPUT_LIMIT)
     line = out.replace("\n", " ")
-    assert timed(lambda: builds.first_errors(out)) < BOUND_S
-    assert timed(lambda: builds._MISSING_HEADER.search(out)) < BOUND_S
+    assert timed(lambda: toolchain.first_errors(out)) < BOUND_S
+    assert timed(lambda: toolchain._MISSING_HEADER.search(out)) < BOUND_S
     assert timed(lambda: feedback._clip(line, n=len(line))) < BOUND_S
     assert timed(lambda: scrub_paths([out])) < BOUND_S
     assert timed(lambda: feedback._mismatch(out)) < BOUND_S

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from kernelrl.config import ConfigError, build
-from kernelrl.judge.device import Device
 from kernelrl.judge.evaluator import EvalConfig
+from kernelrl.judge.harness.device import Device
 from kernelrl.serve.backend import BackendKind
 from kernelrl.serve.config import ServeConfig
 from kernelrl.serve.lanes import LaneSpec, parse_devices, split_evenly

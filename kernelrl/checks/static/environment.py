@@ -16,7 +16,7 @@ Rules:
 Does not catch: a write under a name computed at run time is reported as an ordinary write
 (`<computed>`, a warning), so it can set a precision or thread variable the settings rules do not
 see; reads and writes by native code. The worker's environment is built from an allow-list
-(`kernelrl.judge.sandbox.worker_env`), so a read finds no secret of the judge's; this rule
+(`kernelrl.judge.isolation.sandbox.worker_env`), so a read finds no secret of the judge's; this rule
 refuses the attempt.
 """
 

@@ -13,7 +13,7 @@ Rules:
 
 Does not catch: the same reached through native code (a compiled extension that opens a socket
 or maps memory), or through names the tree cannot resolve. The sandbox does not isolate the
-network namespace (`kernelrl.judge.sandbox`), so for the network these rules are the only
+network namespace (`kernelrl.judge.isolation.sandbox`), so for the network these rules are the only
 defence; what native code could reach of the judge's state lives in another process.
 """
 
