@@ -4,7 +4,7 @@ Inputs (`read_entries`), recognised by content, whatever the file's suffix:
 - a folder of candidate `.py` files (recursively; names starting with `_` skipped). A file names
   its task in its docstring (`TASK: <spec>`) or in a leading comment (`# task: <spec>`); the spec
   is a path relative to the file, to its folder's sibling `tasks/`, or anything
-  `kernelrl.tasks.task.load_task` accepts (built-in names, files);
+  `kernelrl.tasks.suites.load_task` accepts (built-in names, files);
 - JSON Lines (one row per line; published collections often carry a `.json` suffix), or a JSON
   file holding a list of rows, or a dict with such a list under "entries", "rows", "data",
   "results" or "kernels". A row's code is the first of `custom_code`, `code`, `source`,

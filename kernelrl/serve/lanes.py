@@ -11,7 +11,7 @@
   per lane. A batch is split into contiguous chunks, one per lane, run at once, and put back in
   order.
 
-Each lane's evaluator holds its device's timing lane (`kernelrl.judge.lanes`), so several GPUs
+Each lane's evaluator holds its device's timing lane (`kernelrl.judge.timing.devicelock`), so several GPUs
 measure at once and a CPU lane never overlaps another measurement on the same machine.
 
 Does not isolate anything itself: every program under test runs in the evaluator's sandboxed
