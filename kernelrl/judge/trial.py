@@ -8,6 +8,9 @@ worker goes on to timing. A Triton candidate on a CPU runs under Triton's interp
 (`kernelrl.judge.harness.toolchain`): its outputs are checked as any other's, but its times mean nothing,
 so it is never timed: a correct one ends here, `correct` with `Timing.INTERPRETED` and no speedup.
 A CUDA candidate on a CPU ends at its build: nvcc checks its device code, nothing CUDA loads.
+The task's own programs go the same way, under trial keys of their own: the timed reference and
+the A/A copy (`TIMED_REFERENCE`, `AA_REFERENCE`: `reference_program`), and the compiled reference
+(`COMPILED`).
 
 Guarantees:
 - every crash, hang, exit, segfault or protocol violation of the candidate ends the trial with a
@@ -50,6 +53,22 @@ from kernelrl.judge.isolation.sandbox import Answer, Worker, WorkerDied
 from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
 from kernelrl.judge.timing.verdict import Checked, Verdict
 from kernelrl.result import Containment, Finding, Severity, Status, Timing
+from kernelrl.tasks.task import Task
+
+COMPILED = "__compiled_reference__"  # the trial key of the task's reference under torch.compile
+# The trial key of the task's reference loaded as a program, exactly as candidates are: it is the
+# reference that is timed, so the reference and the candidates are measured in processes with
+# the same history (a fresh pool worker, a program load, the correctness runs), never in the task
+# worker that made the inputs and outputs (which measured up to 30 % slower: benchmarks/README.md).
+TIMED_REFERENCE = "__timed_reference__"
+# The trial key of the group's A/A copy: the reference once more, timed as a member; identical code
+# must measure 1.00 against the reference, or the group's measurement is noise (EvalConfig.aa_tolerance).
+AA_REFERENCE = "__aa_reference__"
+
+
+def reference_program(task: Task, *, copy: str = "the task's reference") -> Candidate:
+    """The task's reference as a program: its own source, with `ModelNew` naming `Model`."""
+    return Candidate(source=task.source + f"\n\n# {copy}, loaded as a program\nModelNew = Model\n")
 
 
 class _End(Exception):
