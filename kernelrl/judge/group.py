@@ -80,7 +80,7 @@ def load_task_info(ctx: JudgeContext, session: ReferenceSession, task: Task,
     with waited(ctx.lock.work(uses_device=True), [] if waits is None else waits):
         session.load(constants=info.constants if info else None, profile=info is None)
     if info is None:
-        info = TaskInfo(constants=session.constants, profile=session.profile)
+        info = TaskInfo(constants=session.loaded.constants, profile=session.loaded.profile)
         ctx.tasks.put(task, info)
     return info
 
@@ -179,8 +179,8 @@ class Group:
             info = load_task_info(ctx, self.session, task, self.record.lock_waits)
             self.record.phase("reference_load_s")
             check_size(cfg, self.session, task, info.profile)
-            self.record.machine = dataclasses.replace(self.record.machine, precision=dict(self.session.precision))
-            self.record.reference = dataclasses.replace(self.record.reference, reseeded=self.session.reused)
+            self.record.machine = dataclasses.replace(self.record.machine, precision=dict(self.session.loaded.precision))
+            self.record.reference = dataclasses.replace(self.record.reference, reseeded=self.session.loaded.reseeded)
             if not info.degenerate:
                 # A group of the task's own programs only (a baseline, a calibration) pays no one: one
                 # plain set checks the compiled reference; the perturbed ones are for candidates.
@@ -206,7 +206,7 @@ class Group:
                 self.record.machine, proc_isolation=self.session.worker.isolated if self.session.worker else None)
             self.record.reference = dataclasses.replace(self.record.reference,
                                                  perturbed_sets=sum(s.plan.perturbed for s in self.learned.sets),
-                                                 sets_in_files=self.session.spilled_sets)
+                                                 sets_in_files=self.session.sets.in_files)
             want_compile = self._wants_compile()
             if self.members or self.asked.baseline:
                 self.trials[TIMED_REFERENCE] = Trial(candidate=reference_program(task), trusted=True)

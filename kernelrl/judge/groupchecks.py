@@ -34,7 +34,7 @@ def task_arena(session: ReferenceSession, sets: list[InputSet], pool_size: int) 
     correctness sends one set per message), so it can pin no more memory than that."""
     first = sets[0] if sets else None
     largest = max(sets, key=lambda s: payload_bytes([s.values]) + payload_bytes(s.output), default=None)
-    return arena_need(session.init_inputs, session.constants, session.state(),
+    return arena_need(session.loaded.init_inputs, session.loaded.constants, session.state(),
                       [largest.values] if largest else None,
                       {"outputs": [largest.output, largest.output]} if largest else None,
                       [first.values] * pool_size if first else None,

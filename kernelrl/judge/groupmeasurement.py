@@ -48,7 +48,7 @@ def measure(ctx: JudgeContext, task: Task, session: ReferenceSession, trials: Ma
         return None
     reference = _timed_reference(task, session, trials, record)
     pool = session.timing_pool(pool_size)
-    record.reference = dataclasses.replace(record.reference, sets_in_files=session.spilled_sets)
+    record.reference = dataclasses.replace(record.reference, sets_in_files=session.sets.in_files)
     # Members in a random order: pool and warm-up messages go out in this order.
     order = list(survivors)
     session.rng.shuffle(order)

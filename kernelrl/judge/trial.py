@@ -176,9 +176,9 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
         trial.build_cached = scratch is not None and unseal(sealed, scratch) if full else has_build(bdir)
     # What torch.compile compiled before (`kernelrl.judge.isolation.compilecache`): the task's own graphs for
     # every program of the task, a program's own for that source only.
-    task_graphs = compilecache.task_entry(cache_dir, spec.task.source, reference.constants, spec.device)
+    task_graphs = compilecache.task_entry(cache_dir, spec.task.source, reference.loaded.constants, spec.device)
     own_graphs = (task_graphs if trial.compiled_reference else
-                  compilecache.program_entry(cache_dir, trial.candidate.source, reference.constants, spec.device))
+                  compilecache.program_entry(cache_dir, trial.candidate.source, reference.loaded.constants, spec.device))
     given = compilecache.give(task_graphs, scratch) if scratch is not None else {}
     if scratch is not None and own_graphs != task_graphs:
         compilecache.give(own_graphs, scratch)
@@ -231,13 +231,13 @@ def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: 
     worker = trial.worker
     assert worker is not None
     if trial.compiled_reference:
-        answer = worker.request(spec.header(profile=False, compile_mode="default"), reference.constants,
+        answer = worker.request(spec.header(profile=False, compile_mode="default"), reference.loaded.constants,
                                 deadline=deadline)
         build_s = answer.header.load_s if not answer.failed else 0.0
     else:
         source = trial.candidate.source
         answer = worker.request(P.LoadProgram(
-            source=source, constants=reference.constants, device=str(spec.device), threads=spec.threads,
+            source=source, constants=reference.loaded.constants, device=str(spec.device), threads=spec.threads,
             evict_bytes=spec.evict_bytes, build_dir=str(bdir), cache_root=str(cache_dir),
             allow_tf32=spec.allow_tf32), deadline=deadline)
         build_s = answer.header.build_s if not answer.failed else 0.0
@@ -261,7 +261,7 @@ def _construct(trial: Trial, reference: ReferenceSession, spec: LoadSpec, deadli
     assert worker is not None
     state_after = trial.state_after_load
     if not trial.compiled_reference:
-        made = worker.request(P.Construct(init_seed=spec.init_seed), reference.init_inputs, deadline=deadline)
+        made = worker.request(P.Construct(init_seed=spec.init_seed), reference.loaded.init_inputs, deadline=deadline)
         if made.failed:
             raise _End(Verdict(status=Status.RUNTIME_ERROR,
                                message=f"candidate failed to initialise: {error_line(made.header.message)}",
@@ -328,7 +328,7 @@ def _correctness(trial: Trial, reference: ReferenceSession, sets: list[InputSet]
         digests.append(output_digest(got[0]))
         constant.append(not cmp.ok and _is_constant(got[0]))
         if n == 0:
-            first = reference.keep(got[0])  # in a file where a set would be: not the judge's heap
+            first = reference.sets.keep(got[0])  # in a file where a set would be: not the judge's heap
         del got, ran  # the outputs: what is kept of them is above
     for found in dynamic.global_state_changed("run", trial.state_before, state_after):
         _note(trial, found)
