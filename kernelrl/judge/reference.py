@@ -49,8 +49,9 @@ from kernelrl.judge.harness.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.harness.device import Device, evict_bytes
 from kernelrl.judge.harness.precision import PRECISION_FLAGS
 from kernelrl.judge.harness.profile import TaskProfile
+from kernelrl.judge.isolation.exchange import Answer
 from kernelrl.judge.isolation.pool import Claim, WorkerPool
-from kernelrl.judge.isolation.sandbox import Answer, Worker, WorkerDied
+from kernelrl.judge.isolation.sandbox import Worker, WorkerDied
 from kernelrl.judge.spill import SPILL_SUBDIR, SetCopies, disk_free, folder_in_memory
 from kernelrl.judge.timing.inputs import (
     InputPlan,

@@ -49,7 +49,8 @@ from kernelrl.judge.harness.device import Device
 from kernelrl.judge.harness.devmem import Blame, DeviceMemory, blame
 from kernelrl.judge.isolation import compilecache
 from kernelrl.judge.isolation.builds import build_dir, has_build, seal, sealed_dir, unseal
-from kernelrl.judge.isolation.sandbox import Answer, Worker, WorkerDied
+from kernelrl.judge.isolation.exchange import Answer
+from kernelrl.judge.isolation.sandbox import Worker, WorkerDied
 from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
 from kernelrl.judge.timing.verdict import Checked, Verdict
 from kernelrl.result import Containment, Finding, Severity, Status, Timing
