@@ -6,10 +6,11 @@ secrets, task store, baselines, peaks, reviewer) and goes through three steps:
   the device): a group whose members are all refused by reading ends there, and its reference
   never loads. Otherwise the reference worker loads the task and gives its outputs on the secret
   input sets (`kernelrl.judge.reference`); a degenerate task ends here (every candidate flagged);
-  then every candidate still standing is built and checked (`kernelrl.judge.trial`), and the
-  compiled reference when a baseline is wanted;
-- `time`: the reference and the survivors in one interleaved measurement (`kernelrl.judge.timing.timer`),
-  holding the device's lock exclusively;
+  then every candidate still standing is built and checked (`kernelrl.judge.groupchecks`, each
+  a trial: `kernelrl.judge.trial`), and the compiled reference when a baseline is wanted;
+- `time`: the reference and the survivors in one interleaved measurement, holding the device's
+  lock exclusively, measured again while identical code disagreed (`kernelrl.judge.groupmeasurement`,
+  through `kernelrl.judge.timing.timer`);
 - `finish`: the floors and the LLM review each survivor needs, then its verdict
   (`kernelrl.judge.results`, then `kernelrl.judge.timing.verdict`, pure), handed to the batch's
   `done` callback as it is ready.
@@ -36,22 +37,20 @@ Does not decide verdicts: `kernelrl.judge.timing.verdict` does, with what a grou
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
 
 from kernelrl.candidate import Candidate
-from kernelrl.checks.dynamic import output_deferred
 from kernelrl.judge.context import JudgeContext, Places
-from kernelrl.judge.grouprecord import GroupRecord
-from kernelrl.judge.harness.channel import arena_need, payload_bytes
+from kernelrl.judge.groupchecks import check_trials
+from kernelrl.judge.groupmeasurement import measure
+from kernelrl.judge.grouprecord import GroupRecord, waited
+from kernelrl.judge.harness.channel import payload_bytes
 from kernelrl.judge.harness.device import Device
 from kernelrl.judge.isolation.pool import Claim
-from kernelrl.judge.isolation.sandbox import Worker
 from kernelrl.judge.reference import (
     InputSet,
     ReferenceFailed,
@@ -60,50 +59,17 @@ from kernelrl.judge.reference import (
     check_size,
     session_for,
 )
-from kernelrl.judge.results import member_result, record_baseline
+from kernelrl.judge.results import member_result
 from kernelrl.judge.timing import verdict as V
 from kernelrl.judge.timing.inputs import timing_pool_size
-from kernelrl.judge.timing.timer import (
-    GroupTiming,
-    ReferenceTimingFailed,
-    aa_noisy,
-    measure_group,
-    send_pools,
-)
-from kernelrl.judge.timing.verdict import Verdict
-from kernelrl.judge.trial import Trial, read_members, run_trial
-from kernelrl.result import (
-    DeviceIdle,
-    Environment,
-    EvalResult,
-    GroupPhases,
-    ReferenceWorker,
-    Status,
-)
+from kernelrl.judge.timing.timer import GroupTiming, ReferenceTimingFailed
+from kernelrl.judge.trial import AA_REFERENCE, COMPILED, TIMED_REFERENCE, Trial, read_members, reference_program
+from kernelrl.result import Environment, EvalResult, GroupPhases
 from kernelrl.tasks.degeneracy import DEFAULT_TOLERANCE, outputs_degenerate
 from kernelrl.tasks.task import Task, TaskError
 
-COMPILED = "__compiled_reference__"  # the trial key of the task's reference under torch.compile
-# The trial key of the task's reference loaded as a program, exactly as candidates are: it is the
-# reference that is timed, so the reference and the candidates are measured in processes with
-# the same history (a fresh pool worker, a program load, the correctness runs), never in the task
-# worker that made the inputs and outputs (which measured up to 30 % slower: benchmarks/README.md).
-TIMED_REFERENCE = "__timed_reference__"
-# The trial key of the group's A/A copy: the reference once more, timed as a member; identical code
-# must measure 1.00 against the reference, or the group's measurement is noise (EvalConfig.aa_tolerance).
-AA_REFERENCE = "__aa_reference__"
-
 Done = Callable[[list[int], EvalResult], None]
 Members = dict[str, tuple[Candidate, list[int]]]  # candidate hash -> (candidate, positions in the batch)
-
-
-@contextlib.contextmanager
-def waited(lock: AbstractContextManager[object], waits: list[float]) -> Iterator[None]:
-    """`lock` held, the time it took to get it appended to `waits`."""
-    asked = time.monotonic()
-    with lock:
-        waits.append(time.monotonic() - asked)
-        yield
 
 
 def load_task_info(ctx: JudgeContext, session: ReferenceSession, task: Task,
@@ -114,7 +80,7 @@ def load_task_info(ctx: JudgeContext, session: ReferenceSession, task: Task,
     with waited(ctx.lock.work(uses_device=True), [] if waits is None else waits):
         session.load(constants=info.constants if info else None, profile=info is None)
     if info is None:
-        info = TaskInfo(constants=session.constants, profile=session.profile)
+        info = TaskInfo(constants=session.loaded.constants, profile=session.loaded.profile)
         ctx.tasks.put(task, info)
     return info
 
@@ -181,27 +147,6 @@ class Group:
         """Count the group's takes against `claim` (the pool starts no spare beyond it)."""
         self.session.claim = claim
 
-    @staticmethod
-    def _note_deferred_outputs(survivors: dict[str, Trial]) -> None:
-        """A candidate whose spot-checked outputs are not what its calls committed to made them later."""
-        for t in survivors.values():
-            if t.worker is not None and (found := output_deferred(t.worker.uncommitted_outputs,
-                                                                  t.worker.spot_outputs)) is not None:
-                t.findings.append(found)
-
-    def _arena_need(self) -> int:
-        """The arena a candidate of this task needs: its largest message (its parameters, one input
-        set, the first set's two outputs, the timing pool, a spot check; correctness sends one set
-        per message), so it can pin no more memory than that."""
-        sets = self.learned.sets
-        first = sets[0] if sets else None
-        largest = max(sets, key=lambda s: payload_bytes([s.values]) + payload_bytes(s.output), default=None)
-        return arena_need(self.session.init_inputs, self.session.constants, self.session.state(),
-                          [largest.values] if largest else None,
-                          {"outputs": [largest.output, largest.output]} if largest else None,
-                          [first.values] * self._pool_size() if first else None,
-                          {"output": first.output, "inputs": first.values} if first else None)
-
     def _pool_size(self) -> int:
         """The timing pool's sets (`timing_pool_size`: one for a task whose set outgrows the caches)."""
         configured = self.ctx.config.timing.pool_size
@@ -210,11 +155,6 @@ class Group:
     def begin(self) -> None:
         """The group has its place among those judged at once: what it waited for that is `queued_s`."""
         self.record.phase("queued_s")
-
-    def _trusted_keys(self) -> frozenset[str]:
-        """Members timed as kernelrl's own code: the A/A copy, the compiled reference, and members
-        the caller vouched for (calibration's copies). Their verdicts pay nothing."""
-        return frozenset(h for h, t in self.trials.items() if t.trusted or t.compiled_reference)
 
     def environment(self) -> Environment:
         """What every result of this group records about how it was obtained (so far)."""
@@ -239,8 +179,8 @@ class Group:
             info = load_task_info(ctx, self.session, task, self.record.lock_waits)
             self.record.phase("reference_load_s")
             check_size(cfg, self.session, task, info.profile)
-            self.record.machine = dataclasses.replace(self.record.machine, precision=dict(self.session.precision))
-            self.record.reference = dataclasses.replace(self.record.reference, reseeded=self.session.reused)
+            self.record.machine = dataclasses.replace(self.record.machine, precision=dict(self.session.loaded.precision))
+            self.record.reference = dataclasses.replace(self.record.reference, reseeded=self.session.loaded.reseeded)
             if not info.degenerate:
                 # A group of the task's own programs only (a baseline, a calibration) pays no one: one
                 # plain set checks the compiled reference; the perturbed ones are for candidates.
@@ -266,7 +206,7 @@ class Group:
                 self.record.machine, proc_isolation=self.session.worker.isolated if self.session.worker else None)
             self.record.reference = dataclasses.replace(self.record.reference,
                                                  perturbed_sets=sum(s.plan.perturbed for s in self.learned.sets),
-                                                 sets_in_files=self.session.spilled_sets)
+                                                 sets_in_files=self.session.sets.in_files)
             want_compile = self._wants_compile()
             if self.members or self.asked.baseline:
                 self.trials[TIMED_REFERENCE] = Trial(candidate=reference_program(task), trusted=True)
@@ -275,7 +215,8 @@ class Group:
             if want_compile:
                 self.trials[COMPILED] = Trial(candidate=Candidate(source=f"# torch.compile of {task.name}\n"),
                                               compiled_reference=True)
-            self._check_all(checks)
+            check_trials(ctx, self.session, self.trials.values(), self.learned.sets, pool_size=self._pool_size(),
+                         lock_waits=self.record.lock_waits, checks=checks)
             self.record.phase("candidate_checks_s")
             self.record.note_check_times([t for h, t in self.trials.items() if h in self.members],
                                          self.trials.get(TIMED_REFERENCE), self.trials.get(AA_REFERENCE),
@@ -286,60 +227,9 @@ class Group:
     def time(self) -> None:
         if self.finished:
             return
-        ctx, cfg = self.ctx, self.ctx.config
-        survivors = {h: t for h, t in self.trials.items() if t.survived and h != TIMED_REFERENCE}
         try:
-            # Only a member that passed its checks is worth a measurement: timing the task's own
-            # copies (the A/A twin, the compiled baseline) for a group whose members all failed
-            # would pay seconds for figures no verdict reads. A baseline group times regardless.
-            if any(h in self.members for h in survivors) or self.asked.baseline:
-                reference = self._timed_reference()
-                pool = self.session.timing_pool(self._pool_size())
-                self.record.reference = dataclasses.replace(self.record.reference, sets_in_files=self.session.spilled_sets)
-                # Members in a random order: pool and warm-up messages go out in this order.
-                order = list(survivors)
-                self.session.rng.shuffle(order)
-                workers = {h: w for h in order if (w := survivors[h].worker) is not None}
-                # The pool goes to every member before the measurement, beside other groups' checks
-                # (copies and noise, no machine to itself needed); a retime reuses it.
-                with waited(ctx.lock.work(uses_device=True), self.record.lock_waits):
-                    sent = send_pools(reference, workers, pool, cfg.timing, rng=self.session.rng,
-                                      deadline=time.monotonic() + cfg.timeout_s)
-                self.record.phase("timing_pool_s")
-                aa = AA_REFERENCE in workers
-                timing_waits: list[float] = []  # one per measurement (a retime waits again)
-                retimed = 0
-                while True:
-                    with waited(ctx.lock.timing(), timing_waits):
-                        deadline = time.monotonic() + cfg.timeout_s + cfg.timing.max_timing_s * max(1, len(survivors))
-                        timing = measure_group(reference, workers, pool, sent, cfg.timing, rng=self.session.rng,
-                                               deadline=deadline, tol_scale=cfg.tol_scale, tf32=cfg.allow_tf32,
-                                               cores=self.record.cores, idle=ctx.idle, trusted=self._trusted_keys(),
-                                               twin=AA_REFERENCE if aa else None)
-                    noisy = aa and aa_noisy(timing.candidates.get(AA_REFERENCE), cfg.aa_tolerance)
-                    disturbed = noisy or timing.device_idle is DeviceIdle.BUSY
-                    # A second measurement is for a member whose speedup would be paid; when every
-                    # member failed during this one, nothing is left to pay.
-                    paid = any(h in self.members and (c := timing.candidates.get(h)) is not None and c.failure is None
-                               for h in workers)
-                    if not disturbed or not paid or retimed >= cfg.aa_retimes:
-                        break
-                    retimed += 1  # identical code disagreed, or the device was busy: measure again
-                pair = timing.candidates.get(AA_REFERENCE) if aa else None
-                self.record.lock_waits += timing_waits
-                self.learned.timing = dataclasses.replace(timing, device_wait_s=sum(timing_waits), noisy=noisy,
-                                                          retimed=retimed, aa_speedup=pair.speedup if pair else None,
-                                                          aa_ci=pair.speedup_ci if pair else None)
-                self.record.machine = dataclasses.replace(self.record.machine, pinned_allocator=timing.allocator_pinned)
-                self._note_deferred_outputs(survivors)
-                self.record.phase("timing_s")
-                stray_ns = sum(w.stray_check_ns for w in [*workers.values(), reference])
-                self.record.phases.update(timing_setup_s=round(timing.setup_s, 3),
-                                          timing_samples_s=round(timing.samples_s, 3),
-                                          timing_spot_checks_s=round(timing.spot_checks_s, 3),
-                                          aa_copy_samples_s=round(timing.twin_samples_s, 3),
-                                          stray_checks_s=round(stray_ns / 1e9, 3))
-                record_baseline(ctx, self.task, self.record, self.learned.timing, self.trials.get(COMPILED), COMPILED)
+            self.learned.timing = measure(self.ctx, self.task, self.session, self.trials, self.members, self.record,
+                                          pool_size=self._pool_size(), baseline=self.asked.baseline)
         except (ReferenceFailed, ReferenceTimingFailed, TaskError) as e:
             self._task_error(e)
 
@@ -362,25 +252,6 @@ class Group:
             t.close()
         self.ctx.references.release(self.task, self.session)  # kept for the task's next group where it may be
 
-    # -- parts --------------------------------------------------------------------------------
-
-    def _timed_reference(self) -> Worker:
-        """The worker whose reference is timed: the reference's copy when it passed its checks.
-
-        A copy that failed (a reference whose outputs vary from run to run beyond the tolerance,
-        say) leaves the task worker to be timed, and the record says why.
-        """
-        copy = self.trials.get(TIMED_REFERENCE)
-        if copy is not None and copy.survived and copy.worker is not None:
-            self.record.reference = dataclasses.replace(self.record.reference, timed_in=ReferenceWorker.PROGRAM)
-            return copy.worker
-        failed = copy.verdict.message if copy is not None and copy.verdict is not None else ""
-        self.record.reference = dataclasses.replace(self.record.reference, timed_in=ReferenceWorker.TASK, copy_failed=failed)
-        self.session.keepable = False  # a timed worker's history is not a fresh load's
-        if self.session.worker is None:
-            raise ReferenceFailed(f"{self.task.name}: the reference worker is gone")
-        return self.session.worker
-
     def _task_error(self, e: Exception) -> None:
         self.failure = str(e)
         self.session.keepable = False
@@ -393,52 +264,6 @@ class Group:
                       else V.task_error(self.record.setting, cand.hash, str(e), env))
         self.finished = True
         self.close()
-
-    def _check_all(self, checks: threading.Semaphore) -> None:
-        """Builds and correctness of every candidate reading did not refuse, `checks` at a time
-        batch-wide."""
-        ctx, cfg = self.ctx, self.ctx.config
-        pending = [t for t in self.trials.values() if t.verdict is None]
-        if not pending:
-            return
-        # A random order: which trial gets the pool's oldest worker, and starts first, is chance.
-        self.session.rng.shuffle(pending)
-        self.session.state()  # fetched once, before candidates ask for it from several threads
-
-        def check(t: Trial) -> None:
-            with checks:
-                try:
-                    # On a CPU the whole trial holds the device's lock (shared: builds and checks use
-                    # the cores being measured); on a GPU only its correctness runs do
-                    # (`device_work`), so builds overlap measurements.
-                    with waited(ctx.lock.build(), self.record.lock_waits):
-                        # The clock starts once the lock lets the work in: waiting for another
-                        # group's measurement is not the candidate's time.
-                        t.started = time.monotonic()
-                        t.worker = ctx.pool.take("candidate", deadline=t.started + cfg.timeout_s, claim=self.session.claim)
-                        t.wait_s = time.monotonic() - t.started
-                        t.worker.size_arena(self._arena_need())
-                        # The task's own program as a copy (the timed reference, the A/A copy,
-                        # calibration's copies) runs the first set twice: equal to the reference's
-                        # output and to itself is all a copy must show (a task whose outputs vary
-                        # from run to run fails there); the other sets test a candidate's answer
-                        # on moved inputs, which the task's own code gives by definition.
-                        run_trial(t, reference=self.session, spec=self.session.spec,
-                                  sets=self.learned.sets[:1] if t.trusted else self.learned.sets,
-                                  cache_dir=cfg.cache_dir, timeout_s=cfg.timeout_s, build_timeout_s=cfg.build_timeout_s,
-                                  tol_scale=cfg.tol_scale, device_work=ctx.lock.device_work)
-                except Exception as e:  # noqa: BLE001 - the judge's own trouble must not lose the batch
-                    t.end(Verdict(status=Status.JUDGE_ERROR,
-                                  message=f"the judge could not run the candidate: {type(e).__name__}: {e}"))
-
-        with ThreadPoolExecutor(max_workers=max(1, min(cfg.concurrency, len(pending)))) as ex:
-            list(ex.map(check, pending))
-
-
-def reference_program(task: Task, *, copy: str = "the task's reference") -> Candidate:
-    """The task's reference as a program: its own source, with `ModelNew` naming `Model`."""
-    return Candidate(source=task.source + f"\n\n# {copy}, loaded as a program\nModelNew = Model\n")
-
 
 def run_groups(groups: Sequence[Group], *, device: Device, width: int,
                on_closed: Callable[[Group], None] | None = None) -> None:

@@ -4,14 +4,16 @@ judged in, the machine, the reference's worker, the group's id, and where its wa
 Guarantees: every result of a group carries the same group id (`Environment.group`), told apart
 from every other group's; phases add up the group's wall time from the moment it was made (the
 wait for its place is `queued_s`), and each wait for the device's lock, from any thread, is
-counted in `device_lock_wait_s`.
+counted in `device_lock_wait_s` (each taken through `waited`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 
 from kernelrl.judge.context import JudgeContext
 from kernelrl.judge.isolation.sandbox import timing_cores
@@ -19,6 +21,15 @@ from kernelrl.judge.timing import verdict as V
 from kernelrl.judge.trial import Trial
 from kernelrl.result import Environment, GroupPhases, MachineRecord, ReferenceRecord
 from kernelrl.tasks.task import Task
+
+
+@contextlib.contextmanager
+def waited(lock: AbstractContextManager[object], waits: list[float]) -> Iterator[None]:
+    """`lock` held, the time it took to get it appended to `waits`."""
+    asked = time.monotonic()
+    with lock:
+        waits.append(time.monotonic() - asked)
+        yield
 
 
 class GroupRecord:
@@ -35,7 +46,7 @@ class GroupRecord:
         self.reference = ReferenceRecord()
         self.gid = secrets.token_hex(6)  # told apart from every other group by its results (`Environment.group`)
         self.phases: dict[str, float] = {}  # where the group's wall time went, in seconds
-        self.lock_waits: list[float] = []  # each wait for the device's lock (`group.waited`), from any thread
+        self.lock_waits: list[float] = []  # each wait for the device's lock (`waited`), from any thread
         self._clock = time.monotonic()
 
     def phase(self, name: str) -> None:

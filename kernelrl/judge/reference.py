@@ -3,7 +3,9 @@
 A `ReferenceSession` holds one reference worker for one task during one batch. It loads the task
 (resolving its size, running its module, `get_init_inputs` and `Model` in the worker), asks it
 for input sets made from the judge's secret plans and for the reference's outputs on them, for
-the timing pool, and for its parameters, so candidates can be given the same weights.
+the timing pool, and for its parameters, so candidates can be given the same weights. What the
+load gave (constants, init arguments, profile, precision and settings) is its `TaskLoad`; the
+judge's copies of its sets are kept by the rule of `kernelrl.judge.spill.SetCopies`.
 
 A `ReferenceKeeper` keeps an evaluator's reference workers between batches (a search or a trainer
 judges the same tasks again and again): the task's next session takes its worker and builds the
@@ -43,13 +45,14 @@ from typing import Any
 
 from kernelrl.judge.eval_config import EvalConfig
 from kernelrl.judge.harness import protocol as P
-from kernelrl.judge.harness.channel import ChannelProtocolError, ChannelTimeout, payload_bytes
+from kernelrl.judge.harness.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.harness.device import Device, evict_bytes
 from kernelrl.judge.harness.precision import PRECISION_FLAGS
 from kernelrl.judge.harness.profile import TaskProfile
+from kernelrl.judge.isolation.exchange import Answer
 from kernelrl.judge.isolation.pool import Claim, WorkerPool
-from kernelrl.judge.isolation.sandbox import Answer, Worker, WorkerDied
-from kernelrl.judge.spill import SPILL_SUBDIR, disk_free, folder_in_memory, spill
+from kernelrl.judge.isolation.sandbox import Worker, WorkerDied
+from kernelrl.judge.spill import SPILL_SUBDIR, SetCopies, disk_free, folder_in_memory
 from kernelrl.judge.timing.inputs import (
     InputPlan,
     available_memory,
@@ -124,6 +127,19 @@ class LoadSpec:
                           threads=self.threads, init_seed=self.init_seed, evict_bytes=self.evict_bytes,
                           profile=profile, cache_root=self.cache_root, compile_mode=compile_mode,
                           allow_tf32=self.allow_tf32)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskLoad:
+    """What the reference worker's load of the task (or a kept worker's reseed) gave the judge."""
+
+    constants: dict[str, int] = field(default_factory=dict)
+    init_inputs: list[object] = field(default_factory=list)
+    profile: TaskProfile | None = None  # asked of a fresh load only
+    precision: dict[str, P.Setting] = field(default_factory=dict)  # as the worker set them, before the task's code ran
+    settings: dict[str, P.Setting] = field(default_factory=dict)  # the worker's global settings as its load left them
+    threads: int | None = None  # its interpreter's threads when its load ended
+    reseeded: bool = False  # the task was not loaded again: a kept worker was reseeded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,45 +218,30 @@ def _idle_since(kept: KeptReference) -> bool:
 
 
 class ReferenceSession:
+    """One reference worker of one task for one group (see the module docstring): what its load gave
+    (`loaded`), the judge's copies of its sets (`sets`), and whether its worker may be kept."""
+
     def __init__(self, spec: LoadSpec, *, pool: WorkerPool, rng: random.Random, timeout_s: float,
                  kept: KeptReference | None = None, spill_to: Path | None = None,
                  spill_bytes: int = 0) -> None:
         self.spec = spec
         # Where a set of `spill_bytes` or more (inputs and outputs) is kept as files (judge/spill.py);
         # None: every set stays in the judge's heap.
-        self.spill_to = spill_to
-        self.spill_bytes = spill_bytes
-        self.spilled_sets = 0  # sets (correctness and timing) the judge keeps in files
-        self.task = spec.task
+        self.sets = SetCopies(spill_to, spill_bytes)
         self.rng = rng
         self.timeout_s = timeout_s
         self.worker: Worker | None = None
         self.pool = pool
         self.claim: Claim | None = None  # its group's (`WorkerPool.claim`): the take is counted against it
-        self.constants: dict[str, int] = {}
-        self.init_inputs: list[object] = []
-        self.profile: TaskProfile | None = None
+        self.loaded = TaskLoad()  # nothing until `load`
         self._state: dict[str, Any] | None = None
         self._state_fetched = False
-        self.precision: dict[str, P.Setting] = {}
         self.kept = kept  # a worker that loaded this task for an earlier session, to reseed
-        self.settings: dict[str, P.Setting] = {}  # the worker's global settings as its load left them
-        self.threads: int | None = None  # its interpreter's threads when its load ended
-        self.reused = False  # the task was not loaded again: a kept worker was reseeded
         self.keepable = True  # nothing gave the worker a history its task's next session must not inherit
-        self.largest_set = 0  # bytes of the largest input set and its outputs the worker made
 
-    def files_for(self, nbytes: int) -> Path | None:
-        """The folder a set (inputs and outputs) or a value of `nbytes` is kept in, or None where it
-        stays in the judge's heap: the one rule for the size check and the sets as they arrive."""
-        return self.spill_to if self.spill_to is not None and nbytes >= self.spill_bytes else None
-
-    def keep(self, value: object) -> object:
-        """`value` as the judge keeps it for a while (a candidate's first output, until its second
-        run is compared with it): in a file where a value that large goes there (`files_for`), else as
-        it is."""
-        folder = self.files_for(payload_bytes(value))
-        return value if folder is None else spill(value, folder)[0]
+    @property
+    def task(self) -> Task:
+        return self.spec.task
 
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout_s
@@ -277,14 +278,13 @@ class ReferenceSession:
         self.worker = worker = self.pool.take("reference", deadline=self._deadline(), claim=self.claim)
         answer = self._ask("while loading", lambda: worker.request(
             self.spec.header(profile=profile), constants, deadline=self._deadline()))
-        self.constants = dict(answer.header.constants)
-        # the precision flags as the worker set them, before the task's code ran (recorded in results)
-        self.precision = {k: answer.header.state_before[k] for k in PRECISION_FLAGS if k in answer.header.state_before}
-        self.settings = dict(answer.header.state_after)
-        self.threads = worker.thread_count()
-        self.init_inputs = list(answer.payload or [])
-        if answer.header.profile:
-            self.profile = TaskProfile.from_dict(answer.header.profile)
+        h = answer.header
+        self.loaded = TaskLoad(
+            constants=dict(h.constants),
+            # the precision flags as the worker set them, before the task's code ran (recorded in results)
+            precision={k: h.state_before[k] for k in PRECISION_FLAGS if k in h.state_before},
+            settings=dict(h.state_after), threads=worker.thread_count(), init_inputs=list(answer.payload or []),
+            profile=TaskProfile.from_dict(h.profile) if h.profile else None)
 
     def _reseed(self, kept: KeptReference) -> bool:
         """Whether `kept` built the model again under this session's seed with its settings as its
@@ -295,10 +295,10 @@ class ReferenceSession:
             return False
         if answer.failed or dict(answer.header.state_before) != kept.settings:
             return False
-        self.worker, self.reused = kept.worker, True
-        self.constants = dict(answer.header.constants)
-        self.precision, self.settings, self.threads = dict(kept.precision), dict(kept.settings), kept.threads
-        self.init_inputs = list(answer.payload or [])
+        self.worker = kept.worker
+        self.loaded = TaskLoad(constants=dict(answer.header.constants), precision=dict(kept.precision),
+                               settings=dict(kept.settings), threads=kept.threads,
+                               init_inputs=list(answer.payload or []), reseeded=True)
         return True
 
     def make(self, plans: list[InputPlan], *, run: bool) -> tuple[list[list[object]], list[object], list[bool]]:
@@ -313,14 +313,9 @@ class ReferenceSession:
             answer = self._ask("making inputs", functools.partial(worker.request,
                 P.MakeInputs(seeds=[plan.seed], perturb=[plan.perturb], run=run), deadline=self._deadline()))
             payload = answer.payload or {}
-            made, ran = list(payload.get("inputs") or []), list(payload.get("outputs") or [])
-            size = payload_bytes(made) + payload_bytes(ran)
-            self.largest_set = max(self.largest_set, size)
-            folder = self.files_for(size)
-            if folder is not None:
-                # Before the next set arrives: the judge's heap holds one set at a time.
-                (made, ran), written = spill((made, ran), folder)
-                self.spilled_sets += written > 0
+            # In files where a set that large goes, before the next set arrives: the judge's heap
+            # holds one set at a time.
+            made, ran = self.sets.arrived(list(payload.get("inputs") or []), list(payload.get("outputs") or []))
             values += made
             outputs += ran
             finite += list(answer.header.finite)
@@ -366,10 +361,11 @@ class ReferenceSession:
         """Close the session and hand over its worker (or the kept one it never used) where the
         task's next session may take it; None when there is none to keep."""
         kept, self.kept = self.kept, None
-        if (kept is None and self.worker is not None and self.keepable and self.largest_set <= KEEP_MAX_SET_BYTES
-                and self.threads is not None and self._quiet(self.worker, self.threads)):
-            kept = KeptReference(worker=self.worker, precision=dict(self.precision), settings=dict(self.settings),
-                                 threads=self.threads)
+        load = self.loaded
+        if (kept is None and self.worker is not None and self.keepable and self.sets.largest <= KEEP_MAX_SET_BYTES
+                and load.threads is not None and self._quiet(self.worker, load.threads)):
+            kept = KeptReference(worker=self.worker, precision=dict(load.precision), settings=dict(load.settings),
+                                 threads=load.threads)
             self.worker = None
         self.close()
         return kept
@@ -416,7 +412,7 @@ def check_size(config: EvalConfig, session: ReferenceSession, task: Task, profil
     p = profile
     if p is None or not (p.input_bytes or p.output_bytes):
         return
-    folder = session.files_for(p.input_bytes + p.output_bytes)
+    folder = session.sets.files_for(p.input_bytes + p.output_bytes)
     in_files = folder is not None
     need = memory_need(input_bytes=p.input_bytes, output_bytes=p.output_bytes, param_bytes=p.param_bytes,
                        n_sets=config.n_correctness, n_inputs=len(p.inputs),

@@ -18,6 +18,9 @@ Does not: bound the page cache (that is the kernel's, and reclaimable), spill wh
 (a worker holds one set at a time), or save memory where the folder is itself in memory (a tmpfs:
 `folder_in_memory` says so, and the judge then keeps sets in its heap; `ReferenceRecord.sets_in_files`
 of a result says how many sets were kept in files).
+
+`SetCopies` is the one rule a reference session applies to its sets: which go to files, counted as
+they arrive.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from kernelrl.judge.harness.channel import payload_bytes
 
 SPILL_SUBDIR = "sets"
 # Smaller tensors stay in the heap: a file and a mapping each cost more than their bytes.
@@ -121,3 +126,40 @@ def spill(tree: Any, folder: Path) -> tuple[Any, int]:
         return node
 
     return walk(tree), written[0]
+
+
+class SetCopies:
+    """The judge's copies of one reference session's sets (inputs and outputs) and of the values it
+    keeps a while: in files of `folder` from `min_bytes` on (`folder` None: every one in the heap),
+    as they arrive; how many sets went to files (`in_files`) and the largest set's bytes (`largest`)."""
+
+    def __init__(self, folder: Path | None, min_bytes: int) -> None:
+        self.folder = folder
+        self.min_bytes = min_bytes
+        self.in_files = 0  # sets (correctness and timing) the judge keeps in files
+        self.largest = 0  # bytes of the largest input set and its outputs that arrived
+
+    def files_for(self, nbytes: int) -> Path | None:
+        """The folder a set (inputs and outputs) or a value of `nbytes` is kept in, or None where it
+        stays in the judge's heap: the one rule for the size check and the sets as they arrive."""
+        return self.folder if self.folder is not None and nbytes >= self.min_bytes else None
+
+    def keep(self, value: object) -> object:
+        """`value` as the judge keeps it for a while (a candidate's first output, until its second
+        run is compared with it): in a file where a value that large goes there (`files_for`), else as
+        it is."""
+        folder = self.files_for(payload_bytes(value))
+        return value if folder is None else spill(value, folder)[0]
+
+    def arrived(self, made: list[object], ran: list[object]) -> tuple[list[Any], list[Any]]:
+        """One set as the judge keeps it (its inputs `made` and the reference's outputs `ran`): in files
+        where a set that large goes there, spilled before the next set arrives, so the judge's heap
+        holds one set at a time."""
+        size = payload_bytes(made) + payload_bytes(ran)
+        self.largest = max(self.largest, size)
+        folder = self.files_for(size)
+        if folder is None:
+            return made, ran
+        (made, ran), written = spill((made, ran), folder)
+        self.in_files += written > 0
+        return made, ran

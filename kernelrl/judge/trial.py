@@ -8,6 +8,9 @@ worker goes on to timing. A Triton candidate on a CPU runs under Triton's interp
 (`kernelrl.judge.harness.toolchain`): its outputs are checked as any other's, but its times mean nothing,
 so it is never timed: a correct one ends here, `correct` with `Timing.INTERPRETED` and no speedup.
 A CUDA candidate on a CPU ends at its build: nvcc checks its device code, nothing CUDA loads.
+The task's own programs go the same way, under trial keys of their own: the timed reference and
+the A/A copy (`TIMED_REFERENCE`, `AA_REFERENCE`: `reference_program`), and the compiled reference
+(`COMPILED`).
 
 Guarantees:
 - every crash, hang, exit, segfault or protocol violation of the candidate ends the trial with a
@@ -46,10 +49,27 @@ from kernelrl.judge.harness.device import Device
 from kernelrl.judge.harness.devmem import Blame, DeviceMemory, blame
 from kernelrl.judge.isolation import compilecache
 from kernelrl.judge.isolation.builds import build_dir, has_build, seal, sealed_dir, unseal
-from kernelrl.judge.isolation.sandbox import Answer, Worker, WorkerDied
+from kernelrl.judge.isolation.exchange import Answer
+from kernelrl.judge.isolation.sandbox import Worker, WorkerDied
 from kernelrl.judge.reference import InputSet, LoadSpec, ReferenceSession
 from kernelrl.judge.timing.verdict import Checked, Verdict
 from kernelrl.result import Containment, Finding, Severity, Status, Timing
+from kernelrl.tasks.task import Task
+
+COMPILED = "__compiled_reference__"  # the trial key of the task's reference under torch.compile
+# The trial key of the task's reference loaded as a program, exactly as candidates are: it is the
+# reference that is timed, so the reference and the candidates are measured in processes with
+# the same history (a fresh pool worker, a program load, the correctness runs), never in the task
+# worker that made the inputs and outputs (which measured up to 30 % slower: benchmarks/README.md).
+TIMED_REFERENCE = "__timed_reference__"
+# The trial key of the group's A/A copy: the reference once more, timed as a member; identical code
+# must measure 1.00 against the reference, or the group's measurement is noise (EvalConfig.aa_tolerance).
+AA_REFERENCE = "__aa_reference__"
+
+
+def reference_program(task: Task, *, copy: str = "the task's reference") -> Candidate:
+    """The task's reference as a program: its own source, with `ModelNew` naming `Model`."""
+    return Candidate(source=task.source + f"\n\n# {copy}, loaded as a program\nModelNew = Model\n")
 
 
 class _End(Exception):
@@ -157,9 +177,9 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
         trial.build_cached = scratch is not None and unseal(sealed, scratch) if full else has_build(bdir)
     # What torch.compile compiled before (`kernelrl.judge.isolation.compilecache`): the task's own graphs for
     # every program of the task, a program's own for that source only.
-    task_graphs = compilecache.task_entry(cache_dir, spec.task.source, reference.constants, spec.device)
+    task_graphs = compilecache.task_entry(cache_dir, spec.task.source, reference.loaded.constants, spec.device)
     own_graphs = (task_graphs if trial.compiled_reference else
-                  compilecache.program_entry(cache_dir, trial.candidate.source, reference.constants, spec.device))
+                  compilecache.program_entry(cache_dir, trial.candidate.source, reference.loaded.constants, spec.device))
     given = compilecache.give(task_graphs, scratch) if scratch is not None else {}
     if scratch is not None and own_graphs != task_graphs:
         compilecache.give(own_graphs, scratch)
@@ -212,13 +232,13 @@ def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: 
     worker = trial.worker
     assert worker is not None
     if trial.compiled_reference:
-        answer = worker.request(spec.header(profile=False, compile_mode="default"), reference.constants,
+        answer = worker.request(spec.header(profile=False, compile_mode="default"), reference.loaded.constants,
                                 deadline=deadline)
         build_s = answer.header.load_s if not answer.failed else 0.0
     else:
         source = trial.candidate.source
         answer = worker.request(P.LoadProgram(
-            source=source, constants=reference.constants, device=str(spec.device), threads=spec.threads,
+            source=source, constants=reference.loaded.constants, device=str(spec.device), threads=spec.threads,
             evict_bytes=spec.evict_bytes, build_dir=str(bdir), cache_root=str(cache_dir),
             allow_tf32=spec.allow_tf32), deadline=deadline)
         build_s = answer.header.build_s if not answer.failed else 0.0
@@ -242,7 +262,7 @@ def _construct(trial: Trial, reference: ReferenceSession, spec: LoadSpec, deadli
     assert worker is not None
     state_after = trial.state_after_load
     if not trial.compiled_reference:
-        made = worker.request(P.Construct(init_seed=spec.init_seed), reference.init_inputs, deadline=deadline)
+        made = worker.request(P.Construct(init_seed=spec.init_seed), reference.loaded.init_inputs, deadline=deadline)
         if made.failed:
             raise _End(Verdict(status=Status.RUNTIME_ERROR,
                                message=f"candidate failed to initialise: {error_line(made.header.message)}",
@@ -309,7 +329,7 @@ def _correctness(trial: Trial, reference: ReferenceSession, sets: list[InputSet]
         digests.append(output_digest(got[0]))
         constant.append(not cmp.ok and _is_constant(got[0]))
         if n == 0:
-            first = reference.keep(got[0])  # in a file where a set would be: not the judge's heap
+            first = reference.sets.keep(got[0])  # in a file where a set would be: not the judge's heap
         del got, ran  # the outputs: what is kept of them is above
     for found in dynamic.global_state_changed("run", trial.state_before, state_after):
         _note(trial, found)

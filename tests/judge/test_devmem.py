@@ -9,7 +9,7 @@ from kernelrl.candidate import Candidate
 from kernelrl.judge import trial as T
 from kernelrl.judge.harness import protocol as P
 from kernelrl.judge.harness.devmem import PROMISED_SHARE, Blame, DeviceMemory, blame
-from kernelrl.judge.isolation.sandbox import Answer
+from kernelrl.judge.isolation.exchange import Answer
 from kernelrl.result import Status
 
 GIB = 1 << 30

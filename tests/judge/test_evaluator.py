@@ -98,17 +98,17 @@ def test_a_groups_results_share_its_id_and_say_where_its_time_went(shared_evalua
 
 
 def test_the_tasks_own_copies_run_the_first_set_and_candidates_every_set(tiny_task, quick_config, monkeypatch):
-    from kernelrl.judge import group
+    from kernelrl.judge import groupchecks
     from kernelrl.judge.evaluator import Evaluator
 
     seen: list[tuple[bool, int]] = []
-    real = group.run_trial
+    real = groupchecks.run_trial
 
     def spy(trial, **kw):  # noqa: ANN001, ANN003 - the real function's arguments, passed on
         seen.append((trial.trusted, len(kw["sets"])))
         return real(trial, **kw)
 
-    monkeypatch.setattr(group, "run_trial", spy)
+    monkeypatch.setattr(groupchecks, "run_trial", spy)
     config = EvalConfig(**{**quick_config.__dict__, "aa_tolerance": EvalConfig().aa_tolerance})
     with Evaluator(config) as ev:
         res = ev.evaluate(tiny_task, IDENTICAL + "\n# copies\n")
@@ -397,9 +397,9 @@ def test_a_reference_that_cannot_be_timed_as_a_program_is_timed_in_its_task_work
 
 
 def test_the_judges_own_failure_is_a_judge_error_and_the_next_call_judges_again(tiny_task, quick_config, monkeypatch):
-    import kernelrl.judge.group as group
+    import kernelrl.judge.groupchecks as groupchecks
 
-    real = group.run_trial
+    real = groupchecks.run_trial
     calls = []
 
     def broken_once(trial, *args, **kwargs):
@@ -409,7 +409,7 @@ def test_the_judges_own_failure_is_a_judge_error_and_the_next_call_judges_again(
             raise OSError(24, "Too many open files")
         return real(trial, *args, **kwargs)
 
-    monkeypatch.setattr(group, "run_trial", broken_once)
+    monkeypatch.setattr(groupchecks, "run_trial", broken_once)
     from kernelrl.judge.evaluator import Evaluator
 
     with Evaluator(_no_static(quick_config)) as ev:

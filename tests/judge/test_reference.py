@@ -276,9 +276,9 @@ def test_a_reseeded_worker_gives_what_a_fresh_load_under_the_same_seed_gives(tmp
         fresh = session_for(t, config, pool=pool, rng=random.Random(2))
         sessions += [again, fresh]
         for s in (again, fresh):
-            s.load(constants=dict(first.constants), profile=False)
-        assert again.reused and not fresh.reused and pool.started == 2
-        assert again.precision == fresh.precision and again.init_inputs == fresh.init_inputs
+            s.load(constants=dict(first.loaded.constants), profile=False)
+        assert again.loaded.reseeded and not fresh.loaded.reseeded and pool.started == 2
+        assert again.loaded.precision == fresh.loaded.precision and again.loaded.init_inputs == fresh.loaded.init_inputs
         plans = [plain_plan(random.Random(3))]
         (a_in,), (a_out,), _ = again.make(plans, run=True)
         (f_in,), (f_out,), _ = fresh.make(plans, run=True)
@@ -351,8 +351,8 @@ def test_a_worker_whose_reseed_would_differ_from_a_fresh_load_is_not_reused(sess
         keeper.keep(t, dying)
     second = session_for(t, config, pool=pool, rng=random.Random(3), kept=keeper.take(t))
     try:
-        second.load(constants=dict(first.constants), profile=False)
-        assert not second.reused and second.worker is not None
+        second.load(constants=dict(first.loaded.constants), profile=False)
+        assert not second.loaded.reseeded and second.worker is not None
         second.make(correctness_plans(2, random.Random(4)), run=True)
     finally:
         second.close()
@@ -381,8 +381,8 @@ def test_a_task_with_large_input_sets_keeps_no_worker(tmp_path, monkeypatch):
     try:
         session.load(constants=None, profile=False)
         session.make([plain_plan(random.Random(2))], run=True)
-        assert session.largest_set > 0
-        monkeypatch.setattr(reference, "KEEP_MAX_SET_BYTES", session.largest_set - 1)
+        assert session.sets.largest > 0
+        monkeypatch.setattr(reference, "KEEP_MAX_SET_BYTES", session.sets.largest - 1)
         assert session.release() is None and session.worker is None
     finally:
         session.close()

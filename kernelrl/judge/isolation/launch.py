@@ -18,6 +18,7 @@ pipes and the seccomp program are closed in the judge either way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -75,6 +76,29 @@ class Launched:
     cgroup: Cgroup | None
     uid: int | None = None  # FULL: the worker's own uid (drawn from `Launch.uids` as root)
     joined: Joined | None = None  # a forked worker's processes
+
+    def log_tail(self, chars: int) -> str:
+        """The last `chars` characters of the worker's log, as it wrote them (not yet redacted)."""
+        with contextlib.suppress(OSError, ValueError):  # a killed worker's log is closed; its file stays
+            self.log.flush()
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-chars:].decode(errors="replace")
+
+    def release(self, *, uid_back: bool) -> None:
+        """Let go of what the launch made, once its processes are gone: the worker's uid (given back
+        where `uid_back`: FULL as root), its cgroup, its channel, arena and log."""
+        if self.uid is not None and uid_back:
+            release_uid(self.uid)
+            self.uid = None
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        self.channel.close()
+        self.arena.close()
+        with contextlib.suppress(OSError):
+            self.log.close()
 
 
 @dataclass

@@ -3,6 +3,7 @@
 Starting a worker costs a second or more (a fresh interpreter importing torch); an evaluation
 needs at least two. A `WorkerPool` keeps `size` workers started and waiting, and starts a new
 one in the background each time one is taken, so an evaluation takes workers that are ready.
+What a worker is started as (settings, device, folder, containment level) is its `Starter`'s.
 
 A call that knows how many workers it will take says so (`claim`, updated with `expect` as it
 learns more, each of its `take`s counted against it): while claims are open the pool keeps ready
@@ -65,18 +66,34 @@ class Claim:
     remaining: int
 
 
+class Starter:
+    """What a pool's workers are started as: their settings, device and folder, and the containment
+    level they get, decided once (`probe`); counts the workers it started."""
+
+    def __init__(self, *, config: SandboxConfig, device: Device, device_index: int | None, root: Path | None) -> None:
+        self.config = config
+        self.device = device
+        self.device_index = device_index
+        self.root = root
+        self.probe: Probe = probe(config.containment, config.uids, device)
+        self.started = 0  # workers started over the pool's life (for reports and tests)
+
+    def start(self) -> Worker:
+        self.started += 1
+        return Worker(config=self.config, device=self.device, device_index=self.device_index, root=self.root)
+
+
 class WorkerPool:
+    """Ready workers, started by its `Starter` ahead of the claims of its callers (see the module
+    docstring)."""
+
     def __init__(self, *, config: SandboxConfig, device: Device, device_index: int | None = None, size: int = 2,
                  root: Path | None = None,
                  starting: Callable[[], contextlib.AbstractContextManager[None]] | None = None) -> None:
         if size < 0:
             raise ValueError("pool size must be >= 0")
-        self.config = config
-        self.device = device
-        self.device_index = device_index
         self.size = size
-        self.root = root
-        self._probe: Probe = probe(config.containment, config.uids, device)
+        self._starter = Starter(config=config, device=device, device_index=device_index, root=root)
         # Held while a worker starts in the background (an interpreter importing torch uses the
         # cores): the evaluator passes its lane's shared hold, so no start overlaps a measurement.
         self._starting = starting or contextlib.nullcontext
@@ -85,32 +102,32 @@ class WorkerPool:
         self._ready = threading.Condition()  # guards the lists below; notified when a worker is ready
         self._closed = False
         self._claims: list[Claim] = []  # open calls (`claim`)
-        self.started = 0  # workers started over the pool's life (for reports and tests)
         self.handed_out = 0
         threading.Thread(target=self._fill, name="kernelrl-pool-fill", daemon=True).start()
         atexit.register(self.close)
 
     @property
+    def started(self) -> int:
+        """Workers started over the pool's life (for reports and tests)."""
+        return self._starter.started
+
+    @property
     def containment(self) -> Containment:
         """The containment of every worker this pool hands out (a server refuses less than FULL)."""
-        return self._probe.level
+        return self._starter.probe.level
 
     def containment_notice(self) -> str | None:
         """One line saying the workers are less than fully contained, and why; None when they are full."""
-        if self._probe.level is Containment.FULL:
+        found = self._starter.probe
+        if found.level is Containment.FULL:
             return None
-        return (f"kernelrl: workers are not fully contained (containment: {self._probe.level.value}): "
-                f"{self._probe.reason}")
+        return f"kernelrl: workers are not fully contained (containment: {found.level.value}): {found.reason}"
 
     def warn_if_uncontained(self) -> None:
         """Print `containment_notice` to stderr, where there is one."""
         notice = self.containment_notice()
         if notice:
             print(notice, file=sys.stderr, flush=True)
-
-    def _spawn(self) -> Worker:
-        self.started += 1
-        return Worker(config=self.config, device=self.device, device_index=self.device_index, root=self.root)
 
     def _target(self) -> int:
         """How many workers should be ready or starting now (called holding `_ready`)."""
@@ -156,7 +173,7 @@ class WorkerPool:
             with self._ready:
                 while not self._closed and len(self._idle) + len(self._booting) < self._target():
                     try:
-                        w = self._spawn()
+                        w = self._starter.start()
                     except (OSError, RuntimeError):
                         break  # no process now (the judge exiting, no descriptors left): `take` starts one or says why
                     self._booting.append(w)
@@ -209,7 +226,7 @@ class WorkerPool:
                 if claim is not None:
                     claim.remaining = max(0, claim.remaining - 1)
             if worker is None:
-                worker = self._spawn()
+                worker = self._starter.start()
             limit = time.monotonic() + _START_LIMIT_S
             try:
                 worker.wait_ready(deadline=min(deadline, limit) if deadline is not None else limit)

@@ -1,7 +1,8 @@
 """The sandbox: a worker process with its own interpreter, directory, limits and env, and the judge's
 thin handle on it (`Worker`). The process is started by the launcher of its containment level
-(`kernelrl.judge.isolation.launch`), which returns it with its channel; what the kernel says of
-its processes is read, and they are ended, through `kernelrl.judge.isolation.processes`.
+(`kernelrl.judge.isolation.launch`), which returns it with its channel; its commands and answers
+go through `kernelrl.judge.isolation.exchange`; what the kernel says of its processes is read, and
+they are ended, through `kernelrl.judge.isolation.processes`.
 
 Guarantees:
 - a worker is never a fork of the judge: it is a fresh interpreter (`python -m
@@ -49,8 +50,6 @@ and reaches the network; under NONE it also reads the /proc of the judge's other
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
 import shutil
 import signal
@@ -62,16 +61,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kernelrl.judge.harness.channel import (
-    DEFAULT_ARENA_BYTES,
-    Arena,
-    Channel,
-    ChannelClosed,
-    ChannelProtocolError,
-    commitment,
-)
+from kernelrl.judge.harness.channel import Arena, Channel, ChannelProtocolError
 from kernelrl.judge.harness.device import Device
-from kernelrl.judge.harness.protocol import ANSWERS, Error, Header, Hello, Kind, Output, decode, encode
+from kernelrl.judge.harness.protocol import Header, Hello, Kind
 from kernelrl.judge.harness.startup import NO_HUGE_PAGES_ENV, PINNED_ALLOCATOR_ENV
 from kernelrl.judge.isolation.cgroup import Cgroup
 from kernelrl.judge.isolation.containment import (
@@ -79,8 +71,8 @@ from kernelrl.judge.isolation.containment import (
     namespaces_available,
     probe,
     process_limit,
-    release_uid,
 )
+from kernelrl.judge.isolation.exchange import Answer, Exchanges
 from kernelrl.judge.isolation.inductor import inductor_env
 from kernelrl.judge.isolation.launch import LAUNCHERS, Launch
 from kernelrl.judge.isolation.processes import WorkerProcesses
@@ -242,23 +234,10 @@ def _death(what: str, rc: int | None, bwrap: bool) -> tuple[str, int | None]:
     return (f"{what}: exit status {rc}" if rc is not None else what), rc
 
 
-@dataclass(frozen=True)
-class Answer:
-    """A worker's typed answer to one command (`kernelrl.judge.harness.protocol`)."""
-
-    kind: Kind
-    header: Any
-    payload: Any = None
-
-    @property
-    def failed(self) -> bool:
-        return self.kind is Kind.ERROR
-
-
 class Worker:
     """The judge's handle on one worker process: started by the launcher of its containment level
-    (`kernelrl.judge.isolation.launch`), talked to through its channel, watched and ended through
-    its processes (`kernelrl.judge.isolation.processes`).
+    (`kernelrl.judge.isolation.launch`), talked to through its channel (`kernelrl.judge.isolation.exchange`),
+    watched and ended through its processes (`kernelrl.judge.isolation.processes`).
 
     A worker is started bare (a fresh interpreter that imports torch and says hello) and is given
     one program: its owner sets `role` ("reference", "candidate", ...) for messages. It is never
@@ -277,8 +256,8 @@ class Worker:
             limits=worker_limits(config, device, self.containment), uids=config.uids,
             scratch_bytes=config.scratch_mib << 20, expose=config.expose, fork=config.fork_workers, inherit_fds=inherit_fds))
         self._procs = WorkerProcesses(self.proc, self.containment, self.cgroup, self._launched.joined)
-        self._noted = _Exchanges()
-        self._arena_need: int | None = None
+        # its commands and answers (`kernelrl.judge.isolation.exchange`)
+        self._talk = Exchanges(self.channel, self.arena, end_strays=self._procs.end_strays, died=self._died)
         self.started = time.monotonic()
 
     @property
@@ -323,9 +302,7 @@ class Worker:
     def size_arena(self, need: int) -> None:
         """The arena's size for good (`kernelrl.judge.harness.channel.arena_need` of the task's messages): set
         before the worker is given its program, so a program cannot pin more memory through it."""
-        if self.arena.sealed:
-            raise RuntimeError("the worker's arena is already sized")
-        self._arena_need = need
+        self._talk.size_arena(need)
 
     def wait_ready(self, *, deadline: float | None = None) -> Hello:
         """The worker's hello (interpreter up, torch imported); WorkerDied if it never comes.
@@ -334,7 +311,7 @@ class Worker:
         process, sets its limits and notes its scratch's file system.
         """
         if self.hello is None:
-            answer = self._receive(deadline)
+            answer = self._talk.receive(deadline)
             if answer.kind is not Kind.HELLO:
                 raise ChannelProtocolError(f"expected hello, got {answer.kind.value}")
             self.hello = answer.header
@@ -366,36 +343,7 @@ class Worker:
     def _exchange(self, kind: Kind, header: Header | None, payload: Any, deadline: float | None) -> Answer:
         if self.hello is None:
             self.wait_ready(deadline=deadline)
-        if not self.arena.sealed:
-            self.arena.seal(self._arena_need or DEFAULT_ARENA_BYTES)
-        self._noted.timing = self._noted.timing or kind is Kind.POOL
-        if self._noted.timing:
-            self.end_strays()
-        t0 = time.perf_counter_ns()  # the exchange alone: the stray census is the judge's work, and noisy
-        try:
-            self.channel.send(kind.value, encode(kind, header), payload)
-        except (BrokenPipeError, OSError) as e:
-            raise self._died(f"worker stopped accepting commands ({e})") from e
-        try:
-            answer = self._receive(deadline)
-            self._noted.last_exchange_ns = time.perf_counter_ns() - t0
-        finally:
-            if self._noted.timing:
-                self.end_strays()
-        if answer.kind is not ANSWERS.get(kind) and answer.kind is not Kind.ERROR:
-            raise ChannelProtocolError(f"{kind.value} answered with {answer.kind.value}")
-        self._noted.note(answer, header)
-        return answer
-
-    def _receive(self, deadline: float | None) -> Answer:
-        try:
-            msg = self.channel.recv(deadline)
-        except ChannelClosed as e:
-            raise self._died("worker exited without answering") from e
-        kind, header = decode(msg.kind, msg.header)
-        if isinstance(header, Error):  # shown in a verdict: nothing of the judge's machine in it
-            header = dataclasses.replace(header, message=redact(header.message), traceback=redact(header.traceback))
-        return Answer(kind=kind, header=header, payload=msg.payload)
+        return self._talk.exchange(kind, header, payload, deadline)
 
     def _died(self, what: str) -> WorkerDied:
         bwrap = not self._procs.keeper_reports and self.containment is Containment.FULL
@@ -403,13 +351,7 @@ class Worker:
         return WorkerDied(reason, role=self.role, returncode=rc, log_tail=self.log_tail())
 
     def log_tail(self) -> str:
-        with contextlib.suppress(OSError, ValueError):  # a killed worker's log is closed; its file stays
-            self._launched.log.flush()
-        try:
-            data = self.log_path.read_bytes()
-        except OSError:
-            return ""
-        return redact(data[-self.config.log_tail_chars:].decode(errors="replace"))
+        return redact(self._launched.log_tail(self.config.log_tail_chars))
 
     @property
     def pid(self) -> int:
@@ -419,15 +361,15 @@ class Worker:
     @property
     def last_exchange_ns(self) -> int:
         """The last command's send to its answer, by the judge's clock."""
-        return self._noted.last_exchange_ns
+        return self._talk.last_exchange_ns
 
     @property
     def spot_outputs(self) -> int:
-        return self._noted.outputs
+        return self._talk.outputs
 
     @property
     def uncommitted_outputs(self) -> int:
-        return self._noted.uncommitted
+        return self._talk.uncommitted
 
     @property
     def strays_ended(self) -> int:
@@ -463,15 +405,7 @@ class Worker:
     def kill(self) -> None:
         """End the worker and everything it started; wait until they are gone (10 s at most)."""
         self._procs.end()
-        if self.uid is not None and self.containment is Containment.FULL and os.geteuid() == 0:
-            release_uid(self.uid)
-            self._launched.uid = None
-        if self.cgroup is not None:
-            self.cgroup.remove()
-        self.channel.close()
-        self.arena.close()
-        with contextlib.suppress(OSError):
-            self._launched.log.close()
+        self._launched.release(uid_back=self.containment is Containment.FULL and os.geteuid() == 0)
 
     def close(self, *, keep_dir: bool = False) -> None:
         """Ask the worker to exit, then make sure the whole group is gone and clean up."""
@@ -485,25 +419,3 @@ class Worker:
         if not keep_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-
-class _Exchanges:
-    """What a handle notes of its exchanges: whether its timing began (from the timing pool on, strays
-    are ended around every exchange), the last one's duration, each timed call's commitments to its
-    outputs (`Called.commits`), and the outputs handed over for a spot check that are not what their
-    call committed to (`uncommitted_outputs`)."""
-
-    def __init__(self) -> None:
-        self.timing = False
-        self.last_exchange_ns = 0
-        self.commits: list[int] = []
-        self.outputs = 0
-        self.uncommitted = 0
-
-    def note(self, answer: Answer, header: Header | None) -> None:
-        if answer.kind is Kind.CALLED:
-            self.commits = list(answer.header.commits)
-        elif answer.kind is Kind.OUTPUT_DATA and isinstance(header, Output):
-            committed = self.commits[header.call] if 0 <= header.call < len(self.commits) else None
-            payload = answer.payload if isinstance(answer.payload, dict) else {}
-            self.outputs += 1
-            self.uncommitted += committed is None or commitment(payload.get("output")) != committed

@@ -74,7 +74,8 @@ from kernelrl.judge.eval_config import TimingConfig  # declared with the other s
 from kernelrl.judge.harness import protocol as P
 from kernelrl.judge.harness.channel import ChannelProtocolError, ChannelTimeout
 from kernelrl.judge.harness.compare import compare_outputs
-from kernelrl.judge.isolation.sandbox import Answer, Worker, WorkerDied
+from kernelrl.judge.isolation.exchange import Answer
+from kernelrl.judge.isolation.sandbox import Worker, WorkerDied
 from kernelrl.judge.timing.idle import IdleMonitor, IdleTally, device_state
 from kernelrl.judge.timing.inputs import timing_scale
 from kernelrl.result import DeviceIdle, TimingStop
