@@ -139,7 +139,7 @@ for f in side_stream_cuda second_context_cuda cuda_graph_stale_replay cuda_event
          freed_memory_cuda current_stream_switched_cuda; do
     [ -f "$ROOT/tests/fixtures/redteam/$f.py" ] && HACKS+=("tests/checks/test_redteam.py::test_redteam_dynamic_defences_alone[$f]")
 done
-HACKS+=("tests/judge/test_worker_cuda.py::test_the_persisting_l2_carveout_is_empty_after_an_eviction")
+HACKS+=("tests/judge/harness/test_worker_cuda.py::test_the_persisting_l2_carveout_is_empty_after_an_eviction")
 PYTEST=("$PYTHON" -m pytest -p gpu_check_plugin -p no:cacheprovider -q -rA)
 # pytest-xdist (in the GPU image) runs the gpu tests 8 at a time: their cold builds overlap on the
 # machine's cores while the device lock keeps timing one group at a time. Not in a rehearsal (2 cores).

@@ -11,7 +11,7 @@ is started once, before the first); where it does not, a line says why (not root
 it can give each worker).
 
 What a forked worker sees from inside (uid, capabilities, seccomp, its namespaces and
-descriptors) is tested against a spawned one in tests/judge/test_zygote.py.
+descriptors) is tested against a spawned one in tests/judge/isolation/test_zygote.py.
 
     python3 benchmarks/worker_start.py [--n 10]
 """

@@ -22,7 +22,7 @@ what it returned, and one that patches torch does not change how its inputs are 
   that input and a chunk more, where the whole-tensor expression took two more tensors of its
   size (the rolled noise and the scaled copy): for KernelBench's 6 GiB elementwise inputs, 12 GiB
   of a worker's peak. Its values are the whole-tensor expression's (the same operations on each
-  element; tests/judge/test_values.py); a non-contiguous input is made from a contiguous copy and
+  element; tests/judge/harness/test_values.py); a non-contiguous input is made from a contiguous copy and
   laid out with its strides. The noise may be smaller than the input and is then repeated over it
   (the worker's is at most `protocol.POOL_NOISE_ELEMENTS` values per floating input: on an input
   that size or smaller it is the input's own size and the values are the ones above; on a larger

@@ -10,7 +10,7 @@ tiny kernel from launch to completion. On an idle device that takes what it took
 while any other context has work running, the probe's kernel waits for the GPU's time slice and
 takes far longer.
 
-The decision is pure and tested with fake probes (tests/judge/test_idle.py):
+The decision is pure and tested with fake probes (tests/judge/timing/test_idle.py):
 - `calibrate`: the probe's median time over `CALIBRATION_PROBES` probes at the start of each
   measurement, refused when it is above `CALIBRATION_CEILING_MS` (the device was not idle then:
   a threshold learned on a busy device would call every later probe idle);

@@ -3,7 +3,7 @@
 Every function here is pure: records in (what a trial established, what the group's timing
 measured, the task's floors on this machine, an LLM review), an `EvalResult` out. Nothing here
 starts a worker, reads a file or asks a model, so every rule of the decision is tested with
-records made by hand (tests/judge/test_verdict.py).
+records made by hand (tests/judge/timing/test_verdict.py).
 
 The decision, in order:
 - a trial that ended early (does not parse, does not build, crashed, wrong on an input set, a
