@@ -88,7 +88,9 @@ def test_cuda_l1_retime_tiny(tmp_path):
 def test_eval_throughput_tiny(tmp_path):
     out = _run("eval_throughput.py", "--device", "cpu", "--limit", "1", "--only", "pytorch", "--timeout", "30",
                "--paths", "naive,batched", "--warm", tmp_path=tmp_path)
-    assert "warm build cache" in out and "candidates/hour" in out and "against the naive loop" in out
+    # --warm: the cold pass, then a fresh evaluator over the build cache it filled
+    assert "cold build cache, then warm" in out and "evaluator, batched, warm" in out
+    assert "candidates/hour" in out and "against the naive loop" in out
 
 
 def test_idle_probe_tiny(tmp_path):
