@@ -117,8 +117,11 @@ class Evaluator:
         self.close()
 
     def close(self) -> None:
-        self.context.references.close()
+        # The pool first: it tops up a second after a batch's claim closes, and ending the kept
+        # reference workers can take longer than that on a busy machine; a pool closed first
+        # starts no worker only to kill it.
         self.context.pool.close()
+        self.context.references.close()
         if self.context.idle is not None:
             self.context.idle.close()
 
