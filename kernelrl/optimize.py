@@ -64,6 +64,6 @@ def optimize(config: SearchConfig, *, tasks: Sequence[Task] | None = None, conso
                    proposers={config.proposer: proposer} if proposer is not None else None, console=console,
                    watch=config.watch, record=record, resume=config.resume) as run:
         run.proposer(config.proposer, **config.proposer_options())  # first: a bad spec fails before any worker
-        with waiting(run.reporter.console, "starting the evaluator"):
+        with waiting(run.console, "starting the evaluator"):
             run.judge  # noqa: B018 - built now, so the wait is said
         return run_search(config, run, build_prompt=build_prompt, measure_baseline=measure_baseline)

@@ -125,7 +125,11 @@ def lock_watch(evaluator: object) -> LockWatch:
 
 @contextlib.contextmanager
 def waiting(console: Console, what: str, watch: LockWatch | None = None) -> Iterator[None]:
-    """A spinner saying `what`, its elapsed seconds and the lock's holder, while the block runs."""
+    """A spinner saying `what`, its elapsed seconds and the lock's holder, while the block runs;
+    nothing at all on a quiet console (a run given none), not even the thread that reads the lock."""
+    if console.quiet:
+        yield
+        return
     start = time.monotonic()
     done = threading.Event()
     plain = not console.is_terminal

@@ -313,7 +313,7 @@ def _compile_speedups(backend: ProfilingJudge, tasks: Sequence[Task], config: Be
 
 def saying(reporter: Reporter, what: str, backend: ProfilingJudge | None) -> contextlib.AbstractContextManager[None]:
     """A spinner saying `what` (and who holds the backend's timing lock) on the run's console, while
-    the block runs."""
+    the block runs (nothing on a quiet one: `waiting`)."""
     from kernelrl.search.activity import lock_watch, waiting
 
     return waiting(reporter.console, what, lock_watch(backend) if backend is not None else None)

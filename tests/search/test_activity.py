@@ -117,3 +117,21 @@ def test_the_eta_is_the_judging_rate_since_the_first_verdict_not_since_the_start
         resumed.seen(judged, at)
     assert resumed.eta_s(2) == 20.0
     assert eta_text(None) == "-" and eta_text(3725.4) == "1:02:05"
+
+
+def test_a_quiet_console_gets_no_spinner_and_no_thread_reading_the_lock():
+    import threading
+
+    from kernelrl.search.activity import waiting
+
+    class Watch:
+        reads = 0
+
+        def note(self) -> str:
+            Watch.reads += 1
+            return ""
+
+    with waiting(Console(quiet=True), "starting", Watch()):  # type: ignore[arg-type]
+        assert not [t for t in threading.enumerate() if t.name == "kernelrl-waiting"]
+        time.sleep(0.1)
+    assert Watch.reads == 0
