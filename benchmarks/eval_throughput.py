@@ -38,6 +38,9 @@ build of it, a Triton candidate (the reference's forward, its output passed thro
 kernel: a Triton build and launch of its own), a PyTorch rewrite, the reference renamed, one
 incorrect, one that raises, and on the first task only one that hangs (the others get a second
 renamed copy). With `--warm`, the first (cold) pass is printed too: cold then warm in one run.
+`--headers-dir DIR` gives every evaluator path the judge's precompiled torch headers from DIR
+(`EvalConfig.headers_dir`), as a machine keeps them across runs; without it each path starts with
+none and has them made as its C++ candidates ask (the number at each path's start is printed).
 `--cache-dir` keeps the build caches in a folder of the user's (a lease's cache that a second
 command reuses); by default they are temporary and removed at the end.
 
@@ -74,6 +77,7 @@ from kernelrl.judge.eval_config import TimingConfig
 from kernelrl.judge.evaluator import EvalConfig, Evaluator
 from kernelrl.judge.harness.compare import compare_outputs
 from kernelrl.judge.harness.device import Device
+from kernelrl.judge.isolation.headers import include_dir
 from kernelrl.judge.timing.throughput import Throughput
 from kernelrl.proposers.heuristic import Rewrite, render_rewrite, task_traits
 from kernelrl.result import EvalResult, Status
@@ -313,13 +317,14 @@ class Setting:
     device: str = "cpu"
     size: str = "small"
     cache_root: Path  # each evaluator path's build cache is a folder of its own under it
+    headers_dir: Path | None = None  # precompiled headers shared by every path (None: each path's own, cold)
 
 
 def config(s: Setting, label: str, kept: int | None = None) -> EvalConfig:
     cache = s.cache_root / re.sub(r"[^a-z0-9]+", "-", f"{label}-kept{kept}".lower())
     cache.mkdir(parents=True, exist_ok=True)
-    cfg = EvalConfig(device=Device(s.device), size=Size(s.size), cache_dir=cache, timeout_s=s.timeout_s,
-                     build_timeout_s=s.build_timeout_s, timing=TimingConfig(max_timing_s=6.0))
+    cfg = EvalConfig(device=Device(s.device), size=Size(s.size), cache_dir=cache, headers_dir=s.headers_dir,
+                     timeout_s=s.timeout_s, build_timeout_s=s.build_timeout_s, timing=TimingConfig(max_timing_s=6.0))
     return cfg if kept is None else dataclasses.replace(cfg, kept_references=kept)
 
 
@@ -384,6 +389,8 @@ def run(label: str, items: list[Item], setting: Setting, paths: tuple[str, ...],
         judge = one_by_one if path == "one" else batched
         for k in kept:  # the first setting's results are the ones compared below
             cfg = config(setting, f"{label}-{path}", k)
+            made = sorted(include_dir(cfg.headers_root).glob("torch/extension.h.gch/*.gch"))
+            print(f"  precompiled torch headers at the start of the {path} path: {len(made)}", flush=True)
             name = f"evaluator, {'one by one' if path == 'one' else 'batched'}"
             name += f", kept {cfg.kept_references}" if len(kept) > 1 else ""
             if warm:  # the cold pass fills cfg.cache_dir's build cache; the warm one is a fresh evaluator
@@ -440,6 +447,9 @@ def main() -> int:
                         help="task size (default: small, full with --cuda-l1)")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="keep the build caches here (default: a temporary folder, removed at the end)")
+    parser.add_argument("--headers-dir", type=Path, default=None,
+                        help="the evaluators' precompiled torch headers, kept across runs as a machine keeps them "
+                             "(default: each evaluator path's own, under its cold build cache)")
     parser.add_argument("--kept-references", default=None, metavar="N[,N]",
                         help="the evaluator's kept reference workers (EvalConfig.kept_references; default its "
                              "default); a comma list measures each evaluator path once per value, in turn")
@@ -467,7 +477,7 @@ def main() -> int:
     size = args.size or ("full" if args.cuda_l1 is not None else "small")
     root = args.cache_dir or Path(tempfile.mkdtemp(prefix="kernelrl-bench-cache-"))
     setting = Setting(timeout_s=args.timeout, build_timeout_s=args.build_timeout, device=args.device, size=size,
-                      cache_root=root)
+                      cache_root=root, headers_dir=args.headers_dir)
     try:
         if args.only in ("all", "both"):
             run("GRPO-shaped batch", items, setting, paths, args.warm, kept)

@@ -108,10 +108,18 @@ class EvalConfig:
     # are tens of GiB. None (from Python; a large value on the command line) keeps every set in the heap.
     spill_set_mib: int | None = 64
     cache_dir: Path = field(default_factory=default_cache_dir)
+    # Where the judge keeps precompiled torch headers for C++ builds (`kernelrl.judge.isolation.headers`):
+    # one per toolchain and flag set, hundreds of MiB each, shared by every evaluator given the same
+    # folder. None: `cache_dir/headers`.
+    headers_dir: Path | None = None
     timing: TimingConfig = field(default_factory=TimingConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     llm_judge: LLMJudgeConfig = field(default_factory=LLMJudgeConfig)
     constants: dict[str, int] = field(default_factory=dict)  # explicit overrides on top of `size`
+
+    @property
+    def headers_root(self) -> Path:
+        return self.headers_dir if self.headers_dir is not None else self.cache_dir / "headers"
 
     def __post_init__(self) -> None:
         for name, kind in (("device", Device), ("size", Size), ("policy", PolicyName)):
@@ -121,6 +129,8 @@ class EvalConfig:
             except ValueError:
                 raise ValueError(f"{name} must be one of {', '.join(kind)}, not {value!r}") from None
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+        if self.headers_dir is not None:
+            object.__setattr__(self, "headers_dir", Path(self.headers_dir))
         if self.device_index is not None and (self.device is not Device.CUDA or self.device_index < 0):
             raise ValueError("device_index is a GPU number (>= 0) and needs device cuda")
         if self.timeout_s <= 0:
@@ -144,11 +154,12 @@ class EvalConfig:
 
 
 def config_fingerprint(config: EvalConfig) -> str:
-    """What makes two evaluations comparable: every setting but where caches live, how many
+    """What makes two evaluations comparable: every setting but where caches live (builds',
+    headers'), how many
     candidates are checked at once, how many reference workers are kept, whether the compile
     baseline is measured beside them and where the judge keeps its sets."""
     d = to_plain(config)
-    for key in ("cache_dir", "concurrency", "kept_references", "compile_baseline", "spill_set_mib"):
+    for key in ("cache_dir", "headers_dir", "concurrency", "kept_references", "compile_baseline", "spill_set_mib"):
         d.pop(key, None)
     d["llm_judge"].pop("cache_path", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

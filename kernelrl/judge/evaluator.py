@@ -48,6 +48,7 @@ from kernelrl.judge.eval_config import EvalConfig, config_fingerprint, default_c
 from kernelrl.judge.group import Group, load_task_info, run_groups
 from kernelrl.judge.harness.device import Device, visible_device
 from kernelrl.judge.harness.profile import TaskProfile
+from kernelrl.judge.isolation.headers import HeaderStore
 from kernelrl.judge.isolation.inductor import start_vec_isa_check
 from kernelrl.judge.isolation.pool import WorkerPool
 from kernelrl.judge.isolation.sandbox import worker_env
@@ -84,7 +85,11 @@ class Evaluator:
         lock = DeviceLock(cfg.cache_dir, cfg.device, cfg.device_index)
         self._isa_check_started = False  # by the first judging that may compile
         # Enough started workers for a reference and `concurrency` candidates at once.
-        pool = WorkerPool(config=cfg.sandbox, device=cfg.device, device_index=cfg.device_index,
+        # precompiled torch headers for C++ builds, shown read-only to every worker
+        self.headers = _header_store(cfg, lock)
+        sandbox = cfg.sandbox if self.headers is None else dataclasses.replace(
+            cfg.sandbox, expose=(*cfg.sandbox.expose, str(self.headers.folder)))
+        pool = WorkerPool(config=sandbox, device=cfg.device, device_index=cfg.device_index,
                           size=cfg.concurrency + 1 if warm_workers is None else warm_workers,
                           starting=lambda: lock.work(uses_device=False))
         pool.warn_if_uncontained()  # one line at start when workers are less than fully contained
@@ -136,6 +141,8 @@ class Evaluator:
         candidate's or a task's fault."""
         pairs = [(task, Candidate(source=c) if isinstance(c, str) else c) for task, c in items]
         self._before_compiling(self.config.compile_baseline or any(_COMPILES.search(c.source) for _, c in pairs))
+        if self.headers is not None:
+            self.headers.prepare(c.source for _, c in pairs)
         results: list[EvalResult | None] = [None] * len(pairs)
         todo: dict[str, dict[str, list[int]]] = {}  # task key -> candidate hash -> positions
         tasks: dict[str, Task] = {}
@@ -280,6 +287,16 @@ class Evaluator:
 
     def _key(self, task: Task, cand: Candidate) -> JudgedKey:
         return JudgedKey.of(task, cand.hash, self.fingerprint)
+
+
+def _header_store(cfg: EvalConfig, lock: DeviceLock) -> HeaderStore | None:
+    """The evaluator's precompiled headers (`kernelrl.judge.isolation.headers`), made under the
+    device's shared lock (a header compiles while no measurement runs); None where its folder
+    cannot be made (a read-only cache folder, no compiler): builds then compile the header."""
+    try:
+        return HeaderStore(cfg.headers_root, hold=lock.build)
+    except (OSError, RuntimeError):
+        return None
 
 
 def evaluate(task: Task, candidate: Candidate | str, config: EvalConfig | None = None) -> EvalResult:

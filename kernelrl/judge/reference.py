@@ -50,6 +50,7 @@ from kernelrl.judge.harness.device import Device, evict_bytes
 from kernelrl.judge.harness.precision import PRECISION_FLAGS
 from kernelrl.judge.harness.profile import TaskProfile
 from kernelrl.judge.isolation.exchange import Answer
+from kernelrl.judge.isolation.headers import shown_headers
 from kernelrl.judge.isolation.pool import Claim, WorkerPool
 from kernelrl.judge.isolation.sandbox import Worker, WorkerDied
 from kernelrl.judge.spill import SPILL_SUBDIR, SetCopies, disk_free, folder_in_memory
@@ -119,6 +120,7 @@ class LoadSpec:
     init_seed: int = 0
     evict_bytes: int = 0
     cache_root: str = ""
+    headers_dir: str = ""  # the judge's precompiled headers shown to a program's builds; "": none
     allow_tf32: bool = False  # the evaluation's fp32 precision (EvalConfig.allow_tf32), in every worker
 
     def header(self, *, profile: bool, compile_mode: str | None = None) -> P.LoadTask:
@@ -393,7 +395,7 @@ def session_for(task: Task, config: EvalConfig, *, pool: WorkerPool, rng: random
     spec = LoadSpec(task=task, size=config.size, overrides=dict(config.constants), device=config.device,
                     threads=config.sandbox.effective_threads, init_seed=rng.getrandbits(31),
                     evict_bytes=evict_bytes(config.device), cache_root=str(config.cache_dir),
-                    allow_tf32=config.allow_tf32)
+                    headers_dir=shown_headers(config.headers_root), allow_tf32=config.allow_tf32)
     folder = config.cache_dir / SPILL_SUBDIR
     spill_to = None if config.spill_set_mib is None or folder_in_memory(config.cache_dir) else folder
     return ReferenceSession(spec, pool=pool, rng=rng, timeout_s=config.timeout_s, kept=kept, spill_to=spill_to,

@@ -240,7 +240,7 @@ def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: 
         answer = worker.request(P.LoadProgram(
             source=source, constants=reference.loaded.constants, device=str(spec.device), threads=spec.threads,
             evict_bytes=spec.evict_bytes, build_dir=str(bdir), cache_root=str(cache_dir),
-            allow_tf32=spec.allow_tf32), deadline=deadline)
+            headers_dir=spec.headers_dir, allow_tf32=spec.allow_tf32), deadline=deadline)
         build_s = answer.header.build_s if not answer.failed else 0.0
     if answer.failed:
         h = answer.header

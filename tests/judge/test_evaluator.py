@@ -208,6 +208,33 @@ def test_fake_result_and_exit_zero_does_not_pass(judged, tiny_task, quick_config
     assert "exit status 0" in res.message
 
 
+# Tries to plant a header, a file and a record in every folder of the judge's precompiled headers
+# its build is shown; fails to load if it is shown none.
+PLANTS_HEADERS = "import os\n" + IDENTICAL.replace("class ModelNew", """_store = os.environ["CPATH"].split(os.pathsep)[0]
+assert os.path.isdir(os.path.join(_store, "torch", "extension.h.gch")), "no precompiled headers shown"
+for _rel in ("torch/extension.h.gch/planted.gch", "planted.h", ".work/planted", "torch/planted.h"):
+    try:
+        with open(os.path.join(_store, _rel), "w") as _f:
+            _f.write("#error planted")
+    except OSError:
+        pass
+
+
+class ModelNew""", 1)
+
+
+def test_a_contained_candidate_reads_the_precompiled_headers_and_cannot_write_them(judged, tiny_task, quick_config):
+    from kernelrl.judge.isolation import headers
+    from kernelrl.result import Containment
+
+    res = judged(tiny_task, PLANTS_HEADERS, _no_static(quick_config))
+    if res.containment is not Containment.FULL:
+        pytest.skip("full containment (bubblewrap) is not available here: workers write the judge's caches")
+    assert res.status is Status.CORRECT, res.message
+    store = headers.include_dir(quick_config.headers_root)
+    assert not [p for p in store.rglob("planted*")]
+
+
 def test_endless_loop_times_out_within_limit(judged, tiny_task, quick_config):
     # The build allowance is for programs that compile: a PyTorch candidate's hang costs timeout_s.
     config = EvalConfig(**{**quick_config.__dict__, "timeout_s": 5.0, "build_timeout_s": 300.0})

@@ -28,7 +28,7 @@ from kernelrl.judge.harness.places import BUILD_DIR_ENV, CACHE_ROOT_ENV
 from kernelrl.judge.harness.precision import global_state
 from kernelrl.judge.harness.toolchain import (
     CudaDeviceCodeCheck,
-    PrecompiledHeaderLoader,
+    SharedHeaders,
     configure_triton,
     exclusive_build_dir,
 )
@@ -181,7 +181,7 @@ class Loaded:
         os.environ["TORCH_EXTENSIONS_DIR"] = build_dir
         os.environ["TRITON_CACHE_DIR"] = os.path.join(build_dir, "triton")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, "inductor")
-        PrecompiledHeaderLoader(cache_root).install()
+        SharedHeaders(h.headers_dir or None).install()
         configure_triton(Device(h.device), h.source)  # before the import: triton.jit reads it when a kernel is decorated
         if h.device == "cpu":
             CudaDeviceCodeCheck().install()

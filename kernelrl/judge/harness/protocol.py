@@ -119,7 +119,8 @@ class LoadProgram(Header):
     threads: int
     evict_bytes: int
     build_dir: str  # TORCH_EXTENSIONS_DIR for this program: its own, keyed by content hash
-    cache_root: str  # the evaluator's cache (precompiled header, inductor cache)
+    cache_root: str  # the evaluator's cache (inductor's)
+    headers_dir: str = ""  # the judge's precompiled headers (`kernelrl.judge.isolation.headers`); "": none
     allow_tf32: bool = False  # the judge's fp32 precision (judge.precision), set before program code runs
 
 

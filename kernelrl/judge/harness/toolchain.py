@@ -1,7 +1,7 @@
 """How a worker builds a program's kernels on each device (a worker imports this; the judge's
 side of builds, their folders and sealing, is `kernelrl.judge.isolation.builds`).
 
-In the worker, `PrecompiledHeaderLoader` makes torch's inline loader use a precompiled
+In the worker, `SharedHeaders` makes torch's inline loader read the judge's precompiled
 `torch/extension.h` for CPU builds, and `exclusive_build_dir` holds the program's build folder
 while it loads, so parallel evaluations of one program never race.
 
@@ -49,67 +49,37 @@ from typing import Any, NoReturn
 from kernelrl.judge.harness.device import Device
 
 
-class PrecompiledHeaderLoader:
-    """Torch's inline loader, with a precompiled torch header for CPU builds.
+class SharedHeaders:
+    """Torch's inline loader in a worker, reading the judge's precompiled headers
+    (`kernelrl.judge.isolation.headers`).
 
-    Torch keeps one precompiled `torch/extension.h` per install, valid for one set of compiler
-    flags; rebuilding it for every new flag set would cost more than it saves. So the header is
-    built for the first flag set seen under this cache root, and used only by builds with those
-    same flags; other builds compile plainly. Where torch's folder is read-only (full
-    containment), a header that is there with the same flags is used, none is made or removed.
+    The judge's folder goes first on the C++ include path (`CPATH`, read by every compiler a build
+    starts), where GCC finds `torch/extension.h.gch/` and uses a header there only when its own
+    check finds it valid for the build. Torch's own precompiled header is kept out: `use_pch` is
+    turned off (torch would make one in its own folder, read-only under full containment and
+    shared by every process otherwise), and torch's removal of the one in its folder, which it
+    does for every build without, does nothing (a worker never deletes files of the install).
     """
 
-    def __init__(self, cache_root: str):
-        self.cache_root = cache_root
+    def __init__(self, folder: str | None):
+        self.folder = folder
 
     def install(self) -> None:
         from torch.utils import cpp_extension
 
-        original: Any = cpp_extension.load_inline
-        prepare = getattr(cpp_extension, "_check_and_build_extension_h_precompiler_headers", None)
-        loader = self
+        if self.folder:
+            before = os.environ.get("CPATH")
+            os.environ["CPATH"] = self.folder + (os.pathsep + before if before else "")
+        original: Any = getattr(cpp_extension.load_inline, "__wrapped__", cpp_extension.load_inline)
 
         def load_inline(*args: Any, **kwargs: Any) -> Any:
-            cpu_only = not kwargs.get("cuda_sources") and (len(args) < 3 or not args[2])
-            if cpu_only and prepare is not None and "use_pch" not in kwargs:
-                kwargs["use_pch"] = loader.prepare_pch(prepare, kwargs.get("extra_cflags"),
-                                                      kwargs.get("extra_include_paths"))
+            kwargs["use_pch"] = False
             return original(*args, **kwargs)
 
         load_inline.__wrapped__ = original  # type: ignore[attr-defined]
         cpp_extension.load_inline = load_inline
-        remove = getattr(cpp_extension, "remove_extension_h_precompiler_headers", None)
-        if remove is not None:
-            # Without a precompiled header torch deletes the one in its own folder; under full
-            # containment that folder is read-only: the header stays (gcc skips one whose flags differ).
-            def keep_when_read_only() -> None:
-                try:
-                    remove()
-                except OSError:
-                    pass
-
-            cpp_extension.remove_extension_h_precompiler_headers = keep_when_read_only
-
-    def prepare_pch(self, prepare: Any, cflags: Any, include_paths: Any) -> bool:
-        import json
-
-        flags = json.dumps([list(cflags or []), list(include_paths or [])])
-        try:
-            os.makedirs(self.cache_root, exist_ok=True)
-            record = os.path.join(self.cache_root, "pch-flags.json")
-            # Under a lock: parallel builds must never read a half-written header.
-            with open(os.path.join(self.cache_root, "pch.lock"), "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                owner = open(record).read() if os.path.exists(record) else None  # noqa: SIM115 - read once, closed by the collector
-                if owner is not None and owner != flags:
-                    return False
-                prepare(cflags, include_paths)  # a no-op when torch's header matches these flags
-                if owner is None:
-                    with open(record, "w") as f:
-                        f.write(flags)
-            return True
-        except Exception:  # noqa: BLE001 - no PCH (read-only torch, another compiler): build plainly
-            return False
+        if hasattr(cpp_extension, "remove_extension_h_precompiler_headers"):
+            cpp_extension.remove_extension_h_precompiler_headers = lambda: None
 
 
 class exclusive_build_dir:

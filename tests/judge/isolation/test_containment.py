@@ -236,22 +236,6 @@ def test_seal_refuses_links_and_files_the_worker_does_not_own(worker_scratch, tm
     os.close(fd)
 
 
-def test_a_build_without_precompiled_header_does_not_fail_on_a_read_only_torch(monkeypatch, tmp_path: Path):
-    """Torch deletes its precompiled header when a build does not use it; in a read-only torch
-    (full containment) that deletion must not fail the build."""
-    from torch.utils import cpp_extension
-
-    from kernelrl.judge.harness.toolchain import PrecompiledHeaderLoader
-
-    def read_only() -> None:
-        raise OSError(30, "Read-only file system")
-
-    monkeypatch.setattr(cpp_extension, "load_inline", cpp_extension.load_inline)
-    monkeypatch.setattr(cpp_extension, "remove_extension_h_precompiler_headers", read_only)
-    PrecompiledHeaderLoader(str(tmp_path)).install()
-    cpp_extension.remove_extension_h_precompiler_headers()  # raised before the loader was installed
-
-
 def test_a_folder_under_the_scratch_is_bound_after_the_scratch_is_mounted(tmp_path):
     # A checkout in /tmp: bound before the scratch tmpfs, the tmpfs would hide it from the worker.
     shown = tmp_path / "checkout"
