@@ -1,4 +1,5 @@
-"""Shared helpers for the learner's tests (not a test module): a scripted judge and answers.
+"""Shared helpers for the learner's tests (not a test module): a scripted judge, answers, and a
+run's parts handed in whole (`run_parts`).
 
 `ScriptedBackend` stands in for the evaluator where a test is about the plumbing around it (the
 real evaluator is used by the tests that show the recipe end to end): it records every
@@ -7,15 +8,22 @@ real evaluator is used by the tests that show the recipe end to end): it records
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kernelrl.candidate import Candidate
 from kernelrl.result import EvalResult, Finding, Severity, Status
 from kernelrl.tasks.task import Task
+
+if TYPE_CHECKING:
+    from kernelrl.judge.contract import ProfilingJudge
+    from kernelrl.run_parts import Reporter, RunParts
+    from kernelrl.store import Database
 
 CORRECT = "```python\nclass ModelNew:\n    pass  # fast\n```\n"
 
@@ -153,3 +161,16 @@ def launch_stage(stage: str, run: Path, cache_dir: Path, *more: str) -> subproce
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
                           timeout=900)
+
+
+def run_parts(tasks: Sequence[Task], judge: ProfilingJudge | None = None, *, db: Database | None = None,
+              reporter: Reporter | None = None) -> RunParts:
+    """The parts of a run over `tasks` (the default `EvalConfig`: policy open, cpu, small), handed in
+    whole: the judge, database and reporter given (none: no database, a quiet reporter), nothing
+    opened, built or closed, no row (what `build_run` makes, for a part that takes a run)."""
+    from kernelrl.backends.judges import BackendConfig
+    from kernelrl.judge.eval_config import EvalConfig
+    from kernelrl.run_parts import Reporter, RunParts
+
+    return RunParts(tasks=list(tasks), eval_config=EvalConfig(), backend=BackendConfig(), db=db, judge=judge,
+                    proposers={}, reporter=reporter or Reporter.quiet(), closing=contextlib.ExitStack())

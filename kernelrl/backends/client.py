@@ -5,9 +5,9 @@
 function, the search loop) takes the client.
 
 Guarantees:
-- transient failures are retried with exponential backoff and full jitter: connection errors,
-  timeouts, 500/502/503/504 up to `retries` times per request, 429 (queue full) until
-  `queue_wait_s` has passed; a Retry-After header is honoured (never retried sooner);
+- transient failures are retried (`kernelrl.backends.transport`: exponential backoff with full
+  jitter, connection errors, timeouts and 5xx up to `retries` times, 429 until `queue_wait_s`,
+  Retry-After honoured);
 - a retried submission never evaluates twice: every item carries an idempotency key (the
   caller's, or one made per call), so a job the server stored before the connection broke is
   answered from the store;
@@ -32,18 +32,12 @@ own keys (`(task, candidate, key)` items) and submits again.
 
 from __future__ import annotations
 
-import math
-import random
-import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from kernelrl.backends.api import (
     Accepted,
@@ -63,6 +57,10 @@ from kernelrl.backends.api import (
     TurnSubmit,
     wire_item,
 )
+from kernelrl.backends.transport import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S
+from kernelrl.backends.transport import ClientConfig as ClientConfig
+from kernelrl.backends.transport import ServeError as ServeError
+from kernelrl.backends.transport import Transport
 from kernelrl.candidate import Candidate
 from kernelrl.checks.policy import PolicyName
 from kernelrl.judge.harness.profile import TaskProfile
@@ -70,52 +68,8 @@ from kernelrl.result import EvalResult
 from kernelrl.tasks.task import Size, Task, TaskError
 from kernelrl.web.tokens import client_token
 
-RETRY_STATUSES = frozenset({500, 502, 503, 504})
-DEFAULT_TIMEOUT_S = 3600.0  # one evaluate_batch or profile call, queueing included
 # Room left in a body for JSON quoting and the envelope when splitting a batch by size.
 _BODY_MARGIN = 0.8
-
-
-class ServeError(Exception):
-    """The server refused a request, could not finish a job, or could not be reached in time."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ClientConfig:
-    size: Size | None = None  # None: the server's
-    policy: PolicyName | None = None
-    request_timeout_s: float = 60.0  # one HTTP request (a long poll adds its wait)
-    retries: int = 8  # per request, for connection errors and 5xx
-    backoff_s: float = 0.5  # first backoff; doubles per retry, full jitter
-    backoff_max_s: float = 30.0
-    queue_wait_s: float = 900.0  # keep retrying 429 (queue full) this long
-    wait_s: float = 20.0  # long poll per job status request (the server holds at most 30 s)
-    timeout_s: float = DEFAULT_TIMEOUT_S  # whole evaluate_batch or profile call; math.inf: no limit
-    items_per_job: int | None = None  # None: the server's limit
-
-    def __post_init__(self) -> None:
-        if self.size is not None:
-            object.__setattr__(self, "size", Size(self.size))
-        if self.policy is not None:
-            object.__setattr__(self, "policy", PolicyName(self.policy))
-        if self.retries < 0 or self.backoff_s <= 0 or self.backoff_max_s < self.backoff_s:
-            raise ValueError("need retries >= 0 and 0 < backoff_s <= backoff_max_s")
-        if not 0 <= self.wait_s <= 30:
-            raise ValueError("wait_s must be in 0..30 (the server's limit)")
-        if self.request_timeout_s <= 0 or self.queue_wait_s < 0:
-            raise ValueError("request_timeout_s must be positive and queue_wait_s >= 0")
-        if self.items_per_job is not None and self.items_per_job < 1:
-            raise ValueError("items_per_job must be >= 1")
-        if not self.timeout_s > 0:
-            raise ValueError("timeout_s must be positive (math.inf: no limit)")
-
-    def deadline(self) -> float | None:
-        """The monotonic time a call started now must end by; None without a limit."""
-        return None if math.isinf(self.timeout_s) else time.monotonic() + self.timeout_s
 
 
 class RewardClient:
@@ -129,12 +83,14 @@ class RewardClient:
             token = client_token(token_file)  # TokenFileError (a ValueError) with the reason
         self.url = url.rstrip("/")
         self.config = config or ClientConfig()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=self.config.request_timeout_s)
+        self.transport = Transport(self.url, token=token, config=self.config)
         self._info: ServerInfo | None = None
-        self._lock = threading.Lock()
-        self.retried: Counter[str] = Counter()  # retries by reason ("429", "503", "transport", ...)
         self.capacity = 1  # as a backend: one batch at a time is enough, the server spreads it
+
+    @property
+    def retried(self) -> Counter[str]:
+        """Retries by reason ("429", "503", "transport", ...), over every request."""
+        return self.transport.retried
 
     def __enter__(self) -> RewardClient:
         return self
@@ -143,76 +99,31 @@ class RewardClient:
         self.close()
 
     def close(self) -> None:
-        self._http.close()
+        self.transport.close()
 
     # -- requests -------------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, *, body: bytes | None = None, params: dict[str, Any] | None = None,
-                 timeout_s: float | None = None, deadline: float | None = None) -> httpx.Response:
-        cfg = self.config
-        attempt = 0  # failures that count against `retries`
-        backoffs = 0  # every retry, 429 included: the exponent of the backoff
-        queue_deadline = time.monotonic() + cfg.queue_wait_s
-        while True:
-            retry_after = None
-            try:
-                resp = self._http.request(method, path, content=body, params=params,
-                                          headers={"Content-Type": "application/json"} if body is not None else None,
-                                          timeout=timeout_s or cfg.request_timeout_s)
-            except httpx.TransportError as e:
-                reason, last = "transport", f"{type(e).__name__}: {e}"
-            else:
-                if resp.status_code < 400:
-                    return resp
-                message = _error_message(resp)
-                if resp.status_code == 429:
-                    if time.monotonic() >= queue_deadline:
-                        raise ServeError(f"the server's queue stayed full for {cfg.queue_wait_s:g} s: {message}",
-                                         status=429)
-                    reason, last = "429", message
-                    retry_after = _retry_after(resp)
-                elif resp.status_code in RETRY_STATUSES:
-                    reason, last = str(resp.status_code), message
-                    retry_after = _retry_after(resp) if resp.status_code == 503 else None
-                else:
-                    raise ServeError(f"{method} {path}: {resp.status_code} {message}", status=resp.status_code)
-            if reason != "429":
-                attempt += 1
-                if attempt > cfg.retries:
-                    raise ServeError(f"{method} {self.url}{path} failed after {cfg.retries} retries: {last}")
-            pause = random.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2 ** min(backoffs, 16)))
-            backoffs += 1
-            if retry_after is not None:
-                pause = max(pause, retry_after)
-            if deadline is not None and time.monotonic() + pause > deadline:
-                raise ServeError(f"{method} {self.url}{path}: gave up at the call's deadline ({last})")
-            with self._lock:
-                self.retried[reason] += 1
-            time.sleep(pause)
-
     def health(self) -> bool:
-        try:
-            return self._http.get("/healthz", timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
+        return self.transport.healthy()
 
     def info(self, *, refresh: bool = False) -> ServerInfo:
         if self._info is None or refresh:
-            self._info = ServerInfo.model_validate_json(self._request("GET", "/v1/info").content)
+            self._info = ServerInfo.model_validate_json(self.transport.request("GET", "/v1/info").content)
         return self._info
 
     def metrics(self) -> str:
-        return self._request("GET", "/metrics").text
+        return self.transport.request("GET", "/metrics").text
 
     def submit(self, items: Sequence[ItemIn], *, size: Size | None = None, policy: PolicyName | None = None,
                deadline: float | None = None) -> Accepted:
         """Store one job on the server (items as built by `kernelrl.backends.api.wire_item`)."""
         req = EvaluateRequest(items=list(items), size=size or self.config.size, policy=policy or self.config.policy)
         body = req.model_dump_json(exclude_none=True).encode()
-        return Accepted.model_validate_json(self._request("POST", "/v1/evaluate", body=body, deadline=deadline).content)
+        resp = self.transport.request("POST", "/v1/evaluate", body=body, deadline=deadline)
+        return Accepted.model_validate_json(resp.content)
 
     def job(self, job_id: str, *, wait_s: float = 0.0, deadline: float | None = None) -> JobReply:
-        resp = self._request("GET", f"/v1/jobs/{job_id}", params={"wait": f"{wait_s:g}"} if wait_s else None,
+        resp = self.transport.request("GET", f"/v1/jobs/{job_id}", params={"wait": f"{wait_s:g}"} if wait_s else None,
                              timeout_s=self.config.request_timeout_s + wait_s, deadline=deadline)
         return JobReply.model_validate_json(resp.content)
 
@@ -271,7 +182,7 @@ class RewardClient:
         builtin = task.suite == "builtin"
         body = ProfileRequest(task=task.name if builtin else task.source, name=None if builtin else task.name or None,
                               size=size or self.config.size).model_dump_json(exclude_none=True).encode()
-        accepted = Accepted.model_validate_json(self._request("POST", "/v1/profile", body=body,
+        accepted = Accepted.model_validate_json(self.transport.request("POST", "/v1/profile", body=body,
                                                               deadline=deadline).content)
         (outcome,) = [ProfileOutcome.from_dict(r) for r in self._wait(accepted.job, JobKind.PROFILE, deadline)]
         if outcome.error is not None:
@@ -291,20 +202,20 @@ class RewardClient:
         body = SessionCreate(task=task.name if builtin else task.source, name=None if builtin else task.name or None,
                              turns=turns, size=size or self.config.size, policy=policy or self.config.policy,
                              gamma=gamma, history_tokens=history_tokens, key=key or uuid.uuid4().hex)
-        resp = self._request("POST", "/v1/sessions", body=body.model_dump_json(exclude_none=True).encode())
+        resp = self.transport.request("POST", "/v1/sessions", body=body.model_dump_json(exclude_none=True).encode())
         return SessionReply.model_validate_json(resp.content)
 
     def session(self, session_id: str) -> SessionReply:
-        return SessionReply.model_validate_json(self._request("GET", f"/v1/sessions/{session_id}").content)
+        return SessionReply.model_validate_json(self.transport.request("GET", f"/v1/sessions/{session_id}").content)
 
     def close_session(self, session_id: str) -> SessionReply:
-        return SessionReply.model_validate_json(self._request("DELETE", f"/v1/sessions/{session_id}").content)
+        return SessionReply.model_validate_json(self.transport.request("DELETE", f"/v1/sessions/{session_id}").content)
 
     def session_prompt(self, session_id: str) -> PromptReply:
         """The next turn's prompt, once the server can build it (long polls within `timeout_s`)."""
         deadline = self.config.deadline()
         while True:
-            reply = PromptReply.model_validate_json(self._long_poll(f"/v1/sessions/{session_id}/prompt", deadline))
+            reply = PromptReply.model_validate_json(self.transport.long_poll(f"/v1/sessions/{session_id}/prompt", deadline))
             if reply.state != "waiting":
                 return reply
 
@@ -318,27 +229,14 @@ class RewardClient:
             if turn is None:
                 raise ServeError(f"session {session_id} takes no more turns (done or closed)", status=409)
         body = TurnSubmit(answer=answer, candidate=candidate, turn=turn).model_dump_json(exclude_none=True).encode()
-        wait_s = self._wait_within(deadline)
-        resp = self._request("POST", f"/v1/sessions/{session_id}/turns", body=body, params={"wait": f"{wait_s:g}"},
+        wait_s = self.transport.wait_within(deadline)
+        resp = self.transport.request("POST", f"/v1/sessions/{session_id}/turns", body=body, params={"wait": f"{wait_s:g}"},
                              timeout_s=self.config.request_timeout_s + wait_s, deadline=deadline)
         reply = TurnReply.model_validate_json(resp.content)
         while reply.state is TurnState.PENDING:
-            reply = TurnReply.model_validate_json(self._long_poll(f"/v1/sessions/{session_id}/turns/{turn}",
+            reply = TurnReply.model_validate_json(self.transport.long_poll(f"/v1/sessions/{session_id}/turns/{turn}",
                                                                   deadline))
         return reply
-
-    def _wait_within(self, deadline: float | None) -> float:
-        if deadline is None:
-            return self.config.wait_s
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise ServeError("not done by the call's deadline; it goes on on the server")
-        return min(self.config.wait_s, left)
-
-    def _long_poll(self, path: str, deadline: float | None) -> bytes:
-        wait_s = self._wait_within(deadline)
-        return self._request("GET", path, params={"wait": f"{wait_s:g}"}, timeout_s=self.config.request_timeout_s + wait_s,
-                             deadline=deadline).content
 
     def _chunks(self, wire: list[ItemIn]) -> list[list[ItemIn]]:
         info = self.info()
@@ -397,18 +295,3 @@ class RemoteSession:
         reply = self.client.close_session(self.id)
         self.next_turn = None
         return reply
-
-
-def _error_message(resp: httpx.Response) -> str:
-    try:
-        return str(resp.json()["error"])
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:300] or resp.reason_phrase
-
-
-def _retry_after(resp: httpx.Response) -> float | None:
-    value = resp.headers.get("retry-after")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None  # an HTTP date: fall back to the backoff

@@ -2,8 +2,8 @@
 
 `RayLanes(configs)` is a backend (`kernelrl.serve.backend.EvalBackend`): `evaluate_batch` spreads
 a batch over the actors in contiguous chunks and returns the results in order, so the reward
-server (`kernelrl serve --backend ray`) and a trainer (`KernelRewardFunction(RayLanes(...))`)
-submit to it alike.
+server (`kernelrl serve --backend ray`) and a trainer (a run built with `judge=RayLanes(...)`, whose
+`KernelRewardFunction` judges through it) submit to it alike.
 
 - `ray.init()` with no address starts a local Ray (tests use `ray.init(num_cpus=2)` before
   building the lanes; an already initialised Ray is used as it is); `address="auto"` or

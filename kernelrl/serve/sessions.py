@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import random
 import re
 import threading
 from collections.abc import Awaitable, Callable
@@ -66,7 +65,6 @@ from kernelrl.backends.api import (
     BadItem,
     JobKind,
     JobState,
-    ProfileOutcome,
     PromptReply,
     SessionCreate,
     SessionReply,
@@ -78,20 +76,18 @@ from kernelrl.backends.api import (
     scrub_paths,
 )
 from kernelrl.candidate import extract_code
-from kernelrl.episodes.episode import DEFAULT_GAMMA, Episode, EpisodeConfig
+from kernelrl.episodes.episode import DEFAULT_GAMMA, EpisodeConfig
 from kernelrl.episodes.feedback import feedback
-from kernelrl.episodes.prompt import build_prompt
-from kernelrl.judge.harness.profile import TaskProfile
-from kernelrl.result import EvalResult, Status
+from kernelrl.result import EvalResult
 from kernelrl.reward import RewardModel
 from kernelrl.serve.config import ServeConfig
 from kernelrl.serve.jobs import FINISHED, ItemSpec, JobStore
+from kernelrl.serve.session_replies import SessionReplies
 from kernelrl.serve.session_store import SessionLimit, SessionRecord, SessionStore, TurnRecord, TurnRefused
 
 SubmitJob = Callable[..., Accepted]  # RewardService's: (specs, *, size, policy, owner, kind) -> Accepted
 T = TypeVar("T")
 _SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
-PROMPT_SEED = 0  # the base prompt is built once per session; a fixed seed keeps it reproducible
 
 
 def _sha(text: str) -> str:
@@ -107,6 +103,7 @@ class SessionService:
         self.jobs = jobs
         self.store = store
         self.submit_job = submit_job
+        self.replies = SessionReplies(config, jobs=jobs, store=store)
         # One reward model per client: its clip window is the client's own, so one client's turns
         # never move the bound another client's rewards are clipped to.
         self._reward_config = rewards.config
@@ -135,7 +132,7 @@ class SessionService:
             if found is not None:
                 if (found.task.source, found.size, found.policy, found.episode) != (task.source, size, policy, episode):
                     raise ApiError(409, f"key {req.key!r} was already used for another session", reason="key_conflict")
-                return self._reply(found)
+                return self.replies.reply(found)
         # The profile job is keyed by what it reads, so every session on the task shares one.
         profile_key = f"kernelrl-session-profile/{_sha(task.source)[:32]}/{size}/{policy}"
         profile = self.submit_job([ItemSpec(task=task, candidate="", key=profile_key)], size=size, policy=policy,
@@ -145,10 +142,10 @@ class SessionService:
                                        profile_job=profile.job, key=req.key, max_open=c.max_sessions_per_client)
         except SessionLimit as e:
             raise ApiError(429, str(e), reason="too_many_sessions", headers={"Retry-After": "5"}) from None
-        return self._reply(record)
+        return self.replies.reply(record)
 
     def read(self, session_id: str, owner: str) -> SessionReply:
-        return self._reply(self._settle(self._get(session_id, owner)))
+        return self.replies.reply(self._settle(self._get(session_id, owner)))
 
     def close(self, session_id: str, owner: str) -> SessionReply:
         if not _SESSION_ID.match(session_id) or not self.store.close_session(session_id, owner=owner):
@@ -161,11 +158,11 @@ class SessionService:
             return PromptReply(session=rec.id, turn=None, state="closed")
         if rec.done:
             return PromptReply(session=rec.id, turn=None, state="done")
-        built = self._base_prompt(rec)
+        built = self.replies.base_prompt(rec)
         if built is None or rec.pending is not None:
             return PromptReply(session=rec.id, turn=rec.next_turn, state="waiting")
         base, profile_error = built
-        return PromptReply(session=rec.id, turn=rec.next_turn, state="ready", prompt=self._episode(rec).prompt(base),
+        return PromptReply(session=rec.id, turn=rec.next_turn, state="ready", prompt=self.replies.episode(rec).prompt(base),
                            profile_error=profile_error)
 
     def submit(self, session_id: str, body: bytes, owner: str) -> TurnReply:
@@ -208,7 +205,7 @@ class SessionService:
         turn = next((t for t in rec.turns if t.number == number), None)
         if turn is None:
             raise ApiError(404, f"session {session_id} has no turn {number}")
-        return self._turn_reply(rec, turn)
+        return self.replies.turn_reply(rec, turn)
 
     # -- turns ----------------------------------------------------------------------------------
 
@@ -261,69 +258,6 @@ class SessionService:
             result = EvalResult.from_dict(view.results[0])
             reward = self.rewards(rec.owner).score(result, answer=turn.answer, level=rec.task.level)
             self.store.finish_turn(rec.seq, turn.number, result=result, verdict=feedback(result), reward=reward)
-
-    # -- prompts and replies --------------------------------------------------------------------
-
-    def _base_prompt(self, rec: SessionRecord) -> tuple[str, str | None] | None:
-        """The session's base prompt and why it holds no profile (None when it does), built once
-        its profile job has ended; None before."""
-        if rec.base_prompt is not None:
-            return rec.base_prompt, rec.profile_error
-        profile: TaskProfile | None = None
-        error: str | None = None
-        view = self.jobs.job(rec.profile_job, owner=rec.owner) if rec.profile_job else None
-        if view is None:
-            error = "the task's profile is not known here (its job was removed)"
-        elif view.state not in FINISHED:
-            return None
-        elif view.state is JobState.FAILED:
-            error = f"reading the task's profile failed on the server: {view.error}"
-        elif view.results and view.results[0] is not None:
-            outcome = ProfileOutcome.from_dict(view.results[0])
-            error = outcome.error
-            profile = TaskProfile.from_dict(outcome.profile) if outcome.profile else None
-        base = build_prompt(rec.task, db=None, chain_best=None, policy=str(rec.policy),
-                            device=str(self.config.eval.device), rng=random.Random(PROMPT_SEED), size=str(rec.size),
-                            profile=profile)
-        self.store.set_prompt(rec.seq, base_prompt=base, profile_error=error)
-        stored = self.store.get(rec.id, owner=rec.owner)  # the first one stored, if another thread was first
-        if stored is not None and stored.base_prompt is not None:
-            return stored.base_prompt, stored.profile_error
-        return base, error
-
-    def _episode(self, rec: SessionRecord) -> Episode:
-        """The session's episode from its judged turns: each with the verdict text and the reward
-        given when it was judged."""
-        episode = Episode(task=rec.task.name, config=rec.episode)
-        for t in rec.judged:
-            episode.record(t.answer or "", t.code, t.result, verdict=t.verdict or "",
-                           reward=t.reward.value if t.reward is not None else None)
-        return episode
-
-    def _turn_reply(self, rec: SessionRecord, turn: TurnRecord) -> TurnReply:
-        status = speedup = None
-        if turn.state is TurnState.JUDGED:
-            status = turn.result.status.value if turn.result is not None else Status.NO_CODE.value
-            if turn.result is not None and turn.result.status is Status.CORRECT:
-                speedup = turn.result.speedup
-        reward = turn.reward.value if turn.reward is not None else None
-        prompt = None
-        latest = rec.judged[-1].number if rec.judged else None
-        if turn.number == latest and not rec.done and rec.closed_s is None:
-            built = self._base_prompt(rec)
-            prompt = self._episode(rec).prompt(built[0]) if built is not None else None
-        return TurnReply(session=rec.id, turn=turn.number, state=turn.state, job=turn.job, status=status,
-                         speedup=speedup, verdict=turn.verdict, reward=reward, done=rec.done, prompt=prompt,
-                         error=turn.error)
-
-    def _reply(self, rec: SessionRecord) -> SessionReply:
-        episode = self._episode(rec)
-        open_ = rec.closed_s is None and not rec.done
-        return SessionReply(session=rec.id, task=rec.task.name, turns=rec.episode.turns,
-                            next_turn=rec.next_turn if open_ else None, size=rec.size, policy=rec.policy,
-                            gamma=rec.episode.gamma, done=rec.done, closed=rec.closed_s is not None,
-                            history=[self._turn_reply(rec, t) for t in rec.turns],
-                            rewards=[t.reward for t in episode.turns], returns=episode.returns())
 
 
 def mount_sessions(app: FastAPI, service: SessionService, *, authorized: Callable[..., Awaitable[str]],

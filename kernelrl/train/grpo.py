@@ -70,12 +70,12 @@ from kernelrl.train.model import (
 )
 from kernelrl.train.multiturn import EpisodeReturn, MultiTurnRollout, TurnCredit
 from kernelrl.train.ranks import Ranks, SingleProcess
-from kernelrl.train.reward_fn import KernelRewardFunction
+from kernelrl.train.reward_fn import KernelRewardFunction, RewardShaping
 from kernelrl.train.roc import RoCConfig
 from kernelrl.train.rollouts import EvalSettings, task_profiles
 from kernelrl.train.stage import StageOutcome, checkpoint_to_resume
 from kernelrl.train.step_log import step_log_callback
-from kernelrl.train.stream import ContrastConfig, PromptStream
+from kernelrl.train.stream import ContrastConfig, PromptContent, PromptForm, PromptStream
 from kernelrl.train.trainer import ROW_MEAN_LOSSES, grpo_trainer_class
 from kernelrl.train.trl_args import build_args, check_keys, trl_class
 
@@ -271,13 +271,13 @@ def check_episode_layout(turns: int, generation_batch_size: int | None, processe
 
 
 def train_grpo(stage: GRPOStageConfig, *, run: RunParts, model: ModelConfig, init_from: str, output_dir: Path,
-               reward: RewardModel, eval_settings: EvalSettings | None, prompt_settings: EvalSettings,
-               resume: bool = False, seed: int = 0, template_dir: Path | None = None,
-               profiles: dict[str, TaskProfile | None] | None = None, ranks: Ranks | None = None) -> GRPOResult:
+               reward: RewardModel, eval_settings: EvalSettings | None, resume: bool = False, seed: int = 0,
+               template_dir: Path | None = None, profiles: dict[str, TaskProfile | None] | None = None,
+               ranks: Ranks | None = None) -> GRPOResult:
     """Train on the run's tasks, judged by its judge, stored in its database under its row, told
-    on its console (`run`: `kernelrl.run_parts.build_run`'s parts); `output_dir` is the stage's
-    folder. `eval_settings` (None: do not reuse stored verdicts) say which database results stand
-    for the judge's; `prompt_settings` give the policy, device and size the prompts state; `ranks`
+    on its console, its prompts stating its evaluator's policy, device and size (`run`:
+    `kernelrl.run_parts.build_run`'s parts); `output_dir` is the stage's folder. `eval_settings`
+    (None: do not reuse stored verdicts) say which database results stand for the judge's; `ranks`
     are the run's processes (one by default)."""
     from trl.trainer.grpo_config import GRPOConfig
 
@@ -295,15 +295,13 @@ def train_grpo(stage: GRPOStageConfig, *, run: RunParts, model: ModelConfig, ini
     curriculum = Curriculum(tasks, stage.curriculum, seed=seed)
     if profiles is None:  # only the main process builds prompts
         profiles = task_profiles(backend, tasks) if ranks.is_main else {}
-    stream = PromptStream(curriculum, db, as_prompt=lambda text: as_prompt(tokenizer, text, system),
-                          policy=prompt_settings.policy, device=prompt_settings.device, size=prompt_settings.size,
-                          k=stage.k_shown, seed=seed, template_dir=template_dir, chat=has_chat_template(tokenizer),
-                          profiles=profiles, ranks=ranks, max_tokens=stage.max_prompt_tokens,
-                          count_tokens=prompt_token_counter(tokenizer, system), contrast=stage.contrast)
-    reward_fn = KernelRewardFunction(backend, tasks={t.name: t for t in tasks}, reward=reward, db=db, roc=stage.roc,
-                                     curriculum=curriculum, proposer="grpo", reuse=eval_settings, run_id=run_id,
-                                     max_completion_tokens=args.max_completion_length, reporter=run.reporter, seed=seed,
-                                     ranks=ranks, group_size=args.num_generations, copy_rule=stage.copies)
+    form = PromptForm(as_prompt=lambda text: as_prompt(tokenizer, text, system), chat=has_chat_template(tokenizer),
+                      count_tokens=prompt_token_counter(tokenizer, system), max_tokens=stage.max_prompt_tokens)
+    content = PromptContent(k=stage.k_shown, contrast=stage.contrast, profiles=profiles, template_dir=template_dir)
+    stream = PromptStream(run, curriculum, form=form, content=content, seed=seed, ranks=ranks)
+    shaping = RewardShaping(reward=reward, copy_rule=stage.copies, max_completion_tokens=args.max_completion_length,
+                            roc=stage.roc, group_size=args.num_generations, seed=seed)
+    reward_fn = KernelRewardFunction(run, shaping=shaping, curriculum=curriculum, reuse=eval_settings, ranks=ranks)
     if checkpoint is not None:
         load_rank_state(Path(checkpoint), ranks.index, reward_fn, stream, run.reporter)
     _quiet_dropped_rollouts()
@@ -330,7 +328,7 @@ def train_grpo(stage: GRPOStageConfig, *, run: RunParts, model: ModelConfig, ini
     metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
     outcome = StageOutcome(final_dir=final, steps=int(trainer.state.global_step), train_loss=result.training_loss,
                            norm_before=before, norm_after=after, seconds=time.monotonic() - started, metrics=metrics)
-    return GRPOResult(outcome=outcome, checkpoint=checkpoint, reward_calls=reward_fn.calls,
-                      rollouts=reward_fn.rollouts, evaluated=reward_fn.evaluated, statuses=dict(reward_fn.statuses),
-                      clipped=reward_fn.clipped,
+    totals = reward_fn.totals
+    return GRPOResult(outcome=outcome, checkpoint=checkpoint, reward_calls=totals.calls, rollouts=totals.rollouts,
+                      evaluated=totals.evaluated, statuses=dict(totals.statuses), clipped=totals.clipped,
                       db_candidates=db.count_candidates() - db_before)

@@ -213,7 +213,7 @@ def run_stage(config: TrainConfig, stage: Stage, *, resume: bool = False, consol
         elif stage is Stage.RFT:
             report = _run_rft(config, init, folder, run, settings, ranks)
         else:
-            report = _run_grpo(config, init, folder, run, reuse, settings, resume, ranks)
+            report = _run_grpo(config, init, folder, run, reuse, resume, ranks)
         if ranks.is_main:
             mark_done(config.output_dir, stage, report["final_dir"], run_id=run_id)
     return StageReport(stage=stage, init=init, db_path=config.database, run_id=run_id,
@@ -269,13 +269,13 @@ def _run_rft(config: TrainConfig, init: Init, folder: Path, run: RunParts, setti
 
 
 def _run_grpo(config: TrainConfig, init: Init, folder: Path, run: RunParts, reuse: EvalSettings | None,
-              settings: EvalSettings, resume: bool, ranks: Ranks) -> StageParts:
+              resume: bool, ranks: Ranks) -> StageParts:
     from kernelrl.reward import RewardModel
     from kernelrl.train.grpo import train_grpo
 
     result = train_grpo(config.grpo, run=run, model=config.model, init_from=init.source, output_dir=folder,
-                        reward=RewardModel(config.reward), eval_settings=reuse, prompt_settings=settings,
-                        resume=resume, seed=config.seed, template_dir=config.template_dir, ranks=ranks)
+                        reward=RewardModel(config.reward), eval_settings=reuse, resume=resume, seed=config.seed,
+                        template_dir=config.template_dir, ranks=ranks)
     return {"final_dir": result.outcome.final_dir, "outcome": result.outcome, "grpo": result}
 
 

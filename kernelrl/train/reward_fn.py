@@ -1,8 +1,11 @@
 """The TRL reward function: a batch of completions in, one reward (or None) per completion out.
 
-`KernelRewardFunction(backend, tasks=..., reward=..., db=...)` is passed to `GRPOTrainer` as a
-reward function. It is three parts, the way TRL calls a reward function once per generation batch
-and trains on what it returns:
+`KernelRewardFunction(run, shaping=RewardShaping(...), curriculum=..., reuse=..., ranks=...)` is
+passed to `GRPOTrainer` as a reward function. `run` is the run's parts (`kernelrl.run_parts.RunParts`:
+the judge, the tasks, the database, the run's row and its reporter); `shaping` what a verdict pays
+and how a batch is shaped (the reward model, the copy rule, RoC, the group size, RoC's seed);
+`reuse` which stored verdicts stand for the judge's (None: none). It is three parts, the way TRL
+calls a reward function once per generation batch and trains on what it returns:
 
 1. **the scorer** (`kernelrl.train.scorer.Scorer`: judge, reuse, copy, raw reward). Each row's
    task must be the task its prompt was built for (the row's `key`, `kernelrl.train.stream.row_key`;
@@ -17,9 +20,9 @@ and trains on what it returns:
    the batch), GRPO-RoC's choice per group (one shared generator state), and why each row trains on
    nothing; every rank computes the same result and keeps the same windows and generator;
 3. **the effects** (`kernelrl.train.effects.RolloutEffects`): this rank's codes and verdicts
-   written to the database with what training did with them, the curriculum told once per group,
-   TRL's metrics (`kernelrl/...`, `kernelrl/excluded/<why>`), its completions table and one console
-   line per call.
+   written to the database (under the proposer label `grpo`) with what training did with them, the
+   curriculum told once per group, TRL's metrics (`kernelrl/...`, `kernelrl/excluded/<why>`), its
+   completions table and one console line per call; `totals` add up every call.
 
 A row trains on nothing (TRL is handed None) when its verdict has no reward (`task_error`,
 `judge_error`, an untimed run) or RoC dropped it; the trainer (`kernelrl.train.trainer`) then takes
@@ -46,11 +49,11 @@ import random
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kernelrl.reward import RewardModel
 from kernelrl.store.records import RunMeta
-from kernelrl.tasks.task import Task
 from kernelrl.train.copies import CopyRule
 from kernelrl.train.curriculum import Curriculum
 from kernelrl.train.effects import BatchLog, LogExtra, LogMetric, RolloutEffects, print_batch, rollout_log
@@ -65,12 +68,54 @@ from kernelrl.train.stream import row_key
 if TYPE_CHECKING:
     from transformers import TrainerState
 
-    from kernelrl.judge.contract import ProfilingJudge
-    from kernelrl.run_parts import Reporter
+    from kernelrl.run_parts import RunParts
     from kernelrl.store import Database
     from kernelrl.train.sampling import Prompt
 
-__all__ = ["BatchLog", "KernelRewardFunction", "LogExtra", "LogMetric", "TaskMismatch", "print_batch"]
+__all__ = ["BatchLog", "KernelRewardFunction", "LogExtra", "LogMetric", "RewardShaping", "TaskMismatch", "Totals",
+           "print_batch"]
+
+# The latest batches a reward function keeps (`KernelRewardFunction.logs`).
+KEPT_LOGS = 100
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardShaping:
+    """What a verdict pays and how a batch's rewards are shaped (steps 1 and 2 of the module
+    docstring), beside the run's parts: the reward model (the mapping, and the clip windows it
+    keeps: the one part with state), the copy rule, the completion length at which an answer
+    counts as cut off (TRL's `max_completion_length`; None: never), GRPO-RoC, the group size
+    (TRL's `num_generations`; None: one group per call) and the seed of RoC's draws."""
+
+    reward: RewardModel = field(default_factory=RewardModel)
+    copy_rule: CopyRule = field(default_factory=CopyRule)
+    max_completion_tokens: int | None = None
+    roc: RoCConfig = field(default_factory=RoCConfig)
+    group_size: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.group_size is not None and self.group_size < 1:
+            raise ValueError("group_size must be >= 1")
+
+
+@dataclass(kw_only=True)
+class Totals:
+    """What a reward function did over its life: its calls, and this rank's rollouts, how many were
+    judged here (not reused), clipped, and of each verdict status."""
+
+    calls: int = 0
+    rollouts: int = 0
+    evaluated: int = 0
+    clipped: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+
+    def add(self, batch: BatchLog) -> None:
+        self.rollouts += len(batch.rollouts)
+        self.evaluated += batch.evaluated
+        self.clipped += batch.clipped
+        for name, n in batch.statuses.items():
+            self.statuses[name] = self.statuses.get(name, 0) + n
 
 
 class KernelRewardFunction:
@@ -78,32 +123,22 @@ class KernelRewardFunction:
 
     __name__ = "kernelrl_reward"  # TRL reads reward_funcs' names
 
-    def __init__(self, backend: ProfilingJudge, *, tasks: Mapping[str, Task], reward: RewardModel | None = None,
-                 db: Database | None = None, roc: RoCConfig | None = None, curriculum: Curriculum | None = None,
-                 proposer: str = "grpo", reuse: EvalSettings | None = None, run_id: int | None = None,
-                 max_completion_tokens: int | None = None, compile_speedups: Mapping[str, float] | None = None,
-                 reporter: Reporter | None = None, seed: int = 0, keep_logs: int = 100, ranks: Ranks | None = None,
-                 group_size: int | None = None, copy_rule: CopyRule | None = None) -> None:
-        if group_size is not None and group_size < 1:
-            raise ValueError("group_size must be >= 1")
-        self.reward = reward or RewardModel()
+    def __init__(self, run: RunParts, *, shaping: RewardShaping | None = None, curriculum: Curriculum | None = None,
+                 reuse: EvalSettings | None = None, ranks: Ranks | None = None) -> None:
+        shaping = shaping or RewardShaping()
+        self.reward = shaping.reward
         self.ranks: Ranks = ranks or SingleProcess()
-        self.tasks = dict(tasks)
-        self.scorer = Scorer(backend, tasks=tasks, reward=self.reward, db=db, reuse=reuse, copy_rule=copy_rule,
-                             max_completion_tokens=max_completion_tokens, compile_speedups=compile_speedups,
+        self.tasks = {t.name: t for t in run.tasks}
+        self.scorer = Scorer(run.judge, tasks=self.tasks, reward=self.reward, db=run.db, reuse=reuse,
+                             copy_rule=shaping.copy_rule, max_completion_tokens=shaping.max_completion_tokens,
                              ranks=self.ranks)
-        self.effects = RolloutEffects(db=db, curriculum=curriculum, proposer=proposer, reuse=reuse, run_id=run_id,
-                                      reporter=reporter)
-        self.roc = roc or RoCConfig()
-        self.group_size = group_size
-        self.rng = random.Random(seed)  # RoC's draws: the same seed and the same calls on every rank
-        self.logs: deque[BatchLog] = deque(maxlen=keep_logs)  # the latest batches
-        self.calls = 0
-        # totals over this object's life, this rank's rollouts
-        self.rollouts = 0
-        self.evaluated = 0
-        self.clipped = 0
-        self.statuses: dict[str, int] = {}
+        self.effects = RolloutEffects(db=run.db, curriculum=curriculum, proposer="grpo", reuse=reuse, run_id=run.run_id,
+                                      reporter=run.reporter)
+        self.roc = shaping.roc
+        self.group_size = shaping.group_size
+        self.rng = random.Random(shaping.seed)  # RoC's draws: the same seed and the same calls on every rank
+        self.logs: deque[BatchLog] = deque(maxlen=KEPT_LOGS)  # the latest batches
+        self.totals = Totals()  # over this object's life, this rank's rollouts
         self._lock = threading.Lock()
 
     @property
@@ -156,7 +191,7 @@ class KernelRewardFunction:
         candidate's meta (a multi-turn episode's turn, say); `observe` False leaves the curriculum
         to the caller (a multi-turn episode tells it once per group, its returns)."""
         with self._lock:
-            self.calls += 1
+            self.totals.calls += 1
             judged = self.scorer.judge(rollouts)
             mine = self.scorer.score(judged, keys)
             every = self.ranks.gather(mine)
@@ -178,11 +213,7 @@ class KernelRewardFunction:
                              metrics=batch_metrics(every, shaped),
                              groups=tuple(f"{every[m[0]].task}#{every[m[0]].key[:8]}" for m in shaped.groups))
             self.logs.append(batch)
-            self.rollouts += len(batch.rollouts)
-            self.evaluated += batch.evaluated
-            self.clipped += batch.clipped
-            for name, n in batch.statuses.items():
-                self.statuses[name] = self.statuses.get(name, 0) + n
+            self.totals.add(batch)
         return values, batch
 
     def cut_groups(self, rows: Sequence[tuple[int, str, str]], step: int) -> list[list[int]]:

@@ -11,6 +11,12 @@ database, so later prompts show what the policy wrote before: weights and databa
 together. `key` is `row_key(task, prompt)`: the task travels with its prompt, and the reward
 function checks that every completion is scored against the task its prompt was built for.
 
+`PromptStream(run, curriculum, form=PromptForm(...), content=PromptContent(...), seed=..., ranks=...)`:
+the run's parts (`kernelrl.run_parts.RunParts`) give the database and the policy, device and size
+every prompt states (`run.eval_config`); `form` how the policy reads a prompt (text or chat, the
+token budget), `content` what it shows (k earlier versions, how they are drawn, task profiles,
+templates).
+
 It is a `datasets.IterableDataset` over an endless generator; TRL repeats each row
 `num_generations` times, so a group shares its prompt. The trainer must not shuffle it (TRL's
 buffered shuffle would read a thousand prompts ahead) and must not skip rows on resume (they
@@ -23,7 +29,7 @@ decided once: the main process draws the task and builds the prompt, and broadca
 every rank yields the same rows in the same order (`kernelrl.train.ranks`). Only the main
 process's curriculum draws.
 
-With a token budget (`max_tokens`, counted by the policy's tokenizer on the prompt as the
+With a token budget (`PromptForm.max_tokens`, counted by the policy's tokenizer on the prompt as the
 trainer reads it), a prompt that does not fit shows fewer earlier versions (then not even the
 best one) until it does; a program is shown whole or not at all, and a task whose prompt alone
 does not fit is a `PromptBudgetError` naming it.
@@ -43,7 +49,7 @@ import random
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -56,7 +62,7 @@ if TYPE_CHECKING:
     from datasets import IterableDataset
 
     from kernelrl.judge.harness.profile import TaskProfile
-    from kernelrl.store import Database
+    from kernelrl.run_parts import RunParts
     from kernelrl.train.sampling import Prompt
 
 # `datasets` pickles a generator to fingerprint it, and a stream holds a database connection:
@@ -118,29 +124,50 @@ def row_key(task: str, prompt: Prompt) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class PromptStream:
-    def __init__(self, curriculum: Curriculum, db: Database, *, as_prompt: Callable[[str], Prompt], policy: str,
-                 device: str, size: str, k: int = 4, seed: int = 0, template_dir: Path | None = None,
-                 chat: bool = False, profiles: dict[str, TaskProfile | None] | None = None,
-                 ranks: Ranks | None = None,
-                 count_tokens: Callable[[str], int] | None = None, max_tokens: int | None = None,
-                 contrast: ContrastConfig | None = None) -> None:
-        if max_tokens is not None and max_tokens < 1:
+@dataclass(frozen=True, kw_only=True)
+class PromptForm:
+    """How the policy reads a prompt: `as_prompt` turns its text into what the trainer feeds (the
+    text, or chat messages: `chat` says which, for the dataset's columns), and the token budget:
+    `max_tokens` counted by `count_tokens` on the prompt as the trainer sees it (either None: no
+    budget)."""
+
+    as_prompt: Callable[[str], Prompt]
+    chat: bool = False
+    count_tokens: Callable[[str], int] | None = None
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1 or None")
-        self.count_tokens = count_tokens  # the policy's tokenizer, applied to the prompt as the trainer sees it
-        self.max_tokens = max_tokens
-        self.trimmed = 0  # prompts that showed fewer versions than k to fit the budget
-        self.contrast = contrast or ContrastConfig()
-        self.best_shown = 0  # prompts that showed the task's best known version
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptContent:
+    """What a prompt shows beside its task: up to `k` earlier versions, drawn as `contrast` says,
+    each task's shapes from the judge's profile of it (`profiles`: task name -> `TaskProfile`), in
+    the templates of `template_dir` (None: the built-in ones)."""
+
+    k: int = 4
+    contrast: ContrastConfig = field(default_factory=ContrastConfig)
+    profiles: Mapping[str, TaskProfile | None] = field(default_factory=dict)
+    template_dir: Path | None = None
+
+
+class PromptStream:
+    """The rows of the module docstring, from the run's database (`run.db`), stating the run's
+    policy, device and size (`run.eval_config`)."""
+
+    def __init__(self, run: RunParts, curriculum: Curriculum, *, form: PromptForm, content: PromptContent | None = None,
+                 seed: int = 0, ranks: Ranks | None = None) -> None:
+        self.form = form
+        self.content = content or PromptContent()
         self.curriculum = curriculum
         self.ranks: Ranks = ranks or SingleProcess()
-        self.db = db
-        self.as_prompt = as_prompt
-        self.policy, self.device, self.size, self.k = policy, device, size, k
+        self.db = run.db
+        self.eval_config = run.eval_config
         self.seed = seed
-        self.template_dir = template_dir
-        self.chat = chat
-        self.profiles = dict(profiles or {})  # task name -> the judge's TaskProfile (shapes in prompts)
+        self.trimmed = 0  # prompts that showed fewer versions than k to fit the budget
+        self.best_shown = 0  # prompts that showed the task's best known version
         self.built = 0  # prompts built so far (for logs and tests)
         # the row of each prompt this rank yielded lately (a rollout function is handed prompts only)
         self._rows: OrderedDict[str, PromptRow] = OrderedDict()
@@ -150,27 +177,29 @@ class PromptStream:
 
         task = self.curriculum.draw()
         best = self.db.top_candidates(task.name, 1) if self.db is not None else []
-        k = self.k
+        content, form, config = self.content, self.form, self.eval_config
+        k = content.k
         drawn = None
-        first = random.Random(f"{self.seed}:{self.built}:first").random() < self.contrast.first_attempt_share
-        plain = self.contrast.draw is ContrastDraw.NONE or first  # the first-attempt prompt: nothing from the database
+        first = random.Random(f"{self.seed}:{self.built}:first").random() < content.contrast.first_attempt_share
+        plain = content.contrast.draw is ContrastDraw.NONE or first  # the first-attempt prompt: nothing from the database
         if plain:
             k, drawn = 0, []
-        elif self.contrast.draw is ContrastDraw.SCORE and self.db is not None:
+        elif content.contrast.draw is ContrastDraw.SCORE and self.db is not None:
             # the versions drawn by score; the fastest of them is the one to improve
             drawn = self.db.contrast_set(task.name, k, random.Random(f"{self.seed}:{self.built}:draw"),
-                                         draw=ContrastDraw.SCORE, temperature=self.contrast.temperature)
+                                         draw=ContrastDraw.SCORE, temperature=content.contrast.temperature)
         chain_best = (drawn[0] if drawn else None) if drawn is not None else (best[0] if best else None)
         while True:
-            composed = compose_prompt(task, db=None if plain else self.db, chain_best=chain_best, policy=self.policy,
-                                      device=self.device, rng=random.Random(f"{self.seed}:{self.built}"), k=k,
-                                      size=self.size, profile=self.profiles.get(task.name),
-                                      template_dir=self.template_dir, shown=None if drawn is None else drawn[:k])
+            composed = compose_prompt(task, db=None if plain else self.db, chain_best=chain_best,
+                                      policy=str(config.policy), device=str(config.device), size=str(config.size),
+                                      rng=random.Random(f"{self.seed}:{self.built}"), k=k,
+                                      profile=content.profiles.get(task.name),
+                                      template_dir=content.template_dir, shown=None if drawn is None else drawn[:k])
             text = composed.text
-            if self.max_tokens is None or self.count_tokens is None:
+            if form.max_tokens is None or form.count_tokens is None:
                 break
-            n = self.count_tokens(text)
-            if n <= self.max_tokens:
+            n = form.count_tokens(text)
+            if n <= form.max_tokens:
                 break
             # Too long: show fewer earlier versions, then not even the best; a program is shown
             # whole or not at all (a prompt cut mid-program would teach from a broken example).
@@ -180,13 +209,13 @@ class PromptStream:
                 chain_best = None
             else:
                 raise PromptBudgetError(f"{task.name}: its prompt with no earlier version is {n} tokens, over the "
-                                        f"budget of {self.max_tokens} (grpo.max_prompt_tokens); raise it or leave "
+                                        f"budget of {form.max_tokens} (grpo.max_prompt_tokens); raise it or leave "
                                         "the task out")
-        if k < self.k or (best and chain_best is None):
+        if k < content.k or (best and chain_best is None):
             self.trimmed += 1
         self.best_shown += bool(best) and best[0].id in composed.shown
         self.built += 1
-        prompt = self.as_prompt(text)
+        prompt = form.as_prompt(text)
         return {"prompt": prompt, "task": task.name, "key": row_key(task.name, prompt),
                 "parents": [chain_best.id] if chain_best is not None else [], "shown": list(composed.shown)}
 
@@ -218,7 +247,7 @@ class PromptStream:
     def dataset(self) -> IterableDataset:
         from datasets import Features, IterableDataset, List, Value
 
-        prompt = List({"role": Value("string"), "content": Value("string")}) if self.chat else Value("string")
+        prompt = List({"role": Value("string"), "content": Value("string")}) if self.form.chat else Value("string")
         features = Features({"prompt": prompt, "task": Value("string"), "key": Value("string"),
                              "parents": List(Value("int64")), "shown": List(Value("int64"))})
         number = next(_NUMBERS)

@@ -82,7 +82,7 @@ def test_gives_up_after_the_retries() -> None:
 
 def test_backoff_grows_and_is_jittered(monkeypatch: pytest.MonkeyPatch) -> None:
     pauses: list[float] = []
-    monkeypatch.setattr("kernelrl.backends.client.time.sleep", pauses.append)
+    monkeypatch.setattr("kernelrl.backends.transport.time.sleep", pauses.append)
     client = RewardClient(f"http://127.0.0.1:{free_port()}",  # nobody listens: connection refused
                           config=ClientConfig(retries=6, backoff_s=0.5, backoff_max_s=4.0))
     with pytest.raises(ServeError, match="ConnectError"):
@@ -140,7 +140,7 @@ def test_retried_submission_is_not_evaluated_twice(tmp_path) -> None:
     server = RewardServer(ServeConfig(port=0, db_path=tmp_path / "s.db"), backend=backend).start_in_thread()
     try:
         client = fast_client(server.url)
-        real_request = client._http.request
+        real_request = client.transport.http.request
         calls = {"n": 0}
 
         def lose_first_answer(method: str, url: str, **kw: object) -> httpx.Response:
@@ -150,7 +150,7 @@ def test_retried_submission_is_not_evaluated_twice(tmp_path) -> None:
                 raise httpx.ReadError("connection reset after the server stored the job")
             return resp
 
-        client._http.request = lose_first_answer  # type: ignore[method-assign]
+        client.transport.http.request = lose_first_answer  # type: ignore[method-assign]
         (res,) = client.evaluate_batch([(TASK, "only once")])
         assert res.message == fake_result(TASK.name, "only once").message
         assert client.retried["transport"] == 1

@@ -7,13 +7,14 @@ import pytest
 from serve_helpers import TINY_CORRECT, TINY_WRONG, TOKEN, fast_client
 
 from kernelrl.reward import Penalties, RewardModel
+from train_fixtures import run_parts
 
 reward_fn = pytest.importorskip("kernelrl.train.reward_fn")
 
 
 def test_trl_reward_function_through_the_server(real_server, tiny_task) -> None:
     client = fast_client(real_server.url, token=TOKEN, wait_s=10.0)
-    fn = reward_fn.KernelRewardFunction(client, tasks={tiny_task.name: tiny_task}, reward=RewardModel())
+    fn = reward_fn.KernelRewardFunction(run_parts([tiny_task], client), shaping=reward_fn.RewardShaping(reward=RewardModel()))
     before = real_server.service.store.stats(since=0)
     completions = [f"Fused.\n```python\n{TINY_CORRECT}\n```", f"```python\n{TINY_WRONG}\n```", "no code at all"]
     values = fn(prompts=["p"] * 3, completions=completions, task=[tiny_task.name] * 3)

@@ -104,8 +104,7 @@ def test_grpo_with_roc_chat_prompts_and_the_curriculum(tmp_path, tiny_task):
     with build_run(tasks=[easy, hard], eval_config=EvalConfig(size="small"), db_path=tmp_path / "code.db",
                    judge=backend) as run:
         result = train_grpo(stage, run=run, model=ModelConfig(path=str(base), system="be fast"), init_from=str(base),
-                            output_dir=tmp_path / "grpo", reward=RewardModel(), eval_settings=settings,
-                            prompt_settings=settings)
+                            output_dir=tmp_path / "grpo", reward=RewardModel(), eval_settings=settings)
     with Database(tmp_path / "code.db") as db:
         rows = db.candidates()
     assert result.outcome.steps == 2 and result.reward_calls == 2 and len(backend.calls) <= 2

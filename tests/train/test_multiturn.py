@@ -22,9 +22,9 @@ from kernelrl.run_parts import build_run
 from kernelrl.store import Database
 from kernelrl.tasks.task import Task
 from kernelrl.train.multiturn import EpisodeReturn, MultiTurnRollout
-from kernelrl.train.reward_fn import KernelRewardFunction, TaskMismatch
+from kernelrl.train.reward_fn import KernelRewardFunction, RewardShaping, TaskMismatch
 from kernelrl.train.stream import row_key
-from train_fixtures import ScriptedBackend, answer
+from train_fixtures import ScriptedBackend, answer, run_parts
 
 TASK = Task(name="t", source="class Model:\n    pass\n")
 PROMPT = "Make t faster."
@@ -60,8 +60,8 @@ class FakeTrainer:
 
 def rollout(answers: list[str], *, turns: int = 2, db: Any = None, curriculum: Any = None
             ) -> tuple[MultiTurnRollout, FakeTrainer, Any]:
-    scorer = KernelRewardFunction(ScriptedBackend(), tasks={"t": TASK}, reward=RewardModel(), db=db,
-                                  group_size=None, curriculum=curriculum)
+    scorer = KernelRewardFunction(run_parts([TASK], ScriptedBackend(), db=db),
+                                  shaping=RewardShaping(reward=RewardModel(), group_size=None), curriculum=curriculum)
     return MultiTurnRollout(scorer, Stream(), EpisodeConfig(turns=turns)), FakeTrainer(answers), scorer
 
 
@@ -163,18 +163,19 @@ def test_ranks_agree_on_every_turn_and_number_episodes_apart():
     observation per group on each rank, episode numbers that do not collide."""
     from kernelrl.reward import RewardConfig, SmoothingConfig
     from kernelrl.train.curriculum import Curriculum, CurriculumConfig
-    from kernelrl.train.stream import PromptStream
+    from kernelrl.train.stream import PromptContent, PromptForm, PromptStream
     from train_fixtures import run_ranks
 
     tasks = [Task(name=f"toy/t{i}", source=f"class Model: pass  # {i}\n", level=1) for i in range(3)]
 
     def body(ranks: Any) -> Any:
         curriculum = Curriculum(tasks, CurriculumConfig(by_level=False), seed=0)
-        stream = PromptStream(curriculum, None, as_prompt=lambda text: text, policy="open", device="cpu",
-                              size="small", k=0, seed=0, ranks=ranks)
+        parts = run_parts(tasks, ScriptedBackend())
+        stream = PromptStream(parts, curriculum, form=PromptForm(as_prompt=lambda text: text),
+                              content=PromptContent(k=0), seed=0, ranks=ranks)
         model = RewardModel(RewardConfig(smoothing=SmoothingConfig(window=8, min_samples=2)))
-        scorer = KernelRewardFunction(ScriptedBackend(), tasks={t.name: t for t in tasks}, reward=model,
-                                      curriculum=curriculum, ranks=ranks, group_size=2)
+        scorer = KernelRewardFunction(parts, shaping=RewardShaping(reward=model, group_size=2), curriculum=curriculum,
+                                      ranks=ranks)
         run = MultiTurnRollout(scorer, stream, EpisodeConfig(turns=2))
         rows = stream.rows()
         returns = []
@@ -190,7 +191,7 @@ def test_ranks_agree_on_every_turn_and_number_episodes_apart():
                                       turn_task=out["turn_task"], turn_return=out["turn_return"],
                                       key=[row["key"]] * 2) == out["turn_return"]
         return {"returns": returns, "episodes": run.episodes, "reward": model.state(),
-                "curriculum": curriculum.state(), "metrics": run.metrics, "calls": scorer.calls}
+                "curriculum": curriculum.state(), "metrics": run.metrics, "calls": scorer.totals.calls}
 
     first, second = run_ranks(2, body)
     assert not isinstance(first, BaseException), first
@@ -211,7 +212,8 @@ def test_a_rank_with_another_prompt_stops_the_step():
     def body(ranks: Any) -> Any:
         prompt = f"{PROMPT} (rank {ranks.index})"
         stream = SimpleNamespace(row_of=lambda p: {"task": "t"})
-        scorer = KernelRewardFunction(ScriptedBackend(), tasks={"t": TASK}, ranks=ranks, group_size=2)
+        scorer = KernelRewardFunction(run_parts([TASK], ScriptedBackend()), shaping=RewardShaping(group_size=2),
+                                      ranks=ranks)
         return MultiTurnRollout(scorer, stream, EpisodeConfig(turns=2))([prompt] * 2, FakeTrainer(
             [answer("broken"), answer("fast2.0")]))
 
@@ -240,7 +242,6 @@ def test_through_trl_a_failed_turn_then_a_correct_one_is_paid_as_the_docstring_s
     from kernelrl.reward import RewardConfig, SmoothingConfig
     from kernelrl.train.grpo import GRPOStageConfig, train_grpo
     from kernelrl.train.model import ModelConfig
-    from kernelrl.train.rollouts import EvalSettings
     from kernelrl.train.tiny import build_tiny_model, program_tokens
 
     base = build_tiny_model(tmp_path / "base", [tiny_task])
@@ -270,11 +271,10 @@ def test_through_trl_a_failed_turn_then_a_correct_one_is_paid_as_the_docstring_s
                                  "max_completion_length": 4, "learning_rate": 1e-3, "report_to": "none",
                                  "use_cpu": True, "bf16": False, "save_steps": 2, "logging_steps": 1})
     model = RewardModel(RewardConfig(smoothing=SmoothingConfig(enabled=False)))
-    settings = EvalSettings.of(EvalConfig())
     with build_run(tasks=[tiny_task], eval_config=EvalConfig(size="small"), db_path=tmp_path / "code.db",
                    judge=ScriptedBackend(program_judge)) as run:
         result = train_grpo(stage, run=run, model=ModelConfig(path=str(base)), init_from=str(base),
-                            output_dir=tmp_path / "grpo", reward=model, eval_settings=None, prompt_settings=settings)
+                            output_dir=tmp_path / "grpo", reward=model, eval_settings=None)
     with Database(tmp_path / "code.db") as db:
         stored = db.candidates()
     r_fail = model.raw(program_judge(tiny_task, "def forward(self, x:")).raw  # type: ignore[union-attr]
@@ -306,7 +306,6 @@ def test_one_turn_builds_todays_trainer_and_more_add_the_rollout_hook(turns: int
     from kernelrl.judge.eval_config import EvalConfig
     from kernelrl.train.grpo import GRPOStageConfig, train_grpo
     from kernelrl.train.model import ModelConfig
-    from kernelrl.train.rollouts import EvalSettings
     from kernelrl.train.tiny import build_tiny_model
 
     class Built(Exception):
@@ -326,8 +325,7 @@ def test_one_turn_builds_todays_trainer_and_more_add_the_rollout_hook(turns: int
     with pytest.raises(Built), build_run(tasks=[tiny_task], eval_config=EvalConfig(), db_path=tmp_path / "code.db",
                                          judge=ScriptedBackend()) as run:
         train_grpo(stage, run=run, model=ModelConfig(path=str(base)), init_from=str(base),
-                   output_dir=tmp_path / "grpo", reward=RewardModel(), eval_settings=None,
-                   prompt_settings=EvalSettings.of(EvalConfig()))
+                   output_dir=tmp_path / "grpo", reward=RewardModel(), eval_settings=None)
     (fn,) = seen["reward_funcs"]
     if turns == 1:  # today's path: TRL generates, the kernel reward function judges
         assert "rollout_func" not in seen and isinstance(fn, KernelRewardFunction) and fn.group_size == 4

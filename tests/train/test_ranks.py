@@ -17,10 +17,10 @@ from kernelrl.store import Database
 from kernelrl.tasks.task import Task
 from kernelrl.train.curriculum import Curriculum, CurriculumConfig
 from kernelrl.train.ranks import SingleProcess, current_ranks
-from kernelrl.train.reward_fn import KernelRewardFunction, TaskMismatch
+from kernelrl.train.reward_fn import KernelRewardFunction, RewardShaping, TaskMismatch
 from kernelrl.train.roc import RoCConfig
-from kernelrl.train.stream import PromptStream, row_key
-from train_fixtures import ScriptedBackend, answer, launch_stage, run_ranks
+from kernelrl.train.stream import PromptContent, PromptForm, PromptStream, row_key
+from train_fixtures import ScriptedBackend, answer, launch_stage, run_parts, run_ranks
 
 TASKS = [Task(name=f"toy/t{i}", source=f"class Model: pass  # {i}\n", level=1) for i in range(4)]
 GROUP = 4  # num_generations
@@ -48,12 +48,12 @@ def stream_rows(stream: PromptStream):
 
 def make(ranks, *, shared: bool, seed: int = 0, roc: bool = False):
     curriculum = Curriculum(TASKS, CurriculumConfig(by_level=False), seed=seed)
-    stream = PromptStream(curriculum, None, as_prompt=lambda text: text, policy="open", device="cpu", size="small",
-                          k=0, seed=seed, ranks=ranks if shared else SingleProcess())
+    run = run_parts(TASKS, ScriptedBackend())
+    stream = PromptStream(run, curriculum, form=PromptForm(as_prompt=lambda text: text), content=PromptContent(k=0),
+                          seed=seed, ranks=ranks if shared else SingleProcess())
     model = RewardModel(RewardConfig(smoothing=SmoothingConfig(window=8, min_samples=2)))
-    fn = KernelRewardFunction(ScriptedBackend(), tasks={t.name: t for t in TASKS}, reward=model,
-                              curriculum=curriculum, ranks=ranks, group_size=GROUP, seed=seed,
-                              roc=RoCConfig(enabled=roc, keep=0.5, min_per_side=1))
+    shaping = RewardShaping(reward=model, group_size=GROUP, seed=seed, roc=RoCConfig(enabled=roc, keep=0.5, min_per_side=1))
+    fn = KernelRewardFunction(run, shaping=shaping, curriculum=curriculum, ranks=ranks)
     return stream, fn
 
 

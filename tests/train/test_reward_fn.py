@@ -15,13 +15,12 @@ from kernelrl.run_parts import Reporter
 from kernelrl.store import Database
 from kernelrl.tasks.task import Task
 from kernelrl.train.curriculum import Curriculum
-from kernelrl.train.reward_fn import KernelRewardFunction
+from kernelrl.train.reward_fn import KernelRewardFunction, RewardShaping
 from kernelrl.train.roc import RoCConfig
 from kernelrl.train.rollouts import EvalSettings
-from train_fixtures import ScriptedBackend, answer
+from train_fixtures import ScriptedBackend, answer, run_parts
 
 TASK = Task(name="toy/relu", source="class Model: pass\n", level=1)
-TASKS = {TASK.name: TASK}
 NO_SMOOTHING = RewardConfig(smoothing=SmoothingConfig(enabled=False))
 
 
@@ -31,7 +30,7 @@ def call(fn, answers, *, prompt="make it faster", **kw):
 
 def test_one_batch_call_and_the_mapping_of_every_outcome():
     backend = ScriptedBackend()
-    fn = KernelRewardFunction(backend, tasks=TASKS, reward=RewardModel(NO_SMOOTHING))
+    fn = KernelRewardFunction(run_parts([TASK], backend), shaping=RewardShaping(reward=RewardModel(NO_SMOOTHING)))
     assert fn.__name__ == "kernelrl_reward"
     values = call(fn, [answer("fast2.0"), answer("wrong"), answer("hack"), "no code at all", answer("taskerror"),
                        answer("broken")])
@@ -44,7 +43,7 @@ def test_chat_message_completions_and_token_counts():
     backend = ScriptedBackend()
     cfg = RewardConfig(length_weight=0.1, length_soft_tokens=10, length_max_tokens=20,
                        smoothing=SmoothingConfig(enabled=False))
-    fn = KernelRewardFunction(backend, tasks=TASKS, reward=RewardModel(cfg))
+    fn = KernelRewardFunction(run_parts([TASK], backend), shaping=RewardShaping(reward=RewardModel(cfg)))
     completions = [[{"role": "assistant", "content": answer("fast1.0")}]] * 2
     values = fn(prompts=[[{"role": "user", "content": "p"}]] * 2, completions=completions, task=[TASK.name] * 2,
                 completion_ids=[[0] * 5, [0] * 15])
@@ -54,7 +53,8 @@ def test_chat_message_completions_and_token_counts():
 def test_a_reward_ten_sigma_above_the_window_is_logged_raw_and_clipped(capsys):
     smoothing = SmoothingConfig(window=16, k=1.5, min_samples=8)
     model = RewardModel(RewardConfig(mapping="speedup", smoothing=smoothing))
-    fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS, reward=model, reporter=Reporter(Console(width=200)))
+    fn = KernelRewardFunction(run_parts([TASK], ScriptedBackend(), reporter=Reporter(Console(width=200))),
+                              shaping=RewardShaping(reward=model))
     history = [1.0, 1.2, 0.8, 1.1, 0.9, 1.0, 1.05, 0.95]
     call(fn, [answer(f"fast{s}") for s in history])
     mean, sigma = statistics.fmean(history), statistics.pstdev(history)
@@ -69,7 +69,7 @@ def test_a_reward_ten_sigma_above_the_window_is_logged_raw_and_clipped(capsys):
 
 def test_metrics_and_completion_columns_reach_trl():
     metrics, extra = {}, {}
-    fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS, reward=RewardModel(NO_SMOOTHING))
+    fn = KernelRewardFunction(run_parts([TASK], ScriptedBackend()), shaping=RewardShaping(reward=RewardModel(NO_SMOOTHING)))
     call(fn, [answer("fast1.5"), answer("wrong")], log_metric=lambda k, v: metrics.setdefault(k, v),
          log_extra=lambda k, v: extra.setdefault(k, v))
     assert metrics["kernelrl/correct_share"] == 0.5
@@ -82,7 +82,8 @@ def test_every_code_and_verdict_goes_to_the_database_and_is_reused(tmp_path):
     settings = EvalSettings.of(EvalConfig())
     with Database(tmp_path / "code.db") as db:
         db.upsert_task(name=TASK.name, source=TASK.source, identity_hash=TASK.identity_hash, level=1, size="small")
-        fn = KernelRewardFunction(backend, tasks=TASKS, reward=RewardModel(NO_SMOOTHING), db=db, reuse=settings)
+        fn = KernelRewardFunction(run_parts([TASK], backend, db=db),
+                                  shaping=RewardShaping(reward=RewardModel(NO_SMOOTHING)), reuse=settings)
         state = type("State", (), {"global_step": 7})()
         call(fn, [answer("fast3.0"), "prose only", answer("hack")], trainer_state=state, parents=[[], [], []])
         rows = db.candidates()
@@ -99,8 +100,8 @@ def test_every_code_and_verdict_goes_to_the_database_and_is_reused(tmp_path):
 def test_roc_keeps_the_share_and_drops_with_none_and_the_curriculum_hears_each_group():
     tasks = [TASK, Task(name="toy/other", source="class Model: pass\n", level=2)]
     curriculum = Curriculum(tasks)
-    fn = KernelRewardFunction(ScriptedBackend(), tasks={t.name: t for t in tasks}, reward=RewardModel(NO_SMOOTHING),
-                              roc=RoCConfig(enabled=True, keep=0.5, min_per_side=1), curriculum=curriculum)
+    shaping = RewardShaping(reward=RewardModel(NO_SMOOTHING), roc=RoCConfig(enabled=True, keep=0.5, min_per_side=1))
+    fn = KernelRewardFunction(run_parts(tasks, ScriptedBackend()), shaping=shaping, curriculum=curriculum)
     unclean = answer("fast2.0") + "\nAlso:\n```python\nprint(1)\n```\n"  # the fastest, with an extra block
     group = [unclean, answer("fast1.5"), answer("wrong"), answer("broken"),
              answer("fast1.2"), answer("wrong", prose="y"), answer("broken", prose="z"), answer("fast1.1")]
@@ -117,11 +118,12 @@ def test_roc_keeps_the_share_and_drops_with_none_and_the_curriculum_hears_each_g
 
 def test_state_round_trips_for_checkpoints():
     model = RewardModel(RewardConfig(mapping="speedup", smoothing=SmoothingConfig(window=8, min_samples=2)))
-    fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS, reward=model, curriculum=Curriculum([TASK]))
+    fn = KernelRewardFunction(run_parts([TASK], ScriptedBackend()), shaping=RewardShaping(reward=model),
+                              curriculum=Curriculum([TASK]))
     call(fn, [answer("fast1.0"), answer("fast1.2")])
     saved = fn.state()
-    other = KernelRewardFunction(ScriptedBackend(), tasks=TASKS, reward=RewardModel(model.config),
-                                 curriculum=Curriculum([TASK]))
+    other = KernelRewardFunction(run_parts([TASK], ScriptedBackend()),
+                                 shaping=RewardShaping(reward=RewardModel(model.config)), curriculum=Curriculum([TASK]))
     other.load_state(saved)
     assert other.reward.window(TASK.name) == model.window(TASK.name)
     assert other.curriculum.state() == fn.curriculum.state()
@@ -137,13 +139,13 @@ def test_compile_baseline_is_measured_once_per_task():
                                   "size": "small"})()
 
     cfg = RewardConfig(baseline="compile", mapping="speedup", smoothing=SmoothingConfig(enabled=False))
-    fn = KernelRewardFunction(WithBaseline(), tasks=TASKS, reward=RewardModel(cfg))
+    fn = KernelRewardFunction(run_parts([TASK], WithBaseline()), shaping=RewardShaping(reward=RewardModel(cfg)))
     assert call(fn, [answer("fast3.0"), answer("fast4.0")]) == [1.5, 2.0]
     assert WithBaseline.measured == 1
 
 
 def test_unknown_task_names_are_a_clear_error():
-    fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS)
+    fn = KernelRewardFunction(run_parts([TASK], ScriptedBackend()))
     with pytest.raises(KeyError, match="nope"):
         fn(prompts=["p"], completions=["c"], task=["nope"])
 
@@ -163,8 +165,8 @@ def test_shuffling_a_group_changes_no_reward(seed):
     random.Random(seed).shuffle(order)
 
     def paid(answers):
-        fn = KernelRewardFunction(ScriptedBackend(), tasks=TASKS,
-                                  reward=RewardModel(load_train_config("qwen7b-lora-1gpu").reward))
+        fn = KernelRewardFunction(run_parts([TASK], ScriptedBackend()),
+                                  shaping=RewardShaping(reward=RewardModel(load_train_config("qwen7b-lora-1gpu").reward)))
         call(fn, [answer(f"fast{s}") for s in (1.0, 1.1, 1.2, 1.3, 1.0, 1.1, 1.2, 1.3)])  # the window
         return call(fn, answers)
 
@@ -224,8 +226,8 @@ def test_a_copy_of_a_version_the_prompt_showed_is_paid_at_most_as_no_speedup(tmp
     with Database(tmp_path / "code.db") as db:
         db.upsert_task(name=TASK.name, source=TASK.source, identity_hash=TASK.identity_hash, level=1, size="small")
         best = shown_version(db, KERNEL, 3.0)
-        fn = KernelRewardFunction(ScriptedBackend(judge_kernels), tasks=TASKS, reward=RewardModel(NO_SMOOTHING),
-                                  db=db, reuse=settings)
+        fn = KernelRewardFunction(run_parts([TASK], ScriptedBackend(judge_kernels), db=db),
+                                  shaping=RewardShaping(reward=RewardModel(NO_SMOOTHING)), reuse=settings)
         answers = [fenced(KERNEL), fenced(near.replace("# MARKER", "# MARKER 3.05")),
                    fenced(near.replace("# MARKER", "# MARKER 0.5")), fenced(near.replace("# MARKER", "# MARKER 6.0")),
                    answer("fast2.0")]
@@ -247,8 +249,8 @@ def test_a_prompt_without_ids_is_matched_to_the_database_by_the_versions_it_show
     with Database(tmp_path / "code.db") as db:
         db.upsert_task(name=TASK.name, source=TASK.source, identity_hash=TASK.identity_hash, level=1, size="small")
         best = shown_version(db, KERNEL, 3.0)
-        fn = KernelRewardFunction(ScriptedBackend(judge_kernels), tasks=TASKS, reward=RewardModel(NO_SMOOTHING),
-                                  db=db, reuse=settings)
+        fn = KernelRewardFunction(run_parts([TASK], ScriptedBackend(judge_kernels), db=db),
+                                  shaping=RewardShaping(reward=RewardModel(NO_SMOOTHING)), reuse=settings)
         prompt = f"Version A (3.00x):\n{fenced(KERNEL)}Write a faster one."
         values = call(fn, [fenced(KERNEL.replace("# MARKER", "# MARKER 3.1"))], prompt=prompt)
         assert values == [pytest.approx(0.0)] and fn.logs[-1].rollouts[0].copy_of == best
@@ -264,7 +266,7 @@ def test_the_same_program_twice_in_a_batch_is_judged_once_and_paid_alike():
         return EvalResult(task=task.name, status=Status.CORRECT, speedup=next(speeds))
 
     backend = ScriptedBackend(drifting)
-    fn = KernelRewardFunction(backend, tasks=TASKS, reward=RewardModel(NO_SMOOTHING))
+    fn = KernelRewardFunction(run_parts([TASK], backend), shaping=RewardShaping(reward=RewardModel(NO_SMOOTHING)))
     values = call(fn, [answer("same"), answer("other"), answer("same")])
     assert len(backend.calls[0]) == 2 and values[0] == values[2] == pytest.approx(math.log(2.0))
     assert fn.logs[-1].evaluated == 2

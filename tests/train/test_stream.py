@@ -11,7 +11,8 @@ from kernelrl.store import Database
 from kernelrl.store.records import ContrastDraw, NewCandidate
 from kernelrl.tasks.task import Task
 from kernelrl.train.curriculum import Curriculum, CurriculumConfig
-from kernelrl.train.stream import ContrastConfig, PromptBudgetError, PromptStream
+from kernelrl.train.stream import ContrastConfig, PromptBudgetError, PromptContent, PromptForm, PromptStream
+from train_fixtures import run_parts
 
 TASK = Task(name="toy/relu", source="import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
             "        return torch.relu(x)\n", level=1)
@@ -23,10 +24,10 @@ def version(i: int, lines: int) -> str:
             f"{body}        return y\n")
 
 
-def stream_over(db: Database, budget: int | None) -> PromptStream:
+def stream_over(db: Database, budget: int | None, k: int = 4) -> PromptStream:
     curriculum = Curriculum([TASK], CurriculumConfig(by_level=False), seed=0)
-    return PromptStream(curriculum, db, as_prompt=lambda text: text, policy="open", device="cpu", size="small", k=4,
-                        seed=0, count_tokens=lambda text: len(text) // 4, max_tokens=budget)
+    form = PromptForm(as_prompt=lambda text: text, count_tokens=lambda text: len(text) // 4, max_tokens=budget)
+    return PromptStream(run_parts([TASK], db=db), curriculum, form=form, content=PromptContent(k=k), seed=0)
 
 
 @pytest.fixture
@@ -60,13 +61,11 @@ def test_a_prompt_over_budget_shows_fewer_whole_versions(db):
 
 
 def test_the_best_goes_last_and_a_task_that_cannot_fit_is_named(db):
-    alone = stream_over(db, 10**6)
-    alone.k = 0
+    alone = stream_over(db, 10**6, k=0)
     with_best = alone.row()
     assert shown(with_best["prompt"]) == 1 and with_best["parents"]
     budget = len(with_best["prompt"]) // 4 - 1
-    tight = stream_over(db, budget)
-    tight.k = 0
+    tight = stream_over(db, budget, k=0)
     row = tight.row()
     assert shown(row["prompt"]) == 0 and row["parents"] == []
     with pytest.raises(PromptBudgetError, match="toy/relu"):
@@ -75,8 +74,9 @@ def test_the_best_goes_last_and_a_task_that_cannot_fit_is_named(db):
 
 def drawn_stream(db: Database, draw: str, k: int = 2) -> PromptStream:
     curriculum = Curriculum([TASK], CurriculumConfig(by_level=False), seed=0)
-    return PromptStream(curriculum, db, as_prompt=lambda text: text, policy="open", device="cpu", size="small", k=k,
-                        seed=0, contrast=ContrastConfig(draw=ContrastDraw(draw)))
+    content = PromptContent(k=k, contrast=ContrastConfig(draw=ContrastDraw(draw)))
+    return PromptStream(run_parts([TASK], db=db), curriculum, form=PromptForm(as_prompt=lambda text: text), content=content,
+                        seed=0)
 
 
 def test_score_draws_show_the_best_often_not_always_and_mark_the_fastest_drawn(db):
@@ -108,8 +108,9 @@ def test_a_share_of_prompts_is_the_first_attempt_prompt(db):
     from kernelrl.episodes.prompt import first_attempt_prompt
 
     curriculum = Curriculum([TASK], CurriculumConfig(by_level=False), seed=0)
-    stream = PromptStream(curriculum, db, as_prompt=lambda text: text, policy="open", device="cpu", size="small", k=2,
-                          seed=0, contrast=ContrastConfig(draw=ContrastDraw.SCORE, first_attempt_share=0.3))
+    content = PromptContent(k=2, contrast=ContrastConfig(draw=ContrastDraw.SCORE, first_attempt_share=0.3))
+    stream = PromptStream(run_parts([TASK], db=db), curriculum, form=PromptForm(as_prompt=lambda text: text),
+                          content=content, seed=0)
     rows = [stream.row() for _ in range(300)]
     first = [r for r in rows if not r["shown"]]
     assert 60 < len(first) < 120

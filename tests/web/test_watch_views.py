@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import kernelrl.store as database
+import kernelrl.store.candidates as database  # stamps candidates and verdicts (its `time`)
 from kernelrl.result import EvalResult, Status
 from kernelrl.store import Database, NewCandidate, RunStatus
 from kernelrl.store.records import RunMeta, RunStage

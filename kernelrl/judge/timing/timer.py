@@ -108,22 +108,37 @@ class Failure:
 
 
 @dataclass(kw_only=True)
-class _Member:
-    key: str | None  # the candidate's hash, the judge's name for a copy of the reference; None: the reference
-    worker: Worker
-    samples_ms: list[float] = field(default_factory=list)  # per sample: mean per call, as the worker reported
-    round_trips_ns: list[int] = field(default_factory=list)  # per sample: the judge's clock around it
-    # per sample: the judge's clock around the (untimed) preparation of its inputs and the eviction
+class _Samples:
+    """A member's samples, one entry per sample (`pairs`: per round it completed), in order."""
+
+    ms: list[float] = field(default_factory=list)  # mean per call, as the worker reported
+    round_trips_ns: list[int] = field(default_factory=list)  # the judge's clock around it
+    # the judge's clock around the (untimed) preparation of its inputs and the eviction
     prepare_ns: list[int] = field(default_factory=list)
-    # per round the member completed: (the reference's round trip, this member's), judge's clock, ns
+    # (the reference's round trip, this member's), judge's clock, ns
     pairs: list[tuple[int, int]] = field(default_factory=list)
-    idle_cpu_ns: int = 0
-    threads_warm: int | None = None
-    threads_seen: list[int] = field(default_factory=list)
-    non_plain_calls: int = 0
+
+
+@dataclass(kw_only=True)
+class _Tally:
+    """What the judge saw of a member beside its times: spot checks and their mismatches, threads
+    (/proc) at warm-up and around each call, calls not made plainly, CPU time used while idle."""
+
     spot_checks: int = 0
     spot_mismatches: list[str] = field(default_factory=list)
     input_mismatches: int = 0
+    threads_warm: int | None = None
+    threads_seen: list[int] = field(default_factory=list)
+    non_plain_calls: int = 0
+    idle_cpu_ns: int = 0
+
+
+@dataclass(kw_only=True)
+class _Member:
+    key: str | None  # the candidate's hash, the judge's name for a copy of the reference; None: the reference
+    worker: Worker
+    samples: _Samples = field(default_factory=_Samples)
+    tally: _Tally = field(default_factory=_Tally)
     failure: Failure | None = None
     warm_ms: float = 0.0
     floor_ns: float = 0.0  # the per-call floor this member's worker measured (only the reference's is used)
@@ -136,7 +151,7 @@ class _Member:
         """A command that also books the worker's CPU time since its last answer as idle."""
         now_cpu = self.worker.cpu_time_ns()
         if self._idle_since_cpu is not None and now_cpu is not None:
-            self.idle_cpu_ns += max(0, now_cpu - self._idle_since_cpu)
+            self.tally.idle_cpu_ns += max(0, now_cpu - self._idle_since_cpu)
         if header is not None:
             answer = self.worker.request(header, payload, deadline=deadline)
         else:
@@ -350,7 +365,7 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
         if warm is not None:
             m.warm_ms = warm.header.call_ms
             m.floor_ns = max(0.0, float(warm.header.floor_ns))
-            m.threads_warm = m.worker.thread_count()
+            m.tally.threads_warm = m.worker.thread_count()
     live = [m for m in alive() if m is not ref]
     calibrated = idle.start() if idle is not None else False
     # A program's warm-up time is its own report, which its code can forge (a clock standing still
@@ -388,21 +403,21 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
         for m in order:
             def sample(m: _Member = m) -> int:
                 m.request(P.Prepare(index=index, scales=scales, shifts=shifts), deadline=call_deadline())  # noqa: B023 - called at once, inside this round
-                m.prepare_ns.append(m.last_round_trip_ns)
+                m.samples.prepare_ns.append(m.last_round_trip_ns)
                 th = m.worker.thread_count()
                 called = m.request(None, P.Kind.CALL, deadline=call_deadline())
                 rt = m.last_round_trip_ns
                 th_after = m.worker.thread_count()
-                m.threads_seen += [x for x in (th, th_after) if x is not None]
+                m.tally.threads_seen += [x for x in (th, th_after) if x is not None]
                 times = called.header.t_ns
                 if len(times) != k:
                     raise ChannelProtocolError(f"{len(times)} call times for a sample of {k}")
-                m.samples_ms.append(sum(times) / len(times) / 1e6)
-                m.round_trips_ns.append(rt)
+                m.samples.ms.append(sum(times) / len(times) / 1e6)
+                m.samples.round_trips_ns.append(rt)
                 if m is ref:
                     overheads_ns.append(rt - sum(times))
                 if not called.header.plain:
-                    m.non_plain_calls += 1
+                    m.tally.non_plain_calls += 1
                 if idle is not None:  # after the worker's strays were ended, before the next member
                     idle.check(m.device)
                 return rt
@@ -416,7 +431,7 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
         rounds += 1
         live = [m for m in alive() if m is not ref]
         for m in live:
-            m.pairs.append((round_rt[id(ref)], round_rt[id(m)]))
+            m.samples.pairs.append((round_rt[id(ref)], round_rt[id(m)]))
 
         spent["samples_s"] += time.monotonic() - clock
         clock = time.monotonic()
@@ -428,7 +443,7 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
         # three trusted programs on the 2026-11-27 H100).
         checked = [m for m in live if m.key not in trusted]
         for m in rng.sample(checked, len(checked)):  # no member is always asked first
-            must = m.spot_checks < config.min_spot_checks and (
+            must = m.tally.spot_checks < config.min_spot_checks and (
                 r + 1 >= config.min_rounds or rounds_left < config.min_spot_checks)
             if not (must or rng.random() < config.spot_check_prob):
                 continue
@@ -447,22 +462,22 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
             fetched = guarded(m, partial(m.request, ask, deadline=call_deadline()))
             if fetched is None:
                 continue
-            m.spot_checks += 1
+            m.tally.spot_checks += 1
             spot_bytes += _nbytes(fetched.payload["output"])
             cmp = compare_outputs(fetched.payload["output"], ref_output, tol_scale=tol_scale, tf32=tf32)
             if not cmp.ok:
-                m.spot_mismatches.append(f"round {r}: {cmp.reason}")
+                m.tally.spot_mismatches.append(f"round {r}: {cmp.reason}")
             # The inputs as the call left them, by digest: the same staging made both members' (an
             # honest program's in-place write is what this catches; outputs are judged by value above).
             if fetched.header.inputs_digest != ref_inputs:
-                m.input_mismatches += 1
+                m.tally.input_mismatches += 1
         live = [m for m in alive() if m is not ref]
         spent["spot_checks_s"] += time.monotonic() - clock
 
         if rounds >= config.min_rounds and live:
             overhead = taken_off()
-            spotted = all(m.spot_checks >= config.min_spot_checks for m in live if m.key not in trusted)
-            if spotted and all(_rel_half(_ratios(m.pairs, overhead)) <= config.target_rel_ci for m in live):
+            spotted = all(m.tally.spot_checks >= config.min_spot_checks for m in live if m.key not in trusted)
+            if spotted and all(_rel_half(_ratios(m.samples.pairs, overhead)) <= config.target_rel_ci for m in live):
                 stopped_by = TimingStop.CI
                 break
             if time.monotonic() >= stop_at and spotted:
@@ -478,18 +493,18 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
                        None)
     overhead = taken_off()
     for key, m in zip(candidates, cands):  # cands were made from `candidates`, in its order
-        if m.failure is not None or not m.pairs:
+        if m.failure is not None or not m.samples.pairs:
             results[key] = CandidateTiming(speedup=None, speedup_ci=None, rel_ci_half_width=math.inf,
                                            stopped_by=TimingStop.FAILED, times_ms=_judged_ms(m, overhead, k),
                                            facts=None, failure=m.failure or Failure(kind=FailureKind.RUNTIME_ERROR,
                                                                         message="no timed round completed"),
                                            output_bytes=output_bytes)
             continue
-        ratios = _ratios(m.pairs, overhead)
+        ratios = _ratios(m.samples.pairs, overhead)
         speedup, lo, hi = median_ci(ratios)
         facts = TimingFacts(candidate=_member_timing(m, k), reference=ref_timing,
-                            twin=twin_timing if m.key != twin else None, spot_checks=m.spot_checks,
-                            spot_mismatches=m.spot_mismatches, input_mismatches=m.input_mismatches)
+                            twin=twin_timing if m.key != twin else None, spot_checks=m.tally.spot_checks,
+                            spot_mismatches=m.tally.spot_mismatches, input_mismatches=m.tally.input_mismatches)
         results[key] = CandidateTiming(speedup=speedup, speedup_ci=(lo, hi), rel_ci_half_width=_rel_half(ratios),
                                        stopped_by=stopped_by, times_ms=_judged_ms(m, overhead, k), facts=facts,
                                        failure=None,
@@ -521,7 +536,7 @@ def _net(round_trip_ns: float, overhead_ns: float) -> float:
 
 def _judged_ms(m: _Member, overhead_ns: float, k: int) -> list[float]:
     """A member's per-call times by the judge's clock, net of the reference's exchange overhead."""
-    return [_net(rt, overhead_ns) / k / 1e6 for rt in m.round_trips_ns]
+    return [_net(rt, overhead_ns) / k / 1e6 for rt in m.samples.round_trips_ns]
 
 
 def _rel_half(ratios: Sequence[float]) -> float:
@@ -532,9 +547,10 @@ def _rel_half(ratios: Sequence[float]) -> float:
 
 
 def _member_timing(m: _Member, k: int) -> MemberTiming:
-    return MemberTiming(times_ms=list(m.samples_ms), round_trips_ms=[rt / 1e6 / k for rt in m.round_trips_ns],
-                        prepare_ms=[p / 1e6 for p in m.prepare_ns],
-                        idle_cpu_ms=m.idle_cpu_ns / 1e6, busy_ms=sum(m.samples_ms),
-                        threads_warm=m.threads_warm, threads_max=max(m.threads_seen, default=None),
-                        non_plain_calls=m.non_plain_calls, device_busy=m.device.busy,
+    samples, tally = m.samples, m.tally
+    return MemberTiming(times_ms=list(samples.ms), round_trips_ms=[rt / 1e6 / k for rt in samples.round_trips_ns],
+                        prepare_ms=[p / 1e6 for p in samples.prepare_ns],
+                        idle_cpu_ms=tally.idle_cpu_ns / 1e6, busy_ms=sum(samples.ms),
+                        threads_warm=tally.threads_warm, threads_max=max(tally.threads_seen, default=None),
+                        non_plain_calls=tally.non_plain_calls, device_busy=m.device.busy,
                         device_undrained=m.device.undrained, device_probes=m.device.probes)
