@@ -35,9 +35,9 @@ speedups are ratios measured side by side, which is what it guarantees to be fai
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from kernelrl.candidate import Candidate
 from kernelrl.checks.llm_judge import CACHE_FILE as LLM_JUDGE_CACHE
@@ -48,8 +48,7 @@ from kernelrl.judge.eval_config import EvalConfig, config_fingerprint, default_c
 from kernelrl.judge.group import Group, load_task_info, run_groups
 from kernelrl.judge.harness.device import Device, visible_device
 from kernelrl.judge.harness.profile import TaskProfile
-from kernelrl.judge.isolation.headers import HeaderStore
-from kernelrl.judge.isolation.inductor import start_vec_isa_check
+from kernelrl.judge.isolation.ahead import Ahead
 from kernelrl.judge.isolation.pool import WorkerPool
 from kernelrl.judge.isolation.sandbox import worker_env
 from kernelrl.judge.reference import ReferenceFailed, ReferenceKeeper, ReferenceSession, TaskInfo, session_for
@@ -66,10 +65,6 @@ __all__ = ["EvalConfig", "Evaluator", "ReferenceFailed", "config_fingerprint", "
            "measure_baseline"]
 
 
-# A program that may run torch.compile (or its parts) in its worker.
-_COMPILES = re.compile(r"\bcompile\b|_dynamo|_inductor")
-
-
 class Evaluator:
     """See the module docstring. Safe to use from several threads; close it when done."""
 
@@ -83,12 +78,11 @@ class Evaluator:
         self._results = ResultCache(self.RESULT_CACHE_SIZE)
         self._guard = threading.Lock()
         lock = DeviceLock(cfg.cache_dir, cfg.device, cfg.device_index)
-        self._isa_check_started = False  # by the first judging that may compile
         # Enough started workers for a reference and `concurrency` candidates at once.
-        # precompiled torch headers for C++ builds, shown read-only to every worker
-        self.headers = _header_store(cfg, lock)
-        sandbox = cfg.sandbox if self.headers is None else dataclasses.replace(
-            cfg.sandbox, expose=(*cfg.sandbox.expose, str(self.headers.folder)))
+        # inductor's ISA check and precompiled torch headers, shown read-only to every worker
+        self.ahead = Ahead(cache_dir=cfg.cache_dir, headers_root=cfg.headers_root,
+                           worker_env=partial(worker_env, cfg.sandbox, cfg.cache_dir), hold=lock.build)
+        sandbox = dataclasses.replace(cfg.sandbox, expose=(*cfg.sandbox.expose, *self.ahead.shown))
         pool = WorkerPool(config=sandbox, device=cfg.device, device_index=cfg.device_index,
                           size=cfg.concurrency + 1 if warm_workers is None else warm_workers,
                           starting=lambda: lock.work(uses_device=False))
@@ -140,9 +134,7 @@ class Evaluator:
         """Judge every (task, candidate) pair; results in the order given. Never raises for a
         candidate's or a task's fault."""
         pairs = [(task, Candidate(source=c) if isinstance(c, str) else c) for task, c in items]
-        self._before_compiling(self.config.compile_baseline or any(_COMPILES.search(c.source) for _, c in pairs))
-        if self.headers is not None:
-            self.headers.prepare(c.source for _, c in pairs)
+        self.ahead.before([c.source for _, c in pairs], compiles=self.config.compile_baseline)
         results: list[EvalResult | None] = [None] * len(pairs)
         todo: dict[str, dict[str, list[int]]] = {}  # task key -> candidate hash -> positions
         tasks: dict[str, Task] = {}
@@ -188,7 +180,7 @@ class Evaluator:
         load and torch.compile builds overlap, while timing still holds the device alone. Where a
         task's reference failed, its place holds the failure. `on_result(i, found)` hands over
         each task's answer as soon as its group closes (tasks already known first)."""
-        self._before_compiling(compile or self.config.compile_baseline)
+        self.ahead.before([], compiles=compile or self.config.compile_baseline)
         todo: dict[str, Task] = {}
         for task in tasks:
             known = self.cached_baseline(task)
@@ -219,21 +211,6 @@ class Evaluator:
         run_groups(list(groups.values()), device=self.config.device, width=self.config.concurrency,
                    on_closed=closed)
         return [answer(i) for i in range(len(tasks))]
-
-    def _before_compiling(self, compiles: bool) -> None:
-        """inductor's ISA check, once per machine instead of in every worker that compiles
-        (`kernelrl.judge.isolation.inductor`), started in the background the first time a judging may run
-        torch.compile, not at start: an evaluator that never compiles never pays its child
-        interpreter and compiles. A worker that starts before the answer is known checks for
-        itself, as torch does."""
-        if not compiles:
-            return
-        with self._guard:
-            if self._isa_check_started:
-                return
-            self._isa_check_started = True
-        cfg = self.config
-        start_vec_isa_check(cfg.cache_dir, worker_env(cfg.sandbox, cfg.cache_dir), self.context.lock.build)
 
     def cached_baseline(self, task: Task) -> Baseline | None:
         return self.context.baselines.get(self.context.tasks.key(task))
@@ -287,16 +264,6 @@ class Evaluator:
 
     def _key(self, task: Task, cand: Candidate) -> JudgedKey:
         return JudgedKey.of(task, cand.hash, self.fingerprint)
-
-
-def _header_store(cfg: EvalConfig, lock: DeviceLock) -> HeaderStore | None:
-    """The evaluator's precompiled headers (`kernelrl.judge.isolation.headers`), made under the
-    device's shared lock (a header compiles while no measurement runs); None where its folder
-    cannot be made (a read-only cache folder, no compiler): builds then compile the header."""
-    try:
-        return HeaderStore(cfg.headers_root, hold=lock.build)
-    except (OSError, RuntimeError):
-        return None
 
 
 def evaluate(task: Task, candidate: Candidate | str, config: EvalConfig | None = None) -> EvalResult:

@@ -6,9 +6,13 @@ precompiled; with `-O3`: 23.5 s and 11.8 s). GCC uses a precompiled header it fi
 header it includes, valid or not by its own check (the same compiler, and the options and macros
 the header depends on), and tries every file of a folder named like the header plus `.gch`. So
 the judge keeps one folder per toolchain (`include_dir`: the C++ compiler's and torch's versions,
-Python's, the machine), holding `torch/extension.h.gch/` with one header per flag set
-(a *variant*), and a worker's build finds it first on its include path (`CPATH`, set by the
-worker's harness, `kernelrl.judge.harness.toolchain`).
+Python's, the machine), holding a copy of torch's `torch/extension.h` and beside it
+`torch/extension.h.gch/` with that copy precompiled once per flag set (a *variant*), and a
+worker's build finds the folder first on its include path (`CPATH`, set by the worker's harness,
+`kernelrl.judge.harness.toolchain`). The copy is the header GCC names the precompiled one after:
+a source that includes the header a second time (as every candidate does after the line torch's
+loader adds) finds that file, already included, and a build no variant fits compiles it, which
+includes what torch's own includes.
 
 Which variants: a C++ candidate's `load_inline` call names its flags (`extra_cflags`); where they
 are all in `ALLOWED_FLAGS` (optimisation levels, `-march=native`, OpenMP, fast math and the
@@ -20,8 +24,8 @@ Guarantees:
 - nothing of a candidate's text reaches the judge's compiler but flags from `ALLOWED_FLAGS`: the
   judge compiles torch's own header, with torch's build flags (`_torch_flags`) and those;
 - a variant appears whole or not at all (compiled aside, checked, then renamed into the folder),
-  and is kept only when a probe compile with torch's flags uses it (GCC's `-H` names it); one
-  that is not is recorded and not made again;
+  and is kept only when a probe compile with torch's flags, of a source that includes the header
+  twice, succeeds and uses it (GCC's `-H` names it); one that is not is recorded and not made again;
 - workers read the store and never write it: under full containment the toolchain's folder is
   bound read-only (`expose`); `usable` refuses a folder or file not owned by the judge or
   writable by others;
@@ -43,6 +47,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sysconfig
@@ -72,6 +77,12 @@ def _compiler() -> str:
     from torch.utils import cpp_extension
 
     return str(cpp_extension.get_cxx_compiler())  # type: ignore[no-untyped-call]  # torch's function is untyped
+
+
+def _torch_header() -> Path:
+    from torch.utils import cpp_extension
+
+    return Path(cpp_extension.include_paths("cpu")[0]) / HEADER
 
 
 def _torch_flags() -> list[str]:
@@ -171,6 +182,13 @@ class HeaderStore:
             sub.mkdir(parents=True, exist_ok=True)
         for p in (self.folder.parent, self.folder, self.folder / "torch", self.folder / _GCH):
             p.chmod(0o755)  # a contained worker's uid walks through to read
+        copy = self.folder / HEADER
+        original = _torch_header().read_bytes()
+        if not copy.is_file() or copy.read_bytes() != original:
+            aside = self.folder / _WORK / "extension.h"
+            aside.write_bytes(original)
+            aside.chmod(0o644)
+            os.replace(aside, copy)
 
     def variants(self) -> list[str]:
         return sorted(p.name for p in (self.folder / _GCH).iterdir() if p.suffix == ".gch")
@@ -225,12 +243,10 @@ class HeaderStore:
             if self._refused(flags) or len(self.variants()) >= MAX_VARIANTS:
                 return False
             aside = work / target.name
-            from torch.utils import cpp_extension
-
             cxx = _compiler()
-            header = Path(cpp_extension.include_paths("cpu")[0]) / HEADER
-            try:
-                subprocess.run([cxx, "-x", "c++-header", str(header), "-o", str(aside), *_torch_flags(), *flags],
+            try:  # from the copy: the file a later include of the header finds
+                subprocess.run([cxx, "-x", "c++-header", str(self.folder / HEADER), "-o", str(aside), *_torch_flags(),
+                                *flags],
                                capture_output=True, timeout=BUILD_TIMEOUT_S, check=True)
                 used = self._probe(cxx, aside, flags)
             except (OSError, subprocess.SubprocessError):
@@ -244,15 +260,19 @@ class HeaderStore:
             return True
 
     def _probe(self, cxx: str, made: Path, flags: tuple[str, ...]) -> bool:
-        """Whether a source compiled as torch compiles one uses the header just made (GCC's `-H`
-        marks a used precompiled header with `!`)."""
+        """Whether a source compiled as torch compiles one, including the header twice as a
+        candidate's does, builds and uses the header just made (GCC's `-H` marks a used
+        precompiled header with `!`). Made in a folder of its own, like the store's: the copy
+        of the header beside the new variant alone."""
         probe = self.folder / _WORK / "probe"
-        (probe / "torch" / _GCH.rsplit("/", 1)[1]).mkdir(parents=True, exist_ok=True)
+        (probe / _GCH).mkdir(parents=True, exist_ok=True)
+        for old in (probe / _GCH).iterdir():
+            old.unlink()
+        shutil.copyfile(self.folder / HEADER, probe / HEADER)
         link = probe / _GCH / made.name
-        link.unlink(missing_ok=True)
         os.link(made, link)
         source = self.folder / _WORK / "probe.cpp"
-        source.write_text(f"#include <{HEADER}>\n")
+        source.write_text(f"#include <{HEADER}>\n#include <{HEADER}>\nint kernelrl_probe() {{ return 1; }}\n")
         try:
             out = subprocess.run([cxx, "-H", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=kernelrl_probe",
                                   *_torch_flags(), *flags, str(source)], capture_output=True, text=True,

@@ -86,7 +86,9 @@ def test_a_made_header_enters_the_folder_gcc_reads_whole_and_read_only(tmp_path:
     assert made.read_text() == "made" and stat.S_IMODE(made.stat().st_mode) == 0o644
     assert store.variants() == [made.name]  # nothing half-made or of the probe's left beside it
     command = fake_cxx.read_text().splitlines()[0].split()
-    assert command[:2] == ["-x", "c++-header"] and command[2].endswith("torch/include/torch/extension.h")
+    # made from the copy of torch's header beside it: the file a second include of it finds
+    assert command[:2] == ["-x", "c++-header"] and command[2] == str(store.folder / "torch" / "extension.h")
+    assert (store.folder / "torch" / "extension.h").read_bytes() == H._torch_header().read_bytes()
     assert command[-1] == "-O3" and "-DTORCH_API_INCLUDE_EXTENSION_H" in command
     assert H.usable(store.folder)
 
@@ -175,7 +177,8 @@ def test_a_real_header_is_used_by_a_build_with_torchs_flags(tmp_path: Path):
     store = H.HeaderStore(tmp_path / "headers")
     assert store.make(("-O3",))
     source = tmp_path / "main.cpp"
-    source.write_text("#include <torch/extension.h>\nint f() { return 1; }\n")
+    # twice, as a candidate's source is after the line torch's loader adds
+    source.write_text("#include <torch/extension.h>\n#include <torch/extension.h>\nint f() { return 1; }\n")
 
     def used(flags: list[str]) -> bool:
         from torch.utils import cpp_extension
@@ -188,3 +191,21 @@ def test_a_real_header_is_used_by_a_build_with_torchs_flags(tmp_path: Path):
 
     assert used(["-O3"])
     assert not used(["-O0"])
+
+
+@pytest.mark.slow
+def test_a_cpp_candidate_built_beside_a_header_made_for_its_flags_is_correct(tmp_path: Path):
+    """The judge's header for a candidate's flags present (its build uses it), a contained build
+    of the shipped C++ softmax builds and is judged correct."""
+    from kernelrl.examples import list_examples
+    from kernelrl.judge.evaluator import EvalConfig, Evaluator
+    from kernelrl.result import Status
+    from kernelrl.tasks.suites import builtin_task
+
+    example = next(e for e in list_examples(device="cpu") if e.task == "level1/softmax" and e.name.endswith("cpp_fused"))
+    (flags,) = H.wanted(example.source)
+    assert H.HeaderStore(tmp_path / "headers").make(flags)
+    config = EvalConfig(cache_dir=tmp_path / "cache", headers_dir=tmp_path / "headers", timeout_s=60)
+    with Evaluator(config) as ev:
+        result = ev.evaluate(builtin_task("level1/softmax"), example.source)
+    assert result.status is Status.CORRECT, result.message
