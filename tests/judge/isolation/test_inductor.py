@@ -91,11 +91,12 @@ def test_an_evaluator_starts_the_check_only_when_something_may_compile(tmp_path:
     # starts it, once.
     from kernelrl.candidate import Candidate
     from kernelrl.judge import evaluator as E
+    from kernelrl.judge.isolation import ahead
     from kernelrl.result import EvalResult, Status
     from kernelrl.tasks.task import Task
 
     started: list[Path] = []
-    monkeypatch.setattr(E, "start_vec_isa_check", lambda cache_dir, env, hold: started.append(cache_dir))
+    monkeypatch.setattr(ahead, "start_vec_isa_check", lambda cache_dir, env, hold: started.append(cache_dir))
     task = Task(name="t", source="# the reference\n")
     plain = Candidate(source="# a plain rewrite\n")
     compiled = Candidate(source="import torch\nforward = torch.compile(lambda x: x)\n")
