@@ -64,7 +64,7 @@ def check_trials(ctx: JudgeContext, session: ReferenceSession, trials: Iterable[
                     # group's measurement is not the candidate's time.
                     t.started = time.monotonic()
                     t.worker = ctx.pool.take("candidate", deadline=t.started + cfg.timeout_s, claim=session.claim)
-                    t.wait_s = time.monotonic() - t.started
+                    t.spans.wait_s = time.monotonic() - t.started
                     t.worker.size_arena(task_arena(session, sets, pool_size))
                     # The task's own program as a copy (the timed reference, the A/A copy,
                     # calibration's copies) runs the first set twice: equal to the reference's

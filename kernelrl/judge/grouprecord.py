@@ -66,11 +66,11 @@ class GroupRecord:
         """The checks' time by part, summed over the candidates' trials, and each of the task's own copies apart."""
 
         def own(t: Trial | None) -> float:
-            return round(t.wait_s + t.load_s + t.correctness_s, 3) if t is not None else 0.0
+            return round(t.spans.wait_s + t.spans.load_s + t.spans.correctness_s, 3) if t is not None else 0.0
 
         self.phases.update(
-            candidate_worker_wait_s=round(sum(t.wait_s for t in members), 3),
-            candidate_loads_s=round(sum(t.load_s for t in members), 3),
-            candidate_correctness_s=round(sum(t.correctness_s for t in members), 3),
+            candidate_worker_wait_s=round(sum(t.spans.wait_s for t in members), 3),
+            candidate_loads_s=round(sum(t.spans.load_s for t in members), 3),
+            candidate_correctness_s=round(sum(t.spans.correctness_s for t in members), 3),
             timed_reference_checks_s=own(timed_reference), aa_copy_checks_s=own(aa_copy),
             compiled_reference_checks_s=own(compiled))

@@ -79,14 +79,9 @@ class _End(Exception):
 
 
 @dataclass(kw_only=True)
-class Trial:
-    candidate: Candidate
-    compiled_reference: bool = False  # the task's own reference under torch.compile (a baseline)
-    trusted: bool = False  # the judge's own program (calibration copies): no static checks
-    findings: list[Finding] = field(default_factory=list)
-    worker: Worker | None = None
-    verdict: Verdict | None = None
-    # what the trial measured so far
+class Established:
+    """What a trial's checks established so far: the figures `Checked` carries to the verdict."""
+
     build_cached: bool = False
     build_time_s: float | None = None
     max_abs_err: float | None = None
@@ -94,13 +89,31 @@ class Trial:
     parameters_shared: bool | None = None
     timing: Timing = Timing.MEASURED  # INTERPRETED: a Triton program on a CPU, checked but never timed
     peak_device_bytes: int | None = None  # the most its correctness runs allocated on a device; None on a CPU
-    state_before: dict[str, P.Setting] = field(default_factory=dict)  # the worker's global state after loading
-    state_after_load: dict[str, P.Setting] = field(default_factory=dict)  # after the import, before construction
-    started: float = field(default_factory=time.monotonic)
-    # where its checks' time went (seconds): a worker from the pool, the load, the model and correctness
+
+
+@dataclass(kw_only=True)
+class CheckSpans:
+    """Where a trial's checks' time went (seconds): a worker from the pool, the load, the model and
+    correctness runs (`kernelrl.result.GroupPhases` sums them over a group)."""
+
     wait_s: float = 0.0
     load_s: float = 0.0
     correctness_s: float = 0.0
+
+
+@dataclass(kw_only=True)
+class Trial:
+    candidate: Candidate
+    compiled_reference: bool = False  # the task's own reference under torch.compile (a baseline)
+    trusted: bool = False  # the judge's own program (calibration copies): no static checks
+    findings: list[Finding] = field(default_factory=list)
+    worker: Worker | None = None
+    verdict: Verdict | None = None
+    found: Established = field(default_factory=Established)  # what the trial measured so far
+    state_before: dict[str, P.Setting] = field(default_factory=dict)  # the worker's global state after loading
+    state_after_load: dict[str, P.Setting] = field(default_factory=dict)  # after the import, before construction
+    started: float = field(default_factory=time.monotonic)
+    spans: CheckSpans = field(default_factory=CheckSpans)
 
     @property
     def survived(self) -> bool:
@@ -108,11 +121,12 @@ class Trial:
 
     def checked(self) -> Checked:
         """What the trial established, for the verdict (`kernelrl.judge.timing.verdict`)."""
+        f = self.found
         return Checked(candidate_hash=self.candidate.hash, findings=tuple(self.findings),
-                       build_time_s=self.build_time_s, build_cached=self.build_cached,
-                       max_abs_err=self.max_abs_err, max_rel_err=self.max_rel_err,
-                       parameters_shared=self.parameters_shared, timing=self.timing,
-                       peak_device_bytes=self.peak_device_bytes, eval_time_s=round(time.monotonic() - self.started, 3))
+                       build_time_s=f.build_time_s, build_cached=f.build_cached,
+                       max_abs_err=f.max_abs_err, max_rel_err=f.max_rel_err,
+                       parameters_shared=f.parameters_shared, timing=f.timing,
+                       peak_device_bytes=f.peak_device_bytes, eval_time_s=round(time.monotonic() - self.started, 3))
 
     def end(self, verdict: Verdict) -> None:
         self.verdict = verdict
@@ -174,7 +188,7 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
     scratch = trial.worker.scratch() if full and trial.worker is not None else None
     sealed = sealed_dir(cache_dir, trial.candidate.source, spec.device)
     if bdir is not None:
-        trial.build_cached = scratch is not None and unseal(sealed, scratch) if full else has_build(bdir)
+        trial.found.build_cached = scratch is not None and unseal(sealed, scratch) if full else has_build(bdir)
     # What torch.compile compiled before (`kernelrl.judge.isolation.compilecache`): the task's own graphs for
     # every program of the task, a program's own for that source only.
     task_graphs = compilecache.task_entry(cache_dir, spec.task.source, reference.loaded.constants, spec.device)
@@ -183,19 +197,19 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
     given = compilecache.give(task_graphs, scratch) if scratch is not None else {}
     if scratch is not None and own_graphs != task_graphs:
         compilecache.give(own_graphs, scratch)
-    compiling = compiles(trial, build_cached=trial.build_cached)
+    compiling = compiles(trial, build_cached=trial.found.build_cached)
     limit = timeout_s + (build_timeout_s if compiling else 0.0)
     deadline = trial.started + limit
     interpreted = trial.candidate.language.interpreted_on(str(spec.device))
     if interpreted:
-        trial.timing = Timing.INTERPRETED
+        trial.found.timing = Timing.INTERPRETED
     clock, loaded = time.monotonic(), False  # a part's time is its own, ended or failed (a hang's 20 s)
     try:
         _load(trial, reference, spec, cache_dir, bdir, deadline)
-        if scratch is not None and not trial.build_cached:
+        if scratch is not None and not trial.found.build_cached:
             seal(scratch, sealed)  # what it built, checked, for the next worker that loads this program
         asked = time.monotonic()
-        trial.load_s, loaded = asked - clock, True
+        trial.spans.load_s, loaded = asked - clock, True
         with device_work():
             clock = time.monotonic()
             deadline += clock - asked
@@ -220,9 +234,9 @@ def run_trial(trial: Trial, *, reference: ReferenceSession, spec: LoadSpec, sets
         trial.end(Verdict(status=Status.FLAGGED, message="flagged: result_channel_forged", errors=(str(e),)))
     finally:
         if loaded:
-            trial.correctness_s = time.monotonic() - clock
+            trial.spans.correctness_s = time.monotonic() - clock
         else:
-            trial.load_s = time.monotonic() - clock
+            trial.spans.load_s = time.monotonic() - clock
         if scratch is not None:
             scratch.close()
 
@@ -248,7 +262,7 @@ def _load(trial: Trial, reference: ReferenceSession, spec: LoadSpec, cache_dir: 
         what = "does not build" if h.phase is P.Phase.COMPILE else "failed to initialise"
         raise _End(Verdict(status=status, message=f"candidate {what}: {error_line(h.message)}",
                            errors=(h.message, h.traceback, worker.log_tail())))
-    trial.build_time_s = float(build_s)
+    trial.found.build_time_s = float(build_s)
     if not trial.compiled_reference:
         _note(trial, dynamic.constants_overridden(answer.header.constants_overridden))
     trial.state_before = dict(answer.header.state_before)
@@ -273,7 +287,7 @@ def _construct(trial: Trial, reference: ReferenceSession, spec: LoadSpec, deadli
     state = reference.state()
     if state:
         loaded = worker.command(P.Kind.LOAD_STATE, state, deadline=deadline)
-        trial.parameters_shared = bool(not loaded.failed and loaded.header.loaded)
+        trial.found.parameters_shared = bool(not loaded.failed and loaded.header.loaded)
 
 
 def _correctness(trial: Trial, reference: ReferenceSession, sets: list[InputSet], deadline: float, tol_scale: float,
@@ -360,8 +374,8 @@ def _correctness(trial: Trial, reference: ReferenceSession, sets: list[InputSet]
                            errors=(cmp.reason,), max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err))
     if twice is not None and not twice.ok:
         trial.findings.append(dynamic.nondeterministic(twice.reason))
-    trial.max_abs_err = max_abs
-    trial.max_rel_err = max_rel
+    trial.found.max_abs_err = max_abs
+    trial.found.max_rel_err = max_rel
 
 
 def _run(trial: Trial, worker: Worker, values: list[object], deadline: float) -> Answer:
@@ -380,7 +394,7 @@ def _run(trial: Trial, worker: Worker, values: list[object], deadline: float) ->
                     f"the device ran out of memory twice while other processes held {memory.others_bytes / 2**30:.1f} "
                     f"of its {memory.total_bytes / 2**30:.1f} GiB: judged again later"), errors=(h.message,)))
     if not ran.failed:
-        trial.peak_device_bytes = max(trial.peak_device_bytes or 0, ran.header.peak_device_bytes) or None
+        trial.found.peak_device_bytes = max(trial.found.peak_device_bytes or 0, ran.header.peak_device_bytes) or None
     return ran
 
 

@@ -66,7 +66,7 @@ def _trial() -> T.Trial:
 def test_an_out_of_memory_run_runs_once_more_and_counts_if_it_then_fits():
     worker, trial = _FakeWorker([_oom(_device(others=70, own=1)), _ran(3 * GIB)]), _trial()
     ran = T._run(trial, worker, [], deadline=0.0)  # type: ignore[arg-type]
-    assert not ran.failed and worker.runs == 2 and trial.peak_device_bytes == 3 * GIB
+    assert not ran.failed and worker.runs == 2 and trial.found.peak_device_bytes == 3 * GIB
 
 
 def test_twice_out_of_memory_while_others_held_the_device_is_a_judge_error():
