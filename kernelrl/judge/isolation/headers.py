@@ -144,10 +144,11 @@ def wanted(source: str) -> set[tuple[str, ...]]:
 
 
 def usable(folder: Path) -> bool:
-    """The store's folder, and every header in it, the judge's and writable by no one else."""
+    """The store's folder, the copy of torch's header and every precompiled one in it, the judge's
+    and writable by no one else, none a link."""
     me = os.geteuid()
     try:
-        paths = [folder, folder / "torch", folder / _GCH]
+        paths = [folder, folder / "torch", folder / HEADER, folder / _GCH]
         paths += [p for p in (folder / _GCH).iterdir()] if (folder / _GCH).is_dir() else []
         for p in paths:
             if not p.exists():

@@ -145,6 +145,11 @@ def test_a_folder_another_user_could_write_is_not_usable(tmp_path: Path, fake_cx
     gch.chmod(0o777)
     assert not H.usable(store.folder)
     gch.chmod(0o755)
+    copy = store.folder / "torch" / "extension.h"
+    copy.chmod(0o666)  # the header a build compiles where no variant fits
+    assert not H.usable(store.folder)
+    copy.chmod(0o644)
+    assert H.usable(store.folder)
     (gch / "planted.gch").symlink_to("/etc/passwd")
     assert not H.usable(store.folder)
 
