@@ -70,7 +70,7 @@ class SharedHeaders:
         if self.folder:
             before = os.environ.get("CPATH")
             os.environ["CPATH"] = self.folder + (os.pathsep + before if before else "")
-        original: Any = getattr(cpp_extension.load_inline, "__wrapped__", cpp_extension.load_inline)
+        original: Any = cpp_extension.load_inline
 
         def load_inline(*args: Any, **kwargs: Any) -> Any:
             kwargs["use_pch"] = False

@@ -122,6 +122,8 @@ def _strings(node: ast.expr | None) -> tuple[str, ...] | None:
 def wanted(source: str) -> set[tuple[str, ...]]:
     """The flag sets of `source`'s CPU builds through `load_inline` whose flags are all allowed and
     written as literal lists (a flag set computed at run time is not read)."""
+    if "load_inline" not in source:  # every batch's every source comes here: most are not parsed
+        return set()
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -202,16 +204,13 @@ class HeaderStore:
 
     def prepare(self, sources: Iterable[str]) -> None:
         """Have the variants the sources' builds want made in the background (see the module docstring)."""
-        new = []
-        for flags in set().union(*(wanted(s) for s in sources)):
-            if flags not in self._seen:
-                self._seen.add(flags)
-                if not self.has(flags) and not self._refused(flags):
-                    new.append(flags)
-        if not new:
-            return
-        with self._guard:
-            self._queue.extend(sorted(new))
+        asked: set[tuple[str, ...]] = set().union(*(wanted(s) for s in sources))
+        with self._guard:  # batches may come from several threads: each flag set is queued once
+            new = sorted(f for f in asked - self._seen if not self.has(f) and not self._refused(f))
+            self._seen |= asked
+            if not new:
+                return
+            self._queue.extend(new)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._drain, name="kernelrl-headers", daemon=True)
                 self._thread.start()
