@@ -41,6 +41,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from blake3 import blake3
 
 # dtype -> (atol, rtol). fp32 follows the evaluator protocol (1e-4); half types 1e-2.
 DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -218,12 +219,15 @@ def output_digest(a: object) -> str:
 
 
 def content_digest(a: object) -> str:
-    """A fingerprint of a nested value's bytes (SHA-256 of each tensor's shape, dtype and raw
+    """A fingerprint of a nested value's bytes (BLAKE3 of each tensor's shape, dtype and raw
     memory, chunk by chunk; other values by repr): equal exactly when nothing in it changed,
-    collisions aside, which a program cannot make at will. Faster than `output_digest` (no NaN
-    or -0.0 folding: a NaN's payload or a zero's sign rewritten is a change), for the worker's
-    checks that an input or an output was not written."""
-    h = hashlib.sha256(usedforsecurity=False)
+    collisions aside, which a program cannot make at will (a cryptographic hash). Faster than
+    `output_digest` (no NaN or -0.0 folding: a NaN's payload or a zero's sign rewritten is a
+    change), for the worker's checks that an input or an output was not written. BLAKE3 on one
+    thread, not SHA-256: every correctness run reads its inputs and outputs twice this way, and
+    every spot check its inputs (~3.2 against ~1.6 GB/s on a 2-core machine with SHA
+    instructions; benchmarks/README.md)."""
+    h = blake3()  # one thread: a pool of hashing threads would be a thread rise in the worker
     for x in flatten(a):
         if not isinstance(x, torch.Tensor):
             h.update(f"V{x!r};".encode())

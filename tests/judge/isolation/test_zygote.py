@@ -176,3 +176,33 @@ def test_a_zygote_that_cannot_fork_leaves_the_worker_spawned(tmp_path: Path, mon
         assert "not forked, spawned instead: the zygote has 2 threads" in w.log_tail()
     finally:
         w.close()
+
+
+_PRELOAD_PROBE = """
+import os, sys
+import kernelrl.judge.harness.worker
+from kernelrl.judge.isolation import zygote
+zygote._preload()
+threads = len(os.listdir("/proc/self/task"))
+before = set(sys.modules)
+import torch
+model = torch.compile(torch.nn.Linear(4, 4))
+late = sorted(m for m in set(sys.modules) - before if m.startswith(("torch._dynamo", "torch._inductor")))
+print(threads, len(late), late[:5])
+"""
+
+
+def test_the_zygote_preloads_what_torch_compile_imports_and_stays_single_threaded(tmp_path: Path):
+    """After its preload, in a worker's environment: one thread (else it could not fork), and
+    `torch.compile` imports none of dynamo's or inductor's modules (else its list is out of date
+    for this torch, and every compiling worker pays the import again)."""
+    import subprocess
+    import sys
+
+    env = worker_env(SandboxConfig(), tmp_path)
+    out = subprocess.run([sys.executable, "-c", _PRELOAD_PROBE], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    threads, late, names = out.stdout.strip().split(" ", 2)
+    assert threads == "1", out.stdout
+    assert late == "0", names
