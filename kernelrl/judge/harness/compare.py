@@ -36,7 +36,6 @@ Does not decide what a mismatch means (incorrect, cached, nondeterministic): the
 from __future__ import annotations
 
 import enum
-import hashlib
 import math
 from dataclasses import dataclass
 
@@ -80,13 +79,13 @@ class Comparison:
     near: bool = False
 
 
-# Elements hashed at a time (`output_digest`, `content_digest`): the judge's working memory for an
-# output, whatever the output's size.
+# Elements hashed at a time (`content_digest`, which reads views and makes no temporaries).
 _CHUNK = 1 << 22
-# Elements compared at a time (`compare_outputs`). A comparison makes about ten float64 temporaries
-# per chunk; at 64 Ki elements (512 KiB each) they stay in the CPU's caches and come from the
-# allocator's free lists. At 4 Mi elements each one was mapped, faulted in page by page and unmapped
-# again: the same comparison took 5x the time, most of it in the kernel (benchmarks/README.md).
+# Elements compared (`compare_outputs`) and fingerprinted (`output_digest`) at a time. A comparison
+# makes about ten float64 temporaries per chunk; at 64 Ki elements (512 KiB each) they stay in the
+# CPU's caches and come from the allocator's free lists. At 4 Mi elements each one was mapped,
+# faulted in page by page and unmapped again: the same comparison took 5x the time, most of it in
+# the kernel (benchmarks/README.md).
 _COMPARE_CHUNK = 1 << 16
 
 # fp32 when the evaluation allows TF32 (matmuls and convolutions with fp16's mantissa): fp16's tolerance.
@@ -124,19 +123,35 @@ class _LeafErrors:
 
 def _leaf_errors(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> _LeafErrors:
     """The errors of one flat output against the reference's, a chunk at a time: the judge's working
-    memory is a few float64 copies of `_COMPARE_CHUNK` elements, not of the whole output."""
+    memory is a few float64 copies of `_COMPARE_CHUNK` elements, not of the whole output.
+
+    A chunk whose differences are all finite (no NaN or infinity on either side: the usual case)
+    takes a short way, in place, with the same counts and maxima as the long way that NaNs and
+    infinities need (about half the time: every correctness run and spot check compares)."""
     nan_differ = outside = far = 0
     inf_differ = False
     max_abs = max_rel = 0.0
     for start in range(0, r.numel(), _COMPARE_CHUNK):
         c64 = c[start:start + _COMPARE_CHUNK].to(torch.float64)
         r64 = r[start:start + _COMPARE_CHUNK].to(torch.float64)
+        diff = c64.sub(r64).abs_()
+        if bool(torch.isfinite(diff).all()):  # neither side has a NaN or an infinity here
+            if nan_differ or not diff.numel():
+                continue
+            r_abs = r64.abs()  # not in place: r64 is the reference's own output where it is float64
+            max_abs = max(max_abs, float(diff.max()))
+            max_rel = max(max_rel, float(diff.div(r_abs.clamp_min(1e-12)).max()))
+            allowed = r_abs.mul_(rtol).add_(atol)
+            out_here = int((diff > allowed).sum())
+            outside += out_here
+            if out_here:  # only a failing chunk can hold a value far outside: passing ones pay nothing more
+                far += int((diff > allowed.mul_(NEAR_FACTOR)).sum())
+            continue
         r_nan = torch.isnan(r64)
         nan_differ += int((r_nan != torch.isnan(c64)).sum())
         if nan_differ:
             continue  # the verdict is a NaN mismatch; only its count is still needed
         finite = ~r_nan
-        diff = (c64 - r64).abs()
         # inf == inf (same sign) gives nan for the difference: count it as exact
         diff = torch.where(torch.isnan(diff) & finite & (c64 == r64), torch.zeros_like(diff), diff)
         diff = torch.where(finite, diff, torch.zeros_like(diff))
@@ -150,7 +165,7 @@ def _leaf_errors(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> 
         allowed = atol + rtol * r64.abs()
         out_here = int((diff > allowed).sum())
         outside += out_here
-        if out_here:  # only a failing chunk can hold a value far outside: passing ones pay nothing more
+        if out_here:
             far += int((diff > NEAR_FACTOR * allowed).sum())
     return _LeafErrors(nan_differ=nan_differ, inf_differ=inf_differ, max_abs=max_abs, max_rel=max_rel,
                        outside=outside, far=far)
@@ -199,22 +214,23 @@ def output_digest(a: object) -> str:
     """A fingerprint of a nested output: the same for two outputs equal value for value (same
     structure, shapes, dtypes and plain values; NaN equal to NaN in the same places, -0.0 to 0.0),
     different otherwise but for a hash collision. The judge keeps it instead of the output, so an output can
-    be dropped as soon as it is compared and later ones still be told apart from it."""
-    h = hashlib.sha1(usedforsecurity=False)  # a fingerprint, not a secret: speed over strength
+    be dropped as soon as it is compared and later ones still be told apart from it. A chunk of
+    `_COMPARE_CHUNK` elements at a time: its temporaries (NaN map, zeros folded) stay in the caches."""
+    h = blake3()  # a fingerprint, not a secret; BLAKE3 for speed (see content_digest)
     for x in flatten(a):
         if not isinstance(x, torch.Tensor):
             h.update(f"V{x!r};".encode())
             continue
         flat = x.detach().reshape(-1)
         h.update(f"T{tuple(x.shape)}{x.dtype};".encode())
-        for start in range(0, flat.numel(), _CHUNK):
-            part = flat[start:start + _CHUNK].cpu()
+        for start in range(0, flat.numel(), _COMPARE_CHUNK):
+            part = flat[start:start + _COMPARE_CHUNK].cpu()
             if part.is_floating_point():
-                h.update(torch.isnan(part).numpy().tobytes())
+                h.update(torch.isnan(part).view(torch.uint8).numpy().data)
                 # NaN as 0 (where they are is hashed above), infinities as the dtype's extremes, and
                 # + 0.0 makes -0.0 the 0.0 it equals
-                part = torch.nan_to_num(part, nan=0.0) + 0.0
-            h.update(part.contiguous().view(torch.uint8).numpy().tobytes())
+                part = torch.nan_to_num(part, nan=0.0).add_(0.0)
+            h.update(part.contiguous().view(torch.uint8).numpy().data)
     return h.hexdigest()
 
 

@@ -134,6 +134,32 @@ def test_a_comparison_a_chunk_at_a_time_gives_the_whole_comparisons_verdict(monk
         monkeypatch.setattr(compare, "_COMPARE_CHUNK", 1 << 22)
 
 
+def test_a_finite_chunks_short_way_counts_what_the_definition_counts(monkeypatch):
+    # finite chunks skip the NaN and infinity handling: their maxima and counts are the definition's,
+    # computed here on the whole output in float64, for every floating dtype; a float64 reference
+    # (compared without a copy) is left as it was
+    import kernelrl.judge.harness.compare as compare
+
+    monkeypatch.setattr(compare, "_COMPARE_CHUNK", 5)
+    gen = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        r = (torch.randn(23, generator=gen) * 3).to(dtype)
+        r[4] = 0.0  # a zero reference: the relative error's floor
+        noise = torch.randn(23, generator=gen) * torch.tensor([1e-6, 1e-3, 0.5]).repeat(8)[:23]
+        c = (r.to(torch.float64) + noise).to(dtype)
+        kept = r.clone()
+        atol, rtol = compare.tolerance(dtype)
+        got = compare._leaf_errors(c, r, atol, rtol)
+        c64, r64 = c.to(torch.float64), r.to(torch.float64)
+        diff, allowed = (c64 - r64).abs(), atol + rtol * r64.abs()
+        assert torch.equal(r, kept)
+        assert got.nan_differ == 0 and not got.inf_differ
+        assert got.max_abs == float(diff.max())
+        assert got.max_rel == float((diff / r64.abs().clamp_min(1e-12)).max())
+        assert got.outside == int((diff > allowed).sum()) > 0, dtype
+        assert got.far == int((diff > compare.NEAR_FACTOR * allowed).sum())
+
+
 def test_content_digest_tells_any_written_byte_and_nothing_else():
     from kernelrl.judge.harness.compare import content_digest
 
