@@ -334,11 +334,23 @@ def _preload() -> None:
     these modules start no thread (the loop refuses to fork otherwise, and the judge then spawns).
     After `ready`, so the judge is not held while it runs; the first request waits for it. A
     failed import leaves the worker to import what it needs, as a spawned one does."""
-    for name in _PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001, S112 - an optimisation only: torch without inductor, say
-            continue
+    # Inductor imports Triton where it is installed, and `triton.jit` decides when it decorates
+    # whether a function is interpreted: triton.language's own (`tl.sigmoid`, ...) are decorated at
+    # that import, so it runs with the interpreter on, as every CPU program worker has it before its
+    # program is imported (`harness.toolchain.configure_triton`); then the environment as it was.
+    interpret = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        for name in _PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001, S112 - an optimisation only: torch without inductor, say
+                continue
+    finally:
+        if interpret is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = interpret
 
 
 def serve(sock: socket.socket) -> None:
