@@ -126,8 +126,8 @@ def _leaf_errors(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> 
     memory is a few float64 copies of `_COMPARE_CHUNK` elements, not of the whole output.
 
     A chunk whose differences are all finite (no NaN or infinity on either side: the usual case)
-    takes a short way, in place, with the same counts and maxima as the long way that NaNs and
-    infinities need (about half the time: every correctness run and spot check compares)."""
+    skips the handling of NaNs and infinities (about half the time of a comparison; every
+    correctness run and spot check compares)."""
     nan_differ = outside = far = 0
     inf_differ = False
     max_abs = max_rel = 0.0
@@ -135,38 +135,33 @@ def _leaf_errors(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> 
         c64 = c[start:start + _COMPARE_CHUNK].to(torch.float64)
         r64 = r[start:start + _COMPARE_CHUNK].to(torch.float64)
         diff = c64.sub(r64).abs_()
+        r_abs = r64.abs()  # not in place: r64 is the reference's own output where it is float64
         if bool(torch.isfinite(diff).all()):  # neither side has a NaN or an infinity here
-            if nan_differ or not diff.numel():
+            if nan_differ:
+                continue  # the verdict is a NaN mismatch; this chunk adds none
+            rel = diff.div(r_abs.clamp_min(1e-12))
+        else:
+            r_nan = torch.isnan(r64)
+            nan_differ += int((r_nan != torch.isnan(c64)).sum())
+            if nan_differ:
+                continue  # the verdict is a NaN mismatch; only its count is still needed
+            finite = ~r_nan
+            # inf == inf (same sign) gives nan for the difference: count it as exact
+            diff = torch.where(torch.isnan(diff) & finite & (c64 == r64), torch.zeros_like(diff), diff)
+            diff = torch.where(finite, diff, torch.zeros_like(diff))
+            if bool(torch.isnan(diff).any()):
+                inf_differ = True
                 continue
-            r_abs = r64.abs()  # not in place: r64 is the reference's own output where it is float64
-            max_abs = max(max_abs, float(diff.max()))
-            max_rel = max(max_rel, float(diff.div(r_abs.clamp_min(1e-12)).max()))
-            allowed = r_abs.mul_(rtol).add_(atol)
-            out_here = int((diff > allowed).sum())
-            outside += out_here
-            if out_here:  # only a failing chunk can hold a value far outside: passing ones pay nothing more
-                far += int((diff > allowed.mul_(NEAR_FACTOR)).sum())
-            continue
-        r_nan = torch.isnan(r64)
-        nan_differ += int((r_nan != torch.isnan(c64)).sum())
-        if nan_differ:
-            continue  # the verdict is a NaN mismatch; only its count is still needed
-        finite = ~r_nan
-        # inf == inf (same sign) gives nan for the difference: count it as exact
-        diff = torch.where(torch.isnan(diff) & finite & (c64 == r64), torch.zeros_like(diff), diff)
-        diff = torch.where(finite, diff, torch.zeros_like(diff))
-        if bool(torch.isnan(diff).any()):
-            inf_differ = True
-            continue
+            # NaN where both are infinite, or where the reference is NaN: no relative error there
+            rel = torch.nan_to_num(diff / r_abs.clamp_min(1e-12), nan=0.0, posinf=math.inf)
         if diff.numel():
             max_abs = max(max_abs, float(diff.max()))
-            rel = diff / r64.abs().clamp_min(1e-12)  # NaN where both are infinite: no relative error
-            max_rel = max(max_rel, float(torch.nan_to_num(rel, nan=0.0, posinf=math.inf).max()))
-        allowed = atol + rtol * r64.abs()
+            max_rel = max(max_rel, float(rel.max()))
+        allowed = r_abs.mul_(rtol).add_(atol)
         out_here = int((diff > allowed).sum())
         outside += out_here
-        if out_here:
-            far += int((diff > NEAR_FACTOR * allowed).sum())
+        if out_here:  # only a failing chunk can hold a value far outside: passing ones pay nothing more
+            far += int((diff > allowed.mul_(NEAR_FACTOR)).sum())
     return _LeafErrors(nan_differ=nan_differ, inf_differ=inf_differ, max_abs=max_abs, max_rel=max_rel,
                        outside=outside, far=far)
 
@@ -241,8 +236,8 @@ def content_digest(a: object) -> str:
     `output_digest` (no NaN or -0.0 folding: a NaN's payload or a zero's sign rewritten is a
     change), for the worker's checks that an input or an output was not written. BLAKE3 on one
     thread, not SHA-256: every correctness run reads its inputs and outputs twice this way, and
-    every spot check its inputs (~3.2 against ~1.6 GB/s on a 2-core machine with SHA
-    instructions; benchmarks/README.md)."""
+    every spot check its inputs (4.7 against 1.8 GB/s on a 2-core machine with SHA instructions:
+    benchmarks/worker_costs.py)."""
     h = blake3()  # one thread: a pool of hashing threads would be a thread rise in the worker
     for x in flatten(a):
         if not isinstance(x, torch.Tensor):
