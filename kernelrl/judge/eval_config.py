@@ -155,9 +155,8 @@ class EvalConfig:
 
 def config_fingerprint(config: EvalConfig) -> str:
     """What makes two evaluations comparable: every setting but where caches live (builds',
-    headers'), how many
-    candidates are checked at once, how many reference workers are kept, whether the compile
-    baseline is measured beside them and where the judge keeps its sets."""
+    headers'), how many candidates are checked at once, how many reference workers are kept,
+    whether the compile baseline is measured beside them and where the judge keeps its sets."""
     d = to_plain(config)
     for key in ("cache_dir", "headers_dir", "concurrency", "kept_references", "compile_baseline", "spill_set_mib"):
         d.pop(key, None)
