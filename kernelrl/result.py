@@ -130,6 +130,7 @@ class TimingStop(enum.StrEnum):
     """Why a group's measurement stopped."""
 
     CI = "ci"  # every candidate's interval reached the target width
+    AA_OFFSET = "aa_offset"  # every interval narrower than half the offset identical code showed (timer.precision_goal)
     TIME = "time"  # the group's time cap
     ROUNDS = "rounds"  # the round cap
     DEADLINE = "deadline"  # the evaluation's deadline

@@ -42,6 +42,11 @@ class TimingConfig:
     min_rounds: int = 15
     max_rounds: int = 400
     target_rel_ci: float = 0.01
+    # Timing may also stop once every interval is within this share of the offset identical code (the
+    # A/A copy) shows in the same measurement, when the copy's own interval excludes 1: each member
+    # runs in a process of its own, and a process keeps its offset for its whole life, so more rounds
+    # cannot remove it (timer.precision_goal; benchmarks/README.md, timing noise). 0: never.
+    aa_precision_share: float = 0.5
     max_timing_s: float = 20.0  # per candidate; a group's cap grows with its size
     spot_check_prob: float = 0.1
     # A program skipping half its calls passes n spot checks with probability 2^-n: at 3, one
@@ -60,6 +65,8 @@ class TimingConfig:
             raise ValueError("need 3 <= min_rounds <= max_rounds")
         if not 0 < self.target_rel_ci < 1:
             raise ValueError("target_rel_ci must be in (0, 1)")
+        if not 0 <= self.aa_precision_share <= 1:
+            raise ValueError("aa_precision_share must be in [0, 1]")
         if self.max_timing_s <= 0 or self.warmup_max_s < 0 or self.call_limit_s <= 0:
             raise ValueError("time caps must be positive")
         if not 0 <= self.spot_check_prob <= 1 or self.min_spot_checks < 1:

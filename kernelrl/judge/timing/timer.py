@@ -28,9 +28,11 @@ cap. Every member of a group uses the same number of calls per sample.
 
 Guarantees:
 - timing stops when every surviving candidate's interval has a relative half-width below
-  `target_rel_ci` (after `min_rounds`, with `min_spot_checks` spot checks each), or when the
-  group's time cap (`max_timing_s` per candidate, for the group `max_timing_s * (members / 2)`)
-  or `max_rounds` is reached;
+  `target_rel_ci` (after `min_rounds`, with `min_spot_checks` spot checks each), or below half the
+  offset the A/A copy's interval establishes in the same measurement when that is wider
+  (`precision_goal`: no number of rounds removes a process's own offset), or when the group's
+  time cap (`max_timing_s` per candidate, for the group `max_timing_s * (members / 2)`) or
+  `max_rounds` is reached;
 - spot checks: after randomly chosen rounds (decided after the calls returned) the outputs of a
   candidate and of the reference for one call of that round's sample, also chosen after the
   calls returned, are compared, and the inputs each saw; each output is judged by its value when
@@ -229,6 +231,26 @@ def aa_band(timing: GroupTiming) -> tuple[float, float] | None:
     values = [timing.aa_speedup, *(timing.aa_ci or ())]
     m = max(max(v, 1.0 / v) for v in values if v > 0)
     return (1.0 / m, m)
+
+
+def precision_goal(config: TimingConfig, aa_ratios: Sequence[float]) -> float:
+    """The relative half-width every member's interval must reach before timing may stop.
+
+    `target_rel_ci`, unless the A/A copy (the reference's code in a process of its own, timed as a
+    member) measured an offset from 1 that its own 95 % interval establishes (the interval excludes
+    1): then `aa_precision_share` of that offset, when larger. Every member is timed in a process of
+    its own, as the copy is, and a process keeps its offset for its whole life, so rounds narrow a
+    member's interval around a ratio that is still off by about that much; an interval narrower
+    than half of it resolves nothing that identical code would not also show, and the verdict
+    pays a speedup inside the A/A band (`aa_band`) as noise anyway. The time goes instead to the
+    group's next measurement: an offset beyond `EvalConfig.aa_tolerance` has the group retimed.
+    """
+    if config.aa_precision_share <= 0 or len(aa_ratios) < 3:
+        return config.target_rel_ci
+    speedup, lo, hi = median_ci(aa_ratios)
+    if lo <= 1.0 <= hi:
+        return config.target_rel_ci
+    return max(config.target_rel_ci, config.aa_precision_share * (max(speedup, 1.0 / speedup) - 1.0))
 
 
 def median_ci(ratios: Sequence[float]) -> tuple[float, float, float]:
@@ -477,8 +499,10 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
         if rounds >= config.min_rounds and live:
             overhead = taken_off()
             spotted = all(m.tally.spot_checks >= config.min_spot_checks for m in live if m.key not in trusted)
-            if spotted and all(_rel_half(_ratios(m.samples.pairs, overhead)) <= config.target_rel_ci for m in live):
-                stopped_by = TimingStop.CI
+            pair = next((m for m in live if twin is not None and m.key == twin), None)
+            goal = precision_goal(config, _ratios(pair.samples.pairs, overhead) if pair is not None else ())
+            if spotted and all(_rel_half(_ratios(m.samples.pairs, overhead)) <= goal for m in live):
+                stopped_by = TimingStop.CI if goal <= config.target_rel_ci else TimingStop.AA_OFFSET
                 break
             if time.monotonic() >= stop_at and spotted:
                 stopped_by = TimingStop.TIME

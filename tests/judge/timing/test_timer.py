@@ -3,6 +3,7 @@ timing pool sent before the measurement."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from types import SimpleNamespace
@@ -12,7 +13,18 @@ import pytest
 from kernelrl.judge.harness import protocol as P
 from kernelrl.judge.harness.bench import call_floor_ns
 from kernelrl.judge.harness.channel import ChannelTimeout
-from kernelrl.judge.timing.timer import CandidateTiming, GroupTiming, TimingConfig, _ratios, aa_band, aa_noisy, median_ci
+from kernelrl.judge.timing.timer import (
+    CandidateTiming,
+    GroupTiming,
+    PoolsSent,
+    TimingConfig,
+    _ratios,
+    aa_band,
+    aa_noisy,
+    measure_group,
+    median_ci,
+    precision_goal,
+)
 from kernelrl.result import TimingStop
 
 
@@ -134,3 +146,87 @@ def test_the_pool_goes_out_before_the_measurement_and_a_member_that_cannot_take_
     with pytest.raises(ReferenceTimingFailed):
         send_pools(_PoolTaker(ChannelTimeout("hung")), {"good": _PoolTaker()}, [[1.0]], TimingConfig(),
                    rng=random.Random(0), deadline=time.monotonic() + 10)
+
+
+def _lognormal(rng: random.Random, centre: float, sigma: float, n: int) -> list[float]:
+    return [centre * rng.lognormvariate(0, sigma) for _ in range(n)]
+
+
+def test_the_precision_goal_widens_to_half_an_offset_the_aa_interval_establishes():
+    rng = random.Random(1)
+    config = TimingConfig()
+    # identical code 20 % apart over 200 rounds: its interval excludes 1, so half the offset
+    assert precision_goal(config, _lognormal(rng, 1.2, 0.03, 200)) == pytest.approx(0.1, abs=0.01)
+    assert precision_goal(config, _lognormal(rng, 1 / 1.2, 0.03, 200)) == pytest.approx(0.1, abs=0.01)
+    # identical code at 1: the configured target
+    assert precision_goal(config, _lognormal(rng, 1.0, 0.03, 200)) == config.target_rel_ci
+    # 3 % off in 20 noisy rounds: the interval holds 1, nothing is established
+    few = _lognormal(rng, 1.03, 0.2, 20)
+    assert median_ci(few)[1] <= 1.0 <= median_ci(few)[2]
+    assert precision_goal(config, few) == config.target_rel_ci
+    # a small established offset never asks for less than the target; no copy, or the share off: the target
+    assert precision_goal(config, _lognormal(rng, 1.01, 0.001, 200)) == config.target_rel_ci
+    assert precision_goal(config, []) == config.target_rel_ci
+    assert precision_goal(TimingConfig(aa_precision_share=0.0), _lognormal(rng, 1.2, 0.03, 200)) == config.target_rel_ci
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_the_aa_precision_share_is_a_share(share):
+    with pytest.raises(ValueError):
+        TimingConfig(aa_precision_share=share)
+
+
+class _TimedProcess:
+    """A worker as the measurement sees it, whose samples take `centre_ms` x lognormal noise on the
+    judge's clock: a process faster or slower than another for its whole life is a centre of its own."""
+
+    def __init__(self, centre_ms: float, rng: random.Random) -> None:
+        self.centre_ms, self.rng = centre_ms, rng
+        self.last_exchange_ns, self.spot_outputs, self.uncommitted_outputs = 0, 0, 0
+
+    def request(self, header, payload=None, *, deadline):
+        if isinstance(header, P.Warmup):
+            reply = P.Warm(calls=header.calls, call_ms=self.centre_ms, state_after={})
+        elif isinstance(header, P.Output):
+            return SimpleNamespace(failed=False, header=SimpleNamespace(inputs_digest="same"), payload={"output": 1.0})
+        else:
+            reply = SimpleNamespace()
+        self.last_exchange_ns = 1000
+        return SimpleNamespace(failed=False, header=reply, payload={})
+
+    def command(self, kind, payload=None, *, deadline):
+        t_ns = int(self.centre_ms * self.rng.lognormvariate(0, 0.05) * 1e6)
+        self.last_exchange_ns = t_ns
+        return SimpleNamespace(failed=False, header=P.Called(t_ns=[t_ns], plain=True, commits=[0]), payload={})
+
+    def cpu_time_ns(self):
+        return None
+
+    def thread_count(self):
+        return 1
+
+    def kill(self):
+        raise AssertionError("no member fails here")
+
+
+def _group(twin_ms: float, config: TimingConfig, seed: int = 0):
+    rng = random.Random(seed)
+    members = {"fast": _TimedProcess(0.5, rng), "copy": _TimedProcess(twin_ms, rng)}
+    return measure_group(_TimedProcess(1.0, rng), members, [[1.0]], PoolsSent(failed={}, pinned=(True,)), config,
+                         rng=random.Random(seed), deadline=time.monotonic() + 60, trusted=frozenset({"copy"}), twin="copy")
+
+
+def test_a_group_whose_copy_is_established_off_stops_at_half_that_offset_not_at_the_target():
+    # 5 % noise per sample never reaches +-1 % within 80 rounds; the copy's process 25 % slower does
+    # establish itself, and every interval reaches 12.5 % long before the round cap
+    config = TimingConfig(min_rounds=15, max_rounds=80, max_timing_s=60.0, min_spot_checks=3, min_sample_ms=0.0)
+    off = _group(1.25, config)
+    assert off.stopped_by is TimingStop.AA_OFFSET and off.rounds < 40
+    fast = off.candidates["fast"]
+    assert fast.speedup_ci is not None and fast.speedup_ci[0] <= 2.0 <= fast.speedup_ci[1]
+    assert 0.01 < fast.rel_ci_half_width <= 0.125
+    # the same group with its copy at 1: the target holds, and the rounds run out
+    same = _group(1.0, config)
+    assert same.stopped_by is TimingStop.ROUNDS and same.rounds == 80
+    # and with the rule off, the established offset changes nothing
+    assert _group(1.25, dataclasses.replace(config, aa_precision_share=0.0)).stopped_by is TimingStop.ROUNDS
