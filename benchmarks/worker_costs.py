@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import resource
 import statistics
@@ -92,11 +93,11 @@ def forked_compiles(forks: int) -> None:
             pid = os.fork()
             if pid == 0:
                 os.close(r)
-                os.write(w, repr(_first_compile()).encode())
+                os.write(w, json.dumps(_first_compile()).encode())
                 os._exit(0)
             os.close(w)
             with os.fdopen(r) as f:
-                rows.append(eval(f.read()))  # noqa: S307 - our own child's tuple of floats
+                rows.append(json.loads(f.read()))
             os.waitpid(pid, 0)
         wall, own, kids = (statistics.median(c) for c in zip(*rows))
         print(f"  {'with' if preload else 'without'} the preload: {wall:5.2f} s wall, {own:5.2f} s CPU, "

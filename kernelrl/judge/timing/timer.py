@@ -351,6 +351,7 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
     ref = _Member(key=None, worker=reference)
     cands = [_Member(key=k, worker=w) for k, w in candidates.items()]
     members = [ref, *cands]
+    pair = next((m for m in cands if twin is not None and m.key == twin), None)  # the A/A copy
 
     def call_deadline() -> float:
         return min(deadline, time.monotonic() + config.call_limit_s)
@@ -446,7 +447,7 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
 
             asked = time.monotonic()
             got = guarded(m, sample)
-            if m.key is not None and m.key == twin:
+            if m is pair:
                 spent["twin_samples_s"] += time.monotonic() - asked
             if got is not None:
                 round_rt[id(m)] = got
@@ -499,8 +500,8 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
         if rounds >= config.min_rounds and live:
             overhead = taken_off()
             spotted = all(m.tally.spot_checks >= config.min_spot_checks for m in live if m.key not in trusted)
-            pair = next((m for m in live if twin is not None and m.key == twin), None)
-            goal = precision_goal(config, _ratios(pair.samples.pairs, overhead) if pair is not None else ())
+            goal = precision_goal(config, _ratios(pair.samples.pairs, overhead)
+                                  if pair is not None and pair.failure is None else ())
             if spotted and all(_rel_half(_ratios(m.samples.pairs, overhead)) <= goal for m in live):
                 stopped_by = TimingStop.CI if goal <= config.target_rel_ci else TimingStop.AA_OFFSET
                 break
@@ -513,8 +514,7 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
 
     results: dict[str, CandidateTiming] = {}
     ref_timing = _member_timing(ref, k)
-    twin_timing = next((_member_timing(m, k) for m in cands if twin is not None and m.key == twin and m.failure is None),
-                       None)
+    twin_timing = _member_timing(pair, k) if pair is not None and pair.failure is None else None
     overhead = taken_off()
     for key, m in zip(candidates, cands):  # cands were made from `candidates`, in its order
         if m.failure is not None or not m.samples.pairs:
@@ -527,7 +527,7 @@ def _measure(reference: Worker, candidates: Mapping[str, Worker], pool: list[lis
         ratios = _ratios(m.samples.pairs, overhead)
         speedup, lo, hi = median_ci(ratios)
         facts = TimingFacts(candidate=_member_timing(m, k), reference=ref_timing,
-                            twin=twin_timing if m.key != twin else None, spot_checks=m.tally.spot_checks,
+                            twin=twin_timing if m is not pair else None, spot_checks=m.tally.spot_checks,
                             spot_mismatches=m.tally.spot_mismatches, input_mismatches=m.tally.input_mismatches)
         results[key] = CandidateTiming(speedup=speedup, speedup_ci=(lo, hi), rel_ci_half_width=_rel_half(ratios),
                                        stopped_by=stopped_by, times_ms=_judged_ms(m, overhead, k), facts=facts,
